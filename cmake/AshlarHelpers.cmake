@@ -1,0 +1,23 @@
+# ashlar_library(NAME SOURCES ... DEPS ...): one static library per module, warnings on,
+# include root at the repository top so headers are included as "runtime/...".
+function(ashlar_library name)
+  cmake_parse_arguments(A "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  add_library(${name} STATIC ${A_SOURCES})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+  target_link_libraries(${name} PUBLIC ${A_DEPS} PRIVATE ${A_PRIVATE_DEPS})
+  target_compile_options(${name} PRIVATE -Wall -Wextra)
+endfunction()
+
+# ashlar_test(NAME SOURCES ... DEPS ...): a Catch2 executable whose test cases ctest discovers.
+function(ashlar_test name)
+  cmake_parse_arguments(A "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${A_SOURCES})
+  target_link_libraries(${name} PRIVATE ${A_DEPS} ashlar_test_main)
+  target_compile_options(${name} PRIVATE -Wall -Wextra)
+  set(_props "")
+  if(A_LABELS)
+    set(_props PROPERTIES LABELS "${A_LABELS}")
+  endif()
+  catch_discover_tests(${name} TEST_PREFIX "${name}: " ${_props}
+    EXTRA_ARGS --warn NoAssertions)
+endfunction()

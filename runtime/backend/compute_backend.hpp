@@ -1,0 +1,56 @@
+// The compute backend interface: one training step (forward, backward, gradient)
+// and evaluation of an MLP over a batch. CPU (OpenBLAS) and GPU (cuBLAS) implement it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "runtime/core/error.hpp"
+#include "runtime/model/mlp.hpp"
+
+namespace ashlar {
+
+/// A batch of samples: `n` rows of `dim` floats, row-major, and one label per row.
+/// The memory belongs to the caller and must outlive the call.
+struct batch_view {
+  const float* x = nullptr;
+  const uint8_t* y = nullptr;
+  size_t n = 0;
+  size_t dim = 0;
+};
+
+/// Loss summed over the batch and the number of correct predictions.
+struct batch_stats {
+  double loss_sum = 0;
+  size_t correct = 0;
+  size_t n = 0;
+  double mean_loss() const { return n ? loss_sum / static_cast<double>(n) : 0.0; }
+  double accuracy() const { return n ? static_cast<double>(correct) / static_cast<double>(n) : 0.0; }
+};
+
+class compute_backend {
+public:
+  virtual ~compute_backend();
+
+  /// "cpu" or "cuda:N".
+  virtual const char* name() const = 0;
+
+  /// The model this backend computes.
+  virtual const mlp_spec& spec() const = 0;
+
+  /// Computes the mean gradient of the loss over `batch` at `params` into `grad`
+  /// (both spec().num_params() floats). Fails with shape_mismatch if the batch's
+  /// width differs from the model's input or a label is out of range, and with
+  /// numerical_error if the loss is not finite. Blocks for the duration of the compute.
+  [[nodiscard]] virtual expected<batch_stats> train_step(const float* params, batch_view batch,
+                                                         float* grad) = 0;
+
+  /// Forward pass only: loss and accuracy of `params` over `batch` (any size).
+  [[nodiscard]] virtual expected<batch_stats> evaluate(const float* params, batch_view batch) = 0;
+};
+
+/// Checks a batch against a model: width, non-empty, labels in range.
+[[nodiscard]] caf::error check_batch(const mlp_spec& spec, batch_view batch);
+
+}  // namespace ashlar

@@ -1,0 +1,347 @@
+#include "runtime/config/train_config.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+namespace ashlar {
+
+namespace {
+
+caf::error bad_value(const std::string& key, const std::string& text, const char* want) {
+  return make_error(errc::invalid_config,
+                    "config key " + key + ": '" + text + "' is not " + want);
+}
+
+caf::error parse(const std::string& key, const std::string& text, uint64_t& out) {
+  if (text.empty() || text[0] == '-')
+    return bad_value(key, text, "a non-negative integer");
+  errno = 0;
+  char* end = nullptr;
+  auto v = std::strtoull(text.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0')
+    return bad_value(key, text, "a non-negative integer");
+  out = v;
+  return caf::none;
+}
+
+caf::error parse(const std::string& key, const std::string& text, uint32_t& out) {
+  uint64_t v = 0;
+  if (auto err = parse(key, text, v))
+    return err;
+  if (v > UINT32_MAX)
+    return bad_value(key, text, "an integer below 2^32");
+  out = static_cast<uint32_t>(v);
+  return caf::none;
+}
+
+caf::error parse(const std::string& key, const std::string& text, double& out) {
+  errno = 0;
+  char* end = nullptr;
+  double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || errno != 0 || *end != '\0' || !std::isfinite(v))
+    return bad_value(key, text, "a finite number");
+  out = v;
+  return caf::none;
+}
+
+caf::error parse(const std::string& key, const std::string& text, float& out) {
+  double v = 0;
+  if (auto err = parse(key, text, v))
+    return err;
+  out = static_cast<float>(v);
+  return caf::none;
+}
+
+caf::error parse(const std::string& key, const std::string& text, bool& out) {
+  if (text == "true" || text == "1" || text == "yes" || text == "on")
+    out = true;
+  else if (text == "false" || text == "0" || text == "no" || text == "off")
+    out = false;
+  else
+    return bad_value(key, text, "true or false");
+  return caf::none;
+}
+
+caf::error parse(const std::string&, const std::string& text, std::string& out) {
+  out = text;
+  return caf::none;
+}
+
+caf::error parse(const std::string& key, const std::string& text, std::vector<uint32_t>& out) {
+  std::vector<uint32_t> v;
+  std::stringstream ss{text};
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    auto b = item.find_first_not_of(" \t[");
+    auto e = item.find_last_not_of(" \t]");
+    if (b == std::string::npos)
+      continue;
+    uint32_t x = 0;
+    if (auto err = parse(key, item.substr(b, e - b + 1), x))
+      return bad_value(key, text, "a comma-separated list of non-negative integers");
+    v.push_back(x);
+  }
+  out = std::move(v);
+  return caf::none;
+}
+
+std::string show(uint64_t v) { return std::to_string(v); }
+std::string show(uint32_t v) { return std::to_string(v); }
+std::string show(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+std::string show(float v) { return show(static_cast<double>(v)); }
+std::string show(bool v) { return v ? "true" : "false"; }
+std::string show(const std::string& v) { return v; }
+std::string show(const std::vector<uint32_t>& v) {
+  std::string s;
+  for (auto x : v)
+    s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+struct field {
+  std::string key;
+  std::string help;
+  std::function<caf::error(train_config&, const std::string&)> set;
+  std::function<std::string(const train_config&)> get;
+};
+
+// Binds a key to a member through an accessor, so nested members work too.
+template <class Access>
+field bind(std::string key, std::string help, Access access) {
+  field f;
+  f.key = key;
+  f.help = std::move(help);
+  f.set = [key, access](train_config& c, const std::string& text) {
+    return parse(key, text, access(c));
+  };
+  f.get = [access](const train_config& c) {
+    return show(access(const_cast<train_config&>(c)));
+  };
+  return f;
+}
+
+const std::vector<field>& fields() {
+  static const std::vector<field> table = {
+    bind("data.dir", "directory of the Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)",
+         [](train_config& c) -> std::string& { return c.data_dir; }),
+    bind("data.source", "fashion-mnist or synthetic (default fashion-mnist)",
+         [](train_config& c) -> std::string& { return c.data_source; }),
+    bind("data.train_limit", "use the first N training samples, 0 = all (default 0)",
+         [](train_config& c) -> uint64_t& { return c.train_limit; }),
+    bind("data.test_limit", "use the first N test samples, 0 = all (default 0)",
+         [](train_config& c) -> uint64_t& { return c.test_limit; }),
+    bind("model.hidden", "hidden layer widths, comma-separated (default 256,128)",
+         [](train_config& c) -> std::vector<uint32_t>& { return c.model.hidden; }),
+    bind("train.workers", "number of workers (default 4)",
+         [](train_config& c) -> uint32_t& { return c.workers; }),
+    bind("train.servers", "number of server shards (default 2)",
+         [](train_config& c) -> uint32_t& { return c.servers; }),
+    bind("train.policy", "sync policy: bsp or asp (default bsp)",
+         [](train_config& c) -> std::string& { return c.policy; }),
+    bind("train.epochs", "passes over the training set (default 10)",
+         [](train_config& c) -> uint32_t& { return c.epochs; }),
+    bind("train.batch_size", "mini-batch size per worker, samples (default 64)",
+         [](train_config& c) -> uint32_t& { return c.batch_size; }),
+    bind("train.seed", "seed for initial parameters and data order (default 1)",
+         [](train_config& c) -> uint64_t& { return c.seed; }),
+    bind("train.lr", "learning rate (default 0.05)",
+         [](train_config& c) -> float& { return c.optimizer.lr; }),
+    bind("train.momentum", "SGD momentum, 0 = none (default 0.9)",
+         [](train_config& c) -> float& { return c.optimizer.momentum; }),
+    bind("train.weight_decay", "L2 weight decay (default 0.0001)",
+         [](train_config& c) -> float& { return c.optimizer.weight_decay; }),
+    bind("train.staleness_aware_lr", "asp: divide lr by 1 + staleness (default false)",
+         [](train_config& c) -> bool& { return c.policy_settings.staleness_aware_lr; }),
+    bind("run.report", "write a JSON summary to this file (default none)",
+         [](train_config& c) -> std::string& { return c.report; }),
+    bind("run.progress_interval", "seconds between progress lines, 0 = none (default 1)",
+         [](train_config& c) -> double& { return c.progress_interval; }),
+    bind("run.log_level", "trace, debug, info, warn or error (default info)",
+         [](train_config& c) -> std::string& { return c.log_level; }),
+    bind("run.eval_every_epoch", "evaluate test accuracy at each epoch boundary (default true)",
+         [](train_config& c) -> bool& { return c.eval_every_epoch; }),
+  };
+  return table;
+}
+
+const field* find_field(const std::string& key) {
+  for (const auto& f : fields())
+    if (f.key == key)
+      return &f;
+  return nullptr;
+}
+
+std::string env_name(const std::string& key) {
+  std::string s = "ASHLAR_";
+  for (char c : key)
+    s += c == '.' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string known_keys() {
+  std::string s;
+  for (const auto& f : fields())
+    s += (s.empty() ? "" : ", ") + f.key;
+  return s;
+}
+
+// The text form of a TOML value, for the shared text parsers.
+bool toml_text(const toml::node& n, std::string& out) {
+  if (auto s = n.as_string()) {
+    out = s->get();
+    return true;
+  }
+  if (auto i = n.as_integer()) {
+    out = std::to_string(i->get());
+    return true;
+  }
+  if (auto d = n.as_floating_point()) {
+    out = show(d->get());
+    return true;
+  }
+  if (auto b = n.as_boolean()) {
+    out = b->get() ? "true" : "false";
+    return true;
+  }
+  if (auto a = n.as_array()) {
+    out.clear();
+    for (const auto& e : *a) {
+      std::string item;
+      if (!toml_text(e, item) || e.is_array())
+        return false;
+      out += (out.empty() ? "" : ",") + item;
+    }
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<config_key_info> config_keys() {
+  std::vector<config_key_info> out;
+  for (const auto& f : fields())
+    out.push_back({f.key, env_name(f.key), f.help});
+  return out;
+}
+
+caf::error apply_setting(train_config& cfg, const std::string& key, const std::string& text) {
+  auto f = find_field(key);
+  if (!f)
+    return make_error(errc::invalid_config,
+                      "unknown config key '" + key + "' (known: " + known_keys() + ")");
+  return f->set(cfg, text);
+}
+
+std::string setting_text(const train_config& cfg, const std::string& key) {
+  auto f = find_field(key);
+  return f ? f->get(cfg) : std::string{};
+}
+
+caf::error apply_toml_text(train_config& cfg, const std::string& text, const std::string& origin) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << origin << ":" << e.source().begin.line << ":" << e.source().begin.column << ": "
+       << e.description();
+    return make_error(errc::invalid_config, os.str());
+  }
+  for (const auto& [section, node] : root) {
+    auto where = [&](const toml::node& n) {
+      return origin + ":" + std::to_string(n.source().begin.line);
+    };
+    auto tbl = node.as_table();
+    if (!tbl)
+      return make_error(errc::invalid_config,
+                        where(node) + ": top-level key '" + std::string{section.str()}
+                          + "' must be a section ([data], [model], [train] or [run])");
+    for (const auto& [name, value] : *tbl) {
+      std::string key = std::string{section.str()} + "." + std::string{name.str()};
+      if (!find_field(key))
+        return make_error(errc::invalid_config, where(value) + ": unknown config key '" + key
+                                                  + "' (known: " + known_keys() + ")");
+      std::string txt;
+      if (!toml_text(value, txt))
+        return make_error(errc::invalid_config,
+                          where(value) + ": config key " + key + " has an unsupported value type");
+      if (auto err = apply_setting(cfg, key, txt))
+        return make_error(errc::invalid_config, where(value) + ": " + describe(err));
+    }
+  }
+  return caf::none;
+}
+
+caf::error apply_toml_file(train_config& cfg, const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f)
+    return make_error(errc::io_error,
+                      "cannot open config file " + path + ": " + std::strerror(errno));
+  std::string text;
+  char buf[4096];
+  size_t got;
+  while ((got = std::fread(buf, 1, sizeof(buf), f)) > 0)
+    text.append(buf, got);
+  std::fclose(f);
+  return apply_toml_text(cfg, text, path);
+}
+
+caf::error apply_environment(train_config& cfg, const env_lookup& lookup) {
+  for (const auto& f : fields()) {
+    auto name = env_name(f.key);
+    if (const char* v = lookup(name.c_str()))
+      if (auto err = f.set(cfg, v))
+        return make_error(errc::invalid_config, "environment variable " + name + ": " + describe(err));
+  }
+  return caf::none;
+}
+
+caf::error validate(const train_config& c) {
+  auto bad = [](const std::string& msg) { return make_error(errc::invalid_config, msg); };
+  if (c.workers == 0)
+    return bad("train.workers must be at least 1");
+  if (c.servers == 0)
+    return bad("train.servers must be at least 1");
+  if (c.epochs == 0)
+    return bad("train.epochs must be at least 1");
+  if (c.batch_size == 0)
+    return bad("train.batch_size must be at least 1");
+  if (!(c.optimizer.lr > 0))
+    return bad("train.lr must be > 0");
+  if (c.optimizer.momentum < 0 || c.optimizer.momentum >= 1)
+    return bad("train.momentum must be in [0, 1)");
+  if (c.optimizer.weight_decay < 0)
+    return bad("train.weight_decay must be >= 0");
+  if (c.progress_interval < 0)
+    return bad("run.progress_interval must be >= 0");
+  if (c.data_source != "fashion-mnist" && c.data_source != "synthetic")
+    return bad("data.source must be fashion-mnist or synthetic, not '" + c.data_source + "'");
+  static const std::vector<std::string> levels = {"trace", "debug", "info", "warn", "error", "off"};
+  if (std::find(levels.begin(), levels.end(), c.log_level) == levels.end())
+    return bad("run.log_level must be one of trace, debug, info, warn, error, off");
+  auto names = policy_names();
+  if (std::find(names.begin(), names.end(), c.policy) == names.end()) {
+    std::string known;
+    for (const auto& n : names)
+      known += (known.empty() ? "" : ", ") + n;
+    return bad("train.policy '" + c.policy + "' is not known (known: " + known + ")");
+  }
+  if (auto err = validate(c.model))
+    return err;
+  if (c.servers > c.model.num_params())
+    return bad("train.servers = " + std::to_string(c.servers) + " exceeds the "
+               + std::to_string(c.model.num_params()) + " parameters of model "
+               + c.model.to_string() + ": every shard needs at least one parameter");
+  return caf::none;
+}
+
+}  // namespace ashlar

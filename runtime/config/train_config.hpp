@@ -1,0 +1,98 @@
+// The configuration of a training job: one struct, filled once from a TOML file, then
+// ASHLAR_* environment variables, then command-line settings (later ones win).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/core/error.hpp"
+#include "runtime/model/mlp.hpp"
+#include "runtime/optim/sgd.hpp"
+#include "runtime/policy/sync_policy.hpp"
+
+namespace ashlar {
+
+struct train_config {
+  // [data]
+  /// Where the Fashion-MNIST IDX files are. Default: /usr/share/datasets/fashion-mnist.
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  /// "fashion-mnist" or "synthetic" (Gaussian clusters, for benchmarks). Default: fashion-mnist.
+  std::string data_source = "fashion-mnist";
+  /// Use only the first N training samples; 0 = all. Default: 0.
+  uint64_t train_limit = 0;
+  /// Use only the first N test samples; 0 = all. Default: 0.
+  uint64_t test_limit = 0;
+
+  // [model]
+  /// The MLP: hidden widths (model.hidden). Default: 784-256-128-10.
+  mlp_spec model;
+
+  // [train]
+  /// Number of worker actors. Default: 4.
+  uint32_t workers = 4;
+  /// Number of server shards the parameters are split into. Default: 2.
+  uint32_t servers = 2;
+  /// Sync policy: bsp or asp. Default: bsp.
+  std::string policy = "bsp";
+  /// Passes over the training set (each worker passes over its share). Default: 10.
+  uint32_t epochs = 10;
+  /// Mini-batch size per worker, in samples. Default: 64.
+  uint32_t batch_size = 64;
+  /// Seed for initial parameters and data order. Default: 1.
+  uint64_t seed = 1;
+  /// Optimizer applied by the shards (train.lr, train.momentum, train.weight_decay).
+  sgd_config optimizer;
+  /// Policy settings (train.staleness_aware_lr).
+  policy_config policy_settings;
+
+  // [run]
+  /// Write a JSON summary here when training ends; empty = none. Default: "".
+  std::string report;
+  /// Seconds between live progress lines; 0 = no progress lines. Default: 1.
+  double progress_interval = 1.0;
+  /// Log level: trace, debug, info, warn, error. Default: info.
+  std::string log_level = "info";
+  /// Evaluate test accuracy at every epoch boundary (costs a forward pass over the test
+  /// set each time). Default: true.
+  bool eval_every_epoch = true;
+};
+
+/// One configuration key: its TOML name ("train.workers"), environment variable
+/// (ASHLAR_TRAIN_WORKERS), help text with default and unit, and its current value.
+struct config_key_info {
+  std::string key;
+  std::string env;
+  std::string help;
+};
+
+/// Every key, in documentation order.
+std::vector<config_key_info> config_keys();
+
+/// Sets `key` from its text form (numbers, true/false, comma-separated lists).
+/// Errors name the key and the bad value: invalid_config for an unknown key or a value
+/// that does not parse.
+[[nodiscard]] caf::error apply_setting(train_config& cfg, const std::string& key,
+                                       const std::string& text);
+
+/// Reads a TOML file into `cfg`. Unknown sections or keys and mistyped values fail with
+/// invalid_config naming the file, line and key; a missing file fails with io_error.
+[[nodiscard]] caf::error apply_toml_file(train_config& cfg, const std::string& path);
+
+/// Same, from TOML text (`origin` names it in errors).
+[[nodiscard]] caf::error apply_toml_text(train_config& cfg, const std::string& text,
+                                         const std::string& origin);
+
+/// Applies every ASHLAR_<SECTION>_<KEY> variable that `lookup` returns non-null for.
+using env_lookup = std::function<const char*(const char*)>;
+[[nodiscard]] caf::error apply_environment(train_config& cfg, const env_lookup& lookup);
+
+/// Checks the whole configuration for consistency (counts >= 1, known policy and data
+/// source, positive learning rate...). Names the offending key.
+[[nodiscard]] caf::error validate(const train_config& cfg);
+
+/// The current value of `key` in text form (for --help and reports).
+std::string setting_text(const train_config& cfg, const std::string& key);
+
+}  // namespace ashlar

@@ -1,0 +1,220 @@
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <sys/stat.h>
+
+#include <zlib.h>
+
+#include "runtime/data/dataset.hpp"
+
+namespace ashlar {
+
+namespace {
+
+constexpr uint32_t images_magic = 0x00000803; // unsigned byte, 3 dimensions
+constexpr uint32_t labels_magic = 0x00000801; // unsigned byte, 1 dimension
+constexpr float fmnist_mean = 0.2860f;
+constexpr float fmnist_std = 0.3530f;
+
+// Reads a whole (optionally gzip-compressed) file into memory.
+expected<std::vector<uint8_t>> read_all(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0)
+    return make_error(errc::io_error, "cannot open " + path + ": " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode))
+    return make_error(errc::io_error, path + " is a directory, expected an IDX file");
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (!f)
+    return make_error(errc::io_error, "cannot open " + path + ": " + std::strerror(errno));
+  gzbuffer(f, 1 << 17);
+  std::vector<uint8_t> out;
+  uint8_t buf[1 << 16];
+  for (;;) {
+    int got = gzread(f, buf, sizeof(buf));
+    if (got < 0) {
+      int code = 0;
+      std::string msg = gzerror(f, &code);
+      gzclose(f);
+      return make_error(errc::corrupt_data, path + " is not a valid gzip stream: " + msg);
+    }
+    if (got == 0)
+      break;
+    out.insert(out.end(), buf, buf + got);
+  }
+  // gzread reports a truncated gzip stream only through gzerror after EOF.
+  int code = 0;
+  const char* msg = gzerror(f, &code);
+  if (code != Z_OK && code != Z_STREAM_END) {
+    std::string m = msg;
+    gzclose(f);
+    return make_error(errc::corrupt_data, path + " is a damaged gzip stream: " + m);
+  }
+  if (gzclose(f) != Z_OK)
+    return make_error(errc::corrupt_data, path + " is a truncated gzip stream");
+  return out;
+}
+
+uint32_t be32(const uint8_t* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
+}
+
+std::string hex(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0x%08x", v);
+  return buf;
+}
+
+} // namespace
+
+expected<dataset> load_idx(const std::string& images_path, const std::string& labels_path) {
+  auto img = read_all(images_path);
+  if (!img)
+    return img.error();
+  auto lbl = read_all(labels_path);
+  if (!lbl)
+    return lbl.error();
+  if (img->size() < 16)
+    return make_error(errc::corrupt_data, images_path + " is truncated: "
+                                            + std::to_string(img->size())
+                                            + " bytes, an IDX image header needs 16");
+  if (auto m = be32(img->data()); m != images_magic)
+    return make_error(errc::corrupt_data, images_path + " has magic " + hex(m)
+                                            + ", expected " + hex(images_magic)
+                                            + " (IDX unsigned-byte images)");
+  uint64_t n = be32(img->data() + 4);
+  uint64_t rows = be32(img->data() + 8);
+  uint64_t cols = be32(img->data() + 12);
+  if (rows == 0 || cols == 0 || rows * cols > (1u << 24))
+    return make_error(errc::corrupt_data, images_path + " declares images of " + std::to_string(rows)
+                                            + "x" + std::to_string(cols) + " pixels");
+  uint64_t want = 16 + n * rows * cols;
+  if (img->size() != want)
+    return make_error(errc::corrupt_data, images_path + " holds " + std::to_string(img->size())
+                                            + " bytes, its header (" + std::to_string(n)
+                                            + " images of " + std::to_string(rows) + "x"
+                                            + std::to_string(cols) + ") needs "
+                                            + std::to_string(want));
+  if (lbl->size() < 8)
+    return make_error(errc::corrupt_data, labels_path + " is truncated: "
+                                            + std::to_string(lbl->size())
+                                            + " bytes, an IDX label header needs 8");
+  if (auto m = be32(lbl->data()); m != labels_magic)
+    return make_error(errc::corrupt_data, labels_path + " has magic " + hex(m)
+                                            + ", expected " + hex(labels_magic)
+                                            + " (IDX unsigned-byte labels)");
+  uint64_t nl = be32(lbl->data() + 4);
+  if (nl != n)
+    return make_error(errc::corrupt_data, labels_path + " has " + std::to_string(nl)
+                                            + " labels but " + images_path + " has "
+                                            + std::to_string(n) + " images");
+  if (lbl->size() != 8 + n)
+    return make_error(errc::corrupt_data, labels_path + " holds " + std::to_string(lbl->size())
+                                            + " bytes, its header needs " + std::to_string(8 + n));
+  dataset d;
+  d.n = n;
+  d.dim = rows * cols;
+  d.classes = 10;
+  d.y.assign(lbl->begin() + 8, lbl->end());
+  for (size_t i = 0; i < n; ++i)
+    if (d.y[i] >= d.classes)
+      return make_error(errc::corrupt_data, labels_path + ": label " + std::to_string(d.y[i])
+                                              + " at index " + std::to_string(i)
+                                              + " is not in [0, 10)");
+  d.x.resize(n * d.dim);
+  const uint8_t* px = img->data() + 16;
+  const float scale = 1.0f / (255.0f * fmnist_std);
+  const float shift = fmnist_mean / fmnist_std;
+  for (size_t i = 0; i < d.x.size(); ++i)
+    d.x[i] = static_cast<float>(px[i]) * scale - shift;
+  return d;
+}
+
+expected<dataset> load_fashion_mnist(const std::string& dir, split which) {
+  std::string prefix = which == split::train ? "train" : "t10k";
+  auto pick = [&](const std::string& stem) {
+    std::string base = dir + "/" + prefix + "-" + stem;
+    struct stat st;
+    if (::stat((base + ".gz").c_str(), &st) == 0)
+      return base + ".gz";
+    if (::stat(base.c_str(), &st) == 0)
+      return base;
+    return base + ".gz";
+  };
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return make_error(errc::io_error,
+                      "Fashion-MNIST directory " + dir
+                        + " does not exist (install Debian's dataset-fashion-mnist, or set "
+                          "data.dir / --data-dir / ASHLAR_DATA_DIR)");
+  return load_idx(pick("images-idx3-ubyte"), pick("labels-idx1-ubyte"));
+}
+
+void dataset::truncate(size_t limit) {
+  if (limit == 0 || limit >= n)
+    return;
+  n = limit;
+  x.resize(n * dim);
+  y.resize(n);
+}
+
+dataset make_synthetic(size_t n, size_t dim, uint32_t classes, uint64_t seed) {
+  std::mt19937_64 gen{seed};
+  std::normal_distribution<float> noise{0.0f, 1.0f};
+  std::vector<float> centres(size_t{classes} * dim);
+  for (auto& c : centres)
+    c = noise(gen) * 0.5f;
+  dataset d;
+  d.n = n;
+  d.dim = dim;
+  d.classes = classes;
+  d.x.resize(n * dim);
+  d.y.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto label = static_cast<uint8_t>(gen() % classes);
+    d.y[i] = label;
+    for (size_t j = 0; j < dim; ++j)
+      d.x[i * dim + j] = centres[label * dim + j] + noise(gen);
+  }
+  return d;
+}
+
+batch_cursor::batch_cursor(const dataset& data, size_t begin, size_t count, uint64_t seed)
+  : data_(&data), seed_(seed) {
+  indices_.resize(count);
+  for (size_t i = 0; i < count; ++i)
+    indices_[i] = static_cast<uint32_t>(begin + i);
+  shuffle();
+}
+
+void batch_cursor::shuffle() {
+  std::mt19937_64 gen{seed_ * 0x9E3779B97F4A7C15ull + epoch_};
+  // Fisher-Yates with our own index draw: std::shuffle's use of the generator is
+  // library-defined, this is fixed.
+  for (size_t i = indices_.size(); i > 1; --i) {
+    size_t j = gen() % i;
+    std::swap(indices_[i - 1], indices_[j]);
+  }
+}
+
+batch_view batch_cursor::next(size_t batch) {
+  if (indices_.empty())
+    return {};
+  if (pos_ >= indices_.size()) {
+    pos_ = 0;
+    ++epoch_;
+    shuffle();
+  }
+  size_t take = std::min(batch, indices_.size() - pos_);
+  const size_t dim = data_->dim;
+  xb_.resize(take * dim);
+  yb_.resize(take);
+  for (size_t i = 0; i < take; ++i) {
+    uint32_t idx = indices_[pos_ + i];
+    std::memcpy(xb_.data() + i * dim, data_->x.data() + size_t{idx} * dim, dim * sizeof(float));
+    yb_[i] = data_->y[idx];
+  }
+  pos_ += take;
+  return {xb_.data(), yb_.data(), take, dim};
+}
+
+} // namespace ashlar

@@ -1,0 +1,101 @@
+#include "runtime/metrics/report.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+namespace ashlar {
+
+namespace {
+
+std::string num(double v) {
+  if (!std::isfinite(v))
+    return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  return buf;
+}
+
+std::string str(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string to_json(const run_report& r) {
+  std::ostringstream o;
+  o << "{\n"
+    << "  \"policy\": " << str(r.policy) << ",\n"
+    << "  \"model\": " << str(r.model) << ",\n"
+    << "  \"backend\": " << str(r.backend) << ",\n"
+    << "  \"workers\": " << r.workers << ",\n"
+    << "  \"servers\": " << r.servers << ",\n"
+    << "  \"epochs\": " << r.epochs << ",\n"
+    << "  \"batch_size\": " << r.batch_size << ",\n"
+    << "  \"seed\": " << r.seed << ",\n"
+    << "  \"train_samples\": " << r.train_samples << ",\n"
+    << "  \"test_samples\": " << r.test_samples << ",\n"
+    << "  \"test_accuracy\": " << num(r.test_accuracy) << ",\n"
+    << "  \"test_loss\": " << num(r.test_loss) << ",\n"
+    << "  \"seconds\": " << num(r.seconds) << ",\n"
+    << "  \"samples\": " << r.samples << ",\n"
+    << "  \"samples_per_second\": " << num(r.samples_per_second) << ",\n"
+    << "  \"versions\": " << r.versions << ",\n"
+    << "  \"dropped\": " << r.dropped << ",\n"
+    << "  \"mean_staleness\": " << num(r.mean_staleness) << ",\n"
+    << "  \"history\": [";
+  for (size_t i = 0; i < r.history.size(); ++i) {
+    const auto& h = r.history[i];
+    o << (i ? ",\n    " : "\n    ") << "{\"epoch\": " << num(h.epoch) << ", \"seconds\": "
+      << num(h.seconds) << ", \"test_accuracy\": " << num(h.test_accuracy)
+      << ", \"train_loss\": " << num(h.train_loss) << "}";
+  }
+  o << (r.history.empty() ? "],\n" : "\n  ],\n") << "  \"per_worker\": [";
+  for (size_t i = 0; i < r.per_worker.size(); ++i) {
+    const auto& w = r.per_worker[i];
+    o << (i ? ",\n    " : "\n    ") << "{\"worker\": " << w.worker_id << ", \"steps\": " << w.steps
+      << ", \"samples\": " << w.samples << ", \"samples_per_second\": " << num(w.samples_per_second)
+      << ", \"compute_seconds\": " << num(w.compute_seconds)
+      << ", \"wait_seconds\": " << num(w.wait_seconds) << "}";
+  }
+  o << (r.per_worker.empty() ? "]\n" : "\n  ]\n") << "}\n";
+  return o.str();
+}
+
+caf::error write_report(const run_report& r, const std::string& path) {
+  std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f)
+    return make_error(errc::io_error, "cannot write report " + tmp + ": " + std::strerror(errno));
+  auto text = to_json(r);
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  ok = (std::fflush(f) == 0) && ok;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok) {
+    int e = errno;
+    std::remove(tmp.c_str());
+    return make_error(errc::io_error, "cannot write report " + path + ": " + std::strerror(e));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    std::remove(tmp.c_str());
+    return make_error(errc::io_error, "cannot rename " + tmp + " to " + path + ": " + std::strerror(e));
+  }
+  return caf::none;
+}
+
+}  // namespace ashlar

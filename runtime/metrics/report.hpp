@@ -1,0 +1,57 @@
+// The summary of a finished training run, written as JSON by --report.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/core/error.hpp"
+
+namespace ashlar {
+
+struct epoch_point {
+  double epoch = 0;
+  double seconds = 0;
+  double test_accuracy = 0;
+  double train_loss = 0;
+};
+
+struct worker_summary {
+  uint32_t worker_id = 0;
+  uint64_t steps = 0;
+  uint64_t samples = 0;
+  double samples_per_second = 0;
+  double compute_seconds = 0; // total
+  double wait_seconds = 0;    // total
+};
+
+struct run_report {
+  std::string policy;
+  std::string model;
+  std::string backend = "cpu";
+  uint32_t workers = 0;
+  uint32_t servers = 0;
+  uint32_t epochs = 0;
+  uint32_t batch_size = 0;
+  uint64_t seed = 0;
+  uint64_t train_samples = 0;
+  uint64_t test_samples = 0;
+  double test_accuracy = 0;
+  double test_loss = 0;
+  double seconds = 0;
+  double samples_per_second = 0;
+  uint64_t samples = 0;
+  uint64_t versions = 0;          // summed over shards
+  uint64_t dropped = 0;           // gradients dropped by the policy
+  double mean_staleness = 0;
+  std::vector<epoch_point> history;
+  std::vector<worker_summary> per_worker;
+};
+
+/// The report as a JSON object.
+std::string to_json(const run_report& r);
+
+/// Writes the JSON to `path` (atomically: a temporary file renamed into place).
+/// Fails with io_error naming the path.
+[[nodiscard]] caf::error write_report(const run_report& r, const std::string& path);
+
+}  // namespace ashlar

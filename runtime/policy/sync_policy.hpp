@@ -1,0 +1,79 @@
+// The synchronization policy of a server shard: given pushes and membership, it says
+// whether a gradient is applied now, buffered for a round, or dropped, and whether a
+// worker may read now. Pure code: no CAF, no clocks, no I/O.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "runtime/core/error.hpp"
+
+namespace ashlar {
+
+using worker_id = uint32_t;
+
+/// What a shard does with one incoming gradient.
+struct push_decision {
+  enum kind_t : uint8_t {
+    /// Apply this gradient now, alone, scaled by lr_scale.
+    apply,
+    /// Keep it for the current round (see sync_policy::round_ready).
+    buffer,
+    /// Discard it (too late or too stale).
+    drop,
+  };
+  kind_t kind = apply;
+  /// Learning-rate multiplier for `apply`. Default: 1.
+  float lr_scale = 1.0f;
+  /// Versions applied since the gradient's base version.
+  uint64_t staleness = 0;
+};
+
+/// Settings every policy may read. Each field documents its default.
+struct policy_config {
+  /// ASP: scale the learning rate by 1 / (1 + staleness). Default: false.
+  bool staleness_aware_lr = false;
+};
+
+class sync_policy {
+public:
+  virtual ~sync_policy();
+
+  /// Registry name, e.g. "bsp".
+  virtual const char* name() const = 0;
+
+  /// A worker joined (it will push from now on).
+  virtual void on_join(worker_id w) = 0;
+
+  /// A worker left (finished, removed or failed): rounds stop waiting for it.
+  virtual void on_leave(worker_id w) = 0;
+
+  /// A gradient from `w`, computed at `base_version`, arrives while the shard is at `version`.
+  virtual push_decision on_push(worker_id w, uint64_t base_version, uint64_t version) = 0;
+
+  /// True when the buffered gradients form a complete round that must be applied now
+  /// (as one batch-weighted average). The shard calls it after every push and leave.
+  virtual bool round_ready() const = 0;
+
+  /// The shard applied the buffered round; the policy starts a new one.
+  virtual void on_round_applied() = 0;
+
+  /// True if worker `w` may read the parameters at `version` now; otherwise the
+  /// shard holds the read until this becomes true.
+  virtual bool may_read(worker_id w, uint64_t version) const = 0;
+
+  /// Workers the policy currently counts as live.
+  virtual const std::set<worker_id>& live() const = 0;
+};
+
+/// Makes a policy by registry name ("bsp", "asp"). Fails with unknown_name, listing the names.
+[[nodiscard]] expected<std::unique_ptr<sync_policy>> make_policy(const std::string& name,
+                                                                const policy_config& cfg);
+
+/// The names make_policy accepts.
+std::vector<std::string> policy_names();
+
+}  // namespace ashlar

@@ -1,0 +1,105 @@
+// The messages actors exchange, as plain C++ structs. Inside one actor_system they are
+// passed as they are; between nodes they cross as the Cap'n Proto structs of
+// schema/ashlar.capnp (see codec.hpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/tensor/layout.hpp"
+
+namespace ashlar::wire {
+
+/// Protocol version of these messages; bumped on any incompatible change.
+constexpr uint32_t protocol_version = 1;
+
+/// Worker id meaning "any": the scheduler picks one.
+constexpr uint32_t any_worker = 0xFFFFFFFFu;
+
+struct register_worker {
+  uint32_t requested_id = any_worker;
+  std::string host;
+  std::string backend = "cpu";
+};
+
+struct assignment {
+  uint32_t worker_id = 0;
+  std::vector<shard_range> shards;
+  std::vector<uint32_t> layer_widths;
+  uint32_t batch_size = 0;
+  uint64_t data_begin = 0;
+  uint64_t data_count = 0;
+  uint64_t steps = 0;
+  uint64_t seed = 0;
+  std::string policy;
+};
+
+struct membership_change {
+  enum kind_t : uint8_t { join = 0, leave = 1, fail = 2 };
+  kind_t kind = join;
+  uint32_t worker_id = 0;
+  std::string reason;
+};
+
+struct pull_request {
+  uint32_t worker_id = 0;
+  uint32_t shard_id = 0;
+  bool snapshot = false;
+};
+
+struct pull_reply {
+  uint32_t shard_id = 0;
+  uint64_t version = 0;
+  uint64_t begin = 0;
+  std::vector<float> params;
+  uint64_t wait_ns = 0;
+};
+
+struct push {
+  uint32_t worker_id = 0;
+  uint32_t shard_id = 0;
+  uint64_t base_version = 0;
+  uint32_t batch_size = 0;
+  std::vector<float> grad;
+};
+
+struct push_ack {
+  enum outcome_t : uint8_t { applied = 0, buffered = 1, dropped = 2 };
+  uint32_t shard_id = 0;
+  uint64_t version = 0;
+  outcome_t outcome = applied;
+  uint64_t staleness = 0;
+};
+
+struct profile_report {
+  uint32_t worker_id = 0;
+  uint64_t step = 0;
+  uint32_t samples = 0;
+  double loss = 0;
+  uint64_t compute_ns = 0;
+  uint64_t pull_ns = 0;
+  uint64_t push_ns = 0;
+  uint64_t wait_ns = 0;
+};
+
+struct worker_stats {
+  uint32_t worker_id = 0;
+  uint64_t steps = 0;
+  uint64_t samples = 0;
+  double samples_per_second = 0;
+  double step_seconds = 0;
+  double compute_seconds = 0;
+  double wait_seconds = 0;
+  double loss = 0;
+  bool done = false;
+};
+
+struct cluster_stats {
+  std::vector<worker_stats> workers;
+  uint64_t total_samples = 0;
+  double elapsed_seconds = 0;
+  double loss = 0;
+};
+
+}  // namespace ashlar::wire

@@ -96,6 +96,20 @@ struct PushAck {
   }
 }
 
+struct ShardStatus {
+  shardId @0 :UInt32;
+  version @1 :UInt64;
+  begin @2 :UInt64;
+  end @3 :UInt64;
+  pushes @4 :UInt64;
+  applied @5 :UInt64;
+  dropped @6 :UInt64;
+  stalenessSum @7 :UInt64;
+  stalenessMax @8 :UInt64;
+  liveWorkers @9 :List(UInt32);
+  pendingReads @10 :UInt32;
+}
+
 # ---- Profiling and stages -------------------------------------------------------------
 
 struct ProfileReport {

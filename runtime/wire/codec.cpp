@@ -242,6 +242,47 @@ caf::error decode(const uint64_t* d, size_t n, push_ack& out) {
   });
 }
 
+// ---- shard_status ----
+words encode(const shard_status& x) {
+  capnp::MallocMessageBuilder mb;
+  auto b = mb.initRoot<schema::ShardStatus>();
+  b.setShardId(x.shard_id);
+  b.setVersion(x.version);
+  b.setBegin(x.begin);
+  b.setEnd(x.end);
+  b.setPushes(x.pushes);
+  b.setApplied(x.applied);
+  b.setDropped(x.dropped);
+  b.setStalenessSum(x.staleness_sum);
+  b.setStalenessMax(x.staleness_max);
+  auto live = b.initLiveWorkers(static_cast<unsigned>(x.live_workers.size()));
+  for (size_t i = 0; i < x.live_workers.size(); ++i)
+    live.set(i, x.live_workers[i]);
+  b.setPendingReads(x.pending_reads);
+  return to_words(mb);
+}
+
+caf::error decode(const uint64_t* d, size_t n, shard_status& out) {
+  return with_reader<schema::ShardStatus>("ShardStatus", d, n, [&](auto r) -> caf::error {
+    out.shard_id = r.getShardId();
+    out.version = r.getVersion();
+    out.begin = r.getBegin();
+    out.end = r.getEnd();
+    if (out.end < out.begin)
+      return malformed("ShardStatus", "range end precedes begin");
+    out.pushes = r.getPushes();
+    out.applied = r.getApplied();
+    out.dropped = r.getDropped();
+    out.staleness_sum = r.getStalenessSum();
+    out.staleness_max = r.getStalenessMax();
+    out.live_workers.clear();
+    for (auto w : r.getLiveWorkers())
+      out.live_workers.push_back(w);
+    out.pending_reads = r.getPendingReads();
+    return caf::none;
+  });
+}
+
 // ---- profile_report ----
 words encode(const profile_report& x) {
   capnp::MallocMessageBuilder mb;

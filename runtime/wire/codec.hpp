@@ -28,6 +28,7 @@ ASHLAR_WIRE_CODEC(pull_request)
 ASHLAR_WIRE_CODEC(pull_reply)
 ASHLAR_WIRE_CODEC(push)
 ASHLAR_WIRE_CODEC(push_ack)
+ASHLAR_WIRE_CODEC(shard_status)
 ASHLAR_WIRE_CODEC(profile_report)
 ASHLAR_WIRE_CODEC(cluster_stats)
 

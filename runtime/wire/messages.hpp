@@ -72,6 +72,20 @@ struct push_ack {
   uint64_t staleness = 0;
 };
 
+struct shard_status {
+  uint32_t shard_id = 0;
+  uint64_t version = 0;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  uint64_t pushes = 0;
+  uint64_t applied = 0;
+  uint64_t dropped = 0;
+  uint64_t staleness_sum = 0;
+  uint64_t staleness_max = 0;
+  std::vector<uint32_t> live_workers;
+  uint32_t pending_reads = 0;
+};
+
 struct profile_report {
   uint32_t worker_id = 0;
   uint64_t step = 0;

@@ -1,0 +1,42 @@
+// Runs a whole training job inside one actor_system: profiler, server shards, scheduler
+// and workers as actors in this process. Blocks the calling thread until the job ends.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "runtime/config/train_config.hpp"
+#include "runtime/metrics/report.hpp"
+#include "runtime/wire/messages.hpp"
+
+namespace ashlar::actors {
+
+/// A live view of a running job, handed to job_hooks::on_progress.
+struct progress_event {
+  double seconds = 0;            // since the workers started
+  double epoch = 0;              // samples processed / training-set size
+  uint64_t samples = 0;
+  double samples_per_second = 0; // over the last interval
+  double loss = 0;               // smoothed training loss
+  std::vector<wire::worker_stats> workers;
+};
+
+struct job_hooks {
+  /// Called every run.progress_interval seconds (if > 0) from the calling thread.
+  std::function<void(const progress_event&)> on_progress;
+  /// Called after each epoch's test evaluation (if run.eval_every_epoch).
+  std::function<void(const epoch_point&)> on_epoch;
+};
+
+/// Loads the data named by `cfg`, trains, evaluates the final parameters on the test set
+/// and returns the summary. Errors: invalid_config for a bad configuration, io_error or
+/// corrupt_data for the data set, invalid_state if every worker failed.
+[[nodiscard]] expected<run_report> run_local_job(const train_config& cfg,
+                                                 const job_hooks& hooks = {});
+
+/// The final parameters of the last run_local_job on this thread are not kept; this
+/// variant also returns them (for tests that compare runs bit for bit).
+[[nodiscard]] expected<run_report> run_local_job(const train_config& cfg, const job_hooks& hooks,
+                                                 std::vector<float>* final_params);
+
+}  // namespace ashlar::actors

@@ -1,0 +1,101 @@
+// The typed interfaces of Ashlar's actors, their atoms, and the glue that makes the
+// wire structs CAF message types: inside one actor_system they are passed as they are,
+// between nodes CAF serializes them as Cap'n Proto bytes (runtime/wire/codec.hpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "runtime/wire/codec.hpp"
+#include "runtime/wire/messages.hpp"
+
+namespace ashlar::actors {
+
+using start_atom = caf::atom_constant<caf::atom("start")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+using status_atom = caf::atom_constant<caf::atom("status")>;
+
+/// One server shard: serves pulls (held back while its policy says wait), takes pushes,
+/// follows membership changes, reports its status.
+using shard_actor = caf::typed_actor<
+  caf::replies_to<wire::pull_request>::with<wire::pull_reply>,
+  caf::replies_to<wire::push>::with<wire::push_ack>,
+  caf::replies_to<wire::membership_change>::with<caf::ok_atom>,
+  caf::replies_to<status_atom>::with<wire::shard_status>>;
+
+/// The profiler: takes per-step timing reports, answers with per-worker statistics.
+using profiler_actor = caf::typed_actor<
+  caf::reacts_to<wire::profile_report>,
+  caf::replies_to<wire::membership_change>::with<caf::ok_atom>,
+  caf::replies_to<caf::get_atom>::with<wire::cluster_stats>>;
+
+/// The scheduler: registers workers (assigning shard map, data share and batch share),
+/// learns when they leave, and tells its observer when every worker is done.
+using scheduler_actor = caf::typed_actor<
+  caf::replies_to<wire::register_worker>::with<wire::assignment, std::vector<shard_actor>>,
+  caf::reacts_to<wire::membership_change>>;
+
+/// A worker: registers on start, then loops pull -> compute -> push until its steps are done.
+using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<step_atom>>;
+
+/// Registers every Ashlar message type with `cfg` under names shared by all nodes.
+void register_types(caf::actor_system_config& cfg);
+
+}  // namespace ashlar::actors
+
+namespace ashlar::wire {
+
+template <class T>
+struct is_wire_message : std::false_type {};
+
+#define ASHLAR_WIRE_MESSAGE(type)                                                            \
+  template <>                                                                                \
+  struct is_wire_message<type> : std::true_type {};
+ASHLAR_WIRE_MESSAGE(register_worker)
+ASHLAR_WIRE_MESSAGE(assignment)
+ASHLAR_WIRE_MESSAGE(membership_change)
+ASHLAR_WIRE_MESSAGE(pull_request)
+ASHLAR_WIRE_MESSAGE(pull_reply)
+ASHLAR_WIRE_MESSAGE(push)
+ASHLAR_WIRE_MESSAGE(push_ack)
+ASHLAR_WIRE_MESSAGE(shard_status)
+ASHLAR_WIRE_MESSAGE(profile_report)
+ASHLAR_WIRE_MESSAGE(cluster_stats)
+#undef ASHLAR_WIRE_MESSAGE
+
+/// CAF's inspect for wire messages. Serializers get the Cap'n Proto encoding as one raw
+/// byte sequence (a single memcpy, not a float at a time); deserializers get it back
+/// through the checked decoder, so a malformed message is an error, never a crash.
+template <class Inspector, class T>
+std::enable_if_t<is_wire_message<T>::value, typename Inspector::result_type>
+inspect(Inspector& f, T& x) {
+  if constexpr (std::is_base_of<caf::serializer, Inspector>::value) {
+    auto w = encode(x);
+    size_t n = w.size() * sizeof(uint64_t);
+    return caf::error::eval([&] { return f.begin_sequence(n); },
+                            [&] { return f.apply_raw(n, w.data()); },
+                            [&] { return f.end_sequence(); });
+  } else if constexpr (std::is_base_of<caf::deserializer, Inspector>::value) {
+    size_t n = 0;
+    if (auto err = f.begin_sequence(n))
+      return err;
+    if (n % sizeof(uint64_t) != 0 || n > max_message_bytes)
+      return caf::error{caf::sec::invalid_argument};
+    words w(n / sizeof(uint64_t));
+    if (auto err = f.apply_raw(n, w.data()))
+      return err;
+    if (auto err = f.end_sequence())
+      return err;
+    return decode(w, x);
+  } else {
+    // Stringification (logs, to_string): a short summary.
+    return f(std::string{"<wire message>"});
+  }
+}
+
+}  // namespace ashlar::wire

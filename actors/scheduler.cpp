@@ -1,0 +1,157 @@
+#include "actors/scheduler.hpp"
+
+#include <functional>
+#include <map>
+#include <memory>
+
+#include <spdlog/spdlog.h>
+
+namespace ashlar::actors {
+
+namespace {
+
+struct member {
+  uint32_t id = 0;
+  caf::actor_addr addr;
+  bool left = false;
+  bool failed = false;
+};
+
+struct scheduler_state {
+  static constexpr const char* name = "ashlar.scheduler";
+  scheduler_config cfg;
+  std::map<uint32_t, member> members;
+  uint32_t next_id = 0;
+  uint32_t registered = 0;
+  bool done_sent = false;
+};
+
+using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;
+
+constexpr auto ack_timeout = std::chrono::seconds(30);
+
+// Sends `m` to every shard and the profiler; calls `then(ok)` once all have answered.
+void broadcast(scheduler_pointer self, const wire::membership_change& m,
+               std::function<void(bool)> then_fn) {
+  auto then = std::make_shared<std::function<void(bool)>>(std::move(then_fn));
+  auto& cfg = self->state.cfg;
+  auto pending = std::make_shared<size_t>(cfg.shards.size() + 1);
+  auto ok = std::make_shared<bool>(true);
+  auto one = [=] {
+    if (--*pending == 0)
+      (*then)(*ok);
+  };
+  auto fail = [=](caf::error& err) {
+    spdlog::error("scheduler: membership change for worker {} not acknowledged: {}", m.worker_id,
+                  describe(err));
+    *ok = false;
+    one();
+  };
+  for (auto& shard : cfg.shards)
+    self->request(shard, ack_timeout, m).then([=](caf::ok_atom) { one(); }, fail);
+  self->request(cfg.profiler, ack_timeout, m).then([=](caf::ok_atom) { one(); }, fail);
+}
+
+void check_done(scheduler_pointer self) {
+  auto& st = self->state;
+  if (st.done_sent || st.registered < st.cfg.expected_workers)
+    return;
+  uint32_t finished = 0, failed = 0;
+  for (const auto& [id, m] : st.members) {
+    if (!m.left)
+      return;
+    (m.failed ? failed : finished) += 1;
+  }
+  st.done_sent = true;
+  spdlog::info("scheduler: all workers done ({} finished, {} failed)", finished, failed);
+  if (st.cfg.observer)
+    caf::anon_send(st.cfg.observer, done_atom::value, finished, failed);
+}
+
+void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::string& reason) {
+  auto& st = self->state;
+  auto i = st.members.find(id);
+  if (i == st.members.end() || i->second.left)
+    return;
+  i->second.left = true;
+  i->second.failed = failed;
+  if (failed)
+    spdlog::warn("scheduler: worker {} removed: {}", id, reason);
+  else
+    spdlog::info("scheduler: worker {} left: {}", id, reason);
+  wire::membership_change m;
+  m.kind = failed ? wire::membership_change::fail : wire::membership_change::leave;
+  m.worker_id = id;
+  m.reason = reason;
+  broadcast(self, m, [=](bool) { check_done(self); });
+}
+
+scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, scheduler_config cfg) {
+  self->state.cfg = std::move(cfg);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    for (auto& [id, m] : self->state.members)
+      if (m.addr == dm.source && !m.left)
+        on_leave(self, id, true, "worker actor terminated: " + to_string(dm.reason));
+  });
+  return {
+    [=](const wire::register_worker& req)
+      -> caf::result<wire::assignment, std::vector<shard_actor>> {
+      auto& st = self->state;
+      const auto& cfg = st.cfg;
+      uint32_t id = st.next_id;
+      if (req.requested_id != wire::any_worker && st.members.count(req.requested_id) == 0)
+        id = req.requested_id;
+      while (st.members.count(st.next_id) > 0 || st.next_id == id)
+        ++st.next_id;
+      uint32_t slot = st.registered % cfg.expected_workers;
+      ++st.registered;
+      member m;
+      m.id = id;
+      m.addr = caf::actor_cast<caf::actor_addr>(self->current_sender());
+      st.members[id] = m;
+      if (auto sender = self->current_sender())
+        self->monitor(sender);
+      wire::assignment a;
+      a.worker_id = id;
+      a.shards = cfg.ranges;
+      a.layer_widths = cfg.model.widths();
+      a.batch_size = cfg.batch_size;
+      uint64_t n = cfg.train_size, k = cfg.expected_workers;
+      a.data_begin = n * slot / k;
+      a.data_count = n * (slot + 1) / k - a.data_begin;
+      uint64_t per_epoch = (a.data_count + cfg.batch_size - 1) / cfg.batch_size;
+      a.steps = per_epoch * cfg.epochs;
+      a.seed = cfg.seed * 1000003ull + id;
+      a.policy = cfg.policy;
+      spdlog::info("scheduler: worker {} joined ({}), samples [{}, {}), batch {}, {} steps", id,
+                   req.host.empty() ? "local" : req.host, a.data_begin,
+                   a.data_begin + a.data_count, a.batch_size, a.steps);
+      auto promise = self->make_response_promise<wire::assignment, std::vector<shard_actor>>();
+      wire::membership_change join;
+      join.kind = wire::membership_change::join;
+      join.worker_id = id;
+      broadcast(self, join, [=](bool ok) mutable {
+        if (ok)
+          promise.deliver(a, self->state.cfg.shards);
+        else
+          promise.deliver(make_error(errc::peer_unreachable,
+                                     "a shard or the profiler did not acknowledge worker "
+                                       + std::to_string(id)));
+      });
+      return promise;
+    },
+    [=](const wire::membership_change& m) {
+      if (m.kind == wire::membership_change::join)
+        return;
+      on_leave(self, m.worker_id, m.kind == wire::membership_change::fail, m.reason);
+    },
+  };
+}
+
+}  // namespace
+
+scheduler_actor spawn_scheduler(caf::actor_system& sys, scheduler_config cfg) {
+  return sys.spawn(scheduler_behavior, std::move(cfg));
+}
+
+}  // namespace ashlar::actors

@@ -1,0 +1,227 @@
+#include "actors/worker.hpp"
+
+#include <optional>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/backend/cpu_backend.hpp"
+
+namespace ashlar::actors {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+uint64_t ns_since(clock_type::time_point t) {
+  return static_cast<uint64_t>(
+    std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t).count());
+}
+
+struct worker_state {
+  static constexpr const char* name = "ashlar.worker";
+  worker_config cfg;
+  wire::assignment job;
+  std::vector<shard_actor> shards;
+  std::unique_ptr<compute_backend> backend;
+  std::optional<batch_cursor> cursor;
+  std::vector<float> params;
+  std::vector<float> grad;
+  std::vector<uint64_t> base_versions;
+  uint64_t step = 0;
+  size_t pending = 0;
+  bool stopped = false;
+  // Timings of the current step.
+  clock_type::time_point phase_start;
+  uint64_t pull_ns = 0, wait_ns = 0, compute_ns = 0;
+  uint32_t batch_n = 0;
+  double loss = 0;
+};
+
+using worker_pointer = worker_actor::stateful_pointer<worker_state>;
+
+void fail(worker_pointer self, const std::string& why) {
+  auto& st = self->state;
+  if (st.stopped)
+    return;
+  st.stopped = true;
+  spdlog::error("worker {}: {}", st.job.worker_id, why);
+  wire::membership_change m;
+  m.kind = wire::membership_change::fail;
+  m.worker_id = st.job.worker_id;
+  m.reason = why;
+  self->send(st.cfg.scheduler, m);
+  self->quit(caf::exit_reason::user_shutdown);
+}
+
+void finish(worker_pointer self) {
+  auto& st = self->state;
+  st.stopped = true;
+  spdlog::debug("worker {}: finished {} steps", st.job.worker_id, st.step);
+  wire::membership_change m;
+  m.kind = wire::membership_change::leave;
+  m.worker_id = st.job.worker_id;
+  m.reason = "finished " + std::to_string(st.step) + " steps";
+  self->send(st.cfg.scheduler, m);
+  self->quit();
+}
+
+void push_all(worker_pointer self);
+
+void pull_all(worker_pointer self) {
+  auto& st = self->state;
+  st.phase_start = clock_type::now();
+  st.wait_ns = 0;
+  st.pending = st.shards.size();
+  for (size_t i = 0; i < st.shards.size(); ++i) {
+    wire::pull_request req{st.job.worker_id, st.job.shards[i].shard_id, false};
+    self->request(st.shards[i], st.cfg.request_timeout, req)
+      .then(
+        [=](const wire::pull_reply& r) {
+          auto& st = self->state;
+          if (st.stopped)
+            return;
+          const auto& range = st.job.shards[i];
+          if (r.params.size() != range.size() || r.begin != range.begin)
+            return fail(self, "shard " + std::to_string(range.shard_id) + " sent "
+                                + std::to_string(r.params.size()) + " parameters at offset "
+                                + std::to_string(r.begin) + ", expected "
+                                + std::to_string(range.size()) + " at "
+                                + std::to_string(range.begin));
+          std::copy(r.params.begin(), r.params.end(), st.params.begin() + range.begin);
+          st.base_versions[i] = r.version;
+          st.wait_ns = std::max(st.wait_ns, r.wait_ns);
+          if (--st.pending == 0) {
+            uint64_t total = ns_since(st.phase_start);
+            st.pull_ns = total > st.wait_ns ? total - st.wait_ns : 0;
+            push_all(self);
+          }
+        },
+        [=](caf::error& err) {
+          fail(self, "pull from shard " + std::to_string(self->state.job.shards[i].shard_id)
+                       + " failed: " + describe(err));
+        });
+  }
+}
+
+void push_all(worker_pointer self) {
+  auto& st = self->state;
+  auto t0 = clock_type::now();
+  auto batch = st.cursor->next(st.job.batch_size);
+  auto stats = st.backend->train_step(st.params.data(), batch, st.grad.data());
+  if (!stats)
+    return fail(self, "step " + std::to_string(st.step) + ": " + describe(stats.error()));
+  st.compute_ns = ns_since(t0);
+  st.batch_n = static_cast<uint32_t>(batch.n);
+  st.loss = stats->mean_loss();
+  st.phase_start = clock_type::now();
+  st.pending = st.shards.size();
+  for (size_t i = 0; i < st.shards.size(); ++i) {
+    const auto& range = st.job.shards[i];
+    wire::push msg;
+    msg.worker_id = st.job.worker_id;
+    msg.shard_id = range.shard_id;
+    msg.base_version = st.base_versions[i];
+    msg.batch_size = st.batch_n;
+    msg.grad.assign(st.grad.begin() + range.begin, st.grad.begin() + range.end);
+    self->request(st.shards[i], st.cfg.request_timeout, std::move(msg))
+      .then(
+        [=](const wire::push_ack&) {
+          auto& st = self->state;
+          if (st.stopped || --st.pending > 0)
+            return;
+          wire::profile_report rep;
+          rep.worker_id = st.job.worker_id;
+          rep.step = st.step;
+          rep.samples = st.batch_n;
+          rep.loss = st.loss;
+          rep.compute_ns = st.compute_ns;
+          rep.pull_ns = st.pull_ns;
+          rep.wait_ns = st.wait_ns;
+          rep.push_ns = ns_since(st.phase_start);
+          self->send(st.cfg.profiler, rep);
+          ++st.step;
+          // Through the mailbox, so other messages are handled between steps.
+          self->send(self, step_atom::value);
+        },
+        [=](caf::error& err) {
+          fail(self, "push to shard " + std::to_string(self->state.job.shards[i].shard_id)
+                       + " failed: " + describe(err));
+        });
+  }
+}
+
+caf::error check_assignment(const worker_state& st, const wire::assignment& a) {
+  const auto& spec = st.backend->spec();
+  if (a.shards.empty() || a.shards.back().end != spec.num_params())
+    return make_error(errc::shape_mismatch, "the shard map does not cover the model's "
+                                              + std::to_string(spec.num_params()) + " parameters");
+  if (a.data_count == 0 || a.data_begin + a.data_count > st.cfg.data->n)
+    return make_error(errc::invalid_config,
+                      "data share [" + std::to_string(a.data_begin) + ", "
+                        + std::to_string(a.data_begin + a.data_count) + ") exceeds the "
+                        + std::to_string(st.cfg.data->n) + " local training samples");
+  if (st.cfg.data->dim != spec.input)
+    return make_error(errc::shape_mismatch, "the data set has " + std::to_string(st.cfg.data->dim)
+                                              + " features, the model expects "
+                                              + std::to_string(spec.input));
+  if (a.batch_size == 0)
+    return make_error(errc::invalid_config, "batch size 0");
+  return caf::none;
+}
+
+worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config cfg) {
+  self->state.cfg = std::move(cfg);
+  return {
+    [=](start_atom) {
+      auto& st = self->state;
+      wire::register_worker req;
+      req.requested_id = st.cfg.requested_id;
+      req.host = st.cfg.host;
+      req.backend = "cpu";
+      self->request(st.cfg.scheduler, std::chrono::seconds(30), req)
+        .then(
+          [=](const wire::assignment& a, const std::vector<shard_actor>& shards) {
+            auto& st = self->state;
+            st.job = a;
+            if (a.layer_widths.size() < 2 || shards.size() != a.shards.size())
+              return fail(self, "malformed assignment from the scheduler");
+            mlp_spec spec;
+            spec.input = a.layer_widths.front();
+            spec.classes = a.layer_widths.back();
+            spec.hidden.assign(a.layer_widths.begin() + 1, a.layer_widths.end() - 1);
+            st.backend = st.cfg.make_backend ? st.cfg.make_backend(spec) : make_cpu_backend(spec);
+            if (auto err = check_assignment(st, a))
+              return fail(self, describe(err));
+            st.shards = shards;
+            st.params.assign(spec.num_params(), 0.0f);
+            st.grad.assign(spec.num_params(), 0.0f);
+            st.base_versions.assign(shards.size(), 0);
+            st.cursor.emplace(*st.cfg.data, a.data_begin, a.data_count, a.seed);
+            spdlog::debug("worker {}: {} backend, {} steps", a.worker_id, st.backend->name(),
+                          a.steps);
+            self->send(self, step_atom::value);
+          },
+          [=](caf::error& err) {
+            spdlog::error("worker: registration with the scheduler failed: {}", describe(err));
+            self->state.stopped = true;
+            self->quit(err);
+          });
+    },
+    [=](step_atom) {
+      auto& st = self->state;
+      if (st.stopped)
+        return;
+      if (st.step >= st.job.steps)
+        return finish(self);
+      pull_all(self);
+    },
+  };
+}
+
+}  // namespace
+
+worker_actor spawn_worker(caf::actor_system& sys, worker_config cfg) {
+  return sys.spawn(worker_behavior, std::move(cfg));
+}
+
+}  // namespace ashlar::actors

@@ -1,0 +1,36 @@
+// The worker actor: registers with the scheduler, then loops pull -> compute -> push over
+// its share of the data until its steps are done, reporting each step to the profiler.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "actors/messages.hpp"
+#include "runtime/backend/compute_backend.hpp"
+#include "runtime/data/dataset.hpp"
+
+namespace ashlar::actors {
+
+struct worker_config {
+  scheduler_actor scheduler;
+  profiler_actor profiler;
+  /// The training set; the scheduler's assignment names this worker's part of it.
+  std::shared_ptr<const dataset> data;
+  /// Makes the compute backend once the model is known. Default: the CPU backend.
+  std::function<std::unique_ptr<compute_backend>(const mlp_spec&)> make_backend;
+  /// Requested worker id; wire::any_worker lets the scheduler choose.
+  uint32_t requested_id = wire::any_worker;
+  /// Where this worker runs, for logs.
+  std::string host;
+  /// Longest a pull or push may take, policy waits included. Default: 120 s.
+  std::chrono::milliseconds request_timeout{120000};
+};
+
+/// Spawns a worker; it starts when it receives start_atom. On any error (a shard
+/// unreachable or refusing, a bad assignment, a non-finite loss) it tells the scheduler
+/// it failed, with the reason, and stops.
+worker_actor spawn_worker(caf::actor_system& sys, worker_config cfg);
+
+}  // namespace ashlar::actors

@@ -1,0 +1,16 @@
+// The `ashlar` command's subcommands. Each registers its options on the CLI11 app and
+// returns the function that runs it (exit code: 0 ok, 1 failure, 2 bad usage or config).
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace ashlar::cli {
+
+using command_fn = std::function<int()>;
+
+command_fn add_train(CLI::App& app);
+command_fn add_bench(CLI::App& app);
+
+}  // namespace ashlar::cli

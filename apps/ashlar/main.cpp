@@ -1,0 +1,22 @@
+// ashlar: train data-parallel models on heterogeneous workers.
+#include <cstdio>
+
+#include "apps/ashlar/commands.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"ashlar: heterogeneity-aware data-parallel training on an actor runtime"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "ashlar 0.1.0");
+  auto train = ashlar::cli::add_train(app);
+  auto bench = ashlar::cli::add_bench(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  if (app.got_subcommand("train"))
+    return train();
+  if (app.got_subcommand("bench"))
+    return bench();
+  return 2;
+}

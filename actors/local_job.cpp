@@ -26,16 +26,15 @@ struct data_pair {
 expected<data_pair> load_data(const train_config& cfg) {
   data_pair d;
   if (cfg.data_source == "synthetic") {
-    d.train = make_synthetic(cfg.train_limit ? cfg.train_limit : 20000, cfg.model.input, cfg.model.classes,
-                             cfg.seed);
-    d.test = make_synthetic(cfg.test_limit ? cfg.test_limit : 4000, cfg.model.input, cfg.model.classes,
-                            cfg.seed + 1);
-    // Same cluster centres for both halves: draw the test set from the train generator's tail.
-    auto all = make_synthetic(d.train.n + d.test.n, cfg.model.input, cfg.model.classes, cfg.seed);
-    d.train.x.assign(all.x.begin(), all.x.begin() + d.train.n * all.dim);
-    d.train.y.assign(all.y.begin(), all.y.begin() + d.train.n);
-    d.test.x.assign(all.x.begin() + d.train.n * all.dim, all.x.end());
-    d.test.y.assign(all.y.begin() + d.train.n, all.y.end());
+    // One draw split in two, so both halves share the same cluster centres.
+    size_t n_train = cfg.train_limit ? cfg.train_limit : 20000;
+    size_t n_test = cfg.test_limit ? cfg.test_limit : 4000;
+    d.train = make_synthetic(n_train + n_test, cfg.model.input, cfg.model.classes, cfg.seed);
+    d.test = d.train;
+    d.test.x.erase(d.test.x.begin(), d.test.x.begin() + n_train * d.test.dim);
+    d.test.y.erase(d.test.y.begin(), d.test.y.begin() + n_train);
+    d.test.n = n_test;
+    d.train.truncate(n_train);
     return d;
   }
   auto train = load_fashion_mnist(cfg.data_dir, split::train);
@@ -176,9 +175,9 @@ expected<run_report> run_local_job(const train_config& cfg_in, const job_hooks& 
   uint32_t finished = 0, failed = 0;
   uint32_t next_epoch = 1;
   uint64_t last_samples = 0;
-  double last_time = 0;
-  const auto tick = std::chrono::milliseconds(
-    cfg.progress_interval > 0 ? static_cast<int64_t>(cfg.progress_interval * 1000) : 250);
+  double last_progress = 0;
+  // Epoch boundaries are checked every tick; progress lines go out every progress_interval.
+  const auto tick = std::chrono::milliseconds(100);
   caf::error failure;
   while (!done) {
     self->receive(
@@ -188,31 +187,32 @@ expected<run_report> run_local_job(const train_config& cfg_in, const job_hooks& 
         failed = fl;
       },
       caf::after(tick) >> [] {});
+    if (done)
+      break;
     wire::cluster_stats stats;
     self->request(profiler, std::chrono::seconds(10), caf::get_atom::value)
       .receive([&](const wire::cluster_stats& s) { stats = s; }, [&](caf::error&) {});
     double now = seconds();
-    if (hooks.on_progress && cfg.progress_interval > 0 && !done) {
+    if (hooks.on_progress && cfg.progress_interval > 0 && now - last_progress >= cfg.progress_interval) {
       progress_event ev;
       ev.seconds = now;
       ev.samples = stats.total_samples;
       ev.epoch = static_cast<double>(stats.total_samples) / static_cast<double>(train->n);
-      ev.samples_per_second =
-        now > last_time ? static_cast<double>(stats.total_samples - last_samples) / (now - last_time) : 0;
+      ev.samples_per_second = static_cast<double>(stats.total_samples - last_samples) / (now - last_progress);
       ev.loss = stats.loss;
       ev.workers = stats.workers;
       hooks.on_progress(ev);
+      last_samples = stats.total_samples;
+      last_progress = now;
     }
-    last_samples = stats.total_samples;
-    last_time = now;
-    // Evaluate at each epoch boundary crossed since the last tick (once per tick).
-    if (cfg.eval_every_epoch && next_epoch <= cfg.epochs && !done
+    // Evaluate once an epoch boundary has been crossed (within a tick of it).
+    if (cfg.eval_every_epoch && next_epoch < cfg.epochs
         && stats.total_samples >= uint64_t{next_epoch} * train->n) {
       auto p = snapshot(self, shards, num_params);
       if (p) {
         auto ev = evaluate(*p);
         if (ev) {
-          epoch_point pt{static_cast<double>(stats.total_samples) / train->n, seconds(),
+          epoch_point pt{static_cast<double>(stats.total_samples) / train->n, now,
                          ev->accuracy(), stats.loss};
           rep.history.push_back(pt);
           if (hooks.on_epoch)
@@ -251,6 +251,8 @@ expected<run_report> run_local_job(const train_config& cfg_in, const job_hooks& 
           ws.steps = w.steps;
           ws.samples = w.samples;
           ws.samples_per_second = w.samples_per_second;
+          ws.compute_seconds = w.total_compute_seconds;
+          ws.wait_seconds = w.total_wait_seconds;
           rep.per_worker.push_back(ws);
         }
       },
@@ -276,6 +278,8 @@ expected<run_report> run_local_job(const train_config& cfg_in, const job_hooks& 
     return ev.error();
   rep.test_accuracy = ev->accuracy();
   rep.test_loss = ev->mean_loss();
+  rep.history.push_back(epoch_point{static_cast<double>(rep.samples) / train->n, rep.seconds,
+                                    rep.test_accuracy, 0.0});
   if (final_params)
     *final_params = std::move(*params);
   return rep;

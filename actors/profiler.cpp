@@ -52,6 +52,8 @@ profiler_actor::behavior_type profiler_behavior(profiler_pointer self, double al
       double rate = step_s > 0 ? r.samples / step_s : 0;
       s.samples_per_second = ema(s.samples_per_second, rate, st.alpha, first);
       s.loss = ema(s.loss, r.loss, st.alpha, first);
+      s.total_compute_seconds += r.compute_ns * 1e-9;
+      s.total_wait_seconds += r.wait_ns * 1e-9;
       st.total_samples += r.samples;
       st.loss = ema(st.loss, r.loss, st.alpha / 2, !st.loss_seen);
       st.loss_seen = true;

@@ -103,7 +103,9 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
         id = req.requested_id;
       while (st.members.count(st.next_id) > 0 || st.next_id == id)
         ++st.next_id;
-      uint32_t slot = st.registered % cfg.expected_workers;
+      // The first expected_workers ids own fixed data slots, so a run is reproducible
+      // whatever order the workers register in.
+      uint32_t slot = id < cfg.expected_workers ? id : st.registered % cfg.expected_workers;
       ++st.registered;
       member m;
       m.id = id;

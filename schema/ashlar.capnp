@@ -133,6 +133,8 @@ struct WorkerStats {
   waitSeconds @6 :Float64;        # smoothed
   loss @7 :Float64;               # smoothed
   done @8 :Bool;
+  totalComputeSeconds @9 :Float64;
+  totalWaitSeconds @10 :Float64;
 }
 
 struct ClusterStats {

@@ -81,8 +81,8 @@ int run_train(const train_options& o) {
     std::fflush(stdout);
   };
   hooks.on_epoch = [&](const epoch_point& p) {
-    std::printf("[%6.1fs] epoch %u done: test accuracy %.4f, train loss %.4f\n", p.seconds,
-                static_cast<unsigned>(p.epoch + 0.5), p.test_accuracy, p.train_loss);
+    std::printf("[%6.1fs] epoch %.2f: test accuracy %.4f, train loss %.4f\n", p.seconds, p.epoch,
+                p.test_accuracy, p.train_loss);
     std::fflush(stdout);
   };
   auto rep = actors::run_local_job(cfg, hooks);

@@ -152,7 +152,7 @@ const std::vector<field>& fields() {
          [](train_config& c) -> uint32_t& { return c.batch_size; }),
     bind("train.seed", "seed for initial parameters and data order (default 1)",
          [](train_config& c) -> uint64_t& { return c.seed; }),
-    bind("train.lr", "learning rate (default 0.05)",
+    bind("train.lr", "learning rate; under asp every push is a step, so use about lr / workers (default 0.05)",
          [](train_config& c) -> float& { return c.optimizer.lr; }),
     bind("train.momentum", "SGD momentum, 0 = none (default 0.9)",
          [](train_config& c) -> float& { return c.optimizer.momentum; }),

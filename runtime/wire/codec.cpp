@@ -329,6 +329,8 @@ words encode(const cluster_stats& x) {
     o.setWaitSeconds(w.wait_seconds);
     o.setLoss(w.loss);
     o.setDone(w.done);
+    o.setTotalComputeSeconds(w.total_compute_seconds);
+    o.setTotalWaitSeconds(w.total_wait_seconds);
   }
   b.setTotalSamples(x.total_samples);
   b.setElapsedSeconds(x.elapsed_seconds);
@@ -350,6 +352,8 @@ caf::error decode(const uint64_t* d, size_t n, cluster_stats& out) {
       s.wait_seconds = w.getWaitSeconds();
       s.loss = w.getLoss();
       s.done = w.getDone();
+      s.total_compute_seconds = w.getTotalComputeSeconds();
+      s.total_wait_seconds = w.getTotalWaitSeconds();
       out.workers.push_back(s);
     }
     out.total_samples = r.getTotalSamples();

@@ -107,6 +107,8 @@ struct worker_stats {
   double wait_seconds = 0;
   double loss = 0;
   bool done = false;
+  double total_compute_seconds = 0;
+  double total_wait_seconds = 0;
 };
 
 struct cluster_stats {

@@ -1,0 +1,105 @@
+#include <catch2/catch.hpp>
+
+#include <chrono>
+
+#include "actors/messages.hpp"
+#include "actors/server_shard.hpp"
+
+using namespace ashlar;
+using namespace ashlar::actors;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct config : caf::actor_system_config {
+  config() {
+    register_types(*this);
+  }
+};
+
+struct fixture {
+  config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+
+  shard_actor make(const std::string& policy, size_t n) {
+    auto p = make_policy(policy, {});
+    REQUIRE(p);
+    sgd_config opt;
+    opt.lr = 1.0f;
+    opt.momentum = 0.0f;
+    opt.weight_decay = 0.0f;
+    return spawn_shard(sys, std::make_unique<shard_core>(shard_range{0, 0, n},
+                                                         std::vector<float>(n, 0.0f), opt,
+                                                         std::move(*p)));
+  }
+
+  void join(const shard_actor& s, uint32_t w) {
+    wire::membership_change m{wire::membership_change::join, w, ""};
+    self->request(s, 5s, m).receive([](caf::ok_atom) {}, [](caf::error& e) { FAIL(describe(e)); });
+  }
+
+  wire::push_ack push(const shard_actor& s, uint32_t w, uint64_t base, std::vector<float> g) {
+    wire::push_ack out;
+    self->request(s, 5s, wire::push{w, 0, base, 1, std::move(g)})
+      .receive([&](const wire::push_ack& a) { out = a; }, [](caf::error& e) { FAIL(describe(e)); });
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a BSP shard actor holds a pushed worker's read until the round is applied") {
+  fixture f;
+  auto s = f.make("bsp", 2);
+  f.join(s, 0);
+  f.join(s, 1);
+  CHECK(f.push(s, 0, 0, {1, 1}).outcome == wire::push_ack::buffered);
+  // Worker 0 asks for the next version: the shard must not answer yet.
+  f.self->send(s, wire::pull_request{0, 0, false});
+  bool early = false;
+  f.self->receive([&](const wire::pull_reply&) { early = true; }, caf::after(200ms) >> [] {});
+  CHECK_FALSE(early);
+  // Worker 1's push completes the round and releases the held read with version 1.
+  auto ack = f.push(s, 1, 0, {3, 3});
+  CHECK(ack.version == 1);
+  wire::pull_reply reply;
+  f.self->receive([&](const wire::pull_reply& r) { reply = r; }, caf::after(5s) >> [] { FAIL("no reply"); });
+  CHECK(reply.version == 1);
+  CHECK(reply.params == std::vector<float>{-2, -2});
+  CHECK(reply.wait_ns > 0);
+  f.self->send_exit(s, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a shard actor answers a malformed push with an error and keeps serving") {
+  fixture f;
+  auto s = f.make("asp", 4);
+  f.join(s, 0);
+  caf::error got;
+  f.self->request(s, 5s, wire::push{0, 0, 0, 1, {1, 2}})
+    .receive([](const wire::push_ack&) { FAIL("accepted a short gradient"); },
+             [&](caf::error& e) { got = e; });
+  CHECK(is(got, errc::shape_mismatch));
+  wire::shard_status st;
+  f.self->request(s, 5s, status_atom::value).receive([&](const wire::shard_status& x) { st = x; },
+                                                     [](caf::error& e) { FAIL(describe(e)); });
+  CHECK(st.version == 0);
+  CHECK(st.live_workers == std::vector<uint32_t>{0});
+  CHECK(f.push(s, 0, 0, {1, 1, 1, 1}).version == 1);
+  f.self->send_exit(s, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a worker leaving a BSP shard releases the others' held reads") {
+  fixture f;
+  auto s = f.make("bsp", 1);
+  f.join(s, 0);
+  f.join(s, 1);
+  f.push(s, 0, 0, {1});
+  f.self->send(s, wire::pull_request{0, 0, false});
+  wire::membership_change leave{wire::membership_change::leave, 1, "done"};
+  f.self->request(s, 5s, leave).receive([](caf::ok_atom) {}, [](caf::error& e) { FAIL(describe(e)); });
+  wire::pull_reply reply;
+  f.self->receive([&](const wire::pull_reply& r) { reply = r; }, caf::after(5s) >> [] { FAIL("no reply"); });
+  CHECK(reply.version == 1);
+  f.self->send_exit(s, caf::exit_reason::user_shutdown);
+}

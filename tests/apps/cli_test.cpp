@@ -1,0 +1,106 @@
+// Runs the real `ashlar` binary as a user would and checks exit codes and messages.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <sys/wait.h>
+
+#include "../runtime/temp_dir.hpp"
+
+namespace {
+
+struct result {
+  int code = -1;
+  std::string out; // stdout and stderr together
+};
+
+result run(const std::string& args) {
+  std::string cmd = std::string{ASHLAR_BINARY} + " " + args + " 2>&1";
+  result r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0)
+    r.out.append(buf, n);
+  int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+const std::string config = std::string{ASHLAR_SOURCE_DIR} + "/ops/configs/fmnist-mlp.toml";
+
+bool has(const result& r, const std::string& s) {
+  if (r.out.find(s) != std::string::npos)
+    return true;
+  UNSCOPED_INFO("output was:\n" << r.out);
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("ashlar train --help documents every option and config key") {
+  auto r = run("train --help");
+  CHECK(r.code == 0);
+  for (auto opt : {"--workers", "--servers", "--policy", "--epochs", "--seed", "--report", "--set",
+                   "train.lr", "data.dir", "ASHLAR_TRAIN_WORKERS", "default"})
+    CHECK(has(r, opt));
+}
+
+TEST_CASE("an unknown option exits non-zero naming it") {
+  auto r = run("train " + config + " --bogus 3");
+  CHECK(r.code != 0);
+  CHECK(has(r, "--bogus"));
+}
+
+TEST_CASE("an unknown config key exits non-zero naming the key and file") {
+  ashlar::test::temp_dir dir;
+  auto path = dir.write("bad.toml", "[train]\nworkers = 2\nbatchsize = 3\n");
+  auto r = run("train " + path);
+  CHECK(r.code == 2);
+  CHECK(has(r, "unknown config key 'train.batchsize'"));
+  CHECK(has(r, "bad.toml:3"));
+  r = run("train " + config + " --set train.nope=1");
+  CHECK(r.code == 2);
+  CHECK(has(r, "train.nope"));
+}
+
+TEST_CASE("a missing data set exits non-zero naming the directory") {
+  auto r = run("train " + config + " --data-dir /nonexistent/fmnist --log-level error");
+  CHECK(r.code == 1);
+  CHECK(has(r, "/nonexistent/fmnist does not exist"));
+}
+
+TEST_CASE("a corrupt IDX file exits non-zero naming the file") {
+  ashlar::test::temp_dir dir;
+  dir.write("train-images-idx3-ubyte", std::string(100, 'x'));
+  dir.write("train-labels-idx1-ubyte", std::string(100, 'y'));
+  auto r = run("train " + config + " --data-dir " + dir.path() + " --log-level error");
+  CHECK(r.code == 1);
+  CHECK(has(r, "corrupt_data"));
+  CHECK(has(r, "train-images-idx3-ubyte has magic"));
+}
+
+TEST_CASE("more shards than parameters exits non-zero saying so") {
+  auto r = run("train " + config + " --set model.hidden= --servers 9000");
+  CHECK(r.code == 2);
+  CHECK(has(r, "train.servers = 9000 exceeds the 7850 parameters"));
+}
+
+TEST_CASE("a short training run prints progress and writes the JSON report") {
+  ashlar::test::temp_dir dir;
+  auto report = dir.file("r.json");
+  auto r = run("train " + config + " --epochs 1 --workers 2 --servers 2 --set data.train_limit=6000"
+               " --set data.test_limit=1000 --set run.progress_interval=0.1 --report " + report);
+  REQUIRE(r.code == 0);
+  CHECK(has(r, "test accuracy"));
+  CHECK(has(r, "samples/s"));
+  std::ifstream in{report};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  auto json = ss.str();
+  for (auto key : {"\"test_accuracy\"", "\"seconds\"", "\"samples_per_second\"", "\"policy\": \"bsp\"",
+                   "\"workers\": 2", "\"servers\": 2"})
+    CHECK(json.find(key) != std::string::npos);
+}

@@ -1,0 +1,137 @@
+#include <catch2/catch.hpp>
+
+#include "runtime/wire/codec.hpp"
+
+using namespace ashlar;
+using namespace ashlar::wire;
+
+TEST_CASE("every wire message survives an encode/decode round trip") {
+  assignment a;
+  a.worker_id = 3;
+  a.shards = {{0, 0, 10}, {1, 10, 25}};
+  a.layer_widths = {784, 256, 10};
+  a.batch_size = 64;
+  a.data_begin = 100;
+  a.data_count = 200;
+  a.steps = 12;
+  a.seed = 99;
+  a.policy = "bsp";
+  assignment a2;
+  REQUIRE_FALSE(decode(encode(a), a2));
+  CHECK(a2.worker_id == 3);
+  CHECK(a2.shards == a.shards);
+  CHECK(a2.layer_widths == a.layer_widths);
+  CHECK(a2.steps == 12);
+  CHECK(a2.policy == "bsp");
+
+  push p{1, 2, 77, 32, {1.5f, -2.25f, 3e-8f}};
+  push p2;
+  REQUIRE_FALSE(decode(encode(p), p2));
+  CHECK(p2.grad == p.grad);
+  CHECK(p2.base_version == 77);
+  CHECK(p2.batch_size == 32);
+
+  pull_reply r{1, 5, 10, {0.5f, 0.25f}, 1234};
+  pull_reply r2;
+  REQUIRE_FALSE(decode(encode(r), r2));
+  CHECK(r2.params == r.params);
+  CHECK(r2.wait_ns == 1234);
+
+  membership_change m{membership_change::fail, 4, "killed"};
+  membership_change m2;
+  REQUIRE_FALSE(decode(encode(m), m2));
+  CHECK(m2.kind == membership_change::fail);
+  CHECK(m2.reason == "killed");
+
+  push_ack k{1, 9, push_ack::dropped, 3};
+  push_ack k2;
+  REQUIRE_FALSE(decode(encode(k), k2));
+  CHECK(k2.outcome == push_ack::dropped);
+  CHECK(k2.staleness == 3);
+
+  profile_report pr{2, 10, 64, 0.5, 1, 2, 3, 4};
+  profile_report pr2;
+  REQUIRE_FALSE(decode(encode(pr), pr2));
+  CHECK(pr2.wait_ns == 4);
+  CHECK(pr2.loss == 0.5);
+
+  cluster_stats cs;
+  cs.workers.push_back(worker_stats{1, 2, 3, 4.5, 0.1, 0.2, 0.3, 0.4, true, 5.0, 6.0});
+  cs.total_samples = 77;
+  cluster_stats cs2;
+  REQUIRE_FALSE(decode(encode(cs), cs2));
+  REQUIRE(cs2.workers.size() == 1);
+  CHECK(cs2.workers[0].done);
+  CHECK(cs2.workers[0].total_wait_seconds == 6.0);
+
+  shard_status ss;
+  ss.shard_id = 1;
+  ss.begin = 5;
+  ss.end = 9;
+  ss.live_workers = {0, 2};
+  shard_status ss2;
+  REQUIRE_FALSE(decode(encode(ss), ss2));
+  CHECK(ss2.live_workers == ss.live_workers);
+
+  register_worker rw{7, "h:1", "cpu"};
+  register_worker rw2;
+  REQUIRE_FALSE(decode(encode(rw), rw2));
+  CHECK(rw2.host == "h:1");
+
+  pull_request q{1, 2, true};
+  pull_request q2;
+  REQUIRE_FALSE(decode(encode(q), q2));
+  CHECK(q2.snapshot);
+}
+
+TEST_CASE("a truncated message is refused with malformed_message, never read past its end") {
+  push p{1, 2, 3, 4, std::vector<float>(1000, 1.0f)};
+  auto w = encode(p);
+  for (size_t keep : {size_t{0}, size_t{1}, size_t{3}, w.size() / 2, w.size() - 1}) {
+    push out;
+    auto err = decode(w.data(), keep, out);
+    REQUIRE(err);
+    CHECK(is(err, errc::malformed_message));
+    CHECK(describe(err).find("Push") != std::string::npos);
+  }
+}
+
+TEST_CASE("garbage bytes are refused as malformed, not crashed on") {
+  words junk(64);
+  for (size_t i = 0; i < junk.size(); ++i)
+    junk[i] = 0x9E3779B97F4A7C15ull * (i + 1);
+  pull_reply out;
+  CHECK(is(decode(junk, out), errc::malformed_message));
+  assignment a;
+  CHECK(is(decode(junk, a), errc::malformed_message));
+}
+
+TEST_CASE("a tensor whose byte length is not a whole number of floats is refused") {
+  // A push whose grad Data holds 7 bytes: built by encoding 2 floats, then patching the
+  // list length in the pointer (element count lives in the upper 29 bits of the word).
+  push p{1, 2, 3, 4, {1.0f, 2.0f}};
+  auto w = encode(p);
+  bool patched = false;
+  for (auto& word : w) {
+    // A list pointer of bytes (element size 2) with 8 elements: (8 << 35) | (2 << 32) | 1.
+    if ((word & 3) == 1 && ((word >> 32) & 7) == 2 && (word >> 35) == 8) {
+      word = (word & ((uint64_t{1} << 35) - 1)) | (uint64_t{7} << 35);
+      patched = true;
+    }
+  }
+  REQUIRE(patched);
+  push out;
+  auto err = decode(w, out);
+  REQUIRE(err);
+  CHECK(describe(err).find("not a whole number of float32") != std::string::npos);
+}
+
+TEST_CASE("an assignment whose shard ranges overlap is refused") {
+  assignment a;
+  a.shards = {{0, 0, 10}, {1, 5, 20}};
+  a.layer_widths = {2, 2};
+  assignment out;
+  auto err = decode(encode(a), out);
+  REQUIRE(err);
+  CHECK(describe(err).find("not contiguous") != std::string::npos);
+}

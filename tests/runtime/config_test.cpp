@@ -1,0 +1,99 @@
+#include <catch2/catch.hpp>
+
+#include <map>
+
+#include "runtime/config/train_config.hpp"
+#include "temp_dir.hpp"
+
+using namespace ashlar;
+
+TEST_CASE("a TOML file sets the keys it names and leaves the defaults of the rest") {
+  train_config cfg;
+  auto err = apply_toml_text(cfg, R"(
+[train]
+workers = 3
+policy = "asp"
+lr = 0.2
+[model]
+hidden = [32, 16, 8]
+)", "t.toml");
+  REQUIRE_FALSE(err);
+  CHECK(cfg.workers == 3);
+  CHECK(cfg.policy == "asp");
+  CHECK(cfg.optimizer.lr == Approx(0.2f));
+  CHECK(cfg.model.hidden == std::vector<uint32_t>{32, 16, 8});
+  CHECK(cfg.servers == 2);
+  CHECK(cfg.epochs == 10);
+  CHECK_FALSE(validate(cfg));
+}
+
+TEST_CASE("the environment overrides the file and explicit settings override both") {
+  train_config cfg;
+  REQUIRE_FALSE(apply_toml_text(cfg, "[train]\nworkers = 3\nepochs = 2\n", "t.toml"));
+  std::map<std::string, std::string> env{{"ASHLAR_TRAIN_WORKERS", "5"}, {"ASHLAR_DATA_DIR", "/d"}};
+  REQUIRE_FALSE(apply_environment(cfg, [&](const char* n) -> const char* {
+    auto i = env.find(n);
+    return i == env.end() ? nullptr : i->second.c_str();
+  }));
+  CHECK(cfg.workers == 5);
+  CHECK(cfg.epochs == 2);
+  CHECK(cfg.data_dir == "/d");
+  REQUIRE_FALSE(apply_setting(cfg, "train.workers", "7"));
+  CHECK(cfg.workers == 7);
+}
+
+TEST_CASE("an unknown config key is refused, naming the key, file and line") {
+  train_config cfg;
+  auto err = apply_toml_text(cfg, "[train]\nworkers = 2\nwrokers = 3\n", "job.toml");
+  REQUIRE(err);
+  auto msg = describe(err);
+  CHECK(msg.find("job.toml:3") != std::string::npos);
+  CHECK(msg.find("unknown config key 'train.wrokers'") != std::string::npos);
+  CHECK(is(apply_setting(cfg, "nope.x", "1"), errc::invalid_config));
+}
+
+TEST_CASE("a value of the wrong type is refused, naming the key") {
+  train_config cfg;
+  auto err = apply_toml_text(cfg, "[train]\nworkers = \"many\"\n", "job.toml");
+  REQUIRE(err);
+  CHECK(describe(err).find("train.workers: 'many' is not a non-negative integer") != std::string::npos);
+  CHECK(apply_setting(cfg, "train.workers", "-1"));
+  CHECK(apply_setting(cfg, "train.lr", "fast"));
+  CHECK(apply_setting(cfg, "run.eval_every_epoch", "maybe"));
+}
+
+TEST_CASE("a TOML syntax error names the file, line and column") {
+  train_config cfg;
+  auto err = apply_toml_text(cfg, "[train\nworkers = 2\n", "bad.toml");
+  REQUIRE(err);
+  CHECK(describe(err).find("bad.toml:1:") != std::string::npos);
+}
+
+TEST_CASE("a missing config file gives io_error naming it") {
+  train_config cfg;
+  auto err = apply_toml_file(cfg, "/nonexistent/ashlar.toml");
+  CHECK(is(err, errc::io_error));
+  CHECK(describe(err).find("/nonexistent/ashlar.toml") != std::string::npos);
+}
+
+TEST_CASE("validation names the inconsistent key") {
+  train_config cfg;
+  cfg.workers = 0;
+  CHECK(describe(validate(cfg)).find("train.workers") != std::string::npos);
+  cfg = train_config{};
+  cfg.policy = "magic";
+  CHECK(describe(validate(cfg)).find("train.policy 'magic' is not known (known: bsp, asp") != std::string::npos);
+  cfg = train_config{};
+  cfg.model.hidden = {};
+  cfg.model.input = 1;
+  cfg.model.classes = 2;
+  cfg.servers = 5;
+  CHECK(describe(validate(cfg)).find("exceeds the 4 parameters") != std::string::npos);
+}
+
+TEST_CASE("every config key documents its default") {
+  for (const auto& k : config_keys()) {
+    CHECK(k.help.find("default") != std::string::npos);
+    CHECK(k.env.rfind("ASHLAR_", 0) == 0);
+  }
+}

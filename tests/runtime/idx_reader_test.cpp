@@ -1,0 +1,179 @@
+#include <catch2/catch.hpp>
+
+#include <zlib.h>
+
+#include "runtime/data/dataset.hpp"
+#include "temp_dir.hpp"
+
+using namespace ashlar;
+using ashlar::test::temp_dir;
+
+namespace {
+
+void be32(std::vector<uint8_t>& v, uint32_t x) {
+  for (int s = 24; s >= 0; s -= 8)
+    v.push_back(static_cast<uint8_t>(x >> s));
+}
+
+std::vector<uint8_t> images(uint32_t n, uint32_t rows, uint32_t cols, uint32_t magic = 0x803) {
+  std::vector<uint8_t> v;
+  be32(v, magic);
+  be32(v, n);
+  be32(v, rows);
+  be32(v, cols);
+  for (uint32_t i = 0; i < n * rows * cols; ++i)
+    v.push_back(static_cast<uint8_t>(i * 37));
+  return v;
+}
+
+std::vector<uint8_t> labels(uint32_t n, uint32_t magic = 0x801) {
+  std::vector<uint8_t> v;
+  be32(v, magic);
+  be32(v, n);
+  for (uint32_t i = 0; i < n; ++i)
+    v.push_back(static_cast<uint8_t>(i % 10));
+  return v;
+}
+
+std::vector<uint8_t> gzip(const std::vector<uint8_t>& in) {
+  uLongf cap = compressBound(in.size()) + 32;
+  std::vector<uint8_t> out(cap);
+  z_stream zs{};
+  deflateInit2(&zs, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY);
+  zs.next_in = const_cast<Bytef*>(in.data());
+  zs.avail_in = static_cast<uInt>(in.size());
+  zs.next_out = out.data();
+  zs.avail_out = static_cast<uInt>(out.size());
+  deflate(&zs, Z_FINISH);
+  out.resize(zs.total_out);
+  deflateEnd(&zs);
+  return out;
+}
+
+std::string error_text(const expected<dataset>& r) {
+  REQUIRE_FALSE(r);
+  return describe(r.error());
+}
+
+}  // namespace
+
+TEST_CASE("the IDX reader loads well-formed plain and gzip files") {
+  temp_dir dir;
+  auto img = images(3, 2, 2);
+  auto lbl = labels(3);
+  for (bool gz : {false, true}) {
+    auto ip = dir.write(gz ? "i.gz" : "i", gz ? gzip(img) : img);
+    auto lp = dir.write(gz ? "l.gz" : "l", gz ? gzip(lbl) : lbl);
+    auto d = load_idx(ip, lp);
+    REQUIRE(d);
+    CHECK(d->n == 3);
+    CHECK(d->dim == 4);
+    CHECK(d->y == std::vector<uint8_t>{0, 1, 2});
+    // Pixel 0 is 0: standardized to -mean/std.
+    CHECK(d->x[0] == Approx(-0.2860f / 0.3530f));
+    CHECK(d->x[1] == Approx((37 / 255.0f - 0.2860f) / 0.3530f));
+  }
+}
+
+TEST_CASE("a truncated IDX image file is refused, naming the file and the sizes") {
+  temp_dir dir;
+  auto img = images(3, 2, 2);
+  img.resize(img.size() - 3);
+  auto msg = error_text(load_idx(dir.write("i", img), dir.write("l", labels(3))));
+  CHECK(msg.find("corrupt_data") == 0);
+  CHECK(msg.find(dir.file("i")) != std::string::npos);
+  CHECK(msg.find("needs 28") != std::string::npos);
+}
+
+TEST_CASE("an IDX file shorter than its header is refused") {
+  temp_dir dir;
+  auto msg = error_text(load_idx(dir.write("i", std::vector<uint8_t>{0, 0, 8}), dir.write("l", labels(1))));
+  CHECK(msg.find("truncated") != std::string::npos);
+}
+
+TEST_CASE("an IDX file with a wrong magic number is refused") {
+  temp_dir dir;
+  auto msg = error_text(load_idx(dir.write("i", images(2, 2, 2, 0x1234)), dir.write("l", labels(2))));
+  CHECK(msg.find("magic 0x00001234") != std::string::npos);
+  msg = error_text(load_idx(dir.write("i2", images(2, 2, 2)), dir.write("l2", labels(2, 0x803))));
+  CHECK(msg.find("expected 0x00000801") != std::string::npos);
+}
+
+TEST_CASE("image and label counts that disagree are refused") {
+  temp_dir dir;
+  auto msg = error_text(load_idx(dir.write("i", images(3, 2, 2)), dir.write("l", labels(2))));
+  CHECK(msg.find("has 2 labels but") != std::string::npos);
+}
+
+TEST_CASE("a label outside 0..9 is refused") {
+  temp_dir dir;
+  auto lbl = labels(2);
+  lbl.back() = 12;
+  auto msg = error_text(load_idx(dir.write("i", images(2, 2, 2)), dir.write("l", lbl)));
+  CHECK(msg.find("label 12 at index 1") != std::string::npos);
+}
+
+TEST_CASE("a damaged gzip stream is refused, not crashed on") {
+  temp_dir dir;
+  auto gz = gzip(images(50, 4, 4));
+  gz.resize(gz.size() / 2);
+  auto msg = error_text(load_idx(dir.write("i.gz", gz), dir.write("l", labels(50))));
+  CHECK(msg.find("corrupt_data") == 0);
+  CHECK(msg.find("i.gz") != std::string::npos);
+}
+
+TEST_CASE("a missing file or directory gives io_error naming the path") {
+  temp_dir dir;
+  auto msg = error_text(load_idx(dir.file("nope"), dir.file("nope2")));
+  CHECK(msg.find("io_error") == 0);
+  CHECK(msg.find("nope") != std::string::npos);
+  auto r = load_fashion_mnist(dir.file("missing-dir"), split::train);
+  msg = error_text(r);
+  CHECK(msg.find("missing-dir does not exist") != std::string::npos);
+  CHECK(msg.find("dataset-fashion-mnist") != std::string::npos);
+}
+
+TEST_CASE("the installed Fashion-MNIST loads with 60000 training and 10000 test samples") {
+  auto train = load_fashion_mnist("/usr/share/datasets/fashion-mnist", split::train);
+  REQUIRE(train);
+  CHECK(train->n == 60000);
+  CHECK(train->dim == 784);
+  auto test = load_fashion_mnist("/usr/share/datasets/fashion-mnist", split::test);
+  REQUIRE(test);
+  CHECK(test->n == 10000);
+  std::vector<size_t> per_class(10, 0);
+  for (auto y : test->y)
+    per_class[y]++;
+  for (auto c : per_class)
+    CHECK(c == 1000);
+}
+
+TEST_CASE("a batch cursor visits each of its samples once per epoch, in a seeded order") {
+  dataset d;
+  d.n = 100;
+  d.dim = 1;
+  d.classes = 2;
+  for (size_t i = 0; i < d.n; ++i) {
+    d.x.push_back(static_cast<float>(i));
+    d.y.push_back(static_cast<uint8_t>(i % 2));
+  }
+  batch_cursor a{d, 10, 50, 9}, b{d, 10, 50, 9}, c{d, 10, 50, 10};
+  std::vector<int> seen(d.n, 0);
+  bool differs = false;
+  for (int i = 0; i < 7; ++i) { // 6 batches of 8 and one of 2 = 50 samples
+    auto x = a.next(8);
+    auto y = b.next(8);
+    auto z = c.next(8);
+    REQUIRE(x.n == (i < 6 ? 8u : 2u));
+    CHECK(std::equal(x.x, x.x + x.n, y.x));
+    differs = differs || !std::equal(x.x, x.x + x.n, z.x);
+    for (size_t k = 0; k < x.n; ++k)
+      seen[static_cast<size_t>(x.x[k])]++;
+  }
+  for (size_t i = 0; i < d.n; ++i)
+    CHECK(seen[i] == (i >= 10 && i < 60 ? 1 : 0));
+  CHECK(differs);
+  CHECK(a.epoch() == 0);
+  a.next(8);
+  CHECK(a.epoch() == 1);
+}

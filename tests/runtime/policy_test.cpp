@@ -1,0 +1,77 @@
+#include <catch2/catch.hpp>
+
+#include "runtime/policy/asp.hpp"
+#include "runtime/policy/bsp.hpp"
+#include "runtime/policy/sync_policy.hpp"
+
+using namespace ashlar;
+
+TEST_CASE("the registry makes each policy by name and refuses unknown names") {
+  for (const auto& name : policy_names()) {
+    auto p = make_policy(name, {});
+    REQUIRE(p);
+    CHECK((*p)->name() == name);
+  }
+  auto bad = make_policy("nope", {});
+  REQUIRE_FALSE(bad);
+  CHECK(is(bad.error(), errc::unknown_name));
+}
+
+TEST_CASE("BSP buffers pushes until every live worker has pushed, then the round is ready") {
+  bsp_policy p;
+  p.on_join(0);
+  p.on_join(1);
+  p.on_join(2);
+  CHECK(p.on_push(0, 0, 0).kind == push_decision::buffer);
+  CHECK_FALSE(p.round_ready());
+  CHECK(p.on_push(2, 0, 0).kind == push_decision::buffer);
+  CHECK_FALSE(p.round_ready());
+  // Worker 0 has pushed: it may not read version 0 again, worker 1 may.
+  CHECK_FALSE(p.may_read(0, 0));
+  CHECK(p.may_read(1, 0));
+  CHECK(p.on_push(1, 0, 0).kind == push_decision::buffer);
+  CHECK(p.round_ready());
+  p.on_round_applied();
+  CHECK(p.may_read(0, 1));
+  CHECK_FALSE(p.round_ready());
+}
+
+TEST_CASE("BSP stops waiting for a worker that leaves") {
+  bsp_policy p;
+  p.on_join(0);
+  p.on_join(1);
+  p.on_push(0, 0, 0);
+  CHECK_FALSE(p.round_ready());
+  p.on_leave(1);
+  CHECK(p.round_ready());
+}
+
+TEST_CASE("BSP drops a second push in one round and a push from an old version") {
+  bsp_policy p;
+  p.on_join(0);
+  p.on_join(1);
+  CHECK(p.on_push(0, 0, 0).kind == push_decision::buffer);
+  CHECK(p.on_push(0, 0, 0).kind == push_decision::drop);
+  auto d = p.on_push(1, 0, 3);
+  CHECK(d.kind == push_decision::drop);
+  CHECK(d.staleness == 3);
+}
+
+TEST_CASE("ASP applies every push at once and records its staleness") {
+  asp_policy p{{}};
+  p.on_join(0);
+  auto d = p.on_push(0, 2, 7);
+  CHECK(d.kind == push_decision::apply);
+  CHECK(d.staleness == 5);
+  CHECK(d.lr_scale == 1.0f);
+  CHECK(p.may_read(0, 0));
+  CHECK_FALSE(p.round_ready());
+}
+
+TEST_CASE("ASP with a staleness-aware learning rate divides it by 1 + staleness") {
+  policy_config cfg;
+  cfg.staleness_aware_lr = true;
+  asp_policy p{cfg};
+  CHECK(p.on_push(0, 7, 7).lr_scale == 1.0f);
+  CHECK(p.on_push(0, 4, 7).lr_scale == Approx(0.25f));
+}

@@ -1,0 +1,115 @@
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "runtime/server/shard_core.hpp"
+
+using namespace ashlar;
+
+namespace {
+
+shard_core make_shard(const std::string& policy, size_t n, policy_config pc = {}) {
+  sgd_config opt;
+  opt.lr = 0.5f;
+  opt.momentum = 0.0f;
+  opt.weight_decay = 0.0f;
+  auto p = make_policy(policy, pc);
+  REQUIRE(p);
+  return shard_core{shard_range{0, 0, n}, std::vector<float>(n, 1.0f), opt, std::move(*p)};
+}
+
+}  // namespace
+
+TEST_CASE("a BSP shard applies a version only when every live worker has pushed") {
+  auto s = make_shard("bsp", 2);
+  s.join(0);
+  s.join(1);
+  s.join(2);
+  std::vector<float> g0{1, 2}, g1{3, 4}, g2{5, 6};
+  auto r = s.push(0, 0, 10, g0.data(), 2);
+  REQUIRE(r);
+  CHECK_FALSE(r->version_bumped);
+  CHECK(s.version() == 0);
+  CHECK(s.params() == std::vector<float>{1, 1});
+  REQUIRE(s.push(1, 0, 10, g1.data(), 2));
+  CHECK(s.version() == 0);
+  CHECK_FALSE(s.may_read(0));
+  r = s.push(2, 0, 20, g2.data(), 2);
+  REQUIRE(r);
+  CHECK(r->version_bumped);
+  CHECK(s.version() == 1);
+  // Batch-weighted mean: (10*g0 + 10*g1 + 20*g2) / 40 = {3.5, 4.5}; w = 1 - 0.5 * mean.
+  CHECK(s.params()[0] == Approx(1 - 0.5 * 3.5));
+  CHECK(s.params()[1] == Approx(1 - 0.5 * 4.5));
+  CHECK(s.may_read(0));
+  CHECK(s.counters().applied == 3);
+}
+
+TEST_CASE("a BSP round completes when its last missing worker leaves") {
+  auto s = make_shard("bsp", 1);
+  s.join(0);
+  s.join(1);
+  float g = 1;
+  REQUIRE(s.push(0, 0, 1, &g, 1));
+  CHECK(s.version() == 0);
+  CHECK(s.leave(1));
+  CHECK(s.version() == 1);
+}
+
+TEST_CASE("a BSP shard gives bit-identical parameters whatever order the pushes arrive in") {
+  const size_t n = 257;
+  std::vector<std::vector<float>> grads(4, std::vector<float>(n));
+  for (size_t w = 0; w < 4; ++w)
+    for (size_t i = 0; i < n; ++i)
+      grads[w][i] = std::sin(static_cast<float>(w * 1000 + i)) * 1e3f + 1e-3f * i;
+  auto run = [&](std::vector<uint32_t> order) {
+    auto s = make_shard("bsp", n);
+    for (uint32_t w = 0; w < 4; ++w)
+      s.join(w);
+    for (int round = 0; round < 3; ++round)
+      for (auto w : order)
+        REQUIRE(s.push(w, s.version(), 16 + w, grads[w].data(), n));
+    return s.params();
+  };
+  auto a = run({0, 1, 2, 3});
+  auto b = run({3, 1, 0, 2});
+  REQUIRE(a.size() == b.size());
+  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("an ASP shard applies each push on arrival and records its staleness") {
+  auto s = make_shard("asp", 1);
+  s.join(0);
+  s.join(1);
+  float g = 1;
+  auto r0 = s.push(0, 0, 1, &g, 1);
+  REQUIRE(r0);
+  CHECK(r0->version_bumped);
+  CHECK(r0->staleness == 0);
+  auto r1 = s.push(1, 0, 1, &g, 1); // computed at 0, shard now at 1
+  REQUIRE(r1);
+  CHECK(r1->staleness == 1);
+  CHECK(s.version() == 2);
+  CHECK(s.counters().staleness_sum == 1);
+  CHECK(s.counters().staleness_max == 1);
+  CHECK(s.params()[0] == Approx(0.0f));
+}
+
+TEST_CASE("a shard refuses a gradient of the wrong length, from a non-member or from the future") {
+  auto s = make_shard("asp", 3);
+  s.join(0);
+  std::vector<float> g(2, 1.0f);
+  auto r = s.push(0, 0, 1, g.data(), 2);
+  REQUIRE_FALSE(r);
+  CHECK(is(r.error(), errc::shape_mismatch));
+  CHECK(describe(r.error()).find("2 floats from worker 0, its range holds 3") != std::string::npos);
+  g.resize(3);
+  r = s.push(9, 0, 1, g.data(), 3);
+  REQUIRE_FALSE(r);
+  CHECK(is(r.error(), errc::invalid_state));
+  r = s.push(0, 5, 1, g.data(), 3);
+  REQUIRE_FALSE(r);
+  CHECK(describe(r.error()).find("future version 5") != std::string::npos);
+  CHECK(s.version() == 0);
+  CHECK(s.params() == std::vector<float>(3, 1.0f));
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs Ashlar's build and run dependencies from Debian bookworm's packages.
+#   bash ops/install-deps.sh          # build, test and run
+#   bash ops/install-deps.sh --bench  # also python3-torch, for the PyTorch comparison
+set -euo pipefail
+packages=(
+  build-essential cmake ninja-build ccache pkg-config
+  libcaf-dev capnproto libcapnp-dev librocksdb-dev libspdlog-dev libfmt-dev catch2
+  libopenblas-dev libcli11-dev libtomlplusplus-dev zlib1g-dev
+  dataset-fashion-mnist python3
+)
+if [[ "${1:-}" == "--bench" ]]; then
+  packages+=(python3-torch)
+fi
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then
+  SUDO="sudo"
+fi
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-deps: all ${#packages[@]} packages already installed"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,54 +1,12 @@
 #include "actors/local_job.hpp"
 
-#include <chrono>
-
-#include <spdlog/spdlog.h>
-
-#include "actors/messages.hpp"
-#include "actors/profiler.hpp"
-#include "actors/scheduler.hpp"
+#include "actors/job_driver.hpp"
 #include "actors/server_shard.hpp"
 #include "actors/worker.hpp"
-#include "runtime/backend/cpu_backend.hpp"
-#include "runtime/data/dataset.hpp"
 
 namespace ashlar::actors {
 
 namespace {
-
-using clock_type = std::chrono::steady_clock;
-
-struct data_pair {
-  dataset train;
-  dataset test;
-};
-
-expected<data_pair> load_data(const train_config& cfg) {
-  data_pair d;
-  if (cfg.data_source == "synthetic") {
-    // One draw split in two, so both halves share the same cluster centres.
-    size_t n_train = cfg.train_limit ? cfg.train_limit : 20000;
-    size_t n_test = cfg.test_limit ? cfg.test_limit : 4000;
-    d.train = make_synthetic(n_train + n_test, cfg.model.input, cfg.model.classes, cfg.seed);
-    d.test = d.train;
-    d.test.x.erase(d.test.x.begin(), d.test.x.begin() + n_train * d.test.dim);
-    d.test.y.erase(d.test.y.begin(), d.test.y.begin() + n_train);
-    d.test.n = n_test;
-    d.train.truncate(n_train);
-    return d;
-  }
-  auto train = load_fashion_mnist(cfg.data_dir, split::train);
-  if (!train)
-    return train.error();
-  auto test = load_fashion_mnist(cfg.data_dir, split::test);
-  if (!test)
-    return test.error();
-  d.train = std::move(*train);
-  d.test = std::move(*test);
-  d.train.truncate(cfg.train_limit);
-  d.test.truncate(cfg.test_limit);
-  return d;
-}
 
 class system_config : public caf::actor_system_config {
 public:
@@ -57,27 +15,51 @@ public:
   }
 };
 
-// Reads every shard's range now, outside the sync policy, into one flat vector.
-expected<std::vector<float>> snapshot(caf::scoped_actor& self, const std::vector<shard_actor>& shards,
-                                      uint64_t num_params) {
-  std::vector<float> params(num_params);
-  caf::error failure;
-  for (const auto& s : shards) {
-    self->request(s, std::chrono::seconds(30), wire::pull_request{0, 0, true})
-      .receive(
-        [&](const wire::pull_reply& r) {
-          if (r.begin + r.params.size() > num_params) {
-            failure = make_error(errc::shape_mismatch, "shard snapshot exceeds the model");
-            return;
-          }
-          std::copy(r.params.begin(), r.params.end(), params.begin() + r.begin);
-        },
-        [&](caf::error& err) { failure = err; });
+// Every actor in this process.
+class local_placement final : public job_placement {
+public:
+  explicit local_placement(caf::actor_system& sys) : sys_(sys) {}
+
+  expected<std::vector<shard_actor>> make_shards(const std::vector<shard_range>& ranges,
+                                                 const std::vector<float>& init,
+                                                 const train_config& cfg) override {
+    std::vector<shard_actor> out;
+    for (const auto& r : ranges) {
+      auto policy = make_policy(cfg.policy, cfg.policy_settings);
+      if (!policy)
+        return policy.error();
+      std::vector<float> slice(init.begin() + r.begin, init.begin() + r.end);
+      out.push_back(spawn_shard(sys_, std::make_unique<shard_core>(r, std::move(slice), cfg.optimizer,
+                                                                   std::move(*policy))));
+    }
+    return out;
   }
-  if (failure)
-    return failure;
-  return params;
-}
+
+  caf::error start_workers(const train_config& cfg, const scheduler_actor& scheduler,
+                           const profiler_actor& profiler,
+                           std::shared_ptr<const dataset> train) override {
+    for (uint32_t i = 0; i < cfg.workers; ++i) {
+      worker_config wc;
+      wc.scheduler = scheduler;
+      wc.profiler = profiler;
+      wc.data = train;
+      wc.requested_id = i;
+      auto w = spawn_worker(sys_, wc);
+      caf::anon_send(w, start_atom::value);
+      workers_.push_back(w);
+    }
+    return caf::none;
+  }
+
+  void on_job_end() override {
+    for (auto& w : workers_)
+      caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+  }
+
+private:
+  caf::actor_system& sys_;
+  std::vector<worker_actor> workers_;
+};
 
 }  // namespace
 
@@ -85,204 +67,12 @@ expected<run_report> run_local_job(const train_config& cfg, const job_hooks& hoo
   return run_local_job(cfg, hooks, nullptr);
 }
 
-expected<run_report> run_local_job(const train_config& cfg_in, const job_hooks& hooks,
+expected<run_report> run_local_job(const train_config& cfg, const job_hooks& hooks,
                                    std::vector<float>* final_params) {
-  train_config cfg = cfg_in;
-  if (auto err = validate(cfg))
-    return err;
-  auto data = load_data(cfg);
-  if (!data)
-    return data.error();
-  auto train = std::make_shared<const dataset>(std::move(data->train));
-  const dataset test = std::move(data->test);
-  cfg.model.input = static_cast<uint32_t>(train->dim);
-  cfg.model.classes = train->classes;
-  if (auto err = validate(cfg))
-    return err;
-  if (train->n < cfg.workers)
-    return make_error(errc::invalid_config, "train.workers = " + std::to_string(cfg.workers)
-                                              + " exceeds the " + std::to_string(train->n)
-                                              + " training samples");
-  const uint64_t num_params = cfg.model.num_params();
-  auto ranges = split_ranges(num_params, cfg.servers);
-  if (!ranges)
-    return ranges.error();
-  auto init = init_params(cfg.model, cfg.seed);
-  set_blas_threads(1);
-
-  spdlog::info("job: model {} ({} parameters), {} train / {} test samples, {} workers, {} shards, "
-               "policy {}, batch {} per worker, {} epochs",
-               cfg.model.to_string(), num_params, train->n, test.n, cfg.workers, cfg.servers,
-               cfg.policy, cfg.batch_size, cfg.epochs);
-
   system_config sys_cfg;
   caf::actor_system sys{sys_cfg};
-  caf::scoped_actor self{sys};
-
-  auto profiler = spawn_profiler(sys);
-  std::vector<shard_actor> shards;
-  for (const auto& r : *ranges) {
-    auto policy = make_policy(cfg.policy, cfg.policy_settings);
-    if (!policy)
-      return policy.error();
-    std::vector<float> slice(init.begin() + r.begin, init.begin() + r.end);
-    shards.push_back(spawn_shard(
-      sys, std::make_unique<shard_core>(r, std::move(slice), cfg.optimizer, std::move(*policy))));
-  }
-  scheduler_config sc;
-  sc.model = cfg.model;
-  sc.ranges = *ranges;
-  sc.shards = shards;
-  sc.profiler = profiler;
-  sc.train_size = train->n;
-  sc.expected_workers = cfg.workers;
-  sc.batch_size = cfg.batch_size;
-  sc.epochs = cfg.epochs;
-  sc.seed = cfg.seed;
-  sc.policy = cfg.policy;
-  sc.observer = caf::actor_cast<caf::actor>(self);
-  auto scheduler = spawn_scheduler(sys, sc);
-
-  std::vector<worker_actor> workers;
-  for (uint32_t i = 0; i < cfg.workers; ++i) {
-    worker_config wc;
-    wc.scheduler = scheduler;
-    wc.profiler = profiler;
-    wc.data = train;
-    wc.requested_id = i;
-    workers.push_back(spawn_worker(sys, wc));
-  }
-  auto start = clock_type::now();
-  for (auto& w : workers)
-    self->send(w, start_atom::value);
-
-  run_report rep;
-  rep.policy = cfg.policy;
-  rep.model = cfg.model.to_string();
-  rep.workers = cfg.workers;
-  rep.servers = cfg.servers;
-  rep.epochs = cfg.epochs;
-  rep.batch_size = cfg.batch_size;
-  rep.seed = cfg.seed;
-  rep.train_samples = train->n;
-  rep.test_samples = test.n;
-
-  auto evaluator = make_cpu_backend(cfg.model);
-  auto evaluate = [&](const std::vector<float>& p) { return evaluator->evaluate(p.data(), test.all()); };
-  auto seconds = [&] { return std::chrono::duration<double>(clock_type::now() - start).count(); };
-
-  bool done = false;
-  uint32_t finished = 0, failed = 0;
-  uint32_t next_epoch = 1;
-  uint64_t last_samples = 0;
-  double last_progress = 0;
-  // Epoch boundaries are checked every tick; progress lines go out every progress_interval.
-  const auto tick = std::chrono::milliseconds(100);
-  caf::error failure;
-  while (!done) {
-    self->receive(
-      [&](done_atom, uint32_t f, uint32_t fl) {
-        done = true;
-        finished = f;
-        failed = fl;
-      },
-      caf::after(tick) >> [] {});
-    if (done)
-      break;
-    wire::cluster_stats stats;
-    self->request(profiler, std::chrono::seconds(10), caf::get_atom::value)
-      .receive([&](const wire::cluster_stats& s) { stats = s; }, [&](caf::error&) {});
-    double now = seconds();
-    if (hooks.on_progress && cfg.progress_interval > 0 && now - last_progress >= cfg.progress_interval) {
-      progress_event ev;
-      ev.seconds = now;
-      ev.samples = stats.total_samples;
-      ev.epoch = static_cast<double>(stats.total_samples) / static_cast<double>(train->n);
-      ev.samples_per_second = static_cast<double>(stats.total_samples - last_samples) / (now - last_progress);
-      ev.loss = stats.loss;
-      ev.workers = stats.workers;
-      hooks.on_progress(ev);
-      last_samples = stats.total_samples;
-      last_progress = now;
-    }
-    // Evaluate once an epoch boundary has been crossed (within a tick of it).
-    if (cfg.eval_every_epoch && next_epoch < cfg.epochs
-        && stats.total_samples >= uint64_t{next_epoch} * train->n) {
-      auto p = snapshot(self, shards, num_params);
-      if (p) {
-        auto ev = evaluate(*p);
-        if (ev) {
-          epoch_point pt{static_cast<double>(stats.total_samples) / train->n, now,
-                         ev->accuracy(), stats.loss};
-          rep.history.push_back(pt);
-          if (hooks.on_epoch)
-            hooks.on_epoch(pt);
-        }
-      }
-      while (next_epoch <= cfg.epochs && stats.total_samples >= uint64_t{next_epoch} * train->n)
-        ++next_epoch;
-    }
-  }
-  rep.seconds = seconds();
-
-  // Final figures: parameters, shard counters, per-worker statistics.
-  auto params = snapshot(self, shards, num_params);
-  if (!params)
-    failure = params.error();
-  uint64_t staleness_sum = 0, applied = 0;
-  for (const auto& s : shards)
-    self->request(s, std::chrono::seconds(10), status_atom::value)
-      .receive(
-        [&](const wire::shard_status& st) {
-          rep.versions += st.version;
-          rep.dropped += st.dropped;
-          staleness_sum += st.staleness_sum;
-          applied += st.applied + st.dropped;
-        },
-        [&](caf::error&) {});
-  rep.mean_staleness = applied ? static_cast<double>(staleness_sum) / applied : 0;
-  self->request(profiler, std::chrono::seconds(10), caf::get_atom::value)
-    .receive(
-      [&](const wire::cluster_stats& s) {
-        rep.samples = s.total_samples;
-        for (const auto& w : s.workers) {
-          worker_summary ws;
-          ws.worker_id = w.worker_id;
-          ws.steps = w.steps;
-          ws.samples = w.samples;
-          ws.samples_per_second = w.samples_per_second;
-          ws.compute_seconds = w.total_compute_seconds;
-          ws.wait_seconds = w.total_wait_seconds;
-          rep.per_worker.push_back(ws);
-        }
-      },
-      [&](caf::error&) {});
-  rep.samples_per_second = rep.seconds > 0 ? rep.samples / rep.seconds : 0;
-
-  for (auto& s : shards)
-    self->send_exit(s, caf::exit_reason::user_shutdown);
-  self->send_exit(profiler, caf::exit_reason::user_shutdown);
-  self->send_exit(scheduler, caf::exit_reason::user_shutdown);
-  for (auto& w : workers)
-    self->send_exit(w, caf::exit_reason::user_shutdown);
-
-  if (failure)
-    return failure;
-  if (finished == 0)
-    return make_error(errc::invalid_state, "all " + std::to_string(failed)
-                                             + " workers failed; the log above says why");
-  if (failed > 0)
-    spdlog::warn("job: {} of {} workers failed during training", failed, finished + failed);
-  auto ev = evaluate(*params);
-  if (!ev)
-    return ev.error();
-  rep.test_accuracy = ev->accuracy();
-  rep.test_loss = ev->mean_loss();
-  rep.history.push_back(epoch_point{static_cast<double>(rep.samples) / train->n, rep.seconds,
-                                    rep.test_accuracy, 0.0});
-  if (final_params)
-    *final_params = std::move(*params);
-  return rep;
+  local_placement where{sys};
+  return run_job(sys, cfg, where, hooks, final_params);
 }
 
 }  // namespace ashlar::actors

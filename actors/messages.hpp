@@ -36,9 +36,11 @@ using profiler_actor = caf::typed_actor<
 
 /// The scheduler: registers workers (assigning shard map, data share and batch share),
 /// learns when they leave, and tells its observer when every worker is done.
+/// start_atom: start training with the workers registered so far, without waiting for
+/// the rest (sent by the scheduler to itself when start_timeout passes).
 using scheduler_actor = caf::typed_actor<
   caf::replies_to<wire::register_worker>::with<wire::assignment, std::vector<shard_actor>>,
-  caf::reacts_to<wire::membership_change>>;
+  caf::reacts_to<wire::membership_change>, caf::reacts_to<start_atom>>;
 
 /// A worker: registers on start, then loops pull -> compute -> push until its steps are done.
 using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<step_atom>>;

@@ -24,6 +24,10 @@ struct scheduler_state {
   uint32_t next_id = 0;
   uint32_t registered = 0;
   bool done_sent = false;
+  // Registrations answered only once expected_workers have joined, so every worker of
+  // the first round starts from version 0 with the full membership in place.
+  std::vector<std::function<void()>> start_barrier;
+  bool started = false;
 };
 
 using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;
@@ -54,7 +58,7 @@ void broadcast(scheduler_pointer self, const wire::membership_change& m,
 
 void check_done(scheduler_pointer self) {
   auto& st = self->state;
-  if (st.done_sent || st.registered < st.cfg.expected_workers)
+  if (st.done_sent || (!st.started && st.registered < st.cfg.expected_workers))
     return;
   uint32_t finished = 0, failed = 0;
   for (const auto& [id, m] : st.members) {
@@ -84,6 +88,22 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
   m.worker_id = id;
   m.reason = reason;
   broadcast(self, m, [=](bool) { check_done(self); });
+}
+
+void start_training(scheduler_pointer self) {
+  auto& st = self->state;
+  if (st.started)
+    return;
+  st.started = true;
+  if (st.start_barrier.size() < st.cfg.expected_workers)
+    spdlog::warn("scheduler: only {} of {} workers joined within the start timeout; training "
+                 "starts with them",
+                 st.start_barrier.size(), st.cfg.expected_workers);
+  else
+    spdlog::info("scheduler: {} workers joined, training starts", st.start_barrier.size());
+  for (auto& f : st.start_barrier)
+    f();
+  st.start_barrier.clear();
 }
 
 scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, scheduler_config cfg) {
@@ -133,15 +153,27 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       join.kind = wire::membership_change::join;
       join.worker_id = id;
       broadcast(self, join, [=](bool ok) mutable {
-        if (ok)
-          promise.deliver(a, self->state.cfg.shards);
-        else
+        auto& st = self->state;
+        if (!ok) {
           promise.deliver(make_error(errc::peer_unreachable,
                                      "a shard or the profiler did not acknowledge worker "
                                        + std::to_string(id)));
+          return;
+        }
+        auto reply = [=]() mutable { promise.deliver(a, self->state.cfg.shards); };
+        if (st.started) {
+          reply();
+          return;
+        }
+        st.start_barrier.push_back(reply);
+        if (st.start_barrier.size() == 1)
+          self->delayed_send(self, st.cfg.start_timeout, start_atom::value);
+        if (st.start_barrier.size() >= st.cfg.expected_workers)
+          start_training(self);
       });
       return promise;
     },
+    [=](start_atom) { start_training(self); },
     [=](const wire::membership_change& m) {
       if (m.kind == wire::membership_change::join)
         return;

@@ -2,6 +2,7 @@
 // and the end of the job.
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ struct scheduler_config {
   uint32_t epochs = 1;
   uint64_t seed = 1;
   std::string policy;
+  /// Longest the first registered worker waits for the others before training starts
+  /// with the workers present. Default: 120 s.
+  std::chrono::milliseconds start_timeout{120000};
   /// Receives (done_atom, uint32_t finished, uint32_t failed) once every registered
   /// worker has left and at least expected_workers have registered.
   caf::actor observer;

@@ -19,8 +19,81 @@ enum Role {
 struct Hello {
   protocolVersion @0 :UInt32;
   token @1 :Text;          # cluster token (shared secret), compared as bytes
-  role @2 :Role;
-  node @3 :Text;           # host:port or a name the node gives itself
+  roles @2 :List(Role);
+  node @3 :Text;           # host:pid or a name the node gives itself
+  slots @4 :UInt32;        # workers this node may host
+}
+
+# The scheduler's answer to an accepted Hello.
+struct Welcome {
+  nodeId @0 :UInt32;       # the number the scheduler gives this node
+  cluster @1 :Text;        # the scheduler's address, for logs
+}
+
+# Scheduler -> server node: host shard `range` with these initial values.
+struct SpawnShard {
+  range @0 :ShardRange;
+  params @1 :Data;         # float32 LE, range length
+  policy @2 :Text;
+  lr @3 :Float32;
+  momentum @4 :Float32;
+  weightDecay @5 :Float32;
+  stalenessAwareLr @6 :Bool;
+}
+
+# Scheduler -> worker node: start a worker that loads its own copy of the data.
+struct SpawnWorker {
+  requestedId @0 :UInt32;
+  dataDir @1 :Text;
+  dataSource @2 :Text;
+  trainLimit @3 :UInt64;
+  seed @4 :UInt64;
+  inputWidth @5 :UInt32;
+  classes @6 :UInt32;
+}
+
+# A job submitted to a running scheduler: configuration keys and values, as text.
+struct JobRequest {
+  settings @0 :List(Setting);
+  struct Setting {
+    key @0 :Text;
+    value @1 :Text;
+  }
+}
+
+struct JobResult {
+  reportJson @0 :Text;
+}
+
+# Control requests from `ashlar ctl`.
+struct CtlRequest {
+  enum Op {
+    removeWorker @0;
+    addWorker @1;
+    shutdown @2;
+  }
+  op @0 :Op;
+  workerId @1 :UInt32;
+  count @2 :UInt32;
+}
+
+struct NodeInfo {
+  nodeId @0 :UInt32;
+  name @1 :Text;
+  roles @2 :List(Role);
+  slots @3 :UInt32;        # workers this node may host
+  workers @4 :List(UInt32);
+  shards @5 :List(UInt32);
+  alive @6 :Bool;
+}
+
+# `ashlar status`: members, their roles and addresses, speeds, versions, stage.
+struct ClusterStatus {
+  nodes @0 :List(NodeInfo);
+  stats @1 :ClusterStats;
+  shards @2 :List(ShardStatus);
+  stage @3 :Text;
+  job @4 :Text;            # a one-line description of the running job, empty when idle
 }
 
 # A worker asks to take part in training.

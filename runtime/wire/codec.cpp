@@ -243,9 +243,9 @@ caf::error decode(const uint64_t* d, size_t n, push_ack& out) {
 }
 
 // ---- shard_status ----
-words encode(const shard_status& x) {
-  capnp::MallocMessageBuilder mb;
-  auto b = mb.initRoot<schema::ShardStatus>();
+namespace {
+
+void fill(schema::ShardStatus::Builder b, const shard_status& x) {
   b.setShardId(x.shard_id);
   b.setVersion(x.version);
   b.setBegin(x.begin);
@@ -259,28 +259,100 @@ words encode(const shard_status& x) {
   for (size_t i = 0; i < x.live_workers.size(); ++i)
     live.set(i, x.live_workers[i]);
   b.setPendingReads(x.pending_reads);
+}
+
+caf::error read(schema::ShardStatus::Reader r, shard_status& out) {
+  out.shard_id = r.getShardId();
+  out.version = r.getVersion();
+  out.begin = r.getBegin();
+  out.end = r.getEnd();
+  if (out.end < out.begin)
+    return malformed("ShardStatus", "range end precedes begin");
+  out.pushes = r.getPushes();
+  out.applied = r.getApplied();
+  out.dropped = r.getDropped();
+  out.staleness_sum = r.getStalenessSum();
+  out.staleness_max = r.getStalenessMax();
+  out.live_workers.clear();
+  for (auto w : r.getLiveWorkers())
+    out.live_workers.push_back(w);
+  out.pending_reads = r.getPendingReads();
+  return caf::none;
+}
+
+void fill(schema::ClusterStats::Builder b, const cluster_stats& x) {
+  auto ws = b.initWorkers(static_cast<unsigned>(x.workers.size()));
+  for (size_t i = 0; i < x.workers.size(); ++i) {
+    const auto& w = x.workers[i];
+    auto o = ws[i];
+    o.setWorkerId(w.worker_id);
+    o.setSteps(w.steps);
+    o.setSamples(w.samples);
+    o.setSamplesPerSecond(w.samples_per_second);
+    o.setStepSeconds(w.step_seconds);
+    o.setComputeSeconds(w.compute_seconds);
+    o.setWaitSeconds(w.wait_seconds);
+    o.setLoss(w.loss);
+    o.setDone(w.done);
+    o.setTotalComputeSeconds(w.total_compute_seconds);
+    o.setTotalWaitSeconds(w.total_wait_seconds);
+  }
+  b.setTotalSamples(x.total_samples);
+  b.setElapsedSeconds(x.elapsed_seconds);
+  b.setLoss(x.loss);
+}
+
+void read(schema::ClusterStats::Reader r, cluster_stats& out) {
+  out.workers.clear();
+  for (auto w : r.getWorkers()) {
+    worker_stats s;
+    s.worker_id = w.getWorkerId();
+    s.steps = w.getSteps();
+    s.samples = w.getSamples();
+    s.samples_per_second = w.getSamplesPerSecond();
+    s.step_seconds = w.getStepSeconds();
+    s.compute_seconds = w.getComputeSeconds();
+    s.wait_seconds = w.getWaitSeconds();
+    s.loss = w.getLoss();
+    s.done = w.getDone();
+    s.total_compute_seconds = w.getTotalComputeSeconds();
+    s.total_wait_seconds = w.getTotalWaitSeconds();
+    out.workers.push_back(s);
+  }
+  out.total_samples = r.getTotalSamples();
+  out.elapsed_seconds = r.getElapsedSeconds();
+  out.loss = r.getLoss();
+}
+
+template <class List>
+caf::error read_roles(const char* type, List list, std::vector<role>& out) {
+  out.clear();
+  for (auto x : list) {
+    auto v = static_cast<uint16_t>(x);
+    if (v > 3)
+      return malformed(type, "unknown role " + std::to_string(v));
+    out.push_back(static_cast<role>(v));
+  }
+  return caf::none;
+}
+
+template <class Builder>
+void fill_roles(Builder b, const std::vector<role>& roles) {
+  for (size_t i = 0; i < roles.size(); ++i)
+    b.set(i, static_cast<schema::Role>(roles[i]));
+}
+
+}  // namespace
+
+words encode(const shard_status& x) {
+  capnp::MallocMessageBuilder mb;
+  fill(mb.initRoot<schema::ShardStatus>(), x);
   return to_words(mb);
 }
 
 caf::error decode(const uint64_t* d, size_t n, shard_status& out) {
-  return with_reader<schema::ShardStatus>("ShardStatus", d, n, [&](auto r) -> caf::error {
-    out.shard_id = r.getShardId();
-    out.version = r.getVersion();
-    out.begin = r.getBegin();
-    out.end = r.getEnd();
-    if (out.end < out.begin)
-      return malformed("ShardStatus", "range end precedes begin");
-    out.pushes = r.getPushes();
-    out.applied = r.getApplied();
-    out.dropped = r.getDropped();
-    out.staleness_sum = r.getStalenessSum();
-    out.staleness_max = r.getStalenessMax();
-    out.live_workers.clear();
-    for (auto w : r.getLiveWorkers())
-      out.live_workers.push_back(w);
-    out.pending_reads = r.getPendingReads();
-    return caf::none;
-  });
+  return with_reader<schema::ShardStatus>("ShardStatus", d, n,
+                                          [&](auto r) { return read(r, out); });
 }
 
 // ---- profile_report ----
@@ -315,51 +387,231 @@ caf::error decode(const uint64_t* d, size_t n, profile_report& out) {
 // ---- cluster_stats ----
 words encode(const cluster_stats& x) {
   capnp::MallocMessageBuilder mb;
-  auto b = mb.initRoot<schema::ClusterStats>();
-  auto ws = b.initWorkers(static_cast<unsigned>(x.workers.size()));
-  for (size_t i = 0; i < x.workers.size(); ++i) {
-    const auto& w = x.workers[i];
-    auto o = ws[i];
-    o.setWorkerId(w.worker_id);
-    o.setSteps(w.steps);
-    o.setSamples(w.samples);
-    o.setSamplesPerSecond(w.samples_per_second);
-    o.setStepSeconds(w.step_seconds);
-    o.setComputeSeconds(w.compute_seconds);
-    o.setWaitSeconds(w.wait_seconds);
-    o.setLoss(w.loss);
-    o.setDone(w.done);
-    o.setTotalComputeSeconds(w.total_compute_seconds);
-    o.setTotalWaitSeconds(w.total_wait_seconds);
-  }
-  b.setTotalSamples(x.total_samples);
-  b.setElapsedSeconds(x.elapsed_seconds);
-  b.setLoss(x.loss);
+  fill(mb.initRoot<schema::ClusterStats>(), x);
   return to_words(mb);
 }
 
 caf::error decode(const uint64_t* d, size_t n, cluster_stats& out) {
   return with_reader<schema::ClusterStats>("ClusterStats", d, n, [&](auto r) {
-    out.workers.clear();
-    for (auto w : r.getWorkers()) {
-      worker_stats s;
-      s.worker_id = w.getWorkerId();
-      s.steps = w.getSteps();
-      s.samples = w.getSamples();
-      s.samples_per_second = w.getSamplesPerSecond();
-      s.step_seconds = w.getStepSeconds();
-      s.compute_seconds = w.getComputeSeconds();
-      s.wait_seconds = w.getWaitSeconds();
-      s.loss = w.getLoss();
-      s.done = w.getDone();
-      s.total_compute_seconds = w.getTotalComputeSeconds();
-      s.total_wait_seconds = w.getTotalWaitSeconds();
-      out.workers.push_back(s);
-    }
-    out.total_samples = r.getTotalSamples();
-    out.elapsed_seconds = r.getElapsedSeconds();
-    out.loss = r.getLoss();
+    read(r, out);
     return caf::error{};
+  });
+}
+
+// ---- hello / welcome ----
+words encode(const hello& x) {
+  capnp::MallocMessageBuilder mb;
+  auto b = mb.initRoot<schema::Hello>();
+  b.setProtocolVersion(x.protocol);
+  b.setToken(x.token);
+  fill_roles(b.initRoles(static_cast<unsigned>(x.roles.size())), x.roles);
+  b.setNode(x.node);
+  b.setSlots(x.slots);
+  return to_words(mb);
+}
+
+caf::error decode(const uint64_t* d, size_t n, hello& out) {
+  return with_reader<schema::Hello>("Hello", d, n, [&](auto r) {
+    out.protocol = r.getProtocolVersion();
+    out.token = r.getToken();
+    out.node = r.getNode();
+    out.slots = r.getSlots();
+    return read_roles("Hello", r.getRoles(), out.roles);
+  });
+}
+
+words encode(const welcome& x) {
+  capnp::MallocMessageBuilder mb;
+  auto b = mb.initRoot<schema::Welcome>();
+  b.setNodeId(x.node_id);
+  b.setCluster(x.cluster);
+  return to_words(mb);
+}
+
+caf::error decode(const uint64_t* d, size_t n, welcome& out) {
+  return with_reader<schema::Welcome>("Welcome", d, n, [&](auto r) {
+    out.node_id = r.getNodeId();
+    out.cluster = r.getCluster();
+    return caf::error{};
+  });
+}
+
+// ---- spawn_shard / spawn_worker ----
+words encode(const spawn_shard& x) {
+  capnp::MallocMessageBuilder mb{static_cast<unsigned>(x.params.size() / 2 + 64)};
+  auto b = mb.initRoot<schema::SpawnShard>();
+  auto r = b.initRange();
+  r.setShardId(x.range.shard_id);
+  r.setBegin(x.range.begin);
+  r.setEnd(x.range.end);
+  b.setParams(floats_as_data(x.params));
+  b.setPolicy(x.policy);
+  b.setLr(x.lr);
+  b.setMomentum(x.momentum);
+  b.setWeightDecay(x.weight_decay);
+  b.setStalenessAwareLr(x.staleness_aware_lr);
+  return to_words(mb);
+}
+
+caf::error decode(const uint64_t* d, size_t n, spawn_shard& out) {
+  return with_reader<schema::SpawnShard>("SpawnShard", d, n, [&](auto r) -> caf::error {
+    auto range = r.getRange();
+    out.range = shard_range{range.getShardId(), range.getBegin(), range.getEnd()};
+    if (out.range.end <= out.range.begin)
+      return malformed("SpawnShard", "empty parameter range");
+    if (auto err = data_to_floats("SpawnShard", "params", r.getParams(), out.params))
+      return err;
+    if (out.params.size() != out.range.size())
+      return malformed("SpawnShard", "holds " + std::to_string(out.params.size())
+                                       + " parameters for a range of "
+                                       + std::to_string(out.range.size()));
+    out.policy = r.getPolicy();
+    out.lr = r.getLr();
+    out.momentum = r.getMomentum();
+    out.weight_decay = r.getWeightDecay();
+    out.staleness_aware_lr = r.getStalenessAwareLr();
+    return caf::none;
+  });
+}
+
+words encode(const spawn_worker& x) {
+  capnp::MallocMessageBuilder mb;
+  auto b = mb.initRoot<schema::SpawnWorker>();
+  b.setRequestedId(x.requested_id);
+  b.setDataDir(x.data_dir);
+  b.setDataSource(x.data_source);
+  b.setTrainLimit(x.train_limit);
+  b.setSeed(x.seed);
+  b.setInputWidth(x.input_width);
+  b.setClasses(x.classes);
+  return to_words(mb);
+}
+
+caf::error decode(const uint64_t* d, size_t n, spawn_worker& out) {
+  return with_reader<schema::SpawnWorker>("SpawnWorker", d, n, [&](auto r) {
+    out.requested_id = r.getRequestedId();
+    out.data_dir = r.getDataDir();
+    out.data_source = r.getDataSource();
+    out.train_limit = r.getTrainLimit();
+    out.seed = r.getSeed();
+    out.input_width = r.getInputWidth();
+    out.classes = r.getClasses();
+    return caf::error{};
+  });
+}
+
+// ---- jobs and control ----
+words encode(const job_request& x) {
+  capnp::MallocMessageBuilder mb;
+  auto b = mb.initRoot<schema::JobRequest>();
+  auto list = b.initSettings(static_cast<unsigned>(x.settings.size()));
+  for (size_t i = 0; i < x.settings.size(); ++i) {
+    list[i].setKey(x.settings[i].first);
+    list[i].setValue(x.settings[i].second);
+  }
+  return to_words(mb);
+}
+
+caf::error decode(const uint64_t* d, size_t n, job_request& out) {
+  return with_reader<schema::JobRequest>("JobRequest", d, n, [&](auto r) {
+    out.settings.clear();
+    for (auto s : r.getSettings())
+      out.settings.emplace_back(s.getKey(), s.getValue());
+    return caf::error{};
+  });
+}
+
+words encode(const job_result& x) {
+  capnp::MallocMessageBuilder mb;
+  mb.initRoot<schema::JobResult>().setReportJson(x.report_json);
+  return to_words(mb);
+}
+
+caf::error decode(const uint64_t* d, size_t n, job_result& out) {
+  return with_reader<schema::JobResult>("JobResult", d, n, [&](auto r) {
+    out.report_json = r.getReportJson();
+    return caf::error{};
+  });
+}
+
+words encode(const ctl_request& x) {
+  capnp::MallocMessageBuilder mb;
+  auto b = mb.initRoot<schema::CtlRequest>();
+  b.setOp(static_cast<schema::CtlRequest::Op>(x.op));
+  b.setWorkerId(x.worker_id);
+  b.setCount(x.count);
+  return to_words(mb);
+}
+
+caf::error decode(const uint64_t* d, size_t n, ctl_request& out) {
+  return with_reader<schema::CtlRequest>("CtlRequest", d, n, [&](auto r) -> caf::error {
+    auto op = static_cast<uint16_t>(r.getOp());
+    if (op > 2)
+      return malformed("CtlRequest", "unknown operation " + std::to_string(op));
+    out.op = static_cast<ctl_request::op_t>(op);
+    out.worker_id = r.getWorkerId();
+    out.count = r.getCount();
+    return caf::none;
+  });
+}
+
+// ---- cluster_status ----
+words encode(const cluster_status& x) {
+  capnp::MallocMessageBuilder mb;
+  auto b = mb.initRoot<schema::ClusterStatus>();
+  auto nodes = b.initNodes(static_cast<unsigned>(x.nodes.size()));
+  for (size_t i = 0; i < x.nodes.size(); ++i) {
+    const auto& n = x.nodes[i];
+    auto o = nodes[i];
+    o.setNodeId(n.node_id);
+    o.setName(n.name);
+    fill_roles(o.initRoles(static_cast<unsigned>(n.roles.size())), n.roles);
+    o.setSlots(n.slots);
+    auto ws = o.initWorkers(static_cast<unsigned>(n.workers.size()));
+    for (size_t k = 0; k < n.workers.size(); ++k)
+      ws.set(k, n.workers[k]);
+    auto ss = o.initShards(static_cast<unsigned>(n.shards.size()));
+    for (size_t k = 0; k < n.shards.size(); ++k)
+      ss.set(k, n.shards[k]);
+    o.setAlive(n.alive);
+  }
+  fill(b.initStats(), x.stats);
+  auto shards = b.initShards(static_cast<unsigned>(x.shards.size()));
+  for (size_t i = 0; i < x.shards.size(); ++i)
+    fill(shards[i], x.shards[i]);
+  b.setStage(x.stage);
+  b.setJob(x.job);
+  return to_words(mb);
+}
+
+caf::error decode(const uint64_t* d, size_t n, cluster_status& out) {
+  return with_reader<schema::ClusterStatus>("ClusterStatus", d, n, [&](auto r) -> caf::error {
+    out.nodes.clear();
+    for (auto nr : r.getNodes()) {
+      node_info ni;
+      ni.node_id = nr.getNodeId();
+      ni.name = nr.getName();
+      if (auto err = read_roles("ClusterStatus", nr.getRoles(), ni.roles))
+        return err;
+      ni.slots = nr.getSlots();
+      for (auto w : nr.getWorkers())
+        ni.workers.push_back(w);
+      for (auto s : nr.getShards())
+        ni.shards.push_back(s);
+      ni.alive = nr.getAlive();
+      out.nodes.push_back(std::move(ni));
+    }
+    read(r.getStats(), out.stats);
+    out.shards.clear();
+    for (auto sr : r.getShards()) {
+      shard_status st;
+      if (auto err = read(sr, st))
+        return err;
+      out.shards.push_back(std::move(st));
+    }
+    out.stage = r.getStage();
+    out.job = r.getJob();
+    return caf::none;
   });
 }
 

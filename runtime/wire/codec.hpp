@@ -21,6 +21,14 @@ using words = std::vector<uint64_t>;
   words encode(const type& x);                                                               \
   [[nodiscard]] caf::error decode(const uint64_t* data, size_t num_words, type& out);
 
+ASHLAR_WIRE_CODEC(hello)
+ASHLAR_WIRE_CODEC(welcome)
+ASHLAR_WIRE_CODEC(spawn_shard)
+ASHLAR_WIRE_CODEC(spawn_worker)
+ASHLAR_WIRE_CODEC(job_request)
+ASHLAR_WIRE_CODEC(job_result)
+ASHLAR_WIRE_CODEC(ctl_request)
+ASHLAR_WIRE_CODEC(cluster_status)
 ASHLAR_WIRE_CODEC(register_worker)
 ASHLAR_WIRE_CODEC(assignment)
 ASHLAR_WIRE_CODEC(membership_change)

@@ -17,6 +17,57 @@ constexpr uint32_t protocol_version = 1;
 /// Worker id meaning "any": the scheduler picks one.
 constexpr uint32_t any_worker = 0xFFFFFFFFu;
 
+/// Roles a node can take; values match schema Role.
+enum class role : uint8_t { scheduler = 0, server = 1, worker = 2, profiler = 3 };
+
+struct hello {
+  uint32_t protocol = protocol_version;
+  std::string token;
+  std::vector<role> roles;
+  std::string node;
+  uint32_t slots = 0;
+};
+
+struct welcome {
+  uint32_t node_id = 0;
+  std::string cluster;
+};
+
+struct spawn_shard {
+  shard_range range;
+  std::vector<float> params;
+  std::string policy;
+  float lr = 0;
+  float momentum = 0;
+  float weight_decay = 0;
+  bool staleness_aware_lr = false;
+};
+
+struct spawn_worker {
+  uint32_t requested_id = 0;
+  std::string data_dir;
+  std::string data_source;
+  uint64_t train_limit = 0;
+  uint64_t seed = 0;
+  uint32_t input_width = 0;
+  uint32_t classes = 0;
+};
+
+struct job_request {
+  std::vector<std::pair<std::string, std::string>> settings;
+};
+
+struct job_result {
+  std::string report_json;
+};
+
+struct ctl_request {
+  enum op_t : uint8_t { remove_worker = 0, add_worker = 1, shutdown = 2 };
+  op_t op = remove_worker;
+  uint32_t worker_id = 0;
+  uint32_t count = 0;
+};
+
 struct register_worker {
   uint32_t requested_id = any_worker;
   std::string host;
@@ -116,6 +167,24 @@ struct cluster_stats {
   uint64_t total_samples = 0;
   double elapsed_seconds = 0;
   double loss = 0;
+};
+
+struct node_info {
+  uint32_t node_id = 0;
+  std::string name;
+  std::vector<role> roles;
+  uint32_t slots = 0;
+  std::vector<uint32_t> workers;
+  std::vector<uint32_t> shards;
+  bool alive = true;
+};
+
+struct cluster_status {
+  std::vector<node_info> nodes;
+  cluster_stats stats;
+  std::vector<shard_status> shards;
+  std::string stage;
+  std::string job;
 };
 
 }  // namespace ashlar::wire

@@ -1,0 +1,284 @@
+#include "actors/job_driver.hpp"
+
+#include <chrono>
+
+#include <spdlog/spdlog.h>
+
+#include "actors/messages.hpp"
+#include "actors/profiler.hpp"
+#include "actors/scheduler.hpp"
+#include "actors/server_shard.hpp"
+#include "actors/worker.hpp"
+#include "runtime/backend/cpu_backend.hpp"
+#include "runtime/data/dataset.hpp"
+
+namespace ashlar::actors {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+}  // namespace
+
+expected<job_data> load_job_data(const train_config& cfg) {
+  job_data d;
+  if (cfg.data_source == "synthetic") {
+    // One draw split in two, so both halves share the same cluster centres.
+    size_t n_train = cfg.train_limit ? cfg.train_limit : 20000;
+    size_t n_test = cfg.test_limit ? cfg.test_limit : 4000;
+    d.train = make_synthetic(n_train + n_test, cfg.model.input, cfg.model.classes, cfg.seed);
+    d.test = d.train;
+    d.test.x.erase(d.test.x.begin(), d.test.x.begin() + n_train * d.test.dim);
+    d.test.y.erase(d.test.y.begin(), d.test.y.begin() + n_train);
+    d.test.n = n_test;
+    d.train.truncate(n_train);
+    return d;
+  }
+  auto train = load_fashion_mnist(cfg.data_dir, split::train);
+  if (!train)
+    return train.error();
+  auto test = load_fashion_mnist(cfg.data_dir, split::test);
+  if (!test)
+    return test.error();
+  d.train = std::move(*train);
+  d.test = std::move(*test);
+  d.train.truncate(cfg.train_limit);
+  d.test.truncate(cfg.test_limit);
+  return d;
+}
+
+namespace {
+
+// Reads every shard's range now, outside the sync policy, into one flat vector.
+expected<std::vector<float>> snapshot(caf::scoped_actor& self, const std::vector<shard_actor>& shards,
+                                      uint64_t num_params) {
+  std::vector<float> params(num_params);
+  caf::error failure;
+  for (const auto& s : shards) {
+    self->request(s, std::chrono::seconds(30), wire::pull_request{0, 0, true})
+      .receive(
+        [&](const wire::pull_reply& r) {
+          if (r.begin + r.params.size() > num_params) {
+            failure = make_error(errc::shape_mismatch, "shard snapshot exceeds the model");
+            return;
+          }
+          std::copy(r.params.begin(), r.params.end(), params.begin() + r.begin);
+        },
+        [&](caf::error& err) { failure = err; });
+  }
+  if (failure)
+    return failure;
+  return params;
+}
+
+}  // namespace
+
+job_placement::~job_placement() = default;
+
+expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
+                             job_placement& where, const job_hooks& hooks,
+                             std::vector<float>* final_params) {
+  train_config cfg = cfg_in;
+  if (auto err = validate(cfg))
+    return err;
+  auto data = load_job_data(cfg);
+  if (!data)
+    return data.error();
+  auto train = std::make_shared<const dataset>(std::move(data->train));
+  const dataset test = std::move(data->test);
+  cfg.model.input = static_cast<uint32_t>(train->dim);
+  cfg.model.classes = train->classes;
+  if (auto err = validate(cfg))
+    return err;
+  if (train->n < cfg.workers)
+    return make_error(errc::invalid_config, "train.workers = " + std::to_string(cfg.workers)
+                                              + " exceeds the " + std::to_string(train->n)
+                                              + " training samples");
+  const uint64_t num_params = cfg.model.num_params();
+  auto ranges = split_ranges(num_params, cfg.servers);
+  if (!ranges)
+    return ranges.error();
+  auto init = init_params(cfg.model, cfg.seed);
+  set_blas_threads(1);
+
+  spdlog::info("job: model {} ({} parameters), {} train / {} test samples, {} workers, {} shards, "
+               "policy {}, batch {} per worker, {} epochs",
+               cfg.model.to_string(), num_params, train->n, test.n, cfg.workers, cfg.servers,
+               cfg.policy, cfg.batch_size, cfg.epochs);
+
+  caf::scoped_actor self{sys};
+
+  auto profiler = spawn_profiler(sys);
+  auto shards_or = where.make_shards(*ranges, init, cfg);
+  if (!shards_or) {
+    self->send_exit(profiler, caf::exit_reason::user_shutdown);
+    return shards_or.error();
+  }
+  auto shards = std::move(*shards_or);
+  for (auto& s : shards)
+    self->monitor(s);
+  scheduler_config sc;
+  sc.model = cfg.model;
+  sc.ranges = *ranges;
+  sc.shards = shards;
+  sc.profiler = profiler;
+  sc.train_size = train->n;
+  sc.expected_workers = cfg.workers;
+  sc.batch_size = cfg.batch_size;
+  sc.epochs = cfg.epochs;
+  sc.seed = cfg.seed;
+  sc.policy = cfg.policy;
+  sc.observer = caf::actor_cast<caf::actor>(self);
+  auto scheduler = spawn_scheduler(sys, sc);
+  auto start = clock_type::now();
+  auto stop_all = [&] {
+    for (auto& s : shards)
+      self->send_exit(s, caf::exit_reason::user_shutdown);
+    self->send_exit(profiler, caf::exit_reason::user_shutdown);
+    self->send_exit(scheduler, caf::exit_reason::user_shutdown);
+    where.on_job_end();
+  };
+  if (auto err = where.start_workers(cfg, scheduler, profiler, train)) {
+    stop_all();
+    return err;
+  }
+
+  run_report rep;
+  rep.policy = cfg.policy;
+  rep.model = cfg.model.to_string();
+  rep.workers = cfg.workers;
+  rep.servers = cfg.servers;
+  rep.epochs = cfg.epochs;
+  rep.batch_size = cfg.batch_size;
+  rep.seed = cfg.seed;
+  rep.train_samples = train->n;
+  rep.test_samples = test.n;
+
+  auto evaluator = make_cpu_backend(cfg.model);
+  auto evaluate = [&](const std::vector<float>& p) { return evaluator->evaluate(p.data(), test.all()); };
+  auto seconds = [&] { return std::chrono::duration<double>(clock_type::now() - start).count(); };
+
+  bool done = false;
+  caf::error failure;
+  uint32_t finished = 0, failed = 0;
+  uint32_t next_epoch = 1;
+  uint64_t last_samples = 0;
+  double last_progress = 0;
+  // Epoch boundaries are checked every tick; progress lines go out every progress_interval.
+  const auto tick = std::chrono::milliseconds(100);
+  while (!done) {
+    self->receive(
+      [&](done_atom, uint32_t f, uint32_t fl) {
+        done = true;
+        finished = f;
+        failed = fl;
+      },
+      [&](caf::down_msg& dm) {
+        // A shard is gone: the job cannot go on without its parameters.
+        failure = make_error(errc::peer_unreachable,
+                             "a server shard was lost (" + to_string(dm.reason)
+                               + "); the job stops");
+        done = true;
+      },
+      caf::after(tick) >> [] {});
+    if (done)
+      break;
+    wire::cluster_stats stats;
+    self->request(profiler, std::chrono::seconds(10), caf::get_atom::value)
+      .receive([&](const wire::cluster_stats& s) { stats = s; }, [&](caf::error&) {});
+    double now = seconds();
+    if (hooks.on_progress && cfg.progress_interval > 0 && now - last_progress >= cfg.progress_interval) {
+      progress_event ev;
+      ev.seconds = now;
+      ev.samples = stats.total_samples;
+      ev.epoch = static_cast<double>(stats.total_samples) / static_cast<double>(train->n);
+      ev.samples_per_second = static_cast<double>(stats.total_samples - last_samples) / (now - last_progress);
+      ev.loss = stats.loss;
+      ev.workers = stats.workers;
+      hooks.on_progress(ev);
+      last_samples = stats.total_samples;
+      last_progress = now;
+    }
+    // Evaluate once an epoch boundary has been crossed (within a tick of it).
+    if (cfg.eval_every_epoch && next_epoch < cfg.epochs
+        && stats.total_samples >= uint64_t{next_epoch} * train->n) {
+      auto p = snapshot(self, shards, num_params);
+      if (p) {
+        auto ev = evaluate(*p);
+        if (ev) {
+          epoch_point pt{static_cast<double>(stats.total_samples) / train->n, now,
+                         ev->accuracy(), stats.loss};
+          rep.history.push_back(pt);
+          if (hooks.on_epoch)
+            hooks.on_epoch(pt);
+        }
+      }
+      while (next_epoch <= cfg.epochs && stats.total_samples >= uint64_t{next_epoch} * train->n)
+        ++next_epoch;
+    }
+  }
+  rep.seconds = seconds();
+
+  if (failure) {
+    stop_all();
+    return failure;
+  }
+  // Final figures: parameters, shard counters, per-worker statistics.
+  auto params = snapshot(self, shards, num_params);
+  if (!params)
+    failure = params.error();
+  uint64_t staleness_sum = 0, applied = 0;
+  for (const auto& s : shards)
+    self->request(s, std::chrono::seconds(10), status_atom::value)
+      .receive(
+        [&](const wire::shard_status& st) {
+          rep.versions += st.version;
+          rep.dropped += st.dropped;
+          staleness_sum += st.staleness_sum;
+          applied += st.applied + st.dropped;
+        },
+        [&](caf::error&) {});
+  rep.mean_staleness = applied ? static_cast<double>(staleness_sum) / applied : 0;
+  self->request(profiler, std::chrono::seconds(10), caf::get_atom::value)
+    .receive(
+      [&](const wire::cluster_stats& s) {
+        rep.samples = s.total_samples;
+        for (const auto& w : s.workers) {
+          worker_summary ws;
+          ws.worker_id = w.worker_id;
+          ws.steps = w.steps;
+          ws.samples = w.samples;
+          ws.samples_per_second = w.samples_per_second;
+          ws.compute_seconds = w.total_compute_seconds;
+          ws.wait_seconds = w.total_wait_seconds;
+          rep.per_worker.push_back(ws);
+        }
+      },
+      [&](caf::error&) {});
+  rep.samples_per_second = rep.seconds > 0 ? rep.samples / rep.seconds : 0;
+
+  for (auto& s : shards)
+    self->demonitor(s.address());
+  stop_all();
+
+  if (failure)
+    return failure;
+  if (finished == 0)
+    return make_error(errc::invalid_state, "all " + std::to_string(failed)
+                                             + " workers failed; the log above says why");
+  if (failed > 0)
+    spdlog::warn("job: {} of {} workers failed during training", failed, finished + failed);
+  auto ev = evaluate(*params);
+  if (!ev)
+    return ev.error();
+  rep.test_accuracy = ev->accuracy();
+  rep.test_loss = ev->mean_loss();
+  rep.history.push_back(epoch_point{static_cast<double>(rep.samples) / train->n, rep.seconds,
+                                    rep.test_accuracy, 0.0});
+  if (final_params)
+    *final_params = std::move(*params);
+  return rep;
+}
+
+}  // namespace ashlar::actors
+

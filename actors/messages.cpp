@@ -13,7 +13,21 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<wire::shard_status>("ashlar.shard_status");
   cfg.add_message_type<wire::profile_report>("ashlar.profile_report");
   cfg.add_message_type<wire::cluster_stats>("ashlar.cluster_stats");
+  cfg.add_message_type<wire::hello>("ashlar.hello");
+  cfg.add_message_type<wire::welcome>("ashlar.welcome");
+  cfg.add_message_type<wire::spawn_shard>("ashlar.spawn_shard");
+  cfg.add_message_type<wire::spawn_worker>("ashlar.spawn_worker");
+  cfg.add_message_type<wire::job_request>("ashlar.job_request");
+  cfg.add_message_type<wire::job_result>("ashlar.job_result");
+  cfg.add_message_type<wire::ctl_request>("ashlar.ctl_request");
+  cfg.add_message_type<wire::cluster_status>("ashlar.cluster_status");
   cfg.add_message_type<shard_actor>("ashlar.shard_actor");
+  cfg.add_message_type<worker_actor>("ashlar.worker_actor");
+  cfg.add_message_type<scheduler_actor>("ashlar.scheduler_actor");
+  cfg.add_message_type<profiler_actor>("ashlar.profiler_actor");
+  cfg.add_message_type<node_actor>("ashlar.node_actor");
+  cfg.add_message_type<cluster_actor>("ashlar.cluster_actor");
+  cfg.add_message_type<std::vector<node_actor>>("ashlar.node_actors");
   cfg.add_message_type<std::vector<shard_actor>>("ashlar.shard_actors");
   cfg.add_error_category(error_category_atom::value,
                          [](uint8_t code, caf::atom_value, const caf::message& ctx) {

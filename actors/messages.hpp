@@ -19,6 +19,9 @@ using start_atom = caf::atom_constant<caf::atom("start")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;
 using status_atom = caf::atom_constant<caf::atom("status")>;
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using job_atom = caf::atom_constant<caf::atom("job")>;
+using nodes_atom = caf::atom_constant<caf::atom("nodes")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
 /// follows membership changes, reports its status.
@@ -40,10 +43,42 @@ using profiler_actor = caf::typed_actor<
 /// the rest (sent by the scheduler to itself when start_timeout passes).
 using scheduler_actor = caf::typed_actor<
   caf::replies_to<wire::register_worker>::with<wire::assignment, std::vector<shard_actor>>,
-  caf::reacts_to<wire::membership_change>, caf::reacts_to<start_atom>>;
+  caf::reacts_to<wire::membership_change>, caf::reacts_to<start_atom>,
+  caf::replies_to<wire::ctl_request>::with<std::string>>;
 
 /// A worker: registers on start, then loops pull -> compute -> push until its steps are done.
-using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<step_atom>>;
+/// stop_atom: finish the current step, leave, and quit.
+using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<step_atom>,
+                                      caf::reacts_to<stop_atom>>;
+
+/// The actor every node process runs: it hosts shards and workers on the scheduler's
+/// request and carries out control requests (remove a worker, shut down).
+using node_actor = caf::typed_actor<
+  caf::replies_to<wire::spawn_shard>::with<shard_actor>,
+  caf::replies_to<wire::spawn_worker, scheduler_actor, profiler_actor>::with<worker_actor>,
+  caf::reacts_to<wire::ctl_request>>;
+
+/// A job a cluster placement started: what a node joining mid-run needs to add workers.
+struct running_job {
+  scheduler_actor scheduler;
+  profiler_actor profiler;
+  std::vector<shard_actor> shards;
+  wire::spawn_worker worker_template;
+};
+
+/// The scheduler process's front door, published on its listen address: nodes say hello
+/// here, clients ask for status, send control requests and submit jobs.
+using cluster_actor = caf::typed_actor<
+  caf::replies_to<wire::hello, node_actor>::with<wire::welcome>,
+  caf::replies_to<status_atom>::with<wire::cluster_status>,
+  caf::replies_to<wire::ctl_request>::with<std::string>,
+  caf::replies_to<wire::job_request>::with<wire::job_result>,
+  // Local to the scheduler process (the job runner):
+  caf::replies_to<nodes_atom>::with<wire::cluster_status, std::vector<node_actor>>,
+  caf::reacts_to<job_atom, running_job>,
+  caf::reacts_to<job_atom, caf::error>,
+  caf::reacts_to<job_atom, wire::job_result>,
+  caf::reacts_to<job_atom>>;
 
 /// Registers every Ashlar message type with `cfg` under names shared by all nodes.
 void register_types(caf::actor_system_config& cfg);
@@ -58,6 +93,14 @@ struct is_wire_message : std::false_type {};
 #define ASHLAR_WIRE_MESSAGE(type)                                                            \
   template <>                                                                                \
   struct is_wire_message<type> : std::true_type {};
+ASHLAR_WIRE_MESSAGE(hello)
+ASHLAR_WIRE_MESSAGE(welcome)
+ASHLAR_WIRE_MESSAGE(spawn_shard)
+ASHLAR_WIRE_MESSAGE(spawn_worker)
+ASHLAR_WIRE_MESSAGE(job_request)
+ASHLAR_WIRE_MESSAGE(job_result)
+ASHLAR_WIRE_MESSAGE(ctl_request)
+ASHLAR_WIRE_MESSAGE(cluster_status)
 ASHLAR_WIRE_MESSAGE(register_worker)
 ASHLAR_WIRE_MESSAGE(assignment)
 ASHLAR_WIRE_MESSAGE(membership_change)
@@ -101,3 +144,13 @@ inspect(Inspector& f, T& x) {
 }
 
 }  // namespace ashlar::wire
+
+namespace ashlar::actors {
+
+/// Local only (never crosses the wire): stringified for logs.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, running_job& x) {
+  return f(caf::meta::type_name("running_job"), x.scheduler, x.profiler, x.shards);
+}
+
+}  // namespace ashlar::actors

@@ -13,6 +13,9 @@ namespace {
 struct member {
   uint32_t id = 0;
   caf::actor_addr addr;
+  caf::strong_actor_ptr handle;
+  std::string host;
+  uint64_t steps = 0; // assigned
   bool left = false;
   bool failed = false;
 };
@@ -127,12 +130,6 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       // whatever order the workers register in.
       uint32_t slot = id < cfg.expected_workers ? id : st.registered % cfg.expected_workers;
       ++st.registered;
-      member m;
-      m.id = id;
-      m.addr = caf::actor_cast<caf::actor_addr>(self->current_sender());
-      st.members[id] = m;
-      if (auto sender = self->current_sender())
-        self->monitor(sender);
       wire::assignment a;
       a.worker_id = id;
       a.shards = cfg.ranges;
@@ -145,6 +142,15 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       a.steps = per_epoch * cfg.epochs;
       a.seed = cfg.seed * 1000003ull + id;
       a.policy = cfg.policy;
+      member m;
+      m.id = id;
+      m.addr = caf::actor_cast<caf::actor_addr>(self->current_sender());
+      m.handle = self->current_sender();
+      m.host = req.host;
+      m.steps = a.steps;
+      st.members[id] = m;
+      if (auto sender = self->current_sender())
+        self->monitor(sender);
       spdlog::info("scheduler: worker {} joined ({}), samples [{}, {}), batch {}, {} steps", id,
                    req.host.empty() ? "local" : req.host, a.data_begin,
                    a.data_begin + a.data_count, a.batch_size, a.steps);
@@ -162,7 +168,29 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
         }
         auto reply = [=]() mutable { promise.deliver(a, self->state.cfg.shards); };
         if (st.started) {
-          reply();
+          // A worker joining a running job trains for as long as the others still will.
+          self->request(st.cfg.profiler, ack_timeout, caf::get_atom::value)
+            .then(
+              [=](const wire::cluster_stats& stats) mutable {
+                auto& st = self->state;
+                uint64_t remaining = 0;
+                for (const auto& [mid, mem] : st.members) {
+                  if (mem.left || mid == a.worker_id)
+                    continue;
+                  uint64_t done = 0;
+                  for (const auto& w : stats.workers)
+                    if (w.worker_id == mid)
+                      done = w.steps;
+                  remaining = std::max(remaining, mem.steps > done ? mem.steps - done : 0);
+                }
+                auto b = a;
+                b.steps = remaining;
+                st.members[b.worker_id].steps = remaining;
+                spdlog::info("scheduler: worker {} joins the running job for {} steps", b.worker_id,
+                             remaining);
+                promise.deliver(b, st.cfg.shards);
+              },
+              [=](caf::error& err) mutable { promise.deliver(err); });
           return;
         }
         st.start_barrier.push_back(reply);
@@ -174,6 +202,19 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       return promise;
     },
     [=](start_atom) { start_training(self); },
+    [=](const wire::ctl_request& req) -> caf::result<std::string> {
+      auto& st = self->state;
+      if (req.op != wire::ctl_request::remove_worker)
+        return make_error(errc::invalid_argument, "the scheduler only handles remove-worker");
+      auto i = st.members.find(req.worker_id);
+      if (i == st.members.end() || i->second.left)
+        return make_error(errc::invalid_argument,
+                          "worker " + std::to_string(req.worker_id) + " is not a live member");
+      spdlog::info("scheduler: removing worker {} on request: it finishes its step and leaves",
+                   req.worker_id);
+      self->send(caf::actor_cast<worker_actor>(i->second.handle), stop_atom::value);
+      return "worker " + std::to_string(req.worker_id) + " will leave after its current step";
+    },
     [=](const wire::membership_change& m) {
       if (m.kind == wire::membership_change::join)
         return;

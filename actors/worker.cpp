@@ -30,6 +30,7 @@ struct worker_state {
   uint64_t step = 0;
   size_t pending = 0;
   bool stopped = false;
+  bool stop_requested = false;
   // Timings of the current step.
   clock_type::time_point phase_start;
   uint64_t pull_ns = 0, wait_ns = 0, compute_ns = 0;
@@ -60,7 +61,8 @@ void finish(worker_pointer self) {
   wire::membership_change m;
   m.kind = wire::membership_change::leave;
   m.worker_id = st.job.worker_id;
-  m.reason = "finished " + std::to_string(st.step) + " steps";
+  m.reason = st.stop_requested ? "removed on request after " + std::to_string(st.step) + " steps"
+                                : "finished " + std::to_string(st.step) + " steps";
   self->send(st.cfg.scheduler, m);
   self->quit();
 }
@@ -171,6 +173,9 @@ caf::error check_assignment(const worker_state& st, const wire::assignment& a) {
 
 worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config cfg) {
   self->state.cfg = std::move(cfg);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    fail(self, "a server shard was lost (" + to_string(dm.reason) + ")");
+  });
   return {
     [=](start_atom) {
       auto& st = self->state;
@@ -193,6 +198,8 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
             if (auto err = check_assignment(st, a))
               return fail(self, describe(err));
             st.shards = shards;
+            for (auto& s : shards)
+              self->monitor(s);
             st.params.assign(spec.num_params(), 0.0f);
             st.grad.assign(spec.num_params(), 0.0f);
             st.base_versions.assign(shards.size(), 0);
@@ -207,11 +214,20 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
             self->quit(err);
           });
     },
+    [=](stop_atom) {
+      auto& st = self->state;
+      // Finish the step in flight; the next step boundary leaves.
+      st.stop_requested = true;
+      if (st.shards.empty() && !st.stopped) {
+        st.stopped = true;
+        self->quit();
+      }
+    },
     [=](step_atom) {
       auto& st = self->state;
       if (st.stopped)
         return;
-      if (st.step >= st.job.steps)
+      if (st.step >= st.job.steps || st.stop_requested)
         return finish(self);
       pull_all(self);
     },

@@ -12,5 +12,9 @@ using command_fn = std::function<int()>;
 
 command_fn add_train(CLI::App& app);
 command_fn add_bench(CLI::App& app);
+command_fn add_node(CLI::App& app);
+command_fn add_status(CLI::App& app);
+command_fn add_ctl(CLI::App& app);
+command_fn add_launch(CLI::App& app);
 
 }  // namespace ashlar::cli

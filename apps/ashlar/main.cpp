@@ -9,6 +9,10 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "ashlar 0.1.0");
   auto train = ashlar::cli::add_train(app);
   auto bench = ashlar::cli::add_bench(app);
+  auto node = ashlar::cli::add_node(app);
+  auto launch = ashlar::cli::add_launch(app);
+  auto status = ashlar::cli::add_status(app);
+  auto ctl = ashlar::cli::add_ctl(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -18,5 +22,13 @@ int main(int argc, char** argv) {
     return train();
   if (app.got_subcommand("bench"))
     return bench();
+  if (app.got_subcommand("node"))
+    return node();
+  if (app.got_subcommand("launch"))
+    return launch();
+  if (app.got_subcommand("status"))
+    return status();
+  if (app.got_subcommand("ctl"))
+    return ctl();
   return 2;
 }

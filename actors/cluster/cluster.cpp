@@ -1,0 +1,363 @@
+#include "actors/cluster/cluster.hpp"
+
+#include <map>
+#include <memory>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "actors/cluster/node.hpp"
+
+namespace ashlar::actors {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+struct node_entry {
+  wire::node_info info;
+  node_actor handle;
+  uint32_t workers_started = 0;
+};
+
+struct cluster_state {
+  static constexpr const char* name = "ashlar.cluster";
+  cluster_config cfg;
+  std::map<uint32_t, node_entry> nodes;
+  uint32_t next_node = 1;
+  bool job_running = false;
+  running_job job;
+  std::string job_text;
+  caf::typed_response_promise<wire::job_result> job_promise;
+  bool have_promise = false;
+};
+
+using cluster_pointer = cluster_actor::stateful_pointer<cluster_state>;
+
+// Starts one worker of the running job on `node` (a node that joined late, or add-worker).
+void add_worker_on(cluster_pointer self, uint32_t node_id) {
+  auto& st = self->state;
+  auto i = st.nodes.find(node_id);
+  if (!st.job_running || i == st.nodes.end())
+    return;
+  auto req = st.job.worker_template;
+  req.requested_id = wire::any_worker;
+  i->second.workers_started++;
+  self->request(i->second.handle, 60s, req, st.job.scheduler, st.job.profiler)
+    .then([=](const worker_actor&) { spdlog::info("cluster: started a worker on node {}", node_id); },
+          [=](caf::error& err) {
+            spdlog::warn("cluster: node {} could not start a worker: {}", node_id, describe(err));
+          });
+}
+
+uint32_t free_slots(const node_entry& n) {
+  return n.info.slots > n.workers_started ? n.info.slots - n.workers_started : 0;
+}
+
+cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_config cfg) {
+  self->state.cfg = std::move(cfg);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    for (auto& [id, n] : self->state.nodes)
+      if (n.handle.address() == dm.source && n.info.alive) {
+        n.info.alive = false;
+        spdlog::warn("cluster: node {} ({}) lost: {}", id, n.info.name, to_string(dm.reason));
+      }
+  });
+  return {
+    [=](const wire::hello& h, const node_actor& node) -> caf::result<wire::welcome> {
+      auto& st = self->state;
+      if (h.protocol != wire::protocol_version) {
+        spdlog::warn("cluster: refused node {}: protocol version expected {}, actual {}", h.node,
+                     wire::protocol_version, h.protocol);
+        return make_error(errc::handshake_refused,
+                          "protocol version mismatch: scheduler " + st.cfg.address + " expects "
+                            + std::to_string(wire::protocol_version) + ", this node speaks "
+                            + std::to_string(h.protocol));
+      }
+      if (!st.cfg.token.empty() && h.token != st.cfg.token) {
+        spdlog::warn("cluster: refused node {}: cluster token does not match (expected the token "
+                     "of this cluster, got {} one)",
+                     h.node, h.token.empty() ? "no" : "another");
+        return make_error(errc::handshake_refused,
+                          "cluster token mismatch: scheduler " + st.cfg.address
+                            + " expects another token (check --token-file / ASHLAR_TOKEN)");
+      }
+      uint32_t id = st.next_node++;
+      node_entry e;
+      e.info.node_id = id;
+      e.info.name = h.node;
+      e.info.roles = h.roles;
+      e.info.slots = has_role(h.roles, wire::role::worker) ? h.slots : 0;
+      e.handle = node;
+      st.nodes[id] = e;
+      self->monitor(node);
+      spdlog::info("cluster: node {} ({}) joined with roles {}, {} worker slots", id, h.node,
+                   to_string(h.roles), e.info.slots);
+      if (st.job_running && e.info.slots > 0)
+        for (uint32_t k = 0; k < e.info.slots; ++k)
+          add_worker_on(self, id);
+      return wire::welcome{id, st.cfg.address};
+    },
+    [=](status_atom) -> caf::result<wire::cluster_status> {
+      auto& st = self->state;
+      auto out = std::make_shared<wire::cluster_status>();
+      for (const auto& [id, n] : st.nodes)
+        out->nodes.push_back(n.info);
+      out->stage = st.job_running ? "training" : "idle";
+      out->job = st.job_text;
+      if (!st.job_running)
+        return *out;
+      auto promise = self->make_response_promise<wire::cluster_status>();
+      auto pending = std::make_shared<size_t>(st.job.shards.size() + 1);
+      auto one = [=]() mutable {
+        if (--*pending == 0)
+          promise.deliver(*out);
+      };
+      self->request(st.job.profiler, 5s, caf::get_atom::value)
+        .then([=](const wire::cluster_stats& s) mutable { out->stats = s; one(); },
+              [=](caf::error&) mutable { one(); });
+      for (auto& shard : st.job.shards)
+        self->request(shard, 5s, status_atom::value)
+          .then([=](const wire::shard_status& s) mutable { out->shards.push_back(s); one(); },
+                [=](caf::error&) mutable { one(); });
+      return promise;
+    },
+    [=](const wire::ctl_request& req) -> caf::result<std::string> {
+      auto& st = self->state;
+      switch (req.op) {
+        case wire::ctl_request::remove_worker: {
+          if (!st.job_running)
+            return make_error(errc::invalid_state, "no job is running");
+          auto promise = self->make_response_promise<std::string>();
+          self->request(st.job.scheduler, 10s, req)
+            .then([=](const std::string& s) mutable { promise.deliver(s); },
+                  [=](caf::error& e) mutable { promise.deliver(e); });
+          return promise;
+        }
+        case wire::ctl_request::add_worker: {
+          if (!st.job_running)
+            return make_error(errc::invalid_state, "no job is running");
+          uint32_t want = std::max<uint32_t>(1, req.count), started = 0;
+          for (auto& [id, n] : st.nodes)
+            while (n.info.alive && free_slots(n) > 0 && started < want) {
+              add_worker_on(self, id);
+              ++started;
+            }
+          if (started == 0)
+            return make_error(errc::invalid_state,
+                              "no node has a free worker slot: start one with `ashlar node "
+                              "--role worker --join "
+                                + st.cfg.address + "`");
+          return "starting " + std::to_string(started) + " worker(s)";
+        }
+        case wire::ctl_request::shutdown: {
+          for (auto& [id, n] : st.nodes)
+            if (n.info.alive)
+              self->send(n.handle, req);
+          if (st.cfg.runner)
+            caf::anon_send(st.cfg.runner, stop_atom::value);
+          return std::string{"shutting down the cluster"};
+        }
+      }
+      return make_error(errc::invalid_argument, "unknown control request");
+    },
+    [=](const wire::job_request& req) -> caf::result<wire::job_result> {
+      auto& st = self->state;
+      if (!st.cfg.runner)
+        return make_error(errc::invalid_state, "this scheduler does not accept submitted jobs");
+      if (st.job_running || st.have_promise)
+        return make_error(errc::invalid_state, "a job is already running on this cluster");
+      st.job_promise = self->make_response_promise<wire::job_result>();
+      st.have_promise = true;
+      caf::anon_send(st.cfg.runner, req);
+      return st.job_promise;
+    },
+    [=](nodes_atom) {
+      auto& st = self->state;
+      wire::cluster_status live;
+      std::vector<node_actor> handles;
+      for (const auto& [id, n] : st.nodes)
+        if (n.info.alive) {
+          live.nodes.push_back(n.info);
+          handles.push_back(n.handle);
+        }
+      return caf::make_result(std::move(live), std::move(handles));
+    },
+    [=](job_atom, const running_job& job) {
+      auto& st = self->state;
+      st.job = job;
+      st.job_running = true;
+      st.job_text = std::to_string(job.shards.size()) + " shards";
+    },
+    [=](job_atom, const wire::job_result& res) {
+      auto& st = self->state;
+      if (st.have_promise)
+        st.job_promise.deliver(res);
+      st.have_promise = false;
+    },
+    [=](job_atom, const caf::error& err) {
+      auto& st = self->state;
+      if (st.have_promise)
+        st.job_promise.deliver(err);
+      st.have_promise = false;
+    },
+    [=](job_atom) {
+      auto& st = self->state;
+      st.job_running = false;
+      st.job = running_job{};
+      st.job_text.clear();
+      for (auto& [id, n] : st.nodes)
+        n.workers_started = 0;
+    },
+  };
+}
+
+}  // namespace
+
+cluster_actor spawn_cluster(caf::actor_system& sys, cluster_config cfg) {
+  return sys.spawn(cluster_behavior, std::move(cfg));
+}
+
+namespace {
+
+struct node_list {
+  std::vector<wire::node_info> infos;
+  std::vector<node_actor> handles;
+};
+
+expected<node_list> list_nodes(caf::scoped_actor& self, const cluster_actor& cluster) {
+  node_list out;
+  caf::error err;
+  self->request(cluster, 10s, nodes_atom::value)
+    .receive(
+      [&](wire::cluster_status& live, std::vector<node_actor>& handles) {
+        out.infos = std::move(live.nodes);
+        out.handles = std::move(handles);
+      },
+      [&](caf::error& e) { err = std::move(e); });
+  if (err)
+    return err;
+  return out;
+}
+
+}  // namespace
+
+cluster_placement::cluster_placement(caf::actor_system& sys, cluster_actor cluster)
+  : sys_(sys), cluster_(std::move(cluster)) {
+}
+
+expected<std::vector<shard_actor>>
+cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std::vector<float>& init,
+                               const train_config& cfg) {
+  caf::scoped_actor self{sys_};
+  auto nodes = list_nodes(self, cluster_);
+  if (!nodes)
+    return nodes.error();
+  std::vector<size_t> servers;
+  for (size_t i = 0; i < nodes->infos.size(); ++i)
+    if (has_role(nodes->infos[i].roles, wire::role::server))
+      servers.push_back(i);
+  if (servers.empty())
+    return make_error(errc::invalid_state, "no server node has joined the cluster");
+  std::vector<shard_actor> out;
+  for (size_t k = 0; k < ranges.size(); ++k) {
+    const auto& r = ranges[k];
+    size_t n = servers[k % servers.size()];
+    wire::spawn_shard req;
+    req.range = r;
+    req.params.assign(init.begin() + r.begin, init.begin() + r.end);
+    req.policy = cfg.policy;
+    req.lr = cfg.optimizer.lr;
+    req.momentum = cfg.optimizer.momentum;
+    req.weight_decay = cfg.optimizer.weight_decay;
+    req.staleness_aware_lr = cfg.policy_settings.staleness_aware_lr;
+    caf::error err;
+    self->request(nodes->handles[n], 60s, req)
+      .receive([&](shard_actor& s) { out.push_back(std::move(s)); },
+               [&](caf::error& e) { err = std::move(e); });
+    if (err)
+      return make_error(errc::peer_unreachable, "node " + nodes->infos[n].name + " could not host shard "
+                                                  + std::to_string(r.shard_id) + ": " + describe(err));
+  }
+  shards_ = out;
+  return out;
+}
+
+caf::error cluster_placement::start_workers(const train_config& cfg, const scheduler_actor& scheduler,
+                                            const profiler_actor& profiler,
+                                            std::shared_ptr<const dataset> train) {
+  caf::scoped_actor self{sys_};
+  auto nodes = list_nodes(self, cluster_);
+  if (!nodes)
+    return nodes.error();
+  wire::spawn_worker tmpl;
+  tmpl.data_dir = cfg.data_dir;
+  tmpl.data_source = cfg.data_source;
+  tmpl.train_limit = cfg.data_source == "synthetic" ? train->n : cfg.train_limit;
+  tmpl.seed = cfg.seed;
+  tmpl.input_width = cfg.model.input;
+  tmpl.classes = cfg.model.classes;
+  // Tell the cluster first, so a node joining from now on is given workers too.
+  caf::anon_send(cluster_, job_atom::value, running_job{scheduler, profiler, shards_, tmpl});
+  uint32_t next = 0;
+  for (size_t i = 0; i < nodes->infos.size() && next < cfg.workers; ++i) {
+    for (uint32_t slot = 0; slot < nodes->infos[i].slots && next < cfg.workers; ++slot) {
+      auto req = tmpl;
+      req.requested_id = next;
+      caf::error err;
+      self->request(nodes->handles[i], 60s, req, scheduler, profiler)
+        .receive([&](worker_actor& w) { workers_.push_back(std::move(w)); },
+                 [&](caf::error& e) { err = std::move(e); });
+      if (err)
+        return make_error(errc::peer_unreachable, "node " + nodes->infos[i].name
+                                                    + " could not start worker "
+                                                    + std::to_string(next) + ": " + describe(err));
+      ++next;
+    }
+  }
+  if (next < cfg.workers)
+    spdlog::warn("cluster: only {} worker slots for {} workers; training starts when the "
+                 "scheduler's start timeout passes or more worker nodes join",
+                 next, cfg.workers);
+  return caf::none;
+}
+
+void cluster_placement::on_job_end() {
+  for (auto& w : workers_)
+    caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+  workers_.clear();
+  caf::anon_send(cluster_, job_atom::value);
+}
+
+caf::error wait_for_nodes(caf::actor_system& sys, const cluster_actor& cluster, uint32_t servers,
+                          uint32_t worker_slots, std::chrono::milliseconds timeout) {
+  caf::scoped_actor self{sys};
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto last_log = std::chrono::steady_clock::now() - 10s;
+  for (;;) {
+    auto nodes = list_nodes(self, cluster);
+    if (!nodes)
+      return nodes.error();
+    uint32_t have_servers = 0, have_slots = 0;
+    for (const auto& n : nodes->infos) {
+      have_servers += has_role(n.roles, wire::role::server) ? 1 : 0;
+      have_slots += n.slots;
+    }
+    if (have_servers >= std::max(servers, 1u) && have_slots >= worker_slots)
+      return caf::none;
+    auto now = std::chrono::steady_clock::now();
+    if (now > deadline)
+      return make_error(errc::peer_unreachable,
+                        "the cluster did not reach " + std::to_string(servers) + " server nodes and "
+                          + std::to_string(worker_slots) + " worker slots in time (have "
+                          + std::to_string(have_servers) + " and " + std::to_string(have_slots) + ")");
+    if (now - last_log > 5s) {
+      spdlog::info("cluster: waiting for nodes: {}/{} server nodes, {}/{} worker slots", have_servers,
+                   servers, have_slots, worker_slots);
+      last_log = now;
+    }
+    std::this_thread::sleep_for(200ms);
+  }
+}
+
+}  // namespace ashlar::actors

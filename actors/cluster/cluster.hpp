@@ -1,0 +1,56 @@
+// The scheduler process's front door (the cluster actor) and the placement that puts a
+// job's shards and workers on the nodes that joined it.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "actors/job_driver.hpp"
+#include "actors/messages.hpp"
+
+namespace ashlar::actors {
+
+struct cluster_config {
+  /// Nodes must present this token (empty: any token is accepted). Default: "".
+  std::string token;
+  /// This scheduler's address, for logs and welcomes.
+  std::string address;
+  /// Receives (wire::job_request) for jobs submitted with `ashlar train --join`; the
+  /// runner answers with (job_atom, wire::job_result) or (job_atom, caf::error) to the
+  /// cluster actor. May be null: submitted jobs are then refused.
+  caf::actor runner;
+};
+
+/// Spawns the cluster actor. Refuses a hello with another protocol version or token
+/// (handshake_refused, saying expected and actual; the token itself is never echoed).
+cluster_actor spawn_cluster(caf::actor_system& sys, cluster_config cfg);
+
+/// Places shards round-robin on server nodes and workers on worker nodes' free slots.
+class cluster_placement final : public job_placement {
+public:
+  cluster_placement(caf::actor_system& sys, cluster_actor cluster);
+
+  expected<std::vector<shard_actor>> make_shards(const std::vector<shard_range>& ranges,
+                                                 const std::vector<float>& init,
+                                                 const train_config& cfg) override;
+
+  caf::error start_workers(const train_config& cfg, const scheduler_actor& scheduler,
+                           const profiler_actor& profiler,
+                           std::shared_ptr<const dataset> train) override;
+
+  void on_job_end() override;
+
+private:
+  caf::actor_system& sys_;
+  cluster_actor cluster_;
+  std::vector<shard_actor> shards_;
+  std::vector<worker_actor> workers_;
+};
+
+/// Blocks until the cluster has `servers` server nodes and `worker_slots` worker slots,
+/// logging what it waits for; fails with peer_unreachable after `timeout`.
+[[nodiscard]] caf::error wait_for_nodes(caf::actor_system& sys, const cluster_actor& cluster,
+                                        uint32_t servers, uint32_t worker_slots,
+                                        std::chrono::milliseconds timeout);
+
+}  // namespace ashlar::actors

@@ -1,0 +1,158 @@
+#include "actors/cluster/node.hpp"
+
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include <spdlog/spdlog.h>
+
+#include "actors/job_driver.hpp"
+#include "actors/server_shard.hpp"
+#include "actors/worker.hpp"
+
+namespace ashlar::actors {
+
+expected<std::vector<wire::role>> parse_roles(const std::string& text) {
+  std::vector<wire::role> out;
+  std::stringstream ss{text};
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item == "scheduler")
+      out.push_back(wire::role::scheduler);
+    else if (item == "server")
+      out.push_back(wire::role::server);
+    else if (item == "worker")
+      out.push_back(wire::role::worker);
+    else
+      return make_error(errc::invalid_argument, "unknown role '" + item
+                                                  + "' (roles: scheduler, server, worker)");
+  }
+  if (out.empty())
+    return make_error(errc::invalid_argument, "--role needs at least one of scheduler, server, worker");
+  return out;
+}
+
+std::string to_string(const std::vector<wire::role>& roles) {
+  std::string s;
+  for (auto r : roles) {
+    const char* name = r == wire::role::scheduler ? "scheduler"
+                       : r == wire::role::server  ? "server"
+                       : r == wire::role::worker  ? "worker"
+                                                  : "profiler";
+    s += (s.empty() ? "" : ",") + std::string{name};
+  }
+  return s;
+}
+
+bool has_role(const std::vector<wire::role>& roles, wire::role r) {
+  return std::find(roles.begin(), roles.end(), r) != roles.end();
+}
+
+namespace {
+
+struct node_state {
+  static constexpr const char* name = "ashlar.node";
+  node_config cfg;
+  std::vector<shard_actor> shards;
+  std::map<caf::actor_addr, worker_actor> workers;
+  std::map<std::string, std::shared_ptr<const dataset>> data_cache;
+  bool shutting_down = false;
+};
+
+using node_pointer = node_actor::stateful_pointer<node_state>;
+
+void maybe_report_shutdown(node_pointer self) {
+  auto& st = self->state;
+  if (st.shutting_down && st.workers.empty() && st.cfg.owner)
+    caf::anon_send(st.cfg.owner, stop_atom::value);
+}
+
+node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
+  self->state.cfg = std::move(cfg);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    self->state.workers.erase(dm.source);
+    maybe_report_shutdown(self);
+  });
+  return {
+    [=](const wire::spawn_shard& req) -> caf::result<shard_actor> {
+      auto& st = self->state;
+      if (!has_role(st.cfg.roles, wire::role::server))
+        return make_error(errc::invalid_state, "node " + st.cfg.name + " has no server role");
+      policy_config pc;
+      pc.staleness_aware_lr = req.staleness_aware_lr;
+      auto policy = make_policy(req.policy, pc);
+      if (!policy)
+        return policy.error();
+      sgd_config opt;
+      opt.lr = req.lr;
+      opt.momentum = req.momentum;
+      opt.weight_decay = req.weight_decay;
+      auto shard = spawn_shard(self->system(), std::make_unique<shard_core>(
+                                                 req.range, req.params, opt, std::move(*policy)));
+      st.shards.push_back(shard);
+      spdlog::info("node {}: hosting shard {} (parameters [{}, {}), policy {})", st.cfg.name,
+                   req.range.shard_id, req.range.begin, req.range.end, req.policy);
+      return shard;
+    },
+    [=](const wire::spawn_worker& req, const scheduler_actor& scheduler,
+        const profiler_actor& profiler) -> caf::result<worker_actor> {
+      auto& st = self->state;
+      if (!has_role(st.cfg.roles, wire::role::worker))
+        return make_error(errc::invalid_state, "node " + st.cfg.name + " has no worker role");
+      if (st.workers.size() >= st.cfg.slots)
+        return make_error(errc::invalid_state, "node " + st.cfg.name + " has no free worker slot ("
+                                                 + std::to_string(st.cfg.slots) + " in use)");
+      train_config dc;
+      dc.data_dir = st.cfg.data_dir.empty() ? req.data_dir : st.cfg.data_dir;
+      dc.data_source = req.data_source;
+      dc.train_limit = req.train_limit;
+      dc.test_limit = 1;
+      dc.seed = req.seed;
+      dc.model.input = req.input_width;
+      dc.model.classes = req.classes;
+      auto key = dc.data_source + "|" + dc.data_dir + "|" + std::to_string(dc.train_limit) + "|"
+                 + std::to_string(dc.seed);
+      auto& data = st.data_cache[key];
+      if (!data) {
+        auto loaded = load_job_data(dc);
+        if (!loaded) {
+          st.data_cache.erase(key);
+          return loaded.error();
+        }
+        data = std::make_shared<const dataset>(std::move(loaded->train));
+      }
+      worker_config wc;
+      wc.scheduler = scheduler;
+      wc.profiler = profiler;
+      wc.data = data;
+      wc.requested_id = req.requested_id;
+      wc.host = st.cfg.name;
+      auto w = spawn_worker(self->system(), wc);
+      self->monitor(w);
+      st.workers.emplace(w.address(), w);
+      self->send(w, start_atom::value);
+      return w;
+    },
+    [=](const wire::ctl_request& req) {
+      auto& st = self->state;
+      if (req.op == wire::ctl_request::shutdown) {
+        spdlog::info("node {}: shutting down ({} workers to stop)", st.cfg.name, st.workers.size());
+        st.shutting_down = true;
+        for (auto& [addr, w] : st.workers)
+          self->send(w, stop_atom::value);
+        for (auto& s : st.shards)
+          self->send_exit(s, caf::exit_reason::user_shutdown);
+        st.shards.clear();
+        maybe_report_shutdown(self);
+      }
+    },
+  };
+}
+
+}  // namespace
+
+node_actor spawn_node(caf::actor_system& sys, node_config cfg) {
+  return sys.spawn(node_behavior, std::move(cfg));
+}
+
+}  // namespace ashlar::actors

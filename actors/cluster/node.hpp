@@ -1,0 +1,35 @@
+// The node actor: what every node process runs. It hosts shards and workers when the
+// scheduler asks, and stops them on control requests.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "actors/messages.hpp"
+
+namespace ashlar::actors {
+
+struct node_config {
+  /// A name for logs, e.g. "host:pid". Default: "".
+  std::string name;
+  /// What this node may host.
+  std::vector<wire::role> roles;
+  /// How many workers this node may host. Default: 1.
+  uint32_t slots = 1;
+  /// If not empty, workers here read the data set from this directory instead of the
+  /// job's data.dir. Default: "".
+  std::string data_dir;
+  /// Receives (stop_atom) once a shutdown request has stopped every local worker.
+  caf::actor owner;
+};
+
+/// Spawns the node actor. Spawn requests for a role the node lacks, or beyond its slots,
+/// are refused with invalid_state; a data set that cannot be loaded, with its error.
+node_actor spawn_node(caf::actor_system& sys, node_config cfg);
+
+/// "scheduler,server,worker" <-> roles.
+[[nodiscard]] expected<std::vector<wire::role>> parse_roles(const std::string& text);
+std::string to_string(const std::vector<wire::role>& roles);
+bool has_role(const std::vector<wire::role>& roles, wire::role r);
+
+}  // namespace ashlar::actors

@@ -1,0 +1,85 @@
+#include "actors/cluster/system.hpp"
+
+#include <fstream>
+#include <thread>
+
+#include <caf/io/all.hpp>
+
+namespace ashlar::actors {
+
+expected<endpoint> parse_endpoint(const std::string& text) {
+  auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
+    return make_error(errc::invalid_argument, "'" + text + "' is not HOST:PORT");
+  endpoint e;
+  e.host = text.substr(0, colon);
+  if (e.host.size() > 2 && e.host.front() == '[' && e.host.back() == ']')
+    e.host = e.host.substr(1, e.host.size() - 2);
+  auto port_text = text.substr(colon + 1);
+  char* end = nullptr;
+  long port = std::strtol(port_text.c_str(), &end, 10);
+  if (*end != '\0' || port < 0 || port > 65535)
+    return make_error(errc::invalid_argument, "'" + port_text + "' in '" + text + "' is not a port");
+  e.port = static_cast<uint16_t>(port);
+  return e;
+}
+
+cluster_system_config::cluster_system_config() {
+  register_types(*this);
+  load<caf::io::middleman>();
+  set("middleman.heartbeat-interval", caf::timespan{std::chrono::seconds(1)});
+  set("middleman.connection-timeout", caf::timespan{std::chrono::seconds(3)});
+  // Nodes log through spdlog; keep CAF's own console output quiet.
+  set("logger.console-verbosity", caf::atom("quiet"));
+  // Several node processes often share a few cores: the work-sharing scheduler sleeps on a
+  // condition variable instead of spinning the way work stealing polls for jobs.
+  set("scheduler.policy", caf::atom("sharing"));
+  set("scheduler.max-threads", size_t{2});
+}
+
+expected<caf::strong_actor_ptr> connect(caf::actor_system& sys, const endpoint& where,
+                                        std::chrono::milliseconds timeout) {
+  using clock = std::chrono::steady_clock;
+  auto deadline = clock::now() + timeout;
+  caf::scoped_actor self{sys};
+  caf::error last;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+    if (left.count() <= 0)
+      break;
+    caf::strong_actor_ptr result;
+    self->request(sys.middleman().actor_handle(), left, caf::connect_atom::value, where.host, where.port)
+      .receive(
+        [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
+          result = std::move(ptr);
+        },
+        [&](caf::error& err) { last = std::move(err); });
+    if (result)
+      return result;
+    if (!last)
+      last = make_error(errc::peer_unreachable, "no actor is published at " + where.to_string());
+    if (last == caf::sec::request_timeout)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return make_error(errc::peer_unreachable,
+                    "cannot reach the scheduler at " + where.to_string() + " within "
+                      + std::to_string(timeout.count() / 1000.0).substr(0, 4) + " s ("
+                      + describe(last) + "); is `ashlar node --role scheduler` running there?");
+}
+
+expected<std::string> load_token(const std::string& file, const char* env_token) {
+  if (!file.empty()) {
+    std::ifstream in{file};
+    if (!in)
+      return make_error(errc::io_error, "cannot read token file " + file);
+    std::string line;
+    std::getline(in, line);
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' '))
+      line.pop_back();
+    return line;
+  }
+  return env_token ? std::string{env_token} : std::string{};
+}
+
+}  // namespace ashlar::actors

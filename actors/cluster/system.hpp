@@ -1,0 +1,43 @@
+// Setting up an actor_system that talks to other nodes: message types, the middleman with
+// heartbeats, endpoints, and connecting with a timeout.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "actors/messages.hpp"
+
+namespace ashlar::actors {
+
+/// A host and port, parsed from "HOST:PORT".
+struct endpoint {
+  std::string host;
+  uint16_t port = 0;
+  std::string to_string() const { return host + ":" + std::to_string(port); }
+};
+
+/// Parses "HOST:PORT" (port 0 allowed: pick a free one). Fails with invalid_argument
+/// naming the text.
+[[nodiscard]] expected<endpoint> parse_endpoint(const std::string& text);
+
+/// An actor_system_config with Ashlar's message types, CAF's network layer, and
+/// heartbeats (interval 1 s, connection timeout 3 s): a killed or frozen peer is noticed
+/// within about 4 s.
+class cluster_system_config : public caf::actor_system_config {
+public:
+  cluster_system_config();
+};
+
+/// Connects to the actor published at `where`, retrying refused connections until
+/// `timeout` has passed (a node may start before its scheduler). Never blocks longer than
+/// `timeout`, even against a peer that accepts but never answers. Fails with
+/// peer_unreachable naming the address.
+[[nodiscard]] expected<caf::strong_actor_ptr> connect(caf::actor_system& sys, const endpoint& where,
+                                                      std::chrono::milliseconds timeout);
+
+/// The cluster token: the first line of `file` when given, else $ASHLAR_TOKEN through
+/// `env_token` (may be null), else empty (no authentication).
+[[nodiscard]] expected<std::string> load_token(const std::string& file, const char* env_token);
+
+}  // namespace ashlar::actors

@@ -1,0 +1,212 @@
+// `ashlar launch`: a scheduler, server nodes and worker nodes as separate processes on this
+// machine (like torchrun --standalone), their output forwarded with a role prefix, all
+// stopped on Ctrl-C or when the job ends.
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <poll.h>
+#include <thread>
+#include <unistd.h>
+
+#include "apps/ashlar/commands.hpp"
+#include "apps/ashlar/train_options.hpp"
+#include "runtime/os/subprocess.hpp"
+
+namespace ashlar::cli {
+
+namespace {
+
+std::atomic<int> g_launch_signal{0};
+
+extern "C" void on_launch_signal(int sig) {
+  g_launch_signal.store(sig);
+}
+
+struct launch_options {
+  train_options train;
+  std::string token_file;
+  uint32_t slots = 1;
+};
+
+struct child {
+  std::string prefix;
+  subprocess proc;
+  std::string pending; // partial line
+  bool open = true;
+};
+
+// Forwards complete lines from every child's output; returns false when nothing was read.
+bool pump(std::vector<child>& children, int timeout_ms) {
+  std::vector<pollfd> fds;
+  std::vector<child*> who;
+  for (auto& c : children)
+    if (c.open && c.proc.output_fd() >= 0) {
+      fds.push_back(pollfd{c.proc.output_fd(), POLLIN, 0});
+      who.push_back(&c);
+    }
+  if (fds.empty()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
+    return false;
+  }
+  if (::poll(fds.data(), fds.size(), timeout_ms) <= 0)
+    return false;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (!(fds[i].revents & (POLLIN | POLLHUP)))
+      continue;
+    char buf[8192];
+    ssize_t n = ::read(fds[i].fd, buf, sizeof(buf));
+    auto& c = *who[i];
+    if (n <= 0) {
+      c.open = false;
+      if (!c.pending.empty())
+        std::printf("%s %s\n", c.prefix.c_str(), c.pending.c_str());
+      c.pending.clear();
+      continue;
+    }
+    c.pending.append(buf, static_cast<size_t>(n));
+    size_t pos;
+    while ((pos = c.pending.find('\n')) != std::string::npos) {
+      std::printf("%s %s\n", c.prefix.c_str(), c.pending.substr(0, pos).c_str());
+      c.pending.erase(0, pos + 1);
+    }
+  }
+  std::fflush(stdout);
+  return true;
+}
+
+int run_launch(const launch_options& o) {
+  train_config cfg;
+  if (auto err = resolve_config(o.train, cfg)) {
+    std::fprintf(stderr, "ashlar launch: %s\n", describe(err).c_str());
+    return 2;
+  }
+  std::signal(SIGINT, on_launch_signal);
+  std::signal(SIGTERM, on_launch_signal);
+  const std::string exe = self_executable();
+  char tmpl[] = "/tmp/ashlar-launch-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  const std::string port_file = dir + "/port";
+  std::vector<std::string> common;
+  if (!o.token_file.empty())
+    common = {"--token-file", o.token_file};
+
+  std::vector<child> children;
+  auto start = [&](const std::string& prefix, std::vector<std::string> argv) {
+    auto p = subprocess::start(argv);
+    if (!p) {
+      std::fprintf(stderr, "ashlar launch: %s\n", describe(p.error()).c_str());
+      return false;
+    }
+    children.push_back(child{prefix, std::move(*p), "", true});
+    return true;
+  };
+  auto stop_all = [&](int sig) {
+    for (auto& c : children)
+      c.proc.signal(sig);
+  };
+
+  std::vector<std::string> sched = {exe, "node", "--role", "scheduler", "--listen", "127.0.0.1:0",
+                                    "--port-file", port_file, "--exit-after-job"};
+  if (!o.train.config_file.empty())
+    sched.push_back(o.train.config_file);
+  for (auto& a : o.train.as_args())
+    sched.push_back(a);
+  sched.insert(sched.end(), common.begin(), common.end());
+  if (!start("[scheduler]", sched))
+    return 1;
+
+  // Wait for the scheduler's port.
+  std::string port;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (port.empty()) {
+    pump(children, 50);
+    std::ifstream in{port_file};
+    std::getline(in, port);
+    int code;
+    if (children[0].proc.poll_exit(code)) {
+      pump(children, 0);
+      std::fprintf(stderr, "ashlar launch: the scheduler exited with code %d before listening\n", code);
+      return code ? code : 1;
+    }
+    if (std::chrono::steady_clock::now() > deadline || g_launch_signal.load()) {
+      stop_all(SIGKILL);
+      std::fprintf(stderr, "ashlar launch: the scheduler did not start listening within 30 s\n");
+      return 1;
+    }
+  }
+  std::string join = "127.0.0.1:" + port;
+  std::printf("[launch] scheduler at %s; starting %u server and %u worker processes\n", join.c_str(),
+              cfg.servers, cfg.workers);
+  std::fflush(stdout);
+  for (uint32_t i = 0; i < cfg.servers; ++i) {
+    std::vector<std::string> a = {exe, "node", "--role", "server", "--join", join, "--name",
+                                  "server-" + std::to_string(i), "--log-level", cfg.log_level};
+    a.insert(a.end(), common.begin(), common.end());
+    if (!start("[server " + std::to_string(i) + "]", a))
+      return (stop_all(SIGKILL), 1);
+  }
+  for (uint32_t i = 0; i < cfg.workers; ++i) {
+    std::vector<std::string> a = {exe, "node", "--role", "worker", "--join", join, "--name",
+                                  "worker-" + std::to_string(i), "--log-level", cfg.log_level};
+    a.insert(a.end(), common.begin(), common.end());
+    if (!start("[worker " + std::to_string(i) + "]", a))
+      return (stop_all(SIGKILL), 1);
+  }
+
+  int code = 0;
+  bool stopping = false;
+  auto stop_deadline = std::chrono::steady_clock::now();
+  for (;;) {
+    pump(children, 100);
+    if (int sig = g_launch_signal.exchange(0); sig != 0) {
+      std::printf("[launch] %s: stopping every process\n", sig == SIGINT ? "interrupted" : "terminated");
+      std::fflush(stdout);
+      stop_all(stopping ? SIGKILL : SIGTERM);
+      if (!stopping) {
+        stopping = true;
+        stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      }
+      code = 130;
+    }
+    int sc;
+    if (!stopping && children[0].proc.poll_exit(sc)) {
+      // The job is over: the others get a polite stop, then a hard one.
+      code = sc;
+      stopping = true;
+      stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      for (size_t i = 1; i < children.size(); ++i)
+        children[i].proc.signal(SIGTERM);
+    }
+    bool all_done = true;
+    for (auto& c : children) {
+      int x;
+      if (!c.proc.poll_exit(x))
+        all_done = false;
+    }
+    if (all_done)
+      break;
+    if (stopping && std::chrono::steady_clock::now() > stop_deadline)
+      stop_all(SIGKILL);
+  }
+  while (pump(children, 0)) {
+  }
+  std::remove(port_file.c_str());
+  ::rmdir(dir.c_str());
+  return code;
+}
+
+}  // namespace
+
+command_fn add_launch(CLI::App& app) {
+  auto o = std::make_shared<launch_options>();
+  auto* cmd = app.add_subcommand(
+    "launch", "Run a job as separate processes on this machine: scheduler, servers, workers");
+  cmd->footer(key_help());
+  add_train_options(cmd, o->train);
+  cmd->add_option("--token-file", o->token_file, "cluster token file passed to every node");
+  return [o] { return run_launch(*o); };
+}
+
+}  // namespace ashlar::cli

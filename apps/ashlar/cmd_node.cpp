@@ -1,0 +1,278 @@
+// `ashlar node`: a node daemon. With the scheduler role it listens for other nodes and
+// runs jobs; with server and/or worker roles it joins a scheduler and hosts shards and
+// workers when asked. One process may take several roles.
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <unistd.h>
+
+#include <caf/io/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "actors/cluster/cluster.hpp"
+#include "actors/cluster/node.hpp"
+#include "actors/cluster/system.hpp"
+#include "apps/ashlar/commands.hpp"
+#include "apps/ashlar/train_options.hpp"
+#include "runtime/core/log.hpp"
+
+namespace ashlar::cli {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+std::atomic<int> g_signal{0};
+
+extern "C" void on_signal(int sig) {
+  g_signal.store(sig);
+}
+
+struct node_options {
+  std::string roles = "worker";
+  std::string listen;
+  std::string join;
+  uint32_t slots = 1;
+  std::string token_file;
+  std::string port_file;
+  std::string name;
+  std::string data_dir;
+  double connect_timeout = 30;
+  double wait_timeout = 120;
+  bool exit_after_job = false;
+  uint32_t protocol = wire::protocol_version;
+  train_options train;
+};
+
+std::string default_name() {
+  char host[256] = "host";
+  ::gethostname(host, sizeof(host) - 1);
+  return std::string{host} + ":" + std::to_string(::getpid());
+}
+
+// Runs one job on the cluster's nodes from the main thread; returns the report.
+expected<run_report> run_cluster_job(caf::actor_system& sys, const actors::cluster_actor& cluster,
+                                     const train_config& cfg, double wait_timeout) {
+  auto wait_ms = std::chrono::milliseconds(static_cast<int64_t>(wait_timeout * 1000));
+  if (auto err = actors::wait_for_nodes(sys, cluster, cfg.servers, cfg.workers, wait_ms))
+    return err;
+  actors::cluster_placement where{sys, cluster};
+  return actors::run_job(sys, cfg, where, print_hooks(cfg.epochs));
+}
+
+int run_node(node_options& o) {
+  auto fail = [](int code, const std::string& msg) {
+    std::fprintf(stderr, "ashlar node: %s\n", msg.c_str());
+    return code;
+  };
+  auto roles = actors::parse_roles(o.roles);
+  if (!roles)
+    return fail(2, describe(roles.error()));
+  const bool is_scheduler = actors::has_role(*roles, wire::role::scheduler);
+  const bool hosts = actors::has_role(*roles, wire::role::server)
+                     || actors::has_role(*roles, wire::role::worker);
+  if (is_scheduler && o.listen.empty())
+    return fail(2, "the scheduler role needs --listen HOST:PORT (port 0 picks a free one)");
+  if (!is_scheduler && o.join.empty())
+    return fail(2, "a server or worker node needs --join HOST:PORT (the scheduler's address)");
+  if (!is_scheduler && !o.train.config_file.empty())
+    return fail(2, "only a scheduler runs a job from CONFIG; submit with `ashlar train CONFIG --join`");
+  train_config job_cfg;
+  if (auto err = resolve_config(o.train, job_cfg))
+    return fail(2, describe(err));
+  auto token = actors::load_token(o.token_file, std::getenv("ASHLAR_TOKEN"));
+  if (!token)
+    return fail(2, describe(token.error()));
+  if (o.name.empty())
+    o.name = default_name();
+  if (auto err = init_logging(job_cfg.log_level))
+    return fail(2, describe(err));
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+
+  actors::cluster_system_config sys_cfg;
+  caf::actor_system sys{sys_cfg};
+  caf::scoped_actor self{sys};
+  actors::cluster_actor cluster;
+  std::string address;
+  int code = 0;
+
+  if (is_scheduler) {
+    auto ep = actors::parse_endpoint(o.listen);
+    if (!ep)
+      return fail(2, "--listen: " + describe(ep.error()));
+    actors::cluster_config cc;
+    cc.token = *token;
+    cc.runner = caf::actor_cast<caf::actor>(self);
+    cluster = actors::spawn_cluster(sys, cc);
+    auto port = sys.middleman().publish(cluster, ep->port, ep->host.c_str(), true);
+    if (!port) {
+      caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
+      return fail(1, "cannot listen on " + ep->to_string() + ": " + sys.render(port.error()));
+    }
+    address = ep->host + ":" + std::to_string(*port);
+    std::printf("ashlar scheduler listening on %s\n", address.c_str());
+    std::printf("join with: ashlar node --role worker --join %s   (or --role server)\n",
+                address.c_str());
+    std::fflush(stdout);
+    if (!o.port_file.empty()) {
+      std::string tmp = o.port_file + ".tmp";
+      std::ofstream{tmp} << *port << "\n";
+      std::rename(tmp.c_str(), o.port_file.c_str());
+    }
+    if (token->empty())
+      spdlog::warn("no cluster token set (--token-file or ASHLAR_TOKEN): any node that reaches "
+                   "this port can join");
+  } else {
+    auto ep = actors::parse_endpoint(o.join);
+    if (!ep)
+      return fail(2, "--join: " + describe(ep.error()));
+    auto ptr = actors::connect(sys, *ep, std::chrono::milliseconds(static_cast<int64_t>(o.connect_timeout * 1000)));
+    if (!ptr)
+      return fail(1, describe(ptr.error()));
+    cluster = caf::actor_cast<actors::cluster_actor>(*ptr);
+    address = ep->to_string();
+    self->monitor(cluster);
+  }
+
+  actors::node_actor node;
+  if (hosts) {
+    actors::node_config nc;
+    nc.name = o.name;
+    nc.roles = *roles;
+    nc.slots = actors::has_role(*roles, wire::role::worker) ? o.slots : 0;
+    nc.data_dir = o.data_dir;
+    nc.owner = caf::actor_cast<caf::actor>(self);
+    node = actors::spawn_node(sys, nc);
+    wire::hello h;
+    h.protocol = o.protocol;
+    h.token = *token;
+    h.roles = *roles;
+    h.node = o.name;
+    h.slots = nc.slots;
+    caf::error refused;
+    self->request(cluster, 10s, h, node)
+      .receive(
+        [&](const wire::welcome& w) {
+          spdlog::info("node {}: joined the cluster at {} as node {} (roles {})", o.name, address,
+                       w.node_id, o.roles);
+        },
+        [&](caf::error& err) { refused = std::move(err); });
+    if (refused) {
+      caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+      if (is_scheduler)
+        caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
+      return fail(1, "the scheduler at " + address + " refused this node: " + describe(refused));
+    }
+  }
+
+  bool stop = false;
+  if (is_scheduler && !o.train.config_file.empty()) {
+    auto rep = run_cluster_job(sys, cluster, job_cfg, o.wait_timeout);
+    code = finish_run(job_cfg, rep, "ashlar node");
+    if (o.exit_after_job)
+      stop = true;
+  }
+  bool draining = false;
+  auto drain_deadline = std::chrono::steady_clock::now();
+  while (!stop) {
+    self->receive(
+      [&](actors::stop_atom) {
+        // The node stopped its workers (shutdown), or the cluster asked the runner to stop.
+        stop = true;
+      },
+      [&](const wire::job_request& req) {
+        train_config cfg;
+        caf::error err;
+        for (const auto& [k, v] : req.settings)
+          if (!err)
+            err = apply_setting(cfg, k, v);
+        if (!err)
+          err = validate(cfg);
+        if (err) {
+          caf::anon_send(cluster, actors::job_atom::value, err);
+          return;
+        }
+        spdlog::info("scheduler: running a submitted job ({} workers, {} shards, policy {})",
+                     cfg.workers, cfg.servers, cfg.policy);
+        auto rep = run_cluster_job(sys, cluster, cfg, o.wait_timeout);
+        if (rep)
+          caf::anon_send(cluster, actors::job_atom::value, wire::job_result{to_json(*rep)});
+        else
+          caf::anon_send(cluster, actors::job_atom::value, rep.error());
+      },
+      [&](caf::down_msg& dm) {
+        spdlog::error("node {}: lost the scheduler at {} ({})", o.name, address, to_string(dm.reason));
+        code = 1;
+        stop = true;
+      },
+      caf::after(100ms) >> [&] {
+        int sig = g_signal.exchange(0);
+        if (sig == 0) {
+          if (draining && std::chrono::steady_clock::now() > drain_deadline) {
+            spdlog::warn("node {}: workers did not stop within 30 s; exiting", o.name);
+            stop = true;
+          }
+          return;
+        }
+        if (draining) {
+          stop = true; // a second signal: leave now
+          return;
+        }
+        spdlog::info("node {}: {} received, stopping", o.name, sig == SIGINT ? "SIGINT" : "SIGTERM");
+        if (node) {
+          // Let workers finish their step and leave; the node reports back with stop_atom.
+          draining = true;
+          drain_deadline = std::chrono::steady_clock::now() + 30s;
+          self->send(node, wire::ctl_request{wire::ctl_request::shutdown, 0, 0});
+        } else {
+          stop = true;
+        }
+      });
+  }
+  if (is_scheduler && o.exit_after_job) {
+    // Tell the nodes the cluster is done (launch stops them too, this is the polite way).
+    self->request(cluster, 5s, wire::ctl_request{wire::ctl_request::shutdown, 0, 0})
+      .receive([](const std::string&) {}, [](caf::error&) {});
+  }
+  if (node)
+    caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+  if (is_scheduler)
+    caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
+  return code;
+}
+
+}  // namespace
+
+command_fn add_node(CLI::App& app) {
+  auto o = std::make_shared<node_options>();
+  auto* cmd = app.add_subcommand("node", "Run a node daemon: scheduler, server and/or worker");
+  cmd->footer("Examples:\n"
+              "  ashlar node --role scheduler --listen 0.0.0.0:7400\n"
+              "  ashlar node --role server --join HOST:7400\n"
+              "  ashlar node --role worker --slots 2 --join HOST:7400\n"
+              "  ashlar node --role scheduler --listen 127.0.0.1:0 ops/configs/fmnist-mlp.toml\n"
+              "The cluster token comes from --token-file or ASHLAR_TOKEN; nodes with another token\n"
+              "or protocol version are refused.");
+  cmd->add_option("--role", o->roles, "comma-separated roles: scheduler, server, worker")
+    ->capture_default_str();
+  cmd->add_option("--listen", o->listen, "scheduler: HOST:PORT to listen on (port 0: any free port)");
+  cmd->add_option("--join", o->join, "server/worker: the scheduler's HOST:PORT");
+  cmd->add_option("--slots", o->slots, "worker: how many workers this node may host")->capture_default_str();
+  cmd->add_option("--token-file", o->token_file, "file whose first line is the cluster token");
+  cmd->add_option("--port-file", o->port_file, "scheduler: write the port it listens on to FILE");
+  cmd->add_option("--name", o->name, "node name in logs (default host:pid)");
+  cmd->add_option("--node-data-dir", o->data_dir, "worker: read the data set from here, not the job's data.dir");
+  cmd->add_option("--connect-timeout", o->connect_timeout, "seconds to keep trying to reach the scheduler")
+    ->capture_default_str();
+  cmd->add_option("--wait-timeout", o->wait_timeout, "scheduler: seconds to wait for the job's nodes")
+    ->capture_default_str();
+  cmd->add_flag("--exit-after-job", o->exit_after_job, "scheduler: shut the cluster down after CONFIG's job");
+  cmd->add_option("--protocol-version", o->protocol, "protocol version to announce (for testing refusals)")
+    ->group("");
+  add_train_options(cmd, o->train);
+  return [o] { return run_node(*o); };
+}
+
+}  // namespace ashlar::cli

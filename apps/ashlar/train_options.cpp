@@ -1,0 +1,139 @@
+#include "apps/ashlar/train_options.hpp"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "runtime/core/log.hpp"
+
+namespace ashlar::cli {
+
+namespace {
+
+std::string rate(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.0f", v);
+  return buf;
+}
+
+struct flag_key {
+  const char* flag;
+  const char* key;
+  std::optional<std::string> train_options::*member;
+};
+
+const flag_key flag_keys[] = {
+  {"--workers", "train.workers", &train_options::workers},
+  {"--servers", "train.servers", &train_options::servers},
+  {"--policy", "train.policy", &train_options::policy},
+  {"--epochs", "train.epochs", &train_options::epochs},
+  {"--seed", "train.seed", &train_options::seed},
+  {"--batch-size", "train.batch_size", &train_options::batch},
+  {"--lr", "train.lr", &train_options::lr},
+  {"--data-dir", "data.dir", &train_options::data_dir},
+  {"--report", "run.report", &train_options::report},
+  {"--log-level", "run.log_level", &train_options::log_level},
+};
+
+}  // namespace
+
+std::string key_help() {
+  std::string s = "Configuration keys (TOML [section] key, or ASHLAR_SECTION_KEY, or --set "
+                  "section.key=value):\n";
+  for (const auto& k : config_keys())
+    s += "  " + k.key + "  (" + k.env + ")  " + k.help + "\n";
+  return s;
+}
+
+std::vector<std::string> train_options::as_args() const {
+  std::vector<std::string> out;
+  for (const auto& f : flag_keys)
+    if (this->*f.member) {
+      out.emplace_back(f.flag);
+      out.push_back(*(this->*f.member));
+    }
+  for (const auto& s : sets) {
+    out.emplace_back("--set");
+    out.push_back(s);
+  }
+  return out;
+}
+
+void add_train_options(CLI::App* cmd, train_options& o, bool with_config) {
+  if (with_config)
+    cmd->add_option("config", o.config_file, "TOML configuration file (e.g. ops/configs/fmnist-mlp.toml)")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--workers", o.workers, "number of workers (train.workers)");
+  cmd->add_option("--servers", o.servers, "number of server shards (train.servers)");
+  cmd->add_option("--policy", o.policy, "sync policy: bsp or asp (train.policy)");
+  cmd->add_option("--epochs", o.epochs, "passes over the training set (train.epochs)");
+  cmd->add_option("--seed", o.seed, "seed for initial parameters and data order (train.seed)");
+  cmd->add_option("--batch-size", o.batch, "mini-batch size per worker (train.batch_size)");
+  cmd->add_option("--lr", o.lr, "learning rate (train.lr)");
+  cmd->add_option("--data-dir", o.data_dir, "Fashion-MNIST directory (data.dir)");
+  cmd->add_option("--report", o.report, "write a JSON summary to FILE (run.report)");
+  cmd->add_option("--log-level", o.log_level, "trace, debug, info, warn, error (run.log_level)");
+  cmd->add_option("--set", o.sets, "override any key: --set section.key=value (repeatable)");
+}
+
+caf::error resolve_config(const train_options& o, train_config& cfg) {
+  if (!o.config_file.empty())
+    if (auto err = apply_toml_file(cfg, o.config_file))
+      return err;
+  if (auto err = apply_environment(cfg, [](const char* n) { return std::getenv(n); }))
+    return err;
+  for (const auto& f : flag_keys)
+    if (o.*f.member)
+      if (auto err = apply_setting(cfg, f.key, *(o.*f.member)))
+        return err;
+  for (const auto& kv : o.sets) {
+    auto eq = kv.find('=');
+    if (eq == std::string::npos)
+      return make_error(errc::invalid_argument, "--set expects section.key=value, got '" + kv + "'");
+    if (auto err = apply_setting(cfg, kv.substr(0, eq), kv.substr(eq + 1)))
+      return err;
+  }
+  return validate(cfg);
+}
+
+actors::job_hooks print_hooks(uint32_t epochs) {
+  actors::job_hooks hooks;
+  hooks.on_progress = [epochs](const actors::progress_event& ev) {
+    std::string per;
+    for (const auto& w : ev.workers)
+      per += " w" + std::to_string(w.worker_id) + "=" + rate(w.samples_per_second);
+    std::printf("[%6.1fs] epoch %5.2f/%u  %8s samples/s  loss %.4f  per-worker samples/s:%s\n",
+                ev.seconds, ev.epoch, epochs, rate(ev.samples_per_second).c_str(), ev.loss,
+                per.c_str());
+    std::fflush(stdout);
+  };
+  hooks.on_epoch = [](const epoch_point& p) {
+    std::printf("[%6.1fs] epoch %.2f: test accuracy %.4f, train loss %.4f\n", p.seconds, p.epoch,
+                p.test_accuracy, p.train_loss);
+    std::fflush(stdout);
+  };
+  return hooks;
+}
+
+int finish_run(const train_config& cfg, const expected<run_report>& rep, const char* who) {
+  if (!rep) {
+    std::fprintf(stderr, "%s: %s\n", who, describe(rep.error()).c_str());
+    return is(rep.error(), errc::invalid_config) ? 2 : 1;
+  }
+  std::printf("done: policy %s, %u workers, %u shards, model %s\n", rep->policy.c_str(),
+              rep->workers, rep->servers, rep->model.c_str());
+  std::printf("test accuracy %.4f (loss %.4f) on %lu samples after %u epochs in %.1f s "
+              "(%s samples/s)\n",
+              rep->test_accuracy, rep->test_loss, static_cast<unsigned long>(rep->test_samples),
+              rep->epochs, rep->seconds, rate(rep->samples_per_second).c_str());
+  std::fflush(stdout);
+  if (!cfg.report.empty()) {
+    if (auto err = write_report(*rep, cfg.report)) {
+      std::fprintf(stderr, "%s: %s\n", who, describe(err).c_str());
+      return 1;
+    }
+    std::printf("report written to %s\n", cfg.report.c_str());
+  }
+  return 0;
+}
+
+}  // namespace ashlar::cli

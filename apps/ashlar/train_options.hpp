@@ -1,0 +1,41 @@
+// Options shared by `ashlar train`, `ashlar node --role scheduler` and `ashlar launch`:
+// the job configuration (file < environment < flags) and the progress printing.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "actors/local_job.hpp"
+#include "runtime/config/train_config.hpp"
+
+namespace ashlar::cli {
+
+struct train_options {
+  std::string config_file;
+  std::optional<std::string> workers, servers, policy, epochs, seed, report, data_dir, batch, lr,
+    log_level;
+  std::vector<std::string> sets;
+
+  /// The flags as they were given, to pass on to child processes (launch).
+  std::vector<std::string> as_args() const;
+};
+
+/// Adds the CONFIG positional (when `with_config`) and the training flags to `cmd`.
+void add_train_options(CLI::App* cmd, train_options& o, bool with_config = true);
+
+/// Fills `cfg` from the file, ASHLAR_* variables and flags, and validates it.
+[[nodiscard]] caf::error resolve_config(const train_options& o, train_config& cfg);
+
+/// Hooks that print progress lines and epoch evaluations to stdout.
+actors::job_hooks print_hooks(uint32_t epochs);
+
+/// Prints the final summary and writes cfg.report if set. Returns the exit code.
+int finish_run(const train_config& cfg, const expected<run_report>& rep, const char* who);
+
+/// "Configuration keys..." help text listing every key, its variable and default.
+std::string key_help();
+
+}  // namespace ashlar::cli

@@ -9,6 +9,7 @@
 #include "actors/job_driver.hpp"
 #include "actors/server_shard.hpp"
 #include "actors/worker.hpp"
+#include "runtime/backend/cpu_backend.hpp"
 
 namespace ashlar::actors {
 
@@ -152,6 +153,9 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
 }  // namespace
 
 node_actor spawn_node(caf::actor_system& sys, node_config cfg) {
+  // Workers are the unit of parallelism: one BLAS thread each, as in a local job (this also
+  // keeps results bit-identical to a local run).
+  set_blas_threads(1);
   return sys.spawn(node_behavior, std::move(cfg));
 }
 

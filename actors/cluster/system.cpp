@@ -35,6 +35,10 @@ cluster_system_config::cluster_system_config() {
   // condition variable instead of spinning the way work stealing polls for jobs.
   set("scheduler.policy", caf::atom("sharing"));
   set("scheduler.max-threads", size_t{2});
+  // Node-to-node traffic (worker <-> shard) is routed through the scheduler's connections:
+  // CAF's automatic direct connections advertise every interface address of a node, which
+  // is not what a user who gave loopback or one cluster address expects.
+  set("middleman.enable-automatic-connections", false);
 }
 
 expected<caf::strong_actor_ptr> connect(caf::actor_system& sys, const endpoint& where,

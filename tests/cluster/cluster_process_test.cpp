@@ -1,0 +1,219 @@
+// Real node processes on loopback: the `ashlar` binary started as a user would.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "actors/local_job.hpp"
+#include "runtime/os/subprocess.hpp"
+#include "../runtime/temp_dir.hpp"
+
+using namespace ashlar;
+using namespace std::chrono_literals;
+using ashlar::test::temp_dir;
+
+namespace {
+
+const std::string exe = ASHLAR_BINARY;
+const std::string config = std::string{ASHLAR_SOURCE_DIR} + "/ops/configs/fmnist-mlp.toml";
+
+std::string slurp(const std::string& path) {
+  std::ifstream in{path};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Waits until `pred(text of file)` holds; false after `limit`.
+template <class Pred>
+bool wait_for_file(const std::string& path, Pred pred, std::chrono::milliseconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred(slurp(path)))
+      return true;
+    std::this_thread::sleep_for(50ms);
+  }
+  return false;
+}
+
+subprocess start(const std::vector<std::string>& argv, const std::string& log) {
+  auto p = subprocess::start(argv, log);
+  REQUIRE(p);
+  return std::move(*p);
+}
+
+double json_number(const std::string& json, const std::string& key) {
+  std::smatch m;
+  std::regex re{"\"" + key + "\": ([-0-9.e]+)"};
+  REQUIRE(std::regex_search(json, m, re));
+  return std::stod(m[1]);
+}
+
+// A running scheduler with its port.
+struct scheduler_proc {
+  subprocess proc;
+  std::string join;
+};
+
+scheduler_proc start_scheduler(const temp_dir& dir, std::vector<std::string> extra) {
+  std::vector<std::string> argv = {exe, "node", "--role", "scheduler", "--listen", "127.0.0.1:0",
+                                   "--port-file", dir.file("port")};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  scheduler_proc s{start(argv, dir.file("scheduler.log")), ""};
+  REQUIRE(wait_for_file(dir.file("port"), [](const std::string& t) { return !t.empty(); }, 20s));
+  auto port = slurp(dir.file("port"));
+  port.erase(port.find_last_not_of("\n ") + 1);
+  s.join = "127.0.0.1:" + port;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a 2-server, 3-worker process cluster trains Fashion-MNIST to the single-process accuracy") {
+  temp_dir dir;
+  std::vector<std::string> job = {"--workers", "3", "--servers", "2", "--epochs", "2",
+                                  "--set", "data.train_limit=12000", "--set", "data.test_limit=2000",
+                                  "--set", "run.progress_interval=1"};
+  std::vector<std::string> argv = {exe, "launch", config, "--report", dir.file("cluster.json")};
+  argv.insert(argv.end(), job.begin(), job.end());
+  auto launch = start(argv, dir.file("launch.log"));
+  int code = launch.wait(240);
+  INFO(slurp(dir.file("launch.log")));
+  REQUIRE(code == 0);
+  auto log = slurp(dir.file("launch.log"));
+  CHECK(log.find("[server 1]") != std::string::npos);
+  CHECK(log.find("[worker 2]") != std::string::npos);
+  CHECK(log.find("samples/s") != std::string::npos);
+  auto cluster_json = slurp(dir.file("cluster.json"));
+
+  train_config cfg;
+  REQUIRE_FALSE(apply_toml_file(cfg, config));
+  cfg.workers = 3;
+  cfg.servers = 2;
+  cfg.epochs = 2;
+  cfg.train_limit = 12000;
+  cfg.test_limit = 2000;
+  cfg.progress_interval = 0;
+  auto local = actors::run_local_job(cfg);
+  REQUIRE(local);
+  // BSP with a fixed seed is deterministic: processes or not, the same parameters result.
+  CHECK(json_number(cluster_json, "test_accuracy") == Approx(local->test_accuracy).margin(1e-9));
+  CHECK(json_number(cluster_json, "samples") == 2 * 12000);
+  CHECK(json_number(cluster_json, "dropped") == 0);
+}
+
+TEST_CASE("a SIGKILLed worker is removed within 5 s, the run completes, and a late worker is used") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "3", "--servers", "1",
+                                     "--epochs", "8", "--set", "data.train_limit=12000",
+                                     "--set", "data.test_limit=2000", "--report", dir.file("r.json"),
+                                     "--set", "run.progress_interval=1"});
+  auto server = start({exe, "node", "--role", "server", "--join", sched.join}, dir.file("server.log"));
+  std::vector<subprocess> workers;
+  for (int i = 0; i < 3; ++i)
+    workers.push_back(start({exe, "node", "--role", "worker", "--name", "w" + std::to_string(i),
+                             "--join", sched.join},
+                            dir.file("worker" + std::to_string(i) + ".log")));
+  REQUIRE(wait_for_file(dir.file("scheduler.log"),
+                        [](const std::string& t) { return t.find("training starts") != std::string::npos; },
+                        60s));
+  std::this_thread::sleep_for(1500ms);
+  workers[1].signal(SIGKILL);
+  auto killed_at = std::chrono::steady_clock::now();
+  bool removed = wait_for_file(dir.file("scheduler.log"),
+                               [](const std::string& t) { return t.find("removed:") != std::string::npos; },
+                               10s);
+  auto took = std::chrono::steady_clock::now() - killed_at;
+  INFO(slurp(dir.file("scheduler.log")));
+  REQUIRE(removed);
+  CHECK(took < 5s);
+  // A worker node started mid-run joins the running job.
+  auto late = start({exe, "node", "--role", "worker", "--name", "late", "--join", sched.join},
+                    dir.file("late.log"));
+  int code = sched.proc.wait(180);
+  INFO(slurp(dir.file("scheduler.log")));
+  REQUIRE(code == 0);
+  auto log = slurp(dir.file("scheduler.log"));
+  CHECK(log.find("joins the running job") != std::string::npos);
+  auto report = slurp(dir.file("r.json"));
+  std::smatch m;
+  REQUIRE(std::regex_search(report, m, std::regex{"\"worker\": 3, \"steps\": ([0-9]+), \"samples\": ([0-9]+)"}));
+  CHECK(std::stoul(m[2]) > 0);
+  CHECK(json_number(report, "test_accuracy") > 0.7);
+}
+
+TEST_CASE("a node with the wrong cluster token is refused, with a message on both sides") {
+  temp_dir dir;
+  std::ofstream{dir.file("good")} << "s3cret-a\n";
+  std::ofstream{dir.file("bad")} << "s3cret-b\n";
+  auto sched = start_scheduler(dir, {"--token-file", dir.file("good")});
+  auto node = start({exe, "node", "--role", "worker", "--join", sched.join, "--token-file", dir.file("bad")},
+                    dir.file("node.log"));
+  int code = node.wait(30);
+  auto node_log = slurp(dir.file("node.log"));
+  INFO(node_log);
+  CHECK(code == 1);
+  CHECK(node_log.find("refused this node: handshake_refused: cluster token mismatch") != std::string::npos);
+  CHECK(node_log.find("s3cret") == std::string::npos);
+  CHECK(wait_for_file(dir.file("scheduler.log"),
+                      [](const std::string& t) { return t.find("refused node") != std::string::npos; }, 5s));
+  // The right token is accepted.
+  auto ok = start({exe, "node", "--role", "worker", "--join", sched.join, "--token-file", dir.file("good")},
+                  dir.file("ok.log"));
+  CHECK(wait_for_file(dir.file("ok.log"),
+                      [](const std::string& t) { return t.find("joined the cluster") != std::string::npos; }, 10s));
+  ok.signal(SIGTERM);
+  CHECK(ok.wait(10) == 0);
+  sched.proc.signal(SIGTERM);
+  CHECK(sched.proc.wait(10) == 0);
+}
+
+TEST_CASE("a node speaking another protocol version is refused, saying expected and actual") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {});
+  auto node = start({exe, "node", "--role", "server", "--join", sched.join, "--protocol-version", "99"},
+                    dir.file("node.log"));
+  CHECK(node.wait(30) == 1);
+  auto node_log = slurp(dir.file("node.log"));
+  INFO(node_log);
+  CHECK(node_log.find("expects 1, this node speaks 99") != std::string::npos);
+  CHECK(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
+    return t.find("protocol version expected 1, actual 99") != std::string::npos;
+  }, 5s));
+  sched.proc.signal(SIGTERM);
+  CHECK(sched.proc.wait(10) == 0);
+}
+
+TEST_CASE("an unreachable scheduler gives an error naming the address, within the timeout") {
+  temp_dir dir;
+  auto t0 = std::chrono::steady_clock::now();
+  auto node = start({exe, "node", "--role", "worker", "--join", "127.0.0.1:1", "--connect-timeout", "1"},
+                    dir.file("node.log"));
+  CHECK(node.wait(20) == 1);
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+  CHECK(slurp(dir.file("node.log")).find("cannot reach the scheduler at 127.0.0.1:1") != std::string::npos);
+}
+
+TEST_CASE("ashlar status shows the members of a running cluster") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {});
+  auto node = start({exe, "node", "--role", "server,worker", "--name", "both", "--join", sched.join},
+                    dir.file("node.log"));
+  REQUIRE(wait_for_file(dir.file("node.log"),
+                        [](const std::string& t) { return t.find("joined the cluster") != std::string::npos; }, 15s));
+  auto status = start({exe, "status", "--join", sched.join}, dir.file("status.log"));
+  CHECK(status.wait(20) == 0);
+  auto text = slurp(dir.file("status.log"));
+  INFO(text);
+  CHECK(text.find("stage: idle") != std::string::npos);
+  CHECK(text.find("both") != std::string::npos);
+  CHECK(text.find("server,worker") != std::string::npos);
+  node.signal(SIGTERM);
+  CHECK(node.wait(10) == 0);
+  sched.proc.signal(SIGTERM);
+  CHECK(sched.proc.wait(10) == 0);
+}

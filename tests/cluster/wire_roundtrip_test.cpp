@@ -1,0 +1,111 @@
+// Two actor systems in one process: every message type crosses CAF's network layer and
+// comes back intact (an unregistered type would arrive as an empty message).
+#include <catch2/catch.hpp>
+
+#include <caf/io/all.hpp>
+
+#include "actors/cluster/system.hpp"
+
+using namespace ashlar;
+using namespace ashlar::actors;
+using namespace std::chrono_literals;
+
+namespace {
+
+caf::behavior echo() {
+  return {
+    [](const wire::register_worker& x) { return x; }, [](const wire::assignment& x) { return x; },
+    [](const wire::membership_change& x) { return x; }, [](const wire::pull_request& x) { return x; },
+    [](const wire::pull_reply& x) { return x; }, [](const wire::push& x) { return x; },
+    [](const wire::push_ack& x) { return x; }, [](const wire::shard_status& x) { return x; },
+    [](const wire::profile_report& x) { return x; }, [](const wire::cluster_stats& x) { return x; },
+    [](const wire::hello& x) { return x; }, [](const wire::welcome& x) { return x; },
+    [](const wire::spawn_shard& x) { return x; }, [](const wire::spawn_worker& x) { return x; },
+    [](const wire::job_request& x) { return x; }, [](const wire::job_result& x) { return x; },
+    [](const wire::ctl_request& x) { return x; }, [](const wire::cluster_status& x) { return x; },
+  };
+}
+
+template <class T>
+T round_trip(caf::scoped_actor& self, const caf::actor& peer, const T& x) {
+  T out;
+  bool got = false;
+  self->request(peer, 10s, x).receive(
+    [&](const T& y) {
+      out = y;
+      got = true;
+    },
+    [&](caf::error& err) { FAIL("round trip failed: " << describe(err)); });
+  REQUIRE(got);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("every message type crosses the network between two actor systems and back") {
+  cluster_system_config cfg_a, cfg_b;
+  caf::actor_system a{cfg_a};
+  caf::actor_system b{cfg_b};
+  auto server = a.spawn(echo);
+  auto port = a.middleman().publish(server, 0, "127.0.0.1");
+  REQUIRE(port);
+  auto ptr = connect(b, endpoint{"127.0.0.1", *port}, 10s);
+  REQUIRE(ptr);
+  auto peer = caf::actor_cast<caf::actor>(*ptr);
+  REQUIRE(peer->node() != b.node()); // a real remote proxy: messages are serialized
+  caf::scoped_actor self{b};
+
+  CHECK(round_trip(self, peer, wire::register_worker{3, "h:1", "cpu"}).host == "h:1");
+  wire::assignment asg;
+  asg.shards = {{0, 0, 5}, {1, 5, 9}};
+  asg.layer_widths = {4, 3, 2};
+  asg.policy = "asp";
+  auto asg2 = round_trip(self, peer, asg);
+  CHECK(asg2.shards == asg.shards);
+  CHECK(asg2.policy == "asp");
+  CHECK(round_trip(self, peer, wire::membership_change{wire::membership_change::fail, 4, "x"}).reason == "x");
+  CHECK(round_trip(self, peer, wire::pull_request{1, 2, true}).snapshot);
+  std::vector<float> big(300000);
+  for (size_t i = 0; i < big.size(); ++i)
+    big[i] = static_cast<float>(i) * 0.5f;
+  CHECK(round_trip(self, peer, wire::pull_reply{1, 7, 3, big, 11}).params == big);
+  CHECK(round_trip(self, peer, wire::push{1, 2, 3, 4, big}).grad == big);
+  CHECK(round_trip(self, peer, wire::push_ack{1, 9, wire::push_ack::buffered, 2}).outcome == wire::push_ack::buffered);
+  wire::shard_status ss;
+  ss.end = 10;
+  ss.live_workers = {1, 2};
+  CHECK(round_trip(self, peer, ss).live_workers == ss.live_workers);
+  CHECK(round_trip(self, peer, wire::profile_report{2, 3, 4, 0.25, 5, 6, 7, 8}).wait_ns == 8);
+  wire::cluster_stats cs;
+  cs.workers.resize(2);
+  cs.workers[1].worker_id = 5;
+  CHECK(round_trip(self, peer, cs).workers.at(1).worker_id == 5);
+  wire::hello h;
+  h.token = "t";
+  h.roles = {wire::role::server, wire::role::worker};
+  CHECK(round_trip(self, peer, h).roles == h.roles);
+  CHECK(round_trip(self, peer, wire::welcome{7, "c"}).node_id == 7);
+  wire::spawn_shard sp;
+  sp.range = {0, 0, 3};
+  sp.params = {1, 2, 3};
+  sp.policy = "bsp";
+  CHECK(round_trip(self, peer, sp).params == sp.params);
+  wire::spawn_worker sw;
+  sw.data_dir = "/d";
+  CHECK(round_trip(self, peer, sw).data_dir == "/d");
+  wire::job_request jr;
+  jr.settings = {{"train.workers", "3"}};
+  CHECK(round_trip(self, peer, jr).settings == jr.settings);
+  CHECK(round_trip(self, peer, wire::job_result{"{}"}).report_json == "{}");
+  CHECK(round_trip(self, peer, wire::ctl_request{wire::ctl_request::add_worker, 0, 2}).count == 2);
+  wire::cluster_status st;
+  st.nodes.resize(1);
+  st.nodes[0].name = "n";
+  st.shards.push_back(ss);
+  st.stage = "training";
+  auto st2 = round_trip(self, peer, st);
+  CHECK(st2.nodes.at(0).name == "n");
+  CHECK(st2.shards.size() == 1);
+  CHECK(st2.stage == "training");
+  self->send_exit(server, caf::exit_reason::user_shutdown);
+}

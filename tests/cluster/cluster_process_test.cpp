@@ -217,3 +217,62 @@ TEST_CASE("ashlar status shows the members of a running cluster") {
   sched.proc.signal(SIGTERM);
   CHECK(sched.proc.wait(10) == 0);
 }
+
+TEST_CASE("a frozen (SIGSTOP) worker is removed by heartbeat timeout and BSP goes on") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "2", "--servers", "1",
+                                     "--epochs", "6", "--set", "data.train_limit=8000",
+                                     "--set", "data.test_limit=1000", "--report", dir.file("r.json")});
+  auto server = start({exe, "node", "--role", "server", "--join", sched.join}, dir.file("server.log"));
+  auto w0 = start({exe, "node", "--role", "worker", "--join", sched.join}, dir.file("w0.log"));
+  auto w1 = start({exe, "node", "--role", "worker", "--join", sched.join}, dir.file("w1.log"));
+  REQUIRE(wait_for_file(dir.file("scheduler.log"),
+                        [](const std::string& t) { return t.find("training starts") != std::string::npos; },
+                        60s));
+  std::this_thread::sleep_for(1s);
+  w1.signal(SIGSTOP);
+  auto frozen_at = std::chrono::steady_clock::now();
+  bool removed = wait_for_file(dir.file("scheduler.log"),
+                               [](const std::string& t) { return t.find("removed:") != std::string::npos; },
+                               20s);
+  auto took = std::chrono::steady_clock::now() - frozen_at;
+  INFO(slurp(dir.file("scheduler.log")));
+  REQUIRE(removed);
+  CHECK(took < 8s); // heartbeat every 1 s, connection timeout 3 s
+  CHECK(sched.proc.wait(120) == 0);
+  w1.signal(SIGKILL);
+  CHECK(json_number(slurp(dir.file("r.json")), "test_accuracy") > 0.6);
+}
+
+TEST_CASE("ctl remove-worker lets a worker finish its step and leave; SIGTERM does the same") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "3", "--servers", "1",
+                                     "--epochs", "8", "--set", "data.train_limit=9000",
+                                     "--set", "data.test_limit=1000", "--report", dir.file("r.json")});
+  auto server = start({exe, "node", "--role", "server", "--join", sched.join}, dir.file("server.log"));
+  std::vector<subprocess> workers;
+  for (int i = 0; i < 3; ++i)
+    workers.push_back(start({exe, "node", "--role", "worker", "--join", sched.join},
+                            dir.file("w" + std::to_string(i) + ".log")));
+  REQUIRE(wait_for_file(dir.file("scheduler.log"),
+                        [](const std::string& t) { return t.find("training starts") != std::string::npos; },
+                        60s));
+  std::this_thread::sleep_for(1s);
+  auto ctl = start({exe, "ctl", "--join", sched.join, "remove-worker", "0"}, dir.file("ctl.log"));
+  CHECK(ctl.wait(20) == 0);
+  CHECK(slurp(dir.file("ctl.log")).find("worker 0 will leave after its current step") != std::string::npos);
+  CHECK(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
+    return t.find("worker 0 left: removed on request") != std::string::npos;
+  }, 10s));
+  // SIGTERM on a worker node: its worker leaves cleanly and the node exits 0.
+  workers[2].signal(SIGTERM);
+  CHECK(workers[2].wait(30) == 0);
+  CHECK(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
+    return t.find("left: removed on request") != t.rfind("left: removed on request");
+  }, 10s));
+  INFO(slurp(dir.file("scheduler.log")));
+  CHECK(sched.proc.wait(120) == 0);
+  auto log = slurp(dir.file("scheduler.log"));
+  CHECK(log.find("removed:") == std::string::npos); // no worker counted as failed
+  CHECK(log.find("(3 finished, 0 failed)") != std::string::npos);
+}

@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/cluster/cluster.hpp"
+#include "actors/cluster/embed.hpp"
 #include "actors/cluster/node.hpp"
 #include "actors/cluster/system.hpp"
 #include "apps/ashlar/commands.hpp"
@@ -124,46 +125,40 @@ int run_node(node_options& o) {
     if (token->empty())
       spdlog::warn("no cluster token set (--token-file or ASHLAR_TOKEN): any node that reaches "
                    "this port can join");
-  } else {
-    auto ep = actors::parse_endpoint(o.join);
-    if (!ep)
-      return fail(2, "--join: " + describe(ep.error()));
-    auto ptr = actors::connect(sys, *ep, std::chrono::milliseconds(static_cast<int64_t>(o.connect_timeout * 1000)));
-    if (!ptr)
-      return fail(1, describe(ptr.error()));
-    cluster = caf::actor_cast<actors::cluster_actor>(*ptr);
-    address = ep->to_string();
-    self->monitor(cluster);
   }
 
   actors::node_actor node;
   if (hosts) {
-    actors::node_config nc;
-    nc.name = o.name;
-    nc.roles = *roles;
-    nc.slots = actors::has_role(*roles, wire::role::worker) ? o.slots : 0;
-    nc.data_dir = o.data_dir;
-    nc.owner = caf::actor_cast<caf::actor>(self);
-    node = actors::spawn_node(sys, nc);
-    wire::hello h;
-    h.protocol = o.protocol;
-    h.token = *token;
-    h.roles = *roles;
-    h.node = o.name;
-    h.slots = nc.slots;
-    caf::error refused;
-    self->request(cluster, 10s, h, node)
-      .receive(
-        [&](const wire::welcome& w) {
-          spdlog::info("node {}: joined the cluster at {} as node {} (roles {})", o.name, address,
-                       w.node_id, o.roles);
-        },
-        [&](caf::error& err) { refused = std::move(err); });
-    if (refused) {
-      caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+    actors::join_options jo;
+    jo.token = *token;
+    jo.name = o.name;
+    jo.roles = *roles;
+    jo.slots = o.slots;
+    jo.data_dir = o.data_dir;
+    jo.protocol = o.protocol;
+    jo.owner = caf::actor_cast<caf::actor>(self);
+    jo.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.connect_timeout * 1000));
+    expected<actors::membership> m = caf::error{};
+    if (is_scheduler) {
+      m = actors::join_cluster(sys, cluster, jo);
+    } else {
+      auto ep = actors::parse_endpoint(o.join);
+      if (!ep)
+        return fail(2, "--join: " + describe(ep.error()));
+      address = ep->to_string();
+      m = actors::join_cluster(sys, *ep, jo);
+    }
+    if (!m) {
       if (is_scheduler)
         caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
-      return fail(1, "the scheduler at " + address + " refused this node: " + describe(refused));
+      return fail(1, describe(m.error()));
+    }
+    node = m->node;
+    spdlog::info("node {}: joined the cluster at {} as node {} (roles {})", o.name, address,
+                 m->node_id, o.roles);
+    if (!is_scheduler) {
+      cluster = m->cluster;
+      self->monitor(cluster);
     }
   }
 

@@ -276,3 +276,23 @@ TEST_CASE("ctl remove-worker lets a worker finish its step and leave; SIGTERM do
   CHECK(log.find("removed:") == std::string::npos); // no worker counted as failed
   CHECK(log.find("(3 finished, 0 failed)") != std::string::npos);
 }
+
+TEST_CASE("a host application with its own actor system joins a running cluster and trains") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "2", "--servers", "1",
+                                     "--epochs", "2", "--set", "data.train_limit=6000",
+                                     "--set", "data.test_limit=1000", "--report", dir.file("r.json")});
+  auto server = start({exe, "node", "--role", "server", "--join", sched.join}, dir.file("server.log"));
+  auto worker = start({exe, "node", "--role", "worker", "--join", sched.join}, dir.file("worker.log"));
+  auto host = start({ASHLAR_EMBED_BINARY, sched.join}, dir.file("host.log"));
+  int code = sched.proc.wait(120);
+  INFO(slurp(dir.file("scheduler.log")));
+  REQUIRE(code == 0);
+  CHECK(host.wait(30) == 0);
+  auto host_log = slurp(dir.file("host.log"));
+  INFO(host_log);
+  CHECK(host_log.find("joined 127.0.0.1") != std::string::npos);
+  CHECK(host_log.find("done after") != std::string::npos);
+  CHECK(slurp(dir.file("scheduler.log")).find("joined (embedded-host)") != std::string::npos);
+  CHECK(json_number(slurp(dir.file("r.json")), "samples") == 2 * 6000);
+}

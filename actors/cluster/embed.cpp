@@ -1,0 +1,51 @@
+#include "actors/cluster/embed.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include "actors/cluster/node.hpp"
+
+namespace ashlar::actors {
+
+expected<membership> join_cluster(caf::actor_system& sys, const cluster_actor& cluster,
+                                  const join_options& opts) {
+  node_config nc;
+  nc.name = opts.name;
+  nc.roles = opts.roles;
+  nc.slots = has_role(opts.roles, wire::role::worker) ? opts.slots : 0;
+  nc.data_dir = opts.data_dir;
+  nc.owner = opts.owner;
+  auto node = spawn_node(sys, nc);
+  wire::hello h;
+  h.protocol = opts.protocol;
+  h.token = opts.token;
+  h.roles = opts.roles;
+  h.node = opts.name;
+  h.slots = nc.slots;
+  caf::scoped_actor self{sys};
+  membership m;
+  caf::error refused;
+  self->request(cluster, std::chrono::seconds(10), h, node)
+    .receive([&](const wire::welcome& w) { m.node_id = w.node_id; },
+             [&](caf::error& err) { refused = std::move(err); });
+  if (refused) {
+    caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
+    return refused;
+  }
+  m.cluster = cluster;
+  m.node = node;
+  return m;
+}
+
+expected<membership> join_cluster(caf::actor_system& sys, const endpoint& where,
+                                  const join_options& opts) {
+  auto ptr = connect(sys, where, opts.timeout);
+  if (!ptr)
+    return ptr.error();
+  auto m = join_cluster(sys, caf::actor_cast<cluster_actor>(*ptr), opts);
+  if (!m)
+    return make_error(errc::handshake_refused,
+                      "the scheduler at " + where.to_string() + " refused this node: " + describe(m.error()));
+  return m;
+}
+
+}  // namespace ashlar::actors

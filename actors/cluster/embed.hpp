@@ -1,0 +1,47 @@
+// Joining a cluster from any process: a host application with its own actor_system hosts
+// Ashlar workers (or shards) next to its own actors. `ashlar node` uses the same call.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "actors/cluster/system.hpp"
+
+namespace ashlar::actors {
+
+struct join_options {
+  /// Cluster token (see load_token). Default: "" (no authentication).
+  std::string token;
+  /// Name shown in the scheduler's logs and `ashlar status`. Default: "embedded".
+  std::string name = "embedded";
+  /// Roles this process takes. Default: worker.
+  std::vector<wire::role> roles = {wire::role::worker};
+  /// Workers this process may host. Default: 1.
+  uint32_t slots = 1;
+  /// If not empty, read the data set from here instead of the job's data.dir. Default: "".
+  std::string data_dir;
+  /// How long to keep trying to reach the scheduler. Default: 30 s.
+  std::chrono::milliseconds timeout{30000};
+  /// Announced protocol version (tests use another one to check refusals).
+  uint32_t protocol = wire::protocol_version;
+  /// Receives (stop_atom) when the cluster shut this node down and its workers have left.
+  caf::actor owner;
+};
+
+/// A process's membership in a cluster.
+struct membership {
+  cluster_actor cluster;
+  node_actor node;
+  uint32_t node_id = 0;
+};
+
+/// Spawns a node actor in `sys` and introduces it to the scheduler reachable at `where`
+/// (or to `local`, when this process runs the scheduler itself). Blocks until welcomed.
+/// Errors: peer_unreachable naming the address; handshake_refused with the scheduler's reason.
+[[nodiscard]] expected<membership> join_cluster(caf::actor_system& sys, const endpoint& where,
+                                                const join_options& opts);
+[[nodiscard]] expected<membership> join_cluster(caf::actor_system& sys, const cluster_actor& local,
+                                                const join_options& opts);
+
+}  // namespace ashlar::actors

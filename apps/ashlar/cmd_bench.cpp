@@ -3,7 +3,15 @@
 #include <chrono>
 #include <cstdio>
 
+#include <caf/io/all.hpp>
+#include <csignal>
+#include <fstream>
+#include <thread>
+
+#include "actors/cluster/system.hpp"
+#include "actors/server_shard.hpp"
 #include "apps/ashlar/commands.hpp"
+#include "runtime/os/subprocess.hpp"
 #include "runtime/backend/cpu_backend.hpp"
 #include "runtime/config/train_config.hpp"
 #include "runtime/data/dataset.hpp"
@@ -69,6 +77,115 @@ int run_step_bench(const bench_options& o) {
   return 0;
 }
 
+struct wire_options {
+  uint64_t params = 6000000;
+  double seconds = 5;
+  std::string port_file;
+  bool json = false;
+};
+
+// The peer process: one shard holding `params` floats, published on loopback.
+int run_wire_peer(const wire_options& o) {
+  actors::cluster_system_config cfg;
+  caf::actor_system sys{cfg};
+  auto policy = make_policy("asp", {});
+  sgd_config opt;
+  opt.lr = 1e-6f;
+  opt.momentum = 0;
+  opt.weight_decay = 0;
+  auto shard = actors::spawn_shard(
+    sys, std::make_unique<shard_core>(shard_range{0, 0, o.params}, std::vector<float>(o.params, 0.5f),
+                                      opt, std::move(*policy)));
+  caf::scoped_actor self{sys};
+  self->request(shard, std::chrono::seconds(5), wire::membership_change{wire::membership_change::join, 0, ""})
+    .receive([](caf::ok_atom) {}, [](caf::error&) {});
+  auto port = sys.middleman().publish(shard, 0, "127.0.0.1");
+  if (!port)
+    return 1;
+  {
+    std::ofstream out{o.port_file + ".tmp"};
+    out << *port << "\n";
+  }
+  std::rename((o.port_file + ".tmp").c_str(), o.port_file.c_str());
+  // Runs until the parent kills it.
+  for (;;)
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+// Pull + push of a `params`-float shard in another process, as fast as one worker can.
+int run_wire_bench(const wire_options& o) {
+  char tmpl[] = "/tmp/ashlar-bench-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  std::string port_file = dir + "/port";
+  auto peer = subprocess::start({self_executable(), "bench", "wire-peer", "--params",
+                                 std::to_string(o.params), "--port-file", port_file},
+                                dir + "/peer.log");
+  if (!peer) {
+    std::fprintf(stderr, "ashlar bench: %s\n", describe(peer.error()).c_str());
+    return 1;
+  }
+  std::string port;
+  for (int i = 0; i < 200 && port.empty(); ++i) {
+    std::ifstream in{port_file};
+    std::getline(in, port);
+    if (port.empty())
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (port.empty()) {
+    std::fprintf(stderr, "ashlar bench: the peer process did not start\n");
+    return 1;
+  }
+  actors::cluster_system_config cfg;
+  caf::actor_system sys{cfg};
+  auto ptr = actors::connect(sys, actors::endpoint{"127.0.0.1", static_cast<uint16_t>(std::stoi(port))},
+                             std::chrono::seconds(10));
+  if (!ptr) {
+    std::fprintf(stderr, "ashlar bench: %s\n", describe(ptr.error()).c_str());
+    return 1;
+  }
+  auto shard = caf::actor_cast<actors::shard_actor>(*ptr);
+  caf::scoped_actor self{sys};
+  wire::push push;
+  push.worker_id = 0;
+  push.batch_size = 1;
+  push.grad.assign(o.params, 0.25f);
+  uint64_t bytes = 0, rounds = 0;
+  caf::error failure;
+  auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  while (elapsed < o.seconds && !failure) {
+    self->request(shard, std::chrono::seconds(60), wire::pull_request{0, 0, false})
+      .receive([&](const wire::pull_reply& r) { bytes += r.params.size() * 4; push.base_version = r.version; },
+               [&](caf::error& e) { failure = e; });
+    self->request(shard, std::chrono::seconds(60), push)
+      .receive([&](const wire::push_ack&) { bytes += push.grad.size() * 4; },
+               [&](caf::error& e) { failure = e; });
+    ++rounds;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  peer->signal(SIGKILL);
+  peer->wait(5);
+  std::remove(port_file.c_str());
+  std::remove((dir + "/peer.log").c_str());
+  ::rmdir(dir.c_str());
+  if (failure) {
+    std::fprintf(stderr, "ashlar bench: %s\n", describe(failure).c_str());
+    return 1;
+  }
+  double rate = bytes / elapsed;
+  if (o.json)
+    std::printf("{\"params\": %lu, \"rounds\": %lu, \"seconds\": %.3f, \"bytes\": %lu, "
+                "\"bytes_per_second\": %.0f}\n",
+                static_cast<unsigned long>(o.params), static_cast<unsigned long>(rounds), elapsed,
+                static_cast<unsigned long>(bytes), rate);
+  else
+    std::printf("ashlar wire: %lu-parameter shard in another process, %lu pull+push rounds in "
+                "%.1f s: %.1f MB/s\n",
+                static_cast<unsigned long>(o.params), static_cast<unsigned long>(rounds), elapsed,
+                rate / 1e6);
+  return 0;
+}
+
 }  // namespace
 
 command_fn add_bench(CLI::App& app) {
@@ -82,9 +199,22 @@ command_fn add_bench(CLI::App& app) {
   step->add_option("--warmup", o->warmup, "untimed steps first")->capture_default_str();
   step->add_option("--threads", o->threads, "OpenBLAS threads")->capture_default_str();
   step->add_flag("--json", o->json, "print one JSON object");
-  return [o, step] {
+  auto w = std::make_shared<wire_options>();
+  auto* wire_cmd = cmd->add_subcommand("wire", "pull+push bytes/s with a shard in another process");
+  wire_cmd->add_option("--params", w->params, "parameters in the shard")->capture_default_str();
+  wire_cmd->add_option("--seconds", w->seconds, "how long to measure")->capture_default_str();
+  wire_cmd->add_flag("--json", w->json, "print one JSON object");
+  auto* peer_cmd = cmd->add_subcommand("wire-peer", "the other process of `bench wire`");
+  peer_cmd->group("");
+  peer_cmd->add_option("--params", w->params)->required();
+  peer_cmd->add_option("--port-file", w->port_file)->required();
+  return [o, step, w, wire_cmd, peer_cmd] {
     if (step->parsed())
       return run_step_bench(*o);
+    if (wire_cmd->parsed())
+      return run_wire_bench(*w);
+    if (peer_cmd->parsed())
+      return run_wire_peer(*w);
     return 2;
   };
 }

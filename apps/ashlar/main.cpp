@@ -1,9 +1,14 @@
 // ashlar: train data-parallel models on heterogeneous workers.
 #include <cstdio>
+#include <malloc.h>
 
 #include "apps/ashlar/commands.hpp"
 
 int main(int argc, char** argv) {
+  // Tensor messages are large and come and go every step: keep such blocks in the heap
+  // instead of mapping and unmapping (and page-faulting) them each time.
+  mallopt(M_MMAP_THRESHOLD, 512 * 1024 * 1024);
+  mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024);
   CLI::App app{"ashlar: heterogeneity-aware data-parallel training on an actor runtime"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "ashlar 0.1.0");

@@ -4,7 +4,9 @@
 #include <string>
 
 #include <capnp/message.h>
+#include <capnp/orphan.h>
 #include <capnp/serialize.h>
+#include <kj/io.h>
 
 #include "schema/ashlar.capnp.h"
 
@@ -15,10 +17,12 @@ namespace ashlar::wire {
 
 namespace {
 
+// Writes the message straight into the word vector: one copy of each segment.
 words to_words(capnp::MessageBuilder& mb) {
-  auto flat = capnp::messageToFlatArray(mb);
-  words out(flat.size());
-  std::memcpy(out.data(), flat.begin(), flat.size() * sizeof(capnp::word));
+  words out(capnp::computeSerializedSizeInWords(mb));
+  kj::ArrayOutputStream stream{kj::arrayPtr(reinterpret_cast<kj::byte*>(out.data()),
+                                            out.size() * sizeof(uint64_t))};
+  capnp::writeMessage(stream, mb);
   return out;
 }
 
@@ -176,12 +180,13 @@ caf::error decode(const uint64_t* d, size_t n, pull_request& out) {
 
 // ---- pull_reply ----
 words encode(const pull_reply& x) {
-  capnp::MallocMessageBuilder mb{static_cast<unsigned>(x.params.size() / 2 + 64)};
+  capnp::MallocMessageBuilder mb;
   auto b = mb.initRoot<schema::PullReply>();
   b.setShardId(x.shard_id);
   b.setVersion(x.version);
   b.setBegin(x.begin);
-  b.setParams(floats_as_data(x.params));
+  // The tensor is referenced, not copied, until the message is written out.
+  b.adoptParams(mb.getOrphanage().referenceExternalData(floats_as_data(x.params)));
   b.setWaitNs(x.wait_ns);
   return to_words(mb);
 }
@@ -198,13 +203,13 @@ caf::error decode(const uint64_t* d, size_t n, pull_reply& out) {
 
 // ---- push ----
 words encode(const push& x) {
-  capnp::MallocMessageBuilder mb{static_cast<unsigned>(x.grad.size() / 2 + 64)};
+  capnp::MallocMessageBuilder mb;
   auto b = mb.initRoot<schema::Push>();
   b.setWorkerId(x.worker_id);
   b.setShardId(x.shard_id);
   b.setBaseVersion(x.base_version);
   b.setBatchSize(x.batch_size);
-  b.setGrad(floats_as_data(x.grad));
+  b.adoptGrad(mb.getOrphanage().referenceExternalData(floats_as_data(x.grad)));
   return to_words(mb);
 }
 

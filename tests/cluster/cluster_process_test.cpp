@@ -296,3 +296,37 @@ TEST_CASE("a host application with its own actor system joins a running cluster 
   CHECK(slurp(dir.file("scheduler.log")).find("joined (embedded-host)") != std::string::npos);
   CHECK(json_number(slurp(dir.file("r.json")), "samples") == 2 * 6000);
 }
+
+TEST_CASE("ashlar train --join runs a job on a standing cluster; ctl add-worker fills a free slot") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {});
+  auto server = start({exe, "node", "--role", "server", "--join", sched.join}, dir.file("server.log"));
+  auto worker = start({exe, "node", "--role", "worker", "--slots", "2", "--join", sched.join},
+                      dir.file("worker.log"));
+  REQUIRE(wait_for_file(dir.file("worker.log"),
+                        [](const std::string& t) { return t.find("joined the cluster") != std::string::npos; }, 15s));
+  auto train = start({exe, "train", config, "--join", sched.join, "--workers", "1", "--servers", "1",
+                      "--epochs", "6", "--set", "data.train_limit=6000", "--set", "data.test_limit=1000",
+                      "--report", dir.file("r.json")},
+                     dir.file("train.log"));
+  REQUIRE(wait_for_file(dir.file("scheduler.log"),
+                        [](const std::string& t) { return t.find("training starts") != std::string::npos; }, 30s));
+  auto ctl = start({exe, "ctl", "--join", sched.join, "add-worker"}, dir.file("ctl.log"));
+  CHECK(ctl.wait(20) == 0);
+  CHECK(slurp(dir.file("ctl.log")).find("starting 1 worker(s)") != std::string::npos);
+  int code = train.wait(120);
+  INFO(slurp(dir.file("scheduler.log")));
+  INFO(slurp(dir.file("train.log")));
+  REQUIRE(code == 0);
+  auto report = slurp(dir.file("r.json"));
+  CHECK(json_number(report, "test_accuracy") > 0.6);
+  std::smatch m;
+  REQUIRE(std::regex_search(report, m, std::regex{"\"worker\": 1, \"steps\": ([0-9]+), \"samples\": ([0-9]+)"}));
+  CHECK(std::stoul(m[2]) > 0);
+  // The cluster stays up for the next job.
+  auto status = start({exe, "status", "--join", sched.join}, dir.file("status.log"));
+  CHECK(status.wait(20) == 0);
+  CHECK(slurp(dir.file("status.log")).find("stage: idle") != std::string::npos);
+  sched.proc.signal(SIGTERM);
+  CHECK(sched.proc.wait(10) == 0);
+}

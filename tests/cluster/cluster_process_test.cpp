@@ -71,6 +71,24 @@ scheduler_proc start_scheduler(const temp_dir& dir, std::vector<std::string> ext
   return s;
 }
 
+// Starts `count` node processes of `role` joining `join`, logging to ROLE-I.log in `dir`.
+std::vector<subprocess> start_nodes(const temp_dir& dir, const std::string& join, const std::string& role,
+                                    int count) {
+  std::vector<subprocess> out;
+  for (int i = 0; i < count; ++i) {
+    auto name = role + "-" + std::to_string(i);
+    out.push_back(start({exe, "node", "--role", role, "--name", name, "--join", join},
+                        dir.file(name + ".log")));
+  }
+  return out;
+}
+
+bool wait_for_training(const temp_dir& dir) {
+  return wait_for_file(dir.file("scheduler.log"),
+                       [](const std::string& t) { return t.find("training starts") != std::string::npos; },
+                       60s);
+}
+
 }  // namespace
 
 TEST_CASE("a 2-server, 3-worker process cluster trains Fashion-MNIST to the single-process accuracy") {
@@ -112,15 +130,9 @@ TEST_CASE("a SIGKILLed worker is removed within 5 s, the run completes, and a la
                                      "--epochs", "8", "--set", "data.train_limit=12000",
                                      "--set", "data.test_limit=2000", "--report", dir.file("r.json"),
                                      "--set", "run.progress_interval=1"});
-  auto server = start({exe, "node", "--role", "server", "--join", sched.join}, dir.file("server.log"));
-  std::vector<subprocess> workers;
-  for (int i = 0; i < 3; ++i)
-    workers.push_back(start({exe, "node", "--role", "worker", "--name", "w" + std::to_string(i),
-                             "--join", sched.join},
-                            dir.file("worker" + std::to_string(i) + ".log")));
-  REQUIRE(wait_for_file(dir.file("scheduler.log"),
-                        [](const std::string& t) { return t.find("training starts") != std::string::npos; },
-                        60s));
+  auto server = start_nodes(dir, sched.join, "server", 1);
+  auto workers = start_nodes(dir, sched.join, "worker", 3);
+  REQUIRE(wait_for_training(dir));
   std::this_thread::sleep_for(1500ms);
   workers[1].signal(SIGKILL);
   auto killed_at = std::chrono::steady_clock::now();
@@ -223,14 +235,11 @@ TEST_CASE("a frozen (SIGSTOP) worker is removed by heartbeat timeout and BSP goe
   auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "2", "--servers", "1",
                                      "--epochs", "6", "--set", "data.train_limit=8000",
                                      "--set", "data.test_limit=1000", "--report", dir.file("r.json")});
-  auto server = start({exe, "node", "--role", "server", "--join", sched.join}, dir.file("server.log"));
-  auto w0 = start({exe, "node", "--role", "worker", "--join", sched.join}, dir.file("w0.log"));
-  auto w1 = start({exe, "node", "--role", "worker", "--join", sched.join}, dir.file("w1.log"));
-  REQUIRE(wait_for_file(dir.file("scheduler.log"),
-                        [](const std::string& t) { return t.find("training starts") != std::string::npos; },
-                        60s));
+  auto server = start_nodes(dir, sched.join, "server", 1);
+  auto workers = start_nodes(dir, sched.join, "worker", 2);
+  REQUIRE(wait_for_training(dir));
   std::this_thread::sleep_for(1s);
-  w1.signal(SIGSTOP);
+  workers[1].signal(SIGSTOP);
   auto frozen_at = std::chrono::steady_clock::now();
   bool removed = wait_for_file(dir.file("scheduler.log"),
                                [](const std::string& t) { return t.find("removed:") != std::string::npos; },
@@ -240,7 +249,7 @@ TEST_CASE("a frozen (SIGSTOP) worker is removed by heartbeat timeout and BSP goe
   REQUIRE(removed);
   CHECK(took < 8s); // heartbeat every 1 s, connection timeout 3 s
   CHECK(sched.proc.wait(120) == 0);
-  w1.signal(SIGKILL);
+  workers[1].signal(SIGKILL);
   CHECK(json_number(slurp(dir.file("r.json")), "test_accuracy") > 0.6);
 }
 
@@ -249,14 +258,9 @@ TEST_CASE("ctl remove-worker lets a worker finish its step and leave; SIGTERM do
   auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "3", "--servers", "1",
                                      "--epochs", "8", "--set", "data.train_limit=9000",
                                      "--set", "data.test_limit=1000", "--report", dir.file("r.json")});
-  auto server = start({exe, "node", "--role", "server", "--join", sched.join}, dir.file("server.log"));
-  std::vector<subprocess> workers;
-  for (int i = 0; i < 3; ++i)
-    workers.push_back(start({exe, "node", "--role", "worker", "--join", sched.join},
-                            dir.file("w" + std::to_string(i) + ".log")));
-  REQUIRE(wait_for_file(dir.file("scheduler.log"),
-                        [](const std::string& t) { return t.find("training starts") != std::string::npos; },
-                        60s));
+  auto server = start_nodes(dir, sched.join, "server", 1);
+  auto workers = start_nodes(dir, sched.join, "worker", 3);
+  REQUIRE(wait_for_training(dir));
   std::this_thread::sleep_for(1s);
   auto ctl = start({exe, "ctl", "--join", sched.join, "remove-worker", "0"}, dir.file("ctl.log"));
   CHECK(ctl.wait(20) == 0);
@@ -282,8 +286,8 @@ TEST_CASE("a host application with its own actor system joins a running cluster 
   auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "2", "--servers", "1",
                                      "--epochs", "2", "--set", "data.train_limit=6000",
                                      "--set", "data.test_limit=1000", "--report", dir.file("r.json")});
-  auto server = start({exe, "node", "--role", "server", "--join", sched.join}, dir.file("server.log"));
-  auto worker = start({exe, "node", "--role", "worker", "--join", sched.join}, dir.file("worker.log"));
+  auto nodes = start_nodes(dir, sched.join, "server", 1);
+  auto worker = start_nodes(dir, sched.join, "worker", 1);
   auto host = start({ASHLAR_EMBED_BINARY, sched.join}, dir.file("host.log"));
   int code = sched.proc.wait(120);
   INFO(slurp(dir.file("scheduler.log")));

@@ -142,6 +142,8 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       a.steps = per_epoch * cfg.epochs;
       a.seed = cfg.seed * 1000003ull + id;
       a.policy = cfg.policy;
+      a.chunk_floats = cfg.chunk_floats;
+      a.chunks_in_flight = cfg.chunks_in_flight;
       member m;
       m.id = id;
       m.addr = caf::actor_cast<caf::actor_addr>(self->current_sender());

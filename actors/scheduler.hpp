@@ -25,6 +25,8 @@ struct scheduler_config {
   uint32_t epochs = 1;
   uint64_t seed = 1;
   std::string policy;
+  uint64_t chunk_floats = 1 << 20;
+  uint32_t chunks_in_flight = 2;
   /// Longest the first registered worker waits for the others before training starts
   /// with the workers present. Default: 120 s.
   std::chrono::milliseconds start_timeout{120000};

@@ -17,6 +17,14 @@ uint64_t ns_since(clock_type::time_point t) {
     std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now() - t).count());
 }
 
+// Progress of one shard's transfer in the current phase (pull or push).
+struct transfer {
+  uint64_t total = 0;
+  uint64_t next = 0; // next offset to request or send
+  uint64_t done = 0; // floats received (pull) or acknowledged (push)
+  uint64_t read_id = 0;
+};
+
 struct worker_state {
   static constexpr const char* name = "ashlar.worker";
   worker_config cfg;
@@ -27,6 +35,7 @@ struct worker_state {
   std::vector<float> params;
   std::vector<float> grad;
   std::vector<uint64_t> base_versions;
+  std::vector<transfer> transfers; // per shard, in the current pull or push
   uint64_t step = 0;
   size_t pending = 0;
   bool stopped = false;
@@ -69,40 +78,107 @@ void finish(worker_pointer self) {
 
 void push_all(worker_pointer self);
 
+uint64_t chunk_size(const worker_state& st, uint64_t total) {
+  return st.job.chunk_floats == 0 ? total : std::min<uint64_t>(st.job.chunk_floats, total);
+}
+
+void phase_done(worker_pointer self);
+
+// Pull: the first request starts the read; once the reply names it, further chunks are
+// requested with at most chunks_in_flight outstanding per shard.
+void request_pull_chunk(worker_pointer self, size_t i) {
+  auto& st = self->state;
+  auto& t = st.transfers[i];
+  wire::pull_request req{st.job.worker_id, st.job.shards[i].shard_id, false, t.next, st.job.chunk_floats,
+                         t.read_id};
+  if (t.read_id != 0)
+    t.next = std::min(t.total, t.next + chunk_size(st, t.total));
+  self->request(st.shards[i], st.cfg.request_timeout, req)
+    .then(
+      [=](const wire::pull_reply& r) {
+        auto& st = self->state;
+        if (st.stopped)
+          return;
+        const auto& range = st.job.shards[i];
+        auto& t = st.transfers[i];
+        if (r.total != range.size() || r.begin != range.begin
+            || r.offset + r.params.size() > range.size())
+          return fail(self, "shard " + std::to_string(range.shard_id) + " sent a chunk ["
+                              + std::to_string(r.offset) + ", +" + std::to_string(r.params.size())
+                              + ") of " + std::to_string(r.total) + " at offset "
+                              + std::to_string(r.begin) + ", expected a range of "
+                              + std::to_string(range.size()) + " at " + std::to_string(range.begin));
+        std::copy(r.params.begin(), r.params.end(),
+                  st.params.begin() + static_cast<std::ptrdiff_t>(range.begin + r.offset));
+        if (r.offset == 0) {
+          // The first reply of a read: its version and wait, and the read's id.
+          st.base_versions[i] = r.version;
+          st.wait_ns = std::max(st.wait_ns, r.wait_ns);
+          t.read_id = r.read_id;
+          t.next = r.params.size();
+          for (uint32_t k = 0; k < std::max(1u, st.job.chunks_in_flight) && t.next < t.total; ++k)
+            request_pull_chunk(self, i);
+        } else if (t.next < t.total) {
+          request_pull_chunk(self, i);
+        }
+        t.done += r.params.size();
+        if (t.done == t.total && --st.pending == 0) {
+          uint64_t all = ns_since(st.phase_start);
+          st.pull_ns = all > st.wait_ns ? all - st.wait_ns : 0;
+          push_all(self);
+        }
+      },
+      [=](caf::error& err) {
+        fail(self, "pull from shard " + std::to_string(self->state.job.shards[i].shard_id)
+                     + " failed: " + describe(err));
+      });
+}
+
 void pull_all(worker_pointer self) {
   auto& st = self->state;
   st.phase_start = clock_type::now();
   st.wait_ns = 0;
   st.pending = st.shards.size();
+  st.transfers.assign(st.shards.size(), transfer{});
   for (size_t i = 0; i < st.shards.size(); ++i) {
-    wire::pull_request req{st.job.worker_id, st.job.shards[i].shard_id, false};
-    self->request(st.shards[i], st.cfg.request_timeout, req)
-      .then(
-        [=](const wire::pull_reply& r) {
-          auto& st = self->state;
-          if (st.stopped)
-            return;
-          const auto& range = st.job.shards[i];
-          if (r.params.size() != range.size() || r.begin != range.begin)
-            return fail(self, "shard " + std::to_string(range.shard_id) + " sent "
-                                + std::to_string(r.params.size()) + " parameters at offset "
-                                + std::to_string(r.begin) + ", expected "
-                                + std::to_string(range.size()) + " at "
-                                + std::to_string(range.begin));
-          std::copy(r.params.begin(), r.params.end(), st.params.begin() + range.begin);
-          st.base_versions[i] = r.version;
-          st.wait_ns = std::max(st.wait_ns, r.wait_ns);
-          if (--st.pending == 0) {
-            uint64_t total = ns_since(st.phase_start);
-            st.pull_ns = total > st.wait_ns ? total - st.wait_ns : 0;
-            push_all(self);
-          }
-        },
-        [=](caf::error& err) {
-          fail(self, "pull from shard " + std::to_string(self->state.job.shards[i].shard_id)
-                       + " failed: " + describe(err));
-        });
+    st.transfers[i].total = st.job.shards[i].size();
+    request_pull_chunk(self, i);
   }
+}
+
+// Push: the slice of shard i is sent in chunks, chunks_in_flight outstanding at most.
+void send_push_chunk(worker_pointer self, size_t i) {
+  auto& st = self->state;
+  const auto& range = st.job.shards[i];
+  auto& t = st.transfers[i];
+  uint64_t len = std::min(chunk_size(st, t.total), t.total - t.next);
+  wire::push msg;
+  msg.worker_id = st.job.worker_id;
+  msg.shard_id = range.shard_id;
+  msg.base_version = st.base_versions[i];
+  msg.batch_size = st.batch_n;
+  msg.offset = t.next;
+  msg.total = t.total;
+  auto from = st.grad.begin() + static_cast<std::ptrdiff_t>(range.begin + t.next);
+  msg.grad.assign(from, from + static_cast<std::ptrdiff_t>(len));
+  t.next += len;
+  self->request(st.shards[i], st.cfg.request_timeout, std::move(msg))
+    .then(
+      [=](const wire::push_ack&) {
+        auto& st = self->state;
+        if (st.stopped)
+          return;
+        auto& t = st.transfers[i];
+        t.done += len;
+        if (t.next < t.total)
+          send_push_chunk(self, i);
+        if (t.done == t.total && --st.pending == 0)
+          phase_done(self);
+      },
+      [=](caf::error& err) {
+        fail(self, "push to shard " + std::to_string(self->state.job.shards[i].shard_id)
+                     + " failed: " + describe(err));
+      });
 }
 
 void push_all(worker_pointer self) {
@@ -117,39 +193,30 @@ void push_all(worker_pointer self) {
   st.loss = stats->mean_loss();
   st.phase_start = clock_type::now();
   st.pending = st.shards.size();
+  st.transfers.assign(st.shards.size(), transfer{});
   for (size_t i = 0; i < st.shards.size(); ++i) {
-    const auto& range = st.job.shards[i];
-    wire::push msg;
-    msg.worker_id = st.job.worker_id;
-    msg.shard_id = range.shard_id;
-    msg.base_version = st.base_versions[i];
-    msg.batch_size = st.batch_n;
-    msg.grad.assign(st.grad.begin() + range.begin, st.grad.begin() + range.end);
-    self->request(st.shards[i], st.cfg.request_timeout, std::move(msg))
-      .then(
-        [=](const wire::push_ack&) {
-          auto& st = self->state;
-          if (st.stopped || --st.pending > 0)
-            return;
-          wire::profile_report rep;
-          rep.worker_id = st.job.worker_id;
-          rep.step = st.step;
-          rep.samples = st.batch_n;
-          rep.loss = st.loss;
-          rep.compute_ns = st.compute_ns;
-          rep.pull_ns = st.pull_ns;
-          rep.wait_ns = st.wait_ns;
-          rep.push_ns = ns_since(st.phase_start);
-          self->send(st.cfg.profiler, rep);
-          ++st.step;
-          // Through the mailbox, so other messages are handled between steps.
-          self->send(self, step_atom::value);
-        },
-        [=](caf::error& err) {
-          fail(self, "push to shard " + std::to_string(self->state.job.shards[i].shard_id)
-                       + " failed: " + describe(err));
-        });
+    st.transfers[i].total = st.job.shards[i].size();
+    for (uint32_t k = 0; k < std::max(1u, st.job.chunks_in_flight) && st.transfers[i].next < st.transfers[i].total; ++k)
+      send_push_chunk(self, i);
   }
+}
+
+// Every shard has the whole gradient: report the step and go on.
+void phase_done(worker_pointer self) {
+  auto& st = self->state;
+  wire::profile_report rep;
+  rep.worker_id = st.job.worker_id;
+  rep.step = st.step;
+  rep.samples = st.batch_n;
+  rep.loss = st.loss;
+  rep.compute_ns = st.compute_ns;
+  rep.pull_ns = st.pull_ns;
+  rep.wait_ns = st.wait_ns;
+  rep.push_ns = ns_since(st.phase_start);
+  self->send(st.cfg.profiler, rep);
+  ++st.step;
+  // Through the mailbox, so other messages are handled between steps.
+  self->send(self, step_atom::value);
 }
 
 caf::error check_assignment(const worker_state& st, const wire::assignment& a) {

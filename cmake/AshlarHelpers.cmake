@@ -14,10 +14,11 @@ function(ashlar_test name)
   add_executable(${name} ${A_SOURCES})
   target_link_libraries(${name} PRIVATE ${A_DEPS} ashlar_test_main)
   target_compile_options(${name} PRIVATE -Wall -Wextra)
-  set(_props "")
+  # Every test has a time limit, so a hang fails the run instead of stalling it.
+  set(_props TIMEOUT 300)
   if(A_LABELS)
-    set(_props PROPERTIES LABELS "${A_LABELS}")
+    list(APPEND _props LABELS "${A_LABELS}")
   endif()
-  catch_discover_tests(${name} TEST_PREFIX "${name}: " ${_props}
+  catch_discover_tests(${name} TEST_PREFIX "${name}: " PROPERTIES ${_props}
     EXTRA_ARGS --warn NoAssertions)
 endfunction()

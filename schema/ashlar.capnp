@@ -120,6 +120,8 @@ struct Assignment {
   steps @6 :UInt64;              # steps to run before it is done
   seed @7 :UInt64;
   policy @8 :Text;
+  chunkFloats @9 :UInt64;      # largest tensor chunk per message
+  chunksInFlight @10 :UInt32;  # chunk requests a worker keeps outstanding per shard
 }
 
 struct MembershipChange {
@@ -139,6 +141,9 @@ struct PullRequest {
   workerId @0 :UInt32;
   shardId @1 :UInt32;
   snapshot @2 :Bool;       # read now, outside the sync policy (evaluation, status)
+  offset @3 :UInt64;       # first parameter of the chunk wanted, relative to the range
+  maxFloats @4 :UInt64;    # chunk size limit; 0 = the whole range in one message
+  readId @5 :UInt64;       # 0 starts a read; later chunks name the read the first reply began
 }
 
 struct PullReply {
@@ -147,6 +152,9 @@ struct PullReply {
   begin @2 :UInt64;        # first parameter index of this shard's range
   params @3 :Data;         # float32 LE, (end - begin) values
   waitNs @4 :UInt64;       # how long the shard held the read back for the policy
+  offset @5 :UInt64;       # where `params` starts within the range
+  total @6 :UInt64;        # the range's length; more chunks follow while offset+len < total
+  readId @7 :UInt64;       # names this read's frozen copy for the following chunk requests
 }
 
 struct Push {
@@ -154,7 +162,9 @@ struct Push {
   shardId @1 :UInt32;
   baseVersion @2 :UInt64;  # the shard version the gradient was computed from
   batchSize @3 :UInt32;    # samples behind this mean gradient
-  grad @4 :Data;           # float32 LE, the shard's range length
+  grad @4 :Data;           # float32 LE: a chunk of the range's gradient
+  offset @5 :UInt64;       # where the chunk starts within the range
+  total @6 :UInt64;        # the range's length: the push is complete when all of it arrived
 }
 
 struct PushAck {
@@ -162,6 +172,7 @@ struct PushAck {
   version @1 :UInt64;      # the shard's version after handling the push
   outcome @2 :Outcome;
   staleness @3 :UInt64;
+  complete @4 :Bool;       # false: a chunk was stored, the push is not whole yet
   enum Outcome {
     applied @0;
     buffered @1;

@@ -152,6 +152,10 @@ const std::vector<field>& fields() {
          [](train_config& c) -> uint32_t& { return c.batch_size; }),
     bind("train.seed", "seed for initial parameters and data order (default 1)",
          [](train_config& c) -> uint64_t& { return c.seed; }),
+    bind("train.chunk_floats", "largest tensor chunk per message, floats (default 1048576 = 4 MiB)",
+         [](train_config& c) -> uint64_t& { return c.chunk_floats; }),
+    bind("train.chunks_in_flight", "chunks a worker keeps in flight per shard (default 2)",
+         [](train_config& c) -> uint32_t& { return c.chunks_in_flight; }),
     bind("train.lr", "learning rate; under asp every push is a step, so use about lr / workers (default 0.05)",
          [](train_config& c) -> float& { return c.optimizer.lr; }),
     bind("train.momentum", "SGD momentum, 0 = none (default 0.9)",
@@ -315,6 +319,10 @@ caf::error validate(const train_config& c) {
     return bad("train.epochs must be at least 1");
   if (c.batch_size == 0)
     return bad("train.batch_size must be at least 1");
+  if (c.chunk_floats == 0)
+    return bad("train.chunk_floats must be at least 1");
+  if (c.chunks_in_flight == 0)
+    return bad("train.chunks_in_flight must be at least 1");
   if (!(c.optimizer.lr > 0))
     return bad("train.lr must be > 0");
   if (c.optimizer.momentum < 0 || c.optimizer.momentum >= 1)

@@ -42,6 +42,11 @@ struct train_config {
   uint32_t batch_size = 64;
   /// Seed for initial parameters and data order. Default: 1.
   uint64_t seed = 1;
+  /// Largest tensor chunk in one message, in floats: bigger ranges are pulled and pushed
+  /// in chunks so no single message holds up a connection. Default: 1048576 (4 MiB).
+  uint64_t chunk_floats = 1 << 20;
+  /// Chunks a worker keeps in flight per shard (bounds the data in flight). Default: 2.
+  uint32_t chunks_in_flight = 2;
   /// Optimizer applied by the shards (train.lr, train.momentum, train.weight_decay).
   sgd_config optimizer;
   /// Policy settings (train.staleness_aware_lr).

@@ -108,6 +108,8 @@ words encode(const assignment& x) {
   b.setSteps(x.steps);
   b.setSeed(x.seed);
   b.setPolicy(x.policy);
+  b.setChunkFloats(x.chunk_floats);
+  b.setChunksInFlight(x.chunks_in_flight);
   return to_words(mb);
 }
 
@@ -133,6 +135,8 @@ caf::error decode(const uint64_t* d, size_t n, assignment& out) {
     out.steps = r.getSteps();
     out.seed = r.getSeed();
     out.policy = r.getPolicy();
+    out.chunk_floats = r.getChunkFloats();
+    out.chunks_in_flight = r.getChunksInFlight();
     return caf::none;
   });
 }
@@ -166,6 +170,9 @@ words encode(const pull_request& x) {
   b.setWorkerId(x.worker_id);
   b.setShardId(x.shard_id);
   b.setSnapshot(x.snapshot);
+  b.setOffset(x.offset);
+  b.setMaxFloats(x.max_floats);
+  b.setReadId(x.read_id);
   return to_words(mb);
 }
 
@@ -174,6 +181,9 @@ caf::error decode(const uint64_t* d, size_t n, pull_request& out) {
     out.worker_id = r.getWorkerId();
     out.shard_id = r.getShardId();
     out.snapshot = r.getSnapshot();
+    out.offset = r.getOffset();
+    out.max_floats = r.getMaxFloats();
+    out.read_id = r.getReadId();
     return caf::error{};
   });
 }
@@ -188,6 +198,9 @@ words encode(const pull_reply& x) {
   // The tensor is referenced, not copied, until the message is written out.
   b.adoptParams(mb.getOrphanage().referenceExternalData(floats_as_data(x.params)));
   b.setWaitNs(x.wait_ns);
+  b.setOffset(x.offset);
+  b.setTotal(x.total);
+  b.setReadId(x.read_id);
   return to_words(mb);
 }
 
@@ -197,7 +210,16 @@ caf::error decode(const uint64_t* d, size_t n, pull_reply& out) {
     out.version = r.getVersion();
     out.begin = r.getBegin();
     out.wait_ns = r.getWaitNs();
-    return data_to_floats("PullReply", "params", r.getParams(), out.params);
+    out.offset = r.getOffset();
+    out.total = r.getTotal();
+    out.read_id = r.getReadId();
+    if (auto err = data_to_floats("PullReply", "params", r.getParams(), out.params))
+      return err;
+    if (out.offset + out.params.size() > out.total)
+      return malformed("PullReply", "chunk [" + std::to_string(out.offset) + ", +"
+                                      + std::to_string(out.params.size()) + ") exceeds the range of "
+                                      + std::to_string(out.total));
+    return caf::error{};
   });
 }
 
@@ -209,6 +231,8 @@ words encode(const push& x) {
   b.setShardId(x.shard_id);
   b.setBaseVersion(x.base_version);
   b.setBatchSize(x.batch_size);
+  b.setOffset(x.offset);
+  b.setTotal(x.total);
   b.adoptGrad(mb.getOrphanage().referenceExternalData(floats_as_data(x.grad)));
   return to_words(mb);
 }
@@ -219,6 +243,8 @@ caf::error decode(const uint64_t* d, size_t n, push& out) {
     out.shard_id = r.getShardId();
     out.base_version = r.getBaseVersion();
     out.batch_size = r.getBatchSize();
+    out.offset = r.getOffset();
+    out.total = r.getTotal();
     return data_to_floats("Push", "grad", r.getGrad(), out.grad);
   });
 }
@@ -231,6 +257,7 @@ words encode(const push_ack& x) {
   b.setVersion(x.version);
   b.setOutcome(static_cast<schema::PushAck::Outcome>(x.outcome));
   b.setStaleness(x.staleness);
+  b.setComplete(x.complete);
   return to_words(mb);
 }
 
@@ -243,6 +270,7 @@ caf::error decode(const uint64_t* d, size_t n, push_ack& out) {
     out.version = r.getVersion();
     out.outcome = static_cast<push_ack::outcome_t>(o);
     out.staleness = r.getStaleness();
+    out.complete = r.getComplete();
     return caf::none;
   });
 }

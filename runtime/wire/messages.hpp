@@ -84,6 +84,8 @@ struct assignment {
   uint64_t steps = 0;
   uint64_t seed = 0;
   std::string policy;
+  uint64_t chunk_floats = 0;
+  uint32_t chunks_in_flight = 2;
 };
 
 struct membership_change {
@@ -97,6 +99,9 @@ struct pull_request {
   uint32_t worker_id = 0;
   uint32_t shard_id = 0;
   bool snapshot = false;
+  uint64_t offset = 0;
+  uint64_t max_floats = 0; // 0: the whole range in one reply
+  uint64_t read_id = 0;    // 0: a new read
 };
 
 struct pull_reply {
@@ -105,6 +110,9 @@ struct pull_reply {
   uint64_t begin = 0;
   std::vector<float> params;
   uint64_t wait_ns = 0;
+  uint64_t offset = 0;
+  uint64_t total = 0;
+  uint64_t read_id = 0;
 };
 
 struct push {
@@ -113,6 +121,8 @@ struct push {
   uint64_t base_version = 0;
   uint32_t batch_size = 0;
   std::vector<float> grad;
+  uint64_t offset = 0;
+  uint64_t total = 0; // 0: grad is the whole range
 };
 
 struct push_ack {
@@ -121,6 +131,7 @@ struct push_ack {
   uint64_t version = 0;
   outcome_t outcome = applied;
   uint64_t staleness = 0;
+  bool complete = true;
 };
 
 struct shard_status {

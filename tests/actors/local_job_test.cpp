@@ -97,3 +97,16 @@ TEST_CASE("a missing data set fails the job with io_error naming the directory")
   CHECK(is(rep.error(), errc::io_error));
   CHECK(describe(rep.error()).find("/nonexistent/fmnist") != std::string::npos);
 }
+
+TEST_CASE("chunked pulls and pushes give bit-identical parameters to whole-range ones") {
+  auto cfg = small_job("bsp");
+  cfg.epochs = 1;
+  cfg.train_limit = 3000;
+  std::vector<float> whole, chunked;
+  REQUIRE(actors::run_local_job(cfg, {}, &whole));
+  cfg.chunk_floats = 7919; // a prime: chunks never line up with layers or shards
+  cfg.chunks_in_flight = 3;
+  REQUIRE(actors::run_local_job(cfg, {}, &chunked));
+  REQUIRE(whole.size() == chunked.size());
+  CHECK(std::memcmp(whole.data(), chunked.data(), whole.size() * sizeof(float)) == 0);
+}

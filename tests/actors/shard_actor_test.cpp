@@ -103,3 +103,46 @@ TEST_CASE("a worker leaving a BSP shard releases the others' held reads") {
   CHECK(reply.version == 1);
   f.self->send_exit(s, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("a shard serves a large read in chunks of one version and assembles a chunked push") {
+  fixture f;
+  auto s = f.make("asp", 10);
+  f.join(s, 0);
+  // Read in chunks of 4: the first reply starts a read the later chunks name.
+  wire::pull_reply first;
+  f.self->request(s, 5s, wire::pull_request{0, 0, false, 0, 4, 0})
+    .receive([&](const wire::pull_reply& r) { first = r; }, [](caf::error& e) { FAIL(describe(e)); });
+  CHECK(first.params.size() == 4);
+  CHECK(first.total == 10);
+  REQUIRE(first.read_id != 0);
+  // An update between chunks does not leak into the read.
+  REQUIRE(f.push(s, 0, 0, std::vector<float>(10, 1.0f)).version == 1);
+  std::vector<float> rest;
+  for (uint64_t off : {4, 8})
+    f.self->request(s, 5s, wire::pull_request{0, 0, false, off, 4, first.read_id})
+      .receive([&](const wire::pull_reply& r) {
+                 CHECK(r.version == 0);
+                 CHECK(r.offset == off);
+                 rest.insert(rest.end(), r.params.begin(), r.params.end());
+               },
+               [](caf::error& e) { FAIL(describe(e)); });
+  CHECK(rest == std::vector<float>(6, 0.0f));
+  // A push in three chunks is applied once, when its last chunk arrives.
+  std::vector<wire::push_ack> acks;
+  for (uint64_t off : {0, 4, 8}) {
+    uint64_t len = off == 8 ? 2 : 4;
+    f.self->request(s, 5s, wire::push{0, 0, 1, 1, std::vector<float>(len, 2.0f), off, 10})
+      .receive([&](const wire::push_ack& a) { acks.push_back(a); }, [](caf::error& e) { FAIL(describe(e)); });
+  }
+  REQUIRE(acks.size() == 3);
+  CHECK_FALSE(acks[0].complete);
+  CHECK_FALSE(acks[1].complete);
+  CHECK(acks[2].complete);
+  CHECK(acks[2].version == 2);
+  // A chunk that claims another range length is refused.
+  caf::error err;
+  f.self->request(s, 5s, wire::push{0, 0, 2, 1, std::vector<float>(4, 1.0f), 0, 12})
+    .receive([](const wire::push_ack&) {}, [&](caf::error& e) { err = e; });
+  CHECK(is(err, errc::shape_mismatch));
+  f.self->send_exit(s, caf::exit_reason::user_shutdown);
+}

@@ -30,12 +30,15 @@ template <class T>
 T round_trip(caf::scoped_actor& self, const caf::actor& peer, const T& x) {
   T out;
   bool got = false;
+  caf::error failure;
+  // No assertion inside the handlers: a throwing handler would unwind through CAF.
   self->request(peer, 10s, x).receive(
     [&](const T& y) {
       out = y;
       got = true;
     },
-    [&](caf::error& err) { FAIL("round trip failed: " << describe(err)); });
+    [&](caf::error& err) { failure = std::move(err); });
+  INFO("round trip failed: " << describe(failure));
   REQUIRE(got);
   return out;
 }
@@ -68,8 +71,21 @@ TEST_CASE("every message type crosses the network between two actor systems and 
   std::vector<float> big(300000);
   for (size_t i = 0; i < big.size(); ++i)
     big[i] = static_cast<float>(i) * 0.5f;
-  CHECK(round_trip(self, peer, wire::pull_reply{1, 7, 3, big, 11}).params == big);
-  CHECK(round_trip(self, peer, wire::push{1, 2, 3, 4, big}).grad == big);
+  auto reply = round_trip(self, peer, wire::pull_reply{1, 7, 3, big, 11, 0, big.size(), 5});
+  CHECK(reply.params == big);
+  CHECK(reply.total == big.size());
+  CHECK(reply.read_id == 5);
+  auto chunk = round_trip(self, peer, wire::push{1, 2, 3, 4, big, 100, 900000});
+  CHECK(chunk.grad == big);
+  CHECK(chunk.offset == 100);
+  CHECK(chunk.total == 900000);
+  // A reply whose chunk claims more than its range is malformed: refused, not delivered.
+  bool delivered = false;
+  caf::error refused;
+  self->request(peer, 10s, wire::pull_reply{1, 7, 3, big, 11, 10, 20, 0})
+    .receive([&](const wire::pull_reply&) { delivered = true; }, [&](caf::error& e) { refused = e; });
+  CHECK_FALSE(delivered);
+  CHECK(refused);
   CHECK(round_trip(self, peer, wire::push_ack{1, 9, wire::push_ack::buffered, 2}).outcome == wire::push_ack::buffered);
   wire::shard_status ss;
   ss.end = 10;

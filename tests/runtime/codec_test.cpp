@@ -31,7 +31,7 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   CHECK(p2.base_version == 77);
   CHECK(p2.batch_size == 32);
 
-  pull_reply r{1, 5, 10, {0.5f, 0.25f}, 1234};
+  pull_reply r{1, 5, 10, {0.5f, 0.25f}, 1234, 0, 2, 0};
   pull_reply r2;
   REQUIRE_FALSE(decode(encode(r), r2));
   CHECK(r2.params == r.params);
@@ -134,4 +134,12 @@ TEST_CASE("an assignment whose shard ranges overlap is refused") {
   auto err = decode(encode(a), out);
   REQUIRE(err);
   CHECK(describe(err).find("not contiguous") != std::string::npos);
+}
+
+TEST_CASE("a pull reply whose chunk runs past its range is refused") {
+  pull_reply r{1, 5, 10, {0.5f, 0.25f, 1.0f}, 0, 8, 10, 3};
+  pull_reply out;
+  auto err = decode(encode(r), out);
+  REQUIRE(err);
+  CHECK(describe(err).find("exceeds the range of 10") != std::string::npos);
 }

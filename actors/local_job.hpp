@@ -34,8 +34,8 @@ struct job_hooks {
 [[nodiscard]] expected<run_report> run_local_job(const train_config& cfg,
                                                  const job_hooks& hooks = {});
 
-/// The final parameters of the last run_local_job on this thread are not kept; this
-/// variant also returns them (for tests that compare runs bit for bit).
+/// Same, and also hands back the final parameters in `final_params` (for comparing runs
+/// bit for bit).
 [[nodiscard]] expected<run_report> run_local_job(const train_config& cfg, const job_hooks& hooks,
                                                  std::vector<float>* final_params);
 

@@ -82,9 +82,7 @@ struct NodeInfo {
   name @1 :Text;
   roles @2 :List(Role);
   slots @3 :UInt32;        # workers this node may host
-  workers @4 :List(UInt32);
-  shards @5 :List(UInt32);
-  alive @6 :Bool;
+  alive @4 :Bool;
 }
 
 # `ashlar status`: members, their roles and addresses, speeds, versions, stage.

@@ -600,12 +600,6 @@ words encode(const cluster_status& x) {
     o.setName(n.name);
     fill_roles(o.initRoles(static_cast<unsigned>(n.roles.size())), n.roles);
     o.setSlots(n.slots);
-    auto ws = o.initWorkers(static_cast<unsigned>(n.workers.size()));
-    for (size_t k = 0; k < n.workers.size(); ++k)
-      ws.set(k, n.workers[k]);
-    auto ss = o.initShards(static_cast<unsigned>(n.shards.size()));
-    for (size_t k = 0; k < n.shards.size(); ++k)
-      ss.set(k, n.shards[k]);
     o.setAlive(n.alive);
   }
   fill(b.initStats(), x.stats);
@@ -627,10 +621,6 @@ caf::error decode(const uint64_t* d, size_t n, cluster_status& out) {
       if (auto err = read_roles("ClusterStatus", nr.getRoles(), ni.roles))
         return err;
       ni.slots = nr.getSlots();
-      for (auto w : nr.getWorkers())
-        ni.workers.push_back(w);
-      for (auto s : nr.getShards())
-        ni.shards.push_back(s);
       ni.alive = nr.getAlive();
       out.nodes.push_back(std::move(ni));
     }

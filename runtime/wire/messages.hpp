@@ -185,8 +185,6 @@ struct node_info {
   std::string name;
   std::vector<role> roles;
   uint32_t slots = 0;
-  std::vector<uint32_t> workers;
-  std::vector<uint32_t> shards;
   bool alive = true;
 };
 

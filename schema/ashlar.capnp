@@ -39,6 +39,7 @@ struct SpawnShard {
   momentum @4 :Float32;
   weightDecay @5 :Float32;
   stalenessAwareLr @6 :Bool;
+  stalenessBound @7 :UInt64;   # ssp
 }
 
 # Scheduler -> worker node: start a worker that loads its own copy of the data.

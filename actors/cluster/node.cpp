@@ -81,6 +81,7 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
         return make_error(errc::invalid_state, "node " + st.cfg.name + " has no server role");
       policy_config pc;
       pc.staleness_aware_lr = req.staleness_aware_lr;
+      pc.staleness_bound = req.staleness_bound;
       auto policy = make_policy(req.policy, pc);
       if (!policy)
         return policy.error();

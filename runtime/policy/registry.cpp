@@ -3,6 +3,7 @@
 
 #include "runtime/policy/asp.hpp"
 #include "runtime/policy/bsp.hpp"
+#include "runtime/policy/ssp.hpp"
 
 namespace ashlar {
 
@@ -19,6 +20,7 @@ const std::vector<entry>& table() {
   static const std::vector<entry> rows = {
     {"bsp", [](const policy_config&) { return std::make_unique<bsp_policy>(); }},
     {"asp", [](const policy_config& c) { return std::make_unique<asp_policy>(c); }},
+    {"ssp", [](const policy_config& c) { return std::make_unique<ssp_policy>(c); }},
   };
   return rows;
 }

@@ -36,6 +36,8 @@ struct push_decision {
 struct policy_config {
   /// ASP: scale the learning rate by 1 / (1 + staleness). Default: false.
   bool staleness_aware_lr = false;
+  /// SSP: how many clocks (pushes) a worker may run ahead of the slowest. Default: 3.
+  uint64_t staleness_bound = 3;
 };
 
 class sync_policy {
@@ -69,7 +71,7 @@ public:
   virtual const std::set<worker_id>& live() const = 0;
 };
 
-/// Makes a policy by registry name ("bsp", "asp"). Fails with unknown_name, listing the names.
+/// Makes a policy by registry name ("bsp", "asp", "ssp"). Fails with unknown_name, listing the names.
 [[nodiscard]] expected<std::unique_ptr<sync_policy>> make_policy(const std::string& name,
                                                                 const policy_config& cfg);
 

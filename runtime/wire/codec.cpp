@@ -483,6 +483,7 @@ words encode(const spawn_shard& x) {
   b.setMomentum(x.momentum);
   b.setWeightDecay(x.weight_decay);
   b.setStalenessAwareLr(x.staleness_aware_lr);
+  b.setStalenessBound(x.staleness_bound);
   return to_words(mb);
 }
 
@@ -503,6 +504,7 @@ caf::error decode(const uint64_t* d, size_t n, spawn_shard& out) {
     out.momentum = r.getMomentum();
     out.weight_decay = r.getWeightDecay();
     out.staleness_aware_lr = r.getStalenessAwareLr();
+    out.staleness_bound = r.getStalenessBound();
     return caf::none;
   });
 }

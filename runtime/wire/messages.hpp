@@ -41,6 +41,7 @@ struct spawn_shard {
   float momentum = 0;
   float weight_decay = 0;
   bool staleness_aware_lr = false;
+  uint64_t staleness_bound = 0;
 };
 
 struct spawn_worker {

@@ -110,3 +110,16 @@ TEST_CASE("chunked pulls and pushes give bit-identical parameters to whole-range
   REQUIRE(whole.size() == chunked.size());
   CHECK(std::memcmp(whole.data(), chunked.data(), whole.size() * sizeof(float)) == 0);
 }
+
+TEST_CASE("SSP trains on every sample of every epoch to a working model") {
+  auto cfg = small_job("ssp");
+  cfg.epochs = 2;
+  cfg.optimizer.lr = 0.02f;
+  cfg.optimizer.momentum = 0.5f;
+  cfg.policy_settings.staleness_bound = 2;
+  auto rep = actors::run_local_job(cfg);
+  REQUIRE(rep);
+  CHECK(rep->samples == 2 * 12000);
+  CHECK(rep->dropped == 0);
+  CHECK(rep->test_accuracy >= 0.75);
+}

@@ -2,6 +2,7 @@
 
 #include "runtime/policy/asp.hpp"
 #include "runtime/policy/bsp.hpp"
+#include "runtime/policy/ssp.hpp"
 #include "runtime/policy/sync_policy.hpp"
 
 using namespace ashlar;
@@ -74,4 +75,48 @@ TEST_CASE("ASP with a staleness-aware learning rate divides it by 1 + staleness"
   asp_policy p{cfg};
   CHECK(p.on_push(0, 7, 7).lr_scale == 1.0f);
   CHECK(p.on_push(0, 4, 7).lr_scale == Approx(0.25f));
+}
+
+TEST_CASE("SSP blocks a worker exactly s clocks ahead and releases it when the slowest catches up") {
+  policy_config cfg;
+  cfg.staleness_bound = 2;
+  ssp_policy p{cfg};
+  p.on_join(0);
+  p.on_join(1);
+  // Worker 0 pushes twice: 2 ahead of worker 1, still within the bound.
+  CHECK(p.on_push(0, 0, 0).kind == push_decision::apply);
+  CHECK(p.on_push(0, 1, 1).kind == push_decision::apply);
+  CHECK(p.may_read(0, 2));
+  // A third push puts it 3 ahead: it must wait.
+  p.on_push(0, 2, 2);
+  CHECK(p.clock(0) == 3);
+  CHECK_FALSE(p.may_read(0, 3));
+  CHECK(p.may_read(1, 3));
+  // The slowest worker pushes once: worker 0 is 2 ahead again and is released.
+  p.on_push(1, 0, 3);
+  CHECK(p.may_read(0, 4));
+}
+
+TEST_CASE("SSP with bound 0 keeps workers in lockstep; a leaving worker stops holding others back") {
+  policy_config cfg;
+  cfg.staleness_bound = 0;
+  ssp_policy p{cfg};
+  p.on_join(0);
+  p.on_join(1);
+  p.on_push(0, 0, 0);
+  CHECK_FALSE(p.may_read(0, 1));
+  p.on_leave(1);
+  CHECK(p.may_read(0, 1));
+}
+
+TEST_CASE("SSP starts a late worker at the slowest clock, so it holds nobody back") {
+  policy_config cfg;
+  cfg.staleness_bound = 1;
+  ssp_policy p{cfg};
+  p.on_join(0);
+  for (int i = 0; i < 5; ++i)
+    p.on_push(0, 0, 0);
+  p.on_join(1);
+  CHECK(p.clock(1) == 5);
+  CHECK(p.may_read(0, 5));
 }

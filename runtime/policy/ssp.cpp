@@ -1,0 +1,47 @@
+#include "runtime/policy/ssp.hpp"
+
+#include <algorithm>
+
+namespace ashlar {
+
+void ssp_policy::on_join(worker_id w) {
+  live_.insert(w);
+  // A worker joining late starts at the slowest live clock, not at zero (which would
+  // hold every other worker back until it caught up).
+  uint64_t slowest = UINT64_MAX;
+  for (auto other : live_)
+    if (other != w)
+      slowest = std::min(slowest, clock(other));
+  clock_[w] = slowest == UINT64_MAX ? 0 : slowest;
+}
+
+void ssp_policy::on_leave(worker_id w) {
+  live_.erase(w);
+  clock_.erase(w);
+}
+
+push_decision ssp_policy::on_push(worker_id w, uint64_t base_version, uint64_t version) {
+  push_decision d;
+  d.kind = push_decision::apply;
+  d.staleness = version >= base_version ? version - base_version : 0;
+  if (cfg_.staleness_aware_lr)
+    d.lr_scale = 1.0f / static_cast<float>(1 + d.staleness);
+  clock_[w] += 1;
+  return d;
+}
+
+uint64_t ssp_policy::clock(worker_id w) const {
+  auto i = clock_.find(w);
+  return i == clock_.end() ? 0 : i->second;
+}
+
+bool ssp_policy::may_read(worker_id w, uint64_t) const {
+  if (live_.count(w) == 0)
+    return true;
+  uint64_t slowest = UINT64_MAX;
+  for (auto other : live_)
+    slowest = std::min(slowest, clock(other));
+  return clock(w) <= slowest + cfg_.staleness_bound;
+}
+
+}  // namespace ashlar

@@ -130,6 +130,8 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   sc.policy = cfg.policy;
   sc.chunk_floats = cfg.chunk_floats;
   sc.chunks_in_flight = cfg.chunks_in_flight;
+  sc.speeds = cfg.speeds;
+  sc.sample_ms = cfg.sample_ms;
   sc.observer = caf::actor_cast<caf::actor>(self);
   auto scheduler = spawn_scheduler(sys, sc);
   auto start = clock_type::now();

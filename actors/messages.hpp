@@ -22,6 +22,7 @@ using status_atom = caf::atom_constant<caf::atom("status")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using job_atom = caf::atom_constant<caf::atom("job")>;
 using nodes_atom = caf::atom_constant<caf::atom("nodes")>;
+using paced_atom = caf::atom_constant<caf::atom("paced")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
 /// follows membership changes, reports its status.
@@ -48,8 +49,9 @@ using scheduler_actor = caf::typed_actor<
 
 /// A worker: registers on start, then loops pull -> compute -> push until its steps are done.
 /// stop_atom: finish the current step, leave, and quit.
+/// paced_atom: the emulated compute time of the current step is over (pacing).
 using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<step_atom>,
-                                      caf::reacts_to<stop_atom>>;
+                                      caf::reacts_to<stop_atom>, caf::reacts_to<paced_atom>>;
 
 /// The actor every node process runs: it hosts shards and workers on the scheduler's
 /// request and carries out control requests (remove a worker, shut down).

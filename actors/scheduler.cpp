@@ -144,6 +144,8 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       a.policy = cfg.policy;
       a.chunk_floats = cfg.chunk_floats;
       a.chunks_in_flight = cfg.chunks_in_flight;
+      if (!cfg.speeds.empty())
+        a.pace_ns_per_sample = static_cast<uint64_t>(cfg.sample_ms * 1e6 / cfg.speeds[id % cfg.speeds.size()]);
       member m;
       m.id = id;
       m.addr = caf::actor_cast<caf::actor_addr>(self->current_sender());

@@ -27,6 +27,9 @@ struct scheduler_config {
   std::string policy;
   uint64_t chunk_floats = 1 << 20;
   uint32_t chunks_in_flight = 2;
+  /// Pacing (see train_config::speeds): empty = unpaced.
+  std::vector<double> speeds;
+  double sample_ms = 0.5;
   /// Longest the first registered worker waits for the others before training starts
   /// with the workers present. Default: 120 s.
   std::chrono::milliseconds start_timeout{120000};

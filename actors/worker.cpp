@@ -181,6 +181,10 @@ void send_push_chunk(worker_pointer self, size_t i) {
       });
 }
 
+void send_pushes(worker_pointer self);
+
+// Computes the step's gradient. A paced worker then waits out the rest of its budget
+// (batch x pace) with a delayed message, never blocking a scheduler thread.
 void push_all(worker_pointer self) {
   auto& st = self->state;
   auto t0 = clock_type::now();
@@ -191,6 +195,17 @@ void push_all(worker_pointer self) {
   st.compute_ns = ns_since(t0);
   st.batch_n = static_cast<uint32_t>(batch.n);
   st.loss = stats->mean_loss();
+  uint64_t budget = st.job.pace_ns_per_sample * st.batch_n;
+  if (budget > st.compute_ns) {
+    self->delayed_send(self, std::chrono::nanoseconds(budget - st.compute_ns), paced_atom::value);
+    st.compute_ns = budget;
+    return;
+  }
+  send_pushes(self);
+}
+
+void send_pushes(worker_pointer self) {
+  auto& st = self->state;
   st.phase_start = clock_type::now();
   st.pending = st.shards.size();
   st.transfers.assign(st.shards.size(), transfer{});
@@ -289,6 +304,10 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
         st.stopped = true;
         self->quit();
       }
+    },
+    [=](paced_atom) {
+      if (!self->state.stopped)
+        send_pushes(self);
     },
     [=](step_atom) {
       auto& st = self->state;

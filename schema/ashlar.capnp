@@ -121,6 +121,7 @@ struct Assignment {
   policy @8 :Text;
   chunkFloats @9 :UInt64;      # largest tensor chunk per message
   chunksInFlight @10 :UInt32;  # chunk requests a worker keeps outstanding per shard
+  paceNsPerSample @11 :UInt64; # emulated speed: wall time per sample; 0 = unpaced
 }
 
 struct MembershipChange {

@@ -66,6 +66,24 @@ caf::error parse(const std::string& key, const std::string& text, bool& out) {
   return caf::none;
 }
 
+caf::error parse(const std::string& key, const std::string& text, std::vector<double>& out) {
+  std::vector<double> v;
+  std::stringstream ss{text};
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    auto b = item.find_first_not_of(" \t[");
+    auto e = item.find_last_not_of(" \t]");
+    if (b == std::string::npos)
+      continue;
+    double x = 0;
+    if (parse(key, item.substr(b, e - b + 1), x) || x <= 0)
+      return bad_value(key, text, "a comma-separated list of positive numbers");
+    v.push_back(x);
+  }
+  out = std::move(v);
+  return caf::none;
+}
+
 caf::error parse(const std::string&, const std::string& text, std::string& out) {
   out = text;
   return caf::none;
@@ -99,6 +117,12 @@ std::string show(double v) {
 std::string show(float v) { return show(static_cast<double>(v)); }
 std::string show(bool v) { return v ? "true" : "false"; }
 std::string show(const std::string& v) { return v; }
+std::string show(const std::vector<double>& v) {
+  std::string s;
+  for (auto x : v)
+    s += (s.empty() ? "" : ",") + show(x);
+  return s;
+}
 std::string show(const std::vector<uint32_t>& v) {
   std::string s;
   for (auto x : v)
@@ -156,6 +180,10 @@ const std::vector<field>& fields() {
          [](train_config& c) -> uint64_t& { return c.chunk_floats; }),
     bind("train.chunks_in_flight", "chunks a worker keeps in flight per shard (default 2)",
          [](train_config& c) -> uint32_t& { return c.chunks_in_flight; }),
+    bind("train.speeds", "pacing: relative worker speeds, e.g. 1,1,2,4; empty = unpaced (default empty)",
+         [](train_config& c) -> std::vector<double>& { return c.speeds; }),
+    bind("train.sample_ms", "pacing: milliseconds per sample at speed 1 (default 0.5)",
+         [](train_config& c) -> double& { return c.sample_ms; }),
     bind("train.lr", "learning rate; under asp every push is a step, so use about lr / workers (default 0.05)",
          [](train_config& c) -> float& { return c.optimizer.lr; }),
     bind("train.momentum", "SGD momentum, 0 = none (default 0.9)",
@@ -321,6 +349,8 @@ caf::error validate(const train_config& c) {
     return bad("train.epochs must be at least 1");
   if (c.batch_size == 0)
     return bad("train.batch_size must be at least 1");
+  if (!(c.sample_ms > 0))
+    return bad("train.sample_ms must be > 0");
   if (c.chunk_floats == 0)
     return bad("train.chunk_floats must be at least 1");
   if (c.chunks_in_flight == 0)

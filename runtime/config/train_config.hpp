@@ -47,6 +47,12 @@ struct train_config {
   uint64_t chunk_floats = 1 << 20;
   /// Chunks a worker keeps in flight per shard (bounds the data in flight). Default: 2.
   uint32_t chunks_in_flight = 2;
+  /// Pacing: relative speeds of the workers (worker i gets speeds[i % size]); empty =
+  /// unpaced, every worker as fast as the machine lets it. Default: empty.
+  std::vector<double> speeds;
+  /// Pacing: wall time one sample costs a worker of speed 1, in milliseconds; a worker of
+  /// speed k takes sample_ms / k (the real compute runs inside that budget). Default: 0.5.
+  double sample_ms = 0.5;
   /// Optimizer applied by the shards (train.lr, train.momentum, train.weight_decay).
   sgd_config optimizer;
   /// Policy settings (train.staleness_aware_lr).

@@ -110,6 +110,7 @@ words encode(const assignment& x) {
   b.setPolicy(x.policy);
   b.setChunkFloats(x.chunk_floats);
   b.setChunksInFlight(x.chunks_in_flight);
+  b.setPaceNsPerSample(x.pace_ns_per_sample);
   return to_words(mb);
 }
 
@@ -137,6 +138,7 @@ caf::error decode(const uint64_t* d, size_t n, assignment& out) {
     out.policy = r.getPolicy();
     out.chunk_floats = r.getChunkFloats();
     out.chunks_in_flight = r.getChunksInFlight();
+    out.pace_ns_per_sample = r.getPaceNsPerSample();
     return caf::none;
   });
 }

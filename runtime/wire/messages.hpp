@@ -87,6 +87,7 @@ struct assignment {
   std::string policy;
   uint64_t chunk_floats = 0;
   uint32_t chunks_in_flight = 2;
+  uint64_t pace_ns_per_sample = 0;
 };
 
 struct membership_change {

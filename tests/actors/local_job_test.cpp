@@ -123,3 +123,21 @@ TEST_CASE("SSP trains on every sample of every epoch to a working model") {
   CHECK(rep->dropped == 0);
   CHECK(rep->test_accuracy >= 0.75);
 }
+
+TEST_CASE("a paced worker spends sample_ms / speed of wall time per sample") {
+  auto cfg = small_job("asp");
+  cfg.workers = 2;
+  cfg.epochs = 1;
+  cfg.train_limit = 1024;
+  cfg.optimizer.lr = 0.02f;
+  cfg.speeds = {1.0, 4.0};
+  cfg.sample_ms = 1.0; // ~20x the real compute per sample, so the budget always binds
+  auto rep = actors::run_local_job(cfg);
+  REQUIRE(rep);
+  REQUIRE(rep->per_worker.size() == 2);
+  for (const auto& w : rep->per_worker) {
+    double speed = cfg.speeds[w.worker_id % 2];
+    double budget = static_cast<double>(w.samples) * cfg.sample_ms * 1e-3 / speed;
+    CHECK(w.compute_seconds == Approx(budget).epsilon(0.01));
+  }
+}

@@ -118,20 +118,11 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   for (auto& s : shards)
     self->monitor(s);
   scheduler_config sc;
-  sc.model = cfg.model;
+  sc.job = cfg;
   sc.ranges = *ranges;
   sc.shards = shards;
   sc.profiler = profiler;
   sc.train_size = train->n;
-  sc.expected_workers = cfg.workers;
-  sc.batch_size = cfg.batch_size;
-  sc.epochs = cfg.epochs;
-  sc.seed = cfg.seed;
-  sc.policy = cfg.policy;
-  sc.chunk_floats = cfg.chunk_floats;
-  sc.chunks_in_flight = cfg.chunks_in_flight;
-  sc.speeds = cfg.speeds;
-  sc.sample_ms = cfg.sample_ms;
   sc.observer = caf::actor_cast<caf::actor>(self);
   auto scheduler = spawn_scheduler(sys, sc);
   auto start = clock_type::now();

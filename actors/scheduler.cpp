@@ -61,7 +61,7 @@ void broadcast(scheduler_pointer self, const wire::membership_change& m,
 
 void check_done(scheduler_pointer self) {
   auto& st = self->state;
-  if (st.done_sent || (!st.started && st.registered < st.cfg.expected_workers))
+  if (st.done_sent || (!st.started && st.registered < st.cfg.job.workers))
     return;
   uint32_t finished = 0, failed = 0;
   for (const auto& [id, m] : st.members) {
@@ -98,10 +98,10 @@ void start_training(scheduler_pointer self) {
   if (st.started)
     return;
   st.started = true;
-  if (st.start_barrier.size() < st.cfg.expected_workers)
+  if (st.start_barrier.size() < st.cfg.job.workers)
     spdlog::warn("scheduler: only {} of {} workers joined within the start timeout; training "
                  "starts with them",
-                 st.start_barrier.size(), st.cfg.expected_workers);
+                 st.start_barrier.size(), st.cfg.job.workers);
   else
     spdlog::info("scheduler: {} workers joined, training starts", st.start_barrier.size());
   for (auto& f : st.start_barrier)
@@ -128,24 +128,24 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
         ++st.next_id;
       // The first expected_workers ids own fixed data slots, so a run is reproducible
       // whatever order the workers register in.
-      uint32_t slot = id < cfg.expected_workers ? id : st.registered % cfg.expected_workers;
+      uint32_t slot = id < cfg.job.workers ? id : st.registered % cfg.job.workers;
       ++st.registered;
       wire::assignment a;
       a.worker_id = id;
       a.shards = cfg.ranges;
-      a.layer_widths = cfg.model.widths();
-      a.batch_size = cfg.batch_size;
-      uint64_t n = cfg.train_size, k = cfg.expected_workers;
+      a.layer_widths = cfg.job.model.widths();
+      a.batch_size = cfg.job.batch_size;
+      uint64_t n = cfg.train_size, k = cfg.job.workers;
       a.data_begin = n * slot / k;
       a.data_count = n * (slot + 1) / k - a.data_begin;
-      uint64_t per_epoch = (a.data_count + cfg.batch_size - 1) / cfg.batch_size;
-      a.steps = per_epoch * cfg.epochs;
-      a.seed = cfg.seed * 1000003ull + id;
-      a.policy = cfg.policy;
-      a.chunk_floats = cfg.chunk_floats;
-      a.chunks_in_flight = cfg.chunks_in_flight;
-      if (!cfg.speeds.empty())
-        a.pace_ns_per_sample = static_cast<uint64_t>(cfg.sample_ms * 1e6 / cfg.speeds[id % cfg.speeds.size()]);
+      uint64_t per_epoch = (a.data_count + cfg.job.batch_size - 1) / cfg.job.batch_size;
+      a.steps = per_epoch * cfg.job.epochs;
+      a.seed = cfg.job.seed * 1000003ull + id;
+      a.policy = cfg.job.policy;
+      a.chunk_floats = cfg.job.chunk_floats;
+      a.chunks_in_flight = cfg.job.chunks_in_flight;
+      if (!cfg.job.speeds.empty())
+        a.pace_ns_per_sample = static_cast<uint64_t>(cfg.job.sample_ms * 1e6 / cfg.job.speeds[id % cfg.job.speeds.size()]);
       member m;
       m.id = id;
       m.addr = caf::actor_cast<caf::actor_addr>(self->current_sender());
@@ -200,7 +200,7 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
         st.start_barrier.push_back(reply);
         if (st.start_barrier.size() == 1)
           self->delayed_send(self, st.cfg.start_timeout, start_atom::value);
-        if (st.start_barrier.size() >= st.cfg.expected_workers)
+        if (st.start_barrier.size() >= st.cfg.job.workers)
           start_training(self);
       });
       return promise;

@@ -66,31 +66,17 @@ caf::error parse(const std::string& key, const std::string& text, bool& out) {
   return caf::none;
 }
 
-caf::error parse(const std::string& key, const std::string& text, std::vector<double>& out) {
-  std::vector<double> v;
-  std::stringstream ss{text};
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    auto b = item.find_first_not_of(" \t[");
-    auto e = item.find_last_not_of(" \t]");
-    if (b == std::string::npos)
-      continue;
-    double x = 0;
-    if (parse(key, item.substr(b, e - b + 1), x) || x <= 0)
-      return bad_value(key, text, "a comma-separated list of positive numbers");
-    v.push_back(x);
-  }
-  out = std::move(v);
-  return caf::none;
-}
-
 caf::error parse(const std::string&, const std::string& text, std::string& out) {
   out = text;
   return caf::none;
 }
 
-caf::error parse(const std::string& key, const std::string& text, std::vector<uint32_t>& out) {
-  std::vector<uint32_t> v;
+// Comma-separated lists (brackets and blanks allowed); every item must parse as T and
+// satisfy `ok`.
+template <class T, class Ok>
+caf::error parse_list(const std::string& key, const std::string& text, std::vector<T>& out,
+                      const char* want, Ok ok) {
+  std::vector<T> v;
   std::stringstream ss{text};
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -98,13 +84,23 @@ caf::error parse(const std::string& key, const std::string& text, std::vector<ui
     auto e = item.find_last_not_of(" \t]");
     if (b == std::string::npos)
       continue;
-    uint32_t x = 0;
-    if (auto err = parse(key, item.substr(b, e - b + 1), x))
-      return bad_value(key, text, "a comma-separated list of non-negative integers");
+    T x{};
+    if (parse(key, item.substr(b, e - b + 1), x) || !ok(x))
+      return bad_value(key, text, want);
     v.push_back(x);
   }
   out = std::move(v);
   return caf::none;
+}
+
+caf::error parse(const std::string& key, const std::string& text, std::vector<uint32_t>& out) {
+  return parse_list(key, text, out, "a comma-separated list of non-negative integers",
+                    [](uint32_t) { return true; });
+}
+
+caf::error parse(const std::string& key, const std::string& text, std::vector<double>& out) {
+  return parse_list(key, text, out, "a comma-separated list of positive numbers",
+                    [](double x) { return x > 0; });
 }
 
 std::string show(uint64_t v) { return std::to_string(v); }

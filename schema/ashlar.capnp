@@ -40,6 +40,7 @@ struct SpawnShard {
   weightDecay @5 :Float32;
   stalenessAwareLr @6 :Bool;
   stalenessBound @7 :UInt64;   # ssp
+  k @8 :UInt32;                # ksync / kasync
 }
 
 # Scheduler -> worker node: start a worker that loads its own copy of the data.

@@ -272,6 +272,7 @@ cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std
     req.weight_decay = cfg.optimizer.weight_decay;
     req.staleness_aware_lr = cfg.policy_settings.staleness_aware_lr;
     req.staleness_bound = cfg.policy_settings.staleness_bound;
+    req.k = cfg.policy_settings.k;
     caf::error err;
     self->request(nodes->handles[n], 60s, req)
       .receive([&](shard_actor& s) { out.push_back(std::move(s)); },

@@ -82,6 +82,7 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
       policy_config pc;
       pc.staleness_aware_lr = req.staleness_aware_lr;
       pc.staleness_bound = req.staleness_bound;
+      pc.k = req.k;
       auto policy = make_policy(req.policy, pc);
       if (!policy)
         return policy.error();

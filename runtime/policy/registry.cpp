@@ -3,6 +3,7 @@
 
 #include "runtime/policy/asp.hpp"
 #include "runtime/policy/bsp.hpp"
+#include "runtime/policy/k_sync.hpp"
 #include "runtime/policy/ssp.hpp"
 
 namespace ashlar {
@@ -21,6 +22,8 @@ const std::vector<entry>& table() {
     {"bsp", [](const policy_config&) { return std::make_unique<bsp_policy>(); }},
     {"asp", [](const policy_config& c) { return std::make_unique<asp_policy>(c); }},
     {"ssp", [](const policy_config& c) { return std::make_unique<ssp_policy>(c); }},
+    {"ksync", [](const policy_config& c) { return std::make_unique<k_sync_policy>(c); }},
+    {"kasync", [](const policy_config& c) { return std::make_unique<k_async_policy>(c); }},
   };
   return rows;
 }

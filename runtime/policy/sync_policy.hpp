@@ -38,6 +38,8 @@ struct policy_config {
   bool staleness_aware_lr = false;
   /// SSP: how many clocks (pushes) a worker may run ahead of the slowest. Default: 3.
   uint64_t staleness_bound = 3;
+  /// ksync / kasync: gradients per update; 0 = half the live workers, rounded up. Default: 0.
+  uint32_t k = 0;
 };
 
 class sync_policy {
@@ -71,7 +73,7 @@ public:
   virtual const std::set<worker_id>& live() const = 0;
 };
 
-/// Makes a policy by registry name ("bsp", "asp", "ssp"). Fails with unknown_name, listing the names.
+/// Makes a policy by registry name ("bsp", "asp", "ssp", "ksync", "kasync"). Fails with unknown_name, listing the names.
 [[nodiscard]] expected<std::unique_ptr<sync_policy>> make_policy(const std::string& name,
                                                                 const policy_config& cfg);
 

@@ -57,7 +57,7 @@ expected<push_outcome> shard_core::push(worker_id w, uint64_t base_version, uint
       out.version_bumped = true;
       break;
     case push_decision::buffer: {
-      auto& slot = round_[w];
+      auto& slot = round_.emplace(w, pending{})->second;
       slot.batch = batch;
       slot.grad.assign(grad, grad + n);
       counters_.staleness_sum += d.staleness;

@@ -76,7 +76,9 @@ private:
   sgd_config opt_;
   std::unique_ptr<sync_policy> policy_;
   uint64_t version_ = 0;
-  std::map<worker_id, pending> round_; // ordered by worker id: a fixed summation order
+  // Ordered by worker id, then arrival: a fixed summation order. A worker may have several
+  // gradients in one round under policies that do not make it wait (k-async).
+  std::multimap<worker_id, pending> round_;
   std::vector<float> acc_;
   shard_counters counters_;
 };

@@ -486,6 +486,7 @@ words encode(const spawn_shard& x) {
   b.setWeightDecay(x.weight_decay);
   b.setStalenessAwareLr(x.staleness_aware_lr);
   b.setStalenessBound(x.staleness_bound);
+  b.setK(x.k);
   return to_words(mb);
 }
 
@@ -507,6 +508,7 @@ caf::error decode(const uint64_t* d, size_t n, spawn_shard& out) {
     out.weight_decay = r.getWeightDecay();
     out.staleness_aware_lr = r.getStalenessAwareLr();
     out.staleness_bound = r.getStalenessBound();
+    out.k = r.getK();
     return caf::none;
   });
 }

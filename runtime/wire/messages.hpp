@@ -42,6 +42,7 @@ struct spawn_shard {
   float weight_decay = 0;
   bool staleness_aware_lr = false;
   uint64_t staleness_bound = 0;
+  uint32_t k = 0;
 };
 
 struct spawn_worker {

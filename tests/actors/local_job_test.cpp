@@ -141,3 +141,22 @@ TEST_CASE("a paced worker spends sample_ms / speed of wall time per sample") {
     CHECK(w.compute_seconds == Approx(budget).epsilon(0.01));
   }
 }
+
+TEST_CASE("k-sync and k-async jobs train to a working model") {
+  for (const char* policy : {"ksync", "kasync"}) {
+    auto cfg = small_job(policy);
+    cfg.epochs = 2;
+    cfg.policy_settings.k = 2;
+    if (std::string{policy} == "kasync") {
+      // Updates without waiting, like ASP: a smaller step keeps stale gradients stable.
+      cfg.optimizer.lr = 0.02f;
+      cfg.optimizer.momentum = 0.5f;
+    }
+    auto rep = actors::run_local_job(cfg);
+    INFO(policy);
+    REQUIRE(rep);
+    CHECK(rep->test_accuracy >= 0.75);
+    if (std::string{policy} == "kasync")
+      CHECK(rep->dropped == 0);
+  }
+}

@@ -2,6 +2,7 @@
 
 #include "runtime/policy/asp.hpp"
 #include "runtime/policy/bsp.hpp"
+#include "runtime/policy/k_sync.hpp"
 #include "runtime/policy/ssp.hpp"
 #include "runtime/policy/sync_policy.hpp"
 
@@ -119,4 +120,52 @@ TEST_CASE("SSP starts a late worker at the slowest clock, so it holds nobody bac
   p.on_join(1);
   CHECK(p.clock(1) == 5);
   CHECK(p.may_read(0, 5));
+}
+
+TEST_CASE("k-sync applies the round after the first k gradients and drops the late one") {
+  policy_config cfg;
+  cfg.k = 2;
+  k_sync_policy p{cfg};
+  for (worker_id w : {0u, 1u, 2u})
+    p.on_join(w);
+  CHECK(p.on_push(2, 0, 0).kind == push_decision::buffer);
+  CHECK_FALSE(p.round_ready());
+  CHECK_FALSE(p.may_read(2, 0)); // pushed: waits for the round, like BSP
+  CHECK(p.on_push(0, 0, 0).kind == push_decision::buffer);
+  CHECK(p.round_ready());
+  p.on_round_applied();
+  CHECK(p.may_read(2, 1));
+  // Worker 1 computed from version 0 too, but the round is gone: its gradient is dropped,
+  // and it may read the new version at once.
+  auto late = p.on_push(1, 0, 1);
+  CHECK(late.kind == push_decision::drop);
+  CHECK(late.staleness == 1);
+  CHECK(p.may_read(1, 1));
+}
+
+TEST_CASE("k-sync with k of 0 waits for half the live workers, rounded up") {
+  k_sync_policy p{{}};
+  for (worker_id w : {0u, 1u, 2u, 3u, 4u})
+    p.on_join(w);
+  CHECK(p.k() == 3);
+  p.on_leave(4);
+  p.on_leave(3);
+  CHECK(p.k() == 2);
+}
+
+TEST_CASE("k-async buffers stale gradients too and applies once k have arrived") {
+  policy_config cfg;
+  cfg.k = 2;
+  k_async_policy p{cfg};
+  p.on_join(0);
+  p.on_join(1);
+  auto stale = p.on_push(0, 3, 5);
+  CHECK(stale.kind == push_decision::buffer);
+  CHECK(stale.staleness == 2);
+  CHECK(p.may_read(0, 5)); // nobody waits
+  CHECK_FALSE(p.round_ready());
+  p.on_push(0, 5, 5); // the same worker again: counted, not lost
+  CHECK(p.round_ready());
+  p.on_round_applied();
+  CHECK_FALSE(p.round_ready());
 }

@@ -113,3 +113,24 @@ TEST_CASE("a shard refuses a gradient of the wrong length, from a non-member or 
   CHECK(s.version() == 0);
   CHECK(s.params() == std::vector<float>(3, 1.0f));
 }
+
+TEST_CASE("a k-async shard keeps two gradients of one worker in the same round") {
+  policy_config pc;
+  pc.k = 2;
+  sgd_config opt;
+  opt.lr = 1.0f;
+  opt.momentum = 0.0f;
+  opt.weight_decay = 0.0f;
+  auto p = make_policy("kasync", pc);
+  REQUIRE(p);
+  shard_core s{shard_range{0, 0, 1}, {0.0f}, opt, std::move(*p)};
+  s.join(0);
+  s.join(1);
+  float g1 = 1.0f, g2 = 3.0f;
+  REQUIRE(s.push(0, 0, 1, &g1, 1));
+  CHECK(s.version() == 0);
+  auto r = s.push(0, 0, 1, &g2, 1);
+  REQUIRE(r);
+  CHECK(r->version_bumped);
+  CHECK(s.params()[0] == Approx(-2.0f)); // mean of 1 and 3
+}

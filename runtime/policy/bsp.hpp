@@ -8,8 +8,9 @@ namespace ashlar {
 
 /// Bulk-synchronous: every live worker's gradient is buffered; the round is applied
 /// when each live worker has pushed once; a worker that has pushed may read only after
-/// that round is applied.
-class bsp_policy final : public sync_policy {
+/// that round is applied. A second push in a round, or one computed from an older
+/// version, is dropped. k-sync reuses all of this and only ends rounds earlier.
+class bsp_policy : public sync_policy {
 public:
   const char* name() const override { return "bsp"; }
   void on_join(worker_id w) override;
@@ -20,7 +21,7 @@ public:
   bool may_read(worker_id w, uint64_t version) const override;
   const std::set<worker_id>& live() const override { return live_; }
 
-private:
+protected:
   std::set<worker_id> live_;
   std::set<worker_id> pushed_;                // pushed in the current round
   std::map<worker_id, uint64_t> waiting_for_; // version a pushed worker must wait for

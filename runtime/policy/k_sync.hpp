@@ -1,35 +1,24 @@
 #pragma once
 
-#include <map>
-
-#include "runtime/policy/sync_policy.hpp"
+#include "runtime/policy/bsp.hpp"
 
 namespace ashlar {
 
 /// k-sync SGD (Dutta et al., 2018): every worker computes from the current version; the
 /// round is applied as soon as the first k of them have pushed, and the gradients that
 /// arrive later for the old version are dropped. A worker that has pushed waits for the
-/// round, like BSP; k = live workers is BSP.
-class k_sync_policy final : public sync_policy {
+/// round; everything but the end of a round is BSP's, and k = live workers is BSP.
+class k_sync_policy final : public bsp_policy {
 public:
   explicit k_sync_policy(policy_config cfg) : cfg_(cfg) {}
   const char* name() const override { return "ksync"; }
-  void on_join(worker_id w) override { live_.insert(w); }
-  void on_leave(worker_id w) override;
-  push_decision on_push(worker_id w, uint64_t base_version, uint64_t version) override;
   bool round_ready() const override;
-  void on_round_applied() override { pushed_.clear(); }
-  bool may_read(worker_id w, uint64_t version) const override;
-  const std::set<worker_id>& live() const override { return live_; }
 
   /// The k in force: cfg.k, capped at the live workers; 0 means half of them, rounded up.
   size_t k() const;
 
 private:
   policy_config cfg_;
-  std::set<worker_id> live_;
-  std::set<worker_id> pushed_;
-  std::map<worker_id, uint64_t> waiting_for_;
 };
 
 /// k-async SGD (Dutta et al., 2018): gradients are buffered whatever version they were

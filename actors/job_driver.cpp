@@ -81,6 +81,13 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   train_config cfg = cfg_in;
   if (auto err = validate(cfg))
     return err;
+  contention_profile contention;
+  if (!cfg.contention.empty()) {
+    auto profile = load_contention(cfg.contention);
+    if (!profile)
+      return profile.error();
+    contention = std::move(*profile);
+  }
   auto data = load_job_data(cfg);
   if (!data)
     return data.error();
@@ -123,6 +130,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   sc.shards = shards;
   sc.profiler = profiler;
   sc.train_size = train->n;
+  sc.contention = std::move(contention);
   sc.observer = caf::actor_cast<caf::actor>(self);
   auto scheduler = spawn_scheduler(sys, sc);
   auto start = clock_type::now();

@@ -144,6 +144,7 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       a.policy = cfg.job.policy;
       a.chunk_floats = cfg.job.chunk_floats;
       a.chunks_in_flight = cfg.job.chunks_in_flight;
+      a.contention = for_worker(cfg.contention, id);
       if (!cfg.job.speeds.empty())
         a.pace_ns_per_sample = static_cast<uint64_t>(cfg.job.sample_ms * 1e6 / cfg.job.speeds[id % cfg.job.speeds.size()]);
       member m;

@@ -21,6 +21,8 @@ struct scheduler_config {
   profiler_actor profiler;
   /// Training samples the workers split between them.
   uint64_t train_size = 0;
+  /// Slowdown intervals for paced workers (loaded from job.contention).
+  contention_profile contention;
   /// Longest the first registered worker waits for the others before training starts
   /// with the workers present. Default: 120 s.
   std::chrono::milliseconds start_timeout{120000};

@@ -40,6 +40,7 @@ struct worker_state {
   size_t pending = 0;
   bool stopped = false;
   bool stop_requested = false;
+  clock_type::time_point started; // when training began here (contention profiles count from it)
   // Timings of the current step.
   clock_type::time_point phase_start;
   uint64_t pull_ns = 0, wait_ns = 0, compute_ns = 0;
@@ -196,6 +197,10 @@ void push_all(worker_pointer self) {
   st.batch_n = static_cast<uint32_t>(batch.n);
   st.loss = stats->mean_loss();
   uint64_t budget = st.job.pace_ns_per_sample * st.batch_n;
+  if (budget > 0 && !st.job.contention.empty()) {
+    double t = std::chrono::duration<double>(clock_type::now() - st.started).count();
+    budget = static_cast<uint64_t>(static_cast<double>(budget) * slowdown(st.job.contention, st.job.worker_id, t));
+  }
   if (budget > st.compute_ns) {
     self->delayed_send(self, std::chrono::nanoseconds(budget - st.compute_ns), paced_atom::value);
     st.compute_ns = budget;
@@ -286,6 +291,7 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
             st.grad.assign(spec.num_params(), 0.0f);
             st.base_versions.assign(shards.size(), 0);
             st.cursor.emplace(*st.cfg.data, a.data_begin, a.data_count, a.seed);
+            st.started = clock_type::now();
             spdlog::debug("worker {}: {} backend, {} steps", a.worker_id, st.backend->name(),
                           a.steps);
             self->send(self, step_atom::value);

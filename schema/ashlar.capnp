@@ -123,6 +123,12 @@ struct Assignment {
   chunkFloats @9 :UInt64;      # largest tensor chunk per message
   chunksInFlight @10 :UInt32;  # chunk requests a worker keeps outstanding per shard
   paceNsPerSample @11 :UInt64; # emulated speed: wall time per sample; 0 = unpaced
+  contention @12 :List(Slowdown);  # this worker's slowdown intervals, seconds after it starts
+  struct Slowdown {
+    startS @0 :Float64;
+    endS @1 :Float64;
+    factor @2 :Float64;
+  }
 }
 
 struct MembershipChange {

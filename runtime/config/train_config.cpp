@@ -180,6 +180,8 @@ const std::vector<field>& fields() {
          [](train_config& c) -> std::vector<double>& { return c.speeds; }),
     bind("train.sample_ms", "pacing: milliseconds per sample at speed 1 (default 0.5)",
          [](train_config& c) -> double& { return c.sample_ms; }),
+    bind("train.contention", "pacing: contention profile file, lines WORKER START_S END_S FACTOR (default none)",
+         [](train_config& c) -> std::string& { return c.contention; }),
     bind("train.lr", "learning rate; under asp every push is a step, so use about lr / workers (default 0.05)",
          [](train_config& c) -> float& { return c.optimizer.lr; }),
     bind("train.momentum", "SGD momentum, 0 = none (default 0.9)",

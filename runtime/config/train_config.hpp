@@ -53,6 +53,9 @@ struct train_config {
   /// Pacing: wall time one sample costs a worker of speed 1, in milliseconds; a worker of
   /// speed k takes sample_ms / k (the real compute runs inside that budget). Default: 0.5.
   double sample_ms = 0.5;
+  /// Pacing: a contention profile file (see runtime/pacing/contention.hpp); empty = none.
+  /// Default: "".
+  std::string contention;
   /// Optimizer applied by the shards (train.lr, train.momentum, train.weight_decay).
   sgd_config optimizer;
   /// Policy settings (train.staleness_aware_lr).

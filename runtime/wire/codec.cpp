@@ -111,6 +111,12 @@ words encode(const assignment& x) {
   b.setChunkFloats(x.chunk_floats);
   b.setChunksInFlight(x.chunks_in_flight);
   b.setPaceNsPerSample(x.pace_ns_per_sample);
+  auto slow = b.initContention(static_cast<unsigned>(x.contention.size()));
+  for (size_t i = 0; i < x.contention.size(); ++i) {
+    slow[i].setStartS(x.contention[i].start_s);
+    slow[i].setEndS(x.contention[i].end_s);
+    slow[i].setFactor(x.contention[i].factor);
+  }
   return to_words(mb);
 }
 
@@ -139,6 +145,10 @@ caf::error decode(const uint64_t* d, size_t n, assignment& out) {
     out.chunk_floats = r.getChunkFloats();
     out.chunks_in_flight = r.getChunksInFlight();
     out.pace_ns_per_sample = r.getPaceNsPerSample();
+    out.contention.clear();
+    for (auto c : r.getContention())
+      out.contention.push_back(contention_interval{false, out.worker_id, c.getStartS(), c.getEndS(),
+                                                   c.getFactor()});
     return caf::none;
   });
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/pacing/contention.hpp"
 #include "runtime/tensor/layout.hpp"
 
 namespace ashlar::wire {
@@ -89,6 +90,7 @@ struct assignment {
   uint64_t chunk_floats = 0;
   uint32_t chunks_in_flight = 2;
   uint64_t pace_ns_per_sample = 0;
+  contention_profile contention; // this worker's intervals only
 };
 
 struct membership_change {

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "actors/local_job.hpp"
+#include "../runtime/temp_dir.hpp"
 
 using namespace ashlar;
 
@@ -159,4 +160,28 @@ TEST_CASE("k-sync and k-async jobs train to a working model") {
     if (std::string{policy} == "kasync")
       CHECK(rep->dropped == 0);
   }
+}
+
+TEST_CASE("a contention interval makes a paced worker slower while it lasts") {
+  ashlar::test::temp_dir dir;
+  auto profile = dir.write("contention.txt", std::string{"1 0 1000 3\n"}); // worker 1: 3x, all run
+  auto cfg = small_job("asp");
+  cfg.workers = 2;
+  cfg.epochs = 1;
+  cfg.train_limit = 512;
+  cfg.optimizer.lr = 0.02f;
+  cfg.speeds = {1.0};
+  cfg.sample_ms = 1.0;
+  cfg.contention = profile;
+  auto rep = actors::run_local_job(cfg);
+  REQUIRE(rep);
+  REQUIRE(rep->per_worker.size() == 2);
+  for (const auto& w : rep->per_worker) {
+    double factor = w.worker_id == 1 ? 3.0 : 1.0;
+    CHECK(w.compute_seconds == Approx(static_cast<double>(w.samples) * 1e-3 * factor).epsilon(0.02));
+  }
+  cfg.contention = dir.file("missing.txt");
+  auto bad = actors::run_local_job(cfg);
+  REQUIRE_FALSE(bad);
+  CHECK(describe(bad.error()).find("missing.txt") != std::string::npos);
 }

@@ -128,6 +128,8 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   sc.job = cfg;
   sc.ranges = *ranges;
   sc.shards = shards;
+  sc.data_endpoints = where.data_endpoints();
+  sc.data_key = where.data_key();
   sc.profiler = profiler;
   sc.train_size = train->n;
   sc.contention = std::move(contention);

@@ -29,6 +29,11 @@ public:
                                                  const profiler_actor& profiler,
                                                  std::shared_ptr<const dataset> train) = 0;
 
+  /// After make_shards: where workers reach each shard's data plane, and the key to
+  /// present. Default: none (every pull and push goes over CAF).
+  virtual std::vector<std::string> data_endpoints() const { return {}; }
+  virtual std::string data_key() const { return {}; }
+
   /// The job ended (done or failed): stop what start_workers started.
   virtual void on_job_end() {}
 };

@@ -56,7 +56,7 @@ using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to
 /// The actor every node process runs: it hosts shards and workers on the scheduler's
 /// request and carries out control requests (remove a worker, shut down).
 using node_actor = caf::typed_actor<
-  caf::replies_to<wire::spawn_shard>::with<shard_actor>,
+  caf::replies_to<wire::spawn_shard>::with<shard_actor, std::string>, // and its data endpoint, or ""
   caf::replies_to<wire::spawn_worker, scheduler_actor, profiler_actor>::with<worker_actor>,
   caf::reacts_to<wire::ctl_request>>;
 

@@ -142,6 +142,8 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       a.steps = per_epoch * cfg.job.epochs;
       a.seed = cfg.job.seed * 1000003ull + id;
       a.policy = cfg.job.policy;
+      a.data_endpoints = cfg.data_endpoints;
+      a.data_key = cfg.data_key;
       a.chunk_floats = cfg.job.chunk_floats;
       a.chunks_in_flight = cfg.job.chunks_in_flight;
       a.contention = for_worker(cfg.contention, id);

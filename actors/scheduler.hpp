@@ -18,6 +18,10 @@ struct scheduler_config {
   train_config job;
   std::vector<shard_range> ranges;
   std::vector<shard_actor> shards; // shards[i] owns ranges[i]
+  /// Per shard, its data-plane endpoint "host:port" ("": CAF only); empty: none at all.
+  std::vector<std::string> data_endpoints;
+  /// Key workers present to the shards' data planes.
+  std::string data_key;
   profiler_actor profiler;
   /// Training samples the workers split between them.
   uint64_t train_size = 0;

@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "actors/cluster/data_plane.hpp"
 #include "runtime/backend/cpu_backend.hpp"
 
 namespace ashlar::actors {
@@ -258,6 +259,32 @@ caf::error check_assignment(const worker_state& st, const wire::assignment& a) {
   return caf::none;
 }
 
+// Replaces each shard in another process by a data-plane stand-in where the assignment
+// names an endpoint; a shard whose endpoint cannot be reached stays on CAF's path.
+void use_data_plane(worker_pointer self) {
+  auto& st = self->state;
+  if (!st.cfg.plane || st.job.data_endpoints.size() != st.shards.size())
+    return;
+  size_t direct = 0;
+  for (size_t i = 0; i < st.shards.size(); ++i) {
+    const auto& ep = st.job.data_endpoints[i];
+    if (ep.empty() || st.shards[i].node() == self->node())
+      continue;
+    auto proxy = st.cfg.plane->connect(st.shards[i], st.job.shards[i].shard_id, ep, st.job.data_key,
+                                            caf::actor_cast<caf::actor>(self), std::chrono::seconds(5));
+    if (!proxy) {
+      spdlog::warn("worker {}: shard {} over CAF: {}", st.job.worker_id, st.job.shards[i].shard_id,
+                   describe(proxy.error()));
+      continue;
+    }
+    st.shards[i] = std::move(*proxy);
+    ++direct;
+  }
+  if (direct > 0)
+    spdlog::info("worker {}: {} of {} shards over direct data connections", st.job.worker_id, direct,
+                 st.shards.size());
+}
+
 worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config cfg) {
   self->state.cfg = std::move(cfg);
   self->set_down_handler([=](caf::down_msg& dm) {
@@ -285,7 +312,8 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
             if (auto err = check_assignment(st, a))
               return fail(self, describe(err));
             st.shards = shards;
-            for (auto& s : shards)
+            use_data_plane(self);
+            for (auto& s : st.shards)
               self->monitor(s);
             st.params.assign(spec.num_params(), 0.0f);
             st.grad.assign(spec.num_params(), 0.0f);

@@ -13,6 +13,8 @@
 
 namespace ashlar::actors {
 
+class data_plane;
+
 struct worker_config {
   scheduler_actor scheduler;
   profiler_actor profiler;
@@ -26,6 +28,9 @@ struct worker_config {
   std::string host;
   /// Longest a pull or push may take, policy waits included. Default: 120 s.
   std::chrono::milliseconds request_timeout{120000};
+  /// If set, pulls from and pushes to shards in other processes go over this data plane
+  /// when the assignment names their data endpoints. Default: none (CAF only).
+  std::shared_ptr<data_plane> plane;
 };
 
 /// Spawns a worker; it starts when it receives start_atom. On any error (a shard

@@ -41,6 +41,7 @@ struct SpawnShard {
   stalenessAwareLr @6 :Bool;
   stalenessBound @7 :UInt64;   # ssp
   k @8 :UInt32;                # ksync / kasync
+  dataKey @9 :Text;            # data-plane key of this job; empty: pulls and pushes over CAF only
 }
 
 # Scheduler -> worker node: start a worker that loads its own copy of the data.
@@ -124,6 +125,8 @@ struct Assignment {
   chunksInFlight @10 :UInt32;  # chunk requests a worker keeps outstanding per shard
   paceNsPerSample @11 :UInt64; # emulated speed: wall time per sample; 0 = unpaced
   contention @12 :List(Slowdown);  # this worker's slowdown intervals, seconds after it starts
+  dataEndpoints @13 :List(Text);   # per shard: HOST:PORT of its data plane, or empty (CAF only)
+  dataKey @14 :Text;               # presented to the shards' data planes
   struct Slowdown {
     startS @0 :Float64;
     endS @1 :Float64;

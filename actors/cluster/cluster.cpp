@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "actors/cluster/data_plane.hpp"
 #include "actors/cluster/node.hpp"
 
 namespace ashlar::actors {
@@ -260,6 +261,8 @@ cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std
   if (servers.empty())
     return make_error(errc::invalid_state, "no server node has joined the cluster");
   std::vector<shard_actor> out;
+  std::vector<std::string> endpoints;
+  key_ = cfg.data_plane ? make_data_key() : std::string{};
   for (size_t k = 0; k < ranges.size(); ++k) {
     const auto& r = ranges[k];
     size_t n = servers[k % servers.size()];
@@ -273,15 +276,21 @@ cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std
     req.staleness_aware_lr = cfg.policy_settings.staleness_aware_lr;
     req.staleness_bound = cfg.policy_settings.staleness_bound;
     req.k = cfg.policy_settings.k;
+    req.data_key = key_;
     caf::error err;
     self->request(nodes->handles[n], 60s, req)
-      .receive([&](shard_actor& s) { out.push_back(std::move(s)); },
+      .receive(
+        [&](shard_actor& s, std::string& endpoint) {
+          out.push_back(std::move(s));
+          endpoints.push_back(std::move(endpoint));
+        },
                [&](caf::error& e) { err = std::move(e); });
     if (err)
       return make_error(errc::peer_unreachable, "node " + nodes->infos[n].name + " could not host shard "
                                                   + std::to_string(r.shard_id) + ": " + describe(err));
   }
   shards_ = out;
+  endpoints_ = key_.empty() ? std::vector<std::string>{} : endpoints;
   return out;
 }
 

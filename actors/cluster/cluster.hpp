@@ -38,12 +38,17 @@ public:
                            const profiler_actor& profiler,
                            std::shared_ptr<const dataset> train) override;
 
+  std::vector<std::string> data_endpoints() const override { return endpoints_; }
+  std::string data_key() const override { return key_; }
+
   void on_job_end() override;
 
 private:
   caf::actor_system& sys_;
   cluster_actor cluster_;
   std::vector<shard_actor> shards_;
+  std::vector<std::string> endpoints_;
+  std::string key_;
   std::vector<worker_actor> workers_;
 };
 

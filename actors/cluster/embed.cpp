@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/cluster/node.hpp"
+#include "runtime/net/socket.hpp"
 
 namespace ashlar::actors {
 
@@ -14,6 +15,9 @@ expected<membership> join_cluster(caf::actor_system& sys, const cluster_actor& c
   nc.slots = has_role(opts.roles, wire::role::worker) ? opts.slots : 0;
   nc.data_dir = opts.data_dir;
   nc.owner = opts.owner;
+  nc.plane = opts.plane;
+  if (!opts.data_host.empty())
+    nc.data_host = opts.data_host;
   auto node = spawn_node(sys, nc);
   wire::hello h;
   h.protocol = opts.protocol;
@@ -41,7 +45,10 @@ expected<membership> join_cluster(caf::actor_system& sys, const endpoint& where,
   auto ptr = connect(sys, where, opts.timeout);
   if (!ptr)
     return ptr.error();
-  auto m = join_cluster(sys, caf::actor_cast<cluster_actor>(*ptr), opts);
+  auto with_host = opts;
+  if (with_host.data_host.empty())
+    with_host.data_host = net::local_address_toward(where.host, where.port);
+  auto m = join_cluster(sys, caf::actor_cast<cluster_actor>(*ptr), with_host);
   if (!m)
     return make_error(errc::handshake_refused,
                       "the scheduler at " + where.to_string() + " refused this node: " + describe(m.error()));

@@ -3,12 +3,15 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "actors/cluster/system.hpp"
 
 namespace ashlar::actors {
+
+class data_plane;
 
 struct join_options {
   /// Cluster token (see load_token). Default: "" (no authentication).
@@ -25,6 +28,12 @@ struct join_options {
   std::chrono::milliseconds timeout{30000};
   /// Announced protocol version (tests use another one to check refusals).
   uint32_t protocol = wire::protocol_version;
+  /// If set, shards hosted here serve workers elsewhere on direct data connections, and
+  /// workers here use them (see data_plane.hpp). Default: none (CAF only).
+  std::shared_ptr<data_plane> plane;
+  /// Address other nodes reach this one's data plane at. Default: "": the local address
+  /// on the route to the scheduler.
+  std::string data_host;
   /// Receives (stop_atom) when the cluster shut this node down and its workers have left.
   caf::actor owner;
 };

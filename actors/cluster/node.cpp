@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "actors/cluster/data_plane.hpp"
 #include "actors/job_driver.hpp"
 #include "actors/server_shard.hpp"
 #include "actors/worker.hpp"
@@ -75,7 +76,7 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
     maybe_report_shutdown(self);
   });
   return {
-    [=](const wire::spawn_shard& req) -> caf::result<shard_actor> {
+    [=](const wire::spawn_shard& req) -> caf::result<shard_actor, std::string> {
       auto& st = self->state;
       if (!has_role(st.cfg.roles, wire::role::server))
         return make_error(errc::invalid_state, "node " + st.cfg.name + " has no server role");
@@ -95,7 +96,16 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
       st.shards.push_back(shard);
       spdlog::info("node {}: hosting shard {} (parameters [{}, {}), policy {})", st.cfg.name,
                    req.range.shard_id, req.range.begin, req.range.end, req.policy);
-      return shard;
+      std::string endpoint;
+      if (st.cfg.plane && !req.data_key.empty()) {
+        auto ep = st.cfg.plane->serve(req.range.shard_id, shard, req.data_key, st.cfg.data_host);
+        if (ep)
+          endpoint = std::move(*ep);
+        else
+          spdlog::warn("node {}: shard {} is reachable over CAF only: {}", st.cfg.name, req.range.shard_id,
+                       describe(ep.error()));
+      }
+      return {shard, endpoint};
     },
     [=](const wire::spawn_worker& req, const scheduler_actor& scheduler,
         const profiler_actor& profiler) -> caf::result<worker_actor> {
@@ -130,6 +140,7 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
       wc.data = data;
       wc.requested_id = req.requested_id;
       wc.host = st.cfg.name;
+      wc.plane = st.cfg.plane;
       auto w = spawn_worker(self->system(), wc);
       self->monitor(w);
       st.workers.emplace(w.address(), w);

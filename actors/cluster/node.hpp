@@ -2,12 +2,15 @@
 // scheduler asks, and stops them on control requests.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "actors/messages.hpp"
 
 namespace ashlar::actors {
+
+class data_plane;
 
 struct node_config {
   /// A name for logs, e.g. "host:pid". Default: "".
@@ -19,6 +22,11 @@ struct node_config {
   /// If not empty, workers here read the data set from this directory instead of the
   /// job's data.dir. Default: "".
   std::string data_dir;
+  /// Serves this node's shards to workers elsewhere, and connects its workers to shards
+  /// elsewhere. Default: none (every pull and push over CAF).
+  std::shared_ptr<data_plane> plane;
+  /// The address other nodes reach this one's data plane at. Default: "127.0.0.1".
+  std::string data_host = "127.0.0.1";
   /// Receives (stop_atom) once a shutdown request has stopped every local worker.
   caf::actor owner;
 };

@@ -1,6 +1,7 @@
 // `ashlar bench step`: the CPU backend's training step time (forward, backward and the
 // SGD update) per sample, for comparison with other frameworks on the same MLP.
 #include <chrono>
+#include <deque>
 #include <cstdio>
 
 #include <caf/io/all.hpp>
@@ -8,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "actors/cluster/data_plane.hpp"
 #include "actors/cluster/system.hpp"
 #include "actors/server_shard.hpp"
 #include "apps/ashlar/commands.hpp"
@@ -80,6 +82,8 @@ int run_step_bench(const bench_options& o) {
 struct wire_options {
   uint64_t params = 6000000;
   double seconds = 5;
+  uint64_t chunk = 1 << 20;
+  uint32_t window = 2;
   std::string port_file;
   bool json = false;
 };
@@ -102,9 +106,13 @@ int run_wire_peer(const wire_options& o) {
   auto port = sys.middleman().publish(shard, 0, "127.0.0.1");
   if (!port)
     return 1;
+  actors::data_plane plane{sys};
+  auto data_ep = plane.serve(0, shard, "bench", "127.0.0.1");
+  if (!data_ep)
+    return 1;
   {
     std::ofstream out{o.port_file + ".tmp"};
-    out << *port << "\n";
+    out << *port << " " << *data_ep << "\n";
   }
   std::rename((o.port_file + ".tmp").c_str(), o.port_file.c_str());
   // Runs until the parent kills it.
@@ -112,7 +120,72 @@ int run_wire_peer(const wire_options& o) {
     std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
-// Pull + push of a `params`-float shard in another process, as fast as one worker can.
+struct wire_figure {
+  uint64_t bytes = 0;
+  uint64_t rounds = 0;
+  double seconds = 0;
+  double rate() const { return seconds > 0 ? bytes / seconds : 0; }
+};
+
+// Pull + push rounds of the whole shard against `shard` for `seconds`, in chunks of
+// `chunk` floats with `window` chunks in flight, as a worker moves its tensors.
+expected<wire_figure> measure_rounds(caf::actor_system& sys, const actors::shard_actor& shard, uint64_t params,
+                                     uint64_t chunk, uint32_t window, double seconds) {
+  caf::scoped_actor self{sys};
+  std::vector<float> grad(params, 0.25f);
+  wire_figure f;
+  caf::error failure;
+  auto on_error = [&](caf::error& e) { failure = e; };
+  const auto timeout = std::chrono::seconds(60);
+  auto t0 = std::chrono::steady_clock::now();
+  while (f.seconds < seconds && !failure) {
+    // Pull: the first reply names the read; then `window` chunk requests outstanding.
+    uint64_t version = 0, read_id = 0, next = 0;
+    auto take = [&](const wire::pull_reply& r) {
+      f.bytes += r.params.size() * 4;
+      version = r.version;
+      read_id = r.read_id;
+    };
+    self->request(shard, timeout, wire::pull_request{0, 0, false, 0, chunk, 0}).receive(take, on_error);
+    next = std::min(params, chunk == 0 ? params : chunk);
+    std::deque<decltype(self->request(shard, timeout, wire::pull_request{}))> inflight;
+    while (!failure && (next < params || !inflight.empty())) {
+      while (next < params && inflight.size() < window) {
+        inflight.push_back(self->request(shard, timeout, wire::pull_request{0, 0, false, next, chunk, read_id}));
+        next = std::min(params, next + chunk);
+      }
+      inflight.front().receive(take, on_error);
+      inflight.pop_front();
+    }
+    // Push, the same way.
+    next = 0;
+    std::deque<decltype(self->request(shard, timeout, wire::push{}))> pushes;
+    while (!failure && (next < params || !pushes.empty())) {
+      while (next < params && pushes.size() < window) {
+        uint64_t len = chunk == 0 ? params : std::min(chunk, params - next);
+        wire::push p;
+        p.batch_size = 1;
+        p.base_version = version;
+        p.offset = next;
+        p.total = chunk == 0 ? 0 : params;
+        p.grad.assign(grad.begin() + next, grad.begin() + next + len);
+        pushes.push_back(self->request(shard, timeout, std::move(p)));
+        next += len;
+      }
+      pushes.front().receive([&](const wire::push_ack&) {}, on_error);
+      pushes.pop_front();
+    }
+    f.bytes += params * 4;
+    ++f.rounds;
+    f.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  if (failure)
+    return failure;
+  return f;
+}
+
+// Pull + push of a `params`-float shard in another process, as fast as one worker can:
+// over the data plane (what workers use between processes) and over CAF's middleman.
 int run_wire_bench(const wire_options& o) {
   char tmpl[] = "/tmp/ashlar-bench-XXXXXX";
   std::string dir = ::mkdtemp(tmpl);
@@ -124,15 +197,23 @@ int run_wire_bench(const wire_options& o) {
     std::fprintf(stderr, "ashlar bench: %s\n", describe(peer.error()).c_str());
     return 1;
   }
-  std::string port;
+  std::string port, data_ep;
   for (int i = 0; i < 200 && port.empty(); ++i) {
     std::ifstream in{port_file};
-    std::getline(in, port);
+    in >> port >> data_ep;
     if (port.empty())
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  auto cleanup = [&] {
+    peer->signal(SIGKILL);
+    peer->wait(5);
+    std::remove(port_file.c_str());
+    std::remove((dir + "/peer.log").c_str());
+    ::rmdir(dir.c_str());
+  };
   if (port.empty()) {
     std::fprintf(stderr, "ashlar bench: the peer process did not start\n");
+    cleanup();
     return 1;
   }
   actors::cluster_system_config cfg;
@@ -141,48 +222,36 @@ int run_wire_bench(const wire_options& o) {
                              std::chrono::seconds(10));
   if (!ptr) {
     std::fprintf(stderr, "ashlar bench: %s\n", describe(ptr.error()).c_str());
+    cleanup();
     return 1;
   }
   auto shard = caf::actor_cast<actors::shard_actor>(*ptr);
-  caf::scoped_actor self{sys};
-  wire::push push;
-  push.worker_id = 0;
-  push.batch_size = 1;
-  push.grad.assign(o.params, 0.25f);
-  uint64_t bytes = 0, rounds = 0;
-  caf::error failure;
-  auto t0 = std::chrono::steady_clock::now();
-  double elapsed = 0;
-  while (elapsed < o.seconds && !failure) {
-    self->request(shard, std::chrono::seconds(60), wire::pull_request{0, 0, false})
-      .receive([&](const wire::pull_reply& r) { bytes += r.params.size() * 4; push.base_version = r.version; },
-               [&](caf::error& e) { failure = e; });
-    self->request(shard, std::chrono::seconds(60), push)
-      .receive([&](const wire::push_ack&) { bytes += push.grad.size() * 4; },
-               [&](caf::error& e) { failure = e; });
-    ++rounds;
-    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  peer->signal(SIGKILL);
-  peer->wait(5);
-  std::remove(port_file.c_str());
-  std::remove((dir + "/peer.log").c_str());
-  ::rmdir(dir.c_str());
-  if (failure) {
-    std::fprintf(stderr, "ashlar bench: %s\n", describe(failure).c_str());
+  actors::data_plane plane{sys};
+  caf::scoped_actor owner{sys};
+  auto direct = plane.connect(shard, 0, data_ep, "bench", caf::actor_cast<caf::actor>(owner),
+                              std::chrono::seconds(5));
+  expected<wire_figure> d = direct ? measure_rounds(sys, *direct, o.params, o.chunk, o.window, o.seconds) : direct.error();
+  auto c = measure_rounds(sys, shard, o.params, o.chunk, o.window, o.seconds);
+  if (direct)
+    caf::anon_send_exit(*direct, caf::exit_reason::user_shutdown);
+  plane.stop();
+  cleanup();
+  if (!d || !c) {
+    std::fprintf(stderr, "ashlar bench: %s\n", describe(!d ? d.error() : c.error()).c_str());
     return 1;
   }
-  double rate = bytes / elapsed;
   if (o.json)
     std::printf("{\"params\": %lu, \"rounds\": %lu, \"seconds\": %.3f, \"bytes\": %lu, "
-                "\"bytes_per_second\": %.0f}\n",
-                static_cast<unsigned long>(o.params), static_cast<unsigned long>(rounds), elapsed,
-                static_cast<unsigned long>(bytes), rate);
+                "\"bytes_per_second\": %.0f, \"caf_rounds\": %lu, \"caf_bytes_per_second\": %.0f}\n",
+                static_cast<unsigned long>(o.params), static_cast<unsigned long>(d->rounds), d->seconds,
+                static_cast<unsigned long>(d->bytes), d->rate(), static_cast<unsigned long>(c->rounds),
+                c->rate());
   else
-    std::printf("ashlar wire: %lu-parameter shard in another process, %lu pull+push rounds in "
-                "%.1f s: %.1f MB/s\n",
-                static_cast<unsigned long>(o.params), static_cast<unsigned long>(rounds), elapsed,
-                rate / 1e6);
+    std::printf("ashlar wire, %lu-parameter shard in another process:\n"
+                "  data plane (direct TCP): %lu pull+push rounds in %.1f s: %.1f MB/s\n"
+                "  CAF middleman:           %lu pull+push rounds in %.1f s: %.1f MB/s\n",
+                static_cast<unsigned long>(o.params), static_cast<unsigned long>(d->rounds), d->seconds,
+                d->rate() / 1e6, static_cast<unsigned long>(c->rounds), c->seconds, c->rate() / 1e6);
   return 0;
 }
 
@@ -203,6 +272,9 @@ command_fn add_bench(CLI::App& app) {
   auto* wire_cmd = cmd->add_subcommand("wire", "pull+push bytes/s with a shard in another process");
   wire_cmd->add_option("--params", w->params, "parameters in the shard")->capture_default_str();
   wire_cmd->add_option("--seconds", w->seconds, "how long to measure")->capture_default_str();
+  wire_cmd->add_option("--chunk", w->chunk, "floats per message (0: whole shard), as train.chunk_floats")
+    ->capture_default_str();
+  wire_cmd->add_option("--window", w->window, "chunks in flight, as train.chunks_in_flight")->capture_default_str();
   wire_cmd->add_flag("--json", w->json, "print one JSON object");
   auto* peer_cmd = cmd->add_subcommand("wire-peer", "the other process of `bench wire`");
   peer_cmd->group("");

@@ -11,12 +11,14 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/cluster/cluster.hpp"
+#include "actors/cluster/data_plane.hpp"
 #include "actors/cluster/embed.hpp"
 #include "actors/cluster/node.hpp"
 #include "actors/cluster/system.hpp"
 #include "apps/ashlar/commands.hpp"
 #include "apps/ashlar/train_options.hpp"
 #include "runtime/core/log.hpp"
+#include "runtime/net/socket.hpp"
 
 namespace ashlar::cli {
 
@@ -43,6 +45,7 @@ struct node_options {
   double wait_timeout = 120;
   bool exit_after_job = false;
   uint32_t protocol = wire::protocol_version;
+  std::string data_host;
   train_options train;
 };
 
@@ -94,6 +97,13 @@ int run_node(node_options& o) {
 
   actors::cluster_system_config sys_cfg;
   caf::actor_system sys{sys_cfg};
+  // Tensor connections between this node's shards/workers and other nodes'; stopped (its
+  // threads joined) when this function returns, before the actor system goes.
+  auto data_plane = std::make_shared<actors::data_plane>(sys);
+  struct stop_on_exit {
+    std::shared_ptr<actors::data_plane> p;
+    ~stop_on_exit() { p->stop(); }
+  } data_plane_guard{data_plane};
   caf::scoped_actor self{sys};
   actors::cluster_actor cluster;
   std::string address;
@@ -137,9 +147,18 @@ int run_node(node_options& o) {
     jo.data_dir = o.data_dir;
     jo.protocol = o.protocol;
     jo.owner = caf::actor_cast<caf::actor>(self);
+    jo.plane = data_plane;
+    jo.data_host = o.data_host;
     jo.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.connect_timeout * 1000));
     expected<actors::membership> m = caf::error{};
     if (is_scheduler) {
+      if (jo.data_host.empty()) {
+        auto ep = actors::parse_endpoint(o.listen);
+        bool wildcard = ep->host.empty() || ep->host == "0.0.0.0";
+        jo.data_host = wildcard ? net::local_address_toward("192.0.2.1", 9) : ep->host;
+        if (jo.data_host.empty())
+          jo.data_host = "127.0.0.1";
+      }
       m = actors::join_cluster(sys, cluster, jo);
     } else {
       auto ep = actors::parse_endpoint(o.join);
@@ -263,6 +282,9 @@ command_fn add_node(CLI::App& app) {
     ->capture_default_str();
   cmd->add_option("--wait-timeout", o->wait_timeout, "scheduler: seconds to wait for the job's nodes")
     ->capture_default_str();
+  cmd->add_option("--data-host", o->data_host,
+                  "address other nodes reach this node's tensor data port at (default: the local "
+                  "address on the route to the scheduler)");
   cmd->add_flag("--exit-after-job", o->exit_after_job, "scheduler: shut the cluster down after CONFIG's job");
   cmd->add_option("--protocol-version", o->protocol, "protocol version to announce (for testing refusals)")
     ->group("");

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "actors/cluster/data_plane.hpp"
 #include "actors/cluster/embed.hpp"
 #include "runtime/core/log.hpp"
 
@@ -29,7 +30,7 @@ struct host_config : actors::cluster_system_config {
 };
 
 // One of the host's own actors: here it just counts the heartbeats the host sends it.
-caf::behavior host_monitor(caf::event_based_actor* self) {
+caf::behavior host_monitor(caf::event_based_actor*) {
   auto ticks = std::make_shared<int>(0);
   return {
     [=](actors::step_atom) { ++*ticks; },
@@ -60,6 +61,13 @@ int main(int argc, char** argv) {
   opts.name = "embedded-host";
   opts.token = argc > 2 ? argv[2] : (std::getenv("ASHLAR_TOKEN") ? std::getenv("ASHLAR_TOKEN") : "");
   opts.owner = caf::actor_cast<caf::actor>(self);
+  // Optional: workers here move tensors to and from shards in other processes on direct
+  // connections instead of through CAF's middleman. Stop it before the system goes.
+  opts.plane = std::make_shared<actors::data_plane>(sys);
+  struct stop_plane {
+    std::shared_ptr<actors::data_plane> p;
+    ~stop_plane() { p->stop(); }
+  } plane_guard{opts.plane};
   auto m = actors::join_cluster(sys, *where, opts);
   if (!m) {
     std::fprintf(stderr, "embedded host: %s\n", describe(m.error()).c_str());

@@ -188,6 +188,8 @@ const std::vector<field>& fields() {
          [](train_config& c) -> float& { return c.optimizer.momentum; }),
     bind("train.weight_decay", "L2 weight decay (default 0.0001)",
          [](train_config& c) -> float& { return c.optimizer.weight_decay; }),
+    bind("train.data_plane", "cluster: tensors on direct worker-shard connections (default true)",
+         [](train_config& c) -> bool& { return c.data_plane; }),
     bind("train.staleness_aware_lr", "asp: divide lr by 1 + staleness (default false)",
          [](train_config& c) -> bool& { return c.policy_settings.staleness_aware_lr; }),
     bind("train.staleness_bound", "ssp: clocks a worker may run ahead of the slowest (default 3)",

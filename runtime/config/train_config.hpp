@@ -47,6 +47,9 @@ struct train_config {
   uint64_t chunk_floats = 1 << 20;
   /// Chunks a worker keeps in flight per shard (bounds the data in flight). Default: 2.
   uint32_t chunks_in_flight = 2;
+  /// Between processes, pulls and pushes use direct data connections (worker to shard
+  /// node, raw TCP) instead of CAF's middleman (train.data_plane). Default: true.
+  bool data_plane = true;
   /// Pacing: relative speeds of the workers (worker i gets speeds[i % size]); empty =
   /// unpaced, every worker as fast as the machine lets it. Default: empty.
   std::vector<double> speeds;

@@ -26,7 +26,8 @@ words to_words(capnp::MessageBuilder& mb) {
   return out;
 }
 
-capnp::Data::Reader floats_as_data(const std::vector<float>& v) {
+template <class Vector>
+capnp::Data::Reader floats_as_data(const Vector& v) {
   return {reinterpret_cast<const kj::byte*>(v.data()), v.size() * sizeof(float)};
 }
 
@@ -34,8 +35,8 @@ caf::error malformed(const char* type, const std::string& what) {
   return make_error(errc::malformed_message, std::string{type} + ": " + what);
 }
 
-caf::error data_to_floats(const char* type, const char* field, capnp::Data::Reader d,
-                          std::vector<float>& out) {
+template <class Vector>
+caf::error data_to_floats(const char* type, const char* field, capnp::Data::Reader d, Vector& out) {
   if (d.size() % sizeof(float) != 0)
     return malformed(type, std::string{field} + " holds " + std::to_string(d.size())
                              + " bytes, not a whole number of float32 values");
@@ -117,6 +118,10 @@ words encode(const assignment& x) {
     slow[i].setEndS(x.contention[i].end_s);
     slow[i].setFactor(x.contention[i].factor);
   }
+  auto eps = b.initDataEndpoints(static_cast<unsigned>(x.data_endpoints.size()));
+  for (size_t i = 0; i < x.data_endpoints.size(); ++i)
+    eps.set(i, x.data_endpoints[i]);
+  b.setDataKey(x.data_key);
   return to_words(mb);
 }
 
@@ -149,6 +154,13 @@ caf::error decode(const uint64_t* d, size_t n, assignment& out) {
     for (auto c : r.getContention())
       out.contention.push_back(contention_interval{false, out.worker_id, c.getStartS(), c.getEndS(),
                                                    c.getFactor()});
+    out.data_endpoints.clear();
+    for (auto e : r.getDataEndpoints())
+      out.data_endpoints.emplace_back(e.cStr(), e.size());
+    if (!out.data_endpoints.empty() && out.data_endpoints.size() != out.shards.size())
+      return malformed("Assignment", std::to_string(out.data_endpoints.size()) + " data endpoints for "
+                                       + std::to_string(out.shards.size()) + " shards");
+    out.data_key = r.getDataKey();
     return caf::none;
   });
 }
@@ -497,6 +509,7 @@ words encode(const spawn_shard& x) {
   b.setStalenessAwareLr(x.staleness_aware_lr);
   b.setStalenessBound(x.staleness_bound);
   b.setK(x.k);
+  b.setDataKey(x.data_key);
   return to_words(mb);
 }
 
@@ -519,6 +532,7 @@ caf::error decode(const uint64_t* d, size_t n, spawn_shard& out) {
     out.staleness_aware_lr = r.getStalenessAwareLr();
     out.staleness_bound = r.getStalenessBound();
     out.k = r.getK();
+    out.data_key = r.getDataKey();
     return caf::none;
   });
 }

@@ -16,27 +16,6 @@ namespace ashlar::wire {
 /// Largest message a decoder accepts, in bytes. Default: 1 GiB (CAF's limit is ~2 GB).
 constexpr size_t max_message_bytes = size_t{1} << 30;
 
-/// Leaves new elements uninitialized: message buffers are written whole right after they
-/// are sized, so zero-filling them first would only cost time.
-template <class T>
-struct uninitialized_allocator : std::allocator<T> {
-  template <class U>
-  struct rebind {
-    using other = uninitialized_allocator<U>;
-  };
-  uninitialized_allocator() = default;
-  template <class U>
-  uninitialized_allocator(const uninitialized_allocator<U>&) noexcept {}
-  template <class U>
-  void construct(U* p) noexcept {
-    ::new (static_cast<void*>(p)) U;
-  }
-  template <class U, class... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
-  }
-};
-
 /// A Cap'n Proto message in 8-byte words.
 using words = std::vector<uint64_t, uninitialized_allocator<uint64_t>>;
 

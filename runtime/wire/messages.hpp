@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <string>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "runtime/pacing/contention.hpp"
@@ -12,8 +14,34 @@
 
 namespace ashlar::wire {
 
+/// Leaves new elements uninitialized: message buffers are written whole right after they
+/// are sized, so zero-filling them first would only cost time.
+template <class T>
+struct uninitialized_allocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = uninitialized_allocator<U>;
+  };
+  uninitialized_allocator() = default;
+  template <class U>
+  uninitialized_allocator(const uninitialized_allocator<U>&) noexcept {}
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+
+/// A tensor carried in a message (parameters, gradients). Sizing it does not zero-fill:
+/// receivers write it whole right after, from the socket or a decoder.
+using tensor = std::vector<float, uninitialized_allocator<float>>;
+
+
 /// Protocol version of these messages; bumped on any incompatible change.
-constexpr uint32_t protocol_version = 1;
+constexpr uint32_t protocol_version = 2;
 
 /// Worker id meaning "any": the scheduler picks one.
 constexpr uint32_t any_worker = 0xFFFFFFFFu;
@@ -44,6 +72,7 @@ struct spawn_shard {
   bool staleness_aware_lr = false;
   uint64_t staleness_bound = 0;
   uint32_t k = 0;
+  std::string data_key; // empty: this job uses no data plane
 };
 
 struct spawn_worker {
@@ -91,6 +120,8 @@ struct assignment {
   uint32_t chunks_in_flight = 2;
   uint64_t pace_ns_per_sample = 0;
   contention_profile contention; // this worker's intervals only
+  std::vector<std::string> data_endpoints; // per shard: "host:port" or "" (CAF only)
+  std::string data_key;
 };
 
 struct membership_change {
@@ -113,7 +144,7 @@ struct pull_reply {
   uint32_t shard_id = 0;
   uint64_t version = 0;
   uint64_t begin = 0;
-  std::vector<float> params;
+  tensor params;
   uint64_t wait_ns = 0;
   uint64_t offset = 0;
   uint64_t total = 0;
@@ -125,7 +156,7 @@ struct push {
   uint32_t shard_id = 0;
   uint64_t base_version = 0;
   uint32_t batch_size = 0;
-  std::vector<float> grad;
+  tensor grad;
   uint64_t offset = 0;
   uint64_t total = 0; // 0: grad is the whole range
 };

@@ -41,7 +41,7 @@ struct fixture {
 
   wire::push_ack push(const shard_actor& s, uint32_t w, uint64_t base, std::vector<float> g) {
     wire::push_ack out;
-    self->request(s, 5s, wire::push{w, 0, base, 1, std::move(g)})
+    self->request(s, 5s, wire::push{w, 0, base, 1, wire::tensor(g.begin(), g.end())})
       .receive([&](const wire::push_ack& a) { out = a; }, [](caf::error& e) { FAIL(describe(e)); });
     return out;
   }
@@ -66,7 +66,7 @@ TEST_CASE("a BSP shard actor holds a pushed worker's read until the round is app
   wire::pull_reply reply;
   f.self->receive([&](const wire::pull_reply& r) { reply = r; }, caf::after(5s) >> [] { FAIL("no reply"); });
   CHECK(reply.version == 1);
-  CHECK(reply.params == std::vector<float>{-2, -2});
+  CHECK(reply.params == wire::tensor{-2, -2});
   CHECK(reply.wait_ns > 0);
   f.self->send_exit(s, caf::exit_reason::user_shutdown);
 }
@@ -131,7 +131,7 @@ TEST_CASE("a shard serves a large read in chunks of one version and assembles a 
   std::vector<wire::push_ack> acks;
   for (uint64_t off : {0, 4, 8}) {
     uint64_t len = off == 8 ? 2 : 4;
-    f.self->request(s, 5s, wire::push{0, 0, 1, 1, std::vector<float>(len, 2.0f), off, 10})
+    f.self->request(s, 5s, wire::push{0, 0, 1, 1, wire::tensor(len, 2.0f), off, 10})
       .receive([&](const wire::push_ack& a) { acks.push_back(a); }, [](caf::error& e) { FAIL(describe(e)); });
   }
   REQUIRE(acks.size() == 3);
@@ -141,7 +141,7 @@ TEST_CASE("a shard serves a large read in chunks of one version and assembles a 
   CHECK(acks[2].version == 2);
   // A chunk that claims another range length is refused.
   caf::error err;
-  f.self->request(s, 5s, wire::push{0, 0, 2, 1, std::vector<float>(4, 1.0f), 0, 12})
+  f.self->request(s, 5s, wire::push{0, 0, 2, 1, wire::tensor(4, 1.0f), 0, 12})
     .receive([](const wire::push_ack&) {}, [&](caf::error& e) { err = e; });
   CHECK(is(err, errc::shape_mismatch));
   f.self->send_exit(s, caf::exit_reason::user_shutdown);

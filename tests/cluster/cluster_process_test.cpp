@@ -121,6 +121,8 @@ TEST_CASE("a 2-server, 3-worker process cluster trains Fashion-MNIST to the sing
   CHECK(log.find("[server 1]") != std::string::npos);
   CHECK(log.find("[worker 2]") != std::string::npos);
   CHECK(log.find("samples/s") != std::string::npos);
+  // Tensors went over the workers' direct data connections to the shard processes.
+  CHECK(log.find("2 of 2 shards over direct data connections") != std::string::npos);
   auto cluster_json = slurp(dir.file("cluster.json"));
 
   train_config cfg;
@@ -144,6 +146,8 @@ TEST_CASE("a SIGKILLed worker is removed within 5 s, the run completes, and a la
   auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "3", "--servers", "1",
                                      "--epochs", "8", "--set", "data.train_limit=12000",
                                      "--set", "data.test_limit=2000", "--report", dir.file("r.json"),
+                                     // Paced, so the run outlasts the test's actions on any machine.
+                                     "--set", "train.speeds=1", "--set", "train.sample_ms=0.3",
                                      "--set", "run.progress_interval=1"});
   auto server = start_nodes(dir, sched.join, "server", 1);
   auto workers = start_nodes(dir, sched.join, "worker", 3);
@@ -202,9 +206,9 @@ TEST_CASE("a node speaking another protocol version is refused, saying expected 
   CHECK(node.wait(30) == 1);
   auto node_log = slurp(dir.file("node.log"));
   INFO(node_log);
-  CHECK(node_log.find("expects 1, this node speaks 99") != std::string::npos);
+  CHECK(node_log.find("expects " + std::to_string(wire::protocol_version) + ", this node speaks 99") != std::string::npos);
   CHECK(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
-    return t.find("protocol version expected 1, actual 99") != std::string::npos;
+    return t.find("protocol version expected " + std::to_string(wire::protocol_version) + ", actual 99") != std::string::npos;
   }, 5s));
   sched.proc.signal(SIGTERM);
   CHECK(sched.proc.wait(10) == 0);
@@ -244,7 +248,8 @@ TEST_CASE("a frozen (SIGSTOP) worker is removed by heartbeat timeout and BSP goe
   temp_dir dir;
   auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "2", "--servers", "1",
                                      "--epochs", "6", "--set", "data.train_limit=8000",
-                                     "--set", "data.test_limit=1000", "--report", dir.file("r.json")});
+                                     "--set", "data.test_limit=1000", "--report", dir.file("r.json"),
+                                     "--set", "train.speeds=1", "--set", "train.sample_ms=0.3"});
   auto server = start_nodes(dir, sched.join, "server", 1);
   auto workers = start_nodes(dir, sched.join, "worker", 2);
   REQUIRE(wait_for_training(dir));
@@ -262,7 +267,8 @@ TEST_CASE("ctl remove-worker lets a worker finish its step and leave; SIGTERM do
   temp_dir dir;
   auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "3", "--servers", "1",
                                      "--epochs", "8", "--set", "data.train_limit=9000",
-                                     "--set", "data.test_limit=1000", "--report", dir.file("r.json")});
+                                     "--set", "data.test_limit=1000", "--report", dir.file("r.json"),
+                                     "--set", "train.speeds=1", "--set", "train.sample_ms=0.3"});
   auto server = start_nodes(dir, sched.join, "server", 1);
   auto workers = start_nodes(dir, sched.join, "worker", 3);
   REQUIRE(wait_for_training(dir));
@@ -316,7 +322,7 @@ TEST_CASE("ashlar train --join runs a job on a standing cluster; ctl add-worker 
                         [](const std::string& t) { return t.find("joined the cluster") != std::string::npos; }, 15s));
   auto train = start({exe, "train", config, "--join", sched.join, "--workers", "1", "--servers", "1",
                       "--epochs", "6", "--set", "data.train_limit=6000", "--set", "data.test_limit=1000",
-                      "--report", dir.file("r.json")},
+                      "--set", "train.speeds=1", "--set", "train.sample_ms=0.2", "--report", dir.file("r.json")},
                      dir.file("train.log"));
   REQUIRE(wait_for_file(dir.file("scheduler.log"),
                         [](const std::string& t) { return t.find("training starts") != std::string::npos; }, 30s));

@@ -68,7 +68,7 @@ TEST_CASE("every message type crosses the network between two actor systems and 
   CHECK(asg2.policy == "asp");
   CHECK(round_trip(self, peer, wire::membership_change{wire::membership_change::fail, 4, "x"}).reason == "x");
   CHECK(round_trip(self, peer, wire::pull_request{1, 2, true}).snapshot);
-  std::vector<float> big(300000);
+  wire::tensor big(300000);
   for (size_t i = 0; i < big.size(); ++i)
     big[i] = static_cast<float>(i) * 0.5f;
   auto reply = round_trip(self, peer, wire::pull_reply{1, 7, 3, big, 11, 0, big.size(), 5});

@@ -85,7 +85,7 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
 }
 
 TEST_CASE("a truncated message is refused with malformed_message, never read past its end") {
-  push p{1, 2, 3, 4, std::vector<float>(1000, 1.0f)};
+  push p{1, 2, 3, 4, tensor(1000, 1.0f)};
   auto w = encode(p);
   for (size_t keep : {size_t{0}, size_t{1}, size_t{3}, w.size() / 2, w.size() - 1}) {
     push out;

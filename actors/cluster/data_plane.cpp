@@ -1,0 +1,412 @@
+#include "actors/cluster/data_plane.hpp"
+
+#include <algorithm>
+#include <list>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/net/tensor_frames.hpp"
+
+namespace ashlar::actors {
+
+namespace {
+
+using lost_atom = caf::atom_constant<caf::atom("dplost")>;
+
+/// One TCP connection, shared by its reader thread and the actor that writes to it.
+struct connection {
+  net::tcp_socket sock;
+  std::atomic<bool> done{false};
+};
+
+using connection_ptr = std::shared_ptr<connection>;
+
+bool same_key(const std::string& a, const std::string& b) {
+  // Length-independent of where the first difference is.
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0 && !a.empty();
+}
+
+// ---- shard side ----
+
+/// Serves one connection's requests: asks the local shard and writes each reply as soon
+/// as the shard gives it (held reads do not block later requests). Detached: its writes
+/// may block on the socket.
+caf::behavior shard_server(caf::event_based_actor* self, connection_ptr c, shard_actor shard) {
+  auto fail = [=](uint64_t seq, const caf::error& e) {
+    if (auto err = net::write_text_frame(c->sock, net::frame_kind::error, seq, describe(e)))
+      c->sock.shutdown();
+  };
+  return {
+    [=](uint64_t seq, wire::pull_request& r) {
+      self->request(shard, caf::infinite, std::move(r))
+        .then(
+          [=](wire::pull_reply& rep) {
+            if (auto err = net::write_frame(c->sock, seq, rep))
+              c->sock.shutdown();
+          },
+          [=](caf::error& e) { fail(seq, e); });
+    },
+    [=](uint64_t seq, wire::push& p) {
+      self->request(shard, caf::infinite, std::move(p))
+        .then(
+          [=](wire::push_ack& ack) {
+            if (auto err = net::write_frame(c->sock, seq, ack))
+              c->sock.shutdown();
+          },
+          [=](caf::error& e) { fail(seq, e); });
+    },
+  };
+}
+
+// ---- worker side ----
+
+struct proxy_state {
+  static constexpr const char* name = "ashlar.shard-proxy";
+  connection_ptr conn;
+  caf::actor remote;
+  uint32_t shard_id = 0;
+  std::string endpoint;
+  uint64_t next_seq = 1;
+  std::map<uint64_t, caf::response_promise> pending;
+  bool broken = false;
+  ~proxy_state() {
+    if (conn)
+      conn->sock.shutdown();
+  }
+};
+
+using proxy_pointer = caf::stateful_actor<proxy_state>*;
+
+void connection_lost(proxy_pointer self, const caf::error& why) {
+  auto& st = self->state;
+  if (st.broken)
+    return;
+  st.broken = true;
+  st.conn->sock.shutdown();
+  spdlog::warn("data plane: connection to shard {} at {} lost ({}); its pulls and pushes go over "
+               "CAF from now on",
+               st.shard_id, st.endpoint, describe(why));
+  auto err = make_error(errc::peer_unreachable, "data connection to shard " + std::to_string(st.shard_id)
+                                                  + " at " + st.endpoint + " lost: " + describe(why));
+  for (auto& [seq, rp] : st.pending)
+    rp.deliver(err);
+  st.pending.clear();
+}
+
+template <class Request>
+void forward(proxy_pointer self, Request& req) {
+  auto& st = self->state;
+  if (st.broken) {
+    self->delegate(st.remote, std::move(req));
+    return;
+  }
+  uint64_t seq = st.next_seq++;
+  st.pending.emplace(seq, self->make_response_promise());
+  if (auto err = net::write_frame(st.conn->sock, seq, req))
+    connection_lost(self, err);
+}
+
+template <class Reply>
+void settle(proxy_pointer self, uint64_t seq, Reply&& reply) {
+  auto& st = self->state;
+  auto it = st.pending.find(seq);
+  if (it == st.pending.end())
+    return; // failed already when the connection was lost
+  it->second.deliver(std::forward<Reply>(reply));
+  st.pending.erase(it);
+}
+
+caf::behavior shard_proxy(proxy_pointer self, connection_ptr conn, shard_actor remote, uint32_t shard_id,
+                          std::string endpoint, caf::actor owner) {
+  auto& st = self->state;
+  st.conn = std::move(conn);
+  st.remote = caf::actor_cast<caf::actor>(remote);
+  st.shard_id = shard_id;
+  st.endpoint = std::move(endpoint);
+  self->monitor(st.remote);
+  self->monitor(owner);
+  auto remote_addr = st.remote.address();
+  self->set_down_handler([=](caf::down_msg& dm) {
+    self->quit(dm.source == remote_addr ? dm.reason : caf::error{caf::exit_reason::normal});
+  });
+  return {
+    [=](wire::pull_request& r) { forward(self, r); },
+    [=](wire::push& p) { forward(self, p); },
+    [=](wire::membership_change& m) { self->delegate(self->state.remote, std::move(m)); },
+    [=](status_atom a) { self->delegate(self->state.remote, a); },
+    // From the connection's reader thread:
+    [=](uint64_t seq, wire::pull_reply& r) { settle(self, seq, std::move(r)); },
+    [=](uint64_t seq, wire::push_ack& a) { settle(self, seq, std::move(a)); },
+    [=](uint64_t seq, caf::error& e) { settle(self, seq, std::move(e)); },
+    [=](lost_atom, caf::error& e) { connection_lost(self, e); },
+  };
+}
+
+/// Reads replies for a proxy until the connection ends.
+void proxy_reader(connection_ptr c, caf::actor_addr proxy, uint32_t shard_id) {
+  for (;;) {
+    net::inbound_frame f;
+    auto err = net::read_frame(c->sock, f);
+    auto to = caf::actor_cast<caf::actor>(proxy);
+    if (!to)
+      break;
+    if (err) {
+      caf::anon_send(to, lost_atom::value, std::move(err));
+      break;
+    }
+    if (f.kind == net::frame_kind::pull_reply) {
+      caf::anon_send(to, f.seq, std::move(f.reply));
+    } else if (f.kind == net::frame_kind::push_ack) {
+      caf::anon_send(to, f.seq, std::move(f.ack));
+    } else if (f.kind == net::frame_kind::error) {
+      caf::anon_send(to, f.seq, make_error(errc::invalid_state, "shard " + std::to_string(shard_id)
+                                                                  + " refused the request: " + f.text));
+    } else {
+      caf::anon_send(to, lost_atom::value,
+                     make_error(errc::malformed_message, "unexpected frame kind "
+                                                           + std::to_string(static_cast<uint32_t>(f.kind))));
+      break;
+    }
+  }
+  c->done = true;
+}
+
+} // namespace
+
+struct data_plane::impl {
+  struct served {
+    shard_actor shard;
+    std::string key;
+  };
+  struct running {
+    connection_ptr conn;
+    std::thread thread;
+  };
+
+  explicit impl(caf::actor_system& s) : sys(s) {
+  }
+
+  caf::actor_system& sys;
+  std::mutex mtx;
+  bool stopped = false;
+  std::optional<net::tcp_listener> listener;
+  std::string endpoint;
+  std::thread acceptor;
+  std::map<uint32_t, served> shards;
+  std::list<running> conns;
+
+  // Joins the threads of connections that ended. Caller holds mtx.
+  void reap() {
+    for (auto it = conns.begin(); it != conns.end();) {
+      if (it->conn->done) {
+        if (it->thread.joinable())
+          it->thread.join();
+        it = conns.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void add(connection_ptr c, std::thread t) {
+    std::lock_guard<std::mutex> guard{mtx};
+    reap();
+    conns.push_back(running{std::move(c), std::move(t)});
+  }
+
+  // Shard side: handshake, then read requests and hand them to a shard_server actor.
+  void serve_connection(const connection_ptr& c) {
+    auto refuse = [&](const std::string& why) {
+      spdlog::warn("data plane: refused a connection from {}: {}", c->sock.peer(), why);
+      (void) net::write_text_frame(c->sock, net::frame_kind::error, 0, why);
+    };
+    auto end = [&] {
+      c->sock.shutdown();
+      c->done = true;
+    };
+    net::inbound_frame f;
+    if (auto err = c->sock.set_timeout(std::chrono::seconds(10))) {
+      end();
+      return;
+    }
+    if (auto err = net::read_frame(c->sock, f); err || f.kind != net::frame_kind::hello) {
+      refuse(err ? describe(err) : "the first frame is not a hello");
+      end();
+      return;
+    }
+    std::istringstream in{f.text};
+    uint32_t protocol = 0, shard_id = 0;
+    std::string key;
+    in >> protocol >> shard_id >> key;
+    std::optional<shard_actor> shard;
+    if (protocol != wire::protocol_version) {
+      refuse("protocol version mismatch: this node speaks " + std::to_string(wire::protocol_version)
+             + ", the peer " + std::to_string(protocol));
+    } else {
+      std::lock_guard<std::mutex> guard{mtx};
+      auto it = shards.find(shard_id);
+      if (it == shards.end())
+        refuse("no shard " + std::to_string(shard_id) + " is served here");
+      else if (!same_key(key, it->second.key))
+        refuse("wrong data-plane key for shard " + std::to_string(shard_id));
+      else
+        shard = it->second.shard;
+    }
+    if (!shard || net::write_text_frame(c->sock, net::frame_kind::welcome, 0, "")
+        || c->sock.set_timeout(std::chrono::milliseconds{0})) {
+      end();
+      return;
+    }
+    spdlog::debug("data plane: {} connected to shard {}", c->sock.peer(), shard_id);
+    auto server = sys.spawn<caf::detached>(shard_server, c, *shard);
+    for (;;) {
+      net::inbound_frame req;
+      auto err = net::read_frame(c->sock, req);
+      if (err) {
+        if (!is(err, errc::peer_unreachable))
+          spdlog::warn("data plane: closing the connection from {}: {}", c->sock.peer(), describe(err));
+        break;
+      }
+      if (req.kind == net::frame_kind::pull) {
+        caf::anon_send(server, req.seq, std::move(req.pull));
+      } else if (req.kind == net::frame_kind::push) {
+        caf::anon_send(server, req.seq, std::move(req.push));
+      } else {
+        spdlog::warn("data plane: closing the connection from {}: unexpected frame kind {}", c->sock.peer(),
+                     static_cast<uint32_t>(req.kind));
+        break;
+      }
+    }
+    caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
+    end();
+  }
+
+  void accept_loop() {
+    for (;;) {
+      auto s = listener->accept();
+      if (!s) {
+        std::lock_guard<std::mutex> guard{mtx};
+        if (stopped)
+          return;
+        spdlog::warn("data plane: {}", describe(s.error()));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        continue;
+      }
+      auto c = std::make_shared<connection>();
+      c->sock = std::move(*s);
+      std::lock_guard<std::mutex> guard{mtx};
+      if (stopped)
+        return;
+      reap();
+      conns.push_back(running{c, std::thread{[this, c] { serve_connection(c); }}});
+    }
+  }
+};
+
+data_plane::data_plane(caf::actor_system& sys) : impl_(std::make_shared<impl>(sys)) {
+}
+
+data_plane::~data_plane() {
+  stop();
+}
+
+expected<std::string> data_plane::serve(uint32_t shard_id, const shard_actor& shard, const std::string& key,
+                                        const std::string& host) {
+  auto& d = *impl_;
+  std::lock_guard<std::mutex> guard{d.mtx};
+  if (d.stopped)
+    return make_error(errc::invalid_state, "the data plane is stopped");
+  if (!d.listener) {
+    auto l = net::tcp_listener::open(host, 0);
+    if (!l)
+      return l.error();
+    d.listener.emplace(std::move(*l));
+    d.endpoint = host + ":" + std::to_string(d.listener->port());
+    d.acceptor = std::thread{[&d] { d.accept_loop(); }};
+    spdlog::info("data plane: serving shards on {}", d.endpoint);
+  }
+  d.shards[shard_id] = impl::served{shard, key};
+  return d.endpoint;
+}
+
+expected<shard_actor> data_plane::connect(const shard_actor& remote, uint32_t shard_id, const std::string& endpoint,
+                                          const std::string& key, const caf::actor& owner,
+                                          std::chrono::milliseconds timeout) {
+  auto colon = endpoint.rfind(':');
+  int port = colon == std::string::npos ? 0 : std::atoi(endpoint.c_str() + colon + 1);
+  if (port <= 0 || port > 65535)
+    return make_error(errc::invalid_argument, "bad data endpoint '" + endpoint + "' for shard "
+                                                + std::to_string(shard_id) + " (expected HOST:PORT)");
+  auto sock = net::connect_tcp(endpoint.substr(0, colon), static_cast<uint16_t>(port), timeout);
+  if (!sock)
+    return sock.error();
+  auto c = std::make_shared<connection>();
+  c->sock = std::move(*sock);
+  if (auto err = c->sock.set_timeout(timeout))
+    return err;
+  auto hello = std::to_string(wire::protocol_version) + " " + std::to_string(shard_id) + " " + key;
+  if (auto err = net::write_text_frame(c->sock, net::frame_kind::hello, 0, hello))
+    return err;
+  net::inbound_frame f;
+  if (auto err = net::read_frame(c->sock, f))
+    return err;
+  if (f.kind == net::frame_kind::error)
+    return make_error(errc::handshake_refused, "the data plane at " + endpoint + " refused shard "
+                                                 + std::to_string(shard_id) + ": " + f.text);
+  if (f.kind != net::frame_kind::welcome)
+    return make_error(errc::malformed_message, "the data plane at " + endpoint + " answered the hello with "
+                                                 "frame kind " + std::to_string(static_cast<uint32_t>(f.kind)));
+  if (auto err = c->sock.set_timeout(std::chrono::milliseconds{0}))
+    return err;
+  {
+    std::lock_guard<std::mutex> guard{impl_->mtx};
+    if (impl_->stopped)
+      return make_error(errc::invalid_state, "the data plane is stopped");
+  }
+  auto proxy = impl_->sys.spawn<caf::detached>(shard_proxy, c, remote, shard_id, endpoint, owner);
+  impl_->add(c, std::thread{proxy_reader, c, proxy.address(), shard_id});
+  return caf::actor_cast<shard_actor>(proxy);
+}
+
+void data_plane::stop() {
+  auto& d = *impl_;
+  std::list<impl::running> conns;
+  {
+    std::lock_guard<std::mutex> guard{d.mtx};
+    if (d.stopped)
+      return;
+    d.stopped = true;
+    if (d.listener)
+      d.listener->shutdown();
+    for (auto& r : d.conns)
+      r.conn->sock.shutdown();
+    conns.swap(d.conns);
+  }
+  if (d.acceptor.joinable())
+    d.acceptor.join();
+  for (auto& r : conns)
+    if (r.thread.joinable())
+      r.thread.join();
+}
+
+std::string make_data_key() {
+  std::random_device rd;
+  std::ostringstream out;
+  for (int i = 0; i < 4; ++i) {
+    char buf[9];
+    std::snprintf(buf, sizeof buf, "%08x", rd());
+    out << buf;
+  }
+  return out.str();
+}
+
+}  // namespace ashlar::actors

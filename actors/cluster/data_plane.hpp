@@ -1,0 +1,59 @@
+// The tensor data plane: pulls and pushes between a worker and a shard in another process
+// on a direct TCP connection (runtime/net/tensor_frames.hpp), while every other message
+// keeps crossing CAF's middleman. Tensors then skip the middleman's serialization copies
+// and the routing through the scheduler's node, and each (worker, shard) pair gets its
+// own connection.
+//
+// A shard node serves its shards on one data port; a worker node connects one stand-in
+// actor per remote shard. The stand-in has the shard's interface, so the worker does not
+// know which path a message takes. Connections are authenticated by a per-job key that
+// the scheduler hands out over CAF's (token-checked) connections.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "actors/messages.hpp"
+
+namespace ashlar::actors {
+
+/// Owns the data plane's listener, connections and their threads in one process.
+class data_plane {
+public:
+  explicit data_plane(caf::actor_system& sys);
+  ~data_plane();
+  data_plane(const data_plane&) = delete;
+  data_plane& operator=(const data_plane&) = delete;
+
+  /// Shard side: makes `shard` reachable for clients presenting `key`. The first call
+  /// listens on `host` (any free port). Returns the endpoint "host:port" to advertise.
+  [[nodiscard]] expected<std::string> serve(uint32_t shard_id, const shard_actor& shard,
+                                            const std::string& key, const std::string& host);
+
+  /// Worker side: connects to a shard's data endpoint and returns a local stand-in for
+  /// `remote`: pulls and pushes go over the connection, everything else to `remote` over
+  /// CAF. It quits with remote's exit reason when remote goes down, and when `owner`
+  /// goes down. If the connection breaks later, requests in flight fail with
+  /// peer_unreachable and later ones go over CAF. Blocks up to `timeout` (connect and
+  /// handshake); fails with peer_unreachable or handshake_refused, naming the endpoint.
+  [[nodiscard]] expected<shard_actor> connect(const shard_actor& remote, uint32_t shard_id,
+                                              const std::string& endpoint, const std::string& key,
+                                              const caf::actor& owner,
+                                              std::chrono::milliseconds timeout);
+
+  /// Closes the listener and every connection and joins their threads. Call before the
+  /// actor system is destroyed; also done by the destructor. Idempotent.
+  void stop();
+
+  struct impl;
+
+private:
+  std::shared_ptr<impl> impl_;
+};
+
+/// A random key for one job's data plane (hex, 128 bits).
+std::string make_data_key();
+
+}  // namespace ashlar::actors

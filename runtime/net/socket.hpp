@@ -1,0 +1,86 @@
+// Blocking TCP sockets for the tensor data plane: connect with a timeout, listen, and
+// whole-buffer reads and writes. Plain POSIX; errors name the peer address.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <sys/uio.h>
+
+#include "runtime/core/error.hpp"
+
+namespace ashlar::net {
+
+/// One connected TCP socket. Owns its descriptor (closed on destruction). shutdown() may
+/// be called from any thread to wake a thread blocked in read or write on it.
+class tcp_socket {
+public:
+  tcp_socket() = default;
+  tcp_socket(int fd, std::string peer);
+  ~tcp_socket();
+  tcp_socket(tcp_socket&& other) noexcept;
+  tcp_socket& operator=(tcp_socket&& other) noexcept;
+  tcp_socket(const tcp_socket&) = delete;
+  tcp_socket& operator=(const tcp_socket&) = delete;
+
+  bool valid() const { return fd_ >= 0; }
+  /// "host:port" of the other end, for messages.
+  const std::string& peer() const { return peer_; }
+
+  /// Reads exactly n bytes. Fails with peer_unreachable when the peer closes or the
+  /// connection breaks (or the timeout set by set_timeout passes).
+  [[nodiscard]] caf::error read_exact(void* buf, size_t n);
+
+  /// Writes every byte of the buffers, in order.
+  [[nodiscard]] caf::error write_all(iovec* iov, int count);
+
+  /// Read and write timeout; zero: none (block until data or error).
+  [[nodiscard]] caf::error set_timeout(std::chrono::milliseconds t);
+
+  /// Ends both directions; blocked reads and writes return an error. Idempotent.
+  void shutdown();
+
+private:
+  int fd_ = -1;
+  std::string peer_;
+  std::atomic<bool> shut_{false};
+};
+
+/// Connects to host:port, failing with peer_unreachable (naming the address) after
+/// `timeout`. Sets TCP_NODELAY.
+[[nodiscard]] expected<tcp_socket> connect_tcp(const std::string& host, uint16_t port,
+                                               std::chrono::milliseconds timeout);
+
+/// A listening TCP socket.
+class tcp_listener {
+public:
+  tcp_listener() = default;
+  ~tcp_listener();
+  tcp_listener(tcp_listener&& other) noexcept;
+  tcp_listener& operator=(tcp_listener&& other) noexcept;
+
+  /// Listens on host:port (port 0: any free port; host "" or "0.0.0.0": every interface).
+  [[nodiscard]] static expected<tcp_listener> open(const std::string& host, uint16_t port);
+
+  uint16_t port() const { return port_; }
+
+  /// Blocks until a peer connects or shutdown() is called (then fails with invalid_state).
+  [[nodiscard]] expected<tcp_socket> accept();
+
+  /// Wakes a thread blocked in accept(); later accepts fail. Idempotent.
+  void shutdown();
+
+private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+  std::atomic<bool> shut_{false};
+};
+
+/// The local IPv4 address this host uses to reach host:port (no packet is sent), or ""
+/// if there is no route.
+std::string local_address_toward(const std::string& host, uint16_t port);
+
+}  // namespace ashlar::net

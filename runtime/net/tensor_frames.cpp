@@ -1,0 +1,137 @@
+#include "runtime/net/tensor_frames.hpp"
+
+#include <utility>
+#include <vector>
+
+#include "runtime/wire/codec.hpp"
+
+namespace ashlar::net {
+
+namespace {
+
+struct frame_header {
+  uint32_t magic = frame_magic;
+  uint32_t kind = 0;
+  uint64_t seq = 0;
+  uint64_t meta_bytes = 0;
+  uint64_t payload_bytes = 0;
+};
+static_assert(sizeof(frame_header) == 32);
+
+caf::error write_parts(tcp_socket& sock, frame_kind kind, uint64_t seq, const void* meta, size_t meta_n,
+                       const void* payload, size_t payload_n) {
+  frame_header h;
+  h.kind = static_cast<uint32_t>(kind);
+  h.seq = seq;
+  h.meta_bytes = meta_n;
+  h.payload_bytes = payload_n;
+  iovec iov[3] = {{&h, sizeof h},
+                  {const_cast<void*>(meta), meta_n},
+                  {const_cast<void*>(payload), payload_n}};
+  return sock.write_all(iov, payload_n > 0 ? 3 : 2);
+}
+
+template <class T>
+caf::error write_message(tcp_socket& sock, frame_kind kind, uint64_t seq, const T& x) {
+  auto w = wire::encode(x);
+  return write_parts(sock, kind, seq, w.data(), w.size() * sizeof(uint64_t), nullptr, 0);
+}
+
+// Sends x with its tensor as the payload; the tensor is moved out for the encoding and
+// moved back, so it is neither copied nor lost.
+template <class T>
+caf::error write_with_tensor(tcp_socket& sock, frame_kind kind, uint64_t seq, T& x,
+                             wire::tensor T::*tensor) {
+  wire::tensor t = std::move(x.*tensor);
+  x.*tensor = {};
+  auto w = wire::encode(x);
+  x.*tensor = std::move(t);
+  const auto& data = x.*tensor;
+  return write_parts(sock, kind, seq, w.data(), w.size() * sizeof(uint64_t), data.data(),
+                     data.size() * sizeof(float));
+}
+
+caf::error malformed(const tcp_socket& sock, const std::string& what) {
+  return make_error(errc::malformed_message, "data connection with " + sock.peer() + ": " + what);
+}
+
+} // namespace
+
+caf::error read_frame(tcp_socket& sock, inbound_frame& out) {
+  frame_header h;
+  if (auto err = sock.read_exact(&h, sizeof h))
+    return err;
+  if (h.magic != frame_magic)
+    return malformed(sock, "bad frame magic (not an Ashlar data-plane peer?)");
+  if (h.kind < static_cast<uint32_t>(frame_kind::hello) || h.kind > static_cast<uint32_t>(frame_kind::error))
+    return malformed(sock, "unknown frame kind " + std::to_string(h.kind));
+  if (h.meta_bytes > max_meta_bytes)
+    return malformed(sock, "metadata of " + std::to_string(h.meta_bytes) + " bytes (limit "
+                             + std::to_string(max_meta_bytes) + ")");
+  if (h.payload_bytes > wire::max_message_bytes || h.payload_bytes % sizeof(float) != 0)
+    return malformed(sock, "tensor payload of " + std::to_string(h.payload_bytes) + " bytes");
+  out.kind = static_cast<frame_kind>(h.kind);
+  out.seq = h.seq;
+  const bool takes_payload = out.kind == frame_kind::pull_reply || out.kind == frame_kind::push;
+  if (!takes_payload && h.payload_bytes != 0)
+    return malformed(sock, "unexpected tensor payload on a frame of kind " + std::to_string(h.kind));
+  if (out.kind == frame_kind::hello || out.kind == frame_kind::welcome || out.kind == frame_kind::error) {
+    out.text.resize(h.meta_bytes);
+    return sock.read_exact(out.text.data(), h.meta_bytes);
+  }
+  if (h.meta_bytes % sizeof(uint64_t) != 0)
+    return malformed(sock, "metadata is not whole 8-byte words");
+  wire::words meta(h.meta_bytes / sizeof(uint64_t));
+  if (auto err = sock.read_exact(meta.data(), h.meta_bytes))
+    return err;
+  wire::tensor tensor;
+  if (h.payload_bytes > 0) {
+    tensor.resize(h.payload_bytes / sizeof(float));
+    if (auto err = sock.read_exact(tensor.data(), h.payload_bytes))
+      return err;
+  }
+  caf::error err;
+  switch (out.kind) {
+    case frame_kind::pull:
+      err = wire::decode(meta, out.pull);
+      break;
+    case frame_kind::pull_reply:
+      err = wire::decode(meta, out.reply);
+      out.reply.params = std::move(tensor);
+      break;
+    case frame_kind::push:
+      err = wire::decode(meta, out.push);
+      out.push.grad = std::move(tensor);
+      break;
+    case frame_kind::push_ack:
+      err = wire::decode(meta, out.ack);
+      break;
+    default:
+      break;
+  }
+  if (err)
+    return malformed(sock, describe(err));
+  return {};
+}
+
+caf::error write_frame(tcp_socket& sock, uint64_t seq, const wire::pull_request& x) {
+  return write_message(sock, frame_kind::pull, seq, x);
+}
+
+caf::error write_frame(tcp_socket& sock, uint64_t seq, wire::pull_reply& x) {
+  return write_with_tensor(sock, frame_kind::pull_reply, seq, x, &wire::pull_reply::params);
+}
+
+caf::error write_frame(tcp_socket& sock, uint64_t seq, wire::push& x) {
+  return write_with_tensor(sock, frame_kind::push, seq, x, &wire::push::grad);
+}
+
+caf::error write_frame(tcp_socket& sock, uint64_t seq, const wire::push_ack& x) {
+  return write_message(sock, frame_kind::push_ack, seq, x);
+}
+
+caf::error write_text_frame(tcp_socket& sock, frame_kind kind, uint64_t seq, const std::string& text) {
+  return write_parts(sock, kind, seq, text.data(), text.size(), nullptr, 0);
+}
+
+}  // namespace ashlar::net

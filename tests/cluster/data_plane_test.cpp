@@ -1,0 +1,226 @@
+// The tensor data plane: a shard served on a TCP port and reached through a stand-in
+// actor, in one process (the same code runs between node processes; see
+// cluster_process_test.cpp for that).
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstring>
+
+#include "actors/cluster/data_plane.hpp"
+#include "actors/server_shard.hpp"
+#include "runtime/net/socket.hpp"
+
+using namespace ashlar;
+using namespace ashlar::actors;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct config : caf::actor_system_config {
+  config() {
+    register_types(*this);
+  }
+};
+
+struct fixture {
+  config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  std::shared_ptr<data_plane> plane = std::make_shared<data_plane>(sys);
+  std::vector<shard_actor> shards;
+
+  ~fixture() {
+    for (auto& s : shards)
+      self->send_exit(s, caf::exit_reason::user_shutdown);
+    plane->stop();
+  }
+
+  shard_actor make(const std::string& policy, size_t n) {
+    auto p = make_policy(policy, {});
+    REQUIRE(p);
+    sgd_config opt;
+    opt.lr = 1.0f;
+    opt.momentum = 0.0f;
+    opt.weight_decay = 0.0f;
+    std::vector<float> init(n);
+    for (size_t i = 0; i < n; ++i)
+      init[i] = static_cast<float>(i);
+    auto s = spawn_shard(sys, std::make_unique<shard_core>(shard_range{0, 0, n}, init, opt, std::move(*p)));
+    shards.push_back(s);
+    return s;
+  }
+
+  std::string serve(const shard_actor& s, const std::string& key = "k1") {
+    auto ep = plane->serve(0, s, key, "127.0.0.1");
+    REQUIRE(ep);
+    return *ep;
+  }
+
+  shard_actor connect(const shard_actor& s, const std::string& ep, const std::string& key = "k1") {
+    auto p = plane->connect(s, 0, ep, key, caf::actor_cast<caf::actor>(self), 5s);
+    INFO((p ? std::string{} : describe(p.error())));
+    REQUIRE(p);
+    return *p;
+  }
+
+  caf::error join(const shard_actor& s, uint32_t w) {
+    caf::error err;
+    self->request(s, 5s, wire::membership_change{wire::membership_change::join, w, ""})
+      .receive([](caf::ok_atom) {}, [&](caf::error& e) { err = e; });
+    return err;
+  }
+
+  expected<wire::pull_reply> pull(const shard_actor& s, uint32_t w) {
+    expected<wire::pull_reply> out = caf::error{};
+    self->request(s, 5s, wire::pull_request{w, 0, false})
+      .receive([&](wire::pull_reply& r) { out = std::move(r); }, [&](caf::error& e) { out = e; });
+    return out;
+  }
+
+  expected<wire::push_ack> push(const shard_actor& s, uint32_t w, uint64_t base, wire::tensor g) {
+    expected<wire::push_ack> out = caf::error{};
+    self->request(s, 5s, wire::push{w, 0, base, 1, std::move(g)})
+      .receive([&](const wire::push_ack& a) { out = a; }, [&](caf::error& e) { out = e; });
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("pulls, pushes and status through the data plane match the shard's own answers") {
+  fixture f;
+  auto s = f.make("asp", 1000);
+  auto proxy = f.connect(s, f.serve(s));
+  REQUIRE_FALSE(f.join(proxy, 0)); // over CAF, delegated
+  auto before = f.pull(proxy, 0);
+  REQUIRE(before);
+  CHECK(before->params.size() == 1000);
+  CHECK(before->params[999] == 999.0f);
+  auto ack = f.push(proxy, 0, before->version, wire::tensor(1000, 0.5f));
+  REQUIRE(ack);
+  CHECK(ack->outcome == wire::push_ack::applied);
+  CHECK(ack->version == 1);
+  auto after_proxy = f.pull(proxy, 0);
+  auto after_direct = f.pull(s, 0);
+  REQUIRE(after_proxy);
+  REQUIRE(after_direct);
+  CHECK(after_proxy->version == 1);
+  CHECK(after_proxy->params == after_direct->params);
+  CHECK(after_proxy->params[10] == 9.5f);
+  wire::shard_status st;
+  f.self->request(proxy, 5s, status_atom::value).receive([&](const wire::shard_status& x) { st = x; },
+                                                         [](caf::error&) {});
+  CHECK(st.version == 1);
+  CHECK(st.pushes == 1);
+}
+
+TEST_CASE("a read the policy holds back is answered over the data plane once the round completes") {
+  fixture f;
+  auto s = f.make("bsp", 4);
+  auto proxy = f.connect(s, f.serve(s));
+  REQUIRE_FALSE(f.join(s, 0));
+  REQUIRE_FALSE(f.join(s, 1));
+  auto ack = f.push(proxy, 0, 0, wire::tensor(4, 1.0f));
+  REQUIRE(ack);
+  CHECK(ack->outcome == wire::push_ack::buffered);
+  f.self->send(proxy, wire::pull_request{0, 0, false});
+  bool early = false;
+  f.self->receive([&](const wire::pull_reply&) { early = true; }, caf::after(200ms) >> [] {});
+  CHECK_FALSE(early);
+  // A later request on the same connection is not stuck behind the held read.
+  wire::shard_status st;
+  f.self->request(proxy, 5s, status_atom::value).receive([&](const wire::shard_status& x) { st = x; },
+                                                         [](caf::error&) {});
+  CHECK(st.pending_reads == 1);
+  REQUIRE(f.push(s, 1, 0, wire::tensor(4, 3.0f)));
+  wire::pull_reply reply;
+  bool got = false;
+  f.self->receive([&](wire::pull_reply& r) { reply = std::move(r); got = true; }, caf::after(5s) >> [] {});
+  REQUIRE(got);
+  CHECK(reply.version == 1);
+  CHECK(reply.params == wire::tensor{-2, -1, 0, 1});
+}
+
+TEST_CASE("a shard's error reaches the worker through the data plane, and the connection goes on") {
+  fixture f;
+  auto s = f.make("asp", 8);
+  auto proxy = f.connect(s, f.serve(s));
+  REQUIRE_FALSE(f.join(s, 0));
+  auto bad = f.push(proxy, 0, 0, wire::tensor(3, 1.0f)); // wrong length
+  REQUIRE_FALSE(bad);
+  CHECK(describe(bad.error()).find("shard 0") != std::string::npos);
+  auto good = f.push(proxy, 0, 0, wire::tensor(8, 1.0f));
+  REQUIRE(good);
+  CHECK(good->version == 1);
+}
+
+TEST_CASE("a data connection with the wrong key is refused, naming the endpoint") {
+  fixture f;
+  auto s = f.make("asp", 8);
+  auto ep = f.serve(s, "right");
+  auto p = f.plane->connect(s, 0, ep, "wrong", caf::actor_cast<caf::actor>(f.self), 5s);
+  REQUIRE_FALSE(p);
+  CHECK(is(p.error(), errc::handshake_refused));
+  CHECK(describe(p.error()).find(ep) != std::string::npos);
+  CHECK(describe(p.error()).find("wrong data-plane key") != std::string::npos);
+  auto q = f.plane->connect(s, 7, ep, "right", caf::actor_cast<caf::actor>(f.self), 5s);
+  REQUIRE_FALSE(q);
+  CHECK(describe(q.error()).find("no shard 7") != std::string::npos);
+}
+
+TEST_CASE("an unreachable data endpoint fails within the timeout, naming the address") {
+  fixture f;
+  auto s = f.make("asp", 8);
+  // Nothing listens on a port we just opened and closed.
+  uint16_t port = 0;
+  {
+    auto l = net::tcp_listener::open("127.0.0.1", 0);
+    REQUIRE(l);
+    port = l->port();
+  }
+  auto ep = "127.0.0.1:" + std::to_string(port);
+  auto p = f.plane->connect(s, 0, ep, "k", caf::actor_cast<caf::actor>(f.self), 2s);
+  REQUIRE_FALSE(p);
+  CHECK(is(p.error(), errc::peer_unreachable));
+  CHECK(describe(p.error()).find(ep) != std::string::npos);
+  auto bad = f.plane->connect(s, 0, "no-port-here", "k", caf::actor_cast<caf::actor>(f.self), 2s);
+  REQUIRE_FALSE(bad);
+  CHECK(is(bad.error(), errc::invalid_argument));
+}
+
+TEST_CASE("garbage on the data port closes that connection only") {
+  fixture f;
+  auto s = f.make("asp", 8);
+  auto ep = f.serve(s);
+  auto port = static_cast<uint16_t>(std::stoi(ep.substr(ep.rfind(':') + 1)));
+  auto raw = net::connect_tcp("127.0.0.1", port, 2s);
+  REQUIRE(raw);
+  char junk[64];
+  std::memset(junk, 0x5a, sizeof junk);
+  iovec iov{junk, sizeof junk};
+  REQUIRE_FALSE(raw->write_all(&iov, 1));
+  // The server answers with an error frame and closes.
+  REQUIRE_FALSE(raw->set_timeout(5s));
+  char buf[256];
+  caf::error end;
+  for (int i = 0; i < 100000 && !end; ++i)
+    end = raw->read_exact(buf, 1);
+  CHECK(end);
+  // A well-behaved client is still served.
+  auto proxy = f.connect(s, ep);
+  REQUIRE_FALSE(f.join(s, 0));
+  CHECK(f.pull(proxy, 0));
+}
+
+TEST_CASE("a stand-in quits with its shard's exit reason, so a worker monitoring it sees the loss") {
+  fixture f;
+  auto s = f.make("asp", 8);
+  auto proxy = f.connect(s, f.serve(s));
+  f.self->monitor(proxy);
+  f.self->send_exit(s, caf::exit_reason::kill);
+  caf::error reason;
+  bool down = false;
+  f.self->receive([&](caf::down_msg& dm) { down = true; reason = dm.reason; }, caf::after(5s) >> [] {});
+  REQUIRE(down);
+  CHECK(reason == caf::exit_reason::kill);
+}

@@ -169,6 +169,21 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   uint32_t next_epoch = 1;
   uint64_t last_samples = 0;
   double last_progress = 0;
+  double last_eval = 0;
+  bool stop_sent = false;
+  const uint64_t budget = uint64_t{cfg.epochs} * train->n;
+  bool lockstep = true;
+  if (auto policy = make_policy(cfg.policy, {}))
+    lockstep = (*policy)->lockstep();
+  auto record = [&](const std::vector<float>& p, double epoch, double at, double loss) {
+    auto ev = evaluate(p);
+    if (!ev)
+      return;
+    epoch_point pt{epoch, at, ev->accuracy(), loss};
+    rep.history.push_back(pt);
+    if (hooks.on_epoch)
+      hooks.on_epoch(pt);
+  };
   // Epoch boundaries are checked every tick; progress lines go out every progress_interval.
   const auto tick = std::chrono::milliseconds(100);
   while (!done) {
@@ -205,21 +220,26 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
       last_progress = now;
     }
     // Evaluate once an epoch boundary has been crossed (within a tick of it).
-    if (cfg.eval_every_epoch && next_epoch < cfg.epochs
-        && stats.total_samples >= uint64_t{next_epoch} * train->n) {
-      auto p = snapshot(self, shards, num_params);
-      if (p) {
-        auto ev = evaluate(*p);
-        if (ev) {
-          epoch_point pt{static_cast<double>(stats.total_samples) / train->n, now,
-                         ev->accuracy(), stats.loss};
-          rep.history.push_back(pt);
-          if (hooks.on_epoch)
-            hooks.on_epoch(pt);
-        }
-      }
+    bool epoch_due = cfg.eval_every_epoch && next_epoch < cfg.epochs
+                     && stats.total_samples >= uint64_t{next_epoch} * train->n;
+    bool interval_due = cfg.eval_interval > 0 && now - last_eval >= cfg.eval_interval;
+    if (epoch_due || interval_due) {
+      if (auto p = snapshot(self, shards, num_params))
+        record(*p, static_cast<double>(stats.total_samples) / train->n, now, stats.loss);
+      last_eval = now;
       while (next_epoch <= cfg.epochs && stats.total_samples >= uint64_t{next_epoch} * train->n)
         ++next_epoch;
+    }
+    // Workers at their own pace stop when their samples together reach the budget; any
+    // job stops at its time limit. Each finishes its step and leaves.
+    bool out_of_budget = !lockstep && stats.total_samples >= budget;
+    bool out_of_time = cfg.time_limit > 0 && now >= cfg.time_limit;
+    if (!stop_sent && (out_of_budget || out_of_time)) {
+      stop_sent = true;
+      if (out_of_time)
+        spdlog::info("job: time limit of {} s reached; stopping the workers", cfg.time_limit);
+      self->request(scheduler, std::chrono::seconds(10), wire::ctl_request{wire::ctl_request::shutdown, 0, 0})
+        .receive([](const std::string&) {}, [](caf::error&) {});
     }
   }
   rep.seconds = seconds();
@@ -257,6 +277,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
           ws.compute_seconds = w.total_compute_seconds;
           ws.wait_seconds = w.total_wait_seconds;
           rep.per_worker.push_back(ws);
+          rep.bytes += w.bytes;
         }
       },
       [&](caf::error&) {});

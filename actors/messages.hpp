@@ -23,6 +23,8 @@ using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using job_atom = caf::atom_constant<caf::atom("job")>;
 using nodes_atom = caf::atom_constant<caf::atom("nodes")>;
 using paced_atom = caf::atom_constant<caf::atom("paced")>;
+using local_steps_atom = caf::atom_constant<caf::atom("localsteps")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
 /// follows membership changes, reports its status.
@@ -44,14 +46,16 @@ using profiler_actor = caf::typed_actor<
 /// the rest (sent by the scheduler to itself when start_timeout passes).
 using scheduler_actor = caf::typed_actor<
   caf::replies_to<wire::register_worker>::with<wire::assignment, std::vector<shard_actor>>,
-  caf::reacts_to<wire::membership_change>, caf::reacts_to<start_atom>,
+  caf::reacts_to<wire::membership_change>, caf::reacts_to<start_atom>, caf::reacts_to<tick_atom>,
   caf::replies_to<wire::ctl_request>::with<std::string>>;
 
 /// A worker: registers on start, then loops pull -> compute -> push until its steps are done.
 /// stop_atom: finish the current step, leave, and quit.
 /// paced_atom: the emulated compute time of the current step is over (pacing).
+/// local_steps_atom: from now on, commit every H steps (H >= 1; see wire::assignment).
 using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<step_atom>,
-                                      caf::reacts_to<stop_atom>, caf::reacts_to<paced_atom>>;
+                                      caf::reacts_to<stop_atom>, caf::reacts_to<paced_atom>,
+                                      caf::reacts_to<local_steps_atom, uint32_t>>;
 
 /// The actor every node process runs: it hosts shards and workers on the scheduler's
 /// request and carries out control requests (remove a worker, shut down).

@@ -54,6 +54,7 @@ profiler_actor::behavior_type profiler_behavior(profiler_pointer self, double al
       s.loss = ema(s.loss, r.loss, st.alpha, first);
       s.total_compute_seconds += r.compute_ns * 1e-9;
       s.total_wait_seconds += r.wait_ns * 1e-9;
+      s.bytes += r.bytes;
       st.total_samples += r.samples;
       st.loss = ema(st.loss, r.loss, st.alpha / 2, !st.loss_seen);
       st.loss_seen = true;

@@ -4,7 +4,11 @@
 #include <map>
 #include <memory>
 
+#include <optional>
+
 #include <spdlog/spdlog.h>
+
+#include "runtime/policy/adsp.hpp"
 
 namespace ashlar::actors {
 
@@ -31,11 +35,17 @@ struct scheduler_state {
   // the first round starts from version 0 with the full membership in place.
   std::vector<std::function<void()>> start_barrier;
   bool started = false;
+  bool stopping = false; // a shutdown request stopped every worker
+  bool lockstep = true;  // the policy's: see sync_policy::lockstep
+  // ADSP: plans each worker's local steps per commit from the profiler's times.
+  std::optional<adsp_planner> adsp;
+  std::map<uint32_t, uint32_t> local_steps; // as last sent
 };
 
 using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;
 
 constexpr auto ack_timeout = std::chrono::seconds(30);
+constexpr auto adsp_replan_interval = std::chrono::milliseconds(500);
 
 // Sends `m` to every shard and the profiler; calls `then(ok)` once all have answered.
 void broadcast(scheduler_pointer self, const wire::membership_change& m,
@@ -107,10 +117,43 @@ void start_training(scheduler_pointer self) {
   for (auto& f : st.start_barrier)
     f();
   st.start_barrier.clear();
+  if (st.adsp)
+    self->delayed_send(self, adsp_replan_interval, tick_atom::value);
+}
+
+// ADSP: from the profiler's per-step compute times, each live worker's local steps per
+// commit, so all commit about once per period; the period follows the loss (see
+// adsp_planner). Runs every adsp_replan_interval while the job runs.
+void replan_adsp(scheduler_pointer self) {
+  self->request(self->state.cfg.profiler, ack_timeout, caf::get_atom::value)
+    .then(
+      [=](const wire::cluster_stats& stats) {
+        auto& st = self->state;
+        if (st.done_sent || st.stopping)
+          return;
+        st.adsp->observe(stats.elapsed_seconds, stats.loss);
+        std::map<worker_id, double> times;
+        for (const auto& w : stats.workers)
+          if (auto m = st.members.find(w.worker_id); m != st.members.end() && !m->second.left)
+            times[w.worker_id] = w.compute_seconds;
+        for (const auto& [id, h] : st.adsp->local_steps(times)) {
+          if (st.local_steps[id] == h)
+            continue;
+          st.local_steps[id] = h;
+          self->send(caf::actor_cast<worker_actor>(st.members[id].handle), local_steps_atom::value, h);
+        }
+        spdlog::debug("scheduler: adsp commit period {:.3f} s", st.adsp->period());
+        self->delayed_send(self, adsp_replan_interval, tick_atom::value);
+      },
+      [=](caf::error& err) { spdlog::warn("scheduler: adsp planning skipped: {}", describe(err)); });
 }
 
 scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, scheduler_config cfg) {
   self->state.cfg = std::move(cfg);
+  if (auto policy = make_policy(self->state.cfg.job.policy, {}))
+    self->state.lockstep = (*policy)->lockstep();
+  if (self->state.cfg.job.policy == "adsp")
+    self->state.adsp.emplace();
   self->set_down_handler([=](caf::down_msg& dm) {
     for (auto& [id, m] : self->state.members)
       if (m.addr == dm.source && !m.left)
@@ -140,6 +183,15 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       a.data_count = n * (slot + 1) / k - a.data_begin;
       uint64_t per_epoch = (a.data_count + cfg.job.batch_size - 1) / cfg.job.batch_size;
       a.steps = per_epoch * cfg.job.epochs;
+      if (!st.lockstep) {
+        // Workers run at their own pace over their share (repeating it as needed); the
+        // driver ends the job when their samples together reach the budget.
+        a.steps = (n * cfg.job.epochs + cfg.job.batch_size - 1) / cfg.job.batch_size;
+      }
+      a.local_steps = 1;
+      a.local_lr = cfg.job.optimizer.lr;
+      // A commit counts as one worker's share of a model average.
+      a.commit_scale = 1.0f / static_cast<float>(std::max<uint32_t>(1, cfg.job.workers));
       a.seed = cfg.job.seed * 1000003ull + id;
       a.policy = cfg.job.policy;
       a.data_endpoints = cfg.data_endpoints;
@@ -209,10 +261,22 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       return promise;
     },
     [=](start_atom) { start_training(self); },
+    [=](tick_atom) { replan_adsp(self); },
     [=](const wire::ctl_request& req) -> caf::result<std::string> {
       auto& st = self->state;
+      if (req.op == wire::ctl_request::shutdown) {
+        // The job's budget or time is up: every worker finishes its step and leaves.
+        st.stopping = true;
+        uint32_t n = 0;
+        for (auto& [id, m] : st.members)
+          if (!m.left) {
+            self->send(caf::actor_cast<worker_actor>(m.handle), stop_atom::value);
+            ++n;
+          }
+        return "stopping " + std::to_string(n) + " workers";
+      }
       if (req.op != wire::ctl_request::remove_worker)
-        return make_error(errc::invalid_argument, "the scheduler only handles remove-worker");
+        return make_error(errc::invalid_argument, "the scheduler handles remove-worker and shutdown");
       auto i = st.members.find(req.worker_id);
       if (i == st.members.end() || i->second.left)
         return make_error(errc::invalid_argument,

@@ -47,6 +47,13 @@ struct worker_state {
   uint64_t pull_ns = 0, wait_ns = 0, compute_ns = 0;
   uint32_t batch_n = 0;
   double loss = 0;
+  uint64_t step_bytes = 0; // tensor bytes moved in the current step
+  // Local steps (ADSP, ASHL): gradients of the steps since the last commit, summed.
+  uint32_t local_steps = 1;
+  uint32_t local_done = 0;
+  std::vector<float> acc;
+  uint32_t acc_samples = 0;
+  uint32_t push_samples = 0; // the batch weight of the gradient pushed (a commit's: its steps' samples)
 };
 
 using worker_pointer = worker_actor::stateful_pointer<worker_state>;
@@ -138,6 +145,7 @@ void request_pull_chunk(worker_pointer self, size_t i) {
 
 void pull_all(worker_pointer self) {
   auto& st = self->state;
+  st.step_bytes += st.params.size() * sizeof(float);
   st.phase_start = clock_type::now();
   st.wait_ns = 0;
   st.pending = st.shards.size();
@@ -158,7 +166,7 @@ void send_push_chunk(worker_pointer self, size_t i) {
   msg.worker_id = st.job.worker_id;
   msg.shard_id = range.shard_id;
   msg.base_version = st.base_versions[i];
-  msg.batch_size = st.batch_n;
+  msg.batch_size = st.push_samples;
   msg.offset = t.next;
   msg.total = t.total;
   auto from = st.grad.begin() + static_cast<std::ptrdiff_t>(range.begin + t.next);
@@ -184,6 +192,8 @@ void send_push_chunk(worker_pointer self, size_t i) {
 }
 
 void send_pushes(worker_pointer self);
+void after_compute(worker_pointer self);
+void report_step(worker_pointer self, uint64_t push_ns);
 
 // Computes the step's gradient. A paced worker then waits out the rest of its budget
 // (batch x pace) with a delayed message, never blocking a scheduler thread.
@@ -207,11 +217,12 @@ void push_all(worker_pointer self) {
     st.compute_ns = budget;
     return;
   }
-  send_pushes(self);
+  after_compute(self);
 }
 
 void send_pushes(worker_pointer self) {
   auto& st = self->state;
+  st.step_bytes += st.grad.size() * sizeof(float);
   st.phase_start = clock_type::now();
   st.pending = st.shards.size();
   st.transfers.assign(st.shards.size(), transfer{});
@@ -222,8 +233,43 @@ void send_pushes(worker_pointer self) {
   }
 }
 
-// Every shard has the whole gradient: report the step and go on.
-void phase_done(worker_pointer self) {
+// With local steps in force, a step's gradient is applied locally and added to the
+// commit; the commit (the summed gradients) is pushed after local_steps steps, or at the
+// last step. Otherwise the gradient is pushed at once.
+void after_compute(worker_pointer self) {
+  auto& st = self->state;
+  if (st.local_steps <= 1 && st.local_done == 0) {
+    st.push_samples = st.batch_n;
+    return send_pushes(self);
+  }
+  if (st.acc.size() != st.grad.size())
+    st.acc.assign(st.grad.size(), 0.0f);
+  for (size_t j = 0; j < st.grad.size(); ++j)
+    st.acc[j] += st.grad[j];
+  st.acc_samples += st.batch_n;
+  ++st.local_done;
+  bool last = st.step + 1 >= st.job.steps || st.stop_requested;
+  if (st.local_done >= st.local_steps || last) {
+    const float scale = st.job.commit_scale;
+    for (size_t j = 0; j < st.grad.size(); ++j) {
+      st.grad[j] = st.acc[j] * scale;
+      st.acc[j] = 0.0f;
+    }
+    st.push_samples = st.acc_samples;
+    st.acc_samples = 0;
+    st.local_done = 0;
+    return send_pushes(self);
+  }
+  // A local step: move the local model and go on without talking to the shards.
+  const float lr = st.job.local_lr;
+  for (size_t j = 0; j < st.params.size(); ++j)
+    st.params[j] -= lr * st.grad[j];
+  report_step(self, 0);
+  self->send(self, step_atom::value);
+}
+
+// Reports the finished step to the profiler and counts it.
+void report_step(worker_pointer self, uint64_t push_ns) {
   auto& st = self->state;
   wire::profile_report rep;
   rep.worker_id = st.job.worker_id;
@@ -233,9 +279,17 @@ void phase_done(worker_pointer self) {
   rep.compute_ns = st.compute_ns;
   rep.pull_ns = st.pull_ns;
   rep.wait_ns = st.wait_ns;
-  rep.push_ns = ns_since(st.phase_start);
+  rep.push_ns = push_ns;
+  rep.bytes = st.step_bytes;
   self->send(st.cfg.profiler, rep);
+  st.pull_ns = st.wait_ns = st.step_bytes = 0;
   ++st.step;
+}
+
+// Every shard has the whole gradient: report the step and go on.
+void phase_done(worker_pointer self) {
+  auto& st = self->state;
+  report_step(self, ns_since(st.phase_start));
   // Through the mailbox, so other messages are handled between steps.
   self->send(self, step_atom::value);
 }
@@ -318,6 +372,7 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
             st.params.assign(spec.num_params(), 0.0f);
             st.grad.assign(spec.num_params(), 0.0f);
             st.base_versions.assign(shards.size(), 0);
+            st.local_steps = std::max(1u, a.local_steps);
             st.cursor.emplace(*st.cfg.data, a.data_begin, a.data_count, a.seed);
             st.started = clock_type::now();
             spdlog::debug("worker {}: {} backend, {} steps", a.worker_id, st.backend->name(),
@@ -341,7 +396,13 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
     },
     [=](paced_atom) {
       if (!self->state.stopped)
-        send_pushes(self);
+        after_compute(self);
+    },
+    [=](local_steps_atom, uint32_t h) {
+      auto& st = self->state;
+      if (h != st.local_steps)
+        spdlog::debug("worker {}: {} local steps per commit", st.job.worker_id, h);
+      st.local_steps = std::max(1u, h);
     },
     [=](step_atom) {
       auto& st = self->state;
@@ -349,7 +410,10 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
         return;
       if (st.step >= st.job.steps || st.stop_requested)
         return finish(self);
-      pull_all(self);
+      if (st.local_done > 0)
+        push_all(self); // a local step: compute on the local model
+      else
+        pull_all(self);
     },
   };
 }

@@ -127,6 +127,9 @@ struct Assignment {
   contention @12 :List(Slowdown);  # this worker's slowdown intervals, seconds after it starts
   dataEndpoints @13 :List(Text);   # per shard: HOST:PORT of its data plane, or empty (CAF only)
   dataKey @14 :Text;               # presented to the shards' data planes
+  localSteps @15 :UInt32;          # steps between commits (ADSP, ASHL); 0 or 1: push every step
+  localLr @16 :Float32;            # learning rate of the local steps
+  commitScale @17 :Float32;        # a commit pushes its summed gradients times this (1/workers: model averaging)
   struct Slowdown {
     startS @0 :Float64;
     endS @1 :Float64;
@@ -215,6 +218,7 @@ struct ProfileReport {
   pullNs @5 :UInt64;       # pull time less the time held by the policy
   pushNs @6 :UInt64;
   waitNs @7 :UInt64;       # time held by the policy
+  bytes @8 :UInt64;        # tensor bytes pulled and pushed in this step
 }
 
 struct WorkerStats {
@@ -229,6 +233,7 @@ struct WorkerStats {
   done @8 :Bool;
   totalComputeSeconds @9 :Float64;
   totalWaitSeconds @10 :Float64;
+  bytes @11 :UInt64;              # tensor bytes pulled and pushed
 }
 
 struct ClusterStats {

@@ -202,6 +202,10 @@ const std::vector<field>& fields() {
          [](train_config& c) -> double& { return c.progress_interval; }),
     bind("run.log_level", "trace, debug, info, warn or error (default info)",
          [](train_config& c) -> std::string& { return c.log_level; }),
+    bind("run.eval_interval", "seconds between test evaluations, 0 = epoch boundaries only (default 0)",
+         [](train_config& c) -> double& { return c.eval_interval; }),
+    bind("run.time_limit", "stop training after this many seconds, 0 = none (default 0)",
+         [](train_config& c) -> double& { return c.time_limit; }),
     bind("run.eval_every_epoch", "evaluate test accuracy at each epoch boundary (default true)",
          [](train_config& c) -> bool& { return c.eval_every_epoch; }),
   };
@@ -365,6 +369,10 @@ caf::error validate(const train_config& c) {
     return bad("train.weight_decay must be >= 0");
   if (c.progress_interval < 0)
     return bad("run.progress_interval must be >= 0");
+  if (c.eval_interval < 0)
+    return bad("run.eval_interval must be >= 0");
+  if (c.time_limit < 0)
+    return bad("run.time_limit must be >= 0");
   if (c.data_source != "fashion-mnist" && c.data_source != "synthetic")
     return bad("data.source must be fashion-mnist or synthetic, not '" + c.data_source + "'");
   static const std::vector<std::string> levels = {"trace", "debug", "info", "warn", "error", "off"};

@@ -74,6 +74,12 @@ struct train_config {
   /// Evaluate test accuracy at every epoch boundary (costs a forward pass over the test
   /// set each time). Default: true.
   bool eval_every_epoch = true;
+  /// Also evaluate test accuracy every this many seconds (run.eval_interval); 0 = only at
+  /// epoch boundaries. Default: 0.
+  double eval_interval = 0;
+  /// Stop the job after this many seconds of training, evaluating what it reached
+  /// (run.time_limit); 0 = no limit. Default: 0.
+  double time_limit = 0;
 };
 
 /// One configuration key: its TOML name ("train.workers"), environment variable

@@ -57,6 +57,7 @@ std::string to_json(const run_report& r) {
     << "  \"versions\": " << r.versions << ",\n"
     << "  \"dropped\": " << r.dropped << ",\n"
     << "  \"mean_staleness\": " << num(r.mean_staleness) << ",\n"
+    << "  \"bytes\": " << r.bytes << ",\n"
     << "  \"history\": [";
   for (size_t i = 0; i < r.history.size(); ++i) {
     const auto& h = r.history[i];

@@ -43,6 +43,7 @@ struct run_report {
   uint64_t versions = 0;          // summed over shards
   uint64_t dropped = 0;           // gradients dropped by the policy
   double mean_staleness = 0;
+  uint64_t bytes = 0;             // tensor bytes the workers pulled and pushed
   std::vector<epoch_point> history;
   std::vector<worker_summary> per_worker;
 };

@@ -20,6 +20,7 @@ public:
   void on_round_applied() override;
   bool may_read(worker_id w, uint64_t version) const override;
   const std::set<worker_id>& live() const override { return live_; }
+  bool lockstep() const override { return true; }
 
 protected:
   std::set<worker_id> live_;

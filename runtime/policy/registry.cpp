@@ -1,6 +1,7 @@
 // The table of sync policies: adding a policy is one file and one row here.
 #include <functional>
 
+#include "runtime/policy/adsp.hpp"
 #include "runtime/policy/asp.hpp"
 #include "runtime/policy/bsp.hpp"
 #include "runtime/policy/k_sync.hpp"
@@ -24,6 +25,7 @@ const std::vector<entry>& table() {
     {"ssp", [](const policy_config& c) { return std::make_unique<ssp_policy>(c); }},
     {"ksync", [](const policy_config& c) { return std::make_unique<k_sync_policy>(c); }},
     {"kasync", [](const policy_config& c) { return std::make_unique<k_async_policy>(c); }},
+    {"adsp", [](const policy_config&) { return std::make_unique<adsp_policy>(); }},
   };
   return rows;
 }

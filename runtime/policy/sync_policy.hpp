@@ -71,9 +71,14 @@ public:
 
   /// Workers the policy currently counts as live.
   virtual const std::set<worker_id>& live() const = 0;
+
+  /// True if workers advance in rounds together (BSP, k-sync): each then runs its equal
+  /// share of the steps. Otherwise workers run at their own pace and the job ends when
+  /// their samples together reach the budget (epochs x training set). Default: false.
+  virtual bool lockstep() const { return false; }
 };
 
-/// Makes a policy by registry name ("bsp", "asp", "ssp", "ksync", "kasync"). Fails with unknown_name, listing the names.
+/// Makes a policy by registry name ("bsp", "asp", "ssp", "ksync", "kasync", "adsp"). Fails with unknown_name, listing the names.
 [[nodiscard]] expected<std::unique_ptr<sync_policy>> make_policy(const std::string& name,
                                                                 const policy_config& cfg);
 

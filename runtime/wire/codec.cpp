@@ -122,6 +122,9 @@ words encode(const assignment& x) {
   for (size_t i = 0; i < x.data_endpoints.size(); ++i)
     eps.set(i, x.data_endpoints[i]);
   b.setDataKey(x.data_key);
+  b.setLocalSteps(x.local_steps);
+  b.setLocalLr(x.local_lr);
+  b.setCommitScale(x.commit_scale);
   return to_words(mb);
 }
 
@@ -161,6 +164,9 @@ caf::error decode(const uint64_t* d, size_t n, assignment& out) {
       return malformed("Assignment", std::to_string(out.data_endpoints.size()) + " data endpoints for "
                                        + std::to_string(out.shards.size()) + " shards");
     out.data_key = r.getDataKey();
+    out.local_steps = r.getLocalSteps();
+    out.local_lr = r.getLocalLr();
+    out.commit_scale = r.getCommitScale();
     return caf::none;
   });
 }
@@ -353,6 +359,7 @@ void fill(schema::ClusterStats::Builder b, const cluster_stats& x) {
     o.setDone(w.done);
     o.setTotalComputeSeconds(w.total_compute_seconds);
     o.setTotalWaitSeconds(w.total_wait_seconds);
+    o.setBytes(w.bytes);
   }
   b.setTotalSamples(x.total_samples);
   b.setElapsedSeconds(x.elapsed_seconds);
@@ -374,6 +381,7 @@ void read(schema::ClusterStats::Reader r, cluster_stats& out) {
     s.done = w.getDone();
     s.total_compute_seconds = w.getTotalComputeSeconds();
     s.total_wait_seconds = w.getTotalWaitSeconds();
+    s.bytes = w.getBytes();
     out.workers.push_back(s);
   }
   out.total_samples = r.getTotalSamples();
@@ -424,6 +432,7 @@ words encode(const profile_report& x) {
   b.setPullNs(x.pull_ns);
   b.setPushNs(x.push_ns);
   b.setWaitNs(x.wait_ns);
+  b.setBytes(x.bytes);
   return to_words(mb);
 }
 
@@ -437,6 +446,7 @@ caf::error decode(const uint64_t* d, size_t n, profile_report& out) {
     out.pull_ns = r.getPullNs();
     out.push_ns = r.getPushNs();
     out.wait_ns = r.getWaitNs();
+    out.bytes = r.getBytes();
     return caf::error{};
   });
 }

@@ -122,6 +122,9 @@ struct assignment {
   contention_profile contention; // this worker's intervals only
   std::vector<std::string> data_endpoints; // per shard: "host:port" or "" (CAF only)
   std::string data_key;
+  uint32_t local_steps = 1; // steps between commits; the commit pushes their summed gradients
+  float local_lr = 0;       // learning rate applied locally between commits
+  float commit_scale = 1;   // a commit pushes its summed gradients times this
 };
 
 struct membership_change {
@@ -193,6 +196,7 @@ struct profile_report {
   uint64_t pull_ns = 0;
   uint64_t push_ns = 0;
   uint64_t wait_ns = 0;
+  uint64_t bytes = 0; // tensor bytes pulled and pushed in this step
 };
 
 struct worker_stats {
@@ -207,6 +211,7 @@ struct worker_stats {
   bool done = false;
   double total_compute_seconds = 0;
   double total_wait_seconds = 0;
+  uint64_t bytes = 0;
 };
 
 struct cluster_stats {

@@ -1,5 +1,9 @@
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <map>
+
+#include "runtime/policy/adsp.hpp"
 #include "runtime/policy/asp.hpp"
 #include "runtime/policy/bsp.hpp"
 #include "runtime/policy/k_sync.hpp"
@@ -168,4 +172,62 @@ TEST_CASE("k-async buffers stale gradients too and applies once k have arrived")
   CHECK(p.round_ready());
   p.on_round_applied();
   CHECK_FALSE(p.round_ready());
+}
+
+TEST_CASE("ADSP's commit intervals equalize commit counts across workers of different speeds") {
+  adsp_planner planner;
+  // Iteration times of workers at speeds 1, 1, 2, 4.
+  std::map<worker_id, double> t = {{0, 0.032}, {1, 0.032}, {2, 0.016}, {3, 0.008}};
+  auto h = planner.local_steps(t);
+  CHECK(h[3] > h[2]);
+  CHECK(h[2] > h[0]);
+  // Simulate 60 s of training: each worker commits every h_i iterations.
+  std::map<worker_id, int> commits;
+  for (const auto& [w, ti] : t)
+    commits[w] = static_cast<int>(60.0 / (ti * h[w]));
+  int lo = 1 << 30, hi = 0;
+  for (const auto& [w, c] : commits) {
+    lo = std::min(lo, c);
+    hi = std::max(hi, c);
+  }
+  CHECK(lo > 0);
+  CHECK(static_cast<double>(hi) / lo < 1.15);
+  // Without local steps (one commit per iteration) the fastest would commit 4x as often.
+  CHECK(60.0 / t[3] / (60.0 / t[0]) == Approx(4.0));
+}
+
+TEST_CASE("ADSP gives one local step to workers with no time yet and caps the rest") {
+  adsp_config cfg;
+  cfg.max_local_steps = 8;
+  adsp_planner planner{cfg};
+  auto h = planner.local_steps({{0, 0.0}, {1, 1e-6}, {2, 10.0}});
+  CHECK(h[0] == 1);
+  CHECK(h[1] == 8);
+  CHECK(h[2] == 1);
+}
+
+TEST_CASE("ADSP's commit-period search moves toward the period that makes the most progress") {
+  // Progress rate (loss drop per second) peaks at a period of 0.8 s; start far below it.
+  adsp_config cfg;
+  cfg.initial_period_s = 0.05;
+  adsp_planner planner{cfg};
+  double t = 0, loss = 100;
+  for (int i = 0; i < 60; ++i) {
+    // The scheduler observes, sets the period, and the next interval runs at it.
+    planner.observe(t, loss);
+    double p = planner.period();
+    double rate = 1.0 / (1.0 + std::pow(std::log(p / 0.8), 2));
+    t += 1;
+    loss -= rate;
+  }
+  CHECK(planner.period() > 0.3);
+  CHECK(planner.period() < 2.0);
+  // The shard side applies every commit at once, recording its staleness.
+  adsp_policy shard;
+  shard.on_join(0);
+  auto d = shard.on_push(0, 3, 7);
+  CHECK(d.kind == push_decision::apply);
+  CHECK(d.staleness == 4);
+  CHECK(shard.may_read(0, 7));
+  CHECK_FALSE(shard.lockstep());
 }

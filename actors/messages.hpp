@@ -25,14 +25,17 @@ using nodes_atom = caf::atom_constant<caf::atom("nodes")>;
 using paced_atom = caf::atom_constant<caf::atom("paced")>;
 using local_steps_atom = caf::atom_constant<caf::atom("localsteps")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using tune_atom = caf::atom_constant<caf::atom("tune")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
-/// follows membership changes, reports its status.
+/// follows membership changes, reports its status. tune_atom: gradients per update and
+/// async or not, for policies that adapt (see sync_policy::tune).
 using shard_actor = caf::typed_actor<
   caf::replies_to<wire::pull_request>::with<wire::pull_reply>,
   caf::replies_to<wire::push>::with<wire::push_ack>,
   caf::replies_to<wire::membership_change>::with<caf::ok_atom>,
-  caf::replies_to<status_atom>::with<wire::shard_status>>;
+  caf::replies_to<status_atom>::with<wire::shard_status>,
+  caf::reacts_to<tune_atom, uint32_t, bool>>;
 
 /// The profiler: takes per-step timing reports, answers with per-worker statistics.
 using profiler_actor = caf::typed_actor<

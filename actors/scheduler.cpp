@@ -8,6 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/policy/adaptive_k.hpp"
 #include "runtime/policy/adsp.hpp"
 
 namespace ashlar::actors {
@@ -40,6 +41,10 @@ struct scheduler_state {
   // ADSP: plans each worker's local steps per commit from the profiler's times.
   std::optional<adsp_planner> adsp;
   std::map<uint32_t, uint32_t> local_steps; // as last sent
+  // Adaptive k: chooses k and sync/async from the profiler's times and the shards' staleness.
+  std::optional<adaptive_k_planner> adaptive;
+  adaptive_k_choice tuned;             // as last sent
+  uint64_t staleness_sum = 0, staleness_n = 0; // shard 0's counters at the last tick
 };
 
 using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;
@@ -117,8 +122,48 @@ void start_training(scheduler_pointer self) {
   for (auto& f : st.start_barrier)
     f();
   st.start_barrier.clear();
-  if (st.adsp)
+  if (st.adsp || st.adaptive)
     self->delayed_send(self, adsp_replan_interval, tick_atom::value);
+}
+
+// Adaptive k: every tick, k from the spread of the workers' iteration times and the
+// mode from the staleness of recent pushes (shard 0's counters); shards retune at their
+// next round boundary.
+void retune_adaptive(scheduler_pointer self) {
+  auto& st = self->state;
+  self->request(st.cfg.profiler, ack_timeout, caf::get_atom::value)
+    .then(
+      [=](const wire::cluster_stats& stats) {
+        auto& st = self->state;
+        if (st.done_sent || st.stopping || st.cfg.shards.empty())
+          return;
+        std::vector<worker_timing> times;
+        for (const auto& w : stats.workers)
+          if (auto m = st.members.find(w.worker_id); m != st.members.end() && !m->second.left)
+            times.push_back(worker_timing{w.worker_id, std::max(0.0, w.step_seconds - w.wait_seconds)});
+        self->request(st.cfg.shards.front(), ack_timeout, status_atom::value)
+          .then(
+            [=](const wire::shard_status& s) {
+              auto& st = self->state;
+              uint64_t n = s.applied + s.dropped;
+              double recent = n > st.staleness_n
+                                ? static_cast<double>(s.staleness_sum - st.staleness_sum) / (n - st.staleness_n)
+                                : 0.0;
+              st.staleness_sum = s.staleness_sum;
+              st.staleness_n = n;
+              auto choice = st.adaptive->choose(times, recent);
+              if (!(choice == st.tuned)) {
+                st.tuned = choice;
+                spdlog::info("scheduler: adaptive policy now {} with k = {} (recent staleness {:.2f})",
+                             choice.async ? "k-async" : "k-sync", choice.k, recent);
+                for (const auto& shard : st.cfg.shards)
+                  self->send(shard, tune_atom::value, choice.k, choice.async);
+              }
+              self->delayed_send(self, adsp_replan_interval, tick_atom::value);
+            },
+            [=](caf::error& err) { spdlog::warn("scheduler: adaptive tuning skipped: {}", describe(err)); });
+      },
+      [=](caf::error& err) { spdlog::warn("scheduler: adaptive tuning skipped: {}", describe(err)); });
 }
 
 // ADSP: from the profiler's per-step compute times, each live worker's local steps per
@@ -154,6 +199,8 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
     self->state.lockstep = (*policy)->lockstep();
   if (self->state.cfg.job.policy == "adsp")
     self->state.adsp.emplace();
+  if (self->state.cfg.job.policy == "adaptive")
+    self->state.adaptive.emplace();
   self->set_down_handler([=](caf::down_msg& dm) {
     for (auto& [id, m] : self->state.members)
       if (m.addr == dm.source && !m.left)
@@ -261,7 +308,12 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       return promise;
     },
     [=](start_atom) { start_training(self); },
-    [=](tick_atom) { replan_adsp(self); },
+    [=](tick_atom) {
+      if (self->state.adsp)
+        replan_adsp(self);
+      else if (self->state.adaptive)
+        retune_adaptive(self);
+    },
     [=](const wire::ctl_request& req) -> caf::result<std::string> {
       auto& st = self->state;
       if (req.op == wire::ctl_request::shutdown) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs Ashlar's build and run dependencies from Debian bookworm's packages.
 #   bash ops/install-deps.sh          # build, test and run
-#   bash ops/install-deps.sh --bench  # also python3-torch, for the PyTorch comparison
+#   bash ops/install-deps.sh --bench  # also python3-torch, python3-matplotlib, iperf3 (benchmarks)
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
@@ -10,7 +10,7 @@ packages=(
   dataset-fashion-mnist python3
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch)
+  packages+=(python3-torch python3-matplotlib iperf3)
 fi
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then

@@ -12,7 +12,9 @@
 #include "actors/cluster/data_plane.hpp"
 #include "actors/cluster/system.hpp"
 #include "actors/server_shard.hpp"
+#include "apps/ashlar/bench_hetero.hpp"
 #include "apps/ashlar/commands.hpp"
+#include "runtime/core/log.hpp"
 #include "runtime/os/subprocess.hpp"
 #include "runtime/backend/cpu_backend.hpp"
 #include "runtime/config/train_config.hpp"
@@ -280,7 +282,18 @@ command_fn add_bench(CLI::App& app) {
   peer_cmd->group("");
   peer_cmd->add_option("--params", w->params)->required();
   peer_cmd->add_option("--port-file", w->port_file)->required();
-  return [o, step, w, wire_cmd, peer_cmd] {
+  auto h = std::make_shared<hetero_options>();
+  auto* hetero_cmd = cmd->add_subcommand("hetero", "every sync policy on the same paced heterogeneous workers: "
+                                                   "time to target accuracy, throughput, staleness");
+  add_hetero_options(hetero_cmd, *h);
+  hetero_cmd->footer("Example:\n  ashlar bench hetero ops/configs/fmnist-mlp.toml --speeds 1,1,2,4 --out results\n"
+                     "  (add --policy-set asp:train.lr=0.02 for a setting that applies to one policy)");
+  return [o, step, w, wire_cmd, peer_cmd, h, hetero_cmd] {
+    if (hetero_cmd->parsed()) {
+      if (init_logging("warn"))
+        return 2;
+      return run_hetero_bench(*h);
+    }
     if (step->parsed())
       return run_step_bench(*o);
     if (wire_cmd->parsed())

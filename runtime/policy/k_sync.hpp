@@ -16,6 +16,8 @@ public:
 
   /// The k in force: cfg.k, capped at the live workers; 0 means half of them, rounded up.
   size_t k() const;
+  /// Changes cfg.k (adaptive k-sync).
+  void set_k(uint32_t k) { cfg_.k = k; }
 
 private:
   policy_config cfg_;
@@ -37,6 +39,7 @@ public:
   const std::set<worker_id>& live() const override { return live_; }
 
   size_t k() const;
+  void set_k(uint32_t k) { cfg_.k = k; }
 
 private:
   policy_config cfg_;

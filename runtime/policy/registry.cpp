@@ -1,6 +1,7 @@
 // The table of sync policies: adding a policy is one file and one row here.
 #include <functional>
 
+#include "runtime/policy/adaptive_k.hpp"
 #include "runtime/policy/adsp.hpp"
 #include "runtime/policy/asp.hpp"
 #include "runtime/policy/bsp.hpp"
@@ -26,6 +27,7 @@ const std::vector<entry>& table() {
     {"ksync", [](const policy_config& c) { return std::make_unique<k_sync_policy>(c); }},
     {"kasync", [](const policy_config& c) { return std::make_unique<k_async_policy>(c); }},
     {"adsp", [](const policy_config&) { return std::make_unique<adsp_policy>(); }},
+    {"adaptive", [](const policy_config& c) { return std::make_unique<adaptive_k_policy>(c); }},
   };
   return rows;
 }

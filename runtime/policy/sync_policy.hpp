@@ -76,9 +76,17 @@ public:
   /// share of the steps. Otherwise workers run at their own pace and the job ends when
   /// their samples together reach the budget (epochs x training set). Default: false.
   virtual bool lockstep() const { return false; }
+
+  /// Run-time retuning by the scheduler (adaptive policies): gradients per update, and
+  /// whether late gradients are kept (async) or dropped. Takes effect at the next round
+  /// boundary. Default: ignored.
+  virtual void tune(uint32_t k, bool async) {
+    (void) k;
+    (void) async;
+  }
 };
 
-/// Makes a policy by registry name ("bsp", "asp", "ssp", "ksync", "kasync", "adsp"). Fails with unknown_name, listing the names.
+/// Makes a policy by registry name ("bsp", "asp", "ssp", "ksync", "kasync", "adsp", "adaptive"). Fails with unknown_name, listing the names.
 [[nodiscard]] expected<std::unique_ptr<sync_policy>> make_policy(const std::string& name,
                                                                 const policy_config& cfg);
 

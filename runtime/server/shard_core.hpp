@@ -59,6 +59,9 @@ public:
   [[nodiscard]] expected<push_outcome> push(worker_id w, uint64_t base_version, uint32_t batch,
                                             const float* grad, size_t n);
 
+  /// Retunes the policy (see sync_policy::tune).
+  void tune(uint32_t k, bool async) { policy_->tune(k, async); }
+
   /// True if worker `w` may read the parameters now.
   bool may_read(worker_id w) const { return policy_->may_read(w, version_); }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <map>
 
+#include "runtime/policy/adaptive_k.hpp"
 #include "runtime/policy/adsp.hpp"
 #include "runtime/policy/asp.hpp"
 #include "runtime/policy/bsp.hpp"
@@ -230,4 +231,57 @@ TEST_CASE("ADSP's commit-period search moves toward the period that makes the mo
   CHECK(d.staleness == 4);
   CHECK(shard.may_read(0, 7));
   CHECK_FALSE(shard.lockstep());
+}
+
+TEST_CASE("adaptive k moves with the observed spread of iteration times") {
+  adaptive_k_planner planner;
+  auto k_for = [&](std::vector<double> t) {
+    std::vector<worker_timing> w;
+    for (size_t i = 0; i < t.size(); ++i)
+      w.push_back(worker_timing{static_cast<worker_id>(i), t[i]});
+    return planner.choose(w, 0.0).k;
+  };
+  CHECK(k_for({1, 1, 1, 1}) == 4);         // no spread: wait for everyone (BSP)
+  CHECK(k_for({1, 1, 1, 0.8}) == 4);       // small spread: still cheap to wait
+  CHECK(k_for({1, 1, 0.5, 0.5}) == 2);     // two slow workers left out
+  CHECK(k_for({1, 1, 0.5, 0.25}) == 1);    // speeds 1,1,2,4: only the fastest
+  CHECK(k_for({0, 0, 0, 0}) == 4);         // nothing measured yet
+  // As one worker slows down step by step, k falls and never rises.
+  uint32_t last = 4;
+  for (double slow : {1.0, 1.3, 1.6, 2.0, 4.0}) {
+    auto k = k_for({1, 1, 1, slow});
+    CHECK(k <= last);
+    last = k;
+  }
+  CHECK(last == 3);
+}
+
+TEST_CASE("adaptive k keeps late gradients while staleness is small and drops them when it is not") {
+  adaptive_k_planner planner;
+  std::vector<worker_timing> w = {{0, 1.0}, {1, 1.0}};
+  CHECK(planner.choose(w, 1.0).async);
+  CHECK_FALSE(planner.choose(w, 10.0).async);
+}
+
+TEST_CASE("an adaptive shard policy switches k and mode only at a round boundary") {
+  adaptive_k_policy p{policy_config{}};
+  for (worker_id w : {0u, 1u, 2u})
+    p.on_join(w);
+  p.tune(2, false); // k-sync, k = 2
+  CHECK_FALSE(p.async());
+  CHECK(p.k() == 2);
+  CHECK(p.on_push(0, 0, 0).kind == push_decision::buffer);
+  p.tune(1, true); // arrives mid-round: waits for the boundary
+  CHECK_FALSE(p.async());
+  CHECK(p.on_push(1, 0, 0).kind == push_decision::buffer);
+  REQUIRE(p.round_ready());
+  p.on_round_applied();
+  CHECK(p.async());
+  CHECK(p.k() == 1);
+  // Now k-async: the late worker's gradient for version 0 is kept, and is a round alone.
+  auto d = p.on_push(2, 0, 1);
+  CHECK(d.kind == push_decision::buffer);
+  CHECK(d.staleness == 1);
+  CHECK(p.round_ready());
+  CHECK(p.may_read(2, 1));
 }

@@ -1,0 +1,250 @@
+#include "apps/ashlar/bench_hetero.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include "actors/local_job.hpp"
+#include "runtime/core/log.hpp"
+#include "runtime/pacing/contention.hpp"
+
+namespace ashlar::cli {
+
+namespace {
+
+struct policy_result {
+  std::string policy;
+  std::optional<double> time_to_target;
+  double final_accuracy = 0;
+  double best_accuracy = 0;
+  double samples_per_second = 0;
+  double ideal_fraction = 0;
+  double mean_staleness = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
+  std::vector<epoch_point> history;
+  std::string error;
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss{s};
+  std::string item;
+  while (std::getline(ss, item, sep))
+    if (!item.empty())
+      out.push_back(item);
+  return out;
+}
+
+// Plots series.csv: test accuracy against wall time, one line per policy.
+const char* plot_script = R"PY(# Written by `ashlar bench hetero`: python3 plot.py series.csv accuracy.png TARGET
+import csv, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+series = {}
+with open(sys.argv[1]) as f:
+    for row in csv.DictReader(f):
+        series.setdefault(row["policy"], []).append((float(row["seconds"]), float(row["test_accuracy"])))
+fig, ax = plt.subplots(figsize=(8, 5))
+for name, pts in series.items():
+    pts.sort()
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=name)
+ax.axhline(float(sys.argv[3]), color="gray", linestyle="--", linewidth=1, label="target")
+ax.set_xlabel("wall time (s)")
+ax.set_ylabel("test accuracy")
+ax.set_ylim(0.5, 0.92)
+ax.grid(True, alpha=0.3)
+ax.legend(loc="lower right")
+ax.set_title(sys.argv[4] if len(sys.argv) > 4 else "test accuracy against wall time")
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=120)
+)PY";
+
+std::string fmt(double x, int prec = 3) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", prec, x);
+  return buf;
+}
+
+}  // namespace
+
+void add_hetero_options(CLI::App* cmd, hetero_options& o) {
+  add_train_options(cmd, o.train);
+  cmd->add_option("--speeds", o.speeds, "relative worker speeds; the worker count is their number")
+    ->capture_default_str();
+  cmd->add_option("--contention", o.contention, "contention profile file (lines: WORKER START_S END_S FACTOR)");
+  cmd->add_option("--policies", o.policies, "policies to run, comma-separated")->capture_default_str();
+  cmd->add_option("--policy-set", o.policy_sets,
+                  "POLICY:KEY=VALUE, a setting for one policy only (repeatable), e.g. asp:train.lr=0.02");
+  cmd->add_option("--sample-ms", o.sample_ms, "wall time per sample at speed 1, ms")->capture_default_str();
+  cmd->add_option("--target", o.target, "target test accuracy")->capture_default_str();
+  cmd->add_option("--time-cap", o.time_cap, "seconds each policy may train")->capture_default_str();
+  cmd->add_option("--eval-interval", o.eval_interval, "seconds between test evaluations")->capture_default_str();
+  cmd->add_option("--out", o.out, "directory for results.md, results.csv, series.csv, accuracy.png")
+    ->capture_default_str();
+}
+
+int run_hetero_bench(const hetero_options& o) {
+  auto speeds = split(o.speeds, ',');
+  if (speeds.empty()) {
+    std::fprintf(stderr, "ashlar bench hetero: --speeds needs at least one speed\n");
+    return 2;
+  }
+  ::mkdir(o.out.c_str(), 0755);
+  struct stat sb {};
+  if (::stat(o.out.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+    std::fprintf(stderr, "ashlar bench hetero: cannot create the directory %s\n", o.out.c_str());
+    return 1;
+  }
+  std::vector<policy_result> results;
+  double ideal = 0;
+  for (const auto& name : split(o.policies, ',')) {
+    train_config cfg;
+    if (auto err = resolve_config(o.train, cfg)) {
+      std::fprintf(stderr, "ashlar bench hetero: %s\n", describe(err).c_str());
+      return 2;
+    }
+    std::vector<std::pair<std::string, std::string>> settings = {
+      {"train.policy", name},
+      {"train.speeds", o.speeds},
+      {"train.workers", std::to_string(speeds.size())},
+      {"train.sample_ms", fmt(o.sample_ms, 6)},
+      {"train.contention", o.contention},
+      {"run.eval_interval", fmt(o.eval_interval, 6)},
+      {"run.time_limit", fmt(o.time_cap, 6)},
+      {"run.eval_every_epoch", "false"},
+      {"run.progress_interval", "0"},
+    };
+    for (const auto& ps : o.policy_sets) {
+      auto colon = ps.find(':');
+      auto eq = ps.find('=');
+      if (colon == std::string::npos || eq == std::string::npos || eq < colon) {
+        std::fprintf(stderr, "ashlar bench hetero: --policy-set expects POLICY:KEY=VALUE, got '%s'\n", ps.c_str());
+        return 2;
+      }
+      if (ps.substr(0, colon) == name)
+        settings.emplace_back(ps.substr(colon + 1, eq - colon - 1), ps.substr(eq + 1));
+    }
+    caf::error err;
+    for (const auto& [k, v] : settings)
+      if (!err)
+        err = apply_setting(cfg, k, v);
+    if (!err)
+      err = validate(cfg);
+    if (err) {
+      std::fprintf(stderr, "ashlar bench hetero: policy %s: %s\n", name.c_str(), describe(err).c_str());
+      return 2;
+    }
+    // Ideal aggregate throughput: every worker busy at its paced rate all the time.
+    ideal = 0;
+    for (uint32_t i = 0; i < cfg.workers; ++i)
+      ideal += 1000.0 / cfg.sample_ms * cfg.speeds[i % cfg.speeds.size()];
+    std::printf("== %s: %u workers at speeds %s, %.2f ms/sample, lr %g, momentum %g, cap %.0f s\n",
+                name.c_str(), cfg.workers, o.speeds.c_str(), cfg.sample_ms, cfg.optimizer.lr,
+                cfg.optimizer.momentum, o.time_cap);
+    std::fflush(stdout);
+    policy_result r;
+    r.policy = name;
+    auto rep = actors::run_local_job(cfg);
+    if (!rep) {
+      r.error = describe(rep.error());
+      std::printf("   failed: %s\n", r.error.c_str());
+      results.push_back(r);
+      continue;
+    }
+    r.history = rep->history;
+    for (const auto& p : rep->history) {
+      r.best_accuracy = std::max(r.best_accuracy, p.test_accuracy);
+      if (!r.time_to_target && p.test_accuracy >= o.target)
+        r.time_to_target = p.seconds;
+    }
+    r.final_accuracy = rep->test_accuracy;
+    r.samples_per_second = rep->samples_per_second;
+    r.ideal_fraction = ideal > 0 ? rep->samples_per_second / ideal : 0;
+    r.mean_staleness = rep->mean_staleness;
+    r.bytes = rep->bytes;
+    r.seconds = rep->seconds;
+    std::printf("   %s; final accuracy %.4f; %.0f samples/s = %.3f of ideal; mean staleness %.2f\n",
+                r.time_to_target ? ("target " + fmt(o.target, 2) + " at " + fmt(*r.time_to_target, 1) + " s").c_str()
+                                 : ("target " + fmt(o.target, 2) + " NOT reached").c_str(),
+                r.final_accuracy, r.samples_per_second, r.ideal_fraction, r.mean_staleness);
+    std::fflush(stdout);
+    results.push_back(r);
+  }
+
+  // results.csv
+  {
+    std::ofstream csv{o.out + "/results.csv"};
+    csv << "policy,time_to_target_s,final_accuracy,best_accuracy,samples_per_second,ideal_fraction,"
+           "mean_staleness,bytes_sent,seconds,error\n";
+    for (const auto& r : results)
+      csv << r.policy << "," << (r.time_to_target ? fmt(*r.time_to_target, 2) : "") << ","
+          << fmt(r.final_accuracy, 4) << "," << fmt(r.best_accuracy, 4) << "," << fmt(r.samples_per_second, 0)
+          << "," << fmt(r.ideal_fraction, 3) << "," << fmt(r.mean_staleness, 3) << "," << r.bytes << ","
+          << fmt(r.seconds, 1) << "," << r.error << "\n";
+  }
+  // series.csv
+  {
+    std::ofstream csv{o.out + "/series.csv"};
+    csv << "policy,seconds,epoch,test_accuracy\n";
+    for (const auto& r : results)
+      for (const auto& p : r.history)
+        csv << r.policy << "," << fmt(p.seconds, 2) << "," << fmt(p.epoch, 3) << "," << fmt(p.test_accuracy, 4)
+            << "\n";
+  }
+  // results.md
+  {
+    std::ofstream md{o.out + "/results.md"};
+    md << "# Sync policies on heterogeneous workers\n\n"
+       << "Speeds " << o.speeds << " (relative), " << o.sample_ms << " ms per sample at speed 1"
+       << (o.contention.empty() ? "" : ", contention profile " + o.contention) << "; target test accuracy "
+       << o.target << "; each policy trains at most " << o.time_cap << " s. Ideal throughput (every worker "
+       << "busy at its paced rate" << (o.contention.empty() ? "" : ", contention ignored") << "): "
+       << fmt(ideal, 0) << " samples/s.\n\n"
+       << "| policy | time to " << o.target << " (s) | final accuracy | best accuracy | samples/s | ideal fraction "
+       << "| mean staleness | bytes sent |\n|---|---|---|---|---|---|---|---|\n";
+    for (const auto& r : results) {
+      if (!r.error.empty()) {
+        md << "| " << r.policy << " | failed: " << r.error << " | | | | | | |\n";
+        continue;
+      }
+      md << "| " << r.policy << " | " << (r.time_to_target ? fmt(*r.time_to_target, 1) : "not reached") << " | "
+         << fmt(r.final_accuracy, 4) << " | " << fmt(r.best_accuracy, 4) << " | " << fmt(r.samples_per_second, 0)
+         << " | " << fmt(r.ideal_fraction, 3) << " | " << fmt(r.mean_staleness, 2) << " | " << r.bytes << " |\n";
+    }
+    md << "\n";
+    for (const auto& r : results)
+      if (r.error.empty() && !r.time_to_target)
+        md << "- " << r.policy << " did not reach " << o.target << " within " << o.time_cap << " s (best "
+           << fmt(r.best_accuracy, 4) << ").\n";
+  }
+  // accuracy.png
+  {
+    std::ofstream py{o.out + "/plot.py"};
+    py << plot_script;
+  }
+  // Debian's interpreter, which python3-matplotlib installs into (a python3 earlier on
+  // PATH, e.g. from pyenv, would not see it).
+  std::string python = ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
+  std::string cmd = python + " '" + o.out + "/plot.py' '" + o.out + "/series.csv' '" + o.out + "/accuracy.png' "
+                    + fmt(o.target, 3) + " 'test accuracy against wall time, speeds " + o.speeds + "' 2>'" + o.out
+                    + "/plot.log'";
+  int rc = std::system(cmd.c_str());
+  if (rc != 0)
+    std::printf("no accuracy.png: plotting needs python3-matplotlib (apt-get install python3-matplotlib); "
+                "see %s/plot.log, then run: python3 %s/plot.py %s/series.csv %s/accuracy.png %.2f\n",
+                o.out.c_str(), o.out.c_str(), o.out.c_str(), o.out.c_str(), o.target);
+  std::printf("wrote %s/results.md, results.csv, series.csv%s\n", o.out.c_str(), rc == 0 ? ", accuracy.png" : "");
+  return 0;
+}
+
+}  // namespace ashlar::cli

@@ -1,0 +1,34 @@
+// `ashlar bench hetero`: every sync policy trained on the same heterogeneous (paced)
+// workers, one after the other in this process, judged by time to a target accuracy and
+// by how much of the workers' ideal throughput each one turns into samples.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "apps/ashlar/train_options.hpp"
+
+namespace ashlar::cli {
+
+struct hetero_options {
+  train_options train;        // the job: CONFIG and --set overrides, shared by every policy
+  std::string speeds = "1,1,2,4";
+  std::string contention;     // a contention profile file, or ""
+  std::string policies = "bsp,ssp,ksync,kasync,asp,adsp";
+  std::vector<std::string> policy_sets; // POLICY:KEY=VALUE, applied to that policy only
+  double sample_ms = 0.5;
+  double target = 0.85;
+  double time_cap = 60;
+  double eval_interval = 1;
+  std::string out = "hetero-results";
+};
+
+void add_hetero_options(CLI::App* cmd, hetero_options& o);
+
+/// Runs the benchmark; writes OUT/results.csv, results.md, series.csv and (when
+/// python3-matplotlib is installed) accuracy.png. Returns the exit code.
+int run_hetero_bench(const hetero_options& o);
+
+}  // namespace ashlar::cli

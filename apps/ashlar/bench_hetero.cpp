@@ -3,11 +3,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -99,10 +99,11 @@ int run_hetero_bench(const hetero_options& o) {
     std::fprintf(stderr, "ashlar bench hetero: --speeds needs at least one speed\n");
     return 2;
   }
-  ::mkdir(o.out.c_str(), 0755);
-  struct stat sb {};
-  if (::stat(o.out.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-    std::fprintf(stderr, "ashlar bench hetero: cannot create the directory %s\n", o.out.c_str());
+  std::error_code ec;
+  std::filesystem::create_directories(o.out, ec);
+  if (ec || !std::filesystem::is_directory(o.out)) {
+    std::fprintf(stderr, "ashlar bench hetero: cannot create the directory %s: %s\n", o.out.c_str(),
+                 ec ? ec.message().c_str() : "not a directory");
     return 1;
   }
   std::vector<policy_result> results;

@@ -107,7 +107,7 @@ TEST_CASE("a short training run prints progress and writes the JSON report") {
 
 TEST_CASE("ashlar bench hetero runs each policy and writes the results table with its columns") {
   ashlar::test::temp_dir dir;
-  auto out = dir.file("hetero");
+  auto out = dir.file("nested/hetero"); // parents are created
   auto r = run("bench hetero " + config + " --speeds 1,2 --policies bsp,asp --time-cap 3 --eval-interval 0.5"
                " --target 0.5 --sample-ms 0.2 --set data.train_limit=3000 --set data.test_limit=500"
                " --policy-set asp:train.lr=0.02 --out " + out);

@@ -122,8 +122,9 @@ void start_training(scheduler_pointer self) {
   for (auto& f : st.start_barrier)
     f();
   st.start_barrier.clear();
+  // The first plan as soon as the profiler has a few steps of each worker.
   if (st.adsp || st.adaptive)
-    self->delayed_send(self, adsp_replan_interval, tick_atom::value);
+    self->delayed_send(self, std::chrono::milliseconds(200), tick_atom::value);
 }
 
 // Adaptive k: every tick, k from the spread of the workers' iteration times and the

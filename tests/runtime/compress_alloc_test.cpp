@@ -1,0 +1,101 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "runtime/alloc/batch_allocation.hpp"
+#include "runtime/compress/topk.hpp"
+
+using namespace ashlar;
+
+TEST_CASE("top-k with error feedback sends exactly k values and the residual keeps the rest") {
+  topk_compressor c{0.25};
+  std::vector<float> g = {0.1f, -5.0f, 0.2f, 3.0f, -0.3f, 0.05f, 1.0f, -2.0f};
+  auto s = c.compress(g.data(), g.size());
+  REQUIRE(s);
+  REQUIRE(s->index.size() == 2);
+  CHECK(s->index == std::vector<uint32_t>{1, 3});
+  CHECK(s->value == std::vector<float>{-5.0f, 3.0f});
+  // Sent + residual == the gradient, entry by entry.
+  std::vector<float> sum = c.residual();
+  REQUIRE_FALSE(add_sparse(*s, 1.0f, sum.data(), sum.size()));
+  CHECK(sum == g);
+  CHECK(c.residual()[1] == 0.0f);
+  CHECK(c.residual()[7] == -2.0f);
+  // The next call sends what was held back once it is the largest.
+  std::vector<float> zero(8, 0.0f);
+  auto s2 = c.compress(zero.data(), zero.size());
+  REQUIRE(s2);
+  CHECK(s2->index == std::vector<uint32_t>{6, 7});
+  CHECK(c.compression_ratio() == Approx(8.0 * 4 * 2 / (2 * 2 * 8.0)));
+}
+
+TEST_CASE("top-k with error feedback loses nothing over many rounds") {
+  std::mt19937 rng{7};
+  std::normal_distribution<float> d{0.0f, 1.0f};
+  const size_t n = 1000;
+  topk_compressor c{0.01};
+  std::vector<double> sent(n, 0.0), total(n, 0.0);
+  for (int round = 0; round < 50; ++round) {
+    std::vector<float> g(n);
+    for (size_t i = 0; i < n; ++i) {
+      g[i] = d(rng);
+      total[i] += g[i];
+    }
+    auto s = c.compress(g.data(), n);
+    REQUIRE(s);
+    CHECK(s->index.size() == 10);
+    CHECK(wire_bytes(*s) == 80);
+    for (size_t j = 0; j < s->index.size(); ++j)
+      sent[s->index[j]] += s->value[j];
+  }
+  for (size_t i = 0; i < n; ++i)
+    CHECK(sent[i] + c.residual()[i] == Approx(total[i]).margin(1e-3));
+  CHECK(c.compression_ratio() == Approx(50.0));
+}
+
+TEST_CASE("top-k refuses a tensor of another size and a sparse tensor that does not fit") {
+  topk_compressor c{0.5};
+  std::vector<float> a(4, 1.0f), b(5, 1.0f);
+  REQUIRE(c.compress(a.data(), a.size()));
+  auto bad = c.compress(b.data(), b.size());
+  REQUIRE_FALSE(bad);
+  CHECK(is(bad.error(), errc::shape_mismatch));
+  sparse_tensor s{4, {9}, {1.0f}};
+  CHECK(is(add_sparse(s, 1.0f, a.data(), a.size()), errc::shape_mismatch));
+}
+
+TEST_CASE("batch shares sum to the global batch and follow speed") {
+  auto eq = equal_shares(64, 3);
+  REQUIRE(eq);
+  CHECK(*eq == std::vector<uint32_t>{22, 21, 21});
+  auto p = proportional_shares(256, {1, 1, 2, 4});
+  REQUIRE(p);
+  CHECK(std::accumulate(p->begin(), p->end(), 0u) == 256);
+  CHECK(*p == std::vector<uint32_t>{32, 32, 64, 128});
+  auto q = proportional_shares(10, {1, 3, 100});
+  REQUIRE(q);
+  CHECK(std::accumulate(q->begin(), q->end(), 0u) == 10);
+  CHECK((*q)[0] >= 1);
+  CHECK((*q)[2] > (*q)[1]);
+  CHECK(is(proportional_shares(2, {1, 1, 1}).error(), errc::invalid_argument));
+  CHECK(is(proportional_shares(8, {1, 0}).error(), errc::invalid_argument));
+  CHECK(is(equal_shares(8, 0).error(), errc::invalid_argument));
+}
+
+TEST_CASE("self-adaptive allocation moves the batch toward the faster workers") {
+  adaptive_allocator a{120, 3};
+  CHECK(a.shares() == std::vector<uint32_t>{40, 40, 40}); // nothing observed yet
+  // Worker 2 is 4x as fast as worker 0, worker 1 twice as fast.
+  for (int round = 0; round < 5; ++round) {
+    auto s = a.shares();
+    a.observe(0, s[0], s[0] / 100.0);
+    a.observe(1, s[1], s[1] / 200.0);
+    a.observe(2, s[2], s[2] / 400.0);
+  }
+  auto s = a.shares();
+  CHECK(std::accumulate(s.begin(), s.end(), 0u) == 120);
+  CHECK(s[0] == Approx(120.0 / 7).margin(1));
+  CHECK(s[2] == Approx(480.0 / 7).margin(1));
+}

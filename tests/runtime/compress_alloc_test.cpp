@@ -6,6 +6,7 @@
 
 #include "runtime/alloc/batch_allocation.hpp"
 #include "runtime/compress/topk.hpp"
+#include "runtime/predict/speed_predictor.hpp"
 
 using namespace ashlar;
 
@@ -98,4 +99,50 @@ TEST_CASE("self-adaptive allocation moves the batch toward the faster workers") 
   CHECK(std::accumulate(s.begin(), s.end(), 0u) == 120);
   CHECK(s[0] == Approx(120.0 / 7).margin(1));
   CHECK(s[2] == Approx(480.0 / 7).margin(1));
+}
+
+namespace {
+
+// Mean squared error of one-step-ahead predictions over the second half of `xs`.
+double mse(speed_predictor& p, const std::vector<double>& xs) {
+  double sum = 0;
+  size_t n = 0;
+  for (size_t t = 0; t + 1 < xs.size(); ++t) {
+    p.observe(xs[t]);
+    if (t >= xs.size() / 2) {
+      double e = p.predict() - xs[t + 1];
+      sum += e * e;
+      ++n;
+    }
+  }
+  return sum / n;
+}
+
+}  // namespace
+
+TEST_CASE("the GRU predictor beats last-value prediction on a periodic iteration-time series") {
+  std::vector<double> xs;
+  const double pattern[] = {0.10, 0.12, 0.20, 0.12}; // e.g. a co-located job every 4th step
+  for (int i = 0; i < 400; ++i)
+    xs.push_back(pattern[i % 4]);
+  last_value_predictor last;
+  gru_predictor gru;
+  double e_last = mse(last, xs), e_gru = mse(gru, xs);
+  INFO("last " << e_last << " gru " << e_gru);
+  CHECK(e_gru < 0.5 * e_last);
+}
+
+TEST_CASE("on a noisy iteration-time series smoothing beats last-value, and the GRU beats smoothing") {
+  std::mt19937 rng{3};
+  std::normal_distribution<double> noise{0.0, 0.02};
+  std::vector<double> xs;
+  for (int i = 0; i < 400; ++i)
+    xs.push_back(0.1 + noise(rng));
+  last_value_predictor last;
+  ewma_predictor ewma;
+  gru_predictor gru;
+  double e_last = mse(last, xs), e_ewma = mse(ewma, xs), e_gru = mse(gru, xs);
+  INFO("last " << e_last << " ewma " << e_ewma << " gru " << e_gru);
+  CHECK(e_ewma < 0.75 * e_last);
+  CHECK(e_gru < e_ewma); // deterministic: fixed noise and weight seeds
 }

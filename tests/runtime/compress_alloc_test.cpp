@@ -5,6 +5,7 @@
 #include <random>
 
 #include "runtime/alloc/batch_allocation.hpp"
+#include "runtime/collective/ring.hpp"
 #include "runtime/compress/topk.hpp"
 #include "runtime/predict/speed_predictor.hpp"
 
@@ -145,4 +146,77 @@ TEST_CASE("on a noisy iteration-time series smoothing beats last-value, and the 
   INFO("last " << e_last << " ewma " << e_ewma << " gru " << e_gru);
   CHECK(e_ewma < 0.75 * e_last);
   CHECK(e_gru < e_ewma); // deterministic: fixed noise and weight seeds
+}
+
+namespace {
+
+// Runs a ring of ring_rank state machines, delivering each step's messages.
+std::vector<std::vector<float>> run_ring(std::vector<std::vector<float>> inputs) {
+  const auto p = static_cast<uint32_t>(inputs.size());
+  std::vector<ring_rank> ranks;
+  for (uint32_t r = 0; r < p; ++r)
+    ranks.emplace_back(r, p, inputs[r]);
+  for (uint32_t step = 0; step < 2 * (p - 1); ++step) {
+    std::vector<ring_chunk> msgs;
+    for (auto& r : ranks)
+      msgs.push_back(*r.outgoing());
+    for (uint32_t r = 0; r < p; ++r)
+      REQUIRE_FALSE(ranks[(r + 1) % p].receive(msgs[r]));
+  }
+  std::vector<std::vector<float>> out;
+  for (auto& r : ranks) {
+    CHECK(r.done());
+    CHECK_FALSE(r.outgoing());
+    out.push_back(r.values());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ring all-reduce sums exactly for 1 to 8 workers and tensor sizes that do not divide evenly") {
+  for (uint32_t p = 1; p <= 8; ++p) {
+    for (size_t n : {size_t{1}, size_t{7}, size_t{64}, size_t{1001}}) {
+      std::vector<std::vector<float>> in(p, std::vector<float>(n));
+      std::vector<float> want(n, 0.0f);
+      for (uint32_t r = 0; r < p; ++r)
+        for (size_t i = 0; i < n; ++i) {
+          in[r][i] = static_cast<float>((r + 1) * 1000 + i % 97); // integers: sums are exact
+          want[i] += in[r][i];
+        }
+      auto out = run_ring(in);
+      for (uint32_t r = 0; r < p; ++r)
+        CHECK(out[r] == want);
+    }
+  }
+}
+
+TEST_CASE("ring all-reduce of batch-weighted gradients gives the global mean for uneven shares") {
+  // Shares 8, 8, 16, 32 of a 64-sample batch: each rank scales its mean gradient by its
+  // share; the ring's sum is then the mean over all 64 samples.
+  std::vector<uint32_t> shares = {8, 8, 16, 32};
+  std::vector<std::vector<float>> in;
+  std::vector<float> want(5, 0.0f);
+  for (size_t r = 0; r < shares.size(); ++r) {
+    std::vector<float> g(5);
+    for (size_t i = 0; i < 5; ++i) {
+      g[i] = static_cast<float>(r + i);
+      want[i] += g[i] * shares[r] / 64.0f;
+      g[i] *= shares[r] / 64.0f;
+    }
+    in.push_back(g);
+  }
+  for (const auto& v : run_ring(in))
+    for (size_t i = 0; i < 5; ++i)
+      CHECK(v[i] == Approx(want[i]));
+}
+
+TEST_CASE("a ring rank refuses a message for another step, chunk or length") {
+  ring_rank r{1, 3, std::vector<float>(9, 1.0f)};
+  ring_chunk wrong_step{1, 0, std::vector<float>(3, 1.0f)};
+  CHECK(is(r.receive(wrong_step), errc::invalid_state));
+  ring_chunk wrong_chunk{0, 2, std::vector<float>(3, 1.0f)};
+  CHECK(is(r.receive(wrong_chunk), errc::invalid_state));
+  ring_chunk wrong_len{0, 0, std::vector<float>(2, 1.0f)};
+  CHECK(is(r.receive(wrong_len), errc::shape_mismatch));
 }

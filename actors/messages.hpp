@@ -26,6 +26,7 @@ using paced_atom = caf::atom_constant<caf::atom("paced")>;
 using local_steps_atom = caf::atom_constant<caf::atom("localsteps")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using tune_atom = caf::atom_constant<caf::atom("tune")>;
+using batch_atom = caf::atom_constant<caf::atom("batch")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
 /// follows membership changes, reports its status. tune_atom: gradients per update and
@@ -56,9 +57,12 @@ using scheduler_actor = caf::typed_actor<
 /// stop_atom: finish the current step, leave, and quit.
 /// paced_atom: the emulated compute time of the current step is over (pacing).
 /// local_steps_atom: from now on, commit every H steps (H >= 1; see wire::assignment).
+/// batch_atom: from step S on (S, the second argument), take this many samples per step
+/// (allocation; lockstep workers switch at the same round).
 using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<step_atom>,
                                       caf::reacts_to<stop_atom>, caf::reacts_to<paced_atom>,
-                                      caf::reacts_to<local_steps_atom, uint32_t>>;
+                                      caf::reacts_to<local_steps_atom, uint32_t>,
+                                      caf::reacts_to<batch_atom, uint32_t, uint64_t>>;
 
 /// The actor every node process runs: it hosts shards and workers on the scheduler's
 /// request and carries out control requests (remove a worker, shut down).

@@ -8,7 +8,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/alloc/batch_allocation.hpp"
 #include "runtime/policy/adaptive_k.hpp"
+#include "runtime/predict/speed_predictor.hpp"
 #include "runtime/policy/adsp.hpp"
 
 namespace ashlar::actors {
@@ -45,6 +47,10 @@ struct scheduler_state {
   std::optional<adaptive_k_planner> adaptive;
   adaptive_k_choice tuned;             // as last sent
   uint64_t staleness_sum = 0, staleness_n = 0; // shard 0's counters at the last tick
+  // Batch allocation (train.allocation other than equal).
+  std::map<uint32_t, uint32_t> shares;              // as last sent
+  std::map<uint32_t, gru_predictor> predictors;     // "predicted": per worker
+  bool allocation_frozen = false;                   // "proportional": set once
 };
 
 using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;
@@ -123,8 +129,68 @@ void start_training(scheduler_pointer self) {
     f();
   st.start_barrier.clear();
   // The first plan as soon as the profiler has a few steps of each worker.
-  if (st.adsp || st.adaptive)
+  if (st.adsp || st.adaptive || st.cfg.job.allocation != "equal")
     self->delayed_send(self, std::chrono::milliseconds(200), tick_atom::value);
+}
+
+// Batch allocation: shares of the global batch proportional to each live worker's
+// speed (1 / compute seconds per sample): profiled once ("proportional"), smoothed
+// observations ("adaptive"), or a GRU's prediction of the next value ("predicted").
+void reallocate(scheduler_pointer self) {
+  self->request(self->state.cfg.profiler, ack_timeout, caf::get_atom::value)
+    .then(
+      [=](const wire::cluster_stats& stats) {
+        auto& st = self->state;
+        if (st.done_sent || st.stopping || st.allocation_frozen)
+          return;
+        const auto& mode = st.cfg.job.allocation;
+        std::vector<uint32_t> ids;
+        std::vector<double> speeds;
+        uint64_t max_steps = 0;
+        std::map<uint32_t, uint64_t> steps;
+        for (const auto& w : stats.workers) {
+          auto m = st.members.find(w.worker_id);
+          if (m == st.members.end() || m->second.left || w.steps < 3 || w.compute_per_sample <= 0)
+            continue;
+          double per_sample = w.compute_per_sample;
+          if (mode == "predicted") {
+            auto& p = st.predictors[w.worker_id];
+            p.observe(per_sample);
+            per_sample = std::max(1e-9, p.predict());
+          }
+          ids.push_back(w.worker_id);
+          speeds.push_back(1.0 / per_sample);
+          steps[w.worker_id] = w.steps;
+          max_steps = std::max(max_steps, w.steps);
+        }
+        size_t live = 0;
+        for (const auto& [id, m] : st.members)
+          live += m.left ? 0 : 1;
+        if (ids.empty() || ids.size() < live)
+          return; // not every worker measured yet
+        auto global = static_cast<uint32_t>(st.cfg.job.batch_size * ids.size());
+        auto shares = proportional_shares(global, speeds);
+        if (!shares)
+          return;
+        std::string text;
+        for (size_t i = 0; i < ids.size(); ++i) {
+          text += (text.empty() ? "" : ", ") + std::to_string(ids[i]) + ":" + std::to_string((*shares)[i]);
+          if (st.shares[ids[i]] == (*shares)[i])
+            continue;
+          st.shares[ids[i]] = (*shares)[i];
+          // Lockstep workers switch together, a few rounds ahead; the others at their next step.
+          uint64_t from = st.lockstep ? max_steps + 3 : steps[ids[i]] + 1;
+          self->send(caf::actor_cast<worker_actor>(st.members[ids[i]].handle), batch_atom::value, (*shares)[i],
+                     from);
+        }
+        if (mode == "proportional") {
+          st.allocation_frozen = true;
+          spdlog::info("scheduler: batch shares from profiled speed: {}", text);
+        } else {
+          spdlog::debug("scheduler: batch shares ({}): {}", mode, text);
+        }
+      },
+      [=](caf::error& err) { spdlog::warn("scheduler: batch allocation skipped: {}", describe(err)); });
 }
 
 // Adaptive k: every tick, k from the spread of the workers' iteration times and the
@@ -160,7 +226,6 @@ void retune_adaptive(scheduler_pointer self) {
                 for (const auto& shard : st.cfg.shards)
                   self->send(shard, tune_atom::value, choice.k, choice.async);
               }
-              self->delayed_send(self, adsp_replan_interval, tick_atom::value);
             },
             [=](caf::error& err) { spdlog::warn("scheduler: adaptive tuning skipped: {}", describe(err)); });
       },
@@ -189,7 +254,6 @@ void replan_adsp(scheduler_pointer self) {
           self->send(caf::actor_cast<worker_actor>(st.members[id].handle), local_steps_atom::value, h);
         }
         spdlog::debug("scheduler: adsp commit period {:.3f} s", st.adsp->period());
-        self->delayed_send(self, adsp_replan_interval, tick_atom::value);
       },
       [=](caf::error& err) { spdlog::warn("scheduler: adsp planning skipped: {}", describe(err)); });
 }
@@ -231,6 +295,14 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       a.data_count = n * (slot + 1) / k - a.data_begin;
       uint64_t per_epoch = (a.data_count + cfg.job.batch_size - 1) / cfg.job.batch_size;
       a.steps = per_epoch * cfg.job.epochs;
+      if (cfg.job.allocation != "equal") {
+        // Shares change while training: every worker samples the whole set (its own
+        // seed), and a lockstep job runs epochs x set / global batch rounds.
+        a.data_begin = 0;
+        a.data_count = n;
+        uint64_t global = uint64_t{cfg.job.batch_size} * k;
+        a.steps = (n * cfg.job.epochs + global - 1) / global;
+      }
       if (!st.lockstep) {
         // Workers run at their own pace over their share (repeating it as needed); the
         // driver ends the job when their samples together reach the budget.
@@ -310,10 +382,16 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
     },
     [=](start_atom) { start_training(self); },
     [=](tick_atom) {
-      if (self->state.adsp)
+      auto& st = self->state;
+      if (st.done_sent || st.stopping)
+        return;
+      if (st.adsp)
         replan_adsp(self);
-      else if (self->state.adaptive)
+      if (st.adaptive)
         retune_adaptive(self);
+      if (st.cfg.job.allocation != "equal" && !st.allocation_frozen)
+        reallocate(self);
+      self->delayed_send(self, adsp_replan_interval, tick_atom::value);
     },
     [=](const wire::ctl_request& req) -> caf::result<std::string> {
       auto& st = self->state;

@@ -53,6 +53,8 @@ struct worker_state {
   uint32_t local_done = 0;
   std::vector<float> acc;
   uint32_t acc_samples = 0;
+  uint32_t next_batch = 0;       // allocation: batch size from step next_batch_from on
+  uint64_t next_batch_from = 0;
   uint32_t push_samples = 0; // the batch weight of the gradient pushed (a commit's: its steps' samples)
 };
 
@@ -398,6 +400,12 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
       if (!self->state.stopped)
         after_compute(self);
     },
+    [=](batch_atom, uint32_t b, uint64_t from_step) {
+      if (b > 0) {
+        self->state.next_batch = b;
+        self->state.next_batch_from = from_step;
+      }
+    },
     [=](local_steps_atom, uint32_t h) {
       auto& st = self->state;
       if (h != st.local_steps)
@@ -410,6 +418,10 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
         return;
       if (st.step >= st.job.steps || st.stop_requested)
         return finish(self);
+      if (st.next_batch > 0 && st.step >= st.next_batch_from) {
+        st.job.batch_size = st.next_batch;
+        st.next_batch = 0;
+      }
       if (st.local_done > 0)
         push_all(self); // a local step: compute on the local model
       else

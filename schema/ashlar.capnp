@@ -234,6 +234,7 @@ struct WorkerStats {
   totalComputeSeconds @9 :Float64;
   totalWaitSeconds @10 :Float64;
   bytes @11 :UInt64;              # tensor bytes pulled and pushed
+  computePerSample @12 :Float64;  # smoothed compute seconds per sample (waits excluded)
 }
 
 struct ClusterStats {

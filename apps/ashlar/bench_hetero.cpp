@@ -82,7 +82,10 @@ void add_hetero_options(CLI::App* cmd, hetero_options& o) {
   cmd->add_option("--speeds", o.speeds, "relative worker speeds; the worker count is their number")
     ->capture_default_str();
   cmd->add_option("--contention", o.contention, "contention profile file (lines: WORKER START_S END_S FACTOR)");
-  cmd->add_option("--policies", o.policies, "policies to run, comma-separated")->capture_default_str();
+  cmd->add_option("--policies", o.policies,
+                  "policies to run, comma-separated; POLICY+ALLOCATION picks a batch allocation "
+                  "(e.g. bsp+proportional)")
+    ->capture_default_str();
   cmd->add_option("--policy-set", o.policy_sets,
                   "POLICY:KEY=VALUE, a setting for one policy only (repeatable), e.g. asp:train.lr=0.02");
   cmd->add_option("--sample-ms", o.sample_ms, "wall time per sample at speed 1, ms")->capture_default_str();
@@ -108,7 +111,11 @@ int run_hetero_bench(const hetero_options& o) {
   }
   std::vector<policy_result> results;
   double ideal = 0;
-  for (const auto& name : split(o.policies, ',')) {
+  for (const auto& entry : split(o.policies, ',')) {
+    // "bsp+proportional": policy bsp with train.allocation = proportional.
+    auto plus = entry.find('+');
+    std::string name = entry.substr(0, plus);
+    std::string allocation = plus == std::string::npos ? "equal" : entry.substr(plus + 1);
     train_config cfg;
     if (auto err = resolve_config(o.train, cfg)) {
       std::fprintf(stderr, "ashlar bench hetero: %s\n", describe(err).c_str());
@@ -116,6 +123,7 @@ int run_hetero_bench(const hetero_options& o) {
     }
     std::vector<std::pair<std::string, std::string>> settings = {
       {"train.policy", name},
+      {"train.allocation", allocation},
       {"train.speeds", o.speeds},
       {"train.workers", std::to_string(speeds.size())},
       {"train.sample_ms", fmt(o.sample_ms, 6)},
@@ -132,7 +140,7 @@ int run_hetero_bench(const hetero_options& o) {
         std::fprintf(stderr, "ashlar bench hetero: --policy-set expects POLICY:KEY=VALUE, got '%s'\n", ps.c_str());
         return 2;
       }
-      if (ps.substr(0, colon) == name)
+      if (ps.substr(0, colon) == name || ps.substr(0, colon) == entry)
         settings.emplace_back(ps.substr(colon + 1, eq - colon - 1), ps.substr(eq + 1));
     }
     caf::error err;
@@ -159,11 +167,11 @@ int run_hetero_bench(const hetero_options& o) {
       profile = std::move(*p);
     }
     std::printf("== %s: %u workers at speeds %s, %.2f ms/sample, lr %g, momentum %g, cap %.0f s\n",
-                name.c_str(), cfg.workers, o.speeds.c_str(), cfg.sample_ms, cfg.optimizer.lr,
+                entry.c_str(), cfg.workers, o.speeds.c_str(), cfg.sample_ms, cfg.optimizer.lr,
                 cfg.optimizer.momentum, o.time_cap);
     std::fflush(stdout);
     policy_result r;
-    r.policy = name;
+    r.policy = entry;
     auto rep = actors::run_local_job(cfg);
     if (!rep) {
       r.error = describe(rep.error());

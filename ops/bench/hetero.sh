@@ -17,7 +17,7 @@ for p in asp ssp kasync adsp adaptive; do
   async+=(--policy-set "$p:train.lr=0.05" --policy-set "$p:train.momentum=0.5")
 done
 "$ashlar" bench hetero ops/configs/fmnist-mlp.toml --speeds 1,1,2,4 \
-  --policies bsp,ksync,adaptive,ssp,kasync,asp,adsp "${async[@]}" --out "$out" "$@"
+  --policies bsp,bsp+proportional,bsp+predicted,ksync,adaptive,ssp,kasync,asp,adsp "${async[@]}" --out "$out" "$@"
 {
   echo
   echo "Reproduce (after \`bash ops/install-deps.sh --bench && bash ops/build.sh\`):"

@@ -188,6 +188,8 @@ const std::vector<field>& fields() {
          [](train_config& c) -> float& { return c.optimizer.momentum; }),
     bind("train.weight_decay", "L2 weight decay (default 0.0001)",
          [](train_config& c) -> float& { return c.optimizer.weight_decay; }),
+    bind("train.allocation", "batch split: equal, proportional, adaptive or predicted (default equal)",
+         [](train_config& c) -> std::string& { return c.allocation; }),
     bind("train.data_plane", "cluster: tensors on direct worker-shard connections (default true)",
          [](train_config& c) -> bool& { return c.data_plane; }),
     bind("train.staleness_aware_lr", "asp: divide lr by 1 + staleness (default false)",
@@ -369,6 +371,9 @@ caf::error validate(const train_config& c) {
     return bad("train.weight_decay must be >= 0");
   if (c.progress_interval < 0)
     return bad("run.progress_interval must be >= 0");
+  if (c.allocation != "equal" && c.allocation != "proportional" && c.allocation != "adaptive"
+      && c.allocation != "predicted")
+    return bad("train.allocation '" + c.allocation + "' is not known (known: equal, proportional, adaptive, predicted)");
   if (c.eval_interval < 0)
     return bad("run.eval_interval must be >= 0");
   if (c.time_limit < 0)

@@ -50,6 +50,13 @@ struct train_config {
   /// Between processes, pulls and pushes use direct data connections (worker to shard
   /// node, raw TCP) instead of CAF's middleman (train.data_plane). Default: true.
   bool data_plane = true;
+  /// How the global batch (batch_size x workers) is split among workers
+  /// (train.allocation): "equal"; "proportional" to speed profiled over the first steps,
+  /// then fixed; "adaptive", re-split every 0.5 s from smoothed observed speed;
+  /// "predicted", re-split from each worker's next iteration time as a GRU predicts it.
+  /// With any but equal, every worker samples the whole training set (own seed), so a
+  /// bigger share never over-samples one part of it. Default: "equal".
+  std::string allocation = "equal";
   /// Pacing: relative speeds of the workers (worker i gets speeds[i % size]); empty =
   /// unpaced, every worker as fast as the machine lets it. Default: empty.
   std::vector<double> speeds;

@@ -360,6 +360,7 @@ void fill(schema::ClusterStats::Builder b, const cluster_stats& x) {
     o.setTotalComputeSeconds(w.total_compute_seconds);
     o.setTotalWaitSeconds(w.total_wait_seconds);
     o.setBytes(w.bytes);
+    o.setComputePerSample(w.compute_per_sample);
   }
   b.setTotalSamples(x.total_samples);
   b.setElapsedSeconds(x.elapsed_seconds);
@@ -382,6 +383,7 @@ void read(schema::ClusterStats::Reader r, cluster_stats& out) {
     s.total_compute_seconds = w.getTotalComputeSeconds();
     s.total_wait_seconds = w.getTotalWaitSeconds();
     s.bytes = w.getBytes();
+    s.compute_per_sample = w.getComputePerSample();
     out.workers.push_back(s);
   }
   out.total_samples = r.getTotalSamples();

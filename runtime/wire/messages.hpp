@@ -212,6 +212,7 @@ struct worker_stats {
   double total_compute_seconds = 0;
   double total_wait_seconds = 0;
   uint64_t bytes = 0;
+  double compute_per_sample = 0; // smoothed compute seconds per sample
 };
 
 struct cluster_stats {

@@ -216,3 +216,33 @@ TEST_CASE("ADSP workers at speeds 1 and 4 commit about equally often, never wait
   CHECK(fast.wait_seconds == 0);
   CHECK(rep->test_accuracy >= 0.7);
 }
+
+TEST_CASE("BSP with proportional batches gives a 4x faster worker about 4x the samples of each round") {
+  auto cfg = small_job("bsp");
+  cfg.epochs = 2;
+  cfg.workers = 2;
+  cfg.speeds = {1, 4};
+  cfg.sample_ms = 0.5;
+  cfg.allocation = "proportional";
+  auto rep = actors::run_local_job(cfg);
+  REQUIRE(rep);
+  REQUIRE(rep->per_worker.size() == 2);
+  const auto& slow = rep->per_worker[0].worker_id == 0 ? rep->per_worker[0] : rep->per_worker[1];
+  const auto& fast = rep->per_worker[0].worker_id == 0 ? rep->per_worker[1] : rep->per_worker[0];
+  // Lockstep: the same number of rounds each, at most the global batch (2 x 32) per
+  // round (a batch is cut short where a worker's pass over the data set ends).
+  CHECK(slow.steps == fast.steps);
+  CHECK(slow.steps == (2 * 12000 + 63) / 64);
+  CHECK(rep->samples <= slow.steps * 64);
+  CHECK(rep->samples >= 2 * 12000 * 99 / 100);
+  // After a few profiled steps at 32 each, the split is 13 / 51 (speeds 1 : 4).
+  double ratio = static_cast<double>(fast.samples) / static_cast<double>(slow.samples);
+  CHECK(ratio > 3.0);
+  CHECK(ratio < 4.5);
+  CHECK(rep->test_accuracy >= 0.75);
+}
+
+TEST_CASE("an unknown batch allocation is refused, naming the choices") {
+  train_config cfg;
+  CHECK(is(apply_setting(cfg, "train.allocation", "greedy") ? caf::error{} : validate(cfg), errc::invalid_config));
+}

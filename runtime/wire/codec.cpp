@@ -31,6 +31,21 @@ capnp::Data::Reader floats_as_data(const Vector& v) {
   return {reinterpret_cast<const kj::byte*>(v.data()), v.size() * sizeof(float)};
 }
 
+// Sets a Data field from floats. Cap'n Proto may reference external data without a copy
+// only if it is whole 8-byte words at an 8-byte-aligned address (it copies whole words
+// later, so an odd float count would be read 4 bytes past the vector's end); otherwise
+// the floats are copied in.
+template <class Vector, class Adopt, class Set>
+void set_floats(capnp::MessageBuilder& mb, const Vector& v, Adopt adopt, Set set) {
+  auto data = floats_as_data(v);
+  bool whole_words = data.size() % sizeof(capnp::word) == 0
+                     && reinterpret_cast<uintptr_t>(data.begin()) % alignof(capnp::word) == 0;
+  if (whole_words)
+    adopt(mb.getOrphanage().referenceExternalData(data));
+  else
+    set(data);
+}
+
 caf::error malformed(const char* type, const std::string& what) {
   return make_error(errc::malformed_message, std::string{type} + ": " + what);
 }
@@ -226,7 +241,8 @@ words encode(const pull_reply& x) {
   b.setVersion(x.version);
   b.setBegin(x.begin);
   // The tensor is referenced, not copied, until the message is written out.
-  b.adoptParams(mb.getOrphanage().referenceExternalData(floats_as_data(x.params)));
+  set_floats(mb, x.params, [&](auto o) { b.adoptParams(std::move(o)); },
+                   [&](capnp::Data::Reader d) { b.setParams(d); });
   b.setWaitNs(x.wait_ns);
   b.setOffset(x.offset);
   b.setTotal(x.total);
@@ -263,7 +279,8 @@ words encode(const push& x) {
   b.setBatchSize(x.batch_size);
   b.setOffset(x.offset);
   b.setTotal(x.total);
-  b.adoptGrad(mb.getOrphanage().referenceExternalData(floats_as_data(x.grad)));
+  set_floats(mb, x.grad, [&](auto o) { b.adoptGrad(std::move(o)); },
+                   [&](capnp::Data::Reader d) { b.setGrad(d); });
   return to_words(mb);
 }
 

@@ -84,8 +84,8 @@ int run_step_bench(const bench_options& o) {
 struct wire_options {
   uint64_t params = 6000000;
   double seconds = 5;
-  uint64_t chunk = 1 << 20;
-  uint32_t window = 2;
+  uint64_t chunk = train_config{}.chunk_floats;
+  uint32_t window = train_config{}.chunks_in_flight;
   std::string port_file;
   bool json = false;
 };

@@ -39,10 +39,10 @@ caf::error write_message(tcp_socket& sock, frame_kind kind, uint64_t seq, const 
 
 // Sends x with its tensor as the payload; the tensor is moved out for the encoding and
 // moved back, so it is neither copied nor lost.
-template <class T>
+template <class T, class Tensor>
 caf::error write_with_tensor(tcp_socket& sock, frame_kind kind, uint64_t seq, T& x,
-                             wire::tensor T::*tensor) {
-  wire::tensor t = std::move(x.*tensor);
+                             Tensor T::*tensor) {
+  Tensor t = std::move(x.*tensor);
   x.*tensor = {};
   auto w = wire::encode(x);
   x.*tensor = std::move(t);
@@ -97,7 +97,7 @@ caf::error read_frame(tcp_socket& sock, inbound_frame& out) {
       break;
     case frame_kind::pull_reply:
       err = wire::decode(meta, out.reply);
-      out.reply.params = std::move(tensor);
+      out.reply.params = wire::shared_tensor(std::move(tensor));
       break;
     case frame_kind::push:
       err = wire::decode(meta, out.push);

@@ -1,6 +1,7 @@
 #include "runtime/server/shard_core.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 namespace ashlar {
@@ -8,11 +9,25 @@ namespace ashlar {
 shard_core::shard_core(shard_range range, std::vector<float> params, sgd_config opt,
                        std::unique_ptr<sync_policy> policy)
   : range_(range),
-    params_(std::move(params)),
-    velocity_(params_.size(), 0.0f),
+    params_(std::make_shared<std::vector<float>>(std::move(params))),
+    velocity_(params_->size(), 0.0f),
     opt_(opt),
     policy_(std::move(policy)),
-    acc_(params_.size(), 0.0f) {
+    acc_(params_->size(), 0.0f) {
+}
+
+float* shard_core::writable_params() {
+  if (params_.use_count() > 1) {
+    // Only this class hands out references, so a count of 1 stays 1; the fence orders
+    // the last reader's accesses before our writes.
+    if (!spare_ || spare_.use_count() > 1)
+      spare_ = std::make_shared<std::vector<float>>(params_->size());
+    std::atomic_thread_fence(std::memory_order_acquire);
+    std::copy(params_->begin(), params_->end(), spare_->begin());
+    std::swap(params_, spare_);
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return params_->data();
 }
 
 void shard_core::join(worker_id w) {
@@ -20,12 +35,20 @@ void shard_core::join(worker_id w) {
 }
 
 bool shard_core::leave(worker_id w) {
+  bool bumped = end_push(w); // a push cut short: what arrived of it counts
   policy_->on_leave(w);
-  return maybe_apply_round();
+  return maybe_apply_round() || bumped;
 }
 
 expected<push_outcome> shard_core::push(worker_id w, uint64_t base_version, uint32_t batch,
                                         const float* grad, size_t n) {
+  auto begun = begin_push(w, base_version, batch, n);
+  if (!begun)
+    return begun.error();
+  return push_piece(w, 0, grad, n);
+}
+
+expected<push_outcome> shard_core::begin_push(worker_id w, uint64_t base_version, uint32_t batch, size_t n) {
   const std::string where = "shard " + std::to_string(range_.shard_id);
   if (n != range_.size())
     return make_error(errc::shape_mismatch, where + " received a gradient of " + std::to_string(n)
@@ -42,39 +65,90 @@ expected<push_outcome> shard_core::push(worker_id w, uint64_t base_version, uint
                                              + std::to_string(base_version));
   if (batch == 0)
     return make_error(errc::invalid_argument, where + " received a push with batch size 0");
+  if (inflight_.count(w) > 0)
+    end_push(w);
   ++counters_.pushes;
   auto d = policy_->on_push(w, base_version, version_);
+  auto& f = inflight_[w];
+  f.decision = d;
+  f.slot.batch = batch;
+  if (d.kind != push_decision::drop) {
+    counters_.staleness_sum += d.staleness;
+    counters_.staleness_max = std::max(counters_.staleness_max, d.staleness);
+  }
+  if (d.kind == push_decision::apply) {
+    writable_params(); // copy now if a reader holds this version; pieces then write in place
+    ++applying_;
+  } else if (d.kind == push_decision::buffer) {
+    f.slot.grad.resize(n);
+    ++buffering_;
+  } else {
+    ++counters_.dropped;
+  }
   push_outcome out;
   out.kind = d.kind;
   out.staleness = d.staleness;
-  switch (d.kind) {
-    case push_decision::apply:
-      sgd_apply(opt_, d.lr_scale, params_.data(), velocity_.data(), grad, n);
-      ++version_;
-      ++counters_.applied;
-      counters_.staleness_sum += d.staleness;
-      counters_.staleness_max = std::max(counters_.staleness_max, d.staleness);
-      out.version_bumped = true;
-      break;
-    case push_decision::buffer: {
-      auto& slot = round_.emplace(w, pending{})->second;
-      slot.batch = batch;
-      slot.grad.assign(grad, grad + n);
-      counters_.staleness_sum += d.staleness;
-      counters_.staleness_max = std::max(counters_.staleness_max, d.staleness);
-      out.version_bumped = maybe_apply_round();
-      break;
-    }
-    case push_decision::drop:
-      ++counters_.dropped;
-      break;
-  }
   out.version = version_;
   return out;
 }
 
+expected<push_outcome> shard_core::push_piece(worker_id w, uint64_t offset, const float* grad, size_t n) {
+  auto it = inflight_.find(w);
+  if (it == inflight_.end())
+    return make_error(errc::invalid_state, "shard " + std::to_string(range_.shard_id)
+                                             + " received a piece of a push from worker "
+                                             + std::to_string(w) + " that did not begin one");
+  auto& f = it->second;
+  if (offset != f.received || offset + n > range_.size() || n == 0)
+    return make_error(errc::shape_mismatch, "shard " + std::to_string(range_.shard_id) + " received ["
+                                              + std::to_string(offset) + ", +" + std::to_string(n)
+                                              + ") of a push from worker " + std::to_string(w)
+                                              + ", expected the piece at " + std::to_string(f.received)
+                                              + " of a range of " + std::to_string(range_.size()));
+  if (f.decision.kind == push_decision::apply)
+    sgd_apply(opt_, f.decision.lr_scale, params_->data() + offset, velocity_.data() + offset, grad, n);
+  else if (f.decision.kind == push_decision::buffer)
+    std::copy(grad, grad + n, f.slot.grad.begin() + static_cast<std::ptrdiff_t>(offset));
+  f.received += n;
+  push_outcome out;
+  out.kind = f.decision.kind;
+  out.staleness = f.decision.staleness;
+  if (f.received == range_.size())
+    out.version_bumped = end_push(w);
+  out.version = version_;
+  return out;
+}
+
+bool shard_core::end_push(worker_id w) {
+  auto it = inflight_.find(w);
+  if (it == inflight_.end())
+    return false;
+  auto f = std::move(it->second);
+  inflight_.erase(it);
+  switch (f.decision.kind) {
+    case push_decision::apply:
+      // Pieces already applied are in the parameters: they make a version even if the
+      // push ended early (its worker left).
+      --applying_;
+      ++version_;
+      ++counters_.applied;
+      maybe_apply_round(); // a round may have waited for this apply
+      return true;
+    case push_decision::buffer:
+      --buffering_;
+      if (f.received == range_.size())
+        round_.emplace(w, std::move(f.slot));
+      return maybe_apply_round();
+    case push_decision::drop:
+      break;
+  }
+  return false;
+}
+
 bool shard_core::maybe_apply_round() {
-  if (round_.empty() || !policy_->round_ready())
+  // A round waits for gradients still arriving in pieces, and for in-place applies (its
+  // update must not mix with a half-applied push).
+  if (round_.empty() || buffering_ > 0 || applying_ > 0 || !policy_->round_ready())
     return false;
   // Batch-weighted mean of the buffered mean gradients, summed in worker-id order so
   // the result is bit-identical from run to run whatever the arrival order.
@@ -88,7 +162,7 @@ bool shard_core::maybe_apply_round() {
     for (size_t i = 0; i < acc_.size(); ++i)
       acc_[i] += weight * g[i];
   }
-  sgd_apply(opt_, 1.0f, params_.data(), velocity_.data(), acc_.data(), acc_.size());
+  sgd_apply(opt_, 1.0f, writable_params(), velocity_.data(), acc_.data(), acc_.size());
   counters_.applied += round_.size();
   round_.clear();
   ++version_;

@@ -40,7 +40,11 @@ public:
 
   const shard_range& range() const { return range_; }
   uint64_t version() const { return version_; }
-  const std::vector<float>& params() const { return params_; }
+  const std::vector<float>& params() const { return *params_; }
+  /// The current parameters as an immutable version that readers may hold while the
+  /// shard moves on: an update never writes a buffer someone still references (it
+  /// copies first), so a held version stays exactly as it was read.
+  std::shared_ptr<const std::vector<float>> shared_params() const { return params_; }
   const std::vector<float>& velocity() const { return velocity_; }
   const sync_policy& policy() const { return *policy_; }
   const shard_counters& counters() const { return counters_; }
@@ -59,6 +63,24 @@ public:
   [[nodiscard]] expected<push_outcome> push(worker_id w, uint64_t base_version, uint32_t batch,
                                             const float* grad, size_t n);
 
+  /// A push arriving in pieces (chunks of one gradient, in order): the policy decides at
+  /// the first piece, as for a whole push, and each piece is then used as it arrives:
+  /// applied in place (apply), written into the worker's slot of the round (buffer), or
+  /// skipped (drop). The push counts (and a version is bumped) when its last piece has
+  /// arrived. While a push is being applied piece by piece, applying() is true and
+  /// readers must wait: the parameters are not a version until it ends.
+  /// begin_push fails like push(); a worker that begins a new push before ending its
+  /// last has the last one ended as it stands.
+  [[nodiscard]] expected<push_outcome> begin_push(worker_id w, uint64_t base_version, uint32_t batch,
+                                                  size_t n);
+  /// The next piece of `w`'s push: `n` floats at `offset`, which must be where the last
+  /// piece ended (shape_mismatch otherwise, or past the range; invalid_state if `w` has no
+  /// push begun). Returns the outcome, with version_bumped when this piece completed it.
+  [[nodiscard]] expected<push_outcome> push_piece(worker_id w, uint64_t offset, const float* grad, size_t n);
+
+  /// True while some push is applied piece by piece (see begin_push).
+  bool applying() const { return applying_ > 0; }
+
   /// Retunes the policy (see sync_policy::tune).
   void tune(uint32_t k, bool async) { policy_->tune(k, async); }
 
@@ -67,14 +89,27 @@ public:
 
 private:
   bool maybe_apply_round();
+  // The parameters, ready to be updated in place: a copy in a buffer nobody else holds
+  // if a reader still references the current one.
+  float* writable_params();
 
   struct pending {
     uint32_t batch = 0;
     std::vector<float> grad;
   };
+  // A push between its first and last piece.
+  struct inflight {
+    push_decision decision;
+    pending slot;          // buffer: the gradient as it arrives
+    uint64_t received = 0; // floats so far
+  };
+  // Ends `w`'s push in flight, whole or not: applied pieces make a version, a buffered
+  // gradient joins the round. Returns true if a version was bumped.
+  bool end_push(worker_id w);
 
   shard_range range_;
-  std::vector<float> params_;
+  std::shared_ptr<std::vector<float>> params_;
+  std::shared_ptr<std::vector<float>> spare_; // the previous version, reused once unreferenced
   std::vector<float> velocity_;
   sgd_config opt_;
   std::unique_ptr<sync_policy> policy_;
@@ -83,6 +118,9 @@ private:
   // gradients in one round under policies that do not make it wait (k-async).
   std::multimap<worker_id, pending> round_;
   std::vector<float> acc_;
+  std::map<worker_id, inflight> inflight_;
+  uint32_t applying_ = 0;  // pushes in inflight_ being applied in place
+  uint32_t buffering_ = 0; // pushes in inflight_ headed for the round
   shard_counters counters_;
 };
 

@@ -50,14 +50,25 @@ caf::error malformed(const char* type, const std::string& what) {
   return make_error(errc::malformed_message, std::string{type} + ": " + what);
 }
 
+// Sizes `out` to `n` floats and returns them for writing.
+template <class Vector>
+float* sized_floats(Vector& out, size_t n) {
+  out.resize(n);
+  return out.data();
+}
+
+float* sized_floats(shared_tensor& out, size_t n) {
+  return out.reset(n);
+}
+
 template <class Vector>
 caf::error data_to_floats(const char* type, const char* field, capnp::Data::Reader d, Vector& out) {
   if (d.size() % sizeof(float) != 0)
     return malformed(type, std::string{field} + " holds " + std::to_string(d.size())
                              + " bytes, not a whole number of float32 values");
-  out.resize(d.size() / sizeof(float));
-  if (!out.empty())
-    std::memcpy(out.data(), d.begin(), d.size());
+  float* dst = sized_floats(out, d.size() / sizeof(float));
+  if (d.size() > 0)
+    std::memcpy(dst, d.begin(), d.size());
   return caf::none;
 }
 

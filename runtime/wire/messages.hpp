@@ -3,7 +3,9 @@
 // schema/ashlar.capnp (see codec.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <memory>
 #include <utility>
@@ -38,6 +40,60 @@ struct uninitialized_allocator : std::allocator<T> {
 /// A tensor carried in a message (parameters, gradients). Sizing it does not zero-fill:
 /// receivers write it whole right after, from the socket or a decoder.
 using tensor = std::vector<float, uninitialized_allocator<float>>;
+
+/// A read-only tensor that may share its storage: a window of an immutable buffer (a
+/// shard's parameter version, referenced by every reply that reads it) or a buffer of its
+/// own (filled by a decoder). Copying one copies a reference, never the floats. The
+/// storage lives as long as any shared_tensor refers to it; nobody writes it meanwhile.
+class shared_tensor {
+public:
+  shared_tensor() = default;
+
+  /// A window [offset, offset + n) of `buf`, which must not be written while referenced.
+  shared_tensor(std::shared_ptr<const std::vector<float>> buf, size_t offset, size_t n)
+    : data_(buf, buf->data() + offset), size_(n) {
+  }
+
+  shared_tensor(std::initializer_list<float> values) : shared_tensor(tensor(values)) {
+  }
+
+  /// Takes `owned` as its storage.
+  shared_tensor(tensor owned) {
+    auto buf = std::make_shared<tensor>(std::move(owned));
+    size_ = buf->size();
+    data_ = std::shared_ptr<const float>(buf, buf->data());
+  }
+
+  /// Replaces the contents with `n` fresh, uninitialized floats of its own and returns
+  /// them for the caller to fill before anyone else reads this tensor.
+  float* reset(size_t n) {
+    auto buf = std::make_shared<tensor>(n);
+    float* out = buf->data();
+    data_ = std::shared_ptr<const float>(buf, out);
+    size_ = n;
+    return out;
+  }
+
+  const float* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  const float* begin() const { return data(); }
+  const float* end() const { return data() + size_; }
+  float operator[](size_t i) const { return data_.get()[i]; }
+
+  /// The floats, copied (for tests and callers that need a vector).
+  std::vector<float> to_vector() const { return {begin(), end()}; }
+
+  /// Equal floats (not the same storage).
+  friend bool operator==(const shared_tensor& a, const shared_tensor& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end());
+  }
+  friend bool operator!=(const shared_tensor& a, const shared_tensor& b) { return !(a == b); }
+
+private:
+  std::shared_ptr<const float> data_;
+  size_t size_ = 0;
+};
 
 
 /// Protocol version of these messages; bumped on any incompatible change.
@@ -147,7 +203,7 @@ struct pull_reply {
   uint32_t shard_id = 0;
   uint64_t version = 0;
   uint64_t begin = 0;
-  tensor params;
+  shared_tensor params; // references the shard's version: no copy per reply
   uint64_t wait_ns = 0;
   uint64_t offset = 0;
   uint64_t total = 0;

@@ -134,3 +134,87 @@ TEST_CASE("a k-async shard keeps two gradients of one worker in the same round")
   CHECK(r->version_bumped);
   CHECK(s.params()[0] == Approx(-2.0f)); // mean of 1 and 3
 }
+
+TEST_CASE("a shard never writes a parameter version that a reader still holds") {
+  auto s = make_shard("asp", 3);
+  s.join(0);
+  auto held = s.shared_params();
+  const float* before = held->data();
+  std::vector<float> g{1, 1, 1};
+  REQUIRE(s.push(0, 0, 1, g.data(), 3));
+  CHECK(*held == std::vector<float>(3, 1.0f)); // the reader's version is as it was read
+  CHECK(s.params() == std::vector<float>(3, 0.5f));
+  CHECK(s.params().data() != before);
+  held.reset();
+  // Nobody holds the current version: the next update is written in place.
+  const float* current = s.params().data();
+  REQUIRE(s.push(0, 1, 1, g.data(), 3));
+  CHECK(s.params().data() == current);
+  CHECK(s.params() == std::vector<float>(3, 0.0f));
+}
+
+TEST_CASE("a push in pieces is applied as it arrives and makes one version at its last piece") {
+  auto s = make_shard("asp", 4);
+  s.join(0);
+  std::vector<float> g{1, 2, 3, 4};
+  auto begun = s.begin_push(0, 0, 8, 4);
+  REQUIRE(begun);
+  CHECK(begun->kind == push_decision::apply);
+  CHECK(s.applying());
+  auto first = s.push_piece(0, 0, g.data(), 2);
+  REQUIRE(first);
+  CHECK_FALSE(first->version_bumped);
+  CHECK(s.version() == 0);
+  // A piece that is not where the last one ended is refused, naming the expected offset.
+  auto gap = s.push_piece(0, 3, g.data() + 3, 1);
+  REQUIRE_FALSE(gap);
+  CHECK(is(gap.error(), errc::shape_mismatch));
+  auto last = s.push_piece(0, 2, g.data() + 2, 2);
+  REQUIRE(last);
+  CHECK(last->version_bumped);
+  CHECK_FALSE(s.applying());
+  CHECK(s.version() == 1);
+  CHECK(s.params() == std::vector<float>{0.5f, 0.0f, -0.5f, -1.0f});
+  // A piece without a push begun is refused.
+  CHECK_FALSE(s.push_piece(0, 0, g.data(), 1));
+}
+
+TEST_CASE("a BSP round built from pushes in pieces equals the round from whole pushes") {
+  const size_t n = 10;
+  std::vector<float> g0(n), g1(n);
+  for (size_t i = 0; i < n; ++i) {
+    g0[i] = 0.1f * static_cast<float>(i);
+    g1[i] = 1.0f - 0.3f * static_cast<float>(i);
+  }
+  auto whole = make_shard("bsp", n);
+  auto pieces = make_shard("bsp", n);
+  for (auto* s : {&whole, &pieces}) {
+    s->join(0);
+    s->join(1);
+  }
+  REQUIRE(whole.push(0, 0, 3, g0.data(), n));
+  REQUIRE(whole.push(1, 0, 5, g1.data(), n));
+  REQUIRE(pieces.begin_push(0, 0, 3, n));
+  REQUIRE(pieces.begin_push(1, 0, 5, n));
+  REQUIRE(pieces.push_piece(1, 0, g1.data(), 4));
+  REQUIRE(pieces.push_piece(0, 0, g0.data(), 7));
+  REQUIRE(pieces.push_piece(1, 4, g1.data() + 4, 6));
+  CHECK(pieces.version() == 0); // worker 0's gradient is not whole yet
+  auto last = pieces.push_piece(0, 7, g0.data() + 7, 3);
+  REQUIRE(last);
+  CHECK(last->version_bumped);
+  CHECK(pieces.params() == whole.params());
+}
+
+TEST_CASE("a BSP round does not apply a gradient whose worker left halfway through pushing it") {
+  auto s = make_shard("bsp", 4);
+  s.join(0);
+  s.join(1);
+  std::vector<float> g0{1, 1, 1, 1}, g1{8, 8, 8, 8};
+  REQUIRE(s.push(0, 0, 1, g0.data(), 4));
+  REQUIRE(s.begin_push(1, 0, 1, 4));
+  REQUIRE(s.push_piece(1, 0, g1.data(), 2));
+  CHECK(s.leave(1));
+  CHECK(s.version() == 1);
+  CHECK(s.params() == std::vector<float>(4, 0.5f)); // worker 0's gradient alone
+}

@@ -27,16 +27,20 @@ using local_steps_atom = caf::atom_constant<caf::atom("localsteps")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using tune_atom = caf::atom_constant<caf::atom("tune")>;
 using batch_atom = caf::atom_constant<caf::atom("batch")>;
+using stage_atom = caf::atom_constant<caf::atom("stage")>;
+using bound_atom = caf::atom_constant<caf::atom("bound")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
 /// follows membership changes, reports its status. tune_atom: gradients per update and
-/// async or not, for policies that adapt (see sync_policy::tune).
+/// async or not, for policies that adapt (see sync_policy::tune). bound_atom: clocks a
+/// worker may run ahead of the slowest from now on (see sync_policy::set_staleness_bound).
 using shard_actor = caf::typed_actor<
   caf::replies_to<wire::pull_request>::with<wire::pull_reply>,
   caf::replies_to<wire::push>::with<wire::push_ack>,
   caf::replies_to<wire::membership_change>::with<caf::ok_atom>,
   caf::replies_to<status_atom>::with<wire::shard_status>,
-  caf::reacts_to<tune_atom, uint32_t, bool>>;
+  caf::reacts_to<tune_atom, uint32_t, bool>,
+  caf::reacts_to<bound_atom, uint64_t>>;
 
 /// The profiler: takes per-step timing reports, answers with per-worker statistics.
 using profiler_actor = caf::typed_actor<
@@ -59,10 +63,13 @@ using scheduler_actor = caf::typed_actor<
 /// local_steps_atom: from now on, commit every H steps (H >= 1; see wire::assignment).
 /// batch_atom: from step S on (S, the second argument), take this many samples per step
 /// (allocation; lockstep workers switch at the same round).
+/// stage_atom: a training stage begins (ASHL: "profiling", "ahl", "shl") with H local
+/// steps per commit; the worker changes behaviour at its next step boundary.
 using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<step_atom>,
                                       caf::reacts_to<stop_atom>, caf::reacts_to<paced_atom>,
                                       caf::reacts_to<local_steps_atom, uint32_t>,
-                                      caf::reacts_to<batch_atom, uint32_t, uint64_t>>;
+                                      caf::reacts_to<batch_atom, uint32_t, uint64_t>,
+                                      caf::reacts_to<stage_atom, std::string, uint32_t>>;
 
 /// The actor every node process runs: it hosts shards and workers on the scheduler's
 /// request and carries out control requests (remove a worker, shut down).

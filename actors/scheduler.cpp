@@ -12,6 +12,7 @@
 #include "runtime/policy/adaptive_k.hpp"
 #include "runtime/predict/speed_predictor.hpp"
 #include "runtime/policy/adsp.hpp"
+#include "runtime/policy/ashl.hpp"
 
 namespace ashlar::actors {
 
@@ -47,6 +48,10 @@ struct scheduler_state {
   std::optional<adaptive_k_planner> adaptive;
   adaptive_k_choice tuned;             // as last sent
   uint64_t staleness_sum = 0, staleness_n = 0; // shard 0's counters at the last tick
+  // ASHL: the stage machine, and each worker's communication time per commit as
+  // profiled while every step communicated.
+  std::optional<ashl_planner> ashl;
+  std::map<uint32_t, double> ashl_comm;
   // Batch allocation (train.allocation other than equal).
   std::map<uint32_t, uint32_t> shares;              // as last sent
   std::map<uint32_t, gru_predictor> predictors;     // "predicted": per worker
@@ -129,7 +134,10 @@ void start_training(scheduler_pointer self) {
     f();
   st.start_barrier.clear();
   // The first plan as soon as the profiler has a few steps of each worker.
-  if (st.adsp || st.adaptive || st.cfg.job.allocation != "equal")
+  if (st.ashl)
+    for (const auto& shard : st.cfg.shards)
+      self->send(shard, bound_atom::value, st.ashl->allowed_gap());
+  if (st.adsp || st.adaptive || st.ashl || st.cfg.job.allocation != "equal")
     self->delayed_send(self, std::chrono::milliseconds(200), tick_atom::value);
 }
 
@@ -258,6 +266,55 @@ void replan_adsp(scheduler_pointer self) {
       [=](caf::error& err) { spdlog::warn("scheduler: adsp planning skipped: {}", describe(err)); });
 }
 
+// ASHL: feeds the stage machine the profiler's numbers. A stage change is an event:
+// logged, sent to every shard (the allowed gap) and every live worker (the stage and its
+// local steps). Each worker's local steps follow its measured step time (H_i x t_i +
+// comm_i equal across workers), a worker that joined late included, once it has times.
+void replan_ashl(scheduler_pointer self) {
+  self->request(self->state.cfg.profiler, ack_timeout, caf::get_atom::value)
+    .then(
+      [=](const wire::cluster_stats& stats) {
+        auto& st = self->state;
+        if (st.done_sent || st.stopping)
+          return;
+        std::vector<ashl_worker> live;
+        for (const auto& w : stats.workers) {
+          auto m = st.members.find(w.worker_id);
+          if (m == st.members.end() || m->second.left)
+            continue;
+          double comm = std::max(0.0, w.step_seconds - w.compute_seconds - w.wait_seconds);
+          if (st.ashl->stage() == ashl_stage::profiling || st.ashl_comm.count(w.worker_id) == 0)
+            st.ashl_comm[w.worker_id] = comm; // every step communicates until H > 1
+          live.push_back(ashl_worker{w.worker_id, w.compute_seconds, st.ashl_comm[w.worker_id], w.steps});
+        }
+        auto change = st.ashl->observe(stats.elapsed_seconds, stats.loss, live);
+        auto steps = st.ashl->local_steps(live);
+        if (change) {
+          spdlog::info("scheduler: ASHL stage {} at {:.1f} s (change {}): {}", to_string(change->to),
+                       change->t_s, st.ashl->events().size(), change->why);
+          for (const auto& shard : st.cfg.shards)
+            self->send(shard, bound_atom::value, st.ashl->allowed_gap());
+          std::string plan;
+          for (const auto& [id, h] : steps) {
+            plan += (plan.empty() ? "" : ", ") + std::to_string(id) + ":" + std::to_string(h);
+            st.local_steps[id] = h;
+            self->send(caf::actor_cast<worker_actor>(st.members[id].handle), stage_atom::value,
+                       std::string{to_string(change->to)}, h);
+          }
+          spdlog::info("scheduler: ASHL {}: allowed gap {} commits, local steps per commit {}",
+                       to_string(change->to), st.ashl->allowed_gap(), plan);
+          return;
+        }
+        for (const auto& [id, h] : steps) {
+          if (st.local_steps[id] == h)
+            continue;
+          st.local_steps[id] = h;
+          self->send(caf::actor_cast<worker_actor>(st.members[id].handle), local_steps_atom::value, h);
+        }
+      },
+      [=](caf::error& err) { spdlog::warn("scheduler: ashl planning skipped: {}", describe(err)); });
+}
+
 scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, scheduler_config cfg) {
   self->state.cfg = std::move(cfg);
   if (auto policy = make_policy(self->state.cfg.job.policy, {}))
@@ -266,6 +323,12 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
     self->state.adsp.emplace();
   if (self->state.cfg.job.policy == "adaptive")
     self->state.adaptive.emplace();
+  if (self->state.cfg.job.policy == "ashl") {
+    if (auto p = ashl_planner::make(self->state.cfg.job.ashl))
+      self->state.ashl.emplace(std::move(*p));
+    else
+      spdlog::error("scheduler: {}", describe(p.error())); // validated with the config before
+  }
   self->set_down_handler([=](caf::down_msg& dm) {
     for (auto& [id, m] : self->state.members)
       if (m.addr == dm.source && !m.left)
@@ -368,6 +431,9 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
                 spdlog::info("scheduler: worker {} joins the running job for {} steps", b.worker_id,
                              remaining);
                 promise.deliver(b, st.cfg.shards);
+                if (st.ashl) // slotted into the stage in force; profiled by its first steps
+                  self->send(caf::actor_cast<worker_actor>(st.members[b.worker_id].handle), stage_atom::value,
+                             std::string{to_string(st.ashl->stage())}, uint32_t{1});
               },
               [=](caf::error& err) mutable { promise.deliver(err); });
           return;
@@ -389,6 +455,8 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
         replan_adsp(self);
       if (st.adaptive)
         retune_adaptive(self);
+      if (st.ashl)
+        replan_ashl(self);
       if (st.cfg.job.allocation != "equal" && !st.allocation_frozen)
         reallocate(self);
       self->delayed_send(self, adsp_replan_interval, tick_atom::value);

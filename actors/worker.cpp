@@ -56,6 +56,7 @@ struct worker_state {
   uint32_t next_batch = 0;       // allocation: batch size from step next_batch_from on
   uint64_t next_batch_from = 0;
   uint32_t push_samples = 0; // the batch weight of the gradient pushed (a commit's: its steps' samples)
+  std::string stage;         // the training stage in force (ASHL), "" if the policy has none
 };
 
 using worker_pointer = worker_actor::stateful_pointer<worker_state>;
@@ -410,6 +411,13 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
       auto& st = self->state;
       if (h != st.local_steps)
         spdlog::debug("worker {}: {} local steps per commit", st.job.worker_id, h);
+      st.local_steps = std::max(1u, h);
+    },
+    [=](stage_atom, const std::string& stage, uint32_t h) {
+      auto& st = self->state;
+      spdlog::info("worker {}: stage {} from step {}, {} local steps per commit", st.job.worker_id, stage,
+                   st.step, std::max(1u, h));
+      st.stage = stage;
       st.local_steps = std::max(1u, h);
     },
     [=](step_atom) {

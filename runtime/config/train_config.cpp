@@ -198,6 +198,24 @@ const std::vector<field>& fields() {
          [](train_config& c) -> uint64_t& { return c.policy_settings.staleness_bound; }),
     bind("train.k", "ksync/kasync: gradients per update, 0 = half the workers (default 0)",
          [](train_config& c) -> uint32_t& { return c.policy_settings.k; }),
+    bind("ashl.profile_steps", "ashl: steps every worker completes in the profiling stage (default 5)",
+         [](train_config& c) -> uint32_t& { return c.ashl.profile_steps; }),
+    bind("ashl.ahl_local_steps", "ashl: the slowest worker's local steps per commit in AHL (default 2)",
+         [](train_config& c) -> uint32_t& { return c.ashl.ahl_local_steps; }),
+    bind("ashl.ahl_gap", "ashl: commits a worker may run ahead of the slowest in AHL (default 16)",
+         [](train_config& c) -> uint64_t& { return c.ashl.ahl_gap; }),
+    bind("ashl.shl_local_steps", "ashl: the slowest worker's local steps per commit in SHL (default 1)",
+         [](train_config& c) -> uint32_t& { return c.ashl.shl_local_steps; }),
+    bind("ashl.shl_gap", "ashl: commits a worker may run ahead of the slowest in SHL (default 2)",
+         [](train_config& c) -> uint64_t& { return c.ashl.shl_gap; }),
+    bind("ashl.rule", "ashl: AHL -> SHL on a loss plateau or at a target loss: plateau or loss (default plateau)",
+         [](train_config& c) -> std::string& { return c.ashl.rule; }),
+    bind("ashl.plateau_window_s", "ashl: plateau rule window, seconds (default 3)",
+         [](train_config& c) -> double& { return c.ashl.plateau_window_s; }),
+    bind("ashl.plateau_drop", "ashl: plateau when the loss fell by less than this fraction in the window (default 0.1)",
+         [](train_config& c) -> double& { return c.ashl.plateau_drop; }),
+    bind("ashl.switch_loss", "ashl: loss rule: switch once the training loss is at most this (default 0.45)",
+         [](train_config& c) -> double& { return c.ashl.switch_loss; }),
     bind("run.report", "write a JSON summary to this file (default none)",
          [](train_config& c) -> std::string& { return c.report; }),
     bind("run.progress_interval", "seconds between progress lines, 0 = none (default 1)",
@@ -306,7 +324,7 @@ caf::error apply_toml_text(train_config& cfg, const std::string& text, const std
     if (!tbl)
       return make_error(errc::invalid_config,
                         where(node) + ": top-level key '" + std::string{section.str()}
-                          + "' must be a section ([data], [model], [train] or [run])");
+                          + "' must be a section ([data], [model], [train], [ashl] or [run])");
     for (const auto& [name, value] : *tbl) {
       std::string key = std::string{section.str()} + "." + std::string{name.str()};
       if (!find_field(key))
@@ -390,6 +408,8 @@ caf::error validate(const train_config& c) {
       known += (known.empty() ? "" : ", ") + n;
     return bad("train.policy '" + c.policy + "' is not known (known: " + known + ")");
   }
+  if (auto p = ashl_planner::make(c.ashl); !p)
+    return p.error();
   if (auto err = validate(c.model))
     return err;
   if (c.servers > c.model.num_params())

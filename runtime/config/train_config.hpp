@@ -10,6 +10,7 @@
 #include "runtime/core/error.hpp"
 #include "runtime/model/mlp.hpp"
 #include "runtime/optim/sgd.hpp"
+#include "runtime/policy/ashl.hpp"
 #include "runtime/policy/sync_policy.hpp"
 
 namespace ashlar {
@@ -72,6 +73,8 @@ struct train_config {
   sgd_config optimizer;
   /// Policy settings (train.staleness_aware_lr).
   policy_config policy_settings;
+  /// ASHL's stages (section [ashl]; see runtime/policy/ashl.hpp for each default).
+  ashl_config ashl;
 
   // [run]
   /// Write a JSON summary here when training ends; empty = none. Default: "".

@@ -3,6 +3,7 @@
 
 #include "runtime/policy/adaptive_k.hpp"
 #include "runtime/policy/adsp.hpp"
+#include "runtime/policy/ashl.hpp"
 #include "runtime/policy/asp.hpp"
 #include "runtime/policy/bsp.hpp"
 #include "runtime/policy/k_sync.hpp"
@@ -28,6 +29,7 @@ const std::vector<entry>& table() {
     {"kasync", [](const policy_config& c) { return std::make_unique<k_async_policy>(c); }},
     {"adsp", [](const policy_config&) { return std::make_unique<adsp_policy>(); }},
     {"adaptive", [](const policy_config& c) { return std::make_unique<adaptive_k_policy>(c); }},
+    {"ashl", [](const policy_config& c) { return std::make_unique<ashl_policy>(c); }},
   };
   return rows;
 }

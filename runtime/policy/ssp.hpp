@@ -10,7 +10,7 @@ namespace ashlar {
 /// whose clock (pushes so far) is more than `staleness_bound` ahead of the slowest live
 /// worker may not read until that worker catches up. Bound 0 keeps workers in lockstep,
 /// an unbounded one is ASP.
-class ssp_policy final : public sync_policy {
+class ssp_policy : public sync_policy {
 public:
   explicit ssp_policy(policy_config cfg) : cfg_(cfg) {}
   const char* name() const override { return "ssp"; }
@@ -21,6 +21,11 @@ public:
   void on_round_applied() override {}
   bool may_read(worker_id w, uint64_t version) const override;
   const std::set<worker_id>& live() const override { return live_; }
+
+  /// Changes the bound at run time (ASHL's stages); reads held by the old one are
+  /// re-checked by the shard.
+  void set_staleness_bound(uint64_t s) override { cfg_.staleness_bound = s; }
+  uint64_t staleness_bound() const { return cfg_.staleness_bound; }
 
   /// Pushes `w` has made (its clock).
   uint64_t clock(worker_id w) const;

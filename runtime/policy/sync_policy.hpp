@@ -84,9 +84,13 @@ public:
     (void) k;
     (void) async;
   }
+
+  /// Run-time change of how many clocks a worker may run ahead of the slowest (bounded
+  /// staleness policies; ASHL moves it between its stages). Default: ignored.
+  virtual void set_staleness_bound(uint64_t s) { (void) s; }
 };
 
-/// Makes a policy by registry name ("bsp", "asp", "ssp", "ksync", "kasync", "adsp", "adaptive"). Fails with unknown_name, listing the names.
+/// Makes a policy by registry name ("bsp", "asp", "ssp", "ksync", "kasync", "adsp", "adaptive", "ashl"). Fails with unknown_name, listing the names.
 [[nodiscard]] expected<std::unique_ptr<sync_policy>> make_policy(const std::string& name,
                                                                 const policy_config& cfg);
 

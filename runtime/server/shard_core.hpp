@@ -84,6 +84,9 @@ public:
   /// Retunes the policy (see sync_policy::tune).
   void tune(uint32_t k, bool async) { policy_->tune(k, async); }
 
+  /// Moves the policy's staleness bound (see sync_policy::set_staleness_bound).
+  void set_staleness_bound(uint64_t s) { policy_->set_staleness_bound(s); }
+
   /// True if worker `w` may read the parameters now.
   bool may_read(worker_id w) const { return policy_->may_read(w, version_); }
 

@@ -249,3 +249,28 @@ TEST_CASE("an unknown batch allocation is refused, naming the choices") {
   train_config cfg;
   CHECK(is(apply_setting(cfg, "train.allocation", "greedy") ? caf::error{} : validate(cfg), errc::invalid_config));
 }
+
+TEST_CASE("an ASHL job profiles, then commits less often from the fast worker, and trains") {
+  auto cfg = small_job("ashl");
+  cfg.epochs = 2;
+  cfg.optimizer.lr = 0.05f;
+  cfg.optimizer.momentum = 0.5f;
+  cfg.workers = 2;
+  cfg.speeds = {1, 4};
+  cfg.sample_ms = 2.0;
+  cfg.train_limit = 6000;
+  cfg.ashl.profile_steps = 3;
+  cfg.ashl.ahl_local_steps = 2;
+  cfg.ashl.rule = "loss";
+  cfg.ashl.switch_loss = 1.0; // reached early: both stages run
+  auto rep = actors::run_local_job(cfg);
+  REQUIRE(rep);
+  REQUIRE(rep->per_worker.size() == 2);
+  const auto& slow = rep->per_worker[0].worker_id == 0 ? rep->per_worker[0] : rep->per_worker[1];
+  const auto& fast = rep->per_worker[0].worker_id == 0 ? rep->per_worker[1] : rep->per_worker[0];
+  CHECK(fast.steps * 10 > 25 * slow.steps); // nobody waits for the slow worker
+  // After profiling the fast worker takes ~4x the local steps per commit, so the shards
+  // see far fewer versions than steps.
+  CHECK(rep->versions < fast.steps + slow.steps);
+  CHECK(rep->test_accuracy >= 0.7);
+}

@@ -1,0 +1,95 @@
+#include "runtime/policy/ashl.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ashlar {
+
+const char* to_string(ashl_stage s) {
+  switch (s) {
+    case ashl_stage::profiling:
+      return "profiling";
+    case ashl_stage::ahl:
+      return "ahl";
+    case ashl_stage::shl:
+      return "shl";
+  }
+  return "unknown";
+}
+
+expected<ashl_planner> ashl_planner::make(ashl_config cfg) {
+  auto bad = [](const std::string& what) { return make_error(errc::invalid_config, "ashl." + what); };
+  if (cfg.rule != "plateau" && cfg.rule != "loss")
+    return bad("rule: '" + cfg.rule + "' is not a rule (plateau or loss)");
+  if (cfg.ahl_local_steps == 0 || cfg.shl_local_steps == 0)
+    return bad("ahl_local_steps and shl_local_steps must be at least 1");
+  if (cfg.max_local_steps < std::max(cfg.ahl_local_steps, cfg.shl_local_steps))
+    return bad("max_local_steps (" + std::to_string(cfg.max_local_steps)
+               + ") is below a stage's local steps");
+  if (!(cfg.plateau_window_s > 0) || !(cfg.plateau_drop >= 0 && cfg.plateau_drop < 1))
+    return bad("plateau_window_s must be > 0 and plateau_drop in [0, 1)");
+  return ashl_planner{std::move(cfg)};
+}
+
+std::optional<ashl_event> ashl_planner::observe(double t_s, double loss, const std::vector<ashl_worker>& live) {
+  std::optional<ashl_event> change;
+  if (stage_ == ashl_stage::profiling) {
+    bool profiled = !live.empty();
+    for (const auto& w : live)
+      profiled = profiled && w.steps >= cfg_.profile_steps && w.step_s > 0;
+    if (profiled)
+      change = ashl_event{t_s, ashl_stage::ahl,
+                          "every worker profiled over " + std::to_string(cfg_.profile_steps) + " steps"};
+  } else if (stage_ == ashl_stage::ahl && std::isfinite(loss)) {
+    losses_.emplace_back(t_s, loss);
+    if (cfg_.rule == "loss") {
+      if (loss <= cfg_.switch_loss)
+        change = ashl_event{t_s, ashl_stage::shl,
+                            "training loss " + std::to_string(loss) + " <= " + std::to_string(cfg_.switch_loss)};
+    } else {
+      // The loss a window ago: the latest observation at least plateau_window_s old.
+      const std::pair<double, double>* then = nullptr;
+      for (const auto& o : losses_)
+        if (o.first <= t_s - cfg_.plateau_window_s)
+          then = &o;
+      if (then && then->second > 0) {
+        double drop = (then->second - loss) / then->second;
+        if (drop < cfg_.plateau_drop)
+          change = ashl_event{t_s, ashl_stage::shl,
+                              "training loss fell " + std::to_string(100 * drop) + "% in the last "
+                                + std::to_string(cfg_.plateau_window_s) + " s (plateau below "
+                                + std::to_string(100 * cfg_.plateau_drop) + "%)"};
+      }
+    }
+  }
+  if (change) {
+    stage_ = change->to;
+    events_.push_back(*change);
+  }
+  return change;
+}
+
+std::map<uint32_t, uint32_t> ashl_planner::local_steps(const std::vector<ashl_worker>& live) const {
+  std::map<uint32_t, uint32_t> out;
+  const ashl_worker* slowest = nullptr;
+  for (const auto& w : live)
+    if (w.step_s > 0 && (!slowest || w.step_s > slowest->step_s))
+      slowest = &w;
+  const uint32_t h = stage_ == ashl_stage::ahl ? cfg_.ahl_local_steps : cfg_.shl_local_steps;
+  for (const auto& w : live) {
+    if (stage_ == ashl_stage::profiling || !slowest || w.step_s <= 0) {
+      out[w.id] = 1;
+      continue;
+    }
+    double period = h * slowest->step_s + slowest->comm_s;
+    double hi = std::round((period - w.comm_s) / w.step_s);
+    out[w.id] = static_cast<uint32_t>(std::clamp(hi, 1.0, static_cast<double>(cfg_.max_local_steps)));
+  }
+  return out;
+}
+
+uint64_t ashl_planner::allowed_gap() const {
+  return stage_ == ashl_stage::ahl ? cfg_.ahl_gap : cfg_.shl_gap;
+}
+
+}  // namespace ashlar

@@ -1,0 +1,111 @@
+// ASHL (Shen et al., IEEE Trans. Computers 73(1), 2024): multi-stage training for
+// heterogeneous clusters. A profiling stage measures each worker's step and communication
+// time; the coarse AHL stage then trains asynchronously with infrequent commits (local
+// steps H_i chosen so that H_i x t_i + comm_i is equal across workers: nobody waits) and a
+// large allowed gap; once the model reaches a level (a loss plateau, or a target loss)
+// the fine SHL stage commits frequently with a small allowed gap.
+//
+// Shard side: bounded staleness (SSP) whose bound the scheduler moves with the stage
+// (ashl_policy). Planning: ashl_planner, driven by the scheduler with the profiler's
+// numbers. Pure code: no CAF, no clocks.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/policy/ssp.hpp"
+
+namespace ashlar {
+
+/// Shard side: SSP over commits, with the bound set by the stage in force.
+class ashl_policy final : public ssp_policy {
+public:
+  explicit ashl_policy(policy_config cfg) : ssp_policy(cfg) {}
+  const char* name() const override { return "ashl"; }
+};
+
+enum class ashl_stage : uint8_t { profiling = 0, ahl = 1, shl = 2 };
+
+/// "profiling", "ahl" or "shl".
+const char* to_string(ashl_stage s);
+
+/// ASHL's settings (config section [ashl], keys ashl.*). Each says its default.
+struct ashl_config {
+  /// Profiling: steps every live worker completes before the first plan. Default: 5.
+  uint32_t profile_steps = 5;
+  /// AHL: local steps of the slowest worker per commit; faster ones take more, so every
+  /// worker's H_i x t_i + comm_i matches the slowest's. Default: 2.
+  uint32_t ahl_local_steps = 2;
+  /// AHL: commits a worker may run ahead of the slowest. Default: 16.
+  uint64_t ahl_gap = 16;
+  /// SHL: local steps of the slowest worker per commit. Default: 1.
+  uint32_t shl_local_steps = 1;
+  /// SHL: commits a worker may run ahead of the slowest. Default: 2.
+  uint64_t shl_gap = 2;
+  /// Rule for AHL -> SHL: "plateau" (the training loss fell by less than plateau_drop,
+  /// relatively, over the last plateau_window_s seconds) or "loss" (the training loss
+  /// is at most switch_loss). Default: "plateau".
+  std::string rule = "plateau";
+  /// Default: 3 s.
+  double plateau_window_s = 3.0;
+  /// Default: 0.1 (10%).
+  double plateau_drop = 0.1;
+  /// Default: 0.45.
+  double switch_loss = 0.45;
+  /// Most local steps per commit. Default: 64.
+  uint32_t max_local_steps = 64;
+};
+
+/// What the planner needs of one live worker: seconds per local step (compute), seconds
+/// per commit's communication (pull + push), steps done.
+struct ashl_worker {
+  uint32_t id = 0;
+  double step_s = 0;
+  double comm_s = 0;
+  uint64_t steps = 0;
+};
+
+/// One stage change: when (seconds since training began) and to which stage.
+struct ashl_event {
+  double t_s = 0;
+  ashl_stage to = ashl_stage::profiling;
+  std::string why;
+};
+
+class ashl_planner {
+public:
+  /// Fails with invalid_config naming the field if the settings are inconsistent.
+  [[nodiscard]] static expected<ashl_planner> make(ashl_config cfg);
+
+  ashl_stage stage() const { return stage_; }
+
+  /// One observation: `t_s` seconds into training, the smoothed training loss, the live
+  /// workers. Moves profiling -> AHL once every live worker has profile_steps steps (and
+  /// a time), and AHL -> SHL on the rule. Returns the change, if one happened.
+  std::optional<ashl_event> observe(double t_s, double loss, const std::vector<ashl_worker>& live);
+
+  /// Local steps per commit of each worker in the current stage: 1 while profiling;
+  /// otherwise the slowest worker (largest step_s) takes the stage's H and the period
+  /// P = H x t_slow + comm_slow sets every other worker's H_i = round((P - comm_i) / t_i),
+  /// within [1, max_local_steps]. A worker with no time yet gets 1.
+  std::map<uint32_t, uint32_t> local_steps(const std::vector<ashl_worker>& live) const;
+
+  /// Commits a worker may run ahead of the slowest in the current stage (profiling: the
+  /// SHL gap, so early pushes cannot drift far).
+  uint64_t allowed_gap() const;
+
+  /// Every stage change so far, in order.
+  const std::vector<ashl_event>& events() const { return events_; }
+
+private:
+  explicit ashl_planner(ashl_config cfg) : cfg_(std::move(cfg)) {}
+  ashl_config cfg_;
+  ashl_stage stage_ = ashl_stage::profiling;
+  std::vector<ashl_event> events_;
+  std::vector<std::pair<double, double>> losses_; // (t, loss) seen in AHL
+};
+
+}  // namespace ashlar

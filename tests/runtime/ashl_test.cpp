@@ -1,0 +1,139 @@
+#include <catch2/catch.hpp>
+
+#include "runtime/policy/ashl.hpp"
+
+using namespace ashlar;
+
+namespace {
+
+ashl_planner make_planner(ashl_config cfg = {}) {
+  auto p = ashl_planner::make(std::move(cfg));
+  REQUIRE(p);
+  return std::move(*p);
+}
+
+// Workers at speeds 1, 1, 2, 4: step times 0.4, 0.4, 0.2, 0.1 s, 0.05 s to communicate.
+std::vector<ashl_worker> hetero(uint64_t steps) {
+  return {{0, 0.4, 0.05, steps}, {1, 0.4, 0.05, steps}, {2, 0.2, 0.05, steps}, {3, 0.1, 0.05, steps}};
+}
+
+}  // namespace
+
+TEST_CASE("the ASHL stage machine leaves profiling only when every live worker is profiled") {
+  ashl_config cfg;
+  cfg.profile_steps = 5;
+  auto p = make_planner(cfg);
+  CHECK(p.stage() == ashl_stage::profiling);
+  auto w = hetero(5);
+  w[1].steps = 4; // one worker still short of its profile
+  CHECK_FALSE(p.observe(0.5, 2.0, w));
+  CHECK(p.stage() == ashl_stage::profiling);
+  for (const auto& [id, h] : p.local_steps(w))
+    CHECK(h == 1); // profiling: every step communicates
+  auto change = p.observe(0.7, 2.0, hetero(5));
+  REQUIRE(change);
+  CHECK(change->to == ashl_stage::ahl);
+  CHECK(p.stage() == ashl_stage::ahl);
+  CHECK(p.events().size() == 1);
+}
+
+TEST_CASE("the ASHL stage machine moves AHL -> SHL on a loss plateau, not while the loss falls") {
+  ashl_config cfg;
+  cfg.plateau_window_s = 2.0;
+  cfg.plateau_drop = 0.1;
+  auto p = make_planner(cfg);
+  REQUIRE(p.observe(0.5, 2.0, hetero(10)));
+  // Falling fast: 2.0 -> 1.0 over two seconds.
+  double loss = 2.0;
+  for (double t = 1.0; t <= 3.0; t += 0.5) {
+    loss -= 0.25;
+    CHECK_FALSE(p.observe(t, loss, hetero(20)));
+  }
+  CHECK(p.stage() == ashl_stage::ahl);
+  // Flat: 1.0 -> 0.97 over two seconds, a 3% drop.
+  std::optional<ashl_event> change;
+  for (double t = 3.5; t <= 6.0 && !change; t += 0.5) {
+    loss = std::max(0.97, loss - 0.01);
+    change = p.observe(t, loss, hetero(30));
+  }
+  REQUIRE(change);
+  CHECK(change->to == ashl_stage::shl);
+  CHECK(p.stage() == ashl_stage::shl);
+  CHECK(p.events().size() == 2);
+  // SHL is the last stage.
+  CHECK_FALSE(p.observe(10.0, 0.5, hetero(40)));
+}
+
+TEST_CASE("the ASHL loss rule switches to SHL at the target loss") {
+  ashl_config cfg;
+  cfg.rule = "loss";
+  cfg.switch_loss = 0.5;
+  auto p = make_planner(cfg);
+  REQUIRE(p.observe(0.5, 2.0, hetero(10)));
+  CHECK_FALSE(p.observe(1.0, 0.8, hetero(20)));
+  CHECK_FALSE(p.observe(1.5, 0.51, hetero(30)));
+  auto change = p.observe(2.0, 0.49, hetero(40));
+  REQUIRE(change);
+  CHECK(change->to == ashl_stage::shl);
+}
+
+TEST_CASE("ASHL's local steps make H_i x t_i + comm_i equal across workers, and the gap follows the stage") {
+  ashl_config cfg;
+  cfg.ahl_local_steps = 4;
+  cfg.shl_local_steps = 1;
+  cfg.ahl_gap = 16;
+  cfg.shl_gap = 2;
+  cfg.plateau_window_s = 1.0;
+  auto p = make_planner(cfg);
+  CHECK(p.allowed_gap() == 2);
+  REQUIRE(p.observe(0.5, 1.0, hetero(10)));
+  CHECK(p.allowed_gap() == 16);
+  auto h = p.local_steps(hetero(10));
+  // Period = 4 x 0.4 + 0.05 = 1.65 s: H = round((1.65 - 0.05) / t) = 4, 4, 8, 16.
+  CHECK(h.at(0) == 4);
+  CHECK(h.at(1) == 4);
+  CHECK(h.at(2) == 8);
+  CHECK(h.at(3) == 16);
+  for (const auto& w : hetero(10)) {
+    double commit_time = h.at(w.id) * w.step_s + w.comm_s;
+    CHECK(commit_time == Approx(1.65).epsilon(0.05));
+  }
+  // A worker without a time yet (joined late) is profiled first: one step per commit.
+  auto late = hetero(10);
+  late.push_back({7, 0.0, 0.0, 0});
+  CHECK(p.local_steps(late).at(7) == 1);
+  CHECK_FALSE(p.observe(1.0, 1.0, hetero(20))); // no loss a window old yet
+  REQUIRE(p.observe(2.5, 1.0, hetero(30))); // flat: SHL
+  CHECK(p.stage() == ashl_stage::shl);
+  CHECK(p.allowed_gap() == 2);
+  auto s = p.local_steps(hetero(30));
+  CHECK(s.at(0) == 1); // period 0.45 s
+  CHECK(s.at(3) == 4);
+}
+
+TEST_CASE("ASHL settings that cannot work are refused, naming the key") {
+  ashl_config cfg;
+  cfg.rule = "sometimes";
+  auto p = ashl_planner::make(cfg);
+  REQUIRE_FALSE(p);
+  CHECK(describe(p.error()).find("train.ashl.rule") == std::string::npos);
+  CHECK(describe(p.error()).find("ashl.rule") != std::string::npos);
+  ashl_config zero;
+  zero.ahl_local_steps = 0;
+  CHECK_FALSE(ashl_planner::make(zero));
+}
+
+TEST_CASE("the ashl policy is in the registry and moves its staleness bound at run time") {
+  policy_config pc;
+  pc.staleness_bound = 0;
+  auto made = make_policy("ashl", pc);
+  REQUIRE(made);
+  auto& pol = **made;
+  CHECK(std::string{pol.name()} == "ashl");
+  pol.on_join(0);
+  pol.on_join(1);
+  pol.on_push(0, 0, 0);
+  CHECK_FALSE(pol.may_read(0, 1)); // one commit ahead with bound 0
+  pol.set_staleness_bound(1);
+  CHECK(pol.may_read(0, 1));
+}

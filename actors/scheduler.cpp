@@ -240,6 +240,17 @@ void retune_adaptive(scheduler_pointer self) {
       [=](caf::error& err) { spdlog::warn("scheduler: adaptive tuning skipped: {}", describe(err)); });
 }
 
+// Sends each worker whose planned local steps per commit changed its new count.
+void send_local_steps(scheduler_pointer self, const std::map<uint32_t, uint32_t>& plan) {
+  auto& st = self->state;
+  for (const auto& [id, h] : plan) {
+    if (st.local_steps[id] == h)
+      continue;
+    st.local_steps[id] = h;
+    self->send(caf::actor_cast<worker_actor>(st.members[id].handle), local_steps_atom::value, h);
+  }
+}
+
 // ADSP: from the profiler's per-step compute times, each live worker's local steps per
 // commit, so all commit about once per period; the period follows the loss (see
 // adsp_planner). Runs every adsp_replan_interval while the job runs.
@@ -255,12 +266,7 @@ void replan_adsp(scheduler_pointer self) {
         for (const auto& w : stats.workers)
           if (auto m = st.members.find(w.worker_id); m != st.members.end() && !m->second.left)
             times[w.worker_id] = w.compute_seconds;
-        for (const auto& [id, h] : st.adsp->local_steps(times)) {
-          if (st.local_steps[id] == h)
-            continue;
-          st.local_steps[id] = h;
-          self->send(caf::actor_cast<worker_actor>(st.members[id].handle), local_steps_atom::value, h);
-        }
+        send_local_steps(self, st.adsp->local_steps(times));
         spdlog::debug("scheduler: adsp commit period {:.3f} s", st.adsp->period());
       },
       [=](caf::error& err) { spdlog::warn("scheduler: adsp planning skipped: {}", describe(err)); });
@@ -305,12 +311,7 @@ void replan_ashl(scheduler_pointer self) {
                        to_string(change->to), st.ashl->allowed_gap(), plan);
           return;
         }
-        for (const auto& [id, h] : steps) {
-          if (st.local_steps[id] == h)
-            continue;
-          st.local_steps[id] = h;
-          self->send(caf::actor_cast<worker_actor>(st.members[id].handle), local_steps_atom::value, h);
-        }
+        send_local_steps(self, steps);
       },
       [=](caf::error& err) { spdlog::warn("scheduler: ashl planning skipped: {}", describe(err)); });
 }

@@ -17,16 +17,16 @@ shard_core::shard_core(shard_range range, std::vector<float> params, sgd_config 
 }
 
 float* shard_core::writable_params() {
-  if (params_.use_count() > 1) {
-    // Only this class hands out references, so a count of 1 stays 1; the fence orders
-    // the last reader's accesses before our writes.
-    if (!spare_ || spare_.use_count() > 1)
-      spare_ = std::make_shared<std::vector<float>>(params_->size());
-    std::atomic_thread_fence(std::memory_order_acquire);
+  // Only this class hands out references, so a count of 1 stays 1. The fence after
+  // reading the counts orders the last reader's accesses before our writes.
+  const bool shared = params_.use_count() > 1;
+  if (shared && (!spare_ || spare_.use_count() > 1))
+    spare_ = std::make_shared<std::vector<float>>(params_->size());
+  std::atomic_thread_fence(std::memory_order_acquire);
+  if (shared) {
     std::copy(params_->begin(), params_->end(), spare_->begin());
     std::swap(params_, spare_);
   }
-  std::atomic_thread_fence(std::memory_order_acquire);
   return params_->data();
 }
 

@@ -193,22 +193,38 @@ TEST_CASE("a contention interval makes a paced worker slower while it lasts") {
   CHECK(describe(bad.error()).find("missing.txt") != std::string::npos);
 }
 
-TEST_CASE("ADSP workers at speeds 1 and 4 commit about equally often, never wait, and train") {
-  auto cfg = small_job("adsp");
+namespace {
+
+// Two workers at speeds 1 and 4 on a small job (lr 0.05, momentum 0.5), for policies
+// whose workers never wait for each other.
+train_config paced_pair_job(const std::string& policy) {
+  auto cfg = small_job(policy);
   cfg.epochs = 2;
   cfg.optimizer.lr = 0.05f;
   cfg.optimizer.momentum = 0.5f;
   cfg.workers = 2;
   cfg.speeds = {1, 4};
-  // The fast worker's budget (0.5 ms x 32 = 16 ms a step) stays well above its real
+  // The fast worker's budget (2 ms x 32 = 64 ms a step) stays well above its real
   // compute even in a sanitizer build, so the 4x holds on a slow machine too.
   cfg.sample_ms = 2.0;
   cfg.train_limit = 6000;
-  auto rep = actors::run_local_job(cfg);
+  return cfg;
+}
+
+// The report's entries of worker 0 (slow) and worker 1 (fast).
+std::pair<worker_summary, worker_summary> slow_and_fast(const run_report& rep) {
+  REQUIRE(rep.per_worker.size() == 2);
+  const auto& a = rep.per_worker[0];
+  const auto& b = rep.per_worker[1];
+  return a.worker_id == 0 ? std::make_pair(a, b) : std::make_pair(b, a);
+}
+
+}  // namespace
+
+TEST_CASE("ADSP workers at speeds 1 and 4 commit about equally often, never wait, and train") {
+  auto rep = actors::run_local_job(paced_pair_job("adsp"));
   REQUIRE(rep);
-  REQUIRE(rep->per_worker.size() == 2);
-  const auto& slow = rep->per_worker[0].worker_id == 0 ? rep->per_worker[0] : rep->per_worker[1];
-  const auto& fast = rep->per_worker[0].worker_id == 0 ? rep->per_worker[1] : rep->per_worker[0];
+  auto [slow, fast] = slow_and_fast(*rep);
   // The fast worker does about 4x the steps ...
   CHECK(fast.steps * 10 > 25 * slow.steps);
   // ... but commits (shard versions) come from both at about the same rate: far fewer
@@ -251,23 +267,14 @@ TEST_CASE("an unknown batch allocation is refused, naming the choices") {
 }
 
 TEST_CASE("an ASHL job profiles, then commits less often from the fast worker, and trains") {
-  auto cfg = small_job("ashl");
-  cfg.epochs = 2;
-  cfg.optimizer.lr = 0.05f;
-  cfg.optimizer.momentum = 0.5f;
-  cfg.workers = 2;
-  cfg.speeds = {1, 4};
-  cfg.sample_ms = 2.0;
-  cfg.train_limit = 6000;
+  auto cfg = paced_pair_job("ashl");
   cfg.ashl.profile_steps = 3;
   cfg.ashl.ahl_local_steps = 2;
   cfg.ashl.rule = "loss";
   cfg.ashl.switch_loss = 1.0; // reached early: both stages run
   auto rep = actors::run_local_job(cfg);
   REQUIRE(rep);
-  REQUIRE(rep->per_worker.size() == 2);
-  const auto& slow = rep->per_worker[0].worker_id == 0 ? rep->per_worker[0] : rep->per_worker[1];
-  const auto& fast = rep->per_worker[0].worker_id == 0 ? rep->per_worker[1] : rep->per_worker[0];
+  auto [slow, fast] = slow_and_fast(*rep);
   CHECK(fast.steps * 10 > 25 * slow.steps); // nobody waits for the slow worker
   // After profiling the fast worker takes ~4x the local steps per commit, so the shards
   // see far fewer versions than steps.

@@ -381,6 +381,9 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       a.data_endpoints = cfg.data_endpoints;
       a.data_key = cfg.data_key;
       a.chunk_floats = cfg.job.chunk_floats;
+      a.topk_ratio = static_cast<float>(cfg.job.topk_ratio > 0       ? cfg.job.topk_ratio
+                                        : cfg.job.policy == "ashl" ? cfg.job.ashl.topk_ratio
+                                                                   : 0.0);
       a.chunks_in_flight = cfg.job.chunks_in_flight;
       a.contention = for_worker(cfg.contention, id);
       if (!cfg.job.speeds.empty())

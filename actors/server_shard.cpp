@@ -33,6 +33,7 @@ struct shard_state {
   std::vector<held_read> held;
   std::map<uint32_t, frozen_read> reads;   // by worker
   uint64_t next_read = 1;
+  std::vector<float> dense; // a sparse push, densified
 };
 
 using shard_pointer = shard_actor::stateful_pointer<shard_state>;
@@ -124,7 +125,28 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
       const size_t n = msg.grad.size();
       expected<push_outcome> out{push_outcome{}};
       bool complete = true;
-      if (msg.total != 0 && !(msg.offset == 0 && n == msg.total)) {
+      if (msg.sparse) {
+        // Top-k: the entries sent, every other one zero. The policy sees a whole push.
+        auto bad = [&](const std::string& what) {
+          return make_error(errc::shape_mismatch, "shard " + std::to_string(core.range().shard_id)
+                                                    + " got a sparse push from worker "
+                                                    + std::to_string(msg.worker_id) + " " + what);
+        };
+        if (msg.offset != 0 || (msg.total != 0 && msg.total != range))
+          return bad("at offset " + std::to_string(msg.offset) + " of " + std::to_string(msg.total)
+                     + "; sparse pushes are whole (its range holds " + std::to_string(range) + ")");
+        if (msg.index.size() != n)
+          return bad("with " + std::to_string(msg.index.size()) + " indices for " + std::to_string(n)
+                     + " values");
+        st.dense.assign(range, 0.0f);
+        for (size_t j = 0; j < n; ++j) {
+          if (msg.index[j] >= range)
+            return bad("with index " + std::to_string(msg.index[j]) + " outside its range of "
+                       + std::to_string(range));
+          st.dense[msg.index[j]] += msg.grad[j];
+        }
+        out = core.push(msg.worker_id, msg.base_version, msg.batch_size, st.dense.data(), range);
+      } else if (msg.total != 0 && !(msg.offset == 0 && n == msg.total)) {
         // One chunk of a larger push: the policy decides at the first, and each chunk is
         // used as it arrives (applied in place or written into the round), no assembling.
         if (msg.total != range || msg.offset + n > range || n == 0)

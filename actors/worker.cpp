@@ -6,6 +6,7 @@
 
 #include "actors/cluster/data_plane.hpp"
 #include "runtime/backend/cpu_backend.hpp"
+#include "runtime/compress/topk.hpp"
 
 namespace ashlar::actors {
 
@@ -57,6 +58,7 @@ struct worker_state {
   uint64_t next_batch_from = 0;
   uint32_t push_samples = 0; // the batch weight of the gradient pushed (a commit's: its steps' samples)
   std::string stage;         // the training stage in force (ASHL), "" if the policy has none
+  std::vector<topk_compressor> compressors; // per shard, when pushes are top-k compressed
 };
 
 using worker_pointer = worker_actor::stateful_pointer<worker_state>;
@@ -79,6 +81,15 @@ void finish(worker_pointer self) {
   auto& st = self->state;
   st.stopped = true;
   spdlog::debug("worker {}: finished {} steps", st.job.worker_id, st.step);
+  if (!st.compressors.empty()) {
+    double dense = 0, sent = 0;
+    for (const auto& c : st.compressors) {
+      dense += static_cast<double>(c.dense_bytes());
+      sent += static_cast<double>(c.sent_bytes());
+    }
+    spdlog::info("worker {}: top-k pushes sent {:.1f} MB for {:.1f} MB of gradients (compression ratio {:.1f})",
+                 st.job.worker_id, sent / 1e6, dense / 1e6, sent > 0 ? dense / sent : 1.0);
+  }
   wire::membership_change m;
   m.kind = wire::membership_change::leave;
   m.worker_id = st.job.worker_id;
@@ -95,6 +106,7 @@ uint64_t chunk_size(const worker_state& st, uint64_t total) {
 }
 
 void phase_done(worker_pointer self);
+void push_done(worker_pointer self, size_t i, uint64_t floats);
 
 // Pull: the first request starts the read; once the reply names it, further chunks are
 // requested with at most chunks_in_flight outstanding per shard.
@@ -177,21 +189,25 @@ void send_push_chunk(worker_pointer self, size_t i) {
   t.next += len;
   self->request(st.shards[i], st.cfg.request_timeout, std::move(msg))
     .then(
-      [=](const wire::push_ack&) {
-        auto& st = self->state;
-        if (st.stopped)
-          return;
-        auto& t = st.transfers[i];
-        t.done += len;
-        if (t.next < t.total)
-          send_push_chunk(self, i);
-        if (t.done == t.total && --st.pending == 0)
-          phase_done(self);
-      },
+      [=](const wire::push_ack&) { push_done(self, i, len); },
       [=](caf::error& err) {
         fail(self, "push to shard " + std::to_string(self->state.job.shards[i].shard_id)
                      + " failed: " + describe(err));
       });
+}
+
+// Shard i acknowledged `floats` more of the push: send the next chunk, or end the phase
+// once every shard has the whole gradient.
+void push_done(worker_pointer self, size_t i, uint64_t floats) {
+  auto& st = self->state;
+  if (st.stopped)
+    return;
+  auto& t = st.transfers[i];
+  t.done += floats;
+  if (t.next < t.total)
+    send_push_chunk(self, i);
+  if (t.done == t.total && --st.pending == 0)
+    phase_done(self);
 }
 
 void send_pushes(worker_pointer self);
@@ -223,14 +239,50 @@ void push_all(worker_pointer self) {
   after_compute(self);
 }
 
+
+// Top-k with error feedback: one sparse push per shard carries the largest entries of
+// (gradient + residual); the rest stays in that shard's residual for the next push.
+void send_sparse_pushes(worker_pointer self) {
+  auto& st = self->state;
+  if (st.compressors.size() != st.shards.size())
+    st.compressors.assign(st.shards.size(), topk_compressor{st.job.topk_ratio});
+  for (size_t i = 0; i < st.shards.size(); ++i) {
+    const auto& range = st.job.shards[i];
+    auto sparse = st.compressors[i].compress(st.grad.data() + range.begin, range.size());
+    if (!sparse)
+      return fail(self, "compressing the push to shard " + std::to_string(range.shard_id) + ": "
+                          + describe(sparse.error()));
+    st.step_bytes += wire_bytes(*sparse);
+    wire::push msg;
+    msg.worker_id = st.job.worker_id;
+    msg.shard_id = range.shard_id;
+    msg.base_version = st.base_versions[i];
+    msg.batch_size = st.push_samples;
+    msg.total = range.size();
+    msg.sparse = true;
+    msg.index = std::move(sparse->index);
+    msg.grad.assign(sparse->value.begin(), sparse->value.end());
+    st.transfers[i].next = st.transfers[i].total;
+    self->request(st.shards[i], st.cfg.request_timeout, std::move(msg))
+      .then([=](const wire::push_ack&) { push_done(self, i, self->state.transfers[i].total); },
+            [=](caf::error& err) {
+              fail(self, "push to shard " + std::to_string(self->state.job.shards[i].shard_id)
+                           + " failed: " + describe(err));
+            });
+  }
+}
+
 void send_pushes(worker_pointer self) {
   auto& st = self->state;
-  st.step_bytes += st.grad.size() * sizeof(float);
   st.phase_start = clock_type::now();
   st.pending = st.shards.size();
   st.transfers.assign(st.shards.size(), transfer{});
-  for (size_t i = 0; i < st.shards.size(); ++i) {
+  for (size_t i = 0; i < st.shards.size(); ++i)
     st.transfers[i].total = st.job.shards[i].size();
+  if (st.job.topk_ratio > 0)
+    return send_sparse_pushes(self);
+  st.step_bytes += st.grad.size() * sizeof(float);
+  for (size_t i = 0; i < st.shards.size(); ++i) {
     for (uint32_t k = 0; k < std::max(1u, st.job.chunks_in_flight) && st.transfers[i].next < st.transfers[i].total; ++k)
       send_push_chunk(self, i);
   }

@@ -130,6 +130,7 @@ struct Assignment {
   localSteps @15 :UInt32;          # steps between commits (ADSP, ASHL); 0 or 1: push every step
   localLr @16 :Float32;            # learning rate of the local steps
   commitScale @17 :Float32;        # a commit pushes its summed gradients times this (1/workers: model averaging)
+  topkRatio @18 :Float32;          # pushes carry this fraction of each range (top-k, error feedback); 0: dense
   struct Slowdown {
     startS @0 :Float64;
     endS @1 :Float64;
@@ -178,6 +179,8 @@ struct Push {
   grad @4 :Data;           # float32 LE: a chunk of the range's gradient
   offset @5 :UInt64;       # where the chunk starts within the range
   total @6 :UInt64;        # the range's length: the push is complete when all of it arrived
+  sparse @7 :Bool;         # grad holds only the entries at `index` (a whole push, offset 0)
+  index @8 :Data;          # sparse: uint32 LE, ascending, positions within the range
 }
 
 struct PushAck {

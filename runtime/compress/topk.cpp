@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 namespace ashlar {
@@ -21,23 +22,59 @@ expected<sparse_tensor> topk_compressor::compress(const float* grad, size_t n) {
   if (residual_.size() != n)
     return make_error(errc::shape_mismatch, "top-k compressor: a tensor of " + std::to_string(n)
                                               + " floats, but the residual holds " + std::to_string(residual_.size()));
+  float* r = residual_.data();
   for (size_t i = 0; i < n; ++i)
-    residual_[i] += grad[i];
+    r[i] += grad[i];
   const size_t k = k_for(n);
-  std::vector<uint32_t> order(n);
-  std::iota(order.begin(), order.end(), 0u);
-  if (k < n)
-    std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                     [&](uint32_t a, uint32_t b) { return std::fabs(residual_[a]) > std::fabs(residual_[b]); });
-  order.resize(k);
-  std::sort(order.begin(), order.end());
+  // The k-th largest magnitude. A strided sample of the magnitudes gives a threshold a
+  // little below it; the entries at or above that threshold (about 1.5 k, gathered in one
+  // branch-free pass) are the only candidates, and a selection among them finds the
+  // exact value. If the sample was unlucky (too few candidates), every entry is one.
+  magnitudes_.clear();
+  const size_t stride = std::max<size_t>(1, n / 4096);
+  for (size_t i = 0; i < n; i += stride)
+    magnitudes_.push_back(std::fabs(r[i]));
+  const double top = std::min(1.0, 1.5 * static_cast<double>(k) / static_cast<double>(n));
+  const size_t pos = std::min(magnitudes_.size() - 1,
+                              static_cast<size_t>(top * static_cast<double>(magnitudes_.size())));
+  std::nth_element(magnitudes_.begin(), magnitudes_.begin() + static_cast<std::ptrdiff_t>(pos),
+                   magnitudes_.end(), std::greater<float>{});
+  const float estimate = k == n ? 0.0f : magnitudes_[pos];
+  candidates_.resize(n);
+  size_t c = 0;
+  for (size_t i = 0; i < n; ++i) {
+    candidates_[c] = static_cast<uint32_t>(i);
+    c += std::fabs(r[i]) >= estimate ? 1 : 0;
+  }
+  if (c < k) {
+    std::iota(candidates_.begin(), candidates_.end(), 0u);
+    c = n;
+  }
+  candidates_.resize(c);
+  magnitudes_.resize(c);
+  for (size_t j = 0; j < c; ++j)
+    magnitudes_[j] = std::fabs(r[candidates_[j]]);
+  const auto kth = magnitudes_.end() - static_cast<std::ptrdiff_t>(k);
+  std::nth_element(magnitudes_.begin(), kth, magnitudes_.end());
+  const float threshold = *kth;
+  size_t above = 0;
+  for (auto i = kth + 1; i != magnitudes_.end(); ++i)
+    above += *i > threshold ? 1 : 0;
+  size_t ties = k - above; // entries equal to the threshold that go (the first ones)
+  // The candidates are in index order, so the indices come out ascending.
   sparse_tensor out;
   out.size = n;
-  out.index = std::move(order);
+  out.index.reserve(k);
   out.value.reserve(k);
-  for (uint32_t i : out.index) {
-    out.value.push_back(residual_[i]);
-    residual_[i] = 0.0f;
+  for (uint32_t i : candidates_) {
+    const float m = std::fabs(r[i]);
+    const bool tie = m == threshold && ties > 0;
+    if (m > threshold || tie) {
+      ties -= tie ? 1 : 0;
+      out.index.push_back(i);
+      out.value.push_back(r[i]);
+      r[i] = 0.0f;
+    }
   }
   dense_bytes_ += n * sizeof(float);
   sent_bytes_ += wire_bytes(out);

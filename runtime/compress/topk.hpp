@@ -42,10 +42,15 @@ public:
 
   /// Dense bytes / sent bytes over every call so far (1 before the first).
   double compression_ratio() const;
+  /// Bytes the dense tensors would have taken, and bytes sent, over every call so far.
+  uint64_t dense_bytes() const { return dense_bytes_; }
+  uint64_t sent_bytes() const { return sent_bytes_; }
 
 private:
   double ratio_;
   std::vector<float> residual_;
+  std::vector<float> magnitudes_; // scratch
+  std::vector<uint32_t> candidates_; // scratch
   uint64_t dense_bytes_ = 0;
   uint64_t sent_bytes_ = 0;
 };

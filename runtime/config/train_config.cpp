@@ -176,6 +176,8 @@ const std::vector<field>& fields() {
          [](train_config& c) -> uint64_t& { return c.chunk_floats; }),
     bind("train.chunks_in_flight", "chunks a worker keeps in flight per shard (default 4)",
          [](train_config& c) -> uint32_t& { return c.chunks_in_flight; }),
+    bind("train.topk_ratio", "push compression: fraction of the gradient each push carries (top-k, error feedback); 0 = dense (default 0)",
+         [](train_config& c) -> double& { return c.topk_ratio; }),
     bind("train.speeds", "pacing: relative worker speeds, e.g. 1,1,2,4; empty = unpaced (default empty)",
          [](train_config& c) -> std::vector<double>& { return c.speeds; }),
     bind("train.sample_ms", "pacing: milliseconds per sample at speed 1 (default 0.5)",
@@ -216,6 +218,8 @@ const std::vector<field>& fields() {
          [](train_config& c) -> double& { return c.ashl.plateau_drop; }),
     bind("ashl.switch_loss", "ashl: loss rule: switch once the training loss is at most this (default 0.45)",
          [](train_config& c) -> double& { return c.ashl.switch_loss; }),
+    bind("ashl.topk_ratio", "ashl: fraction of the gradient each push carries in both stages; 0 = dense (default 0.1)",
+         [](train_config& c) -> double& { return c.ashl.topk_ratio; }),
     bind("run.report", "write a JSON summary to this file (default none)",
          [](train_config& c) -> std::string& { return c.report; }),
     bind("run.progress_interval", "seconds between progress lines, 0 = none (default 1)",
@@ -381,6 +385,12 @@ caf::error validate(const train_config& c) {
     return bad("train.chunk_floats must be at least 1");
   if (c.chunks_in_flight == 0)
     return bad("train.chunks_in_flight must be at least 1");
+  // A sparse entry costs 8 bytes (index and value): from half the entries on, a sparse
+  // push is no smaller than a dense one.
+  if (!(c.topk_ratio >= 0 && c.topk_ratio < 0.5))
+    return bad("train.topk_ratio must be in [0, 0.5): from 0.5 on a sparse push is no smaller than a dense one");
+  if (!(c.ashl.topk_ratio >= 0 && c.ashl.topk_ratio < 0.5))
+    return bad("ashl.topk_ratio must be in [0, 0.5): from 0.5 on a sparse push is no smaller than a dense one");
   if (!(c.optimizer.lr > 0))
     return bad("train.lr must be > 0");
   if (c.optimizer.momentum < 0 || c.optimizer.momentum >= 1)

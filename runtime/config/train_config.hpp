@@ -50,6 +50,10 @@ struct train_config {
   uint64_t chunk_floats = 1 << 18;
   /// Chunks a worker keeps in flight per shard (bounds the data in flight). Default: 4.
   uint32_t chunks_in_flight = 4;
+  /// Push compression: each push carries this fraction of the gradient, its largest
+  /// entries, and the rest waits in a per-worker residual (top-k with error feedback);
+  /// 0 = dense pushes (ASHL jobs then use ashl.topk_ratio). Default: 0.
+  double topk_ratio = 0;
   /// Between processes, pulls and pushes use direct data connections (worker to shard
   /// node, raw TCP) instead of CAF's middleman (train.data_plane). Default: true.
   bool data_plane = true;

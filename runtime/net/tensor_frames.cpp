@@ -1,5 +1,6 @@
 #include "runtime/net/tensor_frames.hpp"
 
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -18,17 +19,20 @@ struct frame_header {
 };
 static_assert(sizeof(frame_header) == 32);
 
+// The payload may come in two parts (a sparse push: its values, then its indices).
 caf::error write_parts(tcp_socket& sock, frame_kind kind, uint64_t seq, const void* meta, size_t meta_n,
-                       const void* payload, size_t payload_n) {
+                       const void* payload, size_t payload_n, const void* payload2 = nullptr,
+                       size_t payload2_n = 0) {
   frame_header h;
   h.kind = static_cast<uint32_t>(kind);
   h.seq = seq;
   h.meta_bytes = meta_n;
-  h.payload_bytes = payload_n;
-  iovec iov[3] = {{&h, sizeof h},
+  h.payload_bytes = payload_n + payload2_n;
+  iovec iov[4] = {{&h, sizeof h},
                   {const_cast<void*>(meta), meta_n},
-                  {const_cast<void*>(payload), payload_n}};
-  return sock.write_all(iov, payload_n > 0 ? 3 : 2);
+                  {const_cast<void*>(payload), payload_n},
+                  {const_cast<void*>(payload2), payload2_n}};
+  return sock.write_all(iov, payload2_n > 0 ? 4 : payload_n > 0 ? 3 : 2);
 }
 
 template <class T>
@@ -101,6 +105,17 @@ caf::error read_frame(tcp_socket& sock, inbound_frame& out) {
       break;
     case frame_kind::push:
       err = wire::decode(meta, out.push);
+      if (!err && out.push.sparse) {
+        // The payload is k values, then their k indices.
+        if (tensor.size() % 2 != 0) {
+          err = make_error(errc::malformed_message, "a sparse push payload of an odd number of words");
+          break;
+        }
+        const size_t k = tensor.size() / 2;
+        out.push.index.resize(k);
+        std::memcpy(out.push.index.data(), tensor.data() + k, k * sizeof(uint32_t));
+        tensor.resize(k);
+      }
       out.push.grad = std::move(tensor);
       break;
     case frame_kind::push_ack:
@@ -123,7 +138,21 @@ caf::error write_frame(tcp_socket& sock, uint64_t seq, wire::pull_reply& x) {
 }
 
 caf::error write_frame(tcp_socket& sock, uint64_t seq, wire::push& x) {
-  return write_with_tensor(sock, frame_kind::push, seq, x, &wire::push::grad);
+  if (!x.sparse)
+    return write_with_tensor(sock, frame_kind::push, seq, x, &wire::push::grad);
+  // Sparse: values and indices both travel as payload, beside metadata that holds neither.
+  if (x.index.size() != x.grad.size())
+    return make_error(errc::shape_mismatch, "a sparse push with " + std::to_string(x.index.size())
+                                              + " indices and " + std::to_string(x.grad.size()) + " values");
+  wire::tensor grad = std::move(x.grad);
+  std::vector<uint32_t> index = std::move(x.index);
+  x.grad = {};
+  x.index = {};
+  auto w = wire::encode(x);
+  x.grad = std::move(grad);
+  x.index = std::move(index);
+  return write_parts(sock, frame_kind::push, seq, w.data(), w.size() * sizeof(uint64_t), x.grad.data(),
+                     x.grad.size() * sizeof(float), x.index.data(), x.index.size() * sizeof(uint32_t));
 }
 
 caf::error write_frame(tcp_socket& sock, uint64_t seq, const wire::push_ack& x) {

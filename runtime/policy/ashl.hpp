@@ -57,6 +57,9 @@ struct ashl_config {
   double switch_loss = 0.45;
   /// Most local steps per commit. Default: 64.
   uint32_t max_local_steps = 64;
+  /// Pushes in both stages carry this fraction of the gradient (top-k with error
+  /// feedback); 0 = dense. train.topk_ratio, when set, wins. Default: 0.1.
+  double topk_ratio = 0.1;
 };
 
 /// What the planner needs of one live worker: seconds per local step (compute), seconds

@@ -151,6 +151,7 @@ words encode(const assignment& x) {
   b.setLocalSteps(x.local_steps);
   b.setLocalLr(x.local_lr);
   b.setCommitScale(x.commit_scale);
+  b.setTopkRatio(x.topk_ratio);
   return to_words(mb);
 }
 
@@ -193,6 +194,7 @@ caf::error decode(const uint64_t* d, size_t n, assignment& out) {
     out.local_steps = r.getLocalSteps();
     out.local_lr = r.getLocalLr();
     out.commit_scale = r.getCommitScale();
+    out.topk_ratio = r.getTopkRatio();
     return caf::none;
   });
 }
@@ -292,6 +294,11 @@ words encode(const push& x) {
   b.setTotal(x.total);
   set_floats(mb, x.grad, [&](auto o) { b.adoptGrad(std::move(o)); },
                    [&](capnp::Data::Reader d) { b.setGrad(d); });
+  if (x.sparse) {
+    b.setSparse(true);
+    set_floats(mb, x.index, [&](auto o) { b.adoptIndex(std::move(o)); },
+               [&](capnp::Data::Reader d) { b.setIndex(d); });
+  }
   return to_words(mb);
 }
 
@@ -303,7 +310,20 @@ caf::error decode(const uint64_t* d, size_t n, push& out) {
     out.batch_size = r.getBatchSize();
     out.offset = r.getOffset();
     out.total = r.getTotal();
-    return data_to_floats("Push", "grad", r.getGrad(), out.grad);
+    out.sparse = r.getSparse();
+    if (auto err = data_to_floats("Push", "grad", r.getGrad(), out.grad))
+      return err;
+    auto idx = r.getIndex();
+    if (idx.size() % sizeof(uint32_t) != 0)
+      return malformed("Push", "index holds " + std::to_string(idx.size())
+                                 + " bytes, not a whole number of uint32 values");
+    out.index.resize(idx.size() / sizeof(uint32_t));
+    if (idx.size() > 0)
+      std::memcpy(out.index.data(), idx.begin(), idx.size());
+    if (out.sparse && out.index.size() != out.grad.size())
+      return malformed("Push", "a sparse push with " + std::to_string(out.index.size()) + " indices and "
+                                 + std::to_string(out.grad.size()) + " values");
+    return caf::error{};
   });
 }
 

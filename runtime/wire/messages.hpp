@@ -181,6 +181,7 @@ struct assignment {
   uint32_t local_steps = 1; // steps between commits; the commit pushes their summed gradients
   float local_lr = 0;       // learning rate applied locally between commits
   float commit_scale = 1;   // a commit pushes its summed gradients times this
+  float topk_ratio = 0;     // pushes carry this fraction of each range, top-k with error feedback; 0: dense
 };
 
 struct membership_change {
@@ -218,6 +219,10 @@ struct push {
   tensor grad;
   uint64_t offset = 0;
   uint64_t total = 0; // 0: grad is the whole range
+  /// A sparse push (top-k): grad[i] is the entry at range position index[i], every other
+  /// entry is zero. Always a whole push (offset 0); index ascending.
+  bool sparse = false;
+  std::vector<uint32_t> index{};
 };
 
 struct push_ack {

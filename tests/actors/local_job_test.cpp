@@ -281,3 +281,26 @@ TEST_CASE("an ASHL job profiles, then commits less often from the fast worker, a
   CHECK(rep->versions < fast.steps + slow.steps);
   CHECK(rep->test_accuracy >= 0.7);
 }
+
+TEST_CASE("top-k pushes move a fraction of the dense bytes and still train") {
+  auto dense_cfg = small_job("bsp");
+  dense_cfg.epochs = 2;
+  auto dense = actors::run_local_job(dense_cfg);
+  REQUIRE(dense);
+  auto cfg = dense_cfg;
+  cfg.topk_ratio = 0.05;
+  auto sparse = actors::run_local_job(cfg);
+  REQUIRE(sparse);
+  uint64_t dense_steps = 0, sparse_steps = 0;
+  for (const auto& w : dense->per_worker)
+    dense_steps += w.steps;
+  for (const auto& w : sparse->per_worker)
+    sparse_steps += w.steps;
+  REQUIRE(dense_steps == sparse_steps);
+  // A step pulls the dense parameters (4 bytes each) and pushes 5% of the gradient at 8
+  // bytes an entry: (4 + 0.05 x 8) / (4 + 4) = 0.55 of a dense step's bytes.
+  double ratio = static_cast<double>(sparse->bytes) / static_cast<double>(dense->bytes);
+  CHECK(ratio == Approx(0.55).margin(0.01));
+  // Error feedback delays what is not sent, it does not lose it: the model still learns.
+  CHECK(sparse->test_accuracy >= 0.72);
+}

@@ -146,3 +146,48 @@ TEST_CASE("a shard serves a large read in chunks of one version and assembles a 
   CHECK(is(err, errc::shape_mismatch));
   f.self->send_exit(s, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("a sparse push updates exactly its entries, like the dense push it stands for") {
+  fixture f;
+  auto sparse_shard = f.make("asp", 8);
+  auto dense_shard = f.make("asp", 8);
+  f.join(sparse_shard, 0);
+  f.join(dense_shard, 0);
+  wire::push p{0, 0, 0, 1, wire::tensor{0.5f, -2.0f}};
+  p.total = 8;
+  p.sparse = true;
+  p.index = {1, 6};
+  wire::push_ack ack;
+  f.self->request(sparse_shard, 5s, p).receive([&](const wire::push_ack& a) { ack = a; },
+                                               [](caf::error& e) { FAIL(describe(e)); });
+  CHECK(ack.version == 1);
+  CHECK(ack.outcome == wire::push_ack::applied);
+  f.push(dense_shard, 0, 0, {0, 0.5f, 0, 0, 0, 0, -2.0f, 0});
+  auto read = [&](const shard_actor& s) {
+    std::vector<float> out;
+    f.self->request(s, 5s, wire::pull_request{0, 0, true})
+      .receive([&](const wire::pull_reply& r) { out = r.params.to_vector(); },
+               [](caf::error& e) { FAIL(describe(e)); });
+    return out;
+  };
+  auto got = read(sparse_shard);
+  CHECK(got == read(dense_shard));
+  CHECK(got == std::vector<float>{0, -0.5f, 0, 0, 0, 0, 2.0f, 0}); // lr 1
+  // An index outside the range, or a sparse chunk, is refused naming what is wrong; the
+  // shard keeps its version.
+  for (auto bad : {std::make_pair(uint64_t{0}, std::vector<uint32_t>{1, 8}),
+                   std::make_pair(uint64_t{4}, std::vector<uint32_t>{1, 2})}) {
+    wire::push q = p;
+    q.base_version = 1;
+    q.offset = bad.first;
+    q.index = bad.second;
+    caf::error err;
+    f.self->request(sparse_shard, 5s, q).receive([](const wire::push_ack&) { FAIL("accepted"); },
+                                                 [&](caf::error& e) { err = e; });
+    CHECK(is(err, errc::shape_mismatch));
+    CHECK(describe(err).find("sparse push from worker 0") != std::string::npos);
+  }
+  CHECK(read(sparse_shard) == got);
+  f.self->send_exit(sparse_shard, caf::exit_reason::user_shutdown);
+  f.self->send_exit(dense_shard, caf::exit_reason::user_shutdown);
+}

@@ -224,3 +224,27 @@ TEST_CASE("a stand-in quits with its shard's exit reason, so a worker monitoring
   REQUIRE(down);
   CHECK(reason == caf::exit_reason::kill);
 }
+
+TEST_CASE("a sparse push crosses the data plane with its indices and is applied at them") {
+  fixture f;
+  auto s = f.make("asp", 1000);
+  auto proxy = f.connect(s, f.serve(s));
+  REQUIRE_FALSE(f.join(proxy, 0));
+  wire::push p{0, 0, 0, 1, wire::tensor{1.0f, 2.0f, 3.0f}};
+  p.total = 1000;
+  p.sparse = true;
+  p.index = {0, 500, 999};
+  expected<wire::push_ack> ack = caf::error{};
+  f.self->request(proxy, 5s, p).receive([&](const wire::push_ack& a) { ack = a; },
+                                        [&](caf::error& e) { ack = e; });
+  INFO((ack ? std::string{} : describe(ack.error())));
+  REQUIRE(ack);
+  CHECK(ack->version == 1);
+  auto after = f.pull(s, 0);
+  REQUIRE(after);
+  CHECK(after->params[0] == 0.0f - 1.0f);
+  CHECK(after->params[500] == 500.0f - 2.0f);
+  CHECK(after->params[999] == 999.0f - 3.0f);
+  CHECK(after->params[1] == 1.0f);
+  CHECK(after->params[998] == 998.0f);
+}

@@ -143,3 +143,28 @@ TEST_CASE("a pull reply whose chunk runs past its range is refused") {
   REQUIRE(err);
   CHECK(describe(err).find("exceeds the range of 10") != std::string::npos);
 }
+
+TEST_CASE("a sparse push keeps its indices and values through the codec, and a mismatch is refused") {
+  push p{1, 2, 3, 4, {0.5f, -1.0f, 2.0f}};
+  p.total = 100;
+  p.sparse = true;
+  p.index = {3, 40, 99};
+  push p2;
+  REQUIRE_FALSE(decode(encode(p), p2));
+  CHECK(p2.sparse);
+  CHECK(p2.index == p.index);
+  CHECK(p2.grad == p.grad);
+  CHECK(p2.total == 100);
+  // A sparse push whose indices do not match its values is malformed, not applied.
+  p.index = {3, 40};
+  push p3;
+  auto err = decode(encode(p), p3);
+  CHECK(is(err, errc::malformed_message));
+  CHECK(describe(err).find("2 indices and 3 values") != std::string::npos);
+  // A dense push carries no indices.
+  push d{1, 2, 3, 4, {1.0f}};
+  push d2;
+  REQUIRE_FALSE(decode(encode(d), d2));
+  CHECK_FALSE(d2.sparse);
+  CHECK(d2.index.empty());
+}

@@ -57,6 +57,16 @@ TEST_CASE("top-k with error feedback loses nothing over many rounds") {
   CHECK(c.compression_ratio() == Approx(50.0));
 }
 
+TEST_CASE("top-k sends exactly k values when magnitudes tie at the threshold") {
+  topk_compressor c{0.5};
+  std::vector<float> g = {1.0f, -1.0f, 1.0f, 0.5f, -1.0f, 1.0f}; // five tie for 3 places
+  auto s = c.compress(g.data(), g.size());
+  REQUIRE(s);
+  CHECK(s->index == std::vector<uint32_t>{0, 1, 2});
+  CHECK(s->value == std::vector<float>{1.0f, -1.0f, 1.0f});
+  CHECK(c.residual() == std::vector<float>{0, 0, 0, 0.5f, -1.0f, 1.0f});
+}
+
 TEST_CASE("top-k refuses a tensor of another size and a sparse tensor that does not fit") {
   topk_compressor c{0.5};
   std::vector<float> a(4, 1.0f), b(5, 1.0f);

@@ -276,6 +276,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
           ws.samples_per_second = w.samples_per_second;
           ws.compute_seconds = w.total_compute_seconds;
           ws.wait_seconds = w.total_wait_seconds;
+          ws.stage_changes = w.stage_changes;
           rep.per_worker.push_back(ws);
           rep.bytes += w.bytes;
         }

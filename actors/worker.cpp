@@ -27,6 +27,13 @@ struct transfer {
   uint64_t read_id = 0;
 };
 
+// How a worker commits, one CAF behaviour each: the worker `become`s the other one when
+// a stage or a plan changes it.
+enum class step_mode : uint8_t {
+  every_step,  // pull, compute, push: each step is a commit (profiling, BSP, ASP, ...)
+  local_steps, // H local steps on the local model, then one commit (ADSP, ASHL's AHL and SHL)
+};
+
 struct worker_state {
   static constexpr const char* name = "ashlar.worker";
   worker_config cfg;
@@ -58,6 +65,8 @@ struct worker_state {
   uint64_t next_batch_from = 0;
   uint32_t push_samples = 0; // the batch weight of the gradient pushed (a commit's: its steps' samples)
   std::string stage;         // the training stage in force (ASHL), "" if the policy has none
+  uint32_t stage_changes = 0; // behaviour changes made for a stage
+  step_mode mode = step_mode::every_step; // the behaviour in force
   std::vector<topk_compressor> compressors; // per shard, when pushes are top-k compressed
 };
 
@@ -290,10 +299,12 @@ void send_pushes(worker_pointer self) {
 
 // With local steps in force, a step's gradient is applied locally and added to the
 // commit; the commit (the summed gradients) is pushed after local_steps steps, or at the
-// last step. Otherwise the gradient is pushed at once.
+// last step. Otherwise the gradient is pushed at once (with a commit still open from
+// local steps, as its last step).
 void after_compute(worker_pointer self) {
   auto& st = self->state;
-  if (st.local_steps <= 1 && st.local_done == 0) {
+  const uint32_t h = st.mode == step_mode::local_steps ? st.local_steps : 1;
+  if (h <= 1 && st.local_done == 0) {
     st.push_samples = st.batch_n;
     return send_pushes(self);
   }
@@ -304,7 +315,7 @@ void after_compute(worker_pointer self) {
   st.acc_samples += st.batch_n;
   ++st.local_done;
   bool last = st.step + 1 >= st.job.steps || st.stop_requested;
-  if (st.local_done >= st.local_steps || last) {
+  if (st.local_done >= h || last) {
     const float scale = st.job.commit_scale;
     for (size_t j = 0; j < st.grad.size(); ++j) {
       st.grad[j] = st.acc[j] * scale;
@@ -336,6 +347,7 @@ void report_step(worker_pointer self, uint64_t push_ns) {
   rep.wait_ns = st.wait_ns;
   rep.push_ns = push_ns;
   rep.bytes = st.step_bytes;
+  rep.stage_changes = st.stage_changes;
   self->send(st.cfg.profiler, rep);
   st.pull_ns = st.wait_ns = st.step_bytes = 0;
   ++st.step;
@@ -394,51 +406,28 @@ void use_data_plane(worker_pointer self) {
                  st.shards.size());
 }
 
-worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config cfg) {
-  self->state.cfg = std::move(cfg);
-  self->set_down_handler([=](caf::down_msg& dm) {
-    fail(self, "a server shard was lost (" + to_string(dm.reason) + ")");
-  });
+void start(worker_pointer self);
+worker_actor::behavior_type training(worker_pointer self, step_mode mode);
+
+// Takes up the behaviour of `mode`, from the next message on.
+void switch_mode(worker_pointer self, step_mode mode) {
+  self->state.mode = mode;
+  self->become(training(self, mode));
+}
+
+// The worker's behaviour in one step mode. Both modes run the same step loop; they differ
+// in what a finished computation does (paced_atom, after_compute: push now, or take a
+// local step) and in how a new local-step plan is taken: with every_step, a plan of H > 1
+// outside any stage (ADSP) switches to local_steps. A stage message switches to the
+// stage's mode: every_step for profiling (each step timed with its communication),
+// local_steps for AHL and SHL.
+worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
   return {
     [=](start_atom) {
-      auto& st = self->state;
-      wire::register_worker req;
-      req.requested_id = st.cfg.requested_id;
-      req.host = st.cfg.host;
-      req.backend = "cpu";
-      self->request(st.cfg.scheduler, std::chrono::seconds(30), req)
-        .then(
-          [=](const wire::assignment& a, const std::vector<shard_actor>& shards) {
-            auto& st = self->state;
-            st.job = a;
-            if (a.layer_widths.size() < 2 || shards.size() != a.shards.size())
-              return fail(self, "malformed assignment from the scheduler");
-            mlp_spec spec;
-            spec.input = a.layer_widths.front();
-            spec.classes = a.layer_widths.back();
-            spec.hidden.assign(a.layer_widths.begin() + 1, a.layer_widths.end() - 1);
-            st.backend = st.cfg.make_backend ? st.cfg.make_backend(spec) : make_cpu_backend(spec);
-            if (auto err = check_assignment(st, a))
-              return fail(self, describe(err));
-            st.shards = shards;
-            use_data_plane(self);
-            for (auto& s : st.shards)
-              self->monitor(s);
-            st.params.assign(spec.num_params(), 0.0f);
-            st.grad.assign(spec.num_params(), 0.0f);
-            st.base_versions.assign(shards.size(), 0);
-            st.local_steps = std::max(1u, a.local_steps);
-            st.cursor.emplace(*st.cfg.data, a.data_begin, a.data_count, a.seed);
-            st.started = clock_type::now();
-            spdlog::debug("worker {}: {} backend, {} steps", a.worker_id, st.backend->name(),
-                          a.steps);
-            self->send(self, step_atom::value);
-          },
-          [=](caf::error& err) {
-            spdlog::error("worker: registration with the scheduler failed: {}", describe(err));
-            self->state.stopped = true;
-            self->quit(err);
-          });
+      if (self->state.cursor)
+        spdlog::warn("worker {}: already started", self->state.job.worker_id);
+      else
+        start(self);
     },
     [=](stop_atom) {
       auto& st = self->state;
@@ -464,13 +453,20 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
       if (h != st.local_steps)
         spdlog::debug("worker {}: {} local steps per commit", st.job.worker_id, h);
       st.local_steps = std::max(1u, h);
+      if (mode == step_mode::every_step && st.stage.empty() && st.local_steps > 1)
+        switch_mode(self, step_mode::local_steps);
     },
     [=](stage_atom, const std::string& stage, uint32_t h) {
       auto& st = self->state;
-      spdlog::info("worker {}: stage {} from step {}, {} local steps per commit", st.job.worker_id, stage,
-                   st.step, std::max(1u, h));
       st.stage = stage;
       st.local_steps = std::max(1u, h);
+      ++st.stage_changes;
+      const auto next = stage == "profiling" ? step_mode::every_step : step_mode::local_steps;
+      spdlog::info("worker {}: stage {} from step {} (change {}): {}", st.job.worker_id, stage, st.step,
+                   st.stage_changes,
+                   next == step_mode::every_step ? "every step a commit"
+                                                 : std::to_string(st.local_steps) + " local steps per commit");
+      switch_mode(self, next);
     },
     [=](step_atom) {
       auto& st = self->state;
@@ -483,11 +479,62 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
         st.next_batch = 0;
       }
       if (st.local_done > 0)
-        push_all(self); // a local step: compute on the local model
+        push_all(self); // a commit is open: compute on the local model
       else
         pull_all(self);
     },
   };
+}
+
+// Registers with the scheduler, sets up from the assignment, and starts the step loop.
+void start(worker_pointer self) {
+  auto& st = self->state;
+  wire::register_worker req;
+  req.requested_id = st.cfg.requested_id;
+  req.host = st.cfg.host;
+  req.backend = "cpu";
+  self->request(st.cfg.scheduler, std::chrono::seconds(30), req)
+    .then(
+      [=](const wire::assignment& a, const std::vector<shard_actor>& shards) {
+        auto& st = self->state;
+        st.job = a;
+        if (a.layer_widths.size() < 2 || shards.size() != a.shards.size())
+          return fail(self, "malformed assignment from the scheduler");
+        mlp_spec spec;
+        spec.input = a.layer_widths.front();
+        spec.classes = a.layer_widths.back();
+        spec.hidden.assign(a.layer_widths.begin() + 1, a.layer_widths.end() - 1);
+        st.backend = st.cfg.make_backend ? st.cfg.make_backend(spec) : make_cpu_backend(spec);
+        if (auto err = check_assignment(st, a))
+          return fail(self, describe(err));
+        st.shards = shards;
+        use_data_plane(self);
+        for (auto& s : st.shards)
+          self->monitor(s);
+        st.params.assign(spec.num_params(), 0.0f);
+        st.grad.assign(spec.num_params(), 0.0f);
+        st.base_versions.assign(shards.size(), 0);
+        st.local_steps = std::max(1u, a.local_steps);
+        st.cursor.emplace(*st.cfg.data, a.data_begin, a.data_count, a.seed);
+        st.started = clock_type::now();
+        spdlog::debug("worker {}: {} backend, {} steps", a.worker_id, st.backend->name(), a.steps);
+        if (st.local_steps > 1 && st.mode == step_mode::every_step)
+          switch_mode(self, step_mode::local_steps);
+        self->send(self, step_atom::value);
+      },
+      [=](caf::error& err) {
+        spdlog::error("worker: registration with the scheduler failed: {}", describe(err));
+        self->state.stopped = true;
+        self->quit(err);
+      });
+}
+
+worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config cfg) {
+  self->state.cfg = std::move(cfg);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    fail(self, "a server shard was lost (" + to_string(dm.reason) + ")");
+  });
+  return training(self, step_mode::every_step);
 }
 
 }  // namespace

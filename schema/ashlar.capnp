@@ -222,6 +222,7 @@ struct ProfileReport {
   pushNs @6 :UInt64;
   waitNs @7 :UInt64;       # time held by the policy
   bytes @8 :UInt64;        # tensor bytes pulled and pushed in this step
+  stageChanges @9 :UInt32; # behaviour changes (stage switches) of the worker so far
 }
 
 struct WorkerStats {
@@ -238,6 +239,7 @@ struct WorkerStats {
   totalWaitSeconds @10 :Float64;
   bytes @11 :UInt64;              # tensor bytes pulled and pushed
   computePerSample @12 :Float64;  # smoothed compute seconds per sample (waits excluded)
+  stageChanges @13 :UInt32;       # behaviour changes (stage switches) of the worker
 }
 
 struct ClusterStats {

@@ -71,7 +71,8 @@ std::string to_json(const run_report& r) {
     o << (i ? ",\n    " : "\n    ") << "{\"worker\": " << w.worker_id << ", \"steps\": " << w.steps
       << ", \"samples\": " << w.samples << ", \"samples_per_second\": " << num(w.samples_per_second)
       << ", \"compute_seconds\": " << num(w.compute_seconds)
-      << ", \"wait_seconds\": " << num(w.wait_seconds) << "}";
+      << ", \"wait_seconds\": " << num(w.wait_seconds) << ", \"stage_changes\": " << w.stage_changes
+      << "}";
   }
   o << (r.per_worker.empty() ? "]\n" : "\n  ]\n") << "}\n";
   return o.str();

@@ -22,6 +22,7 @@ struct worker_summary {
   double samples_per_second = 0;
   double compute_seconds = 0; // total
   double wait_seconds = 0;    // total
+  uint32_t stage_changes = 0; // behaviour changes the worker made (ASHL stages)
 };
 
 struct run_report {

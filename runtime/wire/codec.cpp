@@ -409,6 +409,7 @@ void fill(schema::ClusterStats::Builder b, const cluster_stats& x) {
     o.setTotalWaitSeconds(w.total_wait_seconds);
     o.setBytes(w.bytes);
     o.setComputePerSample(w.compute_per_sample);
+    o.setStageChanges(w.stage_changes);
   }
   b.setTotalSamples(x.total_samples);
   b.setElapsedSeconds(x.elapsed_seconds);
@@ -432,6 +433,7 @@ void read(schema::ClusterStats::Reader r, cluster_stats& out) {
     s.total_wait_seconds = w.getTotalWaitSeconds();
     s.bytes = w.getBytes();
     s.compute_per_sample = w.getComputePerSample();
+    s.stage_changes = w.getStageChanges();
     out.workers.push_back(s);
   }
   out.total_samples = r.getTotalSamples();
@@ -483,6 +485,7 @@ words encode(const profile_report& x) {
   b.setPushNs(x.push_ns);
   b.setWaitNs(x.wait_ns);
   b.setBytes(x.bytes);
+  b.setStageChanges(x.stage_changes);
   return to_words(mb);
 }
 
@@ -496,6 +499,7 @@ caf::error decode(const uint64_t* d, size_t n, profile_report& out) {
     out.pull_ns = r.getPullNs();
     out.push_ns = r.getPushNs();
     out.wait_ns = r.getWaitNs();
+    out.stage_changes = r.getStageChanges();
     out.bytes = r.getBytes();
     return caf::error{};
   });

@@ -258,6 +258,7 @@ struct profile_report {
   uint64_t push_ns = 0;
   uint64_t wait_ns = 0;
   uint64_t bytes = 0; // tensor bytes pulled and pushed in this step
+  uint32_t stage_changes = 0; // behaviour changes (stage switches) so far
 };
 
 struct worker_stats {
@@ -274,6 +275,7 @@ struct worker_stats {
   double total_wait_seconds = 0;
   uint64_t bytes = 0;
   double compute_per_sample = 0; // smoothed compute seconds per sample
+  uint32_t stage_changes = 0;
 };
 
 struct cluster_stats {

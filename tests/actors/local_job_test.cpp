@@ -280,6 +280,9 @@ TEST_CASE("an ASHL job profiles, then commits less often from the fast worker, a
   // see far fewer versions than steps.
   CHECK(rep->versions < fast.steps + slow.steps);
   CHECK(rep->test_accuracy >= 0.7);
+  // Each worker changed behaviour (CAF become) at each stage change: AHL, then SHL.
+  CHECK(slow.stage_changes == 2);
+  CHECK(fast.stage_changes == 2);
 }
 
 TEST_CASE("top-k pushes move a fraction of the dense bytes and still train") {

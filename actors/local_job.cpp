@@ -3,6 +3,7 @@
 #include "actors/job_driver.hpp"
 #include "actors/server_shard.hpp"
 #include "actors/worker.hpp"
+#include "runtime/policy/ring.hpp"
 
 namespace ashlar::actors {
 
@@ -29,7 +30,8 @@ public:
       if (!policy)
         return policy.error();
       std::vector<float> slice(init.begin() + r.begin, init.begin() + r.end);
-      out.push_back(spawn_shard(sys_, std::make_unique<shard_core>(r, std::move(slice), cfg.optimizer,
+      out.push_back(spawn_shard(sys_, std::make_unique<shard_core>(r, std::move(slice),
+                                                                   shard_optimizer(cfg.policy, cfg.optimizer),
                                                                    std::move(*policy))));
     }
     return out;

@@ -10,6 +10,7 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<wire::pull_reply>("ashlar.pull_reply");
   cfg.add_message_type<wire::push>("ashlar.push");
   cfg.add_message_type<wire::push_ack>("ashlar.push_ack");
+  cfg.add_message_type<wire::ring_message>("ashlar.ring_message");
   cfg.add_message_type<wire::shard_status>("ashlar.shard_status");
   cfg.add_message_type<wire::profile_report>("ashlar.profile_report");
   cfg.add_message_type<wire::cluster_stats>("ashlar.cluster_stats");

@@ -29,6 +29,7 @@ using tune_atom = caf::atom_constant<caf::atom("tune")>;
 using batch_atom = caf::atom_constant<caf::atom("batch")>;
 using stage_atom = caf::atom_constant<caf::atom("stage")>;
 using bound_atom = caf::atom_constant<caf::atom("bound")>;
+using ring_atom = caf::atom_constant<caf::atom("ring")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
 /// follows membership changes, reports its status. tune_atom: gradients per update and
@@ -65,11 +66,15 @@ using scheduler_actor = caf::typed_actor<
 /// (allocation; lockstep workers switch at the same round).
 /// stage_atom: a training stage begins (ASHL: "profiling", "ahl", "shl") with H local
 /// steps per commit; the worker changes behaviour at its next step boundary.
+/// ring_atom (decentralized mode): this worker's rank, the ring's size, and the next
+/// worker on the ring (a worker_actor); wire::ring_message: a chunk from the previous one.
 using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<step_atom>,
                                       caf::reacts_to<stop_atom>, caf::reacts_to<paced_atom>,
                                       caf::reacts_to<local_steps_atom, uint32_t>,
                                       caf::reacts_to<batch_atom, uint32_t, uint64_t>,
-                                      caf::reacts_to<stage_atom, std::string, uint32_t>>;
+                                      caf::reacts_to<stage_atom, std::string, uint32_t>,
+                                      caf::reacts_to<ring_atom, uint32_t, uint32_t, caf::actor>,
+                                      caf::reacts_to<wire::ring_message>>;
 
 /// The actor every node process runs: it hosts shards and workers on the scheduler's
 /// request and carries out control requests (remove a worker, shut down).
@@ -128,6 +133,7 @@ ASHLAR_WIRE_MESSAGE(pull_request)
 ASHLAR_WIRE_MESSAGE(pull_reply)
 ASHLAR_WIRE_MESSAGE(push)
 ASHLAR_WIRE_MESSAGE(push_ack)
+ASHLAR_WIRE_MESSAGE(ring_message)
 ASHLAR_WIRE_MESSAGE(shard_status)
 ASHLAR_WIRE_MESSAGE(profile_report)
 ASHLAR_WIRE_MESSAGE(cluster_stats)

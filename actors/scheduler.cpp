@@ -101,6 +101,8 @@ void check_done(scheduler_pointer self) {
     caf::anon_send(st.cfg.observer, done_atom::value, finished, failed);
 }
 
+void break_ring(scheduler_pointer self, uint32_t lost);
+
 void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::string& reason) {
   auto& st = self->state;
   auto i = st.members.find(id);
@@ -116,7 +118,31 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
   m.kind = failed ? wire::membership_change::fail : wire::membership_change::leave;
   m.worker_id = id;
   m.reason = reason;
+  if (failed && st.started && st.cfg.job.policy == "ring")
+    break_ring(self, id);
   broadcast(self, m, [=](bool) { check_done(self); });
+}
+
+// Decentralized mode: the workers present at the start form a ring in id order; each
+// learns its rank and the next worker. A ring with ranks 0 tells a worker that the ring
+// broke (a member failed) and training cannot go on.
+void form_ring(scheduler_pointer self) {
+  auto& st = self->state;
+  std::vector<const member*> ring;
+  for (const auto& [id, m] : st.members)
+    if (!m.left)
+      ring.push_back(&m);
+  const auto n = static_cast<uint32_t>(ring.size());
+  for (uint32_t r = 0; r < n; ++r)
+    self->send(caf::actor_cast<worker_actor>(ring[r]->handle), ring_atom::value, r, n,
+               caf::actor_cast<caf::actor>(ring[(r + 1) % n]->handle));
+  spdlog::info("scheduler: ring of {} workers formed", n);
+}
+
+void break_ring(scheduler_pointer self, uint32_t lost) {
+  for (const auto& [id, m] : self->state.members)
+    if (!m.left)
+      self->send(caf::actor_cast<worker_actor>(m.handle), ring_atom::value, lost, uint32_t{0}, caf::actor{});
 }
 
 void start_training(scheduler_pointer self) {
@@ -133,6 +159,8 @@ void start_training(scheduler_pointer self) {
   for (auto& f : st.start_barrier)
     f();
   st.start_barrier.clear();
+  if (st.cfg.job.policy == "ring")
+    form_ring(self);
   // The first plan as soon as the profiler has a few steps of each worker.
   if (st.ashl)
     for (const auto& shard : st.cfg.shards)
@@ -340,6 +368,9 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       -> caf::result<wire::assignment, std::vector<shard_actor>> {
       auto& st = self->state;
       const auto& cfg = st.cfg;
+      if (st.started && cfg.job.policy == "ring")
+        return make_error(errc::invalid_state, "the ring is formed when training starts; a worker "
+                                                "cannot join a decentralized (ring) job mid-run");
       uint32_t id = st.next_id;
       if (req.requested_id != wire::any_worker && st.members.count(req.requested_id) == 0)
         id = req.requested_id;
@@ -381,9 +412,12 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       a.data_endpoints = cfg.data_endpoints;
       a.data_key = cfg.data_key;
       a.chunk_floats = cfg.job.chunk_floats;
-      a.topk_ratio = static_cast<float>(cfg.job.topk_ratio > 0       ? cfg.job.topk_ratio
+      a.topk_ratio = static_cast<float>(cfg.job.policy == "ring"     ? 0.0 // its pushes mirror the model
+                                        : cfg.job.topk_ratio > 0       ? cfg.job.topk_ratio
                                         : cfg.job.policy == "ashl" ? cfg.job.ashl.topk_ratio
                                                                    : 0.0);
+      a.momentum = cfg.job.optimizer.momentum;
+      a.weight_decay = cfg.job.optimizer.weight_decay;
       a.chunks_in_flight = cfg.job.chunks_in_flight;
       a.contention = for_worker(cfg.contention, id);
       if (!cfg.job.speeds.empty())

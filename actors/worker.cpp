@@ -6,7 +6,9 @@
 
 #include "actors/cluster/data_plane.hpp"
 #include "runtime/backend/cpu_backend.hpp"
+#include "runtime/collective/ring.hpp"
 #include "runtime/compress/topk.hpp"
+#include "runtime/optim/sgd.hpp"
 
 namespace ashlar::actors {
 
@@ -32,6 +34,7 @@ struct transfer {
 enum class step_mode : uint8_t {
   every_step,  // pull, compute, push: each step is a commit (profiling, BSP, ASP, ...)
   local_steps, // H local steps on the local model, then one commit (ADSP, ASHL's AHL and SHL)
+  ring,        // decentralized: all-reduce each step's gradient with the other workers
 };
 
 struct worker_state {
@@ -67,6 +70,14 @@ struct worker_state {
   std::string stage;         // the training stage in force (ASHL), "" if the policy has none
   uint32_t stage_changes = 0; // behaviour changes made for a stage
   step_mode mode = step_mode::every_step; // the behaviour in force
+  // Ring mode: place on the ring, the all-reduce in progress, chunks that came early.
+  uint32_t ring_rank_id = 0, ring_size = 0;
+  caf::actor ring_next;
+  std::optional<ashlar::ring_rank> ring;
+  std::vector<wire::ring_message> ring_inbox;
+  bool ring_waiting = false; // a gradient is ready, the ring is not formed yet
+  bool ring_stop = false;    // the ring agreed to stop after this round
+  std::vector<float> velocity, before;
   std::vector<topk_compressor> compressors; // per shard, when pushes are top-k compressed
 };
 
@@ -301,8 +312,12 @@ void send_pushes(worker_pointer self) {
 // commit; the commit (the summed gradients) is pushed after local_steps steps, or at the
 // last step. Otherwise the gradient is pushed at once (with a commit still open from
 // local steps, as its last step).
+void ring_begin(worker_pointer self);
+
 void after_compute(worker_pointer self) {
   auto& st = self->state;
+  if (st.mode == step_mode::ring || st.job.policy == "ring")
+    return ring_begin(self); // (waits if the ring is not formed yet)
   const uint32_t h = st.mode == step_mode::local_steps ? st.local_steps : 1;
   if (h <= 1 && st.local_done == 0) {
     st.push_samples = st.batch_n;
@@ -409,6 +424,94 @@ void use_data_plane(worker_pointer self) {
 void start(worker_pointer self);
 worker_actor::behavior_type training(worker_pointer self, step_mode mode);
 
+// ---- ring mode ----
+// Each step's gradient, weighted by the step's batch, is summed over the ring (its last
+// two entries carry the batch and a stop vote), divided by the ring's total batch and
+// applied by every worker alike, so the replicas stay identical. Rank 0 then pushes the
+// update to the shards, which mirror the model for evaluation.
+
+void ring_send(worker_pointer self) {
+  auto& st = self->state;
+  if (auto m = st.ring->outgoing()) {
+    wire::ring_message msg;
+    msg.round = st.step;
+    msg.step = m->step;
+    msg.chunk = m->chunk;
+    msg.data.assign(m->data.begin(), m->data.end());
+    self->send(caf::actor_cast<worker_actor>(st.ring_next), std::move(msg));
+  }
+}
+
+void ring_finish(worker_pointer self) {
+  auto& st = self->state;
+  const auto& v = st.ring->values();
+  const size_t n = st.params.size();
+  const float total = v[n];
+  st.ring_stop = v[n + 1] > 0.0f;
+  // The all-reduce counts as waiting: it ends when the slowest worker's chunks came.
+  st.wait_ns = ns_since(st.phase_start);
+  st.phase_start = clock_type::now();
+  for (size_t j = 0; j < n; ++j)
+    st.grad[j] = v[j] / total;
+  st.ring.reset();
+  if (st.velocity.size() != n)
+    st.velocity.assign(n, 0.0f);
+  sgd_config opt;
+  opt.lr = st.job.local_lr;
+  opt.momentum = st.job.momentum;
+  opt.weight_decay = st.job.weight_decay;
+  if (st.ring_rank_id == 0)
+    st.before = st.params;
+  sgd_apply(opt, 1.0f, st.params.data(), st.velocity.data(), st.grad.data(), n);
+  if (st.ring_rank_id != 0)
+    return phase_done(self);
+  // The mirror: the shards take params -= (before - after).
+  for (size_t j = 0; j < n; ++j)
+    st.grad[j] = st.before[j] - st.params[j];
+  st.push_samples = static_cast<uint32_t>(total);
+  send_pushes(self);
+}
+
+// Uses the chunks that have come for the current all-reduce step, in order.
+void ring_drain(worker_pointer self) {
+  auto& st = self->state;
+  while (st.ring && !st.ring_inbox.empty()) {
+    auto& m = st.ring_inbox.front();
+    if (m.round != st.step)
+      return fail(self, "ring: a chunk of step " + std::to_string(m.round) + " at step "
+                          + std::to_string(st.step) + " (the ring is out of step)");
+    ring_chunk c{m.step, m.chunk, std::vector<float>(m.data.begin(), m.data.end())};
+    st.ring_inbox.erase(st.ring_inbox.begin());
+    if (auto err = st.ring->receive(c))
+      return fail(self, "ring: " + describe(err));
+    if (st.ring->done())
+      return ring_finish(self);
+    ring_send(self);
+  }
+}
+
+void ring_begin(worker_pointer self) {
+  auto& st = self->state;
+  if (!st.ring_next && st.ring_size == 0) {
+    st.ring_waiting = true; // starts when the ring is formed
+    return;
+  }
+  st.ring_waiting = false;
+  st.phase_start = clock_type::now();
+  const size_t n = st.grad.size();
+  std::vector<float> v(n + 2);
+  for (size_t j = 0; j < n; ++j)
+    v[j] = st.grad[j] * static_cast<float>(st.batch_n);
+  v[n] = static_cast<float>(st.batch_n);
+  v[n + 1] = st.stop_requested ? 1.0f : 0.0f;
+  st.step_bytes += 2 * n * sizeof(float) * (st.ring_size - 1) / std::max(1u, st.ring_size);
+  st.ring.emplace(st.ring_rank_id, st.ring_size, std::move(v));
+  if (st.ring->done())
+    return ring_finish(self); // a ring of one
+  ring_send(self);
+  ring_drain(self);
+}
+
 // Takes up the behaviour of `mode`, from the next message on.
 void switch_mode(worker_pointer self, step_mode mode) {
   self->state.mode = mode;
@@ -456,6 +559,27 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
       if (mode == step_mode::every_step && st.stage.empty() && st.local_steps > 1)
         switch_mode(self, step_mode::local_steps);
     },
+    [=](ring_atom, uint32_t rank, uint32_t ranks, caf::actor next) {
+      auto& st = self->state;
+      if (ranks == 0)
+        return fail(self, "the ring lost worker " + std::to_string(rank)
+                            + "; decentralized training cannot go on without it");
+      st.ring_rank_id = rank;
+      st.ring_size = ranks;
+      st.ring_next = std::move(next);
+      spdlog::debug("worker {}: rank {} of a ring of {}", st.job.worker_id, rank, ranks);
+      if (mode != step_mode::ring)
+        switch_mode(self, step_mode::ring);
+      if (st.ring_waiting)
+        ring_begin(self);
+    },
+    [=](wire::ring_message& m) {
+      auto& st = self->state;
+      if (st.stopped)
+        return;
+      st.ring_inbox.push_back(std::move(m));
+      ring_drain(self);
+    },
     [=](stage_atom, const std::string& stage, uint32_t h) {
       auto& st = self->state;
       st.stage = stage;
@@ -472,13 +596,16 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
       auto& st = self->state;
       if (st.stopped)
         return;
-      if (st.step >= st.job.steps || st.stop_requested)
+      // On a ring, everybody stops at the round the ring agreed on, never alone.
+      if (st.step >= st.job.steps || (mode == step_mode::ring ? st.ring_stop : st.stop_requested))
         return finish(self);
       if (st.next_batch > 0 && st.step >= st.next_batch_from) {
         st.job.batch_size = st.next_batch;
         st.next_batch = 0;
       }
-      if (st.local_done > 0)
+      if (mode == step_mode::ring && st.step > 0)
+        push_all(self); // the model is local: compute, then all-reduce
+      else if (st.local_done > 0)
         push_all(self); // a commit is open: compute on the local model
       else
         pull_all(self);

@@ -131,6 +131,8 @@ struct Assignment {
   localLr @16 :Float32;            # learning rate of the local steps
   commitScale @17 :Float32;        # a commit pushes its summed gradients times this (1/workers: model averaging)
   topkRatio @18 :Float32;          # pushes carry this fraction of each range (top-k, error feedback); 0: dense
+  momentum @19 :Float32;           # ring mode: the workers' own optimizer (lr is localLr)
+  weightDecay @20 :Float32;
   struct Slowdown {
     startS @0 :Float64;
     endS @1 :Float64;
@@ -181,6 +183,14 @@ struct Push {
   total @6 :UInt64;        # the range's length: the push is complete when all of it arrived
   sparse @7 :Bool;         # grad holds only the entries at `index` (a whole push, offset 0)
   index @8 :Data;          # sparse: uint32 LE, ascending, positions within the range
+}
+
+# Ring all-reduce (decentralized mode): one step's chunk from a worker to the next on the ring.
+struct RingChunk {
+  round @0 :UInt64;   # the training step the all-reduce belongs to
+  step @1 :UInt32;    # the all-reduce step: reduce-scatter, then all-gather
+  chunk @2 :UInt32;   # which of the ring's chunks
+  data @3 :Data;      # float32 LE
 }
 
 struct PushAck {

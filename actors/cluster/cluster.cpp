@@ -8,6 +8,7 @@
 
 #include "actors/cluster/data_plane.hpp"
 #include "actors/cluster/node.hpp"
+#include "runtime/policy/ring.hpp"
 
 namespace ashlar::actors {
 
@@ -270,9 +271,10 @@ cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std
     req.range = r;
     req.params.assign(init.begin() + r.begin, init.begin() + r.end);
     req.policy = cfg.policy;
-    req.lr = cfg.optimizer.lr;
-    req.momentum = cfg.optimizer.momentum;
-    req.weight_decay = cfg.optimizer.weight_decay;
+    const auto opt = shard_optimizer(cfg.policy, cfg.optimizer);
+    req.lr = opt.lr;
+    req.momentum = opt.momentum;
+    req.weight_decay = opt.weight_decay;
     req.staleness_aware_lr = cfg.policy_settings.staleness_aware_lr;
     req.staleness_bound = cfg.policy_settings.staleness_bound;
     req.k = cfg.policy_settings.k;

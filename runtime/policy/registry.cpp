@@ -7,6 +7,7 @@
 #include "runtime/policy/asp.hpp"
 #include "runtime/policy/bsp.hpp"
 #include "runtime/policy/k_sync.hpp"
+#include "runtime/policy/ring.hpp"
 #include "runtime/policy/ssp.hpp"
 
 namespace ashlar {
@@ -30,6 +31,7 @@ const std::vector<entry>& table() {
     {"adsp", [](const policy_config&) { return std::make_unique<adsp_policy>(); }},
     {"adaptive", [](const policy_config& c) { return std::make_unique<adaptive_k_policy>(c); }},
     {"ashl", [](const policy_config& c) { return std::make_unique<ashl_policy>(c); }},
+    {"ring", [](const policy_config&) { return std::make_unique<ring_policy>(); }},
   };
   return rows;
 }

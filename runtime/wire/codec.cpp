@@ -152,6 +152,8 @@ words encode(const assignment& x) {
   b.setLocalLr(x.local_lr);
   b.setCommitScale(x.commit_scale);
   b.setTopkRatio(x.topk_ratio);
+  b.setMomentum(x.momentum);
+  b.setWeightDecay(x.weight_decay);
   return to_words(mb);
 }
 
@@ -195,6 +197,8 @@ caf::error decode(const uint64_t* d, size_t n, assignment& out) {
     out.local_lr = r.getLocalLr();
     out.commit_scale = r.getCommitScale();
     out.topk_ratio = r.getTopkRatio();
+    out.momentum = r.getMomentum();
+    out.weight_decay = r.getWeightDecay();
     return caf::none;
   });
 }
@@ -324,6 +328,27 @@ caf::error decode(const uint64_t* d, size_t n, push& out) {
       return malformed("Push", "a sparse push with " + std::to_string(out.index.size()) + " indices and "
                                  + std::to_string(out.grad.size()) + " values");
     return caf::error{};
+  });
+}
+
+// ---- ring_message ----
+words encode(const ring_message& x) {
+  capnp::MallocMessageBuilder mb;
+  auto b = mb.initRoot<schema::RingChunk>();
+  b.setRound(x.round);
+  b.setStep(x.step);
+  b.setChunk(x.chunk);
+  set_floats(mb, x.data, [&](auto o) { b.adoptData(std::move(o)); },
+             [&](capnp::Data::Reader d) { b.setData(d); });
+  return to_words(mb);
+}
+
+caf::error decode(const uint64_t* d, size_t n, ring_message& out) {
+  return with_reader<schema::RingChunk>("RingChunk", d, n, [&](auto r) {
+    out.round = r.getRound();
+    out.step = r.getStep();
+    out.chunk = r.getChunk();
+    return data_to_floats("RingChunk", "data", r.getData(), out.data);
   });
 }
 

@@ -182,6 +182,8 @@ struct assignment {
   float local_lr = 0;       // learning rate applied locally between commits
   float commit_scale = 1;   // a commit pushes its summed gradients times this
   float topk_ratio = 0;     // pushes carry this fraction of each range, top-k with error feedback; 0: dense
+  float momentum = 0;       // ring mode: the workers apply updates themselves (lr: local_lr)
+  float weight_decay = 0;
 };
 
 struct membership_change {
@@ -223,6 +225,14 @@ struct push {
   /// entry is zero. Always a whole push (offset 0); index ascending.
   bool sparse = false;
   std::vector<uint32_t> index{};
+};
+
+/// Ring all-reduce: one all-reduce step's chunk, to the next worker on the ring.
+struct ring_message {
+  uint64_t round = 0; // the training step
+  uint32_t step = 0;  // the all-reduce step
+  uint32_t chunk = 0;
+  tensor data;
 };
 
 struct push_ack {

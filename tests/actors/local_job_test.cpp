@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 
 #include "actors/local_job.hpp"
@@ -306,4 +307,43 @@ TEST_CASE("top-k pushes move a fraction of the dense bytes and still train") {
   CHECK(ratio == Approx(0.55).margin(0.01));
   // Error feedback delays what is not sent, it does not lose it: the model still learns.
   CHECK(sparse->test_accuracy >= 0.72);
+}
+
+TEST_CASE("a ring all-reduce job follows the same trajectory as BSP over the shards") {
+  auto cfg = small_job("bsp");
+  cfg.epochs = 1;
+  cfg.train_limit = 4000;
+  std::vector<float> bsp, ring;
+  auto b = actors::run_local_job(cfg, {}, &bsp);
+  REQUIRE(b);
+  cfg.policy = "ring";
+  auto r = actors::run_local_job(cfg, {}, &ring);
+  REQUIRE(r);
+  REQUIRE(bsp.size() == ring.size());
+  // The same mean gradient and optimizer each round, summed in another order.
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < bsp.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(bsp[i] - ring[i])));
+    norm = std::max(norm, static_cast<double>(std::fabs(bsp[i])));
+  }
+  INFO("max |bsp - ring| = " << diff << ", max |bsp| = " << norm);
+  CHECK(diff < 1e-3 * norm);
+  CHECK(r->samples == b->samples);
+}
+
+TEST_CASE("a ring job with proportional shares gives a 4x faster worker about 4x the samples, and trains") {
+  auto cfg = small_job("ring");
+  cfg.epochs = 2;
+  cfg.workers = 2;
+  cfg.speeds = {1, 4};
+  cfg.sample_ms = 0.5;
+  cfg.allocation = "proportional";
+  auto rep = actors::run_local_job(cfg);
+  REQUIRE(rep);
+  auto [slow, fast] = slow_and_fast(*rep);
+  CHECK(slow.steps == fast.steps); // lockstep rounds
+  double ratio = static_cast<double>(fast.samples) / static_cast<double>(slow.samples);
+  CHECK(ratio > 3.0);
+  CHECK(ratio < 4.5);
+  CHECK(rep->test_accuracy >= 0.75);
 }

@@ -345,3 +345,35 @@ TEST_CASE("ashlar train --join runs a job on a standing cluster; ctl add-worker 
   sched.proc.signal(SIGTERM);
   CHECK(sched.proc.wait(10) == 0);
 }
+
+TEST_CASE("worker processes all-reduce on a ring over CAF's network, and a killed member ends the job with an error") {
+  temp_dir dir;
+  std::vector<std::string> argv = {exe, "launch", config, "--policy", "ring", "--workers", "3",
+                                   "--servers", "1", "--epochs", "1", "--report", dir.file("ring.json"),
+                                   "--set", "data.train_limit=12000", "--set", "data.test_limit=2000"};
+  auto launch = start(argv, dir.file("launch.log"));
+  int code = launch.wait(240);
+  INFO(slurp(dir.file("launch.log")));
+  REQUIRE(code == 0);
+  CHECK(slurp(dir.file("launch.log")).find("ring of 3 workers formed") != std::string::npos);
+  auto report = slurp(dir.file("ring.json"));
+  CHECK(json_number(report, "samples") == 12000);
+  CHECK(json_number(report, "test_accuracy") > 0.7);
+
+  // A ring cannot go on without a member: the others stop with an error, never hang.
+  temp_dir dir2;
+  auto sched = start_scheduler(dir2, {config, "--exit-after-job", "--policy", "ring", "--workers", "3",
+                                      "--servers", "1", "--epochs", "8", "--set", "data.train_limit=12000",
+                                      "--set", "data.test_limit=2000", "--set", "train.speeds=1",
+                                      "--set", "train.sample_ms=0.3"});
+  auto server = start_nodes(dir2, sched.join, "server", 1);
+  auto workers = start_nodes(dir2, sched.join, "worker", 3);
+  REQUIRE(wait_for_training(dir2));
+  std::this_thread::sleep_for(1500ms);
+  workers[1].signal(SIGKILL);
+  int code2 = sched.proc.wait(60);
+  auto log = slurp(dir2.file("scheduler.log"));
+  INFO(log);
+  CHECK(code2 != 0);
+  CHECK(log.find("the ring lost worker") != std::string::npos);
+}

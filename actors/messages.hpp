@@ -33,7 +33,8 @@ using ring_atom = caf::atom_constant<caf::atom("ring")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
 /// follows membership changes, reports its status. tune_atom: gradients per update and
-/// async or not, for policies that adapt (see sync_policy::tune). bound_atom: clocks a
+/// async or not, for policies that adapt (see sync_policy::tune). bound_atom (a stage's
+/// settings): its learning-rate factor (second argument) and the clocks a
 /// worker may run ahead of the slowest from now on (see sync_policy::set_staleness_bound).
 using shard_actor = caf::typed_actor<
   caf::replies_to<wire::pull_request>::with<wire::pull_reply>,
@@ -41,7 +42,7 @@ using shard_actor = caf::typed_actor<
   caf::replies_to<wire::membership_change>::with<caf::ok_atom>,
   caf::replies_to<status_atom>::with<wire::shard_status>,
   caf::reacts_to<tune_atom, uint32_t, bool>,
-  caf::reacts_to<bound_atom, uint64_t>>;
+  caf::reacts_to<bound_atom, uint64_t, float>>;
 
 /// The profiler: takes per-step timing reports, answers with per-worker statistics.
 using profiler_actor = caf::typed_actor<
@@ -65,14 +66,15 @@ using scheduler_actor = caf::typed_actor<
 /// batch_atom: from step S on (S, the second argument), take this many samples per step
 /// (allocation; lockstep workers switch at the same round).
 /// stage_atom: a training stage begins (ASHL: "profiling", "ahl", "shl") with H local
-/// steps per commit; the worker changes behaviour at its next step boundary.
+/// steps per commit and a learning-rate factor for local steps; the worker changes
+/// behaviour at its next step boundary.
 /// ring_atom (decentralized mode): this worker's rank, the ring's size, and the next
 /// worker on the ring (a worker_actor); wire::ring_message: a chunk from the previous one.
 using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<step_atom>,
                                       caf::reacts_to<stop_atom>, caf::reacts_to<paced_atom>,
                                       caf::reacts_to<local_steps_atom, uint32_t>,
                                       caf::reacts_to<batch_atom, uint32_t, uint64_t>,
-                                      caf::reacts_to<stage_atom, std::string, uint32_t>,
+                                      caf::reacts_to<stage_atom, std::string, uint32_t, float>,
                                       caf::reacts_to<ring_atom, uint32_t, uint32_t, caf::actor>,
                                       caf::reacts_to<wire::ring_message>>;
 

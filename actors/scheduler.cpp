@@ -164,7 +164,7 @@ void start_training(scheduler_pointer self) {
   // The first plan as soon as the profiler has a few steps of each worker.
   if (st.ashl)
     for (const auto& shard : st.cfg.shards)
-      self->send(shard, bound_atom::value, st.ashl->allowed_gap());
+      self->send(shard, bound_atom::value, st.ashl->allowed_gap(), st.ashl->lr_scale());
   if (st.adsp || st.adaptive || st.ashl || st.cfg.job.allocation != "equal")
     self->delayed_send(self, std::chrono::milliseconds(200), tick_atom::value);
 }
@@ -327,13 +327,13 @@ void replan_ashl(scheduler_pointer self) {
           spdlog::info("scheduler: ASHL stage {} at {:.1f} s (change {}): {}", to_string(change->to),
                        change->t_s, st.ashl->events().size(), change->why);
           for (const auto& shard : st.cfg.shards)
-            self->send(shard, bound_atom::value, st.ashl->allowed_gap());
+            self->send(shard, bound_atom::value, st.ashl->allowed_gap(), st.ashl->lr_scale());
           std::string plan;
           for (const auto& [id, h] : steps) {
             plan += (plan.empty() ? "" : ", ") + std::to_string(id) + ":" + std::to_string(h);
             st.local_steps[id] = h;
             self->send(caf::actor_cast<worker_actor>(st.members[id].handle), stage_atom::value,
-                       std::string{to_string(change->to)}, h);
+                       std::string{to_string(change->to)}, h, st.ashl->lr_scale());
           }
           spdlog::info("scheduler: ASHL {}: allowed gap {} commits, local steps per commit {}",
                        to_string(change->to), st.ashl->allowed_gap(), plan);
@@ -406,7 +406,12 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       a.local_steps = 1;
       a.local_lr = cfg.job.optimizer.lr;
       // A commit counts as one worker's share of a model average.
-      a.commit_scale = 1.0f / static_cast<float>(std::max<uint32_t>(1, cfg.job.workers));
+      // Policies with commits (adsp, ashl) scale every commit alike, one step or many;
+      // for the others a push is the step's gradient.
+      const bool commits = cfg.job.policy == "adsp" || cfg.job.policy == "ashl";
+      a.commit_scale = !commits                  ? 1.0f
+                       : cfg.job.commit_scale > 0 ? static_cast<float>(cfg.job.commit_scale)
+                                                  : 1.0f / static_cast<float>(std::max<uint32_t>(1, cfg.job.workers));
       a.seed = cfg.job.seed * 1000003ull + id;
       a.policy = cfg.job.policy;
       a.data_endpoints = cfg.data_endpoints;
@@ -471,7 +476,7 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
                 promise.deliver(b, st.cfg.shards);
                 if (st.ashl) // slotted into the stage in force; profiled by its first steps
                   self->send(caf::actor_cast<worker_actor>(st.members[b.worker_id].handle), stage_atom::value,
-                             std::string{to_string(st.ashl->stage())}, uint32_t{1});
+                             std::string{to_string(st.ashl->stage())}, uint32_t{1}, st.ashl->lr_scale());
               },
               [=](caf::error& err) mutable { promise.deliver(err); });
           return;

@@ -198,8 +198,9 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
       return caf::ok_atom::value;
     },
     [=](tune_atom, uint32_t k, bool async) { self->state.core->tune(k, async); },
-    [=](bound_atom, uint64_t bound) {
+    [=](bound_atom, uint64_t bound, float lr_scale) {
       self->state.core->set_staleness_bound(bound);
+      self->state.core->set_lr_scale(lr_scale);
       release_reads(self); // a wider bound lets held reads go
     },
     [=](status_atom) -> wire::shard_status {

@@ -70,6 +70,7 @@ struct worker_state {
   std::string stage;         // the training stage in force (ASHL), "" if the policy has none
   uint32_t stage_changes = 0; // behaviour changes made for a stage
   step_mode mode = step_mode::every_step; // the behaviour in force
+  float local_lr_scale = 1.0f;             // the stage's learning-rate factor for local steps
   // Ring mode: place on the ring, the all-reduce in progress, chunks that came early.
   uint32_t ring_rank_id = 0, ring_size = 0;
   caf::actor ring_next;
@@ -321,6 +322,9 @@ void after_compute(worker_pointer self) {
   const uint32_t h = st.mode == step_mode::local_steps ? st.local_steps : 1;
   if (h <= 1 && st.local_done == 0) {
     st.push_samples = st.batch_n;
+    if (st.job.commit_scale != 1.0f)
+      for (auto& g : st.grad)
+        g *= st.job.commit_scale;
     return send_pushes(self);
   }
   if (st.acc.size() != st.grad.size())
@@ -342,7 +346,7 @@ void after_compute(worker_pointer self) {
     return send_pushes(self);
   }
   // A local step: move the local model and go on without talking to the shards.
-  const float lr = st.job.local_lr;
+  const float lr = st.job.local_lr * st.local_lr_scale;
   for (size_t j = 0; j < st.params.size(); ++j)
     st.params[j] -= lr * st.grad[j];
   report_step(self, 0);
@@ -580,9 +584,10 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
       st.ring_inbox.push_back(std::move(m));
       ring_drain(self);
     },
-    [=](stage_atom, const std::string& stage, uint32_t h) {
+    [=](stage_atom, const std::string& stage, uint32_t h, float lr_scale) {
       auto& st = self->state;
       st.stage = stage;
+      st.local_lr_scale = lr_scale;
       st.local_steps = std::max(1u, h);
       ++st.stage_changes;
       const auto next = stage == "profiling" ? step_mode::every_step : step_mode::local_steps;

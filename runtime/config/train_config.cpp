@@ -178,6 +178,8 @@ const std::vector<field>& fields() {
          [](train_config& c) -> uint32_t& { return c.chunks_in_flight; }),
     bind("train.topk_ratio", "push compression: fraction of the gradient each push carries (top-k, error feedback); 0 = dense (default 0)",
          [](train_config& c) -> double& { return c.topk_ratio; }),
+    bind("train.commit_scale", "adsp/ashl: a commit pushes its summed local gradients times this; 0 = 1/workers (default 0)",
+         [](train_config& c) -> double& { return c.commit_scale; }),
     bind("train.speeds", "pacing: relative worker speeds, e.g. 1,1,2,4; empty = unpaced (default empty)",
          [](train_config& c) -> std::vector<double>& { return c.speeds; }),
     bind("train.sample_ms", "pacing: milliseconds per sample at speed 1 (default 0.5)",
@@ -210,6 +212,8 @@ const std::vector<field>& fields() {
          [](train_config& c) -> uint32_t& { return c.ashl.shl_local_steps; }),
     bind("ashl.shl_gap", "ashl: commits a worker may run ahead of the slowest in SHL (default 2)",
          [](train_config& c) -> uint64_t& { return c.ashl.shl_gap; }),
+    bind("ashl.shl_lr_scale", "ashl: learning rate factor in SHL, shards and local steps (default 0.5)",
+         [](train_config& c) -> double& { return c.ashl.shl_lr_scale; }),
     bind("ashl.rule", "ashl: AHL -> SHL on a loss plateau or at a target loss: plateau or loss (default plateau)",
          [](train_config& c) -> std::string& { return c.ashl.rule; }),
     bind("ashl.plateau_window_s", "ashl: plateau rule window, seconds (default 3)",
@@ -387,6 +391,8 @@ caf::error validate(const train_config& c) {
     return bad("train.chunks_in_flight must be at least 1");
   // A sparse entry costs 8 bytes (index and value): from half the entries on, a sparse
   // push is no smaller than a dense one.
+  if (!(c.commit_scale >= 0 && c.commit_scale <= 1))
+    return bad("train.commit_scale must be in [0, 1] (0: 1 / workers)");
   if (!(c.topk_ratio >= 0 && c.topk_ratio < 0.5))
     return bad("train.topk_ratio must be in [0, 0.5): from 0.5 on a sparse push is no smaller than a dense one");
   if (!(c.ashl.topk_ratio >= 0 && c.ashl.topk_ratio < 0.5))

@@ -54,6 +54,9 @@ struct train_config {
   /// entries, and the rest waits in a per-worker residual (top-k with error feedback);
   /// 0 = dense pushes (ASHL jobs then use ashl.topk_ratio). Default: 0.
   double topk_ratio = 0;
+  /// Local steps (ADSP, ASHL): a commit pushes its summed gradients times this; 0 means
+  /// 1 / workers (a commit counts as one worker's share of a model average). Default: 0.
+  double commit_scale = 0;
   /// Between processes, pulls and pushes use direct data connections (worker to shard
   /// node, raw TCP) instead of CAF's middleman (train.data_plane). Default: true.
   bool data_plane = true;

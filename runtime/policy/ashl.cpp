@@ -2,8 +2,27 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 namespace ashlar {
+
+namespace {
+
+// One decimal: "3.3".
+std::string fixed(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", x);
+  return buf;
+}
+
+// Three decimals: "0.497".
+std::string fixed3(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", x);
+  return buf;
+}
+
+}  // namespace
 
 const char* to_string(ashl_stage s) {
   switch (s) {
@@ -45,7 +64,7 @@ std::optional<ashl_event> ashl_planner::observe(double t_s, double loss, const s
     if (cfg_.rule == "loss") {
       if (loss <= cfg_.switch_loss)
         change = ashl_event{t_s, ashl_stage::shl,
-                            "training loss " + std::to_string(loss) + " <= " + std::to_string(cfg_.switch_loss)};
+                            "training loss " + fixed3(loss) + " <= " + fixed3(cfg_.switch_loss)};
     } else {
       // The loss a window ago: the latest observation at least plateau_window_s old.
       const std::pair<double, double>* then = nullptr;
@@ -56,9 +75,9 @@ std::optional<ashl_event> ashl_planner::observe(double t_s, double loss, const s
         double drop = (then->second - loss) / then->second;
         if (drop < cfg_.plateau_drop)
           change = ashl_event{t_s, ashl_stage::shl,
-                              "training loss fell " + std::to_string(100 * drop) + "% in the last "
-                                + std::to_string(cfg_.plateau_window_s) + " s (plateau below "
-                                + std::to_string(100 * cfg_.plateau_drop) + "%)"};
+                              "training loss fell " + fixed(100 * drop) + "% in the last "
+                                + fixed(cfg_.plateau_window_s) + " s (plateau below "
+                                + fixed(100 * cfg_.plateau_drop) + "%)"};
       }
     }
   }
@@ -90,6 +109,10 @@ std::map<uint32_t, uint32_t> ashl_planner::local_steps(const std::vector<ashl_wo
 
 uint64_t ashl_planner::allowed_gap() const {
   return stage_ == ashl_stage::ahl ? cfg_.ahl_gap : cfg_.shl_gap;
+}
+
+float ashl_planner::lr_scale() const {
+  return stage_ == ashl_stage::shl ? static_cast<float>(cfg_.shl_lr_scale) : 1.0f;
 }
 
 }  // namespace ashlar

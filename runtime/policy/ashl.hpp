@@ -45,6 +45,9 @@ struct ashl_config {
   uint32_t shl_local_steps = 1;
   /// SHL: commits a worker may run ahead of the slowest. Default: 2.
   uint64_t shl_gap = 2;
+  /// SHL: the learning rate (the shards' and the workers' local one) times this: the fine
+  /// stage takes smaller steps. Default: 0.5.
+  double shl_lr_scale = 0.5;
   /// Rule for AHL -> SHL: "plateau" (the training loss fell by less than plateau_drop,
   /// relatively, over the last plateau_window_s seconds) or "loss" (the training loss
   /// is at most switch_loss). Default: "plateau".
@@ -99,6 +102,9 @@ public:
   /// Commits a worker may run ahead of the slowest in the current stage (profiling: the
   /// SHL gap, so early pushes cannot drift far).
   uint64_t allowed_gap() const;
+
+  /// The learning-rate factor of the stage in force (shl_lr_scale in SHL, else 1).
+  float lr_scale() const;
 
   /// Every stage change so far, in order.
   const std::vector<ashl_event>& events() const { return events_; }

@@ -106,7 +106,7 @@ expected<push_outcome> shard_core::push_piece(worker_id w, uint64_t offset, cons
                                               + ", expected the piece at " + std::to_string(f.received)
                                               + " of a range of " + std::to_string(range_.size()));
   if (f.decision.kind == push_decision::apply)
-    sgd_apply(opt_, f.decision.lr_scale, params_->data() + offset, velocity_.data() + offset, grad, n);
+    sgd_apply(opt_, f.decision.lr_scale * stage_lr_scale_, params_->data() + offset, velocity_.data() + offset, grad, n);
   else if (f.decision.kind == push_decision::buffer)
     std::copy(grad, grad + n, f.slot.grad.begin() + static_cast<std::ptrdiff_t>(offset));
   f.received += n;
@@ -162,7 +162,7 @@ bool shard_core::maybe_apply_round() {
     for (size_t i = 0; i < acc_.size(); ++i)
       acc_[i] += weight * g[i];
   }
-  sgd_apply(opt_, 1.0f, writable_params(), velocity_.data(), acc_.data(), acc_.size());
+  sgd_apply(opt_, stage_lr_scale_, writable_params(), velocity_.data(), acc_.data(), acc_.size());
   counters_.applied += round_.size();
   round_.clear();
   ++version_;

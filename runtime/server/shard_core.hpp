@@ -87,6 +87,9 @@ public:
   /// Moves the policy's staleness bound (see sync_policy::set_staleness_bound).
   void set_staleness_bound(uint64_t s) { policy_->set_staleness_bound(s); }
 
+  /// Scales the learning rate of every update from now on (a training stage's). Default: 1.
+  void set_lr_scale(float s) { stage_lr_scale_ = s; }
+
   /// True if worker `w` may read the parameters now.
   bool may_read(worker_id w) const { return policy_->may_read(w, version_); }
 
@@ -115,6 +118,7 @@ private:
   std::shared_ptr<std::vector<float>> spare_; // the previous version, reused once unreferenced
   std::vector<float> velocity_;
   sgd_config opt_;
+  float stage_lr_scale_ = 1.0f;
   std::unique_ptr<sync_policy> policy_;
   uint64_t version_ = 0;
   // Ordered by worker id, then arrival: a fixed summation order. A worker may have several

@@ -42,7 +42,9 @@ TEST_CASE("the ASHL stage machine moves AHL -> SHL on a loss plateau, not while 
   cfg.plateau_window_s = 2.0;
   cfg.plateau_drop = 0.1;
   auto p = make_planner(cfg);
+  CHECK(p.lr_scale() == 1.0f);
   REQUIRE(p.observe(0.5, 2.0, hetero(10)));
+  CHECK(p.lr_scale() == 1.0f); // AHL: the full learning rate
   // Falling fast: 2.0 -> 1.0 over two seconds.
   double loss = 2.0;
   for (double t = 1.0; t <= 3.0; t += 0.5) {
@@ -60,6 +62,7 @@ TEST_CASE("the ASHL stage machine moves AHL -> SHL on a loss plateau, not while 
   CHECK(change->to == ashl_stage::shl);
   CHECK(p.stage() == ashl_stage::shl);
   CHECK(p.events().size() == 2);
+  CHECK(p.lr_scale() == Approx(cfg.shl_lr_scale)); // the fine stage takes smaller steps
   // SHL is the last stage.
   CHECK_FALSE(p.observe(10.0, 0.5, hetero(40)));
 }

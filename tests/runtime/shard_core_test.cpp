@@ -95,6 +95,17 @@ TEST_CASE("an ASP shard applies each push on arrival and records its staleness")
   CHECK(s.params()[0] == Approx(0.0f));
 }
 
+TEST_CASE("a stage's learning-rate factor scales every update from then on") {
+  auto s = make_shard("asp", 1);
+  s.join(0);
+  float g = 1;
+  REQUIRE(s.push(0, 0, 1, &g, 1));
+  CHECK(s.params()[0] == Approx(0.5f)); // 1 - 0.5 x 1
+  s.set_lr_scale(0.5f);
+  REQUIRE(s.push(0, 1, 1, &g, 1));
+  CHECK(s.params()[0] == Approx(0.25f)); // 0.5 - 0.5 x 0.5 x 1
+}
+
 TEST_CASE("a shard refuses a gradient of the wrong length, from a non-member or from the future") {
   auto s = make_shard("asp", 3);
   s.join(0);

@@ -1,6 +1,8 @@
 #include "apps/ashlar/bench_hetero.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -22,7 +24,9 @@ namespace {
 
 struct policy_result {
   std::string policy;
-  std::optional<double> time_to_target;
+  std::optional<double> time_to_target; // median over the runs (a run that missed counts as slowest)
+  double time_min = 0, time_max = 0;    // over the runs that reached the target
+  uint32_t reached = 0, runs = 0;
   double final_accuracy = 0;
   double best_accuracy = 0;
   double samples_per_second = 0;
@@ -92,6 +96,10 @@ void add_hetero_options(CLI::App* cmd, hetero_options& o) {
   cmd->add_option("--target", o.target, "target test accuracy")->capture_default_str();
   cmd->add_option("--time-cap", o.time_cap, "seconds each policy may train")->capture_default_str();
   cmd->add_option("--eval-interval", o.eval_interval, "seconds between test evaluations")->capture_default_str();
+  cmd->add_option("--repeat", o.repeat, "runs per policy, seeds seed .. seed + N - 1; the table gives the "
+                                        "median time to target, its range, and means of the rest")
+    ->capture_default_str()
+    ->check(CLI::Range(1u, 100u));
   cmd->add_option("--out", o.out, "directory for results.md, results.csv, series.csv, accuracy.png")
     ->capture_default_str();
 }
@@ -172,39 +180,67 @@ int run_hetero_bench(const hetero_options& o) {
     std::fflush(stdout);
     policy_result r;
     r.policy = entry;
-    auto rep = actors::run_local_job(cfg);
-    if (!rep) {
-      r.error = describe(rep.error());
+    r.runs = o.repeat;
+    std::vector<double> times; // per run; a miss is +inf
+    const uint64_t seed = cfg.seed;
+    for (uint32_t run = 0; run < o.repeat && r.error.empty(); ++run) {
+      cfg.seed = seed + run;
+      auto rep = actors::run_local_job(cfg);
+      if (!rep) {
+        r.error = describe(rep.error());
+        break;
+      }
+      std::optional<double> t;
+      double best = 0;
+      for (const auto& p : rep->history) {
+        best = std::max(best, p.test_accuracy);
+        if (!t && p.test_accuracy >= o.target)
+          t = p.seconds;
+      }
+      if (run == 0)
+        r.history = rep->history;
+      // With a contention profile, the ideal is each worker's paced rate divided by its
+      // slowdown, averaged over the run.
+      double run_ideal = ideal;
+      if (!profile.empty() && rep->seconds > 0) {
+        run_ideal = 0;
+        const double dt = 0.01;
+        for (uint32_t i = 0; i < cfg.workers; ++i) {
+          double base = 1000.0 / cfg.sample_ms * cfg.speeds[i % cfg.speeds.size()], sum = 0;
+          int steps = 0;
+          for (double tt = 0; tt < rep->seconds; tt += dt, ++steps)
+            sum += base / slowdown(profile, i, tt);
+          run_ideal += steps > 0 ? sum / steps : base;
+        }
+      }
+      const double n = static_cast<double>(o.repeat);
+      r.best_accuracy += best / n;
+      r.final_accuracy += rep->test_accuracy / n;
+      r.samples_per_second += rep->samples_per_second / n;
+      r.ideal_fraction += (run_ideal > 0 ? rep->samples_per_second / run_ideal : 0) / n;
+      r.mean_staleness += rep->mean_staleness / n;
+      r.bytes += rep->bytes / o.repeat;
+      r.seconds += rep->seconds / n;
+      times.push_back(t ? *t : std::numeric_limits<double>::infinity());
+      if (t) {
+        r.time_min = r.reached == 0 ? *t : std::min(r.time_min, *t);
+        r.time_max = r.reached == 0 ? *t : std::max(r.time_max, *t);
+        ++r.reached;
+      }
+      if (o.repeat > 1)
+        std::printf("   run %u (seed %llu): %s\n", run + 1, static_cast<unsigned long long>(cfg.seed),
+                    t ? ("target at " + fmt(*t, 1) + " s").c_str() : "target NOT reached");
+    }
+    if (!r.error.empty()) {
       std::printf("   failed: %s\n", r.error.c_str());
       results.push_back(r);
       continue;
     }
-    r.history = rep->history;
-    for (const auto& p : rep->history) {
-      r.best_accuracy = std::max(r.best_accuracy, p.test_accuracy);
-      if (!r.time_to_target && p.test_accuracy >= o.target)
-        r.time_to_target = p.seconds;
-    }
-    r.final_accuracy = rep->test_accuracy;
-    r.samples_per_second = rep->samples_per_second;
-    // With a contention profile, the ideal is each worker's paced rate divided by its
-    // slowdown, averaged over the run.
-    double run_ideal = ideal;
-    if (!profile.empty() && rep->seconds > 0) {
-      run_ideal = 0;
-      const double dt = 0.01;
-      for (uint32_t i = 0; i < cfg.workers; ++i) {
-        double base = 1000.0 / cfg.sample_ms * cfg.speeds[i % cfg.speeds.size()], sum = 0;
-        int steps = 0;
-        for (double t = 0; t < rep->seconds; t += dt, ++steps)
-          sum += base / slowdown(profile, i, t);
-        run_ideal += steps > 0 ? sum / steps : base;
-      }
-    }
-    r.ideal_fraction = run_ideal > 0 ? rep->samples_per_second / run_ideal : 0;
-    r.mean_staleness = rep->mean_staleness;
-    r.bytes = rep->bytes;
-    r.seconds = rep->seconds;
+    std::sort(times.begin(), times.end());
+    double median = times.size() % 2 == 1 ? times[times.size() / 2]
+                                          : (times[times.size() / 2 - 1] + times[times.size() / 2]) / 2;
+    if (std::isfinite(median))
+      r.time_to_target = median;
     std::printf("   %s; final accuracy %.4f; %.0f samples/s = %.3f of ideal; mean staleness %.2f\n",
                 r.time_to_target ? ("target " + fmt(o.target, 2) + " at " + fmt(*r.time_to_target, 1) + " s").c_str()
                                  : ("target " + fmt(o.target, 2) + " NOT reached").c_str(),
@@ -216,10 +252,12 @@ int run_hetero_bench(const hetero_options& o) {
   // results.csv
   {
     std::ofstream csv{o.out + "/results.csv"};
-    csv << "policy,time_to_target_s,final_accuracy,best_accuracy,samples_per_second,ideal_fraction,"
-           "mean_staleness,bytes_sent,seconds,error\n";
+    csv << "policy,time_to_target_s,time_min_s,time_max_s,runs_reached,runs,final_accuracy,best_accuracy,"
+           "samples_per_second,ideal_fraction,mean_staleness,bytes_sent,seconds,error\n";
     for (const auto& r : results)
       csv << r.policy << "," << (r.time_to_target ? fmt(*r.time_to_target, 2) : "") << ","
+          << (r.reached ? fmt(r.time_min, 2) : "") << "," << (r.reached ? fmt(r.time_max, 2) : "") << ","
+          << r.reached << "," << r.runs << ","
           << fmt(r.final_accuracy, 4) << "," << fmt(r.best_accuracy, 4) << "," << fmt(r.samples_per_second, 0)
           << "," << fmt(r.ideal_fraction, 3) << "," << fmt(r.mean_staleness, 3) << "," << r.bytes << ","
           << fmt(r.seconds, 1) << "," << r.error << "\n";
@@ -243,7 +281,12 @@ int run_hetero_bench(const hetero_options& o) {
        << "busy at its paced rate): " << fmt(ideal, 0) << " samples/s"
        << (o.contention.empty() ? "" : " without contention; ideal_fraction divides by each run's ideal with "
                                         "the profile's slowdowns")
-       << ".\n\n"
+       << "." << (o.repeat > 1 ? " Each policy ran " + std::to_string(o.repeat)
+                                   + " times (seeds differ): the time to target is the median (a run that "
+                                     "missed counts as slowest), with the range over the runs that reached it "
+                                     "and how many did; the other columns are means."
+                                 : std::string{})
+       << "\n\n"
        << "| policy | time to " << o.target << " (s) | final accuracy | best accuracy | samples/s | ideal fraction "
        << "| mean staleness | bytes sent |\n|---|---|---|---|---|---|---|---|\n";
     for (const auto& r : results) {
@@ -251,7 +294,12 @@ int run_hetero_bench(const hetero_options& o) {
         md << "| " << r.policy << " | failed: " << r.error << " | | | | | | |\n";
         continue;
       }
-      md << "| " << r.policy << " | " << (r.time_to_target ? fmt(*r.time_to_target, 1) : "not reached") << " | "
+      std::string range = o.repeat > 1 && r.reached > 0
+                            ? " (" + fmt(r.time_min, 1) + "-" + fmt(r.time_max, 1) + ", " + std::to_string(r.reached)
+                                + "/" + std::to_string(r.runs) + ")"
+                            : std::string{};
+      md << "| " << r.policy << " | " << (r.time_to_target ? fmt(*r.time_to_target, 1) : "not reached") << range
+         << " | "
          << fmt(r.final_accuracy, 4) << " | " << fmt(r.best_accuracy, 4) << " | " << fmt(r.samples_per_second, 0)
          << " | " << fmt(r.ideal_fraction, 3) << " | " << fmt(r.mean_staleness, 2) << " | " << r.bytes << " |\n";
     }

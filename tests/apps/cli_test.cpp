@@ -110,7 +110,7 @@ TEST_CASE("ashlar bench hetero runs each policy and writes the results table wit
   auto out = dir.file("nested/hetero"); // parents are created
   auto r = run("bench hetero " + config + " --speeds 1,2 --policies bsp,asp --time-cap 3 --eval-interval 0.5"
                " --target 0.5 --sample-ms 0.2 --set data.train_limit=3000 --set data.test_limit=500"
-               " --policy-set asp:train.lr=0.02 --out " + out);
+               " --policy-set asp:train.lr=0.02 --repeat 2 --out " + out);
   REQUIRE(r.code == 0);
   CHECK(has(r, "== bsp: 2 workers"));
   CHECK(has(r, "== asp: 2 workers at speeds 1,2, 0.20 ms/sample, lr 0.02"));
@@ -119,10 +119,20 @@ TEST_CASE("ashlar bench hetero runs each policy and writes the results table wit
   std::getline(csv, header);
   std::getline(csv, bsp);
   std::getline(csv, asp);
-  CHECK(header.rfind("policy,time_to_target_s,final_accuracy,best_accuracy,samples_per_second,ideal_fraction,"
-                     "mean_staleness,bytes_sent", 0) == 0);
+  CHECK(header.rfind("policy,time_to_target_s,time_min_s,time_max_s,runs_reached,runs,final_accuracy,"
+                     "best_accuracy,samples_per_second,ideal_fraction,mean_staleness,bytes_sent", 0) == 0);
   CHECK(bsp.rfind("bsp,", 0) == 0);
   CHECK(asp.rfind("asp,", 0) == 0);
+  // Two runs each (seeds 1 and 2): the runs column says so, and both runs are logged.
+  auto field = [](const std::string& row, int k) {
+    std::stringstream ss{row};
+    std::string f;
+    for (int i = 0; i <= k; ++i)
+      std::getline(ss, f, ',');
+    return f;
+  };
+  CHECK(field(bsp, 5) == "2");
+  CHECK(has(r, "run 2 (seed 2)"));
   std::ifstream md{out + "/results.md"};
   std::stringstream text;
   text << md.rdbuf();

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Policies across a bandwidth-limited link: the scheduler and the server shards in one
+# network namespace, the paced workers (speeds 1,1,2,4) in another, joined by a veth pair
+# shaped with tc (token bucket, RATE). What compression is for: on loopback in one process
+# top-k costs CPU and saves nothing; here every dense pull and push crosses the link.
+# Needs root and iproute2. Prints time to 85% test accuracy, samples/s and bytes per policy.
+#   bash ops/bench/hetero-link.sh [RATE (default 1gbit)] [policies (default bsp,asp,adsp,ashl)] [OUT.md]
+# ASHL_SETTINGS="--set ashl.shl_local_steps=2 ..." adds settings to the ashl run; the table
+# is also appended to OUT.md when given.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rate="${1:-1gbit}"
+policies="${2:-bsp,asp,adsp,ashl}"
+out="${3:-/dev/null}"
+exe=$PWD/build/apps/ashlar
+config=$PWD/ops/configs/fmnist-mlp.toml
+[[ -x "$exe" ]] || { echo "no $exe: build first (bash ops/build.sh)" >&2; exit 1; }
+[[ $(id -u) -eq 0 ]] || { echo "network namespaces need root" >&2; exit 1; }
+id=$$
+a="ashlar-la-$id"
+b="ashlar-lb-$id"
+va="asla$((id % 100000))"
+vb="aslb$((id % 100000))"
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  ip netns del "$a" 2>/dev/null || true
+  ip netns del "$b" 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+ip netns add "$a"
+ip netns add "$b"
+ip link add "$va" type veth peer name "$vb"
+ip link set "$va" netns "$a"
+ip link set "$vb" netns "$b"
+ip -n "$a" addr add 10.231.8.1/24 dev "$va"
+ip -n "$b" addr add 10.231.8.2/24 dev "$vb"
+for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
+ip -n "$a" link set "$va" up
+ip -n "$b" link set "$vb" up
+# Both directions: pulls (shards -> workers) and pushes (workers -> shards).
+ip netns exec "$a" tc qdisc add dev "$va" root tbf rate "$rate" burst 256kb latency 50ms
+ip netns exec "$b" tc qdisc add dev "$vb" root tbf rate "$rate" burst 256kb latency 50ms
+
+# Table lines go to the terminal and, indented (a code block in Markdown), to OUT.md.
+row() { tee /dev/stderr | sed 's/^/    /' >> "$out"; }
+printf "\nLink %s, speeds 1,1,2,4, 1 shard, 20 s per policy, %s%s:\n\n" "$rate" "$(date -u +%Y-%m-%d)" \
+  "${ASHL_SETTINGS:+; ashl with $ASHL_SETTINGS}" | tee -a "$out"
+printf "%-10s %10s %10s %12s %14s\n" policy "t85 (s)" accuracy "samples/s" "bytes" | row
+for policy in ${policies//,/ }; do
+  extra=()
+  case "$policy" in
+    asp|ssp|kasync|adaptive) extra=(--set train.lr=0.05 --set train.momentum=0.5) ;;
+    adsp|ashl) extra=(--set train.lr=0.3 --set train.momentum=0) ;;
+  esac
+  case "$policy" in
+    ashl) extra+=(${ASHL_SETTINGS:-}) ;;
+  esac
+  rm -f "$dir/port" "$dir/r.json"
+  ip netns exec "$a" "$exe" node --role scheduler,server --listen 10.231.8.1:0 --port-file "$dir/port" \
+    "$config" --exit-after-job --policy "$policy" --workers 4 --servers 1 \
+    --set train.speeds=1,1,2,4 --set run.eval_interval=1 --set run.eval_every_epoch=false \
+    --set run.time_limit=20 --set run.progress_interval=0 "${extra[@]}" --report "$dir/r.json" \
+    >"$dir/sched-$policy.log" 2>&1 &
+  sched=$!
+  pids+=("$sched")
+  for _ in $(seq 1 100); do [[ -s "$dir/port" ]] && break; sleep 0.1; done
+  port=$(cat "$dir/port")
+  ip netns exec "$b" "$exe" node --role worker --slots 4 --name workers --join "10.231.8.1:$port" \
+    >"$dir/workers-$policy.log" 2>&1 &
+  pids+=("$!")
+  wait "$sched" || { echo "$policy: the job failed"; tail -5 "$dir/sched-$policy.log"; continue; }
+  (python3 - "$dir/r.json" "$policy" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+t = next((h["seconds"] for h in r["history"] if h["test_accuracy"] >= 0.85), None)
+print(f"{sys.argv[2]:<10} {('%.1f' % t) if t else 'not reached':>10} {r['test_accuracy']:>10.4f} "
+      f"{r['samples_per_second']:>12.0f} {r['bytes']:>14}")
+PY
+  ) | row
+done

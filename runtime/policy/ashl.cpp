@@ -47,6 +47,8 @@ expected<ashl_planner> ashl_planner::make(ashl_config cfg) {
                + ") is below a stage's local steps");
   if (!(cfg.plateau_window_s > 0) || !(cfg.plateau_drop >= 0 && cfg.plateau_drop < 1))
     return bad("plateau_window_s must be > 0 and plateau_drop in [0, 1)");
+  if (!(cfg.shl_lr_scale > 0 && cfg.shl_lr_scale <= 1))
+    return bad("shl_lr_scale must be in (0, 1]");
   return ashl_planner{std::move(cfg)};
 }
 

@@ -124,6 +124,11 @@ TEST_CASE("ASHL settings that cannot work are refused, naming the key") {
   ashl_config zero;
   zero.ahl_local_steps = 0;
   CHECK_FALSE(ashl_planner::make(zero));
+  ashl_config no_lr;
+  no_lr.shl_lr_scale = 0;
+  auto q = ashl_planner::make(no_lr);
+  REQUIRE_FALSE(q);
+  CHECK(describe(q.error()).find("ashl.shl_lr_scale") != std::string::npos);
 }
 
 TEST_CASE("the ashl policy is in the registry and moves its staleness bound at run time") {

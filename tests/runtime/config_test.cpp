@@ -89,6 +89,16 @@ TEST_CASE("validation names the inconsistent key") {
   cfg.model.classes = 2;
   cfg.servers = 5;
   CHECK(describe(validate(cfg)).find("exceeds the 4 parameters") != std::string::npos);
+  // Compression that would not compress, and commit scales outside (0, 1].
+  cfg = train_config{};
+  cfg.topk_ratio = 0.5;
+  CHECK(describe(validate(cfg)).find("train.topk_ratio must be in [0, 0.5)") != std::string::npos);
+  cfg = train_config{};
+  cfg.ashl.topk_ratio = -0.1;
+  CHECK(describe(validate(cfg)).find("ashl.topk_ratio") != std::string::npos);
+  cfg = train_config{};
+  cfg.commit_scale = 2;
+  CHECK(describe(validate(cfg)).find("train.commit_scale") != std::string::npos);
 }
 
 TEST_CASE("every config key documents its default") {

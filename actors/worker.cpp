@@ -1,5 +1,6 @@
 #include "actors/worker.hpp"
 
+#include <deque>
 #include <optional>
 
 #include <spdlog/spdlog.h>
@@ -75,7 +76,7 @@ struct worker_state {
   uint32_t ring_rank_id = 0, ring_size = 0;
   caf::actor ring_next;
   std::optional<ashlar::ring_rank> ring;
-  std::vector<wire::ring_message> ring_inbox;
+  std::deque<wire::ring_message> ring_inbox;
   bool ring_waiting = false; // a gradient is ready, the ring is not formed yet
   bool ring_stop = false;    // the ring agreed to stop after this round
   std::vector<float> velocity, before;
@@ -317,7 +318,7 @@ void ring_begin(worker_pointer self);
 
 void after_compute(worker_pointer self) {
   auto& st = self->state;
-  if (st.mode == step_mode::ring || st.job.policy == "ring")
+  if (st.mode == step_mode::ring)
     return ring_begin(self); // (waits if the ring is not formed yet)
   const uint32_t h = st.mode == step_mode::local_steps ? st.local_steps : 1;
   if (h <= 1 && st.local_done == 0) {
@@ -436,12 +437,12 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode);
 
 void ring_send(worker_pointer self) {
   auto& st = self->state;
-  if (auto m = st.ring->outgoing()) {
+  if (auto m = st.ring->next_send()) {
     wire::ring_message msg;
     msg.round = st.step;
     msg.step = m->step;
     msg.chunk = m->chunk;
-    msg.data.assign(m->data.begin(), m->data.end());
+    msg.data.assign(m->data, m->data + m->size);
     self->send(caf::actor_cast<worker_actor>(st.ring_next), std::move(msg));
   }
 }
@@ -484,9 +485,9 @@ void ring_drain(worker_pointer self) {
     if (m.round != st.step)
       return fail(self, "ring: a chunk of step " + std::to_string(m.round) + " at step "
                           + std::to_string(st.step) + " (the ring is out of step)");
-    ring_chunk c{m.step, m.chunk, std::vector<float>(m.data.begin(), m.data.end())};
-    st.ring_inbox.erase(st.ring_inbox.begin());
-    if (auto err = st.ring->receive(c))
+    auto err = st.ring->receive(m.step, m.chunk, m.data.data(), m.data.size());
+    st.ring_inbox.pop_front();
+    if (err)
       return fail(self, "ring: " + describe(err));
     if (st.ring->done())
       return ring_finish(self);
@@ -496,7 +497,7 @@ void ring_drain(worker_pointer self) {
 
 void ring_begin(worker_pointer self) {
   auto& st = self->state;
-  if (!st.ring_next && st.ring_size == 0) {
+  if (st.ring_size == 0) {
     st.ring_waiting = true; // starts when the ring is formed
     return;
   }
@@ -650,7 +651,11 @@ void start(worker_pointer self) {
         st.cursor.emplace(*st.cfg.data, a.data_begin, a.data_count, a.seed);
         st.started = clock_type::now();
         spdlog::debug("worker {}: {} backend, {} steps", a.worker_id, st.backend->name(), a.steps);
-        if (st.local_steps > 1 && st.mode == step_mode::every_step)
+        // Ring jobs take the ring behaviour now: a gradient computed before the ring is
+        // formed waits for it rather than going to the shards.
+        if (a.policy == "ring" && st.mode != step_mode::ring)
+          switch_mode(self, step_mode::ring);
+        else if (st.local_steps > 1 && st.mode == step_mode::every_step)
           switch_mode(self, step_mode::local_steps);
         self->send(self, step_atom::value);
       },

@@ -24,14 +24,27 @@ public:
   /// by this rank's share of the global batch). Chunk c is [c n / p, (c + 1) n / p).
   ring_rank(uint32_t rank, uint32_t ranks, std::vector<float> values);
 
-  /// The message to send to rank (rank + 1) % ranks for the current step, or nothing
-  /// when done (or with one rank). Call once per step, then wait for receive().
+  /// What to send to rank (rank + 1) % ranks for the current step, as a view of this
+  /// rank's values (valid until the next receive()), or nothing when done (or with one
+  /// rank). Send it once per step, then wait for receive().
+  struct chunk_view {
+    uint32_t step = 0;
+    uint32_t chunk = 0;
+    const float* data = nullptr;
+    size_t size = 0;
+  };
+  std::optional<chunk_view> next_send() const;
+
+  /// next_send(), copied into a message.
   std::optional<ring_chunk> outgoing() const;
 
   /// The previous rank's message for the current step: added (reduce-scatter) or copied
   /// (all-gather); the step advances. Fails with invalid_state for a message of another
   /// step or chunk, shape_mismatch for a wrong length.
   [[nodiscard]] caf::error receive(const ring_chunk& msg);
+
+  /// receive() from a chunk held elsewhere (no copy into a ring_chunk).
+  [[nodiscard]] caf::error receive(uint32_t step, uint32_t chunk, const float* data, size_t size);
 
   bool done() const { return step_ >= 2 * (ranks_ - 1); }
   /// The reduced tensor (complete once done()).

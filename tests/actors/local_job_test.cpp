@@ -245,18 +245,25 @@ TEST_CASE("ADSP workers at speeds 1 and 4 commit about equally often, never wait
   CHECK(rep->test_accuracy >= 0.7);
 }
 
-TEST_CASE("BSP with proportional batches gives a 4x faster worker about 4x the samples of each round") {
-  auto cfg = small_job("bsp");
+namespace {
+
+// Two lockstep workers at speeds 1 and 4 with batches proportional to speed.
+train_config proportional_pair_job(const std::string& policy) {
+  auto cfg = small_job(policy);
   cfg.epochs = 2;
   cfg.workers = 2;
   cfg.speeds = {1, 4};
   cfg.sample_ms = 0.5;
   cfg.allocation = "proportional";
-  auto rep = actors::run_local_job(cfg);
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("BSP with proportional batches gives a 4x faster worker about 4x the samples of each round") {
+  auto rep = actors::run_local_job(proportional_pair_job("bsp"));
   REQUIRE(rep);
-  REQUIRE(rep->per_worker.size() == 2);
-  const auto& slow = rep->per_worker[0].worker_id == 0 ? rep->per_worker[0] : rep->per_worker[1];
-  const auto& fast = rep->per_worker[0].worker_id == 0 ? rep->per_worker[1] : rep->per_worker[0];
+  auto [slow, fast] = slow_and_fast(*rep);
   // Lockstep: the same number of rounds each, at most the global batch (2 x 32) per
   // round (a batch is cut short where a worker's pass over the data set ends).
   CHECK(slow.steps == fast.steps);
@@ -340,13 +347,7 @@ TEST_CASE("a ring all-reduce job follows the same trajectory as BSP over the sha
 }
 
 TEST_CASE("a ring job with proportional shares gives a 4x faster worker about 4x the samples, and trains") {
-  auto cfg = small_job("ring");
-  cfg.epochs = 2;
-  cfg.workers = 2;
-  cfg.speeds = {1, 4};
-  cfg.sample_ms = 0.5;
-  cfg.allocation = "proportional";
-  auto rep = actors::run_local_job(cfg);
+  auto rep = actors::run_local_job(proportional_pair_job("ring"));
   REQUIRE(rep);
   auto [slow, fast] = slow_and_fast(*rep);
   CHECK(slow.steps == fast.steps); // lockstep rounds

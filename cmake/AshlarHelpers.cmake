@@ -11,6 +11,14 @@ endfunction()
 # ashlar_test(NAME SOURCES ... DEPS ...): a Catch2 executable whose test cases ctest discovers.
 function(ashlar_test name)
   cmake_parse_arguments(A "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  # ctest names each Catch test case after its name, and a ';' there splits the name (a
+  # CMake list), so the truncated name matches no test case and "passes" running nothing.
+  foreach(_src ${A_SOURCES})
+    file(STRINGS ${_src} _bad REGEX "TEST_CASE\\(\"[^\"]*;")
+    if(_bad)
+      message(FATAL_ERROR "${_src}: a test case name with ';' would never run under ctest: ${_bad}")
+    endif()
+  endforeach()
   add_executable(${name} ${A_SOURCES})
   target_link_libraries(${name} PRIVATE ${A_DEPS} ashlar_test_main)
   target_compile_options(${name} PRIVATE -Wall -Wextra)

@@ -103,7 +103,7 @@ TEST_CASE("SSP blocks a worker exactly s clocks ahead and releases it when the s
   CHECK(p.may_read(0, 4));
 }
 
-TEST_CASE("SSP with bound 0 keeps workers in lockstep; a leaving worker stops holding others back") {
+TEST_CASE("SSP with bound 0 keeps workers in lockstep, and a leaving worker stops holding others back") {
   policy_config cfg;
   cfg.staleness_bound = 0;
   ssp_policy p{cfg};

@@ -6,12 +6,15 @@
 # Needs root and iproute2. Prints time to 85% test accuracy, samples/s and bytes per policy.
 #   bash ops/bench/hetero-link.sh [RATE (default 1gbit)] [policies (default bsp,asp,adsp,ashl)] [OUT.md]
 # ASHL_SETTINGS="--set ashl.shl_local_steps=2 ..." adds settings to the ashl run; the table
-# is also appended to OUT.md when given.
+# is also appended to OUT.md when given. SEEDS="1 2 3" runs each policy once per seed and
+# prints each run and the median; LIMIT=60 caps each run at 60 s (default 20).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rate="${1:-1gbit}"
 policies="${2:-bsp,asp,adsp,ashl}"
 out="${3:-/dev/null}"
+seeds="${SEEDS:-1}"
+limit="${LIMIT:-20}"
 exe=$PWD/build/apps/ashlar
 config=$PWD/ops/configs/fmnist-mlp.toml
 [[ -x "$exe" ]] || { echo "no $exe: build first (bash ops/build.sh)" >&2; exit 1; }
@@ -46,38 +49,51 @@ ip netns exec "$b" tc qdisc add dev "$vb" root tbf rate "$rate" burst 256kb late
 
 # Table lines go to the terminal and, indented (a code block in Markdown), to OUT.md.
 row() { tee /dev/stderr | sed 's/^/    /' >> "$out"; }
-printf "\nLink %s, speeds 1,1,2,4, 1 shard, 20 s per policy, %s%s:\n\n" "$rate" "$(date -u +%Y-%m-%d)" \
-  "${ASHL_SETTINGS:+; ashl with $ASHL_SETTINGS}" | tee -a "$out"
-printf "%-10s %10s %10s %12s %14s\n" policy "t85 (s)" accuracy "samples/s" "bytes" | row
+printf "\nLink %s, speeds 1,1,2,4, 1 shard, at most %s s per run, seeds %s, %s%s:\n\n" "$rate" "$limit" \
+  "$seeds" "$(date -u +%Y-%m-%d)" "${ASHL_SETTINGS:+; ashl with $ASHL_SETTINGS}" | tee -a "$out"
+printf "%-10s %5s %10s %10s %12s %14s\n" policy seed "t85 (s)" accuracy "samples/s" "bytes" | row
 for policy in ${policies//,/ }; do
-  extra=()
-  case "$policy" in
-    asp|ssp|kasync|adaptive) extra=(--set train.lr=0.05 --set train.momentum=0.5) ;;
-    adsp|ashl) extra=(--set train.lr=0.3 --set train.momentum=0) ;;
-  esac
-  case "$policy" in
-    ashl) extra+=(${ASHL_SETTINGS:-}) ;;
-  esac
-  rm -f "$dir/port" "$dir/r.json"
-  ip netns exec "$a" "$exe" node --role scheduler,server --listen 10.231.8.1:0 --port-file "$dir/port" \
-    "$config" --exit-after-job --policy "$policy" --workers 4 --servers 1 \
-    --set train.speeds=1,1,2,4 --set run.eval_interval=1 --set run.eval_every_epoch=false \
-    --set run.time_limit=20 --set run.progress_interval=0 "${extra[@]}" --report "$dir/r.json" \
-    >"$dir/sched-$policy.log" 2>&1 &
-  sched=$!
-  pids+=("$sched")
-  for _ in $(seq 1 100); do [[ -s "$dir/port" ]] && break; sleep 0.1; done
-  port=$(cat "$dir/port")
-  ip netns exec "$b" "$exe" node --role worker --slots 4 --name workers --join "10.231.8.1:$port" \
-    >"$dir/workers-$policy.log" 2>&1 &
-  pids+=("$!")
-  wait "$sched" || { echo "$policy: the job failed"; tail -5 "$dir/sched-$policy.log"; continue; }
-  (python3 - "$dir/r.json" "$policy" <<'PY'
+  times=()
+  for seed in $seeds; do
+    extra=()
+    case "$policy" in
+      asp|ssp|kasync|adaptive) extra=(--set train.lr=0.05 --set train.momentum=0.5) ;;
+      adsp|ashl) extra=(--set train.lr=0.3 --set train.momentum=0) ;;
+    esac
+    case "$policy" in
+      ashl) extra+=(${ASHL_SETTINGS:-}) ;;
+    esac
+    rm -f "$dir/port" "$dir/r.json"
+    ip netns exec "$a" "$exe" node --role scheduler,server --listen 10.231.8.1:0 --port-file "$dir/port" \
+      "$config" --exit-after-job --policy "$policy" --workers 4 --servers 1 \
+      --set train.speeds=1,1,2,4 --set run.eval_interval=1 --set run.eval_every_epoch=false \
+      --set run.time_limit="$limit" --set run.progress_interval=0 --set train.seed="$seed" "${extra[@]}" \
+      --report "$dir/r.json" \
+      >"$dir/sched-$policy.log" 2>&1 &
+    sched=$!
+    pids+=("$sched")
+    for _ in $(seq 1 100); do [[ -s "$dir/port" ]] && break; sleep 0.1; done
+    port=$(cat "$dir/port")
+    ip netns exec "$b" "$exe" node --role worker --slots 4 --name workers --join "10.231.8.1:$port" \
+      >"$dir/workers-$policy.log" 2>&1 &
+    pids+=("$!")
+    wait "$sched" || { echo "$policy: the job failed"; tail -5 "$dir/sched-$policy.log"; continue; }
+    line=$(python3 - "$dir/r.json" "$policy" "$seed" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 t = next((h["seconds"] for h in r["history"] if h["test_accuracy"] >= 0.85), None)
-print(f"{sys.argv[2]:<10} {('%.1f' % t) if t else 'not reached':>10} {r['test_accuracy']:>10.4f} "
-      f"{r['samples_per_second']:>12.0f} {r['bytes']:>14}")
+print(f"{sys.argv[2]:<10} {sys.argv[3]:>5} {('%.1f' % t) if t else 'not reached':>10} "
+      f"{r['test_accuracy']:>10.4f} {r['samples_per_second']:>12.0f} {r['bytes']:>14}")
 PY
-  ) | row
+    )
+    echo "$line" | row
+    times+=("$(echo "$line" | awk '{print $3}')")
+  done
+  # Median over seeds; a run that did not reach 85% counts as longer than the cap.
+  printf "%s\n" "${times[@]}" | python3 -c "
+import sys
+ts = sorted(float(t) if t[0].isdigit() else float('inf') for t in sys.stdin.read().split())
+m = ts[len(ts) // 2]
+print(f'{sys.argv[1]:<10} {\"median\":>5} {(\"%.1f\" % m) if m != float(\"inf\") else \"> \" + sys.argv[2]:>10}')
+" "$policy" "$limit" | row
 done

@@ -18,6 +18,10 @@
 #include "actors/worker.hpp"
 #include "runtime/backend/cpu_backend.hpp"
 #include "runtime/data/dataset.hpp"
+#include "runtime/metrics/json.hpp"
+#include "runtime/metrics/prometheus.hpp"
+#include "runtime/metrics/recorder.hpp"
+#include "runtime/net/http_endpoint.hpp"
 
 namespace ashlar::actors {
 
@@ -86,6 +90,45 @@ expected<std::vector<float>> snapshot(caf::scoped_actor& self, const std::vector
   return params;
 }
 
+// The job's /metrics endpoint: the node's (hooks.metrics), or one of its own on
+// run.metrics_listen. Errors: io_error when the address cannot be bound.
+struct metrics_target {
+  std::unique_ptr<http_endpoint> own;
+  http_endpoint* endpoint = nullptr;
+};
+
+expected<metrics_target> open_metrics(const train_config& cfg, const job_hooks& hooks) {
+  metrics_target t;
+  t.endpoint = hooks.metrics;
+  if (t.endpoint || cfg.metrics_listen.empty())
+    return t;
+  auto ep = http_endpoint::start(cfg.metrics_listen);
+  if (!ep)
+    return ep.error();
+  spdlog::info("job: Prometheus metrics at {}", (*ep)->url());
+  t.own = std::move(*ep);
+  t.endpoint = t.own.get();
+  return t;
+}
+
+// The recorder for run.trace and run.metrics, or null when neither is set.
+expected<std::shared_ptr<run_recorder>> open_recorder(const train_config& cfg) {
+  if (cfg.trace.empty() && cfg.metrics.empty())
+    return std::shared_ptr<run_recorder>{};
+  auto rec = run_recorder::open(cfg.trace, cfg.metrics);
+  if (!rec)
+    return rec.error();
+  std::string speeds;
+  for (double v : cfg.speeds)
+    speeds += (speeds.empty() ? "" : ",") + json_number(v);
+  (*rec)->describe_run("ashlar " + cfg.policy + " (" + std::to_string(cfg.workers) + " workers)",
+                       "\"policy\":" + json_string(cfg.policy) + ",\"allocation\":" + json_string(cfg.allocation)
+                         + ",\"workers\":" + std::to_string(cfg.workers) + ",\"servers\":"
+                         + std::to_string(cfg.servers) + ",\"batch_size\":" + std::to_string(cfg.batch_size)
+                         + ",\"model\":" + json_string(cfg.model.to_string()) + ",\"speeds\":[" + speeds + "]");
+  return rec;
+}
+
 }  // namespace
 
 job_placement::~job_placement() = default;
@@ -128,9 +171,28 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
                cfg.model.to_string(), num_params, train->n, test.n, cfg.workers, cfg.servers,
                cfg.policy, cfg.batch_size, cfg.epochs);
 
+  auto recorder_or = open_recorder(cfg);
+  if (!recorder_or)
+    return recorder_or.error();
+  auto recorder = std::move(*recorder_or);
+  // The files are finished however the job ends (the profiler may hold on a while).
+  struct close_on_exit {
+    std::shared_ptr<run_recorder> r;
+    ~close_on_exit() {
+      if (r)
+        r->close();
+    }
+  } recorder_guard{recorder};
+  auto metrics_or = open_metrics(cfg, hooks);
+  if (!metrics_or)
+    return metrics_or.error();
+  auto metrics = std::move(*metrics_or);
+  job_metrics live;
+  live.policy = cfg.policy;
+
   caf::scoped_actor self{sys};
 
-  auto profiler = spawn_profiler(sys);
+  auto profiler = spawn_profiler(sys, 0.1, recorder);
   auto shards_or = where.make_shards(*ranges, init, cfg);
   if (!shards_or) {
     self->send_exit(profiler, caf::exit_reason::user_shutdown);
@@ -149,14 +211,21 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   sc.train_size = train->n;
   sc.contention = std::move(contention);
   sc.observer = caf::actor_cast<caf::actor>(self);
+  sc.recorder = recorder;
   auto scheduler = spawn_scheduler(sys, sc);
   auto start = clock_type::now();
+  if (recorder)
+    recorder->mark_start();
   auto stop_all = [&] {
     for (auto& s : shards)
       self->send_exit(s, caf::exit_reason::user_shutdown);
     self->send_exit(profiler, caf::exit_reason::user_shutdown);
     self->send_exit(scheduler, caf::exit_reason::user_shutdown);
     where.on_job_end();
+    if (metrics.endpoint) {
+      live.running = false;
+      metrics.endpoint->publish(prometheus_text(live));
+    }
   };
   if (auto err = where.start_workers(cfg, scheduler, profiler, train)) {
     stop_all();
@@ -185,6 +254,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   uint64_t last_samples = 0;
   double last_progress = 0;
   double last_eval = 0;
+  double last_shard_poll = 0;
   bool stop_sent = false;
   const uint64_t budget = uint64_t{cfg.epochs} * train->n;
   bool lockstep = true;
@@ -204,6 +274,9 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
     if (ev) {
       epoch_point pt{pending->epoch, pending->at, ev->accuracy(), pending->loss};
       rep.history.push_back(pt);
+      live.test_accuracy = pt.test_accuracy;
+      if (recorder)
+        recorder->evaluation(pt.seconds, pt.epoch, pt.test_accuracy, pt.train_loss);
       if (hooks.on_epoch)
         hooks.on_epoch(pt);
     }
@@ -240,6 +313,20 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
     self->request(profiler, std::chrono::seconds(10), caf::get_atom::value)
       .receive([&](const wire::cluster_stats& s) { stats = s; }, [&](caf::error&) {});
     double now = seconds();
+    if (metrics.endpoint) {
+      live.running = true;
+      live.epoch = static_cast<double>(stats.total_samples) / static_cast<double>(train->n);
+      // The shards' counters, once a second (each asks every shard).
+      if (live.shards.empty() || now - last_shard_poll >= 1.0) {
+        live.shards.clear();
+        for (const auto& s : shards)
+          self->request(s, std::chrono::seconds(5), status_atom::value)
+            .receive([&](const wire::shard_status& st) { live.shards.push_back(st); }, [](caf::error&) {});
+        last_shard_poll = now;
+      }
+      live.stats = stats;
+      metrics.endpoint->publish(prometheus_text(live));
+    }
     if (hooks.on_progress && cfg.progress_interval > 0 && now - last_progress >= cfg.progress_interval) {
       progress_event ev;
       ev.seconds = now;
@@ -337,6 +424,8 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   rep.test_loss = ev->mean_loss();
   rep.history.push_back(epoch_point{static_cast<double>(rep.samples) / train->n, rep.seconds,
                                     rep.test_accuracy, 0.0});
+  if (recorder)
+    recorder->evaluation(rep.seconds, rep.history.back().epoch, rep.test_accuracy, rep.test_loss);
   if (final_params)
     *final_params = std::move(*params);
   return rep;

@@ -9,6 +9,10 @@
 #include "runtime/metrics/report.hpp"
 #include "runtime/wire/messages.hpp"
 
+namespace ashlar {
+class http_endpoint;
+}
+
 namespace ashlar::actors {
 
 /// A live view of a running job, handed to job_hooks::on_progress.
@@ -26,6 +30,9 @@ struct job_hooks {
   std::function<void(const progress_event&)> on_progress;
   /// Called after each epoch's test evaluation (if run.eval_every_epoch).
   std::function<void(const epoch_point&)> on_epoch;
+  /// Where the job publishes its Prometheus metrics (a node's endpoint, which outlives
+  /// the job). Null: the job serves its own on run.metrics_listen, if that is set.
+  http_endpoint* metrics = nullptr;
 };
 
 /// Loads the data named by `cfg`, trains, evaluates the final parameters on the test set

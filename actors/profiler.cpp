@@ -1,7 +1,11 @@
 #include "actors/profiler.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <map>
+
+#include "runtime/metrics/recorder.hpp"
+#include "runtime/predict/speed_predictor.hpp"
 
 namespace ashlar::actors {
 
@@ -10,6 +14,13 @@ namespace {
 struct worker_track {
   wire::worker_stats stats;
   bool seen = false;
+  // Compute speed per window: samples and compute time so far in the current window,
+  // and the GRU that predicts the next window's seconds per sample.
+  std::chrono::steady_clock::time_point window_start;
+  double window_samples = 0, window_compute = 0;
+  gru_predictor predictor;
+  uint64_t predicted_windows = 0;
+  double error_sum = 0;
 };
 
 struct profiler_state {
@@ -21,6 +32,8 @@ struct profiler_state {
   uint64_t total_samples = 0;
   double loss = 0;
   bool loss_seen = false;
+  std::shared_ptr<run_recorder> recorder;
+  double window = 0.25;
 };
 
 using profiler_pointer = profiler_actor::stateful_pointer<profiler_state>;
@@ -29,18 +42,46 @@ double ema(double old, double x, double alpha, bool first) {
   return first ? x : (1 - alpha) * old + alpha * x;
 }
 
-profiler_actor::behavior_type profiler_behavior(profiler_pointer self, double alpha) {
+// Closes a worker's speed window once it is `window` seconds long: the GRU's prediction
+// for it is scored against what was observed, then the GRU learns the window.
+void close_window(worker_track& t, double window, std::chrono::steady_clock::time_point now) {
+  if (std::chrono::duration<double>(now - t.window_start).count() < window || t.window_samples <= 0
+      || t.window_compute <= 0)
+    return;
+  const double per_sample = t.window_compute / t.window_samples;
+  const double predicted = t.predictor.predict();
+  if (predicted > 0) {
+    t.error_sum += std::abs(predicted - per_sample) / per_sample;
+    ++t.predicted_windows;
+    t.stats.prediction_error = t.error_sum / static_cast<double>(t.predicted_windows);
+  }
+  t.predictor.observe(per_sample);
+  t.stats.observed_speed = 1.0 / per_sample;
+  t.stats.predicted_speed = t.predictor.predict() > 0 ? 1.0 / t.predictor.predict() : 0.0;
+  t.window_start = now;
+  t.window_samples = t.window_compute = 0;
+}
+
+profiler_actor::behavior_type profiler_behavior(profiler_pointer self, double alpha,
+                                                std::shared_ptr<run_recorder> recorder, double window) {
   self->state.alpha = alpha;
+  self->state.recorder = std::move(recorder);
+  self->state.window = window;
   return {
     [=](const wire::profile_report& r) {
       auto& st = self->state;
+      const auto now = std::chrono::steady_clock::now();
       if (!st.started) {
-        st.start = std::chrono::steady_clock::now();
+        st.start = now;
         st.started = true;
       }
+      if (st.recorder)
+        st.recorder->step(r);
       auto& t = st.workers[r.worker_id];
       auto& s = t.stats;
       bool first = !t.seen;
+      if (first)
+        t.window_start = now;
       t.seen = true;
       s.worker_id = r.worker_id;
       s.steps += 1;
@@ -58,6 +99,11 @@ profiler_actor::behavior_type profiler_behavior(profiler_pointer self, double al
       s.stage_changes = r.stage_changes;
       if (r.samples > 0)
         s.compute_per_sample = ema(s.compute_per_sample, r.compute_ns * 1e-9 / r.samples, st.alpha, first);
+      if (r.push_ns > 0)
+        s.staleness = ema(s.staleness, static_cast<double>(r.staleness), st.alpha, s.staleness == 0);
+      t.window_samples += r.samples;
+      t.window_compute += r.compute_ns * 1e-9;
+      close_window(t, st.window, now);
       st.total_samples += r.samples;
       st.loss = ema(st.loss, r.loss, st.alpha / 2, !st.loss_seen);
       st.loss_seen = true;
@@ -85,8 +131,9 @@ profiler_actor::behavior_type profiler_behavior(profiler_pointer self, double al
 
 }  // namespace
 
-profiler_actor spawn_profiler(caf::actor_system& sys, double smoothing) {
-  return sys.spawn(profiler_behavior, smoothing);
+profiler_actor spawn_profiler(caf::actor_system& sys, double smoothing, std::shared_ptr<run_recorder> recorder,
+                              double window) {
+  return sys.spawn(profiler_behavior, smoothing, std::move(recorder), window);
 }
 
 }  // namespace ashlar::actors

@@ -10,6 +10,7 @@
 
 #include "runtime/alloc/batch_allocation.hpp"
 #include "runtime/policy/adaptive_k.hpp"
+#include "runtime/metrics/recorder.hpp"
 #include "runtime/predict/speed_predictor.hpp"
 #include "runtime/policy/adsp.hpp"
 #include "runtime/policy/ashl.hpp"
@@ -59,6 +60,12 @@ struct scheduler_state {
 };
 
 using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;
+
+// Records a job event in the run's trace and metrics, when they are kept.
+void record(scheduler_pointer self, const std::string& name, const std::string& detail, int64_t worker = -1) {
+  if (self->state.cfg.recorder)
+    self->state.cfg.recorder->event(name, detail, worker);
+}
 
 constexpr auto ack_timeout = std::chrono::seconds(30);
 constexpr auto adsp_replan_interval = std::chrono::milliseconds(500);
@@ -114,6 +121,7 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
     spdlog::warn("scheduler: worker {} removed: {}", id, reason);
   else
     spdlog::info("scheduler: worker {} left: {}", id, reason);
+  record(self, failed ? "worker failed" : "worker left", reason, id);
   wire::membership_change m;
   m.kind = failed ? wire::membership_change::fail : wire::membership_change::leave;
   m.worker_id = id;
@@ -156,6 +164,7 @@ void start_training(scheduler_pointer self) {
                  st.start_barrier.size(), st.cfg.job.workers);
   else
     spdlog::info("scheduler: {} workers joined, training starts", st.start_barrier.size());
+  record(self, "training starts", std::to_string(st.start_barrier.size()) + " workers");
   for (auto& f : st.start_barrier)
     f();
   st.start_barrier.clear();
@@ -209,16 +218,20 @@ void reallocate(scheduler_pointer self) {
         if (!shares)
           return;
         std::string text;
+        bool changed = false;
         for (size_t i = 0; i < ids.size(); ++i) {
           text += (text.empty() ? "" : ", ") + std::to_string(ids[i]) + ":" + std::to_string((*shares)[i]);
           if (st.shares[ids[i]] == (*shares)[i])
             continue;
+          changed = true;
           st.shares[ids[i]] = (*shares)[i];
           // Lockstep workers switch together, a few rounds ahead; the others at their next step.
           uint64_t from = st.lockstep ? max_steps + 3 : steps[ids[i]] + 1;
           self->send(caf::actor_cast<worker_actor>(st.members[ids[i]].handle), batch_atom::value, (*shares)[i],
                      from);
         }
+        if (changed)
+          record(self, "batch shares", text);
         if (mode == "proportional") {
           st.allocation_frozen = true;
           spdlog::info("scheduler: batch shares from profiled speed: {}", text);
@@ -259,6 +272,7 @@ void retune_adaptive(scheduler_pointer self) {
                 st.tuned = choice;
                 spdlog::info("scheduler: adaptive policy now {} with k = {} (recent staleness {:.2f})",
                              choice.async ? "k-async" : "k-sync", choice.k, recent);
+                record(self, choice.async ? "k-async" : "k-sync", "k = " + std::to_string(choice.k));
                 for (const auto& shard : st.cfg.shards)
                   self->send(shard, tune_atom::value, choice.k, choice.async);
               }
@@ -326,6 +340,7 @@ void replan_ashl(scheduler_pointer self) {
         if (change) {
           spdlog::info("scheduler: ASHL stage {} at {:.1f} s (change {}): {}", to_string(change->to),
                        change->t_s, st.ashl->events().size(), change->why);
+          record(self, "stage " + std::string{to_string(change->to)}, change->why);
           for (const auto& shard : st.cfg.shards)
             self->send(shard, bound_atom::value, st.ashl->allowed_gap(), st.ashl->lr_scale());
           std::string plan;
@@ -439,6 +454,8 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       spdlog::info("scheduler: worker {} joined ({}), samples [{}, {}), batch {}, {} steps", id,
                    req.host.empty() ? "local" : req.host, a.data_begin,
                    a.data_begin + a.data_count, a.batch_size, a.steps);
+      record(self, "worker joined", (req.host.empty() ? std::string{"local"} : req.host) + ", batch "
+                                      + std::to_string(a.batch_size), id);
       auto promise = self->make_response_promise<wire::assignment, std::vector<shard_actor>>();
       wire::membership_change join;
       join.kind = wire::membership_change::join;

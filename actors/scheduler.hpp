@@ -3,12 +3,17 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "actors/messages.hpp"
 #include "runtime/config/train_config.hpp"
 #include "runtime/tensor/layout.hpp"
+
+namespace ashlar {
+class run_recorder;
+}
 
 namespace ashlar::actors {
 
@@ -33,6 +38,9 @@ struct scheduler_config {
   /// Receives (done_atom, uint32_t finished, uint32_t failed) once every registered
   /// worker has left and at least expected_workers have registered.
   caf::actor observer;
+  /// Where stage changes, policy retunes, joins and leaves are recorded (the run's
+  /// trace and metrics files), if anywhere.
+  std::shared_ptr<run_recorder> recorder;
 };
 
 /// Spawns the scheduler. Before answering a registration it has every shard and the

@@ -57,6 +57,10 @@ struct worker_state {
   // Timings of the current step.
   clock_type::time_point phase_start;
   uint64_t pull_ns = 0, wait_ns = 0, compute_ns = 0;
+  clock_type::time_point step_begin; // for the trace: when the step began here,
+  uint64_t step_begin_ns = 0;        // the same on the wall clock (ns since the epoch),
+  uint64_t compute_offset_ns = 0;    // and when its computation began, after step_begin
+  uint64_t step_staleness = 0;       // the largest staleness the shards acknowledged
   uint32_t batch_n = 0;
   double loss = 0;
   uint64_t step_bytes = 0; // tensor bytes moved in the current step
@@ -128,7 +132,7 @@ uint64_t chunk_size(const worker_state& st, uint64_t total) {
 }
 
 void phase_done(worker_pointer self);
-void push_done(worker_pointer self, size_t i, uint64_t floats);
+void push_done(worker_pointer self, size_t i, uint64_t floats, const wire::push_ack& ack);
 
 // Pull: the first request starts the read; once the reply names it, further chunks are
 // requested with at most chunks_in_flight outstanding per shard.
@@ -211,7 +215,7 @@ void send_push_chunk(worker_pointer self, size_t i) {
   t.next += len;
   self->request(st.shards[i], st.cfg.request_timeout, std::move(msg))
     .then(
-      [=](const wire::push_ack&) { push_done(self, i, len); },
+      [=](const wire::push_ack& ack) { push_done(self, i, len, ack); },
       [=](caf::error& err) {
         fail(self, "push to shard " + std::to_string(self->state.job.shards[i].shard_id)
                      + " failed: " + describe(err));
@@ -220,10 +224,11 @@ void send_push_chunk(worker_pointer self, size_t i) {
 
 // Shard i acknowledged `floats` more of the push: send the next chunk, or end the phase
 // once every shard has the whole gradient.
-void push_done(worker_pointer self, size_t i, uint64_t floats) {
+void push_done(worker_pointer self, size_t i, uint64_t floats, const wire::push_ack& ack) {
   auto& st = self->state;
   if (st.stopped)
     return;
+  st.step_staleness = std::max(st.step_staleness, ack.staleness);
   auto& t = st.transfers[i];
   t.done += floats;
   if (t.next < t.total)
@@ -241,6 +246,8 @@ void report_step(worker_pointer self, uint64_t push_ns);
 void push_all(worker_pointer self) {
   auto& st = self->state;
   auto t0 = clock_type::now();
+  st.compute_offset_ns = static_cast<uint64_t>(
+    std::chrono::duration_cast<std::chrono::nanoseconds>(t0 - st.step_begin).count());
   auto batch = st.cursor->next(st.job.batch_size);
   auto stats = st.backend->train_step(st.params.data(), batch, st.grad.data());
   if (!stats)
@@ -286,7 +293,7 @@ void send_sparse_pushes(worker_pointer self) {
     msg.grad.assign(sparse->value.begin(), sparse->value.end());
     st.transfers[i].next = st.transfers[i].total;
     self->request(st.shards[i], st.cfg.request_timeout, std::move(msg))
-      .then([=](const wire::push_ack&) { push_done(self, i, self->state.transfers[i].total); },
+      .then([=](const wire::push_ack& ack) { push_done(self, i, self->state.transfers[i].total, ack); },
             [=](caf::error& err) {
               fail(self, "push to shard " + std::to_string(self->state.job.shards[i].shard_id)
                            + " failed: " + describe(err));
@@ -368,8 +375,11 @@ void report_step(worker_pointer self, uint64_t push_ns) {
   rep.push_ns = push_ns;
   rep.bytes = st.step_bytes;
   rep.stage_changes = st.stage_changes;
+  rep.start_ns = st.step_begin_ns;
+  rep.compute_offset_ns = st.compute_offset_ns;
+  rep.staleness = st.step_staleness;
   self->send(st.cfg.profiler, rep);
-  st.pull_ns = st.wait_ns = st.step_bytes = 0;
+  st.pull_ns = st.wait_ns = st.step_bytes = st.step_staleness = 0;
   ++st.step;
 }
 
@@ -605,6 +615,10 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
       // On a ring, everybody stops at the round the ring agreed on, never alone.
       if (st.step >= st.job.steps || (mode == step_mode::ring ? st.ring_stop : st.stop_requested))
         return finish(self);
+      st.step_begin = clock_type::now();
+      st.step_begin_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                 std::chrono::system_clock::now().time_since_epoch())
+                                                 .count());
       if (st.next_batch > 0 && st.step >= st.next_batch_from) {
         st.job.batch_size = st.next_batch;
         st.next_batch = 0;

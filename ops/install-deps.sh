@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Installs Ashlar's build and run dependencies from Debian bookworm's packages.
 #   bash ops/install-deps.sh          # build, test and run
-#   bash ops/install-deps.sh --bench  # also python3-torch, python3-matplotlib, iperf3 (benchmarks)
+#   bash ops/install-deps.sh --bench  # also python3-torch, iperf3 (benchmarks)
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libcaf-dev capnproto libcapnp-dev librocksdb-dev libspdlog-dev libfmt-dev catch2
-  libopenblas-dev libcli11-dev libtomlplusplus-dev zlib1g-dev
-  dataset-fashion-mnist python3
+  libopenblas-dev libcli11-dev libtomlplusplus-dev zlib1g-dev libcpp-httplib-dev
+  dataset-fashion-mnist python3 python3-matplotlib curl
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch python3-matplotlib iperf3)
+  packages+=(python3-torch iperf3)
 fi
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then

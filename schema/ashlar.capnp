@@ -233,6 +233,9 @@ struct ProfileReport {
   waitNs @7 :UInt64;       # time held by the policy
   bytes @8 :UInt64;        # tensor bytes pulled and pushed in this step
   stageChanges @9 :UInt32; # behaviour changes (stage switches) of the worker so far
+  startNs @10 :UInt64;     # when the step began: wall-clock ns since the Unix epoch
+  computeOffsetNs @11 :UInt64; # the computation began this long after startNs
+  staleness @12 :UInt64;   # the largest staleness the shards reported for this step's push
 }
 
 struct WorkerStats {
@@ -250,6 +253,10 @@ struct WorkerStats {
   bytes @11 :UInt64;              # tensor bytes pulled and pushed
   computePerSample @12 :Float64;  # smoothed compute seconds per sample (waits excluded)
   stageChanges @13 :UInt32;       # behaviour changes (stage switches) of the worker
+  staleness @14 :Float64;         # smoothed staleness of the worker's pushes
+  predictedSpeed @15 :Float64;    # compute samples/s the profiler's GRU predicts next
+  observedSpeed @16 :Float64;     # compute samples/s over the last window
+  predictionError @17 :Float64;   # mean |predicted - observed| / observed so far
 }
 
 struct ClusterStats {

@@ -18,6 +18,8 @@
 #include "apps/ashlar/commands.hpp"
 #include "apps/ashlar/train_options.hpp"
 #include "runtime/core/log.hpp"
+#include "runtime/metrics/prometheus.hpp"
+#include "runtime/net/http_endpoint.hpp"
 #include "runtime/net/socket.hpp"
 
 namespace ashlar::cli {
@@ -57,12 +59,14 @@ std::string default_name() {
 
 // Runs one job on the cluster's nodes from the main thread; returns the report.
 expected<run_report> run_cluster_job(caf::actor_system& sys, const actors::cluster_actor& cluster,
-                                     const train_config& cfg, double wait_timeout) {
+                                     const train_config& cfg, double wait_timeout, http_endpoint* metrics) {
   auto wait_ms = std::chrono::milliseconds(static_cast<int64_t>(wait_timeout * 1000));
   if (auto err = actors::wait_for_nodes(sys, cluster, cfg.servers, cfg.workers, wait_ms))
     return err;
   actors::cluster_placement where{sys, cluster};
-  return actors::run_job(sys, cfg, where, print_hooks(cfg.epochs));
+  auto hooks = print_hooks(cfg.epochs);
+  hooks.metrics = metrics;
+  return actors::run_job(sys, cfg, where, hooks);
 }
 
 int run_node(node_options& o) {
@@ -106,6 +110,7 @@ int run_node(node_options& o) {
   } data_plane_guard{data_plane};
   caf::scoped_actor self{sys};
   actors::cluster_actor cluster;
+  std::unique_ptr<http_endpoint> metrics; // the scheduler's /metrics (run.metrics_listen)
   std::string address;
   int code = 0;
 
@@ -131,6 +136,16 @@ int run_node(node_options& o) {
       std::string tmp = o.port_file + ".tmp";
       std::ofstream{tmp} << *port << "\n";
       std::rename(tmp.c_str(), o.port_file.c_str());
+    }
+    if (!job_cfg.metrics_listen.empty()) {
+      // The scheduler's /metrics outlives its jobs: between jobs it says none runs.
+      auto ep = http_endpoint::start(job_cfg.metrics_listen);
+      if (!ep)
+        return fail(1, describe(ep.error()));
+      metrics = std::move(*ep);
+      metrics->publish(prometheus_text(job_metrics{}));
+      std::printf("Prometheus metrics at %s\n", metrics->url().c_str());
+      std::fflush(stdout);
     }
     if (token->empty())
       spdlog::warn("no cluster token set (--token-file or ASHLAR_TOKEN): any node that reaches "
@@ -183,7 +198,7 @@ int run_node(node_options& o) {
 
   bool stop = false;
   if (is_scheduler && !o.train.config_file.empty()) {
-    auto rep = run_cluster_job(sys, cluster, job_cfg, o.wait_timeout);
+    auto rep = run_cluster_job(sys, cluster, job_cfg, o.wait_timeout, metrics.get());
     code = finish_run(job_cfg, rep, "ashlar node");
     if (o.exit_after_job)
       stop = true;
@@ -210,7 +225,7 @@ int run_node(node_options& o) {
         }
         spdlog::info("scheduler: running a submitted job ({} workers, {} shards, policy {})",
                      cfg.workers, cfg.servers, cfg.policy);
-        auto rep = run_cluster_job(sys, cluster, cfg, o.wait_timeout);
+        auto rep = run_cluster_job(sys, cluster, cfg, o.wait_timeout, metrics.get());
         if (rep)
           caf::anon_send(cluster, actors::job_atom::value, wire::job_result{to_json(*rep)});
         else

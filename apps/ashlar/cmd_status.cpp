@@ -36,6 +36,50 @@ int with_cluster(const client_options& o, const char* who, F f) {
   return f(self, caf::actor_cast<actors::cluster_actor>(*ptr));
 }
 
+// The straggler view: the spread of compute speed (samples per second of computation,
+// waits and transfers excluded, so a straggler shows under any policy), the slowest
+// workers against the median, and each worker's speed as the profiler predicted it
+// against what it then observed.
+double compute_speed(const wire::worker_stats& w) {
+  return w.compute_per_sample > 0 ? 1.0 / w.compute_per_sample : 0.0;
+}
+
+void print_workers(const wire::cluster_stats& stats) {
+  std::vector<const wire::worker_stats*> live;
+  for (const auto& w : stats.workers)
+    if (!w.done)
+      live.push_back(&w);
+  std::sort(live.begin(), live.end(), [](auto* a, auto* b) { return compute_speed(*a) < compute_speed(*b); });
+  std::printf("\nworkers (%zu, %zu training), %.0f samples in %.1f s, loss %.4f:\n", stats.workers.size(),
+              live.size(), static_cast<double>(stats.total_samples), stats.elapsed_seconds, stats.loss);
+  if (!live.empty()) {
+    const double median = compute_speed(*live[live.size() / 2]);
+    std::printf("  compute speed samples/s: min %.0f, median %.0f, max %.0f\n", compute_speed(*live.front()),
+                median, compute_speed(*live.back()));
+    std::string slow;
+    for (size_t i = 0; i < live.size() && i < 3; ++i) {
+      const auto& w = *live[i];
+      if (median <= 0 || compute_speed(w) >= 0.8 * median)
+        break;
+      char buf[128];
+      std::snprintf(buf, sizeof(buf), "%sworker %u (%.2fx the median; waits %.0f%% of its step)",
+                    slow.empty() ? "" : ", ", w.worker_id, compute_speed(w) / median,
+                    w.step_seconds > 0 ? 100 * w.wait_seconds / w.step_seconds : 0.0);
+      slow += buf;
+    }
+    std::printf("  slowest: %s\n", slow.empty() ? "none below 0.8x the median" : slow.c_str());
+  }
+  std::printf("  %-4s %-8s %-9s %-10s %-8s %-8s %-9s %-9s %-6s %-6s %s\n", "id", "steps", "samples", "samples/s",
+              "step ms", "wait ms", "predicted", "observed", "error", "stale", "state");
+  for (const auto& w : stats.workers)
+    std::printf("  %-4u %-8lu %-9lu %-10.0f %-8.2f %-8.2f %-9.0f %-9.0f %-6.2f %-6.1f %s\n", w.worker_id,
+                static_cast<unsigned long>(w.steps), static_cast<unsigned long>(w.samples), w.samples_per_second,
+                w.step_seconds * 1e3, w.wait_seconds * 1e3, w.predicted_speed, w.observed_speed, w.prediction_error,
+                w.staleness, w.done ? "left" : "training");
+  std::printf("  samples/s: throughput, waits included; predicted / observed: compute samples/s of the\n"
+              "  next window as the profiler's GRU predicted it / as measured; error: their mean relative error\n");
+}
+
 void print_status(const wire::cluster_status& s) {
   std::printf("stage: %s%s%s\n", s.stage.c_str(), s.job.empty() ? "" : ", job: ", s.job.c_str());
   std::printf("\nnodes (%zu):\n  %-4s %-28s %-24s %-6s %s\n", s.nodes.size(), "id", "name", "roles",
@@ -43,25 +87,8 @@ void print_status(const wire::cluster_status& s) {
   for (const auto& n : s.nodes)
     std::printf("  %-4u %-28s %-24s %-6u %s\n", n.node_id, n.name.c_str(),
                 actors::to_string(n.roles).c_str(), n.slots, n.alive ? "alive" : "lost");
-  if (!s.stats.workers.empty()) {
-    std::vector<double> speeds;
-    for (const auto& w : s.stats.workers)
-      if (!w.done)
-        speeds.push_back(w.samples_per_second);
-    std::sort(speeds.begin(), speeds.end());
-    std::printf("\nworkers (%zu), %.0f samples in %.1f s, loss %.4f:\n", s.stats.workers.size(),
-                static_cast<double>(s.stats.total_samples), s.stats.elapsed_seconds, s.stats.loss);
-    if (!speeds.empty())
-      std::printf("  speed samples/s: min %.0f, median %.0f, max %.0f\n", speeds.front(),
-                  speeds[speeds.size() / 2], speeds.back());
-    std::printf("  %-4s %-10s %-10s %-12s %-10s %-10s %s\n", "id", "steps", "samples", "samples/s",
-                "step ms", "wait ms", "state");
-    for (const auto& w : s.stats.workers)
-      std::printf("  %-4u %-10lu %-10lu %-12.0f %-10.2f %-10.2f %s\n", w.worker_id,
-                  static_cast<unsigned long>(w.steps), static_cast<unsigned long>(w.samples),
-                  w.samples_per_second, w.step_seconds * 1e3, w.wait_seconds * 1e3,
-                  w.done ? "left" : "training");
-  }
+  if (!s.stats.workers.empty())
+    print_workers(s.stats);
   if (!s.shards.empty()) {
     std::printf("\nshards (%zu):\n  %-4s %-24s %-10s %-10s %s\n", s.shards.size(), "id", "range",
                 "version", "dropped", "live workers");

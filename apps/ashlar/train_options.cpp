@@ -31,6 +31,9 @@ const flag_key flag_keys[] = {
   {"--lr", "train.lr", &train_options::lr},
   {"--data-dir", "data.dir", &train_options::data_dir},
   {"--report", "run.report", &train_options::report},
+  {"--trace", "run.trace", &train_options::trace},
+  {"--metrics", "run.metrics", &train_options::metrics},
+  {"--metrics-listen", "run.metrics_listen", &train_options::metrics_listen},
   {"--log-level", "run.log_level", &train_options::log_level},
 };
 
@@ -71,6 +74,10 @@ void add_train_options(CLI::App* cmd, train_options& o, bool with_config) {
   cmd->add_option("--lr", o.lr, "learning rate (train.lr)");
   cmd->add_option("--data-dir", o.data_dir, "Fashion-MNIST directory (data.dir)");
   cmd->add_option("--report", o.report, "write a JSON summary to FILE (run.report)");
+  cmd->add_option("--trace", o.trace, "write a Chrome trace (open in Perfetto) to FILE (run.trace)");
+  cmd->add_option("--metrics", o.metrics, "write per-step metrics as JSON lines to FILE (run.metrics)");
+  cmd->add_option("--metrics-listen", o.metrics_listen,
+                  "serve Prometheus metrics at http://HOST:PORT/metrics (run.metrics_listen)");
   cmd->add_option("--log-level", o.log_level, "trace, debug, info, warn, error (run.log_level)");
   cmd->add_option("--set", o.sets, "override any key: --set section.key=value (repeatable)");
 }

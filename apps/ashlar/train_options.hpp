@@ -15,8 +15,8 @@ namespace ashlar::cli {
 
 struct train_options {
   std::string config_file;
-  std::optional<std::string> workers, servers, policy, epochs, seed, report, data_dir, batch, lr,
-    log_level;
+  std::optional<std::string> workers, servers, policy, epochs, seed, report, trace, metrics, metrics_listen,
+    data_dir, batch, lr, log_level;
   std::vector<std::string> sets;
 
   /// The flags as they were given, to pass on to child processes (launch).

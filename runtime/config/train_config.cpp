@@ -226,6 +226,12 @@ const std::vector<field>& fields() {
          [](train_config& c) -> double& { return c.ashl.topk_ratio; }),
     bind("run.report", "write a JSON summary to this file (default none)",
          [](train_config& c) -> std::string& { return c.report; }),
+    bind("run.trace", "write a Chrome trace-event JSON (Perfetto) of the run to this file (default none)",
+         [](train_config& c) -> std::string& { return c.trace; }),
+    bind("run.metrics", "write per-step metrics as JSON lines to this file (default none)",
+         [](train_config& c) -> std::string& { return c.metrics; }),
+    bind("run.metrics_listen", "serve Prometheus metrics on HOST:PORT at /metrics (default none)",
+         [](train_config& c) -> std::string& { return c.metrics_listen; }),
     bind("run.progress_interval", "seconds between progress lines, 0 = none (default 1)",
          [](train_config& c) -> double& { return c.progress_interval; }),
     bind("run.log_level", "trace, debug, info, warn or error (default info)",
@@ -410,6 +416,12 @@ caf::error validate(const train_config& c) {
     return bad("train.allocation '" + c.allocation + "' is not known (known: equal, proportional, adaptive, predicted)");
   if (c.eval_interval < 0)
     return bad("run.eval_interval must be >= 0");
+  if (!c.metrics_listen.empty()) {
+    auto colon = c.metrics_listen.rfind(':');
+    const std::string port = colon == std::string::npos ? "" : c.metrics_listen.substr(colon + 1);
+    if (colon == 0 || port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos)
+      return bad("run.metrics_listen = \"" + c.metrics_listen + "\" is not HOST:PORT (e.g. 0.0.0.0:9400)");
+  }
   if (c.time_limit < 0)
     return bad("run.time_limit must be >= 0");
   if (c.data_source != "fashion-mnist" && c.data_source != "synthetic")

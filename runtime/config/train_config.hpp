@@ -86,6 +86,15 @@ struct train_config {
   // [run]
   /// Write a JSON summary here when training ends; empty = none. Default: "".
   std::string report;
+  /// Write a Chrome trace-event JSON of every worker's steps here (run.trace); empty =
+  /// none. Default: "".
+  std::string trace;
+  /// Write metrics as JSON lines here: per step and worker, events, evaluations
+  /// (run.metrics); empty = none. Default: "".
+  std::string metrics;
+  /// Serve Prometheus metrics at http://HOST:PORT/metrics while the job runs
+  /// (run.metrics_listen, e.g. "0.0.0.0:9400"); empty = none. Default: "".
+  std::string metrics_listen;
   /// Seconds between live progress lines; 0 = no progress lines. Default: 1.
   double progress_interval = 1.0;
   /// Log level: trace, debug, info, warn, error. Default: info.

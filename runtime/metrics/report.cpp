@@ -1,4 +1,5 @@
 #include "runtime/metrics/report.hpp"
+#include "runtime/metrics/json.hpp"
 
 #include <cerrno>
 #include <cmath>
@@ -10,7 +11,12 @@ namespace ashlar {
 
 namespace {
 
-std::string num(double v) {
+std::string num(double v) { return json_number(v); }
+std::string str(const std::string& s) { return json_string(s); }
+
+}  // namespace
+
+std::string json_number(double v) {
   if (!std::isfinite(v))
     return "null";
   char buf[32];
@@ -18,7 +24,7 @@ std::string num(double v) {
   return buf;
 }
 
-std::string str(const std::string& s) {
+std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
     if (c == '"' || c == '\\')
@@ -33,8 +39,6 @@ std::string str(const std::string& s) {
   }
   return out + "\"";
 }
-
-}  // namespace
 
 std::string to_json(const run_report& r) {
   std::ostringstream o;

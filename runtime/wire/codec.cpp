@@ -435,6 +435,10 @@ void fill(schema::ClusterStats::Builder b, const cluster_stats& x) {
     o.setBytes(w.bytes);
     o.setComputePerSample(w.compute_per_sample);
     o.setStageChanges(w.stage_changes);
+    o.setStaleness(w.staleness);
+    o.setPredictedSpeed(w.predicted_speed);
+    o.setObservedSpeed(w.observed_speed);
+    o.setPredictionError(w.prediction_error);
   }
   b.setTotalSamples(x.total_samples);
   b.setElapsedSeconds(x.elapsed_seconds);
@@ -459,6 +463,10 @@ void read(schema::ClusterStats::Reader r, cluster_stats& out) {
     s.bytes = w.getBytes();
     s.compute_per_sample = w.getComputePerSample();
     s.stage_changes = w.getStageChanges();
+    s.staleness = w.getStaleness();
+    s.predicted_speed = w.getPredictedSpeed();
+    s.observed_speed = w.getObservedSpeed();
+    s.prediction_error = w.getPredictionError();
     out.workers.push_back(s);
   }
   out.total_samples = r.getTotalSamples();
@@ -511,6 +519,9 @@ words encode(const profile_report& x) {
   b.setWaitNs(x.wait_ns);
   b.setBytes(x.bytes);
   b.setStageChanges(x.stage_changes);
+  b.setStartNs(x.start_ns);
+  b.setComputeOffsetNs(x.compute_offset_ns);
+  b.setStaleness(x.staleness);
   return to_words(mb);
 }
 
@@ -526,6 +537,9 @@ caf::error decode(const uint64_t* d, size_t n, profile_report& out) {
     out.wait_ns = r.getWaitNs();
     out.stage_changes = r.getStageChanges();
     out.bytes = r.getBytes();
+    out.start_ns = r.getStartNs();
+    out.compute_offset_ns = r.getComputeOffsetNs();
+    out.staleness = r.getStaleness();
     return caf::error{};
   });
 }

@@ -269,6 +269,9 @@ struct profile_report {
   uint64_t wait_ns = 0;
   uint64_t bytes = 0; // tensor bytes pulled and pushed in this step
   uint32_t stage_changes = 0; // behaviour changes (stage switches) so far
+  uint64_t start_ns = 0;          // when the step began (wall clock, ns since the Unix epoch)
+  uint64_t compute_offset_ns = 0; // the computation began this long after start_ns
+  uint64_t staleness = 0;         // largest staleness the shards reported for the push
 };
 
 struct worker_stats {
@@ -286,6 +289,10 @@ struct worker_stats {
   uint64_t bytes = 0;
   double compute_per_sample = 0; // smoothed compute seconds per sample
   uint32_t stage_changes = 0;
+  double staleness = 0;             // smoothed staleness of the worker's pushes
+  double predicted_speed = 0;       // compute samples/s predicted for the next window (GRU)
+  double observed_speed = 0;        // compute samples/s over the last window
+  double prediction_error = 0;      // mean |predicted - observed| / observed so far
 };
 
 struct cluster_stats {

@@ -152,3 +152,107 @@ TEST_CASE("ashlar bench hetero refuses a malformed --policy-set") {
   CHECK(r.code == 2);
   CHECK(has(r, "--policy-set expects POLICY:KEY=VALUE"));
 }
+
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream in{path};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Runs a shell command, returning its exit code and output.
+result shell(const std::string& cmd) {
+  result r;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0)
+    r.out.append(buf, n);
+  int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+// A 4-worker BSP run at speeds 1,1,2,4 (0.5 ms per sample at speed 1): 2 s an epoch.
+const std::string paced_run = " --workers 4 --servers 2 --policy bsp --set train.speeds=1,1,2,4"
+                              " --set data.train_limit=16000"
+                              " --set data.test_limit=1000 --set run.eval_interval=0.5 --set run.progress_interval=0";
+
+}  // namespace
+
+TEST_CASE("the trace and metrics files of a 4-worker run at speeds 1,1,2,4: valid trace events showing the fast "
+          "workers' wait, JSON lines per step, and ops/plot makes its PNGs from them") {
+  ashlar::test::temp_dir dir;
+  auto trace = dir.file("run.trace.json");
+  auto metrics = dir.file("run.jsonl");
+  auto r = run("train " + config + paced_run + " --epochs 1 --trace " + trace + " --metrics " + metrics);
+  REQUIRE(r.code == 0);
+  auto check = shell("python3 " + std::string{ASHLAR_SOURCE_DIR} + "/tests/apps/check_run_files.py " + trace + " "
+                     + metrics);
+  INFO(check.out);
+  CHECK(check.code == 0);
+  auto plot = shell(std::string{ASHLAR_SOURCE_DIR} + "/ops/plot " + metrics + " " + dir.file("png"));
+  INFO(plot.out);
+  REQUIRE(plot.code == 0);
+  for (auto name : {"accuracy.png", "throughput.png", "staleness.png", "timeline.png"}) {
+    auto png = slurp(dir.file("png/") + name);
+    INFO(name);
+    CHECK(png.size() > 1000);
+    CHECK(png.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0);
+  }
+}
+
+TEST_CASE("a trace file that cannot be written stops the run before training, naming the path") {
+  auto r = run("train " + config + " --epochs 1 --trace /nonexistent/dir/t.json --log-level error");
+  CHECK(r.code != 0);
+  CHECK(has(r, "/nonexistent/dir/t.json"));
+  r = run("train " + config + " --epochs 1 --metrics-listen nonsense");
+  CHECK(r.code == 2);
+  CHECK(has(r, "run.metrics_listen"));
+}
+
+TEST_CASE("the Prometheus endpoint serves the running job's metrics at /metrics (scraped with curl)") {
+  ashlar::test::temp_dir dir;
+  auto log = dir.file("train.log");
+  // A paced run of a few seconds in the background; the endpoint's port is in its log.
+  auto cmd = std::string{ASHLAR_BINARY} + " train " + config + paced_run
+             + " --epochs 3 --metrics-listen 127.0.0.1:0 > " + log + " 2>&1 & echo $!";
+  auto started = shell(cmd);
+  REQUIRE(started.code == 0);
+  const std::string pid = started.out.substr(0, started.out.find('\n'));
+  std::string url;
+  for (int i = 0; i < 100 && url.empty(); ++i) {
+    auto text = slurp(log);
+    auto at = text.find("http://127.0.0.1:");
+    if (at != std::string::npos)
+      url = text.substr(at, text.find('\n', at) - at);
+    else
+      shell("sleep 0.1");
+  }
+  INFO(slurp(log));
+  REQUIRE_FALSE(url.empty());
+  // Scrape until the workers show up (the first steps take a moment).
+  result scrape;
+  for (int i = 0; i < 50; ++i) {
+    scrape = shell("curl -sS --max-time 5 " + url);
+    if (scrape.out.find("ashlar_worker_samples_total{worker=\"3\"}") != std::string::npos)
+      break;
+    shell("sleep 0.2");
+  }
+  shell("wait " + pid + " 2>/dev/null; sleep 0.1");
+  INFO(scrape.out);
+  CHECK(scrape.code == 0);
+  for (auto line : {"# TYPE ashlar_samples_total counter", "ashlar_job_running{policy=\"bsp\"} 1",
+                    "ashlar_worker_samples_total{worker=\"0\"}", "ashlar_worker_samples_total{worker=\"3\"}",
+                    "# TYPE ashlar_worker_step_seconds gauge", "ashlar_worker_wait_seconds_total{worker=\"3\"}",
+                    "ashlar_shard_version{shard=\"1\"}", "ashlar_workers 4"})
+    CHECK(scrape.out.find(line) != std::string::npos);
+  CHECK(scrape.out.find("_ms") == std::string::npos); // base units only
+  // The job ends by itself.
+  for (int i = 0; i < 300 && shell("kill -0 " + pid).code == 0; ++i)
+    shell("sleep 0.1");
+  CHECK(shell("kill -0 " + pid).code != 0);
+}

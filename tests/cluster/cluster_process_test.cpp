@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <regex>
@@ -244,6 +245,39 @@ TEST_CASE("ashlar status shows the members of a running cluster") {
   CHECK(sched.proc.wait(10) == 0);
 }
 
+TEST_CASE("during a paced job, ashlar status shows the stragglers and predicted against observed speed, and the "
+          "scheduler node serves /metrics") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "4", "--servers", "1", "--epochs", "2",
+                                     "--set", "train.speeds=1,1,2,4", "--set", "data.train_limit=24000",
+                                     "--set", "data.test_limit=1000", "--metrics-listen", "127.0.0.1:0"});
+  auto node = start({exe, "node", "--role", "server,worker", "--slots", "4", "--name", "both", "--join", sched.join},
+                    dir.file("node.log"));
+  REQUIRE(wait_for_training(dir));
+  std::this_thread::sleep_for(2s); // a few speed windows
+  auto status = start({exe, "status", "--join", sched.join}, dir.file("status.log"));
+  CHECK(status.wait(20) == 0);
+  auto text = slurp(dir.file("status.log"));
+  INFO(text);
+  // Workers 0 and 1 run at speed 1, against a median of 2.
+  CHECK(text.find("slowest: worker 0 (0.") != std::string::npos);
+  CHECK(text.find(", worker 1 (0.") != std::string::npos);
+  CHECK(text.find("predicted") != std::string::npos);
+  auto log = slurp(dir.file("scheduler.log"));
+  auto at = log.find("Prometheus metrics at ");
+  REQUIRE(at != std::string::npos);
+  auto url = log.substr(at + 22, log.find('\n', at) - at - 22);
+  auto scrape = dir.file("metrics.txt");
+  CHECK(std::system(("curl -sS --max-time 5 -o " + scrape + " " + url).c_str()) == 0);
+  auto metrics = slurp(scrape);
+  INFO(metrics);
+  CHECK(metrics.find("ashlar_job_running{policy=\"bsp\"} 1") != std::string::npos);
+  CHECK(metrics.find("ashlar_worker_predicted_samples_per_second{worker=\"2\"}") != std::string::npos);
+  CHECK(sched.proc.wait(120) == 0);
+  node.signal(SIGTERM);
+  CHECK(node.wait(10) == 0);
+}
+
 TEST_CASE("a frozen (SIGSTOP) worker is removed by heartbeat timeout and BSP goes on") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "2", "--servers", "1",
@@ -263,7 +297,7 @@ TEST_CASE("a frozen (SIGSTOP) worker is removed by heartbeat timeout and BSP goe
   CHECK(json_number(slurp(dir.file("r.json")), "test_accuracy") > 0.6);
 }
 
-TEST_CASE("ctl remove-worker lets a worker finish its step and leave; SIGTERM does the same") {
+TEST_CASE("ctl remove-worker lets a worker finish its step and leave, and SIGTERM does the same") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "3", "--servers", "1",
                                      "--epochs", "8", "--set", "data.train_limit=9000",
@@ -312,7 +346,7 @@ TEST_CASE("a host application with its own actor system joins a running cluster 
   CHECK(json_number(slurp(dir.file("r.json")), "samples") == 2 * 6000);
 }
 
-TEST_CASE("ashlar train --join runs a job on a standing cluster; ctl add-worker fills a free slot") {
+TEST_CASE("ashlar train --join runs a job on a standing cluster, and ctl add-worker fills a free slot") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {});
   auto server = start({exe, "node", "--role", "server", "--join", sched.join}, dir.file("server.log"));

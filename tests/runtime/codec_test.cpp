@@ -54,15 +54,30 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   REQUIRE_FALSE(decode(encode(pr), pr2));
   CHECK(pr2.wait_ns == 4);
   CHECK(pr2.loss == 0.5);
+  pr.start_ns = 1'700'000'000'000'000'000;
+  pr.compute_offset_ns = 12345;
+  pr.staleness = 6;
+  REQUIRE_FALSE(decode(encode(pr), pr2));
+  CHECK(pr2.start_ns == pr.start_ns);
+  CHECK(pr2.compute_offset_ns == 12345);
+  CHECK(pr2.staleness == 6);
 
   cluster_stats cs;
   cs.workers.push_back(worker_stats{1, 2, 3, 4.5, 0.1, 0.2, 0.3, 0.4, true, 5.0, 6.0});
+  cs.workers[0].staleness = 1.5;
+  cs.workers[0].predicted_speed = 900;
+  cs.workers[0].observed_speed = 1000;
+  cs.workers[0].prediction_error = 0.1;
   cs.total_samples = 77;
   cluster_stats cs2;
   REQUIRE_FALSE(decode(encode(cs), cs2));
   REQUIRE(cs2.workers.size() == 1);
   CHECK(cs2.workers[0].done);
   CHECK(cs2.workers[0].total_wait_seconds == 6.0);
+  CHECK(cs2.workers[0].staleness == 1.5);
+  CHECK(cs2.workers[0].predicted_speed == 900);
+  CHECK(cs2.workers[0].observed_speed == 1000);
+  CHECK(cs2.workers[0].prediction_error == 0.1);
 
   shard_status ss;
   ss.shard_id = 1;

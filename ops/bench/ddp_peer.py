@@ -1,0 +1,166 @@
+#!/usr/bin/python3
+"""The peer: PyTorch DistributedDataParallel (gloo) training the same MLP on the same
+Fashion-MNIST data as `ashlar train ops/configs/fmnist-mlp.toml`, with the same pacing:
+one process per worker, each step's computation takes at least batch x sample_ms / speed
+(the rest slept, before the gradients are all-reduced, as Ashlar's paced workers do).
+Rank 0 evaluates the test set every --eval-interval seconds of training (evaluation time
+is not counted) and the run stops at --target accuracy or --time-cap seconds.
+Prints one JSON line per seed: time to target, samples/s, final accuracy.
+
+  /usr/bin/python3 ops/bench/ddp_peer.py --speeds 1,1,2,4 --seeds 1,2,3
+"""
+import argparse
+import gzip
+import json
+import os
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+MEAN, STD = 0.2860, 0.3530  # as Ashlar's reader standardizes
+
+
+def load_idx(path):
+    with gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb") as f:
+        data = f.read()
+    magic, = struct.unpack(">I", data[:4])
+    dims = magic & 0xFF
+    shape = struct.unpack(">" + "I" * dims, data[4:4 + 4 * dims])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def load(data_dir, split):
+    def find(stem):
+        for name in (stem, stem + ".gz"):
+            if os.path.exists(os.path.join(data_dir, name)):
+                return os.path.join(data_dir, name)
+        sys.exit(f"ddp_peer: no {stem}[.gz] in {data_dir}")
+    x = load_idx(find(f"{split}-images-idx3-ubyte")).reshape(-1, 784).astype(np.float32)
+    y = load_idx(find(f"{split}-labels-idx1-ubyte")).astype(np.int64)
+    x = (x / 255.0 - MEAN) / STD
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+def make_model(hidden, seed):
+    torch.manual_seed(seed)
+    sizes = [784] + hidden + [10]
+    layers = []
+    for i in range(len(sizes) - 1):
+        lin = torch.nn.Linear(sizes[i], sizes[i + 1])
+        torch.nn.init.normal_(lin.weight, 0.0, (2.0 / sizes[i]) ** 0.5)  # He, as Ashlar
+        torch.nn.init.zeros_(lin.bias)
+        layers.append(lin)
+        if i < len(sizes) - 2:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def worker(rank, args, port, result_path):
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    world = len(args.speeds)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    x, y = load(args.data_dir, "train")
+    if rank == 0:
+        tx, ty = load(args.data_dir, "t10k")
+    model = DDP(make_model(args.hidden, args.seed))
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    budget = args.batch * args.sample_ms * 1e-3 / args.speeds[rank]
+    gen = torch.Generator().manual_seed(args.seed)
+    # The local computation of one step (forward and backward, no all-reduce), measured
+    # once, so that sleeping budget - compute leaves each step as long as its budget.
+    with model.no_sync():
+        for _ in range(5):  # warm-up
+            loss_fn(model(x[:args.batch]), y[:args.batch]).backward()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            out = model(x[:args.batch])
+            loss_fn(out, y[:args.batch]).backward()
+        compute = (time.perf_counter() - t0) / 5
+    opt.zero_grad()
+    dist.barrier()
+    train_time, eval_time, samples, history = 0.0, 0.0, 0, []
+    start = time.perf_counter()
+    next_eval = args.eval_interval
+    stop = torch.zeros(1)
+    step = 0
+    epoch = 0
+    done = False
+    while not done:
+        perm = torch.randperm(x.shape[0], generator=gen)
+        mine = perm[rank::world]
+        for b in range(0, mine.shape[0] - args.batch + 1, args.batch):
+            idx = mine[b:b + args.batch]
+            if budget > compute:
+                time.sleep(budget - compute)
+            opt.zero_grad()
+            loss = loss_fn(model(x[idx]), y[idx])
+            loss.backward()  # DDP all-reduces the gradients here
+            opt.step()
+            samples += args.batch
+            step += 1
+            if rank == 0:
+                train_time = time.perf_counter() - start - eval_time
+                if train_time >= next_eval:
+                    t_eval = time.perf_counter()
+                    with torch.no_grad():
+                        acc = (model.module(tx).argmax(1) == ty).float().mean().item()
+                    history.append((train_time, acc))
+                    eval_time += time.perf_counter() - t_eval
+                    next_eval = train_time + args.eval_interval
+                    if acc >= args.target or train_time >= args.time_cap:
+                        stop[0] = 1
+            if step % 10 == 0:  # agree on stopping, every 10 steps
+                dist.all_reduce(stop)
+                if stop[0] > 0:
+                    done = True
+                    break
+        epoch += 1
+    total = torch.tensor([float(samples)])
+    dist.all_reduce(total)
+    if rank == 0:
+        t85 = next((t for t, a in history if a >= args.target), None)
+        with open(result_path, "w") as f:
+            json.dump({"seed": args.seed, "t_target": t85, "accuracy": history[-1][1] if history else 0.0,
+                       "seconds": train_time, "samples_per_second": total.item() / max(train_time, 1e-9),
+                       "compute_ms": compute * 1e3}, f)
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--speeds", default="1,1,2,4")
+    p.add_argument("--sample-ms", type=float, default=0.5)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--hidden", default="256,128")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--target", type=float, default=0.85)
+    p.add_argument("--time-cap", type=float, default=60)
+    p.add_argument("--eval-interval", type=float, default=1.0)
+    p.add_argument("--seeds", default="1")
+    p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    p.add_argument("--port", type=int, default=29531)
+    args = p.parse_args()
+    args.speeds = [float(s) for s in args.speeds.split(",")]
+    args.hidden = [int(h) for h in args.hidden.split(",") if h]
+    for i, seed in enumerate(int(s) for s in args.seeds.split(",")):
+        args.seed = seed
+        result = f"/tmp/ashlar-ddp-{os.getpid()}-{seed}.json"
+        mp.spawn(worker, args=(args, args.port + i, result), nprocs=len(args.speeds), join=True)
+        with open(result) as f:
+            print(f.read(), flush=True)
+        os.remove(result)
+
+
+if __name__ == "__main__":
+    main()

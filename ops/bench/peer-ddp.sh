@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Ashlar against its peer, PyTorch DistributedDataParallel (gloo, Debian's python3-torch):
+# the same MLP on the same Fashion-MNIST data, 4 processes paced at speeds 1,1,2,4
+# (0.5 ms per sample at speed 1), time to 85% test accuracy and samples/s, 3 seeds each,
+# medians. Ashlar runs bsp (what DDP does), bsp with speed-proportional batches, asp,
+# adsp and ashl with the learning rates of ops/bench/hetero.sh. About 8 minutes.
+#   bash ops/bench/peer-ddp.sh [out-dir (default docs/bench/peer)]
+# Writes OUT/results.md (the table), OUT/ddp.jsonl and OUT/ashlar/ (bench hetero's files).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out="${1:-docs/bench/peer}"
+ashlar=build/apps/ashlar
+[[ -x "$ashlar" ]] || { echo "no $ashlar: build first (bash ops/build.sh)" >&2; exit 1; }
+/usr/bin/python3 -c "import torch" 2>/dev/null \
+  || { echo "PyTorch missing: bash ops/install-deps.sh --bench (Debian's python3-torch)" >&2; exit 1; }
+mkdir -p "$out"
+seeds=3
+"$ashlar" bench hetero ops/configs/fmnist-mlp.toml --speeds 1,1,2,4 --time-cap 30 --repeat "$seeds" \
+  --policies bsp,bsp+proportional,asp,adsp,ashl \
+  --policy-set asp:train.lr=0.05 --policy-set asp:train.momentum=0.5 \
+  --policy-set adsp:train.lr=0.3 --policy-set adsp:train.momentum=0 \
+  --policy-set ashl:train.lr=0.3 --policy-set ashl:train.momentum=0 \
+  --out "$out/ashlar"
+# DDP: the config's lr 0.1, momentum 0.9, weight decay 1e-4, batch 64 per process.
+/usr/bin/python3 ops/bench/ddp_peer.py --speeds 1,1,2,4 --sample-ms 0.5 --time-cap 30 \
+  --seeds "$(seq -s, 1 "$seeds")" | tee "$out/ddp.jsonl"
+/usr/bin/python3 - "$out" <<'PY'
+import csv, json, statistics, sys
+out = sys.argv[1]
+rows = list(csv.DictReader(open(out + "/ashlar/results.csv")))
+ddp = [json.loads(l) for l in open(out + "/ddp.jsonl") if l.strip()]
+times = sorted(d["t_target"] if d["t_target"] is not None else float("inf") for d in ddp)
+ddp_t = times[len(times) // 2]
+ddp_rate = statistics.median(d["samples_per_second"] for d in ddp)
+lines = ["| system | time to 85% (s), median | range | samples/s | vs DDP |", "|---|---|---|---|---|"]
+lines.append(f"| PyTorch DDP (gloo) | {ddp_t:.1f} | {times[0]:.1f}-{times[-1]:.1f} | {ddp_rate:.0f} | 1.00 |")
+best = None
+for r in rows:
+    t = float(r["time_to_target_s"]) if r["time_to_target_s"] else None
+    if t is not None and (best is None or t < best[1]):
+        best = (r["policy"], t)
+    ratio = f"{t / ddp_t:.2f}" if t else "-"
+    span = f"{float(r['time_min_s']):.1f}-{float(r['time_max_s']):.1f}" if r["time_min_s"] else "-"
+    lines.append(f"| ashlar {r['policy']} | {t if t else 'not reached'} | {span} | "
+                 f"{float(r['samples_per_second']):.0f} | {ratio} |")
+bsp = next((float(r["time_to_target_s"]) for r in rows if r["policy"] == "bsp" and r["time_to_target_s"]), None)
+lines += ["", f"Ashlar's best ({best[0]}) / DDP: {best[1] / ddp_t:.2f} (goal <= 0.5)" if best else "Ashlar: no policy reached 85%",
+          f"Ashlar bsp / DDP: {bsp / ddp_t:.2f}" if bsp else ""]
+text = "\n".join(lines) + "\n"
+print(text)
+with open(out + "/results.md", "w") as f:
+    f.write("# Ashlar against PyTorch DDP\n\nSpeeds 1,1,2,4 paced (0.5 ms per sample at speed 1), 4 processes, "
+            "MLP 784-256-128-10, batch 64 per worker, Fashion-MNIST; evaluations every 1 s; "
+            f"{len(ddp)} seeds each, medians.\n\n" + text)
+PY
+{
+  echo
+  echo "Reproduce (after \`bash ops/install-deps.sh --bench && bash ops/build.sh\`):"
+  echo
+  echo "    bash ops/bench/peer-ddp.sh $out"
+  echo
+  echo "Measured on: $(nproc) cores, $(uname -sr), $(date -u +%Y-%m-%d)."
+} >> "$out/results.md"

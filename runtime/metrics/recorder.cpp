@@ -1,0 +1,184 @@
+#include "runtime/metrics/recorder.hpp"
+
+#include <chrono>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
+
+#include "runtime/metrics/json.hpp"
+
+namespace ashlar {
+
+namespace {
+
+uint64_t wall_ns() {
+  return static_cast<uint64_t>(
+    std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count());
+}
+
+// The trace's track for a worker (tid 0 is the job's own track).
+int64_t track(int64_t worker) { return worker < 0 ? 0 : worker + 1; }
+
+std::string span(const char* name, double ts_us, double dur_us, int64_t tid, const std::string& args) {
+  return "{\"name\":\"" + std::string(name) + "\",\"cat\":\"step\",\"ph\":\"X\",\"ts\":" + json_number(ts_us)
+         + ",\"dur\":" + json_number(dur_us) + ",\"pid\":1,\"tid\":" + std::to_string(tid) + ",\"args\":{" + args
+         + "}}";
+}
+
+}  // namespace
+
+expected<std::shared_ptr<run_recorder>> run_recorder::open(const std::string& trace_path,
+                                                           const std::string& metrics_path) {
+  std::shared_ptr<run_recorder> r{new run_recorder};
+  auto open_one = [](const std::string& path, std::FILE*& f) -> caf::error {
+    if (path.empty())
+      return caf::none;
+    f = std::fopen(path.c_str(), "w");
+    if (!f)
+      return make_error(errc::io_error, "cannot write " + path + ": " + std::strerror(errno));
+    return caf::none;
+  };
+  if (auto err = open_one(trace_path, r->trace_))
+    return err;
+  if (auto err = open_one(metrics_path, r->metrics_))
+    return err;
+  r->trace_path_ = trace_path;
+  r->metrics_path_ = metrics_path;
+  if (r->trace_)
+    std::fputs("[\n", r->trace_);
+  r->mark_start();
+  return r;
+}
+
+run_recorder::~run_recorder() { close(); }
+
+void run_recorder::mark_start() {
+  std::lock_guard<std::mutex> lock{mu_};
+  t0_ns_ = wall_ns();
+}
+
+double run_recorder::now_seconds() const { return static_cast<double>(wall_ns() - t0_ns_) * 1e-9; }
+
+void run_recorder::trace_line(const std::string& json) {
+  if (!trace_)
+    return;
+  if (!first_event_)
+    std::fputs(",\n", trace_);
+  first_event_ = false;
+  std::fputs(json.c_str(), trace_);
+}
+
+void run_recorder::metrics_line(const std::string& json) {
+  if (!metrics_)
+    return;
+  std::fputs(json.c_str(), metrics_);
+  std::fputc('\n', metrics_);
+}
+
+void run_recorder::name_thread(int64_t tid, const std::string& name) {
+  if (!trace_ || !named_.insert(tid).second)
+    return;
+  trace_line("{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":" + std::to_string(tid)
+             + ",\"args\":{\"name\":" + json_string(name) + "}}");
+  trace_line("{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":1,\"tid\":" + std::to_string(tid)
+             + ",\"args\":{\"sort_index\":" + std::to_string(tid) + "}}");
+}
+
+void run_recorder::describe_run(const std::string& name, const std::string& json_members) {
+  std::lock_guard<std::mutex> lock{mu_};
+  trace_line("{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"args\":{\"name\":" + json_string(name) + "}}");
+  name_thread(0, "job");
+  metrics_line("{\"type\":\"run\"," + json_members + "}");
+}
+
+void run_recorder::step(const wire::profile_report& r) {
+  std::lock_guard<std::mutex> lock{mu_};
+  if (!trace_ && !metrics_)
+    return;
+  const double begin = r.start_ns > t0_ns_ ? static_cast<double>(r.start_ns - t0_ns_) * 1e-9 : 0.0;
+  const double us = 1e-3; // ns -> us
+  const double step_ns = static_cast<double>(r.compute_ns + r.pull_ns + r.push_ns + r.wait_ns);
+  if (trace_) {
+    const int64_t tid = track(r.worker_id);
+    name_thread(tid, "worker " + std::to_string(r.worker_id));
+    const std::string args = "\"step\":" + std::to_string(r.step) + ",\"samples\":" + std::to_string(r.samples);
+    double t = begin * 1e6;
+    // A step that pulled: the policy's hold (wait), the transfer, then the computation.
+    // One that did not (a local step, a ring step): the computation first, then the
+    // all-reduce (wait), then any push.
+    if (r.pull_ns > 0) {
+      if (r.wait_ns > 0)
+        trace_line(span("wait", t, r.wait_ns * us, tid, args));
+      t += r.wait_ns * us;
+      trace_line(span("pull", t, r.pull_ns * us, tid, args));
+      t = begin * 1e6 + std::max<double>(r.compute_offset_ns * us, (r.wait_ns + r.pull_ns) * us);
+      trace_line(span("compute", t, r.compute_ns * us, tid, args));
+      t += r.compute_ns * us;
+    } else {
+      t += r.compute_offset_ns * us;
+      trace_line(span("compute", t, r.compute_ns * us, tid, args));
+      t += r.compute_ns * us;
+      if (r.wait_ns > 0)
+        trace_line(span("wait", t, r.wait_ns * us, tid, args));
+      t += r.wait_ns * us;
+    }
+    if (r.push_ns > 0)
+      trace_line(span("push", t, r.push_ns * us, tid, args + ",\"staleness\":" + std::to_string(r.staleness)));
+  }
+  if (metrics_) {
+    const double s = 1e-9;
+    metrics_line("{\"type\":\"step\",\"t\":" + json_number(begin + step_ns * s) + ",\"worker\":"
+                 + std::to_string(r.worker_id) + ",\"step\":" + std::to_string(r.step) + ",\"samples\":"
+                 + std::to_string(r.samples) + ",\"step_seconds\":" + json_number(step_ns * s)
+                 + ",\"compute_seconds\":" + json_number(r.compute_ns * s) + ",\"pull_seconds\":"
+                 + json_number(r.pull_ns * s) + ",\"push_seconds\":" + json_number(r.push_ns * s)
+                 + ",\"wait_seconds\":" + json_number(r.wait_ns * s) + ",\"samples_per_second\":"
+                 + json_number(step_ns > 0 ? r.samples / (step_ns * s) : 0.0) + ",\"staleness\":"
+                 + std::to_string(r.staleness) + ",\"bytes\":" + std::to_string(r.bytes) + ",\"loss\":"
+                 + json_number(r.loss) + "}");
+  }
+}
+
+void run_recorder::event(const std::string& name, const std::string& detail, int64_t worker) {
+  std::lock_guard<std::mutex> lock{mu_};
+  const double t = now_seconds();
+  if (trace_) {
+    const int64_t tid = track(worker);
+    name_thread(tid, worker < 0 ? "job" : "worker " + std::to_string(worker));
+    trace_line("{\"name\":" + json_string(name) + ",\"cat\":\"event\",\"ph\":\"i\",\"s\":\""
+               + std::string(worker < 0 ? "g" : "t") + "\",\"ts\":" + json_number(t * 1e6)
+               + ",\"pid\":1,\"tid\":" + std::to_string(tid) + ",\"args\":{\"detail\":" + json_string(detail) + "}}");
+  }
+  metrics_line("{\"type\":\"event\",\"t\":" + json_number(t) + ",\"name\":" + json_string(name)
+               + ",\"worker\":" + std::to_string(worker) + ",\"detail\":" + json_string(detail) + "}");
+}
+
+void run_recorder::evaluation(double at, double epoch, double accuracy, double train_loss) {
+  std::lock_guard<std::mutex> lock{mu_};
+  trace_line("{\"name\":\"test accuracy\",\"ph\":\"C\",\"ts\":" + json_number(at * 1e6)
+             + ",\"pid\":1,\"tid\":0,\"args\":{\"accuracy\":" + json_number(accuracy) + "}}");
+  metrics_line("{\"type\":\"eval\",\"t\":" + json_number(at) + ",\"epoch\":" + json_number(epoch)
+               + ",\"test_accuracy\":" + json_number(accuracy) + ",\"train_loss\":" + json_number(train_loss) + "}");
+}
+
+void run_recorder::close() {
+  std::lock_guard<std::mutex> lock{mu_};
+  auto finish = [this](std::FILE*& f, const std::string& path) {
+    if (!f)
+      return;
+    bool bad = std::ferror(f) != 0;
+    bad = std::fclose(f) != 0 || bad;
+    f = nullptr;
+    if (bad && !failed_) {
+      failed_ = true;
+      spdlog::warn("recorder: writing {} failed (disk full?); the file is incomplete", path);
+    }
+  };
+  if (trace_)
+    std::fputs("\n]\n", trace_);
+  finish(trace_, trace_path_);
+  finish(metrics_, metrics_path_);
+}
+
+}  // namespace ashlar

@@ -6,6 +6,8 @@
 # adsp and ashl with the learning rates of ops/bench/hetero.sh. About 8 minutes.
 #   bash ops/bench/peer-ddp.sh [out-dir (default docs/bench/peer)]
 # Writes OUT/results.md (the table), OUT/ddp.jsonl and OUT/ashlar/ (bench hetero's files).
+# Test accuracy is evaluated every EVAL seconds (default 0.5), which is also the
+# resolution of every time to 85%.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out="${1:-docs/bench/peer}"
@@ -15,16 +17,17 @@ ashlar=build/apps/ashlar
   || { echo "PyTorch missing: bash ops/install-deps.sh --bench (Debian's python3-torch)" >&2; exit 1; }
 mkdir -p "$out"
 seeds=3
+eval="${EVAL:-0.5}"
 "$ashlar" bench hetero ops/configs/fmnist-mlp.toml --speeds 1,1,2,4 --time-cap 30 --repeat "$seeds" \
   --policies bsp,bsp+proportional,asp,adsp,ashl \
   --policy-set asp:train.lr=0.05 --policy-set asp:train.momentum=0.5 \
   --policy-set adsp:train.lr=0.3 --policy-set adsp:train.momentum=0 \
   --policy-set ashl:train.lr=0.3 --policy-set ashl:train.momentum=0 \
-  --out "$out/ashlar"
+  --eval-interval "$eval" --out "$out/ashlar"
 # DDP: the config's lr 0.1, momentum 0.9, weight decay 1e-4, batch 64 per process.
-/usr/bin/python3 ops/bench/ddp_peer.py --speeds 1,1,2,4 --sample-ms 0.5 --time-cap 30 \
+/usr/bin/python3 ops/bench/ddp_peer.py --speeds 1,1,2,4 --sample-ms 0.5 --time-cap 30 --eval-interval "$eval" \
   --seeds "$(seq -s, 1 "$seeds")" | tee "$out/ddp.jsonl"
-/usr/bin/python3 - "$out" <<'PY'
+/usr/bin/python3 - "$out" "$eval" <<'PY'
 import csv, json, statistics, sys
 out = sys.argv[1]
 rows = list(csv.DictReader(open(out + "/ashlar/results.csv")))
@@ -50,7 +53,7 @@ text = "\n".join(lines) + "\n"
 print(text)
 with open(out + "/results.md", "w") as f:
     f.write("# Ashlar against PyTorch DDP\n\nSpeeds 1,1,2,4 paced (0.5 ms per sample at speed 1), 4 processes, "
-            "MLP 784-256-128-10, batch 64 per worker, Fashion-MNIST; evaluations every 1 s; "
+            "MLP 784-256-128-10, batch 64 per worker, Fashion-MNIST; evaluations every " + sys.argv[2] + " s; "
             f"{len(ddp)} seeds each, medians.\n\n" + text)
 PY
 {

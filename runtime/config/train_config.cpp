@@ -1,4 +1,5 @@
 #include "runtime/config/train_config.hpp"
+#include "runtime/net/http_endpoint.hpp"
 
 #include <cerrno>
 #include <cmath>
@@ -417,9 +418,9 @@ caf::error validate(const train_config& c) {
   if (c.eval_interval < 0)
     return bad("run.eval_interval must be >= 0");
   if (!c.metrics_listen.empty()) {
-    auto colon = c.metrics_listen.rfind(':');
-    const std::string port = colon == std::string::npos ? "" : c.metrics_listen.substr(colon + 1);
-    if (colon == 0 || port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos)
+    std::string host;
+    uint16_t port = 0;
+    if (parse_listen(c.metrics_listen, host, port))
       return bad("run.metrics_listen = \"" + c.metrics_listen + "\" is not HOST:PORT (e.g. 0.0.0.0:9400)");
   }
   if (c.time_limit < 0)

@@ -57,13 +57,23 @@ http_endpoint::~http_endpoint() {
     impl_->thread.join();
 }
 
-expected<std::unique_ptr<http_endpoint>> http_endpoint::start(const std::string& listen) {
+caf::error parse_listen(const std::string& listen, std::string& host, uint16_t& port) {
   auto colon = listen.rfind(':');
-  const std::string port = colon == std::string::npos ? "" : listen.substr(colon + 1);
-  if (colon == 0 || port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos
-      || std::stoul(port) > 65535)
+  const std::string digits = colon == std::string::npos ? "" : listen.substr(colon + 1);
+  if (colon == 0 || digits.empty() || digits.size() > 5
+      || digits.find_first_not_of("0123456789") != std::string::npos || std::stoul(digits) > 65535)
     return make_error(errc::invalid_argument, "\"" + listen + "\" is not HOST:PORT (e.g. 0.0.0.0:9400)");
-  return start(listen.substr(0, colon), static_cast<uint16_t>(std::stoul(port)));
+  host = listen.substr(0, colon);
+  port = static_cast<uint16_t>(std::stoul(digits));
+  return caf::none;
+}
+
+expected<std::unique_ptr<http_endpoint>> http_endpoint::start(const std::string& listen) {
+  std::string host;
+  uint16_t port = 0;
+  if (auto err = parse_listen(listen, host, port))
+    return err;
+  return start(host, port);
 }
 
 uint16_t http_endpoint::port() const { return impl_->port; }

@@ -11,6 +11,9 @@
 
 namespace ashlar {
 
+/// Splits "HOST:PORT" (PORT 0 to 65535). Fails with invalid_argument, quoting `listen`.
+[[nodiscard]] caf::error parse_listen(const std::string& listen, std::string& host, uint16_t& port);
+
 class http_endpoint {
 public:
   /// Listens on host:port (port 0: a free one, see port()). Fails with io_error naming

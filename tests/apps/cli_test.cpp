@@ -15,10 +15,10 @@ struct result {
   std::string out; // stdout and stderr together
 };
 
-result run(const std::string& args) {
-  std::string cmd = std::string{ASHLAR_BINARY} + " " + args + " 2>&1";
+// Runs a shell command, returning its exit code and output (stdout and stderr).
+result shell(const std::string& cmd) {
   result r;
-  FILE* p = ::popen(cmd.c_str(), "r");
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
   REQUIRE(p != nullptr);
   char buf[4096];
   size_t n;
@@ -28,6 +28,8 @@ result run(const std::string& args) {
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
 }
+
+result run(const std::string& args) { return shell(std::string{ASHLAR_BINARY} + " " + args); }
 
 const std::string config = std::string{ASHLAR_SOURCE_DIR} + "/ops/configs/fmnist-mlp.toml";
 
@@ -160,20 +162,6 @@ std::string slurp(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
-}
-
-// Runs a shell command, returning its exit code and output.
-result shell(const std::string& cmd) {
-  result r;
-  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0)
-    r.out.append(buf, n);
-  int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return r;
 }
 
 // A 4-worker BSP run at speeds 1,1,2,4 (0.5 ms per sample at speed 1): 2 s an epoch.

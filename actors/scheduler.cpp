@@ -55,6 +55,7 @@ struct scheduler_state {
   std::map<uint32_t, double> ashl_comm;
   // Batch allocation (train.allocation other than equal).
   std::map<uint32_t, uint32_t> shares;              // as last sent
+  std::map<uint32_t, std::pair<uint64_t, uint64_t>> data_parts; // begin, count: as last sent
   std::map<uint32_t, gru_predictor> predictors;     // "predicted": per worker
   bool allocation_frozen = false;                   // "proportional": set once
 };
@@ -217,18 +218,27 @@ void reallocate(scheduler_pointer self) {
         auto shares = proportional_shares(global, speeds);
         if (!shares)
           return;
+        // The data follows the batch: each worker's part of the training set is in
+        // proportion to its share, so every sample comes up equally often. (With equal
+        // parts a worker of 4x the batch would go over its part 4x as often.)
         std::string text;
         bool changed = false;
+        uint64_t begin = 0;
         for (size_t i = 0; i < ids.size(); ++i) {
-          text += (text.empty() ? "" : ", ") + std::to_string(ids[i]) + ":" + std::to_string((*shares)[i]);
-          if (st.shares[ids[i]] == (*shares)[i])
+          uint64_t end = i + 1 == ids.size() ? st.cfg.train_size : begin + st.cfg.train_size * (*shares)[i] / global;
+          auto part = std::make_pair(begin, std::max<uint64_t>(1, end - begin));
+          text += (text.empty() ? "" : ", ") + std::to_string(ids[i]) + ":" + std::to_string((*shares)[i]) + " ["
+                  + std::to_string(begin) + ", " + std::to_string(end) + ")";
+          begin = end;
+          if (st.shares[ids[i]] == (*shares)[i] && st.data_parts[ids[i]] == part)
             continue;
           changed = true;
           st.shares[ids[i]] = (*shares)[i];
+          st.data_parts[ids[i]] = part;
           // Lockstep workers switch together, a few rounds ahead; the others at their next step.
           uint64_t from = st.lockstep ? max_steps + 3 : steps[ids[i]] + 1;
           self->send(caf::actor_cast<worker_actor>(st.members[ids[i]].handle), batch_atom::value, (*shares)[i],
-                     from);
+                     from, std::min(part.first, st.cfg.train_size - 1), part.second);
         }
         if (changed)
           record(self, "batch shares", text);

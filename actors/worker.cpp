@@ -71,6 +71,7 @@ struct worker_state {
   uint32_t acc_samples = 0;
   uint32_t next_batch = 0;       // allocation: batch size from step next_batch_from on
   uint64_t next_batch_from = 0;
+  std::pair<uint64_t, uint64_t> next_data; // and the part of the training set (begin, count)
   uint32_t push_samples = 0; // the batch weight of the gradient pushed (a commit's: its steps' samples)
   std::string stage;         // the training stage in force (ASHL), "" if the policy has none
   uint32_t stage_changes = 0; // behaviour changes made for a stage
@@ -439,6 +440,23 @@ void use_data_plane(worker_pointer self) {
 void start(worker_pointer self);
 worker_actor::behavior_type training(worker_pointer self, step_mode mode);
 
+// Allocation moved this worker's part of the training set along with its batch: a new
+// cursor over the new part (shuffled afresh), unless the part is the one in use.
+caf::error take_data_part(worker_pointer self) {
+  auto& st = self->state;
+  auto [begin, count] = st.next_data;
+  if (count == 0 || (begin == st.job.data_begin && count == st.job.data_count))
+    return caf::none;
+  if (begin + count > st.cfg.data->n)
+    return make_error(errc::invalid_config, "the scheduler moved this worker to samples [" + std::to_string(begin)
+                                              + ", " + std::to_string(begin + count) + "), beyond the "
+                                              + std::to_string(st.cfg.data->n) + " local training samples");
+  st.job.data_begin = begin;
+  st.job.data_count = count;
+  st.cursor.emplace(*st.cfg.data, begin, count, st.job.seed + st.step);
+  return caf::none;
+}
+
 // ---- ring mode ----
 // Each step's gradient, weighted by the step's batch, is summed over the ring (its last
 // two entries carry the batch and a stop vote), divided by the ring's total batch and
@@ -560,10 +578,11 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
       if (!self->state.stopped)
         after_compute(self);
     },
-    [=](batch_atom, uint32_t b, uint64_t from_step) {
+    [=](batch_atom, uint32_t b, uint64_t from_step, uint64_t data_begin, uint64_t data_count) {
       if (b > 0) {
         self->state.next_batch = b;
         self->state.next_batch_from = from_step;
+        self->state.next_data = {data_begin, data_count};
       }
     },
     [=](local_steps_atom, uint32_t h) {
@@ -622,6 +641,8 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
       if (st.next_batch > 0 && st.step >= st.next_batch_from) {
         st.job.batch_size = st.next_batch;
         st.next_batch = 0;
+        if (auto err = take_data_part(self))
+          return fail(self, describe(err));
       }
       if (mode == step_mode::ring && st.step > 0)
         push_all(self); // the model is local: compute, then all-reduce

@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <regex>
 
 #include "actors/local_job.hpp"
 #include "../runtime/temp_dir.hpp"
@@ -260,9 +262,26 @@ train_config proportional_pair_job(const std::string& policy) {
 
 }  // namespace
 
-TEST_CASE("BSP with proportional batches gives a 4x faster worker about 4x the samples of each round") {
-  auto rep = actors::run_local_job(proportional_pair_job("bsp"));
+TEST_CASE("BSP with proportional batches gives a 4x faster worker about 4x the samples of each round, and "
+          "about 4x the data") {
+  ashlar::test::temp_dir dir;
+  auto cfg = proportional_pair_job("bsp");
+  cfg.metrics = dir.file("run.jsonl");
+  auto rep = actors::run_local_job(cfg);
   REQUIRE(rep);
+  // The scheduler's allocation event: "0:13 [0, 2437), 1:51 [2437, 12000)": each worker's
+  // batch and its part of the 12000 training samples, in proportion.
+  std::ifstream in{cfg.metrics};
+  std::string line, shares;
+  while (std::getline(in, line))
+    if (line.find("\"batch shares\"") != std::string::npos)
+      shares = line;
+  INFO(shares);
+  std::smatch m;
+  REQUIRE(std::regex_search(shares, m, std::regex{R"(0:(\d+) \[0, (\d+)\), 1:(\d+) \[(\d+), 12000\))"}));
+  const double b0 = std::stod(m[1]), end0 = std::stod(m[2]), b1 = std::stod(m[3]), begin1 = std::stod(m[4]);
+  CHECK(end0 == begin1);
+  CHECK((12000 - begin1) / end0 == Approx(b1 / b0).epsilon(0.05));
   auto [slow, fast] = slow_and_fast(*rep);
   // Lockstep: the same number of rounds each, at most the global batch (2 x 32) per
   // round (a batch is cut short where a worker's pass over the data set ends).

@@ -219,8 +219,10 @@ void reallocate(scheduler_pointer self) {
         if (!shares)
           return;
         // The data follows the batch: each worker's part of the training set is in
-        // proportion to its share, so every sample comes up equally often. (With equal
-        // parts a worker of 4x the batch would go over its part 4x as often.)
+        // proportion to its share, so a pass over the set is one pass for the job, each
+        // sample once per epoch, as with equal batches. (Until the first shares, every
+        // worker draws from the whole set, and samples repeat across workers within an
+        // epoch.)
         std::string text;
         bool changed = false;
         uint64_t begin = 0;
@@ -417,7 +419,8 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       a.steps = per_epoch * cfg.job.epochs;
       if (cfg.job.allocation != "equal") {
         // Shares change while training: every worker samples the whole set (its own
-        // seed), and a lockstep job runs epochs x set / global batch rounds.
+        // seed) until its first share comes with its part of the set; a lockstep job
+        // runs epochs x set / global batch rounds.
         a.data_begin = 0;
         a.data_count = n;
         uint64_t global = uint64_t{cfg.job.batch_size} * k;

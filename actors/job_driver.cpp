@@ -1,6 +1,8 @@
 #include "actors/job_driver.hpp"
 
 #include <chrono>
+#include <filesystem>
+#include <map>
 #include <future>
 #include <optional>
 #include <thread>
@@ -22,6 +24,7 @@
 #include "runtime/metrics/prometheus.hpp"
 #include "runtime/metrics/recorder.hpp"
 #include "runtime/net/http_endpoint.hpp"
+#include "runtime/store/checkpoint.hpp"
 
 namespace ashlar::actors {
 
@@ -129,6 +132,78 @@ expected<std::shared_ptr<run_recorder>> open_recorder(const train_config& cfg) {
   return rec;
 }
 
+// Settings a resumed job must share with the checkpointed one: all but where things go
+// (run.*, data.dir), how long (train.epochs) and the bench's pacing emulation.
+std::vector<std::string> job_settings(const train_config& cfg) {
+  std::vector<std::string> out;
+  for (const auto& k : config_keys()) {
+    if (k.key.rfind("run.", 0) == 0 || k.key == "data.dir" || k.key == "train.epochs" || k.key == "train.speeds"
+        || k.key == "train.sample_ms" || k.key == "train.contention")
+      continue;
+    out.push_back(k.key + "=" + setting_text(cfg, k.key));
+  }
+  return out;
+}
+
+// The job's own checkpoint store (DIR/job) and what a resume starts from.
+struct job_store {
+  std::unique_ptr<kv_store> store;
+  job_record record; // samples and time so far, resumes
+};
+
+// Opens DIR/job. With cfg.resume: reads the record and refuses a configuration that
+// differs, naming each setting. Without: refuses a directory that holds another job.
+expected<std::optional<job_store>> open_job_store(const train_config& cfg) {
+  if (cfg.checkpoint_dir.empty())
+    return std::optional<job_store>{};
+  std::error_code ec;
+  std::filesystem::create_directories(cfg.checkpoint_dir, ec);
+  if (ec)
+    return make_error(errc::io_error, "cannot create the checkpoint directory " + cfg.checkpoint_dir + ": "
+                                        + ec.message());
+  auto store = open_rocksdb_store(cfg.checkpoint_dir + "/job", open_mode::create);
+  if (!store)
+    return store.error();
+  auto old = load_job_record(**store);
+  if (!old)
+    return old.error();
+  job_store js;
+  js.store = std::move(*store);
+  js.record.settings = job_settings(cfg);
+  if (!cfg.resume) {
+    if (*old)
+      return make_error(errc::invalid_config, cfg.checkpoint_dir + " holds the checkpoints of a job ("
+                                                + std::to_string((*old)->samples) + " samples trained): "
+                                                "continue it with --resume, or use another directory");
+    return std::optional<job_store>{std::move(js)};
+  }
+  if (!*old) {
+    spdlog::warn("job: nothing to resume in {}; starting from the beginning", cfg.checkpoint_dir);
+    return std::optional<job_store>{std::move(js)};
+  }
+  std::map<std::string, std::string> then, now;
+  auto split = [](const std::vector<std::string>& kvs, std::map<std::string, std::string>& m) {
+    for (const auto& kv : kvs)
+      m[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+  };
+  split((*old)->settings, then);
+  split(js.record.settings, now);
+  std::string diff;
+  for (const auto& [k, v] : now) {
+    auto i = then.find(k);
+    const std::string was = i == then.end() ? "(not set)" : i->second;
+    if (was != v)
+      diff += (diff.empty() ? "" : "; ") + k + " = " + v + " (checkpointed job: " + was + ")";
+  }
+  if (!diff.empty())
+    return make_error(errc::invalid_config, "cannot resume the job in " + cfg.checkpoint_dir
+                                              + ": the configuration differs: " + diff);
+  js.record.samples = (*old)->samples;
+  js.record.seconds = (*old)->seconds;
+  js.record.resumes = (*old)->resumes + 1;
+  return std::optional<job_store>{std::move(js)};
+}
+
 }  // namespace
 
 job_placement::~job_placement() = default;
@@ -155,6 +230,20 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   cfg.model.classes = train->classes;
   if (auto err = validate(cfg))
     return err;
+  auto job_store_or = open_job_store(cfg);
+  if (!job_store_or)
+    return job_store_or.error();
+  auto jobstore = std::move(*job_store_or);
+  const uint64_t budget = uint64_t{cfg.epochs} * train->n;
+  const uint64_t done_before = jobstore ? jobstore->record.samples : 0;
+  if (done_before >= budget)
+    return make_error(errc::invalid_config, "the job in " + cfg.checkpoint_dir + " already trained "
+                                              + std::to_string(done_before) + " samples, its "
+                                              + std::to_string(cfg.epochs)
+                                              + " epochs; raise train.epochs to train on");
+  if (done_before > 0)
+    spdlog::info("job: resuming from {} ({} of {} samples trained, resume {})", cfg.checkpoint_dir, done_before,
+                 budget, jobstore->record.resumes);
   if (train->n < cfg.workers)
     return make_error(errc::invalid_config, "train.workers = " + std::to_string(cfg.workers)
                                               + " exceeds the " + std::to_string(train->n)
@@ -209,6 +298,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   sc.data_key = where.data_key();
   sc.profiler = profiler;
   sc.train_size = train->n;
+  sc.remaining = 1.0 - static_cast<double>(done_before) / static_cast<double>(budget);
   sc.contention = std::move(contention);
   sc.observer = caf::actor_cast<caf::actor>(self);
   sc.recorder = recorder;
@@ -255,8 +345,8 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   double last_progress = 0;
   double last_eval = 0;
   double last_shard_poll = 0;
+  double last_record = 0;
   bool stop_sent = false;
-  const uint64_t budget = uint64_t{cfg.epochs} * train->n;
   bool lockstep = true;
   if (auto policy = make_policy(cfg.policy, {}))
     lockstep = (*policy)->lockstep();
@@ -353,7 +443,14 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
     }
     // Workers at their own pace stop when their samples together reach the budget; any
     // job stops at its time limit. Each finishes its step and leaves.
-    bool out_of_budget = !lockstep && stats.total_samples >= budget;
+    bool out_of_budget = !lockstep && done_before + stats.total_samples >= budget;
+    // The job's progress, for a resume: at most as far as the shards' checkpoints are.
+    if (jobstore && now - last_record >= 1.0) {
+      jobstore->record.samples = done_before + stats.total_samples;
+      if (auto err = save_job_record(*jobstore->store, jobstore->record))
+        spdlog::error("job: saving progress to {} failed: {}", cfg.checkpoint_dir, describe(err));
+      last_record = now;
+    }
     bool out_of_time = cfg.time_limit > 0 && now >= cfg.time_limit;
     if (!stop_sent && (out_of_budget || out_of_time)) {
       stop_sent = true;
@@ -386,6 +483,13 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
         },
         [&](caf::error&) {});
   rep.mean_staleness = applied ? static_cast<double>(staleness_sum) / applied : 0;
+  // The clean end: every shard checkpoints its last version, then the job's record.
+  if (jobstore) {
+    for (const auto& s : shards)
+      self->request(s, std::chrono::seconds(60), checkpoint_atom::value)
+        .receive([](uint64_t) {},
+                 [&](caf::error& err) { spdlog::error("job: the final checkpoint failed: {}", describe(err)); });
+  }
   self->request(profiler, std::chrono::seconds(10), caf::get_atom::value)
     .receive(
       [&](const wire::cluster_stats& s) {
@@ -405,6 +509,12 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
       },
       [&](caf::error&) {});
   rep.samples_per_second = rep.seconds > 0 ? rep.samples / rep.seconds : 0;
+  if (jobstore) {
+    jobstore->record.samples = done_before + rep.samples;
+    jobstore->record.seconds += rep.seconds;
+    if (auto err = save_job_record(*jobstore->store, jobstore->record))
+      spdlog::error("job: saving progress to {} failed: {}", cfg.checkpoint_dir, describe(err));
+  }
 
   for (auto& s : shards)
     self->demonitor(s.address());

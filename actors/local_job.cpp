@@ -30,9 +30,20 @@ public:
       if (!policy)
         return policy.error();
       std::vector<float> slice(init.begin() + r.begin, init.begin() + r.end);
-      out.push_back(spawn_shard(sys_, std::make_unique<shard_core>(r, std::move(slice),
-                                                                   shard_optimizer(cfg.policy, cfg.optimizer),
-                                                                   std::move(*policy))));
+      auto core = std::make_unique<shard_core>(r, std::move(slice), shard_optimizer(cfg.policy, cfg.optimizer),
+                                               std::move(*policy));
+      shard_persistence persistence;
+      if (!cfg.checkpoint_dir.empty()) {
+        auto p = open_shard_persistence(cfg.checkpoint_dir, cfg.checkpoint_every, cfg.checkpoint_keep, cfg.resume,
+                                        *core);
+        if (!p) {
+          for (auto& s : out)
+            caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+          return p.error();
+        }
+        persistence = std::move(*p);
+      }
+      out.push_back(spawn_shard(sys_, std::move(core), std::move(persistence)));
     }
     return out;
   }

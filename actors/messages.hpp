@@ -30,19 +30,23 @@ using batch_atom = caf::atom_constant<caf::atom("batch")>;
 using stage_atom = caf::atom_constant<caf::atom("stage")>;
 using bound_atom = caf::atom_constant<caf::atom("bound")>;
 using ring_atom = caf::atom_constant<caf::atom("ring")>;
+using checkpoint_atom = caf::atom_constant<caf::atom("checkpt")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
 /// follows membership changes, reports its status. tune_atom: gradients per update and
 /// async or not, for policies that adapt (see sync_policy::tune). bound_atom (a stage's
 /// settings): its learning-rate factor (second argument) and the clocks a
 /// worker may run ahead of the slowest from now on (see sync_policy::set_staleness_bound).
+/// checkpoint_atom: checkpoint the current version now (if the shard keeps checkpoints);
+/// answers the version of its newest checkpoint.
 using shard_actor = caf::typed_actor<
   caf::replies_to<wire::pull_request>::with<wire::pull_reply>,
   caf::replies_to<wire::push>::with<wire::push_ack>,
   caf::replies_to<wire::membership_change>::with<caf::ok_atom>,
   caf::replies_to<status_atom>::with<wire::shard_status>,
   caf::reacts_to<tune_atom, uint32_t, bool>,
-  caf::reacts_to<bound_atom, uint64_t, float>>;
+  caf::reacts_to<bound_atom, uint64_t, float>,
+  caf::replies_to<checkpoint_atom>::with<uint64_t>>;
 
 /// The profiler: takes per-step timing reports, answers with per-worker statistics.
 using profiler_actor = caf::typed_actor<

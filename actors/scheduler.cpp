@@ -1,5 +1,7 @@
 #include "actors/scheduler.hpp"
 
+#include <cmath>
+
 #include <functional>
 #include <map>
 #include <memory>
@@ -431,6 +433,8 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
         // driver ends the job when their samples together reach the budget.
         a.steps = (n * cfg.job.epochs + cfg.job.batch_size - 1) / cfg.job.batch_size;
       }
+      if (cfg.remaining < 1.0) // a resumed job trains what is left
+        a.steps = std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(static_cast<double>(a.steps) * cfg.remaining)));
       a.local_steps = 1;
       a.local_lr = cfg.job.optimizer.lr;
       // A commit counts as one worker's share of a model average.

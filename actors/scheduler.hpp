@@ -30,6 +30,8 @@ struct scheduler_config {
   profiler_actor profiler;
   /// Training samples the workers split between them.
   uint64_t train_size = 0;
+  /// The part of the job's epochs still to train (a resumed job: 1 - done / budget).
+  double remaining = 1.0;
   /// Slowdown intervals for paced workers (loaded from job.contention).
   contention_profile contention;
   /// Longest the first registered worker waits for the others before training starts

@@ -1,5 +1,10 @@
 #include "actors/server_shard.hpp"
 
+#include <filesystem>
+#include <optional>
+
+#include "runtime/store/checkpoint.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -34,6 +39,11 @@ struct shard_state {
   std::map<uint32_t, frozen_read> reads;   // by worker
   uint64_t next_read = 1;
   std::vector<float> dense; // a sparse push, densified
+  shard_persistence persistence;
+  std::optional<checkpoint_log> log;
+  uint64_t checkpointed = 0; // the version of the last checkpoint taken
+  uint64_t checkpoints = 0, checkpoint_bytes = 0;
+  double checkpoint_seconds = 0; // spent writing them
 };
 
 using shard_pointer = shard_actor::stateful_pointer<shard_state>;
@@ -87,8 +97,43 @@ void release_reads(shard_pointer self) {
   st.held.erase(keep, st.held.end());
 }
 
-shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<shard_core> core) {
+// Checkpoints the current version (unless it is the last one taken). Returns it.
+uint64_t checkpoint(shard_pointer self) {
+  auto& st = self->state;
+  const auto& core = *st.core;
+  if (!st.log || core.version() == st.checkpointed)
+    return st.checkpointed;
+  auto params = core.shared_params();
+  const auto t0 = clock_type::now();
+  auto bytes = st.log->save(core.version(), core.range().begin, core.range().end, params->data(),
+                            core.velocity().data());
+  st.checkpoint_seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
+  if (!bytes) {
+    spdlog::error("shard {}: checkpoint of version {} failed: {}", core.range().shard_id, core.version(),
+                  describe(bytes.error()));
+    return st.checkpointed;
+  }
+  st.checkpointed = core.version();
+  ++st.checkpoints;
+  st.checkpoint_bytes += *bytes;
+  return st.checkpointed;
+}
+
+// After a version was made: a checkpoint if one is due.
+void after_version(shard_pointer self) {
+  auto& st = self->state;
+  if (st.log && st.persistence.every > 0 && st.core->version() >= st.checkpointed + st.persistence.every)
+    checkpoint(self);
+}
+
+shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<shard_core> core,
+                                          shard_persistence persistence) {
   self->state.core = std::move(core);
+  auto& st = self->state;
+  st.persistence = std::move(persistence);
+  st.checkpointed = st.core->version();
+  if (st.persistence.store)
+    st.log.emplace(*st.persistence.store, st.core->range().shard_id, st.persistence.keep);
   return {
     [=](const wire::pull_request& req) -> caf::result<wire::pull_reply> {
       auto& st = self->state;
@@ -171,6 +216,8 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
       }
       if (out->version_bumped || (!st.held.empty() && !core.applying()))
         release_reads(self);
+      if (out->version_bumped)
+        after_version(self);
       wire::push_ack ack;
       ack.shard_id = core.range().shard_id;
       ack.version = out->version;
@@ -194,10 +241,21 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
         // A leaving worker's own held reads are never answered by the policy: release them.
         if (bumped || !st.held.empty())
           release_reads(self);
+        if (bumped)
+          after_version(self);
       }
       return caf::ok_atom::value;
     },
     [=](tune_atom, uint32_t k, bool async) { self->state.core->tune(k, async); },
+    [=](checkpoint_atom) -> uint64_t {
+      auto& st = self->state;
+      auto v = checkpoint(self);
+      if (st.log && st.checkpoint_seconds > 0)
+        spdlog::info("shard {}: {} checkpoints, {:.1f} MB written in {:.2f} s ({:.0f} MB/s)",
+                     st.core->range().shard_id, st.checkpoints, st.checkpoint_bytes / 1e6, st.checkpoint_seconds,
+                     st.checkpoint_bytes / 1e6 / st.checkpoint_seconds);
+      return v;
+    },
     [=](bound_atom, uint64_t bound, float lr_scale) {
       self->state.core->set_staleness_bound(bound);
       self->state.core->set_lr_scale(lr_scale);
@@ -225,8 +283,47 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
 
 }  // namespace
 
-shard_actor spawn_shard(caf::actor_system& sys, std::unique_ptr<shard_core> core) {
-  return sys.spawn(shard_behavior, std::move(core));
+shard_actor spawn_shard(caf::actor_system& sys, std::unique_ptr<shard_core> core, shard_persistence persistence) {
+  return sys.spawn(shard_behavior, std::move(core), std::move(persistence));
+}
+
+expected<shard_persistence> open_shard_persistence(const std::string& dir, uint64_t every, uint32_t keep,
+                                                   bool resume, shard_core& core) {
+  const auto id = core.range().shard_id;
+  const std::string path = dir + "/shard-" + std::to_string(id);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    return make_error(errc::io_error, "cannot create the checkpoint directory " + dir + ": " + ec.message());
+  auto store = open_rocksdb_store(path, open_mode::create);
+  if (!store)
+    return store.error();
+  shard_persistence p;
+  p.store = std::move(*store);
+  p.every = every;
+  p.keep = keep;
+  if (resume) {
+    checkpoint_log log{*p.store, id, keep};
+    auto c = log.load_latest();
+    if (!c)
+      return c.error();
+    if (!*c) {
+      spdlog::warn("shard {}: no checkpoint in {}; starting from the initial parameters", id, path);
+    } else {
+      auto& ck = **c;
+      if (ck.begin != core.range().begin || ck.end != core.range().end)
+        return make_error(errc::shape_mismatch, "shard " + std::to_string(id) + ": the checkpoint in " + path
+                                                  + " holds [" + std::to_string(ck.begin) + ", "
+                                                  + std::to_string(ck.end) + "), this job's shard is ["
+                                                  + std::to_string(core.range().begin) + ", "
+                                                  + std::to_string(core.range().end) + ")");
+      const auto version = ck.version;
+      if (auto err = core.restore(version, std::move(ck.params), std::move(ck.velocity)))
+        return err;
+      spdlog::info("shard {}: restored version {} from {}", id, version, path);
+    }
+  }
+  return p;
 }
 
 }  // namespace ashlar::actors

@@ -14,6 +14,7 @@ function(ashlar_test name)
   # ctest names each Catch test case after its name, and a ';' there splits the name (a
   # CMake list), so the truncated name matches no test case and "passes" running nothing.
   foreach(_src ${A_SOURCES})
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_src})
     file(STRINGS ${_src} _bad REGEX "TEST_CASE\\(\"[^\"]*;")
     if(_bad)
       message(FATAL_ERROR "${_src}: a test case name with ';' would never run under ctest: ${_bad}")

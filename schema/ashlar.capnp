@@ -287,6 +287,18 @@ struct CheckpointRecord {
   begin @2 :UInt64;
   params @3 :Data;         # float32 LE
   velocity @4 :Data;       # optimizer momentum, float32 LE
-  checksum @5 :UInt64;     # over params and velocity
+  checksum @5 :UInt64;     # CRC-32 over shardId, version, begin, end, params and velocity
   unixNs @6 :Int64;
+  end @7 :UInt64;
+}
+
+# What the scheduler keeps to resume a job: the settings it ran with (to refuse a
+# configuration that differs), and how far it got.
+struct JobRecord {
+  settings @0 :List(Text);  # "key=value", every key that shapes training
+  samples @1 :UInt64;       # samples trained so far
+  seconds @2 :Float64;      # training time so far
+  unixNs @3 :Int64;
+  stage @4 :Text;           # the ASHL stage in force, or ""
+  resumes @5 :UInt32;       # times this job was resumed
 }

@@ -143,6 +143,7 @@ caf::behavior shard_proxy(proxy_pointer self, connection_ptr conn, shard_actor r
     [=](wire::push& p) { forward(self, p); },
     [=](wire::membership_change& m) { self->delegate(self->state.remote, std::move(m)); },
     [=](status_atom a) { self->delegate(self->state.remote, a); },
+    [=](checkpoint_atom a) { self->delegate(self->state.remote, a); },
     [=](tune_atom a, uint32_t k, bool async) { self->send(self->state.remote, a, k, async); },
     [=](bound_atom a, uint64_t s, float lr) { self->send(self->state.remote, a, s, lr); },
     // From the connection's reader thread:

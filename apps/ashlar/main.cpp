@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   auto launch = ashlar::cli::add_launch(app);
   auto status = ashlar::cli::add_status(app);
   auto ctl = ashlar::cli::add_ctl(app);
+  auto checkpoint = ashlar::cli::add_checkpoint(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -35,5 +36,7 @@ int main(int argc, char** argv) {
     return status();
   if (app.got_subcommand("ctl"))
     return ctl();
+  if (app.got_subcommand("checkpoint"))
+    return checkpoint();
   return 2;
 }

@@ -32,6 +32,8 @@ const flag_key flag_keys[] = {
   {"--data-dir", "data.dir", &train_options::data_dir},
   {"--report", "run.report", &train_options::report},
   {"--trace", "run.trace", &train_options::trace},
+  {"--checkpoint-dir", "run.checkpoint_dir", &train_options::checkpoint_dir},
+  {"--checkpoint-every", "run.checkpoint_every", &train_options::checkpoint_every},
   {"--metrics", "run.metrics", &train_options::metrics},
   {"--metrics-listen", "run.metrics_listen", &train_options::metrics_listen},
   {"--log-level", "run.log_level", &train_options::log_level},
@@ -58,6 +60,8 @@ std::vector<std::string> train_options::as_args() const {
     out.emplace_back("--set");
     out.push_back(s);
   }
+  if (resume)
+    out.emplace_back("--resume");
   return out;
 }
 
@@ -74,6 +78,11 @@ void add_train_options(CLI::App* cmd, train_options& o, bool with_config) {
   cmd->add_option("--lr", o.lr, "learning rate (train.lr)");
   cmd->add_option("--data-dir", o.data_dir, "Fashion-MNIST directory (data.dir)");
   cmd->add_option("--report", o.report, "write a JSON summary to FILE (run.report)");
+  cmd->add_option("--checkpoint-dir", o.checkpoint_dir,
+                  "checkpoint shards and progress into DIR (run.checkpoint_dir)");
+  cmd->add_option("--checkpoint-every", o.checkpoint_every,
+                  "checkpoint each shard every K versions (run.checkpoint_every)");
+  cmd->add_flag("--resume", o.resume, "continue from the checkpoints in --checkpoint-dir (run.resume)");
   cmd->add_option("--trace", o.trace, "write a Chrome trace (open in Perfetto) to FILE (run.trace)");
   cmd->add_option("--metrics", o.metrics, "write per-step metrics as JSON lines to FILE (run.metrics)");
   cmd->add_option("--metrics-listen", o.metrics_listen,
@@ -92,6 +101,8 @@ caf::error resolve_config(const train_options& o, train_config& cfg) {
     if (o.*f.member)
       if (auto err = apply_setting(cfg, f.key, *(o.*f.member)))
         return err;
+  if (o.resume)
+    cfg.resume = true;
   for (const auto& kv : o.sets) {
     auto eq = kv.find('=');
     if (eq == std::string::npos)

@@ -16,8 +16,10 @@ namespace ashlar::cli {
 struct train_options {
   std::string config_file;
   std::optional<std::string> workers, servers, policy, epochs, seed, report, trace, metrics, metrics_listen,
+    checkpoint_dir, checkpoint_every,
     data_dir, batch, lr, log_level;
   std::vector<std::string> sets;
+  bool resume = false;
 
   /// The flags as they were given, to pass on to child processes (launch).
   std::vector<std::string> as_args() const;

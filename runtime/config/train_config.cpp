@@ -227,6 +227,14 @@ const std::vector<field>& fields() {
          [](train_config& c) -> double& { return c.ashl.topk_ratio; }),
     bind("run.report", "write a JSON summary to this file (default none)",
          [](train_config& c) -> std::string& { return c.report; }),
+    bind("run.checkpoint_dir", "checkpoint shards and job progress into this directory (default none)",
+         [](train_config& c) -> std::string& { return c.checkpoint_dir; }),
+    bind("run.checkpoint_every", "a shard checkpoints every this many versions (default 100)",
+         [](train_config& c) -> uint64_t& { return c.checkpoint_every; }),
+    bind("run.checkpoint_keep", "checkpoints kept per shard (default 3)",
+         [](train_config& c) -> uint32_t& { return c.checkpoint_keep; }),
+    bind("run.resume", "continue from the checkpoints in run.checkpoint_dir (default false)",
+         [](train_config& c) -> bool& { return c.resume; }),
     bind("run.trace", "write a Chrome trace-event JSON (Perfetto) of the run to this file (default none)",
          [](train_config& c) -> std::string& { return c.trace; }),
     bind("run.metrics", "write per-step metrics as JSON lines to this file (default none)",
@@ -417,6 +425,10 @@ caf::error validate(const train_config& c) {
     return bad("train.allocation '" + c.allocation + "' is not known (known: equal, proportional, adaptive, predicted)");
   if (c.eval_interval < 0)
     return bad("run.eval_interval must be >= 0");
+  if (c.resume && c.checkpoint_dir.empty())
+    return bad("run.resume needs run.checkpoint_dir (--checkpoint-dir DIR): where the checkpoints are");
+  if (c.checkpoint_keep < 1)
+    return bad("run.checkpoint_keep must be >= 1");
   if (!c.metrics_listen.empty()) {
     std::string host;
     uint16_t port = 0;

@@ -92,6 +92,16 @@ struct train_config {
   /// Write metrics as JSON lines here: per step and worker, events, evaluations
   /// (run.metrics); empty = none. Default: "".
   std::string metrics;
+  /// Checkpoint the server shards (RocksDB in DIR/shard-ID) and the job's progress
+  /// (DIR/job) here (run.checkpoint_dir); empty = no checkpoints. Default: "".
+  std::string checkpoint_dir;
+  /// A shard checkpoints every this many versions, and once more at the end
+  /// (run.checkpoint_every). Default: 100.
+  uint64_t checkpoint_every = 100;
+  /// Checkpoints kept per shard (run.checkpoint_keep). Default: 3.
+  uint32_t checkpoint_keep = 3;
+  /// Continue from the checkpoints in checkpoint_dir (run.resume). Default: false.
+  bool resume = false;
   /// Serve Prometheus metrics at http://HOST:PORT/metrics while the job runs
   /// (run.metrics_listen, e.g. "0.0.0.0:9400"); empty = none. Default: "".
   std::string metrics_listen;

@@ -16,6 +16,20 @@ shard_core::shard_core(shard_range range, std::vector<float> params, sgd_config 
     acc_(params_->size(), 0.0f) {
 }
 
+caf::error shard_core::restore(uint64_t version, std::vector<float> params, std::vector<float> velocity) {
+  if (params.size() != range_.size() || (!velocity.empty() && velocity.size() != range_.size()))
+    return make_error(errc::shape_mismatch, "shard " + std::to_string(range_.shard_id) + ": a checkpoint of "
+                                              + std::to_string(params.size()) + " parameters for a range of "
+                                              + std::to_string(range_.size()));
+  params_ = std::make_shared<std::vector<float>>(std::move(params));
+  spare_.reset();
+  if (velocity.empty())
+    velocity.assign(range_.size(), 0.0f);
+  velocity_ = std::move(velocity);
+  version_ = version;
+  return caf::none;
+}
+
 float* shard_core::writable_params() {
   // Only this class hands out references, so a count of 1 stays 1. The fence after
   // reading the counts orders the last reader's accesses before our writes.

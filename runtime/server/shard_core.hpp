@@ -90,6 +90,9 @@ public:
   /// Scales the learning rate of every update from now on (a training stage's). Default: 1.
   void set_lr_scale(float s) { stage_lr_scale_ = s; }
 
+  /// Takes up a checkpointed state: `version`, its parameters and optimizer velocity
+  /// (range-sized; an empty velocity means none). Fails with shape_mismatch otherwise.
+  [[nodiscard]] caf::error restore(uint64_t version, std::vector<float> params, std::vector<float> velocity);
   /// True if worker `w` may read the parameters now.
   bool may_read(worker_id w) const { return policy_->may_read(w, version_); }
 

@@ -1,12 +1,14 @@
 // Runs the real `ashlar` binary as a user would and checks exit codes and messages.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <sys/wait.h>
 
 #include "../runtime/temp_dir.hpp"
+#include "runtime/store/checkpoint.hpp"
 
 namespace {
 
@@ -243,4 +245,77 @@ TEST_CASE("the Prometheus endpoint serves the running job's metrics at /metrics 
   for (int i = 0; i < 300 && shell("kill -0 " + pid).code == 0; ++i)
     shell("sleep 0.1");
   CHECK(shell("kill -0 " + pid).code != 0);
+}
+
+namespace {
+
+// The newest checkpoint of every shard in `dir`, checked the way a resume loads it:
+// the LATEST pointer's record must decode and match its checksum (no fallback).
+void check_consistent(const std::string& dir, uint32_t shards) {
+  for (uint32_t id = 0; id < shards; ++id) {
+    auto store = ashlar::open_rocksdb_store(dir + "/shard-" + std::to_string(id), ashlar::open_mode::existing);
+    REQUIRE(store);
+    auto latest = (*store)->get("shard/" + std::to_string(id) + "/latest");
+    REQUIRE(latest);
+    if (!*latest)
+      continue; // killed before its first checkpoint
+    ashlar::checkpoint_log log{**store, id, 3};
+    auto c = log.load(std::stoull(**latest));
+    INFO("shard " << id << " LATEST " << **latest);
+    REQUIRE(c);
+    CHECK(c->version == std::stoull(**latest));
+    auto all = log.list();
+    REQUIRE(all);
+    for (const auto& i : *all)
+      CHECK(i.intact);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a training process killed (SIGKILL) while checkpointing every version leaves whole checkpoints, "
+          "for several kill times") {
+  for (double at : {0.9, 1.35, 1.8, 2.4}) {
+    ashlar::test::temp_dir dir;
+    auto ck = dir.file("ck");
+    auto r = shell("timeout -s KILL " + std::to_string(at) + " " + std::string{ASHLAR_BINARY} + " train " + config
+                   + " --epochs 3 --checkpoint-dir " + ck + " --checkpoint-every 1 --log-level warn");
+    INFO("killed at " << at << " s: " << r.out);
+    CHECK(r.code == 137); // it was killed, not finished
+    check_consistent(ck, 2);
+    auto ls = run("checkpoint list " + ck);
+    CHECK(ls.code == 0);
+    CHECK(ls.out.find("BAD") == std::string::npos);
+  }
+}
+
+TEST_CASE("a job killed mid-run and resumed reaches the accuracy of an uninterrupted run, and a changed config "
+          "is refused naming the setting") {
+  ashlar::test::temp_dir dir;
+  const std::string job = " --epochs 3 --set data.train_limit=30000 --set run.progress_interval=0.2";
+  auto whole = run("train " + config + job + " --report " + dir.file("whole.json"));
+  REQUIRE(whole.code == 0);
+  auto ck = dir.file("ck");
+  // Paced so that it is killed part-way (about 1.5 of 3 epochs).
+  auto killed = shell("timeout -s KILL 2.5 " + std::string{ASHLAR_BINARY} + " train " + config + job
+                      + " --set train.speeds=1,1,1,1 --set train.sample_ms=0.2 --checkpoint-dir " + ck
+                      + " --checkpoint-every 20");
+  INFO(killed.out);
+  REQUIRE(killed.code == 137);
+  auto changed = run("train " + config + job + " --lr 0.05 --checkpoint-dir " + ck + " --resume");
+  CHECK(changed.code == 2);
+  CHECK(has(changed, "train.lr = 0.05 (checkpointed job: 0.1)"));
+  auto resumed = run("train " + config + job + " --checkpoint-dir " + ck + " --resume --report "
+                     + dir.file("resumed.json"));
+  INFO(resumed.out);
+  REQUIRE(resumed.code == 0);
+  CHECK(has(resumed, "restored version"));
+  CHECK(has(resumed, "resuming from"));
+  auto accuracy = [](const std::string& json) {
+    auto at = json.find("\"test_accuracy\": ");
+    return std::stod(json.substr(at + 17));
+  };
+  const double a = accuracy(slurp(dir.file("whole.json"))), b = accuracy(slurp(dir.file("resumed.json")));
+  INFO("uninterrupted " << a << ", killed and resumed " << b);
+  CHECK(std::abs(a - b) < 0.015);
 }

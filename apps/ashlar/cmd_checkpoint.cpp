@@ -1,0 +1,207 @@
+// `ashlar checkpoint list|show|export DIR`: what a job's checkpoint directory holds (the
+// shards' RocksDB stores in DIR/shard-ID and the job's in DIR/job). Stores are opened
+// read-only, so this works while the job runs.
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "apps/ashlar/commands.hpp"
+#include "runtime/core/error.hpp"
+#include "runtime/store/checkpoint.hpp"
+
+namespace ashlar::cli {
+
+namespace {
+
+struct checkpoint_options {
+  std::string dir;
+  int64_t shard = -1;     // show: which shard (-1: all)
+  int64_t version = -1;   // show/export: which version (-1: the newest intact)
+  std::string out;        // export: the .npy file
+};
+
+std::string local_time(int64_t unix_ns) {
+  if (unix_ns <= 0)
+    return "-";
+  std::time_t t = static_cast<std::time_t>(unix_ns / 1000000000);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+  return buf;
+}
+
+// The shard stores of a checkpoint directory, by shard id.
+expected<std::map<uint32_t, std::unique_ptr<kv_store>>> open_shards(const std::string& dir) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    return make_error(errc::io_error, dir + " is not a directory (a job's --checkpoint-dir)");
+  std::map<uint32_t, std::unique_ptr<kv_store>> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const auto name = e.path().filename().string();
+    if (name.rfind("shard-", 0) != 0 || name.find_first_not_of("0123456789", 6) != std::string::npos)
+      continue;
+    auto store = open_rocksdb_store(e.path().string(), open_mode::read_only);
+    if (!store)
+      return store.error();
+    out[static_cast<uint32_t>(std::stoul(name.substr(6)))] = std::move(*store);
+  }
+  if (out.empty())
+    return make_error(errc::io_error, dir + " holds no shard checkpoints (no shard-ID directories)");
+  return out;
+}
+
+// The chosen checkpoint of each shard: `version`, or the newest intact one.
+expected<std::vector<shard_checkpoint>> chosen(const std::map<uint32_t, std::unique_ptr<kv_store>>& shards,
+                                               int64_t version, int64_t only) {
+  std::vector<shard_checkpoint> out;
+  for (const auto& [id, store] : shards) {
+    if (only >= 0 && id != only)
+      continue;
+    checkpoint_log log{*store, id, 1};
+    if (version >= 0) {
+      auto c = log.load(static_cast<uint64_t>(version));
+      if (!c)
+        return c.error();
+      out.push_back(std::move(*c));
+    } else {
+      auto c = log.load_latest();
+      if (!c)
+        return c.error();
+      if (!*c)
+        return make_error(errc::io_error, "shard " + std::to_string(id) + " has no intact checkpoint");
+      out.push_back(std::move(**c));
+    }
+  }
+  if (out.empty())
+    return make_error(errc::invalid_argument, "no shard " + std::to_string(only) + " in the directory");
+  return out;
+}
+
+int list(const checkpoint_options& o) {
+  auto shards = open_shards(o.dir);
+  if (!shards) {
+    std::fprintf(stderr, "ashlar checkpoint list: %s\n", describe(shards.error()).c_str());
+    return 1;
+  }
+  if (auto job = open_rocksdb_store(o.dir + "/job", open_mode::read_only)) {
+    if (auto r = load_job_record(**job); r && *r)
+      std::printf("job: %" PRIu64 " samples trained in %.1f s, resumed %u times, saved %s\n", (*r)->samples,
+                  (*r)->seconds, (*r)->resumes, local_time((*r)->unix_ns).c_str());
+  }
+  std::printf("%-6s %-10s %-20s %-12s %s\n", "shard", "version", "time", "bytes", "checksum");
+  int bad = 0;
+  for (const auto& [id, store] : *shards) {
+    checkpoint_log log{*store, id, 1};
+    auto items = log.list();
+    if (!items) {
+      std::fprintf(stderr, "ashlar checkpoint list: shard %u: %s\n", id, describe(items.error()).c_str());
+      return 1;
+    }
+    for (const auto& i : *items) {
+      std::printf("%-6u %-10" PRIu64 " %-20s %-12" PRIu64 " %s\n", id, i.version, local_time(i.unix_ns).c_str(),
+                  i.bytes, i.intact ? "ok" : ("BAD: " + i.problem).c_str());
+      bad += i.intact ? 0 : 1;
+    }
+  }
+  if (bad > 0)
+    std::printf("%d checkpoint(s) fail their check; a resume skips them for the newest intact one\n", bad);
+  return 0;
+}
+
+int show(const checkpoint_options& o) {
+  auto shards = open_shards(o.dir);
+  auto cs = shards ? chosen(*shards, o.version, o.shard) : expected<std::vector<shard_checkpoint>>{shards.error()};
+  if (!cs) {
+    std::fprintf(stderr, "ashlar checkpoint show: %s\n", describe(cs.error()).c_str());
+    return 1;
+  }
+  for (const auto& c : *cs) {
+    double sq = 0, vsq = 0, lo = INFINITY, hi = -INFINITY;
+    for (float x : c.params) {
+      sq += double{x} * x;
+      lo = std::min<double>(lo, x);
+      hi = std::max<double>(hi, x);
+    }
+    for (float x : c.velocity)
+      vsq += double{x} * x;
+    std::printf("shard %u, version %" PRIu64 ", taken %s, checksum ok\n  parameters [%" PRIu64 ", %" PRIu64
+                "): %zu floats, L2 norm %.6g, min %.6g, max %.6g\n  optimizer velocity: L2 norm %.6g\n",
+                c.shard_id, c.version, local_time(c.unix_ns).c_str(), c.begin, c.end, c.params.size(),
+                std::sqrt(sq), lo, hi, std::sqrt(vsq));
+  }
+  return 0;
+}
+
+// Writes the whole model's parameters (the shards' ranges in order) as a NumPy .npy
+// file of float32: np.load(FILE) in Python, or raw floats after the header.
+int export_params(const checkpoint_options& o) {
+  auto shards = open_shards(o.dir);
+  auto cs = shards ? chosen(*shards, o.version, -1) : expected<std::vector<shard_checkpoint>>{shards.error()};
+  if (!cs) {
+    std::fprintf(stderr, "ashlar checkpoint export: %s\n", describe(cs.error()).c_str());
+    return 1;
+  }
+  uint64_t expect = 0;
+  for (const auto& c : *cs) {
+    if (c.begin != expect) {
+      std::fprintf(stderr, "ashlar checkpoint export: shard %u starts at %" PRIu64 ", expected %" PRIu64
+                           " (a shard's directory is missing?)\n", c.shard_id, c.begin, expect);
+      return 1;
+    }
+    expect = c.end;
+  }
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(expect) + ",), }";
+  header.append(64 - (10 + header.size() + 1) % 64, ' ');
+  header += '\n';
+  std::ofstream out{o.out, std::ios::binary};
+  const uint16_t len = static_cast<uint16_t>(header.size());
+  out.write("\x93NUMPY\x01\x00", 8);
+  out.write(reinterpret_cast<const char*>(&len), 2);
+  out << header;
+  for (const auto& c : *cs)
+    out.write(reinterpret_cast<const char*>(c.params.data()), static_cast<std::streamsize>(c.params.size() * 4));
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "ashlar checkpoint export: cannot write %s\n", o.out.c_str());
+    return 1;
+  }
+  std::printf("wrote %" PRIu64 " parameters (versions", expect);
+  for (const auto& c : *cs)
+    std::printf(" %u:%" PRIu64, c.shard_id, c.version);
+  std::printf(") to %s\n", o.out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+command_fn add_checkpoint(CLI::App& app) {
+  auto o = std::make_shared<checkpoint_options>();
+  auto which = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("checkpoint", "List, inspect or export a job's checkpoints (its --checkpoint-dir)");
+  cmd->require_subcommand(1);
+  auto* ls = cmd->add_subcommand("list", "every stored checkpoint: shard, version, time, size, checksum");
+  ls->add_option("dir", o->dir, "the checkpoint directory")->required();
+  ls->callback([which] { *which = "list"; });
+  auto* sh = cmd->add_subcommand("show", "one checkpoint per shard: range, version, parameter statistics");
+  sh->add_option("dir", o->dir, "the checkpoint directory")->required();
+  sh->add_option("--shard", o->shard, "only this shard");
+  sh->add_option("--version", o->version, "this version (default: the newest intact)");
+  sh->callback([which] { *which = "show"; });
+  auto* ex = cmd->add_subcommand("export", "write the model's parameters as a NumPy .npy file (float32)");
+  ex->add_option("dir", o->dir, "the checkpoint directory")->required();
+  ex->add_option("--out", o->out, "the .npy file to write")->required();
+  ex->add_option("--version", o->version, "this version of every shard (default: each one's newest intact)");
+  ex->callback([which] { *which = "export"; });
+  return [o, which] {
+    if (*which == "list")
+      return list(*o);
+    if (*which == "show")
+      return show(*o);
+    return export_params(*o);
+  };
+}
+
+}  // namespace ashlar::cli

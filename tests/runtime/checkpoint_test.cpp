@@ -1,0 +1,154 @@
+// Checkpoint records and the stores they live in: memory, and RocksDB on disk for real.
+#include <catch2/catch.hpp>
+
+#include <numeric>
+
+#include "runtime/store/checkpoint.hpp"
+#include "temp_dir.hpp"
+
+using namespace ashlar;
+
+namespace {
+
+std::vector<float> ramp(size_t n, float from) {
+  std::vector<float> v(n);
+  std::iota(v.begin(), v.end(), from);
+  return v;
+}
+
+// Saves versions 1..n of shard 2 (range [100, 110)), params = ramp(version).
+void save_versions(checkpoint_log& log, uint64_t n) {
+  for (uint64_t v = 1; v <= n; ++v) {
+    auto p = ramp(10, static_cast<float>(v));
+    auto m = ramp(10, -static_cast<float>(v));
+    REQUIRE(log.save(v, 100, 110, p.data(), m.data()));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint round-trips through its record, and a flipped byte or a cut record is refused") {
+  auto p = ramp(10, 1.5f);
+  auto m = ramp(10, -3.0f);
+  auto bytes = encode_checkpoint(4, 77, 20, 30, 123, p.data(), m.data());
+  auto c = decode_checkpoint(bytes);
+  REQUIRE(c);
+  CHECK(c->shard_id == 4);
+  CHECK(c->version == 77);
+  CHECK(c->begin == 20);
+  CHECK(c->end == 30);
+  CHECK(c->unix_ns == 123);
+  CHECK(c->params == p);
+  CHECK(c->velocity == m);
+  // A bit flipped in the tensors: the checksum catches it.
+  auto flipped = bytes;
+  flipped[bytes.size() - 20] ^= 0x10;
+  auto bad = decode_checkpoint(flipped);
+  REQUIRE_FALSE(bad);
+  CHECK(is(bad.error(), errc::corrupt_data));
+  // Cut short: not a whole record.
+  auto cut = decode_checkpoint(bytes.substr(0, bytes.size() / 2));
+  REQUIRE_FALSE(cut);
+  CHECK(is(cut.error(), errc::corrupt_data));
+  CHECK_FALSE(decode_checkpoint(std::string(64, '\0')));
+}
+
+TEST_CASE("a checkpoint log keeps the newest N, points LATEST at the newest, and loads it") {
+  auto store = make_memory_store();
+  checkpoint_log log{*store, 2, 3};
+  auto none = log.load_latest();
+  REQUIRE(none);
+  CHECK_FALSE(none->has_value());
+  save_versions(log, 5);
+  auto list = log.list();
+  REQUIRE(list);
+  REQUIRE(list->size() == 3);
+  CHECK((*list)[0].version == 3);
+  CHECK((*list)[2].version == 5);
+  for (const auto& i : *list)
+    CHECK(i.intact);
+  auto latest = store->get("shard/2/latest");
+  REQUIRE(latest);
+  CHECK(**latest == "5");
+  auto c = log.load_latest();
+  REQUIRE(c);
+  REQUIRE(c->has_value());
+  CHECK((*c)->version == 5);
+  CHECK((*c)->params == ramp(10, 5.0f));
+  CHECK((*c)->velocity == ramp(10, -5.0f));
+  auto shards = stored_shards(*store);
+  REQUIRE(shards);
+  CHECK(*shards == std::vector<uint32_t>{2});
+}
+
+TEST_CASE("a corrupt or truncated newest checkpoint falls back to the one before it") {
+  auto store = make_memory_store();
+  checkpoint_log log{*store, 2, 3};
+  save_versions(log, 4);
+  // Corrupt version 4 in place (as a bad disk would), then truncate version 3 too.
+  auto v4 = store->get("shard/2/v/00000000000000000004");
+  REQUIRE(v4);
+  REQUIRE(v4->has_value());
+  auto bad = **v4;
+  bad[bad.size() / 2] ^= 0x01;
+  REQUIRE_FALSE(store->write({{{"shard/2/v/00000000000000000004", bad}}, {}}));
+  auto c = log.load_latest();
+  REQUIRE(c);
+  REQUIRE(c->has_value());
+  CHECK((*c)->version == 3);
+  auto v3 = store->get("shard/2/v/00000000000000000003");
+  REQUIRE_FALSE(store->write({{{"shard/2/v/00000000000000000003", (**v3).substr(0, 40)}}, {}}));
+  c = log.load_latest();
+  REQUIRE(c);
+  REQUIRE(c->has_value());
+  CHECK((*c)->version == 2);
+  auto list = log.list();
+  REQUIRE(list);
+  REQUIRE(list->size() == 3);
+  CHECK((*list)[0].intact);
+  CHECK_FALSE((*list)[1].intact);
+  CHECK_FALSE((*list)[2].intact);
+  CHECK((*list)[2].problem.find("checksum") != std::string::npos);
+}
+
+TEST_CASE("RocksDB keeps checkpoints on disk across a reopen, and a second opener is refused naming the directory") {
+  ashlar::test::temp_dir dir;
+  const auto path = dir.file("store");
+  {
+    auto store = open_rocksdb_store(path, open_mode::create);
+    REQUIRE(store);
+    checkpoint_log log{**store, 2, 2};
+    save_versions(log, 3);
+    job_record r;
+    r.settings = {"train.policy=bsp", "model.hidden=256,128"};
+    r.samples = 12345;
+    r.seconds = 6.5;
+    r.stage = "ahl";
+    r.resumes = 1;
+    REQUIRE_FALSE(save_job_record(**store, r));
+    auto again = open_rocksdb_store(path, open_mode::create); // the first still holds the lock
+    REQUIRE_FALSE(again);
+    CHECK(describe(again.error()).find(path) != std::string::npos);
+  }
+  auto store = open_rocksdb_store(path, open_mode::existing);
+  REQUIRE(store);
+  checkpoint_log log{**store, 2, 2};
+  auto c = log.load_latest();
+  REQUIRE(c);
+  REQUIRE(c->has_value());
+  CHECK((*c)->version == 3);
+  CHECK((*c)->params == ramp(10, 3.0f));
+  auto list = log.list();
+  REQUIRE(list);
+  CHECK(list->size() == 2);
+  auto job = load_job_record(**store);
+  REQUIRE(job);
+  REQUIRE(job->has_value());
+  CHECK((*job)->samples == 12345);
+  CHECK((*job)->settings.size() == 2);
+  CHECK((*job)->stage == "ahl");
+  CHECK((*job)->resumes == 1);
+  auto missing = open_rocksdb_store(dir.file("absent"), open_mode::existing);
+  REQUIRE_FALSE(missing);
+  CHECK(describe(missing.error()).find("absent") != std::string::npos);
+}

@@ -40,10 +40,8 @@ struct shard_state {
   uint64_t next_read = 1;
   std::vector<float> dense; // a sparse push, densified
   shard_persistence persistence;
-  std::optional<checkpoint_log> log;
-  uint64_t checkpointed = 0; // the version of the last checkpoint taken
-  uint64_t checkpoints = 0, checkpoint_bytes = 0;
-  double checkpoint_seconds = 0; // spent writing them
+  std::unique_ptr<async_checkpointer> writer;
+  uint64_t checkpointed = 0; // the version last handed to the writer
 };
 
 using shard_pointer = shard_actor::stateful_pointer<shard_state>;
@@ -97,32 +95,20 @@ void release_reads(shard_pointer self) {
   st.held.erase(keep, st.held.end());
 }
 
-// Checkpoints the current version (unless it is the last one taken). Returns it.
-uint64_t checkpoint(shard_pointer self) {
+// Hands the current version to the checkpoint writer (unless it already has it).
+void checkpoint(shard_pointer self) {
   auto& st = self->state;
   const auto& core = *st.core;
-  if (!st.log || core.version() == st.checkpointed)
-    return st.checkpointed;
-  auto params = core.shared_params();
-  const auto t0 = clock_type::now();
-  auto bytes = st.log->save(core.version(), core.range().begin, core.range().end, params->data(),
-                            core.velocity().data());
-  st.checkpoint_seconds += std::chrono::duration<double>(clock_type::now() - t0).count();
-  if (!bytes) {
-    spdlog::error("shard {}: checkpoint of version {} failed: {}", core.range().shard_id, core.version(),
-                  describe(bytes.error()));
-    return st.checkpointed;
-  }
+  if (!st.writer || core.version() == st.checkpointed)
+    return;
+  st.writer->submit(core.version(), core.range().begin, core.range().end, core.shared_params(), core.velocity());
   st.checkpointed = core.version();
-  ++st.checkpoints;
-  st.checkpoint_bytes += *bytes;
-  return st.checkpointed;
 }
 
 // After a version was made: a checkpoint if one is due.
 void after_version(shard_pointer self) {
   auto& st = self->state;
-  if (st.log && st.persistence.every > 0 && st.core->version() >= st.checkpointed + st.persistence.every)
+  if (st.writer && st.persistence.every > 0 && st.core->version() >= st.checkpointed + st.persistence.every)
     checkpoint(self);
 }
 
@@ -133,7 +119,8 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
   st.persistence = std::move(persistence);
   st.checkpointed = st.core->version();
   if (st.persistence.store)
-    st.log.emplace(*st.persistence.store, st.core->range().shard_id, st.persistence.keep);
+    st.writer = std::make_unique<async_checkpointer>(*st.persistence.store, st.core->range().shard_id,
+                                                     st.persistence.keep);
   return {
     [=](const wire::pull_request& req) -> caf::result<wire::pull_reply> {
       auto& st = self->state;
@@ -248,12 +235,18 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
     },
     [=](tune_atom, uint32_t k, bool async) { self->state.core->tune(k, async); },
     [=](checkpoint_atom) -> uint64_t {
+      // Blocks this shard until the write is on disk: it is the end of a job.
       auto& st = self->state;
-      auto v = checkpoint(self);
-      if (st.log && st.checkpoint_seconds > 0)
-        spdlog::info("shard {}: {} checkpoints, {:.1f} MB written in {:.2f} s ({:.0f} MB/s)",
-                     st.core->range().shard_id, st.checkpoints, st.checkpoint_bytes / 1e6, st.checkpoint_seconds,
-                     st.checkpoint_bytes / 1e6 / st.checkpoint_seconds);
+      if (!st.writer)
+        return 0;
+      checkpoint(self);
+      auto v = st.writer->flush();
+      auto t = st.writer->stats();
+      if (t.seconds > 0)
+        spdlog::info("shard {}: {} checkpoints ({} skipped while the store was busy), {:.1f} MB written in "
+                     "{:.2f} s ({:.0f} MB/s)",
+                     st.core->range().shard_id, t.written, t.skipped, t.bytes / 1e6, t.seconds,
+                     t.bytes / 1e6 / t.seconds);
       return v;
     },
     [=](bound_atom, uint64_t bound, float lr_scale) {

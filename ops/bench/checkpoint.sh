@@ -27,7 +27,7 @@ for k in none 100 10 1; do
     rates+=("$(echo "$out" | sed -n 's/.*(\([0-9]*\) samples\/s).*/\1/p' | tail -1)")
     while read -r n mb s; do
       count=$((count + n)); mbs+=("$(awk -v a="$mb" -v b="$s" 'BEGIN { printf "%.0f", a / b }')")
-    done < <(echo "$out" | sed -n 's/.*shard [0-9]*: \([0-9]*\) checkpoints, \([0-9.]*\) MB written in \([0-9.]*\) s.*/\1 \2 \3/p')
+    done < <(echo "$out" | sed -n 's/.*shard [0-9]*: \([0-9]*\) checkpoints ([0-9]* skipped[^)]*), \([0-9.]*\) MB written in \([0-9.]*\) s.*/\1 \2 \3/p')
   done
   median=$(printf "%s\n" "${rates[@]}" | sort -n | sed -n "$(( (repeat + 1) / 2 ))p")
   [[ -z "$none" ]] && none=$median

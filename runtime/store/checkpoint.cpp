@@ -204,6 +204,69 @@ expected<shard_checkpoint> checkpoint_log::load(uint64_t version) const {
   return decode_checkpoint(**value);
 }
 
+async_checkpointer::async_checkpointer(kv_store& store, uint32_t shard_id, uint32_t keep)
+  : log_(store, shard_id, keep), thread_([this] { run(); }) {}
+
+async_checkpointer::~async_checkpointer() {
+  {
+    std::lock_guard<std::mutex> lock{mu_};
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void async_checkpointer::submit(uint64_t version, uint64_t begin, uint64_t end,
+                                std::shared_ptr<const std::vector<float>> params, std::vector<float> velocity) {
+  {
+    std::lock_guard<std::mutex> lock{mu_};
+    if (waiting_)
+      ++totals_.skipped;
+    waiting_ = job{version, begin, end, std::move(params), std::move(velocity)};
+  }
+  cv_.notify_all();
+}
+
+uint64_t async_checkpointer::flush() {
+  std::unique_lock<std::mutex> lock{mu_};
+  cv_.wait(lock, [this] { return !waiting_ && !busy_; });
+  return totals_.newest;
+}
+
+async_checkpointer::totals async_checkpointer::stats() const {
+  std::lock_guard<std::mutex> lock{mu_};
+  return totals_;
+}
+
+void async_checkpointer::run() {
+  std::unique_lock<std::mutex> lock{mu_};
+  for (;;) {
+    cv_.wait(lock, [this] { return stop_ || waiting_; });
+    if (!waiting_)
+      return; // stopped, nothing left
+    job j = std::move(*waiting_);
+    waiting_.reset();
+    busy_ = true;
+    lock.unlock();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto bytes = log_.save(j.version, j.begin, j.end, j.params->data(), j.velocity.empty() ? nullptr : j.velocity.data());
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!bytes)
+      spdlog::error("checkpoint of version {} failed: {}", j.version, describe(bytes.error()));
+    lock.lock();
+    busy_ = false;
+    totals_.seconds += took;
+    if (bytes) {
+      ++totals_.written;
+      totals_.bytes += *bytes;
+      totals_.newest = j.version;
+    } else {
+      ++totals_.failures;
+    }
+    cv_.notify_all();
+  }
+}
+
 expected<std::vector<uint32_t>> stored_shards(const kv_store& store) {
   auto ks = store.keys("shard/");
   if (!ks)

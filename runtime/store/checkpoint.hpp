@@ -9,8 +9,13 @@
 // newest older one that checks out.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/core/error.hpp"
@@ -68,6 +73,47 @@ private:
   kv_store* store_;
   uint32_t shard_id_;
   uint32_t keep_;
+};
+
+/// Writes a shard's checkpoints on a thread of its own, so the shard goes on serving
+/// while RocksDB syncs. The shard hands over a version (its immutable parameter buffer
+/// and a copy of the velocity); while a write is in progress the newest handed-over
+/// version waits, replacing any older one still waiting, so a store slower than the
+/// checkpoint rate skips versions instead of holding training back.
+class async_checkpointer {
+public:
+  async_checkpointer(kv_store& store, uint32_t shard_id, uint32_t keep);
+  ~async_checkpointer(); // finishes the waiting write, then stops
+  async_checkpointer(const async_checkpointer&) = delete;
+  async_checkpointer& operator=(const async_checkpointer&) = delete;
+
+  /// Hands over `version` for writing.
+  void submit(uint64_t version, uint64_t begin, uint64_t end, std::shared_ptr<const std::vector<float>> params,
+              std::vector<float> velocity);
+  /// Waits until everything handed over is written. Returns the newest version on disk.
+  uint64_t flush();
+
+  struct totals {
+    uint64_t written = 0, skipped = 0, bytes = 0, failures = 0;
+    double seconds = 0; // spent writing
+    uint64_t newest = 0;
+  };
+  totals stats() const;
+
+private:
+  struct job {
+    uint64_t version = 0, begin = 0, end = 0;
+    std::shared_ptr<const std::vector<float>> params;
+    std::vector<float> velocity;
+  };
+  void run();
+  checkpoint_log log_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<job> waiting_;
+  bool busy_ = false, stop_ = false;
+  totals totals_;
+  std::thread thread_;
 };
 
 /// The shard ids that have checkpoints in `store`.

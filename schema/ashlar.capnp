@@ -42,6 +42,11 @@ struct SpawnShard {
   stalenessBound @7 :UInt64;   # ssp
   k @8 :UInt32;                # ksync / kasync
   dataKey @9 :Text;            # data-plane key of this job; empty: pulls and pushes over CAF only
+  checkpointDir @10 :Text;     # checkpoint into DIR/shard-ID on the node (the node's own
+                               # --checkpoint-dir wins); empty: none
+  checkpointEvery @11 :UInt64;
+  checkpointKeep @12 :UInt32;
+  resume @13 :Bool;            # restore the newest intact checkpoint before serving
 }
 
 # Scheduler -> worker node: start a worker that loads its own copy of the data.

@@ -279,6 +279,10 @@ cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std
     req.staleness_bound = cfg.policy_settings.staleness_bound;
     req.k = cfg.policy_settings.k;
     req.data_key = key_;
+    req.checkpoint_dir = cfg.checkpoint_dir;
+    req.checkpoint_every = cfg.checkpoint_every;
+    req.checkpoint_keep = cfg.checkpoint_keep;
+    req.resume = cfg.resume;
     caf::error err;
     self->request(nodes->handles[n], 60s, req)
       .receive(

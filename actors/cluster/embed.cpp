@@ -16,6 +16,7 @@ expected<membership> join_cluster(caf::actor_system& sys, const cluster_actor& c
   nc.data_dir = opts.data_dir;
   nc.owner = opts.owner;
   nc.plane = opts.plane;
+  nc.checkpoint_dir = opts.checkpoint_dir;
   if (!opts.data_host.empty())
     nc.data_host = opts.data_host;
   auto node = spawn_node(sys, nc);

@@ -36,6 +36,9 @@ struct join_options {
   std::string data_host;
   /// Receives (stop_atom) when the cluster shut this node down and its workers have left.
   caf::actor owner;
+  /// Shards hosted here checkpoint into DIR/shard-ID when a job asks for checkpoints.
+  /// Default: "" (the directory the job names).
+  std::string checkpoint_dir;
 };
 
 /// A process's membership in a cluster.

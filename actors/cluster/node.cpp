@@ -91,8 +91,16 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
       opt.lr = req.lr;
       opt.momentum = req.momentum;
       opt.weight_decay = req.weight_decay;
-      auto shard = spawn_shard(self->system(), std::make_unique<shard_core>(
-                                                 req.range, req.params, opt, std::move(*policy)));
+      auto core = std::make_unique<shard_core>(req.range, req.params, opt, std::move(*policy));
+      shard_persistence persistence;
+      const std::string dir = !st.cfg.checkpoint_dir.empty() ? st.cfg.checkpoint_dir : req.checkpoint_dir;
+      if (!req.checkpoint_dir.empty()) {
+        auto p = open_shard_persistence(dir, req.checkpoint_every, req.checkpoint_keep, req.resume, *core);
+        if (!p)
+          return p.error();
+        persistence = std::move(*p);
+      }
+      auto shard = spawn_shard(self->system(), std::move(core), std::move(persistence));
       st.shards.push_back(shard);
       spdlog::info("node {}: hosting shard {} (parameters [{}, {}), policy {})", st.cfg.name,
                    req.range.shard_id, req.range.begin, req.range.end, req.policy);

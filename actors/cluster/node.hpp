@@ -29,6 +29,9 @@ struct node_config {
   std::string data_host = "127.0.0.1";
   /// Receives (stop_atom) once a shutdown request has stopped every local worker.
   caf::actor owner;
+  /// Shards hosted here checkpoint into DIR/shard-ID, whatever directory the job names
+  /// (a job with no checkpoint directory still has none). Default: "" (the job's).
+  std::string checkpoint_dir;
 };
 
 /// Spawns the node actor. Spawn requests for a role the node lacks, or beyond its slots,

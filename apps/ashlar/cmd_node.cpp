@@ -164,6 +164,7 @@ int run_node(node_options& o) {
     jo.owner = caf::actor_cast<caf::actor>(self);
     jo.plane = data_plane;
     jo.data_host = o.data_host;
+    jo.checkpoint_dir = job_cfg.checkpoint_dir;
     jo.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.connect_timeout * 1000));
     expected<actors::membership> m = caf::error{};
     if (is_scheduler) {

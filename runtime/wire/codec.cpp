@@ -613,6 +613,10 @@ words encode(const spawn_shard& x) {
   b.setStalenessBound(x.staleness_bound);
   b.setK(x.k);
   b.setDataKey(x.data_key);
+  b.setCheckpointDir(x.checkpoint_dir);
+  b.setCheckpointEvery(x.checkpoint_every);
+  b.setCheckpointKeep(x.checkpoint_keep);
+  b.setResume(x.resume);
   return to_words(mb);
 }
 
@@ -636,6 +640,10 @@ caf::error decode(const uint64_t* d, size_t n, spawn_shard& out) {
     out.staleness_bound = r.getStalenessBound();
     out.k = r.getK();
     out.data_key = r.getDataKey();
+    out.checkpoint_dir = r.getCheckpointDir();
+    out.checkpoint_every = r.getCheckpointEvery();
+    out.checkpoint_keep = r.getCheckpointKeep();
+    out.resume = r.getResume();
     return caf::none;
   });
 }

@@ -129,6 +129,10 @@ struct spawn_shard {
   uint64_t staleness_bound = 0;
   uint32_t k = 0;
   std::string data_key; // empty: this job uses no data plane
+  std::string checkpoint_dir; // empty: no checkpoints
+  uint64_t checkpoint_every = 0;
+  uint32_t checkpoint_keep = 3;
+  bool resume = false;
 };
 
 struct spawn_worker {

@@ -304,6 +304,5 @@ struct JobRecord {
   samples @1 :UInt64;       # samples trained so far
   seconds @2 :Float64;      # training time so far
   unixNs @3 :Int64;
-  stage @4 :Text;           # the ASHL stage in force, or ""
-  resumes @5 :UInt32;       # times this job was resumed
+  resumes @4 :UInt32;       # times this job was resumed
 }

@@ -295,7 +295,6 @@ caf::error save_job_record(kv_store& store, const job_record& r) {
                              : std::chrono::duration_cast<std::chrono::nanoseconds>(
                                  std::chrono::system_clock::now().time_since_epoch())
                                  .count());
-  b.setStage(r.stage);
   b.setResumes(r.resumes);
   kv_batch batch;
   batch.puts.emplace_back(job_key, to_bytes(mb));
@@ -315,7 +314,6 @@ expected<std::optional<job_record>> load_job_record(const kv_store& store) {
     out.samples = r.getSamples();
     out.seconds = r.getSeconds();
     out.unix_ns = r.getUnixNs();
-    out.stage = r.getStage().cStr();
     out.resumes = r.getResumes();
     return std::optional<job_record>{std::move(out)};
   });

@@ -124,7 +124,6 @@ struct job_record {
   uint64_t samples = 0;
   double seconds = 0;
   int64_t unix_ns = 0;
-  std::string stage;
   uint32_t resumes = 0;
 };
 

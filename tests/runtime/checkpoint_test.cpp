@@ -123,7 +123,6 @@ TEST_CASE("RocksDB keeps checkpoints on disk across a reopen, and a second opene
     r.settings = {"train.policy=bsp", "model.hidden=256,128"};
     r.samples = 12345;
     r.seconds = 6.5;
-    r.stage = "ahl";
     r.resumes = 1;
     REQUIRE_FALSE(save_job_record(**store, r));
     auto again = open_rocksdb_store(path, open_mode::create); // the first still holds the lock
@@ -146,7 +145,6 @@ TEST_CASE("RocksDB keeps checkpoints on disk across a reopen, and a second opene
   REQUIRE(job->has_value());
   CHECK((*job)->samples == 12345);
   CHECK((*job)->settings.size() == 2);
-  CHECK((*job)->stage == "ahl");
   CHECK((*job)->resumes == 1);
   auto missing = open_rocksdb_store(dir.file("absent"), open_mode::existing);
   REQUIRE_FALSE(missing);

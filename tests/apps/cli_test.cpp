@@ -271,6 +271,21 @@ void check_consistent(const std::string& dir, uint32_t shards) {
   }
 }
 
+// The killed-and-resumed run (resumed.json) against the uninterrupted one (whole.json).
+void check_same_accuracy(const ashlar::test::temp_dir& dir, const char* what) {
+  auto accuracy = [](const std::string& json) {
+    auto at = json.find("\"test_accuracy\": ");
+    REQUIRE(at != std::string::npos);
+    return std::stod(json.substr(at + 17));
+  };
+  const double a = accuracy(slurp(dir.file("whole.json"))), b = accuracy(slurp(dir.file("resumed.json")));
+  std::printf("%s: uninterrupted %.4f, killed and resumed %.4f\n", what, a, b);
+  INFO("uninterrupted " << a << ", killed and resumed " << b);
+  // The resumed run sees the data in another order than the uninterrupted one (its
+  // cursors start afresh), which moves the final accuracy by about +-0.01 on these jobs.
+  CHECK(std::abs(a - b) < 0.02);
+}
+
 }  // namespace
 
 TEST_CASE("a training process killed (SIGKILL) while checkpointing every version leaves whole checkpoints, "
@@ -311,16 +326,7 @@ TEST_CASE("a job killed mid-run and resumed reaches the accuracy of an uninterru
   REQUIRE(resumed.code == 0);
   CHECK(has(resumed, "restored version"));
   CHECK(has(resumed, "resuming from"));
-  auto accuracy = [](const std::string& json) {
-    auto at = json.find("\"test_accuracy\": ");
-    return std::stod(json.substr(at + 17));
-  };
-  const double a = accuracy(slurp(dir.file("whole.json"))), b = accuracy(slurp(dir.file("resumed.json")));
-  std::printf("cluster: uninterrupted %.4f, killed and resumed %.4f\n", a, b);
-  INFO("uninterrupted " << a << ", killed and resumed " << b);
-  // The resumed run sees the data in another order than the uninterrupted one (its
-  // cursors start afresh), which moves the final accuracy by about +-0.01 on this job.
-  CHECK(std::abs(a - b) < 0.02);
+  check_same_accuracy(dir, "one process");
 }
 
 TEST_CASE("a whole cluster of processes killed (SIGKILL) and launched again with --resume reaches the accuracy of "
@@ -352,14 +358,5 @@ TEST_CASE("a whole cluster of processes killed (SIGKILL) and launched again with
   INFO(resumed.out);
   REQUIRE(resumed.code == 0);
   CHECK(has(resumed, "restored version"));
-  auto accuracy = [](const std::string& json) {
-    auto at = json.find("\"test_accuracy\": ");
-    return std::stod(json.substr(at + 17));
-  };
-  const double a = accuracy(slurp(dir.file("whole.json"))), b = accuracy(slurp(dir.file("resumed.json")));
-  std::printf("cluster: uninterrupted %.4f, killed and resumed %.4f\n", a, b);
-  INFO("uninterrupted " << a << ", killed and resumed " << b);
-  // The resumed run sees the data in another order than the uninterrupted one (its
-  // cursors start afresh), which moves the final accuracy by about +-0.01 on this job.
-  CHECK(std::abs(a - b) < 0.02);
+  check_same_accuracy(dir, "a cluster of processes");
 }

@@ -280,6 +280,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   live.policy = cfg.policy;
 
   caf::scoped_actor self{sys};
+  where.set_driver(caf::actor_cast<caf::actor>(self));
 
   auto profiler = spawn_profiler(sys, 0.1, recorder);
   auto shards_or = where.make_shards(*ranges, init, cfg);
@@ -346,6 +347,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   double last_eval = 0;
   double last_shard_poll = 0;
   double last_record = 0;
+  std::map<size_t, double> lost_since; // shards lost and not served again yet: since when
   bool stop_sent = false;
   bool lockstep = true;
   if (auto policy = make_policy(cfg.policy, {}))
@@ -390,13 +392,47 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
         failed = fl;
       },
       [&](caf::down_msg& dm) {
-        // A shard is gone: the job cannot go on without its parameters.
-        failure = make_error(errc::peer_unreachable,
-                             "a server shard was lost (" + to_string(dm.reason)
-                               + "); the job stops");
-        done = true;
+        size_t index = shards.size();
+        for (size_t i = 0; i < shards.size(); ++i)
+          if (shards[i].address() == dm.source)
+            index = i;
+        if (index == shards.size())
+          return;
+        const auto id = (*ranges)[index].shard_id;
+        if (cfg.checkpoint_dir.empty() || cfg.shard_wait <= 0) {
+          // The job cannot go on without the shard's parameters.
+          failure = make_error(errc::peer_unreachable, "server shard " + std::to_string(id) + " was lost ("
+                                                         + to_string(dm.reason) + "); the job stops");
+          done = true;
+          return;
+        }
+        lost_since.emplace(index, seconds());
+        spdlog::warn("job: server shard {} was lost ({}); waiting up to {:.0f} s for it to be served again "
+                     "from its checkpoints: ashlar node --role server --shard {} --join SCHEDULER",
+                     id, to_string(dm.reason), cfg.shard_wait, id);
+        if (recorder)
+          recorder->event("shard lost", "shard " + std::to_string(id));
+      },
+      [&](shard_atom, uint32_t index, shard_actor& shard, std::string& endpoint) {
+        if (index >= shards.size())
+          return;
+        spdlog::info("job: server shard {} is served again", (*ranges)[index].shard_id);
+        shards[index] = shard;
+        self->monitor(shards[index]);
+        lost_since.erase(index);
+        self->send(scheduler, shard_atom::value, index, std::move(shard), std::move(endpoint));
       },
       caf::after(tick) >> [] {});
+    if (done)
+      break;
+    for (const auto& [index, since] : lost_since)
+      if (seconds() - since > cfg.shard_wait) {
+        failure = make_error(errc::peer_unreachable, "server shard " + std::to_string((*ranges)[index].shard_id)
+                                                       + " was lost and not served again within "
+                                                       + std::to_string(static_cast<int>(cfg.shard_wait))
+                                                       + " s; the job stops");
+        done = true;
+      }
     if (done)
       break;
     wire::cluster_stats stats;
@@ -434,7 +470,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
                      && stats.total_samples >= uint64_t{next_epoch} * train->n;
     bool interval_due = cfg.eval_interval > 0 && now - last_eval >= cfg.eval_interval;
     settle(false);
-    if ((epoch_due || interval_due) && !pending) {
+    if ((epoch_due || interval_due) && !pending && lost_since.empty()) {
       if (auto p = snapshot(self, shards, num_params))
         record(std::move(*p), static_cast<double>(stats.total_samples) / train->n, now, stats.loss);
       last_eval = now;

@@ -36,6 +36,13 @@ public:
 
   /// The job ended (done or failed): stop what start_workers started.
   virtual void on_job_end() {}
+
+  /// The job driver, which takes (shard_atom, index, shard, data endpoint) when a lost
+  /// shard is served again. Set before make_shards.
+  void set_driver(caf::actor driver) { driver_ = std::move(driver); }
+
+protected:
+  caf::actor driver_;
 };
 
 /// The training and test sets a configuration names.

@@ -31,6 +31,7 @@ using stage_atom = caf::atom_constant<caf::atom("stage")>;
 using bound_atom = caf::atom_constant<caf::atom("bound")>;
 using ring_atom = caf::atom_constant<caf::atom("ring")>;
 using checkpoint_atom = caf::atom_constant<caf::atom("checkpt")>;
+using shard_atom = caf::atom_constant<caf::atom("shard")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
 /// follows membership changes, reports its status. tune_atom: gradients per update and
@@ -61,11 +62,13 @@ using profiler_actor = caf::typed_actor<
 using scheduler_actor = caf::typed_actor<
   caf::replies_to<wire::register_worker>::with<wire::assignment, std::vector<shard_actor>>,
   caf::reacts_to<wire::membership_change>, caf::reacts_to<start_atom>, caf::reacts_to<tick_atom>,
-  caf::replies_to<wire::ctl_request>::with<std::string>>;
+  caf::replies_to<wire::ctl_request>::with<std::string>,
+  caf::reacts_to<shard_atom, uint32_t, shard_actor, std::string>>;
 
 /// A worker: registers on start, then loops pull -> compute -> push until its steps are done.
 /// stop_atom: finish the current step, leave, and quit.
-/// paced_atom: the emulated compute time of the current step is over (pacing).
+/// paced_atom: the emulated compute time of the step of this generation is over (pacing;
+/// a step abandoned for a lost shard has an older generation).
 /// local_steps_atom: from now on, commit every H steps (H >= 1; see wire::assignment).
 /// batch_atom: from step S on (S, the second argument), take this many samples per step
 /// from the part [begin, begin + count) of the training set (the third and fourth)
@@ -75,13 +78,18 @@ using scheduler_actor = caf::typed_actor<
 /// behaviour at its next step boundary.
 /// ring_atom (decentralized mode): this worker's rank, the ring's size, and the next
 /// worker on the ring (a worker_actor); wire::ring_message: a chunk from the previous one.
+/// (shard_atom, index, shard, data endpoint): shard `index` was lost and is served again
+/// by `shard` (restored from its checkpoints); (shard_atom, generation): the wait for a
+/// lost shard is over (sent by the worker to itself).
 using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<step_atom>,
-                                      caf::reacts_to<stop_atom>, caf::reacts_to<paced_atom>,
+                                      caf::reacts_to<stop_atom>, caf::reacts_to<paced_atom, uint64_t>,
                                       caf::reacts_to<local_steps_atom, uint32_t>,
                                       caf::reacts_to<batch_atom, uint32_t, uint64_t, uint64_t, uint64_t>,
                                       caf::reacts_to<stage_atom, std::string, uint32_t, float>,
                                       caf::reacts_to<ring_atom, uint32_t, uint32_t, caf::actor>,
-                                      caf::reacts_to<wire::ring_message>>;
+                                      caf::reacts_to<wire::ring_message>,
+                                      caf::reacts_to<shard_atom, uint32_t, shard_actor, std::string>,
+                                      caf::reacts_to<shard_atom, uint64_t>>;
 
 /// The actor every node process runs: it hosts shards and workers on the scheduler's
 /// request and carries out control requests (remove a worker, shut down).
@@ -96,6 +104,10 @@ struct running_job {
   profiler_actor profiler;
   std::vector<shard_actor> shards;
   wire::spawn_worker worker_template;
+  /// How each shard was spawned (to host one again after its node was lost), and the
+  /// job driver, told of a replacement with (shard_atom, index, shard, data endpoint).
+  std::vector<wire::spawn_shard> shard_templates;
+  caf::actor driver;
 };
 
 /// The scheduler process's front door, published on its listen address: nodes say hello

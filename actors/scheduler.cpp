@@ -456,6 +456,8 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       a.momentum = cfg.job.optimizer.momentum;
       a.weight_decay = cfg.job.optimizer.weight_decay;
       a.chunks_in_flight = cfg.job.chunks_in_flight;
+      // A lost shard can come back from its checkpoints: workers wait for it, bounded.
+      a.shard_wait_s = cfg.job.checkpoint_dir.empty() ? 0.0 : cfg.job.shard_wait;
       a.contention = for_worker(cfg.contention, id);
       if (!cfg.job.speeds.empty())
         a.pace_ns_per_sample = static_cast<uint64_t>(cfg.job.sample_ms * 1e6 / cfg.job.speeds[id % cfg.job.speeds.size()]);
@@ -537,6 +539,48 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       if (st.cfg.job.allocation != "equal" && !st.allocation_frozen)
         reallocate(self);
       self->delayed_send(self, adsp_replan_interval, tick_atom::value);
+    },
+    [=](shard_atom, uint32_t index, const shard_actor& shard, const std::string& endpoint) {
+      // A lost shard is served again: it learns the live workers, then they learn it.
+      auto& st = self->state;
+      if (index >= st.cfg.shards.size())
+        return;
+      st.cfg.shards[index] = shard;
+      if (index < st.cfg.data_endpoints.size())
+        st.cfg.data_endpoints[index] = endpoint;
+      if (st.ashl)
+        self->send(shard, bound_atom::value, st.ashl->allowed_gap(), st.ashl->lr_scale());
+      if (st.adaptive)
+        self->send(shard, tune_atom::value, st.tuned.k, st.tuned.async);
+      auto live = std::make_shared<std::vector<uint32_t>>();
+      for (const auto& [id, m] : st.members)
+        if (!m.left)
+          live->push_back(id);
+      auto pending = std::make_shared<size_t>(live->size());
+      auto tell_workers = [=] {
+        auto& st = self->state;
+        spdlog::info("scheduler: shard {} is served again; {} workers go on", st.cfg.ranges[index].shard_id,
+                     live->size());
+        record(self, "shard restored", "shard " + std::to_string(st.cfg.ranges[index].shard_id));
+        for (auto id : *live)
+          if (!st.members[id].left)
+            self->send(caf::actor_cast<worker_actor>(st.members[id].handle), shard_atom::value, index, shard,
+                       endpoint);
+      };
+      if (live->empty())
+        return tell_workers();
+      for (auto id : *live) {
+        wire::membership_change join;
+        join.kind = wire::membership_change::join;
+        join.worker_id = id;
+        self->request(shard, ack_timeout, join)
+          .then([=](caf::ok_atom) { if (--*pending == 0) tell_workers(); },
+                [=](caf::error& err) {
+                  spdlog::error("scheduler: the restored shard did not take worker {}: {}", id, describe(err));
+                  if (--*pending == 0)
+                    tell_workers();
+                });
+      }
     },
     [=](const wire::ctl_request& req) -> caf::result<std::string> {
       auto& st = self->state;

@@ -1,6 +1,7 @@
 #include "actors/worker.hpp"
 
 #include <deque>
+#include <set>
 #include <optional>
 
 #include <spdlog/spdlog.h>
@@ -86,6 +87,13 @@ struct worker_state {
   bool ring_stop = false;    // the ring agreed to stop after this round
   std::vector<float> velocity, before;
   std::vector<topk_compressor> compressors; // per shard, when pushes are top-k compressed
+  // A lost shard (job.shard_wait_s > 0): the step in flight is abandoned and the worker
+  // waits for the shard's replacement; replies of the abandoned step carry an older
+  // generation and are ignored.
+  uint64_t gen = 0;
+  bool suspended = false;
+  bool in_step = false; // a step is under way (no step_atom for the next one queued yet)
+  std::set<size_t> lost; // indices into shards
 };
 
 using worker_pointer = worker_actor::stateful_pointer<worker_state>;
@@ -128,6 +136,30 @@ void finish(worker_pointer self) {
 
 void push_all(worker_pointer self);
 
+// Shard i failed a request or went down. With a replacement allowed (job.shard_wait_s), the
+// worker abandons its step and waits for one, bounded; otherwise it fails.
+void shard_trouble(worker_pointer self, size_t i, const std::string& why) {
+  auto& st = self->state;
+  if (st.stopped)
+    return;
+  if (st.job.shard_wait_s <= 0 || st.mode == step_mode::ring)
+    return fail(self, why);
+  if (st.lost.insert(i).second)
+    spdlog::warn("worker {}: {}; waiting up to {:.0f} s for shard {} to be served again", st.job.worker_id, why,
+                 st.job.shard_wait_s, st.job.shards[i].shard_id);
+  if (!st.suspended) {
+    st.suspended = true;
+    self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(st.job.shard_wait_s * 1000)),
+                       shard_atom::value, st.gen);
+  }
+}
+
+// True if a reply of generation `gen` still belongs to the step in flight.
+bool current(worker_pointer self, uint64_t gen) {
+  const auto& st = self->state;
+  return !st.stopped && !st.suspended && st.gen == gen;
+}
+
 uint64_t chunk_size(const worker_state& st, uint64_t total) {
   return st.job.chunk_floats == 0 ? total : std::min<uint64_t>(st.job.chunk_floats, total);
 }
@@ -144,11 +176,12 @@ void request_pull_chunk(worker_pointer self, size_t i) {
                          t.read_id};
   if (t.read_id != 0)
     t.next = std::min(t.total, t.next + chunk_size(st, t.total));
+  const uint64_t gen = st.gen;
   self->request(st.shards[i], st.cfg.request_timeout, req)
     .then(
       [=](const wire::pull_reply& r) {
         auto& st = self->state;
-        if (st.stopped)
+        if (!current(self, gen))
           return;
         const auto& range = st.job.shards[i];
         auto& t = st.transfers[i];
@@ -180,8 +213,9 @@ void request_pull_chunk(worker_pointer self, size_t i) {
         }
       },
       [=](caf::error& err) {
-        fail(self, "pull from shard " + std::to_string(self->state.job.shards[i].shard_id)
-                     + " failed: " + describe(err));
+        if (self->state.gen == gen)
+          shard_trouble(self, i, "pull from shard " + std::to_string(self->state.job.shards[i].shard_id)
+                                   + " failed: " + describe(err));
       });
 }
 
@@ -214,12 +248,17 @@ void send_push_chunk(worker_pointer self, size_t i) {
   auto from = st.grad.begin() + static_cast<std::ptrdiff_t>(range.begin + t.next);
   msg.grad.assign(from, from + static_cast<std::ptrdiff_t>(len));
   t.next += len;
+  const uint64_t gen = st.gen;
   self->request(st.shards[i], st.cfg.request_timeout, std::move(msg))
     .then(
-      [=](const wire::push_ack& ack) { push_done(self, i, len, ack); },
+      [=](const wire::push_ack& ack) {
+        if (current(self, gen))
+          push_done(self, i, len, ack);
+      },
       [=](caf::error& err) {
-        fail(self, "push to shard " + std::to_string(self->state.job.shards[i].shard_id)
-                     + " failed: " + describe(err));
+        if (self->state.gen == gen)
+          shard_trouble(self, i, "push to shard " + std::to_string(self->state.job.shards[i].shard_id)
+                                   + " failed: " + describe(err));
       });
 }
 
@@ -262,7 +301,7 @@ void push_all(worker_pointer self) {
     budget = static_cast<uint64_t>(static_cast<double>(budget) * slowdown(st.job.contention, st.job.worker_id, t));
   }
   if (budget > st.compute_ns) {
-    self->delayed_send(self, std::chrono::nanoseconds(budget - st.compute_ns), paced_atom::value);
+    self->delayed_send(self, std::chrono::nanoseconds(budget - st.compute_ns), paced_atom::value, st.gen);
     st.compute_ns = budget;
     return;
   }
@@ -293,12 +332,18 @@ void send_sparse_pushes(worker_pointer self) {
     msg.index = std::move(sparse->index);
     msg.grad.assign(sparse->value.begin(), sparse->value.end());
     st.transfers[i].next = st.transfers[i].total;
+    const uint64_t gen = st.gen;
     self->request(st.shards[i], st.cfg.request_timeout, std::move(msg))
-      .then([=](const wire::push_ack& ack) { push_done(self, i, self->state.transfers[i].total, ack); },
-            [=](caf::error& err) {
-              fail(self, "push to shard " + std::to_string(self->state.job.shards[i].shard_id)
-                           + " failed: " + describe(err));
-            });
+      .then(
+        [=](const wire::push_ack& ack) {
+          if (current(self, gen))
+            push_done(self, i, self->state.transfers[i].total, ack);
+        },
+        [=](caf::error& err) {
+          if (self->state.gen == gen)
+            shard_trouble(self, i, "push to shard " + std::to_string(self->state.job.shards[i].shard_id)
+                                     + " failed: " + describe(err));
+        });
   }
 }
 
@@ -359,6 +404,7 @@ void after_compute(worker_pointer self) {
   for (size_t j = 0; j < st.params.size(); ++j)
     st.params[j] -= lr * st.grad[j];
   report_step(self, 0);
+  st.in_step = false;
   self->send(self, step_atom::value);
 }
 
@@ -389,6 +435,7 @@ void phase_done(worker_pointer self) {
   auto& st = self->state;
   report_step(self, ns_since(st.phase_start));
   // Through the mailbox, so other messages are handled between steps.
+  st.in_step = false;
   self->send(self, step_atom::value);
 }
 
@@ -439,6 +486,40 @@ void use_data_plane(worker_pointer self) {
 
 void start(worker_pointer self);
 worker_actor::behavior_type training(worker_pointer self, step_mode mode);
+
+// Shard `index` is served again by `shard` (through its data plane at `endpoint`, if
+// any). Once no shard is missing, the abandoned step starts over with a fresh pull.
+void replace_shard(worker_pointer self, uint32_t index, shard_actor shard, const std::string& endpoint) {
+  auto& st = self->state;
+  if (st.stopped || index >= st.shards.size())
+    return;
+  const auto id = st.job.shards[index].shard_id;
+  if (st.cfg.plane && !endpoint.empty() && shard.node() != self->node()) {
+    auto proxy = st.cfg.plane->connect(shard, id, endpoint, st.job.data_key, caf::actor_cast<caf::actor>(self),
+                                       std::chrono::seconds(5));
+    if (proxy)
+      shard = std::move(*proxy);
+    else
+      spdlog::warn("worker {}: shard {} over CAF: {}", st.job.worker_id, id, describe(proxy.error()));
+  }
+  st.shards[index] = std::move(shard);
+  self->monitor(st.shards[index]);
+  st.lost.erase(index);
+  spdlog::info("worker {}: shard {} is served again", st.job.worker_id, id);
+  if (!st.lost.empty())
+    return; // another shard is still missing
+  // The step under way (if any) may wait on the lost shard, even if no error said so
+  // yet: it is abandoned (its replies and its pacing carry the old generation) and
+  // starts over with a fresh pull. Between steps, the queued step_atom goes on.
+  const bool restart = st.suspended || st.in_step;
+  st.suspended = false;
+  ++st.gen;
+  if (restart) {
+    st.in_step = false;
+    st.pull_ns = st.wait_ns = st.step_bytes = st.step_staleness = 0;
+    self->send(self, step_atom::value);
+  }
+}
 
 // Allocation moved this worker's part of the training set along with its batch: a new
 // cursor over the new part (shuffled afresh), unless the part is the one in use.
@@ -574,9 +655,18 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
         self->quit();
       }
     },
-    [=](paced_atom) {
-      if (!self->state.stopped)
+    [=](paced_atom, uint64_t gen) {
+      if (current(self, gen))
         after_compute(self);
+    },
+    [=](shard_atom, uint32_t index, shard_actor& shard, const std::string& endpoint) {
+      replace_shard(self, index, std::move(shard), endpoint);
+    },
+    [=](shard_atom, uint64_t gen) {
+      auto& st = self->state;
+      if (st.suspended && st.gen == gen && !st.lost.empty())
+        fail(self, "shard " + std::to_string(st.job.shards[*st.lost.begin()].shard_id) + " was lost and not served "
+                     "again within " + std::to_string(static_cast<int>(st.job.shard_wait_s)) + " s");
     },
     [=](batch_atom, uint32_t b, uint64_t from_step, uint64_t data_begin, uint64_t data_count) {
       if (b > 0) {
@@ -629,7 +719,7 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
     },
     [=](step_atom) {
       auto& st = self->state;
-      if (st.stopped)
+      if (st.stopped || st.suspended)
         return;
       // On a ring, everybody stops at the round the ring agreed on, never alone.
       if (st.step >= st.job.steps || (mode == step_mode::ring ? st.ring_stop : st.stop_requested))
@@ -644,6 +734,7 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
         if (auto err = take_data_part(self))
           return fail(self, describe(err));
       }
+      st.in_step = true;
       if (mode == step_mode::ring && st.step > 0)
         push_all(self); // the model is local: compute, then all-reduce
       else if (st.local_done > 0)
@@ -704,7 +795,11 @@ void start(worker_pointer self) {
 worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config cfg) {
   self->state.cfg = std::move(cfg);
   self->set_down_handler([=](caf::down_msg& dm) {
-    fail(self, "a server shard was lost (" + to_string(dm.reason) + ")");
+    auto& st = self->state;
+    for (size_t i = 0; i < st.shards.size(); ++i)
+      if (st.shards[i].address() == dm.source)
+        return shard_trouble(self, i, "shard " + std::to_string(st.job.shards[i].shard_id) + " was lost ("
+                                        + to_string(dm.reason) + ")");
   });
   return training(self, step_mode::every_step);
 }

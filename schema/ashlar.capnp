@@ -22,6 +22,7 @@ struct Hello {
   roles @2 :List(Role);
   node @3 :Text;           # host:pid or a name the node gives itself
   slots @4 :UInt32;        # workers this node may host
+  replaceShard @5 :Int64 = -1; # >= 0: host this shard of the running job again (restored from its checkpoints)
 }
 
 # The scheduler's answer to an accepted Hello.
@@ -138,6 +139,7 @@ struct Assignment {
   topkRatio @18 :Float32;          # pushes carry this fraction of each range (top-k, error feedback); 0: dense
   momentum @19 :Float32;           # ring mode: the workers' own optimizer (lr is localLr)
   weightDecay @20 :Float32;
+  shardWaitS @21 :Float64;         # a lost shard may be replaced within this long (0: fail at once)
   struct Slowdown {
     startS @0 :Float64;
     endS @1 :Float64;

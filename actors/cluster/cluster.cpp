@@ -52,6 +52,41 @@ void add_worker_on(cluster_pointer self, uint32_t node_id) {
           });
 }
 
+// Hosts shard `shard_id` of the running job on `node_id` again (its node was lost): the
+// node restores it from its checkpoints and the job driver takes it from there.
+void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
+  auto& st = self->state;
+  auto n = st.nodes.find(node_id);
+  size_t index = st.job.shard_templates.size();
+  for (size_t i = 0; i < st.job.shard_templates.size(); ++i)
+    if (st.job.shard_templates[i].range.shard_id == shard_id)
+      index = i;
+  if (!st.job_running || n == st.nodes.end() || index == st.job.shard_templates.size()) {
+    spdlog::warn("cluster: node {} offers to serve shard {}, but no running job has that shard", node_id, shard_id);
+    return;
+  }
+  if (st.job.shard_templates[index].checkpoint_dir.empty()) {
+    spdlog::warn("cluster: node {} offers to serve shard {}, but the job keeps no checkpoints to restore it from",
+                 node_id, shard_id);
+    return;
+  }
+  auto req = st.job.shard_templates[index];
+  req.resume = true;
+  spdlog::info("cluster: node {} serves shard {} again, from its checkpoints", node_id, shard_id);
+  self->request(n->second.handle, 60s, req)
+    .then(
+      [=](const shard_actor& shard, const std::string& endpoint) {
+        auto& st = self->state;
+        if (index < st.job.shards.size())
+          st.job.shards[index] = shard;
+        if (st.job.driver)
+          caf::anon_send(st.job.driver, shard_atom::value, static_cast<uint32_t>(index), shard, endpoint);
+      },
+      [=](caf::error& err) {
+        spdlog::error("cluster: node {} could not serve shard {} again: {}", node_id, shard_id, describe(err));
+      });
+}
+
 uint32_t free_slots(const node_entry& n) {
   return n.info.slots > n.workers_started ? n.info.slots - n.workers_started : 0;
 }
@@ -98,6 +133,8 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
       if (st.job_running && e.info.slots > 0)
         for (uint32_t k = 0; k < e.info.slots; ++k)
           add_worker_on(self, id);
+      if (h.replace_shard >= 0)
+        rehost_shard(self, id, static_cast<uint32_t>(h.replace_shard));
       return wire::welcome{id, st.cfg.address};
     },
     [=](status_atom) -> caf::result<wire::cluster_status> {
@@ -283,6 +320,7 @@ cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std
     req.checkpoint_every = cfg.checkpoint_every;
     req.checkpoint_keep = cfg.checkpoint_keep;
     req.resume = cfg.resume;
+    templates_.push_back(req);
     caf::error err;
     self->request(nodes->handles[n], 60s, req)
       .receive(
@@ -315,7 +353,7 @@ caf::error cluster_placement::start_workers(const train_config& cfg, const sched
   tmpl.input_width = cfg.model.input;
   tmpl.classes = cfg.model.classes;
   // Tell the cluster first, so a node joining from now on is given workers too.
-  caf::anon_send(cluster_, job_atom::value, running_job{scheduler, profiler, shards_, tmpl});
+  caf::anon_send(cluster_, job_atom::value, running_job{scheduler, profiler, shards_, tmpl, templates_, driver_});
   uint32_t next = 0;
   for (size_t i = 0; i < nodes->infos.size() && next < cfg.workers; ++i) {
     for (uint32_t slot = 0; slot < nodes->infos[i].slots && next < cfg.workers; ++slot) {

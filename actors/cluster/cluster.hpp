@@ -47,6 +47,7 @@ private:
   caf::actor_system& sys_;
   cluster_actor cluster_;
   std::vector<shard_actor> shards_;
+  std::vector<wire::spawn_shard> templates_; // how each shard was spawned
   std::vector<std::string> endpoints_;
   std::string key_;
   std::vector<worker_actor> workers_;

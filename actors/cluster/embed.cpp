@@ -24,6 +24,7 @@ expected<membership> join_cluster(caf::actor_system& sys, const cluster_actor& c
   h.protocol = opts.protocol;
   h.token = opts.token;
   h.roles = opts.roles;
+  h.replace_shard = opts.replace_shard;
   h.node = opts.name;
   h.slots = nc.slots;
   caf::scoped_actor self{sys};

@@ -48,6 +48,7 @@ struct node_options {
   bool exit_after_job = false;
   uint32_t protocol = wire::protocol_version;
   std::string data_host;
+  int64_t replace_shard = -1;
   train_options train;
 };
 
@@ -165,6 +166,7 @@ int run_node(node_options& o) {
     jo.plane = data_plane;
     jo.data_host = o.data_host;
     jo.checkpoint_dir = job_cfg.checkpoint_dir;
+    jo.replace_shard = o.replace_shard;
     jo.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.connect_timeout * 1000));
     expected<actors::membership> m = caf::error{};
     if (is_scheduler) {
@@ -301,6 +303,9 @@ command_fn add_node(CLI::App& app) {
   cmd->add_option("--data-host", o->data_host,
                   "address other nodes reach this node's tensor data port at (default: the local "
                   "address on the route to the scheduler)");
+  cmd->add_option("--shard", o->replace_shard,
+                  "server: serve this shard of the running job again, restored from its checkpoints "
+                  "(after its node was lost)");
   cmd->add_flag("--exit-after-job", o->exit_after_job, "scheduler: shut the cluster down after CONFIG's job");
   cmd->add_option("--protocol-version", o->protocol, "protocol version to announce (for testing refusals)")
     ->group("");

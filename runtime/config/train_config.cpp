@@ -235,6 +235,8 @@ const std::vector<field>& fields() {
          [](train_config& c) -> uint32_t& { return c.checkpoint_keep; }),
     bind("run.resume", "continue from the checkpoints in run.checkpoint_dir (default false)",
          [](train_config& c) -> bool& { return c.resume; }),
+    bind("run.shard_wait", "with checkpoints: seconds to wait for a lost shard to be served again (default 60)",
+         [](train_config& c) -> double& { return c.shard_wait; }),
     bind("run.trace", "write a Chrome trace-event JSON (Perfetto) of the run to this file (default none)",
          [](train_config& c) -> std::string& { return c.trace; }),
     bind("run.metrics", "write per-step metrics as JSON lines to this file (default none)",

@@ -102,6 +102,10 @@ struct train_config {
   uint32_t checkpoint_keep = 3;
   /// Continue from the checkpoints in checkpoint_dir (run.resume). Default: false.
   bool resume = false;
+  /// With checkpoints, how long the job and its workers wait for a lost server shard to
+  /// be served again (`ashlar node --role server --shard ID --join ...`), in seconds
+  /// (run.shard_wait). Default: 60.
+  double shard_wait = 60;
   /// Serve Prometheus metrics at http://HOST:PORT/metrics while the job runs
   /// (run.metrics_listen, e.g. "0.0.0.0:9400"); empty = none. Default: "".
   std::string metrics_listen;

@@ -152,6 +152,7 @@ words encode(const assignment& x) {
   b.setLocalLr(x.local_lr);
   b.setCommitScale(x.commit_scale);
   b.setTopkRatio(x.topk_ratio);
+  b.setShardWaitS(x.shard_wait_s);
   b.setMomentum(x.momentum);
   b.setWeightDecay(x.weight_decay);
   return to_words(mb);
@@ -197,6 +198,7 @@ caf::error decode(const uint64_t* d, size_t n, assignment& out) {
     out.local_lr = r.getLocalLr();
     out.commit_scale = r.getCommitScale();
     out.topk_ratio = r.getTopkRatio();
+    out.shard_wait_s = r.getShardWaitS();
     out.momentum = r.getMomentum();
     out.weight_decay = r.getWeightDecay();
     return caf::none;
@@ -567,6 +569,7 @@ words encode(const hello& x) {
   fill_roles(b.initRoles(static_cast<unsigned>(x.roles.size())), x.roles);
   b.setNode(x.node);
   b.setSlots(x.slots);
+  b.setReplaceShard(x.replace_shard);
   return to_words(mb);
 }
 
@@ -576,6 +579,7 @@ caf::error decode(const uint64_t* d, size_t n, hello& out) {
     out.token = r.getToken();
     out.node = r.getNode();
     out.slots = r.getSlots();
+    out.replace_shard = r.getReplaceShard();
     return read_roles("Hello", r.getRoles(), out.roles);
   });
 }

@@ -111,6 +111,7 @@ struct hello {
   std::vector<role> roles;
   std::string node;
   uint32_t slots = 0;
+  int64_t replace_shard = -1; // >= 0: host this shard of the running job again
 };
 
 struct welcome {
@@ -188,6 +189,7 @@ struct assignment {
   float topk_ratio = 0;     // pushes carry this fraction of each range, top-k with error feedback; 0: dense
   float momentum = 0;       // ring mode: the workers apply updates themselves (lr: local_lr)
   float weight_decay = 0;
+  double shard_wait_s = 0;  // a lost shard may be replaced within this long; 0: fail at once
 };
 
 struct membership_change {

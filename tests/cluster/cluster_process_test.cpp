@@ -278,6 +278,59 @@ TEST_CASE("during a paced job, ashlar status shows the stragglers and predicted 
   CHECK(node.wait(10) == 0);
 }
 
+TEST_CASE("a server process killed (SIGKILL) mid-run and started again with --shard restores its range from "
+          "RocksDB, and the workers wait for it and finish the job") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "2", "--servers", "2", "--epochs", "3",
+                                     "--set", "data.train_limit=24000", "--set", "data.test_limit=2000",
+                                     "--set", "train.speeds=1,1", "--set", "train.sample_ms=0.2",
+                                     "--checkpoint-dir", dir.file("ck"), "--checkpoint-every", "10",
+                                     "--report", dir.file("r.json")});
+  auto servers = start_nodes(dir, sched.join, "server", 2);
+  auto workers = start_nodes(dir, sched.join, "worker", 2);
+  REQUIRE(wait_for_training(dir));
+  std::this_thread::sleep_for(1500ms);
+  const int victim = slurp(dir.file("server-1.log")).find("hosting shard 1") != std::string::npos ? 1 : 0;
+  REQUIRE(slurp(dir.file("server-" + std::to_string(victim) + ".log")).find("hosting shard 1") != std::string::npos);
+  servers[victim].signal(SIGKILL);
+  REQUIRE(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
+    return t.find("server shard 1 was lost") != std::string::npos;
+  }, 10s));
+  auto again = start({exe, "node", "--role", "server", "--name", "server-again", "--shard", "1", "--join", sched.join},
+                     dir.file("again.log"));
+  int code = sched.proc.wait(120);
+  auto log = slurp(dir.file("scheduler.log"));
+  INFO(log);
+  INFO(slurp(dir.file("again.log")));
+  CHECK(code == 0);
+  CHECK(log.find("scheduler: shard 1 is served again; 2 workers go on") != std::string::npos);
+  CHECK(slurp(dir.file("again.log")).find("shard 1: restored version") != std::string::npos);
+  CHECK(log.find("(2 finished, 0 failed)") != std::string::npos);
+  CHECK(json_number(slurp(dir.file("r.json")), "test_accuracy") > 0.75);
+  for (auto& w : workers)
+    w.wait(10);
+  again.signal(SIGTERM);
+  again.wait(10);
+}
+
+TEST_CASE("without a replacement a lost server shard ends the job within run.shard_wait, naming the shard") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "1", "--servers", "1", "--epochs", "3",
+                                     "--set", "data.train_limit=12000", "--set", "train.speeds=1",
+                                     "--set", "train.sample_ms=0.2", "--checkpoint-dir", dir.file("ck"),
+                                     "--set", "run.shard_wait=2"});
+  auto servers = start_nodes(dir, sched.join, "server", 1);
+  auto workers = start_nodes(dir, sched.join, "worker", 1);
+  REQUIRE(wait_for_training(dir));
+  servers[0].signal(SIGKILL);
+  int code = sched.proc.wait(30);
+  auto log = slurp(dir.file("scheduler.log"));
+  INFO(log);
+  CHECK(code != 0);
+  CHECK(log.find("server shard 0 was lost and not served again within 2 s") != std::string::npos);
+  workers[0].signal(SIGKILL);
+}
+
 TEST_CASE("a frozen (SIGSTOP) worker is removed by heartbeat timeout and BSP goes on") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "2", "--servers", "1",

@@ -304,8 +304,8 @@ TEST_CASE("a training process killed (SIGKILL) while checkpointing every version
   }
 }
 
-TEST_CASE("a job killed mid-run and resumed reaches the accuracy of an uninterrupted run, and a changed config "
-          "is refused naming the setting") {
+TEST_CASE("a job killed mid-run and resumed reaches the accuracy of an uninterrupted run, a damaged newest "
+          "checkpoint is passed over for the one before, and a changed config is refused naming the setting") {
   ashlar::test::temp_dir dir;
   const std::string job = " --epochs 3 --set data.train_limit=30000 --set run.progress_interval=0.2";
   auto whole = run("train " + config + job + " --report " + dir.file("whole.json"));
@@ -320,11 +320,32 @@ TEST_CASE("a job killed mid-run and resumed reaches the accuracy of an uninterru
   auto changed = run("train " + config + job + " --lr 0.05 --checkpoint-dir " + ck + " --resume");
   CHECK(changed.code == 2);
   CHECK(has(changed, "train.lr = 0.05 (checkpointed job: 0.1)"));
+  // Damage shard 0's newest checkpoint on disk: the resume takes the one before, saying so.
+  uint64_t damaged = 0, before = 0;
+  {
+    auto store = ashlar::open_rocksdb_store(ck + "/shard-0", ashlar::open_mode::existing);
+    REQUIRE(store);
+    auto keys = (*store)->keys("shard/0/v/");
+    REQUIRE(keys);
+    REQUIRE(keys->size() >= 2);
+    auto value = (*store)->get(keys->back());
+    REQUIRE(value);
+    auto bytes = **value;
+    bytes[bytes.size() / 2] ^= 0x5a;
+    REQUIRE_FALSE((*store)->write({{{keys->back(), bytes}}, {}}));
+    damaged = std::stoull(keys->back().substr(keys->back().rfind('/') + 1));
+    const auto& prev = (*keys)[keys->size() - 2];
+    before = std::stoull(prev.substr(prev.rfind('/') + 1));
+  }
+  auto ls = run("checkpoint list " + ck);
+  CHECK(has(ls, "BAD"));
   auto resumed = run("train " + config + job + " --checkpoint-dir " + ck + " --resume --report "
                      + dir.file("resumed.json"));
   INFO(resumed.out);
   REQUIRE(resumed.code == 0);
-  CHECK(has(resumed, "restored version"));
+  CHECK(has(resumed, "shard/0/v/" + std::string(20 - std::to_string(damaged).size(), '0') + std::to_string(damaged)
+                       + " is unusable"));
+  CHECK(has(resumed, "shard 0: restored version " + std::to_string(before) + " "));
   CHECK(has(resumed, "resuming from"));
   check_same_accuracy(dir, "one process");
 }

@@ -24,6 +24,7 @@
 #include "runtime/metrics/prometheus.hpp"
 #include "runtime/metrics/recorder.hpp"
 #include "runtime/net/http_endpoint.hpp"
+#include "runtime/policy/ashl.hpp"
 #include "runtime/store/checkpoint.hpp"
 
 namespace ashlar::actors {
@@ -201,6 +202,7 @@ expected<std::optional<job_store>> open_job_store(const train_config& cfg) {
   js.record.samples = (*old)->samples;
   js.record.seconds = (*old)->seconds;
   js.record.resumes = (*old)->resumes + 1;
+  js.record.stage = (*old)->stage;
   return std::optional<job_store>{std::move(js)};
 }
 
@@ -236,6 +238,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   auto jobstore = std::move(*job_store_or);
   const uint64_t budget = uint64_t{cfg.epochs} * train->n;
   const uint64_t done_before = jobstore ? jobstore->record.samples : 0;
+  const double seconds_before = jobstore ? jobstore->record.seconds : 0.0;
   if (done_before >= budget)
     return make_error(errc::invalid_config, "the job in " + cfg.checkpoint_dir + " already trained "
                                               + std::to_string(done_before) + " samples, its "
@@ -300,6 +303,10 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   sc.profiler = profiler;
   sc.train_size = train->n;
   sc.remaining = 1.0 - static_cast<double>(done_before) / static_cast<double>(budget);
+  if (jobstore) {
+    sc.resume_stage = jobstore->record.stage;
+    sc.stage_out = std::make_shared<std::atomic<int>>(-1);
+  }
   sc.contention = std::move(contention);
   sc.observer = caf::actor_cast<caf::actor>(self);
   sc.recorder = recorder;
@@ -483,6 +490,9 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
     // The job's progress, for a resume: at most as far as the shards' checkpoints are.
     if (jobstore && now - last_record >= 1.0) {
       jobstore->record.samples = done_before + stats.total_samples;
+      jobstore->record.seconds = seconds_before + now;
+      if (auto stage = sc.stage_out->load(); stage >= 0)
+        jobstore->record.stage = to_string(static_cast<ashl_stage>(stage));
       if (auto err = save_job_record(*jobstore->store, jobstore->record))
         spdlog::error("job: saving progress to {} failed: {}", cfg.checkpoint_dir, describe(err));
       last_record = now;
@@ -547,7 +557,9 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   rep.samples_per_second = rep.seconds > 0 ? rep.samples / rep.seconds : 0;
   if (jobstore) {
     jobstore->record.samples = done_before + rep.samples;
-    jobstore->record.seconds += rep.seconds;
+    if (auto stage = sc.stage_out->load(); stage >= 0)
+      jobstore->record.stage = to_string(static_cast<ashl_stage>(stage));
+    jobstore->record.seconds = seconds_before + rep.seconds;
     if (auto err = save_job_record(*jobstore->store, jobstore->record))
       spdlog::error("job: saving progress to {} failed: {}", cfg.checkpoint_dir, describe(err));
   }

@@ -355,6 +355,8 @@ void replan_ashl(scheduler_pointer self) {
           spdlog::info("scheduler: ASHL stage {} at {:.1f} s (change {}): {}", to_string(change->to),
                        change->t_s, st.ashl->events().size(), change->why);
           record(self, "stage " + std::string{to_string(change->to)}, change->why);
+          if (st.cfg.stage_out)
+            st.cfg.stage_out->store(static_cast<int>(change->to));
           for (const auto& shard : st.cfg.shards)
             self->send(shard, bound_atom::value, st.ashl->allowed_gap(), st.ashl->lr_scale());
           std::string plan;
@@ -382,8 +384,11 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
   if (self->state.cfg.job.policy == "adaptive")
     self->state.adaptive.emplace();
   if (self->state.cfg.job.policy == "ashl") {
-    if (auto p = ashl_planner::make(self->state.cfg.job.ashl))
+    if (auto p = ashl_planner::make(self->state.cfg.job.ashl)) {
       self->state.ashl.emplace(std::move(*p));
+      if (self->state.cfg.resume_stage == "shl")
+        self->state.ashl->resume_in(ashl_stage::shl);
+    }
     else
       spdlog::error("scheduler: {}", describe(p.error())); // validated with the config before
   }

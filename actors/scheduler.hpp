@@ -2,6 +2,7 @@
 // and the end of the job.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -32,6 +33,12 @@ struct scheduler_config {
   uint64_t train_size = 0;
   /// The part of the job's epochs still to train (a resumed job: 1 - done / budget).
   double remaining = 1.0;
+  /// A resumed job's training stage when it stopped ("shl": ASHL goes to SHL after
+  /// profiling again); "" otherwise.
+  std::string resume_stage;
+  /// Where the scheduler leaves the stage in force (an ashl_stage; -1: none), read by the
+  /// job driver for its resume record.
+  std::shared_ptr<std::atomic<int>> stage_out;
   /// Slowdown intervals for paced workers (loaded from job.contention).
   contention_profile contention;
   /// Longest the first registered worker waits for the others before training starts

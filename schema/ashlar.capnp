@@ -307,4 +307,5 @@ struct JobRecord {
   seconds @2 :Float64;      # training time so far
   unixNs @3 :Int64;
   resumes @4 :UInt32;       # times this job was resumed
+  stage @5 :Text;           # the training stage in force (ASHL: "ahl", "shl"), or ""
 }

@@ -59,8 +59,9 @@ std::optional<ashl_event> ashl_planner::observe(double t_s, double loss, const s
     for (const auto& w : live)
       profiled = profiled && w.steps >= cfg_.profile_steps && w.step_s > 0;
     if (profiled)
-      change = ashl_event{t_s, ashl_stage::ahl,
-                          "every worker profiled over " + std::to_string(cfg_.profile_steps) + " steps"};
+      change = ashl_event{t_s, resume_stage_ == ashl_stage::shl ? ashl_stage::shl : ashl_stage::ahl,
+                          "every worker profiled over " + std::to_string(cfg_.profile_steps) + " steps"
+                            + (resume_stage_ == ashl_stage::shl ? std::string{"; resumed in SHL"} : std::string{})};
   } else if (stage_ == ashl_stage::ahl && std::isfinite(loss)) {
     losses_.emplace_back(t_s, loss);
     if (cfg_.rule == "loss") {

@@ -106,6 +106,10 @@ public:
   /// The learning-rate factor of the stage in force (shl_lr_scale in SHL, else 1).
   float lr_scale() const;
 
+  /// A resumed job: after profiling (the cluster may have changed, so it is profiled
+  /// again) go straight to `s` (SHL), not AHL, if the job had got that far.
+  void resume_in(ashl_stage s) { resume_stage_ = s; }
+
   /// Every stage change so far, in order.
   const std::vector<ashl_event>& events() const { return events_; }
 
@@ -113,6 +117,7 @@ private:
   explicit ashl_planner(ashl_config cfg) : cfg_(std::move(cfg)) {}
   ashl_config cfg_;
   ashl_stage stage_ = ashl_stage::profiling;
+  ashl_stage resume_stage_ = ashl_stage::ahl;
   std::vector<ashl_event> events_;
   std::vector<std::pair<double, double>> losses_; // (t, loss) seen in AHL
 };

@@ -296,6 +296,7 @@ caf::error save_job_record(kv_store& store, const job_record& r) {
                                  std::chrono::system_clock::now().time_since_epoch())
                                  .count());
   b.setResumes(r.resumes);
+  b.setStage(r.stage);
   kv_batch batch;
   batch.puts.emplace_back(job_key, to_bytes(mb));
   return store.write(batch);
@@ -315,6 +316,7 @@ expected<std::optional<job_record>> load_job_record(const kv_store& store) {
     out.seconds = r.getSeconds();
     out.unix_ns = r.getUnixNs();
     out.resumes = r.getResumes();
+    out.stage = r.getStage().cStr();
     return std::optional<job_record>{std::move(out)};
   });
 }

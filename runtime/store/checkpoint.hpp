@@ -125,6 +125,7 @@ struct job_record {
   double seconds = 0;
   int64_t unix_ns = 0;
   uint32_t resumes = 0;
+  std::string stage; // the training stage in force (ASHL), or ""
 };
 
 /// Writes the job's record (key "job"), stamped now unless r.unix_ns is set.

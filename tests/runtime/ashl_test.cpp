@@ -37,6 +37,20 @@ TEST_CASE("the ASHL stage machine leaves profiling only when every live worker i
   CHECK(p.events().size() == 1);
 }
 
+TEST_CASE("a resumed ASHL job profiles again, then goes straight to the stage it had reached") {
+  ashl_config cfg;
+  cfg.profile_steps = 5;
+  auto p = make_planner(cfg);
+  p.resume_in(ashl_stage::shl);
+  CHECK_FALSE(p.observe(0.1, 2.0, hetero(2)));
+  CHECK(p.stage() == ashl_stage::profiling);
+  auto change = p.observe(0.7, 2.0, hetero(5));
+  REQUIRE(change);
+  CHECK(change->to == ashl_stage::shl);
+  CHECK(change->why.find("resumed in SHL") != std::string::npos);
+  CHECK(p.lr_scale() == Approx(cfg.shl_lr_scale));
+}
+
 TEST_CASE("the ASHL stage machine moves AHL -> SHL on a loss plateau, not while the loss falls") {
   ashl_config cfg;
   cfg.plateau_window_s = 2.0;

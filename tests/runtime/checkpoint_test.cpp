@@ -124,6 +124,7 @@ TEST_CASE("RocksDB keeps checkpoints on disk across a reopen, and a second opene
     r.samples = 12345;
     r.seconds = 6.5;
     r.resumes = 1;
+    r.stage = "shl";
     REQUIRE_FALSE(save_job_record(**store, r));
     auto again = open_rocksdb_store(path, open_mode::create); // the first still holds the lock
     REQUIRE_FALSE(again);
@@ -146,6 +147,7 @@ TEST_CASE("RocksDB keeps checkpoints on disk across a reopen, and a second opene
   CHECK((*job)->samples == 12345);
   CHECK((*job)->settings.size() == 2);
   CHECK((*job)->resumes == 1);
+  CHECK((*job)->stage == "shl");
   auto missing = open_rocksdb_store(dir.file("absent"), open_mode::existing);
   REQUIRE_FALSE(missing);
   CHECK(describe(missing.error()).find("absent") != std::string::npos);

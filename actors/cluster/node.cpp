@@ -59,13 +59,14 @@ struct node_state {
   std::map<caf::actor_addr, worker_actor> workers;
   std::map<std::string, std::shared_ptr<const dataset>> data_cache;
   bool shutting_down = false;
+  size_t checkpointing = 0; // shards taking their last checkpoint before they stop
 };
 
 using node_pointer = node_actor::stateful_pointer<node_state>;
 
 void maybe_report_shutdown(node_pointer self) {
   auto& st = self->state;
-  if (st.shutting_down && st.workers.empty() && st.cfg.owner)
+  if (st.shutting_down && st.workers.empty() && st.checkpointing == 0 && st.cfg.owner)
     caf::anon_send(st.cfg.owner, stop_atom::value);
 }
 
@@ -162,8 +163,22 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
         st.shutting_down = true;
         for (auto& [addr, w] : st.workers)
           self->send(w, stop_atom::value);
-        for (auto& s : st.shards)
-          self->send_exit(s, caf::exit_reason::user_shutdown);
+        // A clean shutdown: each shard checkpoints its current version (if its job keeps
+        // checkpoints), then stops.
+        for (auto& s : st.shards) {
+          ++st.checkpointing;
+          auto done = [=] {
+            self->send_exit(s, caf::exit_reason::user_shutdown);
+            --self->state.checkpointing;
+            maybe_report_shutdown(self);
+          };
+          self->request(s, std::chrono::seconds(30), checkpoint_atom::value)
+            .then([=](uint64_t) { done(); },
+                  [=](caf::error& err) {
+                    spdlog::warn("node {}: a shard's last checkpoint failed: {}", self->state.cfg.name, describe(err));
+                    done();
+                  });
+        }
         st.shards.clear();
         maybe_report_shutdown(self);
       }

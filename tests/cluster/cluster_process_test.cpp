@@ -313,6 +313,36 @@ TEST_CASE("a server process killed (SIGKILL) mid-run and started again with --sh
   again.wait(10);
 }
 
+TEST_CASE("a server node stopped with SIGTERM checkpoints its shard's current version, which its replacement "
+          "restores") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "1", "--servers", "1", "--epochs", "2",
+                                     "--set", "data.train_limit=12000", "--set", "train.speeds=1",
+                                     "--set", "train.sample_ms=0.2", "--checkpoint-dir", dir.file("ck"),
+                                     "--checkpoint-every", "1000"});
+  auto servers = start_nodes(dir, sched.join, "server", 1);
+  auto workers = start_nodes(dir, sched.join, "worker", 1);
+  REQUIRE(wait_for_training(dir));
+  std::this_thread::sleep_for(1s);
+  servers[0].signal(SIGTERM);
+  CHECK(servers[0].wait(20) == 0);
+  auto server_log = slurp(dir.file("server-0.log"));
+  INFO(server_log);
+  // No periodic checkpoint is due before version 1000: the one taken is the shutdown's.
+  CHECK(server_log.find("shard 0: 1 checkpoints") != std::string::npos);
+  auto again = start({exe, "node", "--role", "server", "--name", "server-again", "--shard", "0", "--join", sched.join},
+                     dir.file("again.log"));
+  CHECK(sched.proc.wait(120) == 0);
+  auto again_log = slurp(dir.file("again.log"));
+  INFO(again_log);
+  std::smatch m;
+  REQUIRE(std::regex_search(again_log, m, std::regex{R"(shard 0: restored version (\d+))"}));
+  CHECK(std::stoul(m[1]) > 0);
+  workers[0].wait(10);
+  again.signal(SIGTERM);
+  again.wait(10);
+}
+
 TEST_CASE("without a replacement a lost server shard ends the job within run.shard_wait, naming the shard") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "1", "--servers", "1", "--epochs", "3",

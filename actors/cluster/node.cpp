@@ -1,6 +1,7 @@
 #include "actors/cluster/node.hpp"
 
 #include <map>
+#include <set>
 #include <memory>
 #include <sstream>
 
@@ -56,6 +57,7 @@ struct node_state {
   static constexpr const char* name = "ashlar.node";
   node_config cfg;
   std::vector<shard_actor> shards;
+  std::set<caf::actor_addr> persistent; // shards that keep checkpoints
   std::map<caf::actor_addr, worker_actor> workers;
   std::map<std::string, std::shared_ptr<const dataset>> data_cache;
   bool shutting_down = false;
@@ -103,6 +105,8 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
       }
       auto shard = spawn_shard(self->system(), std::move(core), std::move(persistence));
       st.shards.push_back(shard);
+      if (!req.checkpoint_dir.empty())
+        st.persistent.insert(shard.address());
       spdlog::info("node {}: hosting shard {} (parameters [{}, {}), policy {})", st.cfg.name,
                    req.range.shard_id, req.range.begin, req.range.end, req.policy);
       std::string endpoint;
@@ -166,6 +170,10 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
         // A clean shutdown: each shard checkpoints its current version (if its job keeps
         // checkpoints), then stops.
         for (auto& s : st.shards) {
+          if (st.persistent.count(s.address()) == 0) {
+            self->send_exit(s, caf::exit_reason::user_shutdown);
+            continue;
+          }
           ++st.checkpointing;
           auto done = [=] {
             self->send_exit(s, caf::exit_reason::user_shutdown);

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <unistd.h>
 
 #include <caf/io/all.hpp>
@@ -208,6 +209,10 @@ int run_node(node_options& o) {
   }
   bool draining = false;
   auto drain_deadline = std::chrono::steady_clock::now();
+  // The scheduler went away: an error, unless the node reports within a second that the
+  // cluster had told it to shut down (the scheduler's exit can overtake that message).
+  std::optional<std::chrono::steady_clock::time_point> scheduler_lost;
+  std::string lost_reason;
   while (!stop) {
     self->receive(
       [&](actors::stop_atom) {
@@ -235,11 +240,22 @@ int run_node(node_options& o) {
           caf::anon_send(cluster, actors::job_atom::value, rep.error());
       },
       [&](caf::down_msg& dm) {
-        spdlog::error("node {}: lost the scheduler at {} ({})", o.name, address, to_string(dm.reason));
-        code = 1;
-        stop = true;
+        if (!node) {
+          spdlog::error("node {}: lost the scheduler at {} ({})", o.name, address, to_string(dm.reason));
+          code = 1;
+          stop = true;
+          return;
+        }
+        scheduler_lost = std::chrono::steady_clock::now() + 1s;
+        lost_reason = to_string(dm.reason);
       },
       caf::after(100ms) >> [&] {
+        if (scheduler_lost && std::chrono::steady_clock::now() > *scheduler_lost) {
+          spdlog::error("node {}: lost the scheduler at {} ({})", o.name, address, lost_reason);
+          code = 1;
+          stop = true;
+          return;
+        }
         int sig = g_signal.exchange(0);
         if (sig == 0) {
           if (draining && std::chrono::steady_clock::now() > drain_deadline) {

@@ -354,6 +354,16 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   double last_eval = 0;
   double last_shard_poll = 0;
   double last_record = 0;
+  // The job's record for a resume: this run's samples and seconds on top of the earlier
+  // runs', and the stage the scheduler is in.
+  auto save_progress = [&](uint64_t samples, double secs) {
+    jobstore->record.samples = done_before + samples;
+    jobstore->record.seconds = seconds_before + secs;
+    if (auto stage = sc.stage_out->load(); stage >= 0)
+      jobstore->record.stage = to_string(static_cast<ashl_stage>(stage));
+    if (auto err = save_job_record(*jobstore->store, jobstore->record))
+      spdlog::error("job: saving progress to {} failed: {}", cfg.checkpoint_dir, describe(err));
+  };
   std::map<size_t, double> lost_since; // shards lost and not served again yet: since when
   bool stop_sent = false;
   bool lockstep = true;
@@ -489,12 +499,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
     bool out_of_budget = !lockstep && done_before + stats.total_samples >= budget;
     // The job's progress, for a resume: at most as far as the shards' checkpoints are.
     if (jobstore && now - last_record >= 1.0) {
-      jobstore->record.samples = done_before + stats.total_samples;
-      jobstore->record.seconds = seconds_before + now;
-      if (auto stage = sc.stage_out->load(); stage >= 0)
-        jobstore->record.stage = to_string(static_cast<ashl_stage>(stage));
-      if (auto err = save_job_record(*jobstore->store, jobstore->record))
-        spdlog::error("job: saving progress to {} failed: {}", cfg.checkpoint_dir, describe(err));
+      save_progress(stats.total_samples, now);
       last_record = now;
     }
     bool out_of_time = cfg.time_limit > 0 && now >= cfg.time_limit;
@@ -555,14 +560,8 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
       },
       [&](caf::error&) {});
   rep.samples_per_second = rep.seconds > 0 ? rep.samples / rep.seconds : 0;
-  if (jobstore) {
-    jobstore->record.samples = done_before + rep.samples;
-    if (auto stage = sc.stage_out->load(); stage >= 0)
-      jobstore->record.stage = to_string(static_cast<ashl_stage>(stage));
-    jobstore->record.seconds = seconds_before + rep.seconds;
-    if (auto err = save_job_record(*jobstore->store, jobstore->record))
-      spdlog::error("job: saving progress to {} failed: {}", cfg.checkpoint_dir, describe(err));
-  }
+  if (jobstore)
+    save_progress(rep.samples, rep.seconds);
 
   for (auto& s : shards)
     self->demonitor(s.address());

@@ -8,6 +8,7 @@
 
 #include "actors/cluster/data_plane.hpp"
 #include "runtime/backend/cpu_backend.hpp"
+#include "runtime/core/clock.hpp"
 #include "runtime/collective/ring.hpp"
 #include "runtime/compress/topk.hpp"
 #include "runtime/optim/sgd.hpp"
@@ -725,9 +726,7 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
       if (st.step >= st.job.steps || (mode == step_mode::ring ? st.ring_stop : st.stop_requested))
         return finish(self);
       st.step_begin = clock_type::now();
-      st.step_begin_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                 std::chrono::system_clock::now().time_since_epoch())
-                                                 .count());
+      st.step_begin_ns = static_cast<uint64_t>(unix_ns());
       if (st.next_batch > 0 && st.step >= st.next_batch_from) {
         st.job.batch_size = st.next_batch;
         st.next_batch = 0;

@@ -5,17 +5,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/core/clock.hpp"
 #include "runtime/metrics/json.hpp"
 
 namespace ashlar {
 
 namespace {
 
-uint64_t wall_ns() {
-  return static_cast<uint64_t>(
-    std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count());
-}
+uint64_t wall_ns() { return static_cast<uint64_t>(unix_ns()); }
 
 // The trace's track for a worker (tid 0 is the job's own track).
 int64_t track(int64_t worker) { return worker < 0 ? 0 : worker + 1; }

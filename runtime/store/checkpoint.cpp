@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 #include <zlib.h>
 
+#include "runtime/core/clock.hpp"
 #include "schema/ashlar.capnp.h"
 
 namespace ashlar {
@@ -117,9 +118,7 @@ std::string checkpoint_log::key(uint64_t version) const {
 
 expected<uint64_t> checkpoint_log::save(uint64_t version, uint64_t begin, uint64_t end, const float* params,
                                         const float* velocity) {
-  const auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                     std::chrono::system_clock::now().time_since_epoch())
-                     .count();
+  const auto now = unix_ns();
   kv_batch b;
   b.puts.emplace_back(key(version), encode_checkpoint(shard_id_, version, begin, end, now, params, velocity));
   b.puts.emplace_back("shard/" + std::to_string(shard_id_) + "/latest", std::to_string(version));
@@ -291,10 +290,7 @@ caf::error save_job_record(kv_store& store, const job_record& r) {
     s.set(static_cast<unsigned>(i), r.settings[i]);
   b.setSamples(r.samples);
   b.setSeconds(r.seconds);
-  b.setUnixNs(r.unix_ns != 0 ? r.unix_ns
-                             : std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                 std::chrono::system_clock::now().time_since_epoch())
-                                 .count());
+  b.setUnixNs(r.unix_ns != 0 ? r.unix_ns : unix_ns());
   b.setResumes(r.resumes);
   b.setStage(r.stage);
   kv_batch batch;

@@ -1,5 +1,6 @@
 #include "actors/job_driver.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -203,6 +204,7 @@ expected<std::optional<job_store>> open_job_store(const train_config& cfg) {
   js.record.seconds = (*old)->seconds;
   js.record.resumes = (*old)->resumes + 1;
   js.record.stage = (*old)->stage;
+  js.record.workers = (*old)->workers;
   return std::optional<job_store>{std::move(js)};
 }
 
@@ -245,8 +247,9 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
                                               + std::to_string(cfg.epochs)
                                               + " epochs; raise train.epochs to train on");
   if (done_before > 0)
-    spdlog::info("job: resuming from {} ({} of {} samples trained, resume {})", cfg.checkpoint_dir, done_before,
-                 budget, jobstore->record.resumes);
+    spdlog::info("job: resuming from {} ({} of {} samples trained, resume {}, {} workers' batch shares and data "
+                 "positions)", cfg.checkpoint_dir, done_before, budget, jobstore->record.resumes,
+                 jobstore->record.workers.size());
   if (train->n < cfg.workers)
     return make_error(errc::invalid_config, "train.workers = " + std::to_string(cfg.workers)
                                               + " exceeds the " + std::to_string(train->n)
@@ -305,6 +308,8 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   sc.remaining = 1.0 - static_cast<double>(done_before) / static_cast<double>(budget);
   if (jobstore) {
     sc.resume_stage = jobstore->record.stage;
+    for (const auto& w : jobstore->record.workers)
+      sc.resume_workers[w.id] = {w.batch, w.position};
     sc.stage_out = std::make_shared<std::atomic<int>>(-1);
   }
   sc.contention = std::move(contention);
@@ -356,9 +361,23 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   double last_record = 0;
   // The job's record for a resume: this run's samples and seconds on top of the earlier
   // runs', and the stage the scheduler is in.
-  auto save_progress = [&](uint64_t samples, double secs) {
+  // Members keep their checkpointed entries until they report in this run.
+  std::map<uint32_t, uint64_t> worker_samples_before;
+  if (jobstore)
+    for (const auto& w : jobstore->record.workers)
+      worker_samples_before[w.id] = w.samples;
+  auto save_progress = [&](uint64_t samples, double secs, const std::vector<wire::worker_stats>& workers) {
     jobstore->record.samples = done_before + samples;
     jobstore->record.seconds = seconds_before + secs;
+    auto& rw = jobstore->record.workers;
+    for (const auto& w : workers) {
+      if (w.steps == 0 || w.position.count == 0)
+        continue;
+      auto i = std::find_if(rw.begin(), rw.end(), [&](const auto& r) { return r.id == w.worker_id; });
+      if (i == rw.end())
+        i = rw.insert(rw.end(), job_record::worker{});
+      *i = {w.worker_id, w.batch, w.position, worker_samples_before[w.worker_id] + w.samples};
+    }
     if (auto stage = sc.stage_out->load(); stage >= 0)
       jobstore->record.stage = to_string(static_cast<ashl_stage>(stage));
     if (auto err = save_job_record(*jobstore->store, jobstore->record))
@@ -499,7 +518,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
     bool out_of_budget = !lockstep && done_before + stats.total_samples >= budget;
     // The job's progress, for a resume: at most as far as the shards' checkpoints are.
     if (jobstore && now - last_record >= 1.0) {
-      save_progress(stats.total_samples, now);
+      save_progress(stats.total_samples, now, stats.workers);
       last_record = now;
     }
     bool out_of_time = cfg.time_limit > 0 && now >= cfg.time_limit;
@@ -541,9 +560,11 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
         .receive([](uint64_t) {},
                  [&](caf::error& err) { spdlog::error("job: the final checkpoint failed: {}", describe(err)); });
   }
+  std::vector<wire::worker_stats> last_workers;
   self->request(profiler, std::chrono::seconds(10), caf::get_atom::value)
     .receive(
       [&](const wire::cluster_stats& s) {
+        last_workers = s.workers;
         rep.samples = s.total_samples;
         for (const auto& w : s.workers) {
           worker_summary ws;
@@ -561,7 +582,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
       [&](caf::error&) {});
   rep.samples_per_second = rep.seconds > 0 ? rep.samples / rep.seconds : 0;
   if (jobstore)
-    save_progress(rep.samples, rep.seconds);
+    save_progress(rep.samples, rep.seconds, last_workers);
 
   for (auto& s : shards)
     self->demonitor(s.address());

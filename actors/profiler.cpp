@@ -97,6 +97,8 @@ profiler_actor::behavior_type profiler_behavior(profiler_pointer self, double al
       s.total_wait_seconds += r.wait_ns * 1e-9;
       s.bytes += r.bytes;
       s.stage_changes = r.stage_changes;
+      s.batch = r.batch;
+      s.position = r.position;
       if (r.samples > 0)
         s.compute_per_sample = ema(s.compute_per_sample, r.compute_ns * 1e-9 / r.samples, st.alpha, first);
       if (r.push_ns > 0)

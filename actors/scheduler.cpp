@@ -375,6 +375,29 @@ void replan_ashl(scheduler_pointer self) {
       [=](caf::error& err) { spdlog::warn("scheduler: ashl planning skipped: {}", describe(err)); });
 }
 
+// A resumed job: the worker taking a checkpointed member's id starts from that member's
+// batch share and data position (its part, the cursor's seed, passes and offset), so
+// the job goes on where it stopped rather than profiling and reshuffling afresh.
+void resume_position(scheduler_pointer self, wire::assignment& a, const scheduler_config::resumed_worker& r) {
+  auto& st = self->state;
+  const auto& p = r.position;
+  if (r.batch == 0 || p.count == 0 || p.begin + p.count > st.cfg.train_size) {
+    spdlog::warn("scheduler: worker {}'s checkpointed data position [{}, {}) does not fit the {} training samples; "
+                 "it starts afresh", a.worker_id, p.begin, p.begin + p.count, st.cfg.train_size);
+    return;
+  }
+  a.data_begin = p.begin;
+  a.data_count = p.count;
+  a.seed = p.seed;
+  a.cursor_epoch = p.epoch;
+  a.cursor_pos = p.pos;
+  if (st.cfg.job.allocation != "equal") {
+    a.batch_size = r.batch;
+    st.shares[a.worker_id] = r.batch;
+    st.data_parts[a.worker_id] = {p.begin, p.count};
+  }
+}
+
 scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, scheduler_config cfg) {
   self->state.cfg = std::move(cfg);
   if (auto policy = make_policy(self->state.cfg.job.policy, {}))
@@ -391,6 +414,26 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
     }
     else
       spdlog::error("scheduler: {}", describe(p.error())); // validated with the config before
+  }
+  if (self->state.cfg.job.allocation == "proportional" && !self->state.cfg.resume_workers.empty()) {
+    // Shares profiled once per job: a resumed job keeps the checkpointed job's, when they
+    // cover every expected worker and add up to the global batch.
+    const auto& rw = self->state.cfg.resume_workers;
+    uint64_t sum = 0;
+    std::string text;
+    bool whole = true;
+    for (uint32_t id = 0; id < self->state.cfg.job.workers; ++id) {
+      auto r = rw.find(id);
+      whole = whole && r != rw.end() && r->second.batch > 0;
+      if (!whole)
+        break;
+      sum += r->second.batch;
+      text += (text.empty() ? "" : ", ") + std::to_string(id) + ":" + std::to_string(r->second.batch);
+    }
+    if (whole && sum == uint64_t{self->state.cfg.job.batch_size} * self->state.cfg.job.workers) {
+      self->state.allocation_frozen = true;
+      spdlog::info("scheduler: batch shares restored from the checkpointed job: {}", text);
+    }
   }
   self->set_down_handler([=](caf::down_msg& dm) {
     for (auto& [id, m] : self->state.members)
@@ -464,6 +507,8 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       // A lost shard can come back from its checkpoints: workers wait for it, bounded.
       a.shard_wait_s = cfg.job.checkpoint_dir.empty() ? 0.0 : cfg.job.shard_wait;
       a.contention = for_worker(cfg.contention, id);
+      if (auto r = cfg.resume_workers.find(id); r != cfg.resume_workers.end())
+        resume_position(self, a, r->second);
       if (!cfg.job.speeds.empty())
         a.pace_ns_per_sample = static_cast<uint64_t>(cfg.job.sample_ms * 1e6 / cfg.job.speeds[id % cfg.job.speeds.size()]);
       member m;

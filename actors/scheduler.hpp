@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,13 @@ struct scheduler_config {
   /// Where the scheduler leaves the stage in force (an ashl_stage; -1: none), read by the
   /// job driver for its resume record.
   std::shared_ptr<std::atomic<int>> stage_out;
+  /// A resumed job's members as the checkpointed job left them: each id's batch share
+  /// and data position. A worker registering with that id starts from them.
+  struct resumed_worker {
+    uint32_t batch = 0;
+    wire::data_position position;
+  };
+  std::map<uint32_t, resumed_worker> resume_workers;
   /// Slowdown intervals for paced workers (loaded from job.contention).
   contention_profile contention;
   /// Longest the first registered worker waits for the others before training starts

@@ -426,6 +426,9 @@ void report_step(worker_pointer self, uint64_t push_ns) {
   rep.start_ns = st.step_begin_ns;
   rep.compute_offset_ns = st.compute_offset_ns;
   rep.staleness = st.step_staleness;
+  rep.batch = st.job.batch_size;
+  if (st.cursor)
+    rep.position = {st.job.data_begin, st.job.data_count, st.cursor->seed(), st.cursor->epoch(), st.cursor->pos()};
   self->send(st.cfg.profiler, rep);
   st.pull_ns = st.wait_ns = st.step_bytes = st.step_staleness = 0;
   ++st.step;
@@ -774,6 +777,11 @@ void start(worker_pointer self) {
         st.base_versions.assign(shards.size(), 0);
         st.local_steps = std::max(1u, a.local_steps);
         st.cursor.emplace(*st.cfg.data, a.data_begin, a.data_count, a.seed);
+        if (a.cursor_epoch > 0 || a.cursor_pos > 0) {
+          st.cursor->seek(a.cursor_epoch, a.cursor_pos);
+          spdlog::info("worker {}: resuming its data at pass {}, sample {} of [{}, {}), batch {}", a.worker_id,
+                       a.cursor_epoch, a.cursor_pos, a.data_begin, a.data_begin + a.data_count, a.batch_size);
+        }
         st.started = clock_type::now();
         spdlog::debug("worker {}: {} backend, {} steps", a.worker_id, st.backend->name(), a.steps);
         // Ring jobs take the ring behaviour now: a gradient computed before the ring is

@@ -140,6 +140,8 @@ struct Assignment {
   momentum @19 :Float32;           # ring mode: the workers' own optimizer (lr is localLr)
   weightDecay @20 :Float32;
   shardWaitS @21 :Float64;         # a lost shard may be replaced within this long (0: fail at once)
+  cursorEpoch @22 :UInt64;         # a resumed worker's data position: passes over its part done
+  cursorPos @23 :UInt64;           # and samples into the current pass
   struct Slowdown {
     startS @0 :Float64;
     endS @1 :Float64;
@@ -243,6 +245,18 @@ struct ProfileReport {
   startNs @10 :UInt64;     # when the step began: wall-clock ns since the Unix epoch
   computeOffsetNs @11 :UInt64; # the computation began this long after startNs
   staleness @12 :UInt64;   # the largest staleness the shards reported for this step's push
+  batch @13 :UInt32;       # the batch share in force
+  position @14 :DataPosition; # where the worker's data cursor stands after this step
+}
+
+# A worker's place in its part of the training set: the part, the cursor's shuffle seed,
+# passes over the part done and samples into the current pass.
+struct DataPosition {
+  begin @0 :UInt64;
+  count @1 :UInt64;
+  seed @2 :UInt64;
+  epoch @3 :UInt64;
+  pos @4 :UInt64;
 }
 
 struct WorkerStats {
@@ -264,6 +278,8 @@ struct WorkerStats {
   predictedSpeed @15 :Float64;    # compute samples/s the profiler's GRU predicts next
   observedSpeed @16 :Float64;     # compute samples/s over the last window
   predictionError @17 :Float64;   # mean |predicted - observed| / observed so far
+  batch @18 :UInt32;              # the batch share in force
+  position @19 :DataPosition;     # the data cursor, as of the last report
 }
 
 struct ClusterStats {
@@ -308,4 +324,11 @@ struct JobRecord {
   unixNs @3 :Int64;
   resumes @4 :UInt32;       # times this job was resumed
   stage @5 :Text;           # the training stage in force (ASHL: "ahl", "shl"), or ""
+  workers @6 :List(WorkerRecord); # the members, their batch shares and data positions
+  struct WorkerRecord {
+    workerId @0 :UInt32;
+    batch @1 :UInt32;
+    position @2 :DataPosition;
+    samples @3 :UInt64;
+  }
 }

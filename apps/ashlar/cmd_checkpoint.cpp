@@ -87,9 +87,16 @@ int list(const checkpoint_options& o) {
     return 1;
   }
   if (auto job = open_rocksdb_store(o.dir + "/job", open_mode::read_only)) {
-    if (auto r = load_job_record(**job); r && *r)
-      std::printf("job: %" PRIu64 " samples trained in %.1f s, resumed %u times, saved %s\n", (*r)->samples,
-                  (*r)->seconds, (*r)->resumes, local_time((*r)->unix_ns).c_str());
+    if (auto r = load_job_record(**job); r && *r) {
+      std::printf("job: %" PRIu64 " samples trained in %.1f s, resumed %u times, saved %s%s%s\n", (*r)->samples,
+                  (*r)->seconds, (*r)->resumes, local_time((*r)->unix_ns).c_str(),
+                  (*r)->stage.empty() ? "" : ", stage ", (*r)->stage.c_str());
+      for (const auto& w : (*r)->workers)
+        std::printf("  worker %u: batch %u, samples [%" PRIu64 ", %" PRIu64 ") at pass %" PRIu64 " + %" PRIu64
+                    ", %" PRIu64 " samples trained\n",
+                    w.id, w.batch, w.position.begin, w.position.begin + w.position.count, w.position.epoch,
+                    w.position.pos, w.samples);
+    }
   }
   std::printf("%-6s %-10s %-20s %-12s %s\n", "shard", "version", "time", "bytes", "checksum");
   int bad = 0;

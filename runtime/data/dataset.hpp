@@ -58,7 +58,15 @@ public:
 
   /// Completed passes over this cursor's part.
   size_t epoch() const { return epoch_; }
+  /// Samples taken in the current pass.
+  size_t pos() const { return pos_; }
+  uint64_t seed() const { return seed_; }
   size_t size() const { return indices_.size(); }
+
+  /// Puts the cursor where one of the same part and seed stood after `epoch` passes and
+  /// `pos` more samples (a resumed job's data position): the next batch is the one that
+  /// cursor would have returned. A `pos` beyond the part starts the next pass.
+  void seek(size_t epoch, size_t pos);
 
 private:
   void shuffle();

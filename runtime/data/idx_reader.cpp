@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -194,6 +195,18 @@ void batch_cursor::shuffle() {
     size_t j = gen() % i;
     std::swap(indices_[i - 1], indices_[j]);
   }
+}
+
+void batch_cursor::seek(size_t epoch, size_t pos) {
+  // Each pass reshuffles the order the pass before left, so replay them from the start.
+  std::sort(indices_.begin(), indices_.end());
+  epoch_ = 0;
+  shuffle();
+  while (epoch_ < epoch) {
+    ++epoch_;
+    shuffle();
+  }
+  pos_ = std::min(pos, indices_.size());
 }
 
 batch_view batch_cursor::next(size_t batch) {

@@ -293,6 +293,20 @@ caf::error save_job_record(kv_store& store, const job_record& r) {
   b.setUnixNs(r.unix_ns != 0 ? r.unix_ns : unix_ns());
   b.setResumes(r.resumes);
   b.setStage(r.stage);
+  auto ws = b.initWorkers(static_cast<unsigned>(r.workers.size()));
+  for (size_t i = 0; i < r.workers.size(); ++i) {
+    const auto& w = r.workers[i];
+    auto o = ws[static_cast<unsigned>(i)];
+    o.setWorkerId(w.id);
+    o.setBatch(w.batch);
+    o.setSamples(w.samples);
+    auto p = o.initPosition();
+    p.setBegin(w.position.begin);
+    p.setCount(w.position.count);
+    p.setSeed(w.position.seed);
+    p.setEpoch(w.position.epoch);
+    p.setPos(w.position.pos);
+  }
   kv_batch batch;
   batch.puts.emplace_back(job_key, to_bytes(mb));
   return store.write(batch);
@@ -313,6 +327,12 @@ expected<std::optional<job_record>> load_job_record(const kv_store& store) {
     out.unix_ns = r.getUnixNs();
     out.resumes = r.getResumes();
     out.stage = r.getStage().cStr();
+    for (auto w : r.getWorkers()) {
+      auto p = w.getPosition();
+      out.workers.push_back(
+        {w.getWorkerId(), w.getBatch(), {p.getBegin(), p.getCount(), p.getSeed(), p.getEpoch(), p.getPos()},
+         w.getSamples()});
+    }
     return std::optional<job_record>{std::move(out)};
   });
 }

@@ -20,6 +20,7 @@
 
 #include "runtime/core/error.hpp"
 #include "runtime/store/kv_store.hpp"
+#include "runtime/wire/messages.hpp"
 
 namespace ashlar {
 
@@ -126,6 +127,14 @@ struct job_record {
   int64_t unix_ns = 0;
   uint32_t resumes = 0;
   std::string stage; // the training stage in force (ASHL), or ""
+  /// The members as last reported: batch share, data position, samples trained.
+  struct worker {
+    uint32_t id = 0;
+    uint32_t batch = 0;
+    wire::data_position position;
+    uint64_t samples = 0;
+  };
+  std::vector<worker> workers;
 };
 
 /// Writes the job's record (key "job"), stamped now unless r.unix_ns is set.

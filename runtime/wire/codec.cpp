@@ -153,6 +153,8 @@ words encode(const assignment& x) {
   b.setCommitScale(x.commit_scale);
   b.setTopkRatio(x.topk_ratio);
   b.setShardWaitS(x.shard_wait_s);
+  b.setCursorEpoch(x.cursor_epoch);
+  b.setCursorPos(x.cursor_pos);
   b.setMomentum(x.momentum);
   b.setWeightDecay(x.weight_decay);
   return to_words(mb);
@@ -199,6 +201,8 @@ caf::error decode(const uint64_t* d, size_t n, assignment& out) {
     out.commit_scale = r.getCommitScale();
     out.topk_ratio = r.getTopkRatio();
     out.shard_wait_s = r.getShardWaitS();
+    out.cursor_epoch = r.getCursorEpoch();
+    out.cursor_pos = r.getCursorPos();
     out.momentum = r.getMomentum();
     out.weight_decay = r.getWeightDecay();
     return caf::none;
@@ -383,6 +387,18 @@ caf::error decode(const uint64_t* d, size_t n, push_ack& out) {
 // ---- shard_status ----
 namespace {
 
+void fill(schema::DataPosition::Builder b, const data_position& x) {
+  b.setBegin(x.begin);
+  b.setCount(x.count);
+  b.setSeed(x.seed);
+  b.setEpoch(x.epoch);
+  b.setPos(x.pos);
+}
+
+data_position read(schema::DataPosition::Reader r) {
+  return {r.getBegin(), r.getCount(), r.getSeed(), r.getEpoch(), r.getPos()};
+}
+
 void fill(schema::ShardStatus::Builder b, const shard_status& x) {
   b.setShardId(x.shard_id);
   b.setVersion(x.version);
@@ -441,6 +457,8 @@ void fill(schema::ClusterStats::Builder b, const cluster_stats& x) {
     o.setPredictedSpeed(w.predicted_speed);
     o.setObservedSpeed(w.observed_speed);
     o.setPredictionError(w.prediction_error);
+    o.setBatch(w.batch);
+    fill(o.initPosition(), w.position);
   }
   b.setTotalSamples(x.total_samples);
   b.setElapsedSeconds(x.elapsed_seconds);
@@ -469,6 +487,8 @@ void read(schema::ClusterStats::Reader r, cluster_stats& out) {
     s.predicted_speed = w.getPredictedSpeed();
     s.observed_speed = w.getObservedSpeed();
     s.prediction_error = w.getPredictionError();
+    s.batch = w.getBatch();
+    s.position = read(w.getPosition());
     out.workers.push_back(s);
   }
   out.total_samples = r.getTotalSamples();
@@ -524,6 +544,8 @@ words encode(const profile_report& x) {
   b.setStartNs(x.start_ns);
   b.setComputeOffsetNs(x.compute_offset_ns);
   b.setStaleness(x.staleness);
+  b.setBatch(x.batch);
+  fill(b.initPosition(), x.position);
   return to_words(mb);
 }
 
@@ -542,6 +564,8 @@ caf::error decode(const uint64_t* d, size_t n, profile_report& out) {
     out.start_ns = r.getStartNs();
     out.compute_offset_ns = r.getComputeOffsetNs();
     out.staleness = r.getStaleness();
+    out.batch = r.getBatch();
+    out.position = read(r.getPosition());
     return caf::error{};
   });
 }

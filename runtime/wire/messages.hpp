@@ -167,6 +167,16 @@ struct register_worker {
   std::string backend = "cpu";
 };
 
+/// A worker's place in its part of the training set: the part [begin, begin + count),
+/// its cursor's shuffle seed, passes over the part done and samples into the current pass.
+struct data_position {
+  uint64_t begin = 0;
+  uint64_t count = 0;
+  uint64_t seed = 0;
+  uint64_t epoch = 0;
+  uint64_t pos = 0;
+};
+
 struct assignment {
   uint32_t worker_id = 0;
   std::vector<shard_range> shards;
@@ -190,6 +200,8 @@ struct assignment {
   float momentum = 0;       // ring mode: the workers apply updates themselves (lr: local_lr)
   float weight_decay = 0;
   double shard_wait_s = 0;  // a lost shard may be replaced within this long; 0: fail at once
+  uint64_t cursor_epoch = 0; // a resumed worker's data position in [data_begin, +data_count)
+  uint64_t cursor_pos = 0;   //   with `seed`: passes done, samples into the current pass
 };
 
 struct membership_change {
@@ -278,6 +290,8 @@ struct profile_report {
   uint64_t start_ns = 0;          // when the step began (wall clock, ns since the Unix epoch)
   uint64_t compute_offset_ns = 0; // the computation began this long after start_ns
   uint64_t staleness = 0;         // largest staleness the shards reported for the push
+  uint32_t batch = 0;             // the batch share in force
+  data_position position;         // the data cursor after this step
 };
 
 struct worker_stats {
@@ -299,6 +313,8 @@ struct worker_stats {
   double predicted_speed = 0;       // compute samples/s predicted for the next window (GRU)
   double observed_speed = 0;        // compute samples/s over the last window
   double prediction_error = 0;      // mean |predicted - observed| / observed so far
+  uint32_t batch = 0;               // the batch share in force
+  data_position position;           // the data cursor, as of the last report
 };
 
 struct cluster_stats {

@@ -171,15 +171,16 @@ std::string slurp(const std::string& path) {
 // Runs `ashlar ARGS` in the background with its output in `log`, waits for training to
 // start, lets it train `seconds` more and SIGKILLs it. The kill time counts from the start
 // of training, not of the process: start-up (reading the data set, opening the stores)
-// takes a machine-dependent while. Returns whether the process was still running (killed,
+// takes a machine-dependent while. `from` is the log line that starts the count. Returns whether the process was still running (killed,
 // not finished); the log is in the failure message.
-bool kill_during_training(const std::string& args, const std::string& log, double seconds) {
+bool kill_during_training(const std::string& args, const std::string& log, double seconds,
+                          const std::string& from = "training starts") {
   auto started = shell(std::string{ASHLAR_BINARY} + " " + args + " > " + log + " 2>&1 & echo $!");
   REQUIRE(started.code == 0);
   const std::string pid = started.out.substr(0, started.out.find('\n'));
   bool training = false;
   for (int i = 0; i < 600 && !training; ++i) {
-    training = slurp(log).find("training starts") != std::string::npos;
+    training = slurp(log).find(from) != std::string::npos;
     if (!training)
       shell("sleep 0.05");
   }
@@ -353,6 +354,46 @@ TEST_CASE("a job killed mid-run and resumed reaches the accuracy of an uninterru
   CHECK(has(resumed, "shard 0: restored version " + std::to_string(before) + " "));
   CHECK(has(resumed, "resuming from"));
   check_same_accuracy(dir, "one process");
+}
+
+TEST_CASE("a resumed job starts from the checkpointed job's batch shares and data positions, and does not "
+          "profile its shares again") {
+  ashlar::test::temp_dir dir;
+  auto ck = dir.file("ck");
+  const std::string job = "train " + config + paced_run + " --epochs 6 --set train.allocation=proportional"
+                          + " --checkpoint-dir " + ck;
+  // Killed 2 s after the shares were profiled: the job record (saved every second) has them.
+  REQUIRE(kill_during_training(job, dir.file("killed.log"), 2.0, "batch shares from profiled speed"));
+  const auto killed = slurp(dir.file("killed.log"));
+  auto at = killed.find("batch shares from profiled speed: ");
+  REQUIRE(at != std::string::npos);
+  // "0:32 [0, 2000), 1:32 [2000, 4000), ...": the shares, without the data parts.
+  std::string shares;
+  {
+    std::istringstream in{killed.substr(at + 34, killed.find('\n', at) - at - 34)};
+    std::string item;
+    while (std::getline(in, item, ')')) {
+      auto colon = item.find(':');
+      if (colon == std::string::npos)
+        continue;
+      auto id = item.substr(item.find_first_not_of(", "), colon - item.find_first_not_of(", "));
+      shares += (shares.empty() ? "" : ", ") + id + ":" + item.substr(colon + 1, item.find(' ', colon) - colon - 1);
+    }
+  }
+  INFO("profiled shares: " << shares);
+  REQUIRE(shares.find("3:") != std::string::npos);
+  auto ls = run("checkpoint list " + ck);
+  INFO(ls.out);
+  CHECK(has(ls, "  worker 3: batch "));
+  auto resumed = run(job + " --resume");
+  INFO(resumed.out);
+  REQUIRE(resumed.code == 0);
+  CHECK(has(resumed, "4 workers' batch shares and data positions"));
+  CHECK(has(resumed, "batch shares restored from the checkpointed job: " + shares));
+  CHECK_FALSE(has(resumed, "batch shares from profiled speed"));
+  for (auto w : {"worker 0: resuming its data at pass", "worker 3: resuming its data at pass"})
+    CHECK(has(resumed, w));
+  CHECK(has(resumed, "test accuracy 0."));
 }
 
 TEST_CASE("a whole cluster of processes killed (SIGKILL) and launched again with --resume reaches the accuracy of "

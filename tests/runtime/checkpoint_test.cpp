@@ -111,7 +111,7 @@ TEST_CASE("a corrupt or truncated newest checkpoint falls back to the one before
   CHECK((*list)[2].problem.find("checksum") != std::string::npos);
 }
 
-TEST_CASE("RocksDB keeps checkpoints on disk across a reopen, and a second opener is refused naming the directory") {
+TEST_CASE("RocksDB keeps checkpoints and the job record (members' shares and data positions) on disk across a reopen, and a second opener is refused naming the directory") {
   ashlar::test::temp_dir dir;
   const auto path = dir.file("store");
   {
@@ -125,6 +125,7 @@ TEST_CASE("RocksDB keeps checkpoints on disk across a reopen, and a second opene
     r.seconds = 6.5;
     r.resumes = 1;
     r.stage = "shl";
+    r.workers = {{0, 40, {0, 15000, 77, 2, 640}, 31000}, {3, 88, {15000, 45000, 78, 1, 64}, 90000}};
     REQUIRE_FALSE(save_job_record(**store, r));
     auto again = open_rocksdb_store(path, open_mode::create); // the first still holds the lock
     REQUIRE_FALSE(again);
@@ -148,6 +149,16 @@ TEST_CASE("RocksDB keeps checkpoints on disk across a reopen, and a second opene
   CHECK((*job)->settings.size() == 2);
   CHECK((*job)->resumes == 1);
   CHECK((*job)->stage == "shl");
+  REQUIRE((*job)->workers.size() == 2);
+  const auto& w = (*job)->workers[1];
+  CHECK(w.id == 3);
+  CHECK(w.batch == 88);
+  CHECK(w.position.begin == 15000);
+  CHECK(w.position.count == 45000);
+  CHECK(w.position.seed == 78);
+  CHECK(w.position.epoch == 1);
+  CHECK(w.position.pos == 64);
+  CHECK(w.samples == 90000);
   auto missing = open_rocksdb_store(dir.file("absent"), open_mode::existing);
   REQUIRE_FALSE(missing);
   CHECK(describe(missing.error()).find("absent") != std::string::npos);

@@ -177,3 +177,37 @@ TEST_CASE("a batch cursor visits each of its samples once per epoch, in a seeded
   a.next(8);
   CHECK(a.epoch() == 1);
 }
+
+TEST_CASE("a batch cursor sought to a pass and offset returns the batches a running cursor returns there") {
+  dataset d;
+  d.n = 60;
+  d.dim = 1;
+  d.classes = 2;
+  for (size_t i = 0; i < d.n; ++i) {
+    d.x.push_back(static_cast<float>(i));
+    d.y.push_back(static_cast<uint8_t>(i % 2));
+  }
+  batch_cursor running{d, 5, 37, 11};
+  for (int i = 0; i < 23; ++i) // 4 batches of 8 and one of 5 per pass: ends in pass 4, 24 in
+    running.next(8);
+  REQUIRE(running.epoch() == 4);
+  REQUIRE(running.pos() == 24);
+  batch_cursor sought{d, 5, 37, 11};
+  sought.next(8);
+  sought.seek(running.epoch(), running.pos());
+  CHECK(sought.epoch() == 4);
+  for (int i = 0; i < 12; ++i) { // on into passes 5 and 6, which reshuffle
+    auto x = running.next(8);
+    auto y = sought.next(8);
+    REQUIRE(x.n == y.n);
+    CHECK(std::equal(x.x, x.x + x.n, y.x));
+  }
+  CHECK(sought.epoch() == running.epoch());
+  // Passes count from the cursor's start, so a fresh cursor at pass 0 differs from pass 4.
+  batch_cursor fresh{d, 5, 37, 11};
+  fresh.seek(4, 24);
+  batch_cursor zero{d, 5, 37, 11};
+  zero.seek(0, 24);
+  auto a = fresh.next(8), b = zero.next(8);
+  CHECK_FALSE(std::equal(a.x, a.x + a.n, b.x));
+}

@@ -51,8 +51,14 @@ public:
   caf::error start_workers(const train_config& cfg, const scheduler_actor& scheduler,
                            const profiler_actor& profiler,
                            std::shared_ptr<const dataset> train) override {
+    // One worker per GPU of this process, the others on the CPU.
+    auto pool = gpu_pool::start(sys_, cfg.gpus, cfg.tf32);
+    if (!pool)
+      return pool.error();
+    gpus_ = std::move(*pool);
     for (uint32_t i = 0; i < cfg.workers; ++i) {
       worker_config wc;
+      wc.make_backend = gpus_->next_worker();
       wc.scheduler = scheduler;
       wc.profiler = profiler;
       wc.data = train;
@@ -72,6 +78,7 @@ public:
 private:
   caf::actor_system& sys_;
   std::vector<worker_actor> workers_;
+  std::shared_ptr<gpu_pool> gpus_;
 };
 
 }  // namespace

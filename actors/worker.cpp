@@ -765,7 +765,10 @@ void start(worker_pointer self) {
         spec.input = a.layer_widths.front();
         spec.classes = a.layer_widths.back();
         spec.hidden.assign(a.layer_widths.begin() + 1, a.layer_widths.end() - 1);
-        st.backend = st.cfg.make_backend ? st.cfg.make_backend(spec) : make_cpu_backend(spec);
+        auto choice = st.cfg.make_backend ? st.cfg.make_backend(spec) : backend_choice{make_cpu_backend(spec), ""};
+        st.backend = std::move(choice.backend);
+        if (!choice.note.empty())
+          spdlog::info("worker {}: computing {}", a.worker_id, choice.note);
         if (auto err = check_assignment(st, a))
           return fail(self, describe(err));
         st.shards = shards;

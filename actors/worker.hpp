@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "actors/gpu_actor.hpp"
 #include "actors/messages.hpp"
 #include "runtime/backend/compute_backend.hpp"
 #include "runtime/data/dataset.hpp"
@@ -20,8 +21,9 @@ struct worker_config {
   profiler_actor profiler;
   /// The training set; the scheduler's assignment names this worker's part of it.
   std::shared_ptr<const dataset> data;
-  /// Makes the compute backend once the model is known. Default: the CPU backend.
-  std::function<std::unique_ptr<compute_backend>(const mlp_spec&)> make_backend;
+  /// Makes the compute backend once the model is known (a GPU's, see gpu_pool), and says
+  /// where it computes. Default: the CPU backend.
+  backend_factory make_backend;
   /// Requested worker id; wire::any_worker lets the scheduler choose.
   uint32_t requested_id = wire::any_worker;
   /// Where this worker runs, for logs.

@@ -53,6 +53,12 @@ if(NOT ASHLAR_ENABLE_CUDA STREQUAL "OFF")
   endif()
   if(CMAKE_CUDA_COMPILER AND CUDAToolkit_FOUND)
     set(ASHLAR_HAVE_CUDA ON)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      # Ampere and Hopper machine code, and PTX that later chips compile at load.
+      set(CMAKE_CUDA_ARCHITECTURES "80-real;90-real;90-virtual")
+    endif()
+    # Enabled here, at the top level, since every executable links gpu/'s objects.
+    enable_language(CUDA)
   elseif(ASHLAR_ENABLE_CUDA STREQUAL "ON")
     message(FATAL_ERROR "ASHLAR_ENABLE_CUDA=ON but no CUDA toolkit was found")
   endif()

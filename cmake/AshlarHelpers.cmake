@@ -8,9 +8,9 @@ function(ashlar_library name)
   target_compile_options(${name} PRIVATE -Wall -Wextra)
 endfunction()
 
-# ashlar_test(NAME SOURCES ... DEPS ...): a Catch2 executable whose test cases ctest discovers.
+# ashlar_test(NAME SOURCES ... DEPS ... [LABELS ...] [SKIP_REGEX RE]): a Catch2 executable whose test cases ctest discovers.
 function(ashlar_test name)
-  cmake_parse_arguments(A "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(A "" "SKIP_REGEX" "SOURCES;DEPS;LABELS" ${ARGN})
   # ctest names each Catch test case after its name, and a ';' there splits the name (a
   # CMake list), so the truncated name matches no test case and "passes" running nothing.
   foreach(_src ${A_SOURCES})
@@ -27,6 +27,11 @@ function(ashlar_test name)
   set(_props TIMEOUT 300)
   if(A_LABELS)
     list(APPEND _props LABELS "${A_LABELS}")
+  endif()
+  # A case whose output matches SKIP_REGEX (it lacks what it needs, e.g. a GPU) is
+  # reported as skipped, not passed.
+  if(A_SKIP_REGEX)
+    list(APPEND _props SKIP_REGULAR_EXPRESSION "${A_SKIP_REGEX}")
   endif()
   catch_discover_tests(${name} TEST_PREFIX "${name}: " PROPERTIES ${_props}
     EXTRA_ARGS --warn NoAssertions)

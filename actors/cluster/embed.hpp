@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "actors/cluster/system.hpp"
+#include "actors/gpu_actor.hpp"
 
 namespace ashlar::actors {
 
@@ -42,6 +43,9 @@ struct join_options {
   /// >= 0: this node offers to serve that shard of the running job again, restored from
   /// its checkpoints (its earlier node was lost). Default: -1.
   int64_t replace_shard = -1;
+  /// GPUs for the workers hosted here, one each (see gpu_pool); the others compute on
+  /// the CPU. Default: none (every worker on the CPU).
+  std::shared_ptr<gpu_pool> gpus;
 };
 
 /// A process's membership in a cluster.

@@ -59,6 +59,7 @@ struct node_state {
   std::vector<shard_actor> shards;
   std::set<caf::actor_addr> persistent; // shards that keep checkpoints
   std::map<caf::actor_addr, worker_actor> workers;
+  std::map<caf::actor_addr, uint32_t> gpu_slots; // the GPU each worker holds
   std::map<std::string, std::shared_ptr<const dataset>> data_cache;
   bool shutting_down = false;
   size_t checkpointing = 0; // shards taking their last checkpoint before they stop
@@ -76,6 +77,10 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
   self->state.cfg = std::move(cfg);
   self->set_down_handler([=](caf::down_msg& dm) {
     self->state.workers.erase(dm.source);
+    if (auto g = self->state.gpu_slots.find(dm.source); g != self->state.gpu_slots.end()) {
+      self->state.cfg.gpus->release(g->second);
+      self->state.gpu_slots.erase(g);
+    }
     maybe_report_shutdown(self);
   });
   return {
@@ -154,7 +159,12 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
       wc.requested_id = req.requested_id;
       wc.host = st.cfg.name;
       wc.plane = st.cfg.plane;
+      uint32_t gpu_slot = UINT32_MAX;
+      if (st.cfg.gpus)
+        wc.make_backend = st.cfg.gpus->next_worker(&gpu_slot);
       auto w = spawn_worker(self->system(), wc);
+      if (gpu_slot != UINT32_MAX)
+        st.gpu_slots[w.address()] = gpu_slot;
       self->monitor(w);
       st.workers.emplace(w.address(), w);
       self->send(w, start_atom::value);

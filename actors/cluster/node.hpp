@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/gpu_actor.hpp"
 #include "actors/messages.hpp"
 
 namespace ashlar::actors {
@@ -32,6 +33,9 @@ struct node_config {
   /// Shards hosted here checkpoint into DIR/shard-ID, whatever directory the job names
   /// (a job with no checkpoint directory still has none). Default: "" (the job's).
   std::string checkpoint_dir;
+  /// GPUs for the workers hosted here, one each; the others compute on the CPU.
+  /// Default: none.
+  std::shared_ptr<gpu_pool> gpus;
 };
 
 /// Spawns the node actor. Spawn requests for a role the node lacks, or beyond its slots,

@@ -12,6 +12,7 @@
 #include "actors/cluster/data_plane.hpp"
 #include "actors/cluster/system.hpp"
 #include "actors/server_shard.hpp"
+#include "apps/ashlar/bench_gpu.hpp"
 #include "apps/ashlar/bench_hetero.hpp"
 #include "apps/ashlar/commands.hpp"
 #include "runtime/core/log.hpp"
@@ -288,7 +289,18 @@ command_fn add_bench(CLI::App& app) {
   add_hetero_options(hetero_cmd, *h);
   hetero_cmd->footer("Example:\n  ashlar bench hetero ops/configs/fmnist-mlp.toml --speeds 1,1,2,4 --out results\n"
                      "  (add --policy-set asp:train.lr=0.02 for a setting that applies to one policy)");
-  return [o, step, w, wire_cmd, peer_cmd, h, hetero_cmd] {
+  auto g = std::make_shared<gpu_bench_options>();
+  auto* gpu_cmd = cmd->add_subcommand("gpu", "one GPU worker's samples/s per model, and its GEMM rate against "
+                                             "cuBLAS alone on the same shapes");
+  add_gpu_bench_options(gpu_cmd, *g);
+  gpu_cmd->footer("Example:\n  ashlar bench gpu --hidden 256,128 --hidden 4096,4096 --batch 256\n"
+                  "  (ops/gpu.sh runs it beside PyTorch on a GPU machine)");
+  return [o, step, w, wire_cmd, peer_cmd, h, hetero_cmd, g, gpu_cmd] {
+    if (gpu_cmd->parsed()) {
+      if (init_logging("warn"))
+        return 2;
+      return run_gpu_bench(*g);
+    }
     if (hetero_cmd->parsed()) {
       if (init_logging("warn"))
         return 2;

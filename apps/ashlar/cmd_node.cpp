@@ -168,6 +168,20 @@ int run_node(node_options& o) {
     jo.data_host = o.data_host;
     jo.checkpoint_dir = job_cfg.checkpoint_dir;
     jo.replace_shard = o.replace_shard;
+    if (actors::has_role(*roles, wire::role::worker)) {
+      // A GPU actor per device (--gpus); a worker takes one while it lasts, else the CPU.
+      auto pool = actors::gpu_pool::start(sys, job_cfg.gpus, job_cfg.tf32);
+      if (!pool)
+        return fail(2, describe(pool.error()));
+      jo.gpus = *pool;
+      std::string gpus;
+      for (const auto& g : jo.gpus->labels())
+        gpus += (gpus.empty() ? "" : ", ") + g;
+      if (gpus.empty())
+        spdlog::info("node {}: workers compute on the CPU ({})", o.name, jo.gpus->why_none());
+      else
+        spdlog::info("node {}: GPUs for its workers: {}", o.name, gpus);
+    }
     jo.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.connect_timeout * 1000));
     expected<actors::membership> m = caf::error{};
     if (is_scheduler) {

@@ -37,6 +37,7 @@ const flag_key flag_keys[] = {
   {"--metrics", "run.metrics", &train_options::metrics},
   {"--metrics-listen", "run.metrics_listen", &train_options::metrics_listen},
   {"--log-level", "run.log_level", &train_options::log_level},
+  {"--gpus", "run.gpus", &train_options::gpus},
 };
 
 }  // namespace
@@ -78,6 +79,7 @@ void add_train_options(CLI::App* cmd, train_options& o, bool with_config) {
   cmd->add_option("--lr", o.lr, "learning rate (train.lr)");
   cmd->add_option("--data-dir", o.data_dir, "Fashion-MNIST directory (data.dir)");
   cmd->add_option("--report", o.report, "write a JSON summary to FILE (run.report)");
+  cmd->add_option("--gpus", o.gpus, "GPUs for the workers: auto, none or 0,1,... (run.gpus)");
   cmd->add_option("--checkpoint-dir", o.checkpoint_dir,
                   "checkpoint shards and progress into DIR (run.checkpoint_dir)");
   cmd->add_option("--checkpoint-every", o.checkpoint_every,

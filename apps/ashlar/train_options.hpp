@@ -17,7 +17,7 @@ struct train_options {
   std::string config_file;
   std::optional<std::string> workers, servers, policy, epochs, seed, report, trace, metrics, metrics_listen,
     checkpoint_dir, checkpoint_every,
-    data_dir, batch, lr, log_level;
+    data_dir, batch, lr, log_level, gpus;
   std::vector<std::string> sets;
   bool resume = false;
 

@@ -237,6 +237,11 @@ const std::vector<field>& fields() {
          [](train_config& c) -> bool& { return c.resume; }),
     bind("run.shard_wait", "with checkpoints: seconds to wait for a lost shard to be served again (default 60)",
          [](train_config& c) -> double& { return c.shard_wait; }),
+    bind("run.gpus", "GPUs for this process's workers: auto (every visible one), none, or indices such as 0,1; "
+                     "one worker per GPU, the others on the CPU (default auto)",
+         [](train_config& c) -> std::string& { return c.gpus; }),
+    bind("run.tf32", "let cuBLAS use TF32 tensor cores for the GPU workers' float32 products (default false)",
+         [](train_config& c) -> bool& { return c.tf32; }),
     bind("run.trace", "write a Chrome trace-event JSON (Perfetto) of the run to this file (default none)",
          [](train_config& c) -> std::string& { return c.trace; }),
     bind("run.metrics", "write per-step metrics as JSON lines to this file (default none)",
@@ -390,8 +395,25 @@ caf::error apply_environment(train_config& cfg, const env_lookup& lookup) {
   return caf::none;
 }
 
+caf::error validate_gpu_list(const std::string& devices) {
+  if (devices == "auto" || devices == "none" || devices.empty())
+    return caf::none;
+  size_t start = 0;
+  while (start <= devices.size()) {
+    auto end = std::min(devices.find(',', start), devices.size());
+    auto item = devices.substr(start, end - start);
+    if (item.empty() || item.size() > 3 || item.find_first_not_of("0123456789") != std::string::npos)
+      return make_error(errc::invalid_config, "run.gpus '" + devices + "': expected auto, none or device indices "
+                                                "such as 0,1 (not '" + item + "')");
+    start = end + 1;
+  }
+  return caf::none;
+}
+
 caf::error validate(const train_config& c) {
   auto bad = [](const std::string& msg) { return make_error(errc::invalid_config, msg); };
+  if (auto err = validate_gpu_list(c.gpus))
+    return err;
   if (c.workers == 0)
     return bad("train.workers must be at least 1");
   if (c.servers == 0)

@@ -106,6 +106,12 @@ struct train_config {
   /// be served again (`ashlar node --role server --shard ID --join ...`), in seconds
   /// (run.shard_wait). Default: 60.
   double shard_wait = 60;
+  /// GPUs for the workers of this process (run.gpus): "auto" (every visible CUDA device),
+  /// "none", or indices such as "0,1". One worker per GPU; the others compute on the
+  /// CPU. Default: "auto".
+  std::string gpus = "auto";
+  /// Let cuBLAS use TF32 tensor cores for the GPU workers' products (run.tf32). Default: false.
+  bool tf32 = false;
   /// Serve Prometheus metrics at http://HOST:PORT/metrics while the job runs
   /// (run.metrics_listen, e.g. "0.0.0.0:9400"); empty = none. Default: "".
   std::string metrics_listen;
@@ -156,6 +162,9 @@ using env_lookup = std::function<const char*(const char*)>;
 /// Checks the whole configuration for consistency (counts >= 1, known policy and data
 /// source, positive learning rate...). Names the offending key.
 [[nodiscard]] caf::error validate(const train_config& cfg);
+
+/// Checks a run.gpus / --gpus value: "auto", "none" or device indices such as "0,1".
+[[nodiscard]] caf::error validate_gpu_list(const std::string& devices);
 
 /// The current value of `key` in text form (for --help and reports).
 std::string setting_text(const train_config& cfg, const std::string& key);

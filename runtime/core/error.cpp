@@ -19,6 +19,7 @@ const char* to_string(errc x) {
     case errc::numerical_error: return "numerical_error";
     case errc::unknown_name: return "unknown_name";
     case errc::handshake_refused: return "handshake_refused";
+    case errc::device_error: return "device_error";
   }
   return "unknown_error";
 }

@@ -37,6 +37,8 @@ enum class errc : uint8_t {
   unknown_name = 10,
   /// Handshake refused: protocol version or cluster token mismatch.
   handshake_refused = 11,
+  /// A GPU device, driver or library call failed (names the call, file and line).
+  device_error = 12,
 };
 
 /// The atom that marks Ashlar's error category.

@@ -291,7 +291,7 @@ struct profile_report {
   uint64_t compute_offset_ns = 0; // the computation began this long after start_ns
   uint64_t staleness = 0;         // largest staleness the shards reported for the push
   uint32_t batch = 0;             // the batch share in force
-  data_position position;         // the data cursor after this step
+  data_position position{};       // the data cursor after this step
 };
 
 struct worker_stats {
@@ -314,7 +314,7 @@ struct worker_stats {
   double observed_speed = 0;        // compute samples/s over the last window
   double prediction_error = 0;      // mean |predicted - observed| / observed so far
   uint32_t batch = 0;               // the batch share in force
-  data_position position;           // the data cursor, as of the last report
+  data_position position{};         // the data cursor, as of the last report
 };
 
 struct cluster_stats {

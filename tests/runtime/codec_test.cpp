@@ -16,8 +16,12 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   a.steps = 12;
   a.seed = 99;
   a.policy = "bsp";
+  a.cursor_epoch = 4;
+  a.cursor_pos = 320;
   assignment a2;
   REQUIRE_FALSE(decode(encode(a), a2));
+  CHECK(a2.cursor_epoch == 4);
+  CHECK(a2.cursor_pos == 320);
   CHECK(a2.worker_id == 3);
   CHECK(a2.shards == a.shards);
   CHECK(a2.layer_widths == a.layer_widths);
@@ -61,6 +65,15 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   CHECK(pr2.start_ns == pr.start_ns);
   CHECK(pr2.compute_offset_ns == 12345);
   CHECK(pr2.staleness == 6);
+  pr.batch = 96;
+  pr.position = {1000, 5000, 77, 3, 640};
+  REQUIRE_FALSE(decode(encode(pr), pr2));
+  CHECK(pr2.batch == 96);
+  CHECK(pr2.position.begin == 1000);
+  CHECK(pr2.position.count == 5000);
+  CHECK(pr2.position.seed == 77);
+  CHECK(pr2.position.epoch == 3);
+  CHECK(pr2.position.pos == 640);
 
   cluster_stats cs;
   cs.workers.push_back(worker_stats{1, 2, 3, 4.5, 0.1, 0.2, 0.3, 0.4, true, 5.0, 6.0});
@@ -68,6 +81,8 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   cs.workers[0].predicted_speed = 900;
   cs.workers[0].observed_speed = 1000;
   cs.workers[0].prediction_error = 0.1;
+  cs.workers[0].batch = 40;
+  cs.workers[0].position = {8, 16, 5, 2, 4};
   cs.total_samples = 77;
   cluster_stats cs2;
   REQUIRE_FALSE(decode(encode(cs), cs2));
@@ -78,6 +93,9 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   CHECK(cs2.workers[0].predicted_speed == 900);
   CHECK(cs2.workers[0].observed_speed == 1000);
   CHECK(cs2.workers[0].prediction_error == 0.1);
+  CHECK(cs2.workers[0].batch == 40);
+  CHECK(cs2.workers[0].position.pos == 4);
+  CHECK(cs2.workers[0].position.epoch == 2);
 
   shard_status ss;
   ss.shard_id = 1;

@@ -1,0 +1,256 @@
+#include "actors/gpu_actor.hpp"
+
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "gpu/cuda_backend.hpp"
+#include "runtime/backend/cpu_backend.hpp"
+#include "runtime/config/train_config.hpp"
+
+namespace ashlar::actors {
+
+// A compute call to a GPU actor. Local only: it carries the caller's pointers, which stay
+// valid because the caller waits for the reply (see gpu_proxy).
+struct gpu_call {
+  enum kind_t : uint8_t { prepare, train, evaluate };
+  kind_t kind = prepare;
+  mlp_spec spec;
+  const float* params = nullptr;
+  batch_view batch;
+  float* grad = nullptr;
+};
+
+struct gpu_reply {
+  batch_stats stats;
+  caf::error err;
+  std::string name; // the backend's, with the device's name
+};
+
+}  // namespace ashlar::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ashlar::actors::gpu_call)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ashlar::actors::gpu_reply)
+
+namespace ashlar::actors {
+
+using gpu_actor = caf::typed_actor<caf::replies_to<gpu_call>::with<gpu_reply>>;
+
+namespace {
+
+struct gpu_state {
+  int device = 0;
+  std::string device_name;
+  gpu::cuda_options options;
+  std::map<std::string, std::unique_ptr<compute_backend>> backends; // per model
+  static constexpr const char* name = "ashlar.gpu";
+};
+
+// Owns one device; runs on a thread of its own (spawned detached), one call at a time.
+gpu_actor::behavior_type gpu_behavior(gpu_actor::stateful_pointer<gpu_state> self, int device, std::string name,
+                                      gpu::cuda_options options) {
+  self->state.device = device;
+  self->state.device_name = std::move(name);
+  self->state.options = options;
+  return {
+    [=](const gpu_call& c) {
+      auto& st = self->state;
+      gpu_reply r;
+      auto key = c.spec.to_string();
+      auto& b = st.backends[key];
+      if (!b) {
+        auto made = gpu::make_cuda_backend(c.spec, st.device, st.options);
+        if (!made) {
+          st.backends.erase(key);
+          r.err = made.error();
+          return r;
+        }
+        b = std::move(*made);
+        spdlog::debug("gpu {}: model {} ready", st.device, key);
+      }
+      r.name = std::string{b->name()} + " (" + st.device_name + ")";
+      if (c.kind == gpu_call::prepare)
+        return r;
+      auto s = c.kind == gpu_call::train ? b->train_step(c.params, c.batch, c.grad) : b->evaluate(c.params, c.batch);
+      if (s)
+        r.stats = *s;
+      else
+        r.err = s.error();
+      return r;
+    },
+  };
+}
+
+// The worker's side: a compute_backend whose calls the GPU actor runs. Each call blocks
+// its caller until the reply (as a CPU computation would), so the pointers it passes
+// stay valid for the GPU actor's use.
+class gpu_proxy final : public compute_backend {
+public:
+  gpu_proxy(caf::actor_system& sys, gpu_actor gpu, mlp_spec spec) : sys_(sys), gpu_(std::move(gpu)), spec_(std::move(spec)) {
+  }
+
+  caf::error prepare() {
+    auto r = call(gpu_call::prepare, nullptr, {}, nullptr);
+    return r ? caf::error{} : r.error();
+  }
+
+  const char* name() const override {
+    return name_.c_str();
+  }
+  const mlp_spec& spec() const override {
+    return spec_;
+  }
+  expected<batch_stats> train_step(const float* params, batch_view batch, float* grad) override {
+    return call(gpu_call::train, params, batch, grad);
+  }
+  expected<batch_stats> evaluate(const float* params, batch_view batch) override {
+    return call(gpu_call::evaluate, params, batch, nullptr);
+  }
+
+private:
+  expected<batch_stats> call(gpu_call::kind_t kind, const float* params, batch_view batch, float* grad) {
+    gpu_call c;
+    c.kind = kind;
+    c.spec = spec_;
+    c.params = params;
+    c.batch = batch;
+    c.grad = grad;
+    expected<batch_stats> out = batch_stats{};
+    caf::scoped_actor self{sys_};
+    self->request(gpu_, caf::infinite, std::move(c))
+      .receive(
+        [&](gpu_reply& r) {
+          if (!r.name.empty())
+            name_ = r.name;
+          if (r.err)
+            out = std::move(r.err);
+          else
+            out = r.stats;
+        },
+        [&](caf::error& err) {
+          out = make_error(errc::device_error, "the GPU actor did not answer: " + describe(err));
+        });
+    return out;
+  }
+
+  caf::actor_system& sys_;
+  gpu_actor gpu_;
+  mlp_spec spec_;
+  std::string name_ = "cuda";
+};
+
+}  // namespace
+
+struct gpu_pool::impl {
+  caf::actor_system* sys = nullptr;
+  struct device {
+    gpu_actor actor;
+    std::string label; // "cuda:0 (NVIDIA ...)"
+    bool taken = false;
+  };
+  std::vector<device> devices;
+  std::string why_none;
+  std::mutex mu;
+};
+
+expected<std::shared_ptr<gpu_pool>> gpu_pool::start(caf::actor_system& sys, const std::string& devices, bool tf32) {
+  if (auto err = validate_gpu_list(devices))
+    return err;
+  auto p = std::make_unique<impl>();
+  p->sys = &sys;
+  if (devices == "none" || devices.empty()) {
+    p->why_none = "no GPU requested (--gpus none)";
+    return std::shared_ptr<gpu_pool>{new gpu_pool(std::move(p))};
+  }
+  auto found = gpu::list_devices();
+  std::vector<int> wanted;
+  if (devices == "auto") {
+    if (!found) {
+      p->why_none = describe(found.error());
+      return std::shared_ptr<gpu_pool>{new gpu_pool(std::move(p))};
+    }
+    for (const auto& d : *found)
+      wanted.push_back(d.index);
+  } else {
+    if (!found)
+      return make_error(errc::invalid_argument, "--gpus " + devices + ": " + describe(found.error()));
+    std::stringstream in{devices};
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      int i = std::stoi(item);
+      if (static_cast<size_t>(i) >= found->size())
+        return make_error(errc::invalid_argument, "--gpus " + devices + ": GPU " + item + " does not exist (this "
+                                                    "machine has " + std::to_string(found->size()) + ")");
+      wanted.push_back(i);
+    }
+  }
+  gpu::cuda_options options;
+  options.tf32 = tf32;
+  for (int i : wanted) {
+    const auto& d = (*found)[static_cast<size_t>(i)];
+    impl::device dev;
+    dev.actor = sys.spawn<caf::detached>(gpu_behavior, i, d.name, options);
+    dev.label = "cuda:" + std::to_string(i) + " (" + d.name + ")";
+    p->devices.push_back(std::move(dev));
+  }
+  return std::shared_ptr<gpu_pool>{new gpu_pool(std::move(p))};
+}
+
+gpu_pool::gpu_pool(std::unique_ptr<impl> p) : impl_(std::move(p)) {
+}
+
+gpu_pool::~gpu_pool() {
+  for (auto& d : impl_->devices)
+    caf::anon_send_exit(d.actor, caf::exit_reason::user_shutdown);
+}
+
+backend_factory gpu_pool::next_worker(uint32_t* slot) {
+  std::lock_guard<std::mutex> lock{impl_->mu};
+  for (size_t i = 0; i < impl_->devices.size(); ++i) {
+    auto& d = impl_->devices[i];
+    if (d.taken)
+      continue;
+    d.taken = true;
+    if (slot)
+      *slot = static_cast<uint32_t>(i);
+    auto* sys = impl_->sys;
+    auto actor = d.actor;
+    auto label = d.label;
+    return [sys, actor, label](const mlp_spec& spec) {
+      auto proxy = std::make_unique<gpu_proxy>(*sys, actor, spec);
+      if (auto err = proxy->prepare())
+        return backend_choice{make_cpu_backend(spec), "on the CPU: " + label + " could not take the model: "
+                                                        + describe(err)};
+      std::string note = std::string{"on "} + proxy->name();
+      return backend_choice{std::move(proxy), std::move(note)};
+    };
+  }
+  if (slot)
+    *slot = UINT32_MAX;
+  std::string why = impl_->devices.empty() ? impl_->why_none
+                                           : "every GPU of this process (" + std::to_string(impl_->devices.size())
+                                               + ") is taken by another worker";
+  return [why](const mlp_spec& spec) { return backend_choice{make_cpu_backend(spec), "on the CPU: " + why}; };
+}
+
+void gpu_pool::release(uint32_t slot) {
+  std::lock_guard<std::mutex> lock{impl_->mu};
+  if (slot < impl_->devices.size())
+    impl_->devices[slot].taken = false;
+}
+
+std::vector<std::string> gpu_pool::labels() const {
+  std::vector<std::string> out;
+  for (const auto& d : impl_->devices)
+    out.push_back(d.label);
+  return out;
+}
+
+const std::string& gpu_pool::why_none() const {
+  return impl_->why_none;
+}
+
+}  // namespace ashlar::actors

@@ -1,0 +1,56 @@
+// GPU actors: one per CUDA device, owning it (stream, cuBLAS handle, memory) and serving
+// the compute calls of the workers given that device. A worker without a GPU computes
+// on the CPU. Heavy CAF headers stay in gpu_actor.cpp.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/backend/compute_backend.hpp"
+#include "runtime/core/error.hpp"
+#include "runtime/model/mlp.hpp"
+
+namespace caf {
+class actor_system;
+}
+
+namespace ashlar::actors {
+
+/// A worker's compute backend and the one log line that says where it computes.
+struct backend_choice {
+  std::unique_ptr<compute_backend> backend;
+  std::string note; // e.g. "on cuda:0 (NVIDIA H100 80GB HBM3)" or "on the CPU: no usable CUDA device ..."
+};
+using backend_factory = std::function<backend_choice(const mlp_spec&)>;
+
+/// The GPUs of one process (an `ashlar train` or a node): a GPU actor per device, handed
+/// to workers one device each, in order; the workers beyond them compute on the CPU.
+class gpu_pool {
+public:
+  /// `devices`: "auto" (every visible device; none is no error), "none" (CPU only), or a
+  /// list such as "0,1" (each must exist: invalid_argument otherwise, naming it).
+  /// `tf32`: let cuBLAS use TF32 tensor cores.
+  [[nodiscard]] static expected<std::shared_ptr<gpu_pool>> start(caf::actor_system& sys, const std::string& devices,
+                                                                bool tf32);
+  ~gpu_pool();
+
+  /// The backend factory for the next worker: the next free GPU, else the CPU. The
+  /// device is the worker's until release(slot) (or for good, if never released).
+  backend_factory next_worker(uint32_t* slot = nullptr);
+  void release(uint32_t slot);
+
+  /// The devices in the pool, e.g. "cuda:0 (NVIDIA H100 80GB HBM3)".
+  std::vector<std::string> labels() const;
+  /// Why the pool has no GPU ("" when it has some).
+  const std::string& why_none() const;
+
+  struct impl;
+
+private:
+  explicit gpu_pool(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace ashlar::actors

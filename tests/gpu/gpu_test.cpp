@@ -1,0 +1,270 @@
+// The CUDA backend and the GPU actors. Cases that need a device print "SKIPPED: no CUDA
+// device: <why>" and return when there is none; ctest reports them as skipped (see
+// tests/CMakeLists.txt). The cases without that line run everywhere.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/gpu_actor.hpp"
+#include "actors/messages.hpp"
+#include "gpu/cuda_backend.hpp"
+#include "runtime/backend/cpu_backend.hpp"
+#include "runtime/data/dataset.hpp"
+
+using namespace ashlar;
+
+namespace {
+
+std::optional<std::string> why_no_gpu() {
+  auto d = gpu::list_devices();
+  if (d)
+    return std::nullopt;
+  return describe(d.error());
+}
+
+#define REQUIRE_GPU_OR_SKIP()                                                                                   \
+  do {                                                                                                          \
+    if (auto why_ = why_no_gpu()) {                                                                             \
+      std::printf("SKIPPED: no CUDA device: %s\n", why_->c_str());                                             \
+      SUCCEED("no CUDA device");                                                                                \
+      return;                                                                                                   \
+    }                                                                                                           \
+  } while (false)
+
+// On a GPU machine without this one's packages, ops/gpu.sh points these elsewhere.
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+
+const std::string data_dir = env_or("ASHLAR_DATA_DIR", "/usr/share/datasets/fashion-mnist");
+
+const dataset& fmnist() {
+  static dataset d = [] {
+    auto t = load_fashion_mnist(data_dir, split::train);
+    REQUIRE(t);
+    return std::move(*t);
+  }();
+  return d;
+}
+
+double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num) / std::sqrt(den);
+}
+
+// The CPU and GPU gradients of `spec` on `n` Fashion-MNIST samples from `offset`.
+double compare(const mlp_spec& spec, size_t offset, size_t n, bool tf32) {
+  const auto& d = fmnist();
+  batch_view b{d.x.data() + offset * d.dim, d.y.data() + offset, n, d.dim};
+  auto params = init_params(spec, 17 + n);
+  auto cpu = make_cpu_backend(spec);
+  gpu::cuda_options o;
+  o.tf32 = tf32;
+  auto cuda = gpu::make_cuda_backend(spec, 0, o);
+  REQUIRE(cuda);
+  std::vector<float> g_cpu(spec.num_params()), g_gpu(spec.num_params(), std::nanf(""));
+  auto s_cpu = cpu->train_step(params.data(), b, g_cpu.data());
+  auto s_gpu = (*cuda)->train_step(params.data(), b, g_gpu.data());
+  REQUIRE(s_cpu);
+  REQUIRE(s_gpu);
+  for (float g : g_gpu)
+    REQUIRE(std::isfinite(g)); // every entry written
+  CHECK(s_gpu->n == n);
+  CHECK(std::abs(s_gpu->loss_sum - s_cpu->loss_sum) / s_cpu->loss_sum < (tf32 ? 1e-2 : 1e-4));
+  CHECK(static_cast<double>(s_gpu->correct) == Approx(static_cast<double>(s_cpu->correct)).margin(tf32 ? 3 : 1));
+  auto e_cpu = cpu->evaluate(params.data(), b), e_gpu = (*cuda)->evaluate(params.data(), b);
+  REQUIRE(e_gpu);
+  CHECK(std::abs(e_gpu->loss_sum - e_cpu->loss_sum) / e_cpu->loss_sum < (tf32 ? 1e-2 : 1e-4));
+  const double err = rel_error(g_gpu, g_cpu);
+  std::printf("%s batch %zu%s: gradient relative error %.2e\n", spec.to_string().c_str(), n, tf32 ? " tf32" : "",
+              err);
+  return err;
+}
+
+}  // namespace
+
+TEST_CASE("the CUDA backend's gradients match the CPU backend's on the same batches (FP32 relative error < 1e-4)") {
+  REQUIRE_GPU_OR_SKIP();
+  mlp_spec mlp;
+  mlp.input = 784;
+  mlp.hidden = {256, 128};
+  mlp.classes = 10;
+  for (size_t n : {1u, 64u, 1000u})
+    CHECK(compare(mlp, 100 * n, n, false) < 1e-4);
+  mlp_spec wide = mlp;
+  wide.hidden = {1024, 1024};
+  CHECK(compare(wide, 5, 333, false) < 1e-4);
+  // TF32 tensor cores trade precision for speed: about 1e-3.
+  CHECK(compare(mlp, 0, 256, true) < 1e-2);
+}
+
+TEST_CASE("the CUDA backend refuses a batch of the wrong width or with a bad label, naming it") {
+  REQUIRE_GPU_OR_SKIP();
+  mlp_spec spec;
+  spec.input = 784;
+  spec.hidden = {32};
+  spec.classes = 10;
+  auto cuda = gpu::make_cuda_backend(spec, 0);
+  REQUIRE(cuda);
+  auto params = init_params(spec, 1);
+  std::vector<float> x(10 * 783, 0.5f), g(spec.num_params());
+  std::vector<uint8_t> y(10, 3);
+  auto r = (*cuda)->train_step(params.data(), {x.data(), y.data(), 10, 783}, g.data());
+  REQUIRE_FALSE(r);
+  CHECK(describe(r.error()).find("783") != std::string::npos);
+  std::vector<float> x2(2 * 784, 0.5f);
+  std::vector<uint8_t> y2{3, 12};
+  r = (*cuda)->train_step(params.data(), {x2.data(), y2.data(), 2, 784}, g.data());
+  REQUIRE_FALSE(r);
+  CHECK(describe(r.error()).find("label 12") != std::string::npos);
+  auto missing = gpu::make_cuda_backend(spec, 64);
+  REQUIRE_FALSE(missing);
+  CHECK(describe(missing.error()).find("GPU 64 does not exist") != std::string::npos);
+}
+
+TEST_CASE("without a usable GPU, asking for one fails with a device_error that says why") {
+  auto devices = gpu::list_devices();
+  if (devices) {
+    std::printf("this machine has %zu CUDA device(s); the no-GPU path is checked where there are none\n",
+                devices->size());
+    CHECK_FALSE(devices->empty());
+    return;
+  }
+  const auto why = describe(devices.error());
+  INFO(why);
+  CHECK(why.find("device_error") != std::string::npos);
+  if (gpu::built_with_cuda())
+    CHECK(why.find("cudaGetDeviceCount") != std::string::npos); // the failed call, by name
+  else
+    CHECK(why.find("no CUDA backend") != std::string::npos);
+  mlp_spec spec;
+  spec.input = 4;
+  spec.hidden = {4};
+  spec.classes = 2;
+  auto b = gpu::make_cuda_backend(spec, 0);
+  REQUIRE_FALSE(b);
+  CHECK(describe(b.error()) == why);
+}
+
+// ---- GPU actors and the worker's choice of device ----
+
+namespace {
+
+struct system_config : caf::actor_system_config {
+  system_config() {
+    actors::register_types(*this);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a GPU pool without GPUs gives every worker the CPU and says why, and a GPU list is checked") {
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  mlp_spec spec;
+  spec.hidden = {64};
+  auto none = actors::gpu_pool::start(sys, "none", false);
+  REQUIRE(none);
+  CHECK((*none)->labels().empty());
+  auto c = (*none)->next_worker()(spec);
+  CHECK(std::string{c.backend->name()} == "cpu");
+  CHECK(c.note == "on the CPU: no GPU requested (--gpus none)");
+  auto bad = actors::gpu_pool::start(sys, "0,x", false);
+  REQUIRE_FALSE(bad);
+  CHECK(describe(bad.error()).find("not 'x'") != std::string::npos);
+  auto absent = actors::gpu_pool::start(sys, "64", false);
+  REQUIRE_FALSE(absent);
+  CHECK(describe(absent.error()).find("--gpus 64") != std::string::npos);
+  auto devices = gpu::list_devices();
+  if (!devices) {
+    // "auto" on a machine without a GPU is no error: every worker computes on the CPU.
+    auto pool = actors::gpu_pool::start(sys, "auto", false);
+    REQUIRE(pool);
+    CHECK((*pool)->labels().empty());
+    auto w = (*pool)->next_worker()(spec);
+    CHECK(std::string{w.backend->name()} == "cpu");
+    CHECK(w.note == "on the CPU: " + describe(devices.error()));
+  }
+}
+
+TEST_CASE("a GPU pool gives each worker one GPU actor's device while there are some, then the CPU") {
+  REQUIRE_GPU_OR_SKIP();
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  mlp_spec spec;
+  spec.hidden = {64};
+  auto devices = gpu::list_devices();
+  auto pool = actors::gpu_pool::start(sys, "auto", false);
+  REQUIRE(pool);
+  REQUIRE((*pool)->labels().size() == devices->size());
+  std::vector<actors::backend_choice> taken;
+  for (size_t i = 0; i < devices->size(); ++i) {
+    taken.push_back((*pool)->next_worker()(spec));
+    CHECK(std::string{taken.back().backend->name()}.rfind("cuda:" + std::to_string(i), 0) == 0);
+    CHECK(taken.back().note.rfind("on cuda:" + std::to_string(i) + " (", 0) == 0);
+  }
+  auto extra = (*pool)->next_worker()(spec);
+  CHECK(std::string{extra.backend->name()} == "cpu");
+  CHECK(extra.note.find("is taken by another worker") != std::string::npos);
+  // Through the GPU actor, the device computes what the CPU does.
+  const auto& d = fmnist();
+  batch_view b{d.x.data(), d.y.data(), 128, d.dim};
+  auto params = init_params(spec, 3);
+  std::vector<float> g_gpu(spec.num_params()), g_cpu(spec.num_params());
+  auto s_gpu = taken[0].backend->train_step(params.data(), b, g_gpu.data());
+  auto s_cpu = extra.backend->train_step(params.data(), b, g_cpu.data());
+  REQUIRE(s_gpu);
+  REQUIRE(s_cpu);
+  CHECK(rel_error(g_gpu, g_cpu) < 1e-4);
+}
+
+// ---- a mixed cluster ----
+
+TEST_CASE("a mixed cluster (one GPU worker, two CPU workers) trains Fashion-MNIST to 85% with the GPU worker "
+          "given the largest batch share") {
+  REQUIRE_GPU_OR_SKIP();
+  const std::string log = "gpu-mixed.log";
+  const std::string cmd = env_or("ASHLAR_TEST_BINARY", ASHLAR_BINARY) + " train "
+                          + env_or("ASHLAR_TEST_SOURCE", ASHLAR_SOURCE_DIR)
+                          + "/ops/configs/fmnist-mlp.toml --workers 3 --gpus 0 --policy bsp --epochs 4"
+                            " --set train.allocation=proportional --set run.progress_interval=0 --data-dir "
+                          + data_dir + " > " + log + " 2>&1";
+  const int rc = std::system(cmd.c_str());
+  std::string out;
+  {
+    std::FILE* f = std::fopen(log.c_str(), "r");
+    REQUIRE(f);
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0)
+      out.append(buf, n);
+    std::fclose(f);
+  }
+  INFO(out);
+  REQUIRE(rc == 0);
+  CHECK(out.find("worker 0: computing on cuda:0") != std::string::npos);
+  CHECK(out.find("worker 1: computing on the CPU") != std::string::npos);
+  // "batch shares from profiled speed: 0:S0 [...), 1:S1 [...), 2:S2 [...)"
+  auto at = out.find("batch shares from profiled speed: ");
+  REQUIRE(at != std::string::npos);
+  unsigned s0 = 0, s1 = 0, s2 = 0;
+  REQUIRE(std::sscanf(out.c_str() + at + 34, "0:%u [%*u, %*u), 1:%u [%*u, %*u), 2:%u", &s0, &s1, &s2) == 3);
+  std::printf("mixed cluster shares: GPU worker %u, CPU workers %u and %u\n", s0, s1, s2);
+  CHECK(s0 > s1);
+  CHECK(s0 > s2);
+  at = out.find("test accuracy 0.");
+  REQUIRE(at != std::string::npos);
+  CHECK(std::stod(out.substr(at + 14)) >= 0.85);
+}

@@ -353,7 +353,8 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   bool done = false;
   caf::error failure;
   uint32_t finished = 0, failed = 0;
-  uint32_t next_epoch = 1;
+  // The next epoch boundary to evaluate at (a resumed job counts the samples before it).
+  auto next_epoch = static_cast<uint32_t>(done_before / train->n + 1);
   uint64_t last_samples = 0;
   double last_progress = 0;
   double last_eval = 0;
@@ -477,7 +478,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
     double now = seconds();
     if (metrics.endpoint) {
       live.running = true;
-      live.epoch = static_cast<double>(stats.total_samples) / static_cast<double>(train->n);
+      live.epoch = static_cast<double>(done_before + stats.total_samples) / static_cast<double>(train->n);
       // The shards' counters, once a second (each asks every shard).
       if (live.shards.empty() || now - last_shard_poll >= 1.0) {
         live.shards.clear();
@@ -493,7 +494,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
       progress_event ev;
       ev.seconds = now;
       ev.samples = stats.total_samples;
-      ev.epoch = static_cast<double>(stats.total_samples) / static_cast<double>(train->n);
+      ev.epoch = static_cast<double>(done_before + stats.total_samples) / static_cast<double>(train->n);
       ev.samples_per_second = static_cast<double>(stats.total_samples - last_samples) / (now - last_progress);
       ev.loss = stats.loss;
       ev.workers = stats.workers;
@@ -503,14 +504,14 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
     }
     // Evaluate once an epoch boundary has been crossed (within a tick of it).
     bool epoch_due = cfg.eval_every_epoch && next_epoch < cfg.epochs
-                     && stats.total_samples >= uint64_t{next_epoch} * train->n;
+                     && done_before + stats.total_samples >= uint64_t{next_epoch} * train->n;
     bool interval_due = cfg.eval_interval > 0 && now - last_eval >= cfg.eval_interval;
     settle(false);
     if ((epoch_due || interval_due) && !pending && lost_since.empty()) {
       if (auto p = snapshot(self, shards, num_params))
-        record(std::move(*p), static_cast<double>(stats.total_samples) / train->n, now, stats.loss);
+        record(std::move(*p), static_cast<double>(done_before + stats.total_samples) / train->n, now, stats.loss);
       last_eval = now;
-      while (next_epoch <= cfg.epochs && stats.total_samples >= uint64_t{next_epoch} * train->n)
+      while (next_epoch <= cfg.epochs && done_before + stats.total_samples >= uint64_t{next_epoch} * train->n)
         ++next_epoch;
     }
     // Workers at their own pace stop when their samples together reach the budget; any

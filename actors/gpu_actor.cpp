@@ -42,19 +42,17 @@ using gpu_actor = caf::typed_actor<caf::replies_to<gpu_call>::with<gpu_reply>>;
 namespace {
 
 struct gpu_state {
-  int device = 0;
   std::string device_name;
-  gpu::cuda_options options;
+  gpu_pool::backend_maker make;
   std::map<std::string, std::unique_ptr<compute_backend>> backends; // per model
   static constexpr const char* name = "ashlar.gpu";
 };
 
 // Owns one device; runs on a thread of its own (spawned detached), one call at a time.
-gpu_actor::behavior_type gpu_behavior(gpu_actor::stateful_pointer<gpu_state> self, int device, std::string name,
-                                      gpu::cuda_options options) {
-  self->state.device = device;
+gpu_actor::behavior_type gpu_behavior(gpu_actor::stateful_pointer<gpu_state> self, std::string name,
+                                      gpu_pool::backend_maker make) {
   self->state.device_name = std::move(name);
-  self->state.options = options;
+  self->state.make = std::move(make);
   return {
     [=](const gpu_call& c) {
       auto& st = self->state;
@@ -62,14 +60,14 @@ gpu_actor::behavior_type gpu_behavior(gpu_actor::stateful_pointer<gpu_state> sel
       auto key = c.spec.to_string();
       auto& b = st.backends[key];
       if (!b) {
-        auto made = gpu::make_cuda_backend(c.spec, st.device, st.options);
+        auto made = st.make(c.spec);
         if (!made) {
           st.backends.erase(key);
           r.err = made.error();
           return r;
         }
         b = std::move(*made);
-        spdlog::debug("gpu {}: model {} ready", st.device, key);
+        spdlog::debug("gpu {}: model {} ready", st.device_name, key);
       }
       r.name = std::string{b->name()} + " (" + st.device_name + ")";
       if (c.kind == gpu_call::prepare)
@@ -192,8 +190,22 @@ expected<std::shared_ptr<gpu_pool>> gpu_pool::start(caf::actor_system& sys, cons
   for (int i : wanted) {
     const auto& d = (*found)[static_cast<size_t>(i)];
     impl::device dev;
-    dev.actor = sys.spawn<caf::detached>(gpu_behavior, i, d.name, options);
+    dev.actor = sys.spawn<caf::detached>(gpu_behavior, d.name, [i, options](const mlp_spec& spec) {
+      return gpu::make_cuda_backend(spec, i, options);
+    });
     dev.label = "cuda:" + std::to_string(i) + " (" + d.name + ")";
+    p->devices.push_back(std::move(dev));
+  }
+  return std::shared_ptr<gpu_pool>{new gpu_pool(std::move(p))};
+}
+
+std::shared_ptr<gpu_pool> gpu_pool::start_emulated(caf::actor_system& sys, uint32_t devices, backend_maker make) {
+  auto p = std::make_unique<impl>();
+  p->sys = &sys;
+  for (uint32_t i = 0; i < devices; ++i) {
+    impl::device dev;
+    dev.actor = sys.spawn<caf::detached>(gpu_behavior, "emulated", make);
+    dev.label = "emulated:" + std::to_string(i);
     p->devices.push_back(std::move(dev));
   }
   return std::shared_ptr<gpu_pool>{new gpu_pool(std::move(p))};
@@ -202,9 +214,20 @@ expected<std::shared_ptr<gpu_pool>> gpu_pool::start(caf::actor_system& sys, cons
 gpu_pool::gpu_pool(std::unique_ptr<impl> p) : impl_(std::move(p)) {
 }
 
-gpu_pool::~gpu_pool() {
+void gpu_pool::stop() {
+  std::lock_guard<std::mutex> lock{impl_->mu};
   for (auto& d : impl_->devices)
     caf::anon_send_exit(d.actor, caf::exit_reason::user_shutdown);
+  // Drop the handles too: a detached actor's thread (and so its actor system's end)
+  // waits until the last handle to it is gone.
+  if (!impl_->devices.empty()) {
+    impl_->devices.clear();
+    impl_->why_none = "this process's GPU actors were stopped";
+  }
+}
+
+gpu_pool::~gpu_pool() {
+  stop();
 }
 
 backend_factory gpu_pool::next_worker(uint32_t* slot) {

@@ -34,6 +34,16 @@ public:
   /// `tf32`: let cuBLAS use TF32 tensor cores.
   [[nodiscard]] static expected<std::shared_ptr<gpu_pool>> start(caf::actor_system& sys, const std::string& devices,
                                                                 bool tf32);
+  /// A backend for one model on a device; the GPU actor calls it once per model.
+  using backend_maker = std::function<expected<std::unique_ptr<compute_backend>>(const mlp_spec&)>;
+  /// `devices` GPU actors whose backends come from `make` instead of CUDA (tests check
+  /// the actors, the blocking calls and the hand-out on machines without a GPU).
+  static std::shared_ptr<gpu_pool> start_emulated(caf::actor_system& sys, uint32_t devices, backend_maker make);
+
+  /// Stops the GPU actors and lets go of them (their actor system waits for them before
+  /// it ends). Workers still holding a device get an error from their next call; later
+  /// workers compute on the CPU.
+  void stop();
   ~gpu_pool();
 
   /// The backend factory for the next worker: the next free GPU, else the CPU. The

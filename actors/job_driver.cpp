@@ -360,13 +360,13 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   double last_eval = 0;
   double last_shard_poll = 0;
   double last_record = 0;
-  // The job's record for a resume: this run's samples and seconds on top of the earlier
-  // runs', and the stage the scheduler is in.
-  // Members keep their checkpointed entries until they report in this run.
   std::map<uint32_t, uint64_t> worker_samples_before;
   if (jobstore)
     for (const auto& w : jobstore->record.workers)
       worker_samples_before[w.id] = w.samples;
+  // The job's record for a resume: this run's samples and seconds on top of the earlier
+  // runs', the stage the scheduler is in, and each member's batch share and data position
+  // (members that have not reported in this run keep their checkpointed entries).
   auto save_progress = [&](uint64_t samples, double secs, const std::vector<wire::worker_stats>& workers) {
     jobstore->record.samples = done_before + samples;
     jobstore->record.seconds = seconds_before + secs;

@@ -19,7 +19,7 @@ public:
 // Every actor in this process.
 class local_placement final : public job_placement {
 public:
-  explicit local_placement(caf::actor_system& sys) : sys_(sys) {}
+  local_placement(caf::actor_system& sys, const job_hooks& hooks) : sys_(sys), hooks_(hooks) {}
 
   expected<std::vector<shard_actor>> make_shards(const std::vector<shard_range>& ranges,
                                                  const std::vector<float>& init,
@@ -52,10 +52,14 @@ public:
                            const profiler_actor& profiler,
                            std::shared_ptr<const dataset> train) override {
     // One worker per GPU of this process, the others on the CPU.
-    auto pool = gpu_pool::start(sys_, cfg.gpus, cfg.tf32);
-    if (!pool)
-      return pool.error();
-    gpus_ = std::move(*pool);
+    if (hooks_.gpus) {
+      gpus_ = hooks_.gpus(sys_);
+    } else {
+      auto pool = gpu_pool::start(sys_, cfg.gpus, cfg.tf32);
+      if (!pool)
+        return pool.error();
+      gpus_ = std::move(*pool);
+    }
     for (uint32_t i = 0; i < cfg.workers; ++i) {
       worker_config wc;
       wc.make_backend = gpus_->next_worker();
@@ -73,10 +77,13 @@ public:
   void on_job_end() override {
     for (auto& w : workers_)
       caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
+    if (gpus_) // the job's GPU actors end with it, whoever else holds the pool
+      gpus_->stop();
   }
 
 private:
   caf::actor_system& sys_;
+  const job_hooks& hooks_;
   std::vector<worker_actor> workers_;
   std::shared_ptr<gpu_pool> gpus_;
 };
@@ -91,7 +98,7 @@ expected<run_report> run_local_job(const train_config& cfg, const job_hooks& hoo
                                    std::vector<float>* final_params) {
   system_config sys_cfg;
   caf::actor_system sys{sys_cfg};
-  local_placement where{sys};
+  local_placement where{sys, hooks};
   return run_job(sys, cfg, where, hooks, final_params);
 }
 

@@ -3,17 +3,24 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "runtime/config/train_config.hpp"
 #include "runtime/metrics/report.hpp"
 #include "runtime/wire/messages.hpp"
 
+namespace caf {
+class actor_system;
+}
+
 namespace ashlar {
 class http_endpoint;
 }
 
 namespace ashlar::actors {
+
+class gpu_pool;
 
 /// A live view of a running job, handed to job_hooks::on_progress.
 struct progress_event {
@@ -33,6 +40,9 @@ struct job_hooks {
   /// Where the job publishes its Prometheus metrics (a node's endpoint, which outlives
   /// the job). Null: the job serves its own on run.metrics_listen, if that is set.
   http_endpoint* metrics = nullptr;
+  /// The GPUs for the job's workers (a host application that manages its devices, or a
+  /// test's emulated ones). Null: the devices run.gpus names.
+  std::function<std::shared_ptr<gpu_pool>(caf::actor_system&)> gpus;
 };
 
 /// Loads the data named by `cfg`, trains, evaluates the final parameters on the test set

@@ -155,6 +155,7 @@ int run_node(node_options& o) {
   }
 
   actors::node_actor node;
+  std::shared_ptr<actors::gpu_pool> gpus; // stopped before the actor system ends
   if (hosts) {
     actors::join_options jo;
     jo.token = *token;
@@ -173,7 +174,7 @@ int run_node(node_options& o) {
       auto pool = actors::gpu_pool::start(sys, job_cfg.gpus, job_cfg.tf32);
       if (!pool)
         return fail(2, describe(pool.error()));
-      jo.gpus = *pool;
+      jo.gpus = gpus = *pool;
       std::string gpus;
       for (const auto& g : jo.gpus->labels())
         gpus += (gpus.empty() ? "" : ", ") + g;
@@ -302,6 +303,8 @@ int run_node(node_options& o) {
     caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
   if (is_scheduler)
     caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
+  if (gpus)
+    gpus->stop();
   return code;
 }
 

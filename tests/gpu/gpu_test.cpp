@@ -13,6 +13,7 @@
 #include <caf/all.hpp>
 
 #include "actors/gpu_actor.hpp"
+#include "actors/local_job.hpp"
 #include "actors/messages.hpp"
 #include "gpu/cuda_backend.hpp"
 #include "runtime/backend/cpu_backend.hpp"
@@ -197,6 +198,87 @@ TEST_CASE("a GPU pool without GPUs gives every worker the CPU and says why, and 
     CHECK(std::string{w.backend->name()} == "cpu");
     CHECK(w.note == "on the CPU: " + describe(devices.error()));
   }
+}
+
+TEST_CASE("GPU actors (emulated by CPU backends) serve their workers' steps through blocking calls, hand out one "
+          "device per worker, and pass errors back") {
+  system_config cfg;
+  caf::actor_system sys{cfg};
+  mlp_spec spec;
+  spec.hidden = {64, 32};
+  auto pool = actors::gpu_pool::start_emulated(sys, 2, [](const mlp_spec& s) -> expected<std::unique_ptr<compute_backend>> {
+    if (s.hidden.size() == 1 && s.hidden[0] == 7)
+      return make_error(errc::device_error, "out of device memory (emulated)");
+    return make_cpu_backend(s);
+  });
+  REQUIRE(pool->labels() == std::vector<std::string>{"emulated:0", "emulated:1"});
+  uint32_t slot_a = 9, slot_b = 9, slot_c = 9;
+  auto a = pool->next_worker(&slot_a)(spec);
+  auto b = pool->next_worker(&slot_b)(spec);
+  auto c = pool->next_worker(&slot_c)(spec);
+  CHECK(slot_a == 0);
+  CHECK(slot_b == 1);
+  CHECK(slot_c == UINT32_MAX);
+  CHECK(a.note == "on cpu (emulated)");
+  CHECK(c.note == "on the CPU: every GPU of this process (2) is taken by another worker");
+  // The step through the actor is the device backend's step, bit for bit.
+  const auto& d = fmnist();
+  batch_view batch{d.x.data() + 640 * d.dim, d.y.data() + 640, 64, d.dim};
+  auto params = init_params(spec, 9);
+  std::vector<float> g_actor(spec.num_params()), g_direct(spec.num_params());
+  auto s_actor = a.backend->train_step(params.data(), batch, g_actor.data());
+  auto s_direct = c.backend->train_step(params.data(), batch, g_direct.data());
+  REQUIRE(s_actor);
+  REQUIRE(s_direct);
+  CHECK(g_actor == g_direct);
+  CHECK(s_actor->loss_sum == s_direct->loss_sum);
+  auto e = b.backend->evaluate(params.data(), batch);
+  REQUIRE(e);
+  CHECK(e->n == 64);
+  // A step the device refuses comes back as the device's error.
+  batch_view narrow{d.x.data(), d.y.data(), 4, 783};
+  auto bad = a.backend->train_step(params.data(), narrow, g_actor.data());
+  REQUIRE_FALSE(bad);
+  CHECK(describe(bad.error()).find("783") != std::string::npos);
+  // A device that cannot take the model leaves the worker on the CPU, saying why.
+  pool->release(slot_a);
+  mlp_spec odd = spec;
+  odd.hidden = {7};
+  auto fallback = pool->next_worker()(odd);
+  CHECK(std::string{fallback.backend->name()} == "cpu");
+  CHECK(fallback.note == "on the CPU: emulated:0 could not take the model: device_error: out of device memory "
+                         "(emulated)");
+}
+
+TEST_CASE("a BSP job whose workers compute through (emulated) GPU actors gives the same parameters, bit for bit, "
+          "as one on the CPU") {
+  train_config cfg;
+  cfg.data_dir = data_dir;
+  cfg.train_limit = 4000;
+  cfg.test_limit = 1000;
+  cfg.workers = 3;
+  cfg.servers = 2;
+  cfg.epochs = 1;
+  cfg.batch_size = 32;
+  cfg.progress_interval = 0;
+  cfg.eval_every_epoch = false;
+  cfg.log_level = "warn";
+  cfg.gpus = "none";
+  std::vector<float> cpu, through_actors;
+  REQUIRE(actors::run_local_job(cfg, {}, &cpu));
+  actors::job_hooks hooks;
+  std::shared_ptr<actors::gpu_pool> pool;
+  hooks.gpus = [&](caf::actor_system& sys) {
+    // Two devices for three workers: two go through GPU actors, one stays on the CPU.
+    pool = actors::gpu_pool::start_emulated(sys, 2, [](const mlp_spec& s) -> expected<std::unique_ptr<compute_backend>> {
+      return make_cpu_backend(s);
+    });
+    return pool;
+  };
+  REQUIRE(actors::run_local_job(cfg, hooks, &through_actors));
+  REQUIRE(pool);
+  REQUIRE(cpu.size() == through_actors.size());
+  CHECK(cpu == through_actors);
 }
 
 TEST_CASE("a GPU pool gives each worker one GPU actor's device while there are some, then the CPU") {

@@ -12,10 +12,8 @@ expected<std::vector<device_info>> list_devices() {
                                         "or no CUDA toolkit was found)");
 }
 
-expected<std::unique_ptr<compute_backend>> make_cuda_backend(const mlp_spec&, int device, cuda_options) {
-  return make_error(errc::device_error, "cannot use GPU " + std::to_string(device)
-                                          + ": this build has no CUDA backend (configured with "
-                                            "ASHLAR_ENABLE_CUDA=OFF, or no CUDA toolkit was found)");
+expected<std::unique_ptr<compute_backend>> make_cuda_backend(const mlp_spec&, int, cuda_options) {
+  return list_devices().error(); // as the CUDA build says when it finds no device
 }
 
 expected<double> time_gemms(const std::vector<gemm_shape>&, int, bool, int) {

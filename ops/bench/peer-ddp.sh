@@ -4,7 +4,9 @@
 # (0.5 ms per sample at speed 1), time to 85% test accuracy and samples/s, 3 seeds each,
 # medians. Ashlar runs bsp (what DDP does), bsp with speed-proportional batches, asp,
 # adsp and ashl with the learning rates of ops/bench/hetero.sh. About 8 minutes.
-#   bash ops/bench/peer-ddp.sh [out-dir (default docs/bench/peer)]
+#   [SEEDS=3] [POLICIES=bsp,bsp+proportional,asp,adsp,ashl] bash ops/bench/peer-ddp.sh [out-dir (default docs/bench/peer)]
+# Single runs' times to 85% spread widely (DDP's from 7 to 11 s here): more seeds give
+# steadier medians (an odd count gives an unambiguous one).
 # Writes OUT/results.md (the table), OUT/ddp.jsonl and OUT/ashlar/ (bench hetero's files).
 # Test accuracy is evaluated every EVAL seconds (default 0.5), which is also the
 # resolution of every time to 85%.
@@ -16,10 +18,11 @@ ashlar=build/apps/ashlar
 /usr/bin/python3 -c "import torch" 2>/dev/null \
   || { echo "PyTorch missing: bash ops/install-deps.sh --bench (Debian's python3-torch)" >&2; exit 1; }
 mkdir -p "$out"
-seeds=3
+seeds="${SEEDS:-3}"
+policies="${POLICIES:-bsp,bsp+proportional,asp,adsp,ashl}"
 eval="${EVAL:-0.5}"
 "$ashlar" bench hetero ops/configs/fmnist-mlp.toml --speeds 1,1,2,4 --time-cap 30 --repeat "$seeds" \
-  --policies bsp,bsp+proportional,asp,adsp,ashl \
+  --policies "$policies" \
   --policy-set asp:train.lr=0.05 --policy-set asp:train.momentum=0.5 \
   --policy-set adsp:train.lr=0.3 --policy-set adsp:train.momentum=0 \
   --policy-set ashl:train.lr=0.3 --policy-set ashl:train.momentum=0 \
@@ -60,7 +63,7 @@ PY
   echo
   echo "Reproduce (after \`bash ops/install-deps.sh --bench && bash ops/build.sh\`):"
   echo
-  echo "    bash ops/bench/peer-ddp.sh $out"
+  echo "    SEEDS=$seeds POLICIES=$policies bash ops/bench/peer-ddp.sh $out"
   echo
   echo "Measured on: $(nproc) cores, $(uname -sr), $(date -u +%Y-%m-%d)."
 } >> "$out/results.md"

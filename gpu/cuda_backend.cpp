@@ -81,57 +81,48 @@ expected<std::vector<device_info>> list_devices() {
 
 namespace {
 
-template <class T>
-struct device_buffer {
+// Memory that grows on demand and frees itself: on the device (cudaMalloc) or page-locked
+// on the host (cudaMallocHost), for transfers that need no staging copy by the driver.
+enum class memory { device, pinned };
+
+template <class T, memory Where>
+struct cuda_buffer {
   T* p = nullptr;
   size_t n = 0;
-  device_buffer() = default;
-  device_buffer(const device_buffer&) = delete;
-  device_buffer& operator=(const device_buffer&) = delete;
-  device_buffer(device_buffer&& o) noexcept : p(o.p), n(o.n) {
+  cuda_buffer() = default;
+  cuda_buffer(const cuda_buffer&) = delete;
+  cuda_buffer& operator=(const cuda_buffer&) = delete;
+  cuda_buffer(cuda_buffer&& o) noexcept : p(o.p), n(o.n) {
     o.p = nullptr;
     o.n = 0;
   }
-  ~device_buffer() {
+  ~cuda_buffer() {
+    release();
+  }
+  void release() {
     if (p)
-      cudaFree(p);
+      Where == memory::device ? cudaFree(p) : cudaFreeHost(p);
+    p = nullptr;
+    n = 0;
   }
   caf::error resize(size_t count) {
     if (count <= n)
       return caf::none;
-    if (p)
-      cudaFree(p);
-    p = nullptr;
-    n = 0;
-    ASHLAR_CUDA(cudaMalloc(reinterpret_cast<void**>(&p), count * sizeof(T)));
+    release();
+    auto** out = reinterpret_cast<void**>(&p);
+    if (Where == memory::device)
+      ASHLAR_CUDA(cudaMalloc(out, count * sizeof(T)));
+    else
+      ASHLAR_CUDA(cudaMallocHost(out, count * sizeof(T)));
     n = count;
     return caf::none;
   }
 };
 
 template <class T>
-struct pinned_buffer {
-  T* p = nullptr;
-  size_t n = 0;
-  pinned_buffer() = default;
-  pinned_buffer(const pinned_buffer&) = delete;
-  pinned_buffer& operator=(const pinned_buffer&) = delete;
-  ~pinned_buffer() {
-    if (p)
-      cudaFreeHost(p);
-  }
-  caf::error resize(size_t count) {
-    if (count <= n)
-      return caf::none;
-    if (p)
-      cudaFreeHost(p);
-    p = nullptr;
-    n = 0;
-    ASHLAR_CUDA(cudaMallocHost(reinterpret_cast<void**>(&p), count * sizeof(T)));
-    n = count;
-    return caf::none;
-  }
-};
+using device_buffer = cuda_buffer<T, memory::device>;
+template <class T>
+using pinned_buffer = cuda_buffer<T, memory::pinned>;
 
 class cuda_backend final : public compute_backend {
 public:

@@ -148,15 +148,25 @@ TEST_CASE("the installed Fashion-MNIST loads with 60000 training and 10000 test 
     CHECK(c == 1000);
 }
 
-TEST_CASE("a batch cursor visits each of its samples once per epoch, in a seeded order") {
+namespace {
+
+// n one-feature samples whose feature is their index, so a batch shows which it holds.
+dataset index_dataset(size_t n) {
   dataset d;
-  d.n = 100;
+  d.n = n;
   d.dim = 1;
   d.classes = 2;
   for (size_t i = 0; i < d.n; ++i) {
     d.x.push_back(static_cast<float>(i));
     d.y.push_back(static_cast<uint8_t>(i % 2));
   }
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("a batch cursor visits each of its samples once per epoch, in a seeded order") {
+  auto d = index_dataset(100);
   batch_cursor a{d, 10, 50, 9}, b{d, 10, 50, 9}, c{d, 10, 50, 10};
   std::vector<int> seen(d.n, 0);
   bool differs = false;
@@ -179,14 +189,7 @@ TEST_CASE("a batch cursor visits each of its samples once per epoch, in a seeded
 }
 
 TEST_CASE("a batch cursor sought to a pass and offset returns the batches a running cursor returns there") {
-  dataset d;
-  d.n = 60;
-  d.dim = 1;
-  d.classes = 2;
-  for (size_t i = 0; i < d.n; ++i) {
-    d.x.push_back(static_cast<float>(i));
-    d.y.push_back(static_cast<uint8_t>(i % 2));
-  }
+  auto d = index_dataset(60);
   batch_cursor running{d, 5, 37, 11};
   for (int i = 0; i < 23; ++i) // 4 batches of 8 and one of 5 per pass: ends in pass 4, 24 in
     running.next(8);

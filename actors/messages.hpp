@@ -74,7 +74,8 @@ using scheduler_actor = caf::typed_actor<
 /// from the part [begin, begin + count) of the training set (the third and fourth)
 /// (allocation; lockstep workers switch at the same round).
 /// stage_atom: a training stage begins (ASHL: "profiling", "ahl", "shl") with H local
-/// steps per commit and a learning-rate factor for local steps; the worker changes
+/// steps per commit, a learning-rate factor for local steps and the pull compression
+/// (the fraction of each range a delta read carries, 0: dense pulls); the worker changes
 /// behaviour at its next step boundary.
 /// ring_atom (decentralized mode): this worker's rank, the ring's size, and the next
 /// worker on the ring (a worker_actor); wire::ring_message: a chunk from the previous one.
@@ -85,7 +86,7 @@ using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to
                                       caf::reacts_to<stop_atom>, caf::reacts_to<paced_atom, uint64_t>,
                                       caf::reacts_to<local_steps_atom, uint32_t>,
                                       caf::reacts_to<batch_atom, uint32_t, uint64_t, uint64_t, uint64_t>,
-                                      caf::reacts_to<stage_atom, std::string, uint32_t, float>,
+                                      caf::reacts_to<stage_atom, std::string, uint32_t, float, float>,
                                       caf::reacts_to<ring_atom, uint32_t, uint32_t, caf::actor>,
                                       caf::reacts_to<wire::ring_message>,
                                       caf::reacts_to<shard_atom, uint32_t, shard_actor, std::string>,

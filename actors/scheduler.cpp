@@ -328,6 +328,11 @@ void replan_adsp(scheduler_pointer self) {
       [=](caf::error& err) { spdlog::warn("scheduler: adsp planning skipped: {}", describe(err)); });
 }
 
+// ASHL's pulls: train.pull_topk_ratio when set, else what the planner decided.
+float ashl_pull_ratio(const scheduler_state& st) {
+  return st.cfg.job.pull_topk_ratio > 0 ? static_cast<float>(st.cfg.job.pull_topk_ratio) : st.ashl->pull_ratio();
+}
+
 // ASHL: feeds the stage machine the profiler's numbers. A stage change is an event:
 // logged, sent to every shard (the allowed gap) and every live worker (the stage and its
 // local steps). Each worker's local steps follow its measured step time (H_i x t_i +
@@ -344,9 +349,18 @@ void replan_ashl(scheduler_pointer self) {
           auto m = st.members.find(w.worker_id);
           if (m == st.members.end() || m->second.left)
             continue;
+          // Communication per step, averaged by the profiler. Every step commits while
+          // profiling; with H local steps per commit a step carries 1/H of a commit's, so
+          // the commit's is H times the figure. It is measured again all the time (smoothed
+          // over replans): what a commit costs changes with the plan, with compressed
+          // pulls, and with what else shares the network.
           double comm = std::max(0.0, w.step_seconds - w.compute_seconds - w.wait_seconds);
-          if (st.ashl->stage() == ashl_stage::profiling || st.ashl_comm.count(w.worker_id) == 0)
-            st.ashl_comm[w.worker_id] = comm; // every step communicates until H > 1
+          auto h = st.local_steps.find(w.worker_id);
+          auto c = st.ashl_comm.find(w.worker_id);
+          if (st.ashl->stage() == ashl_stage::profiling || c == st.ashl_comm.end() || h == st.local_steps.end())
+            st.ashl_comm[w.worker_id] = comm;
+          else
+            c->second = 0.7 * c->second + 0.3 * comm * std::max<uint32_t>(1, h->second);
           live.push_back(ashl_worker{w.worker_id, w.compute_seconds, st.ashl_comm[w.worker_id], w.steps});
         }
         auto change = st.ashl->observe(stats.elapsed_seconds, stats.loss, live);
@@ -359,15 +373,19 @@ void replan_ashl(scheduler_pointer self) {
             st.cfg.stage_out->store(static_cast<int>(change->to));
           for (const auto& shard : st.cfg.shards)
             self->send(shard, bound_atom::value, st.ashl->allowed_gap(), st.ashl->lr_scale());
-          std::string plan;
+          std::string plan, basis;
+          for (const auto& w : live)
+            basis += fmt::format("{}{}: {:.1f} + {:.1f} ms", basis.empty() ? "" : ", ", w.id, 1e3 * w.step_s,
+                                 1e3 * w.comm_s);
           for (const auto& [id, h] : steps) {
             plan += (plan.empty() ? "" : ", ") + std::to_string(id) + ":" + std::to_string(h);
             st.local_steps[id] = h;
             self->send(caf::actor_cast<worker_actor>(st.members[id].handle), stage_atom::value,
-                       std::string{to_string(change->to)}, h, st.ashl->lr_scale());
+                       std::string{to_string(change->to)}, h, st.ashl->lr_scale(), ashl_pull_ratio(st));
           }
-          spdlog::info("scheduler: ASHL {}: allowed gap {} commits, local steps per commit {}",
-                       to_string(change->to), st.ashl->allowed_gap(), plan);
+          spdlog::info("scheduler: ASHL {}: allowed gap {} commits, local steps per commit {} (from compute per "
+                       "step + communication per commit: {})",
+                       to_string(change->to), st.ashl->allowed_gap(), plan, basis);
           return;
         }
         send_local_steps(self, steps);
@@ -501,6 +519,8 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
                                         : cfg.job.topk_ratio > 0       ? cfg.job.topk_ratio
                                         : cfg.job.policy == "ashl" ? cfg.job.ashl.topk_ratio
                                                                    : 0.0);
+      // Pull compression: as configured; ASHL decides once profiling ends (stage_atom).
+      a.pull_topk_ratio = static_cast<float>(cfg.job.pull_topk_ratio);
       a.momentum = cfg.job.optimizer.momentum;
       a.weight_decay = cfg.job.optimizer.weight_decay;
       a.chunks_in_flight = cfg.job.chunks_in_flight;
@@ -562,7 +582,8 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
                 promise.deliver(b, st.cfg.shards);
                 if (st.ashl) // slotted into the stage in force; profiled by its first steps
                   self->send(caf::actor_cast<worker_actor>(st.members[b.worker_id].handle), stage_atom::value,
-                             std::string{to_string(st.ashl->stage())}, uint32_t{1}, st.ashl->lr_scale());
+                             std::string{to_string(st.ashl->stage())}, uint32_t{1}, st.ashl->lr_scale(),
+                             ashl_pull_ratio(st));
               },
               [=](caf::error& err) mutable { promise.deliver(err); });
           return;

@@ -3,10 +3,12 @@
 #include <filesystem>
 #include <optional>
 
+#include "runtime/compress/topk.hpp"
 #include "runtime/store/checkpoint.hpp"
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <memory>
 
@@ -32,6 +34,13 @@ struct frozen_read {
   uint64_t version = 0;
 };
 
+// Pull compression: what one worker holds of this shard's range, as far as the shard
+// knows, and the sequence number of the read that brought it there.
+struct pull_view {
+  std::vector<float> params;
+  uint64_t seq = 0;
+};
+
 struct shard_state {
   static constexpr const char* name = "ashlar.shard";
   std::unique_ptr<shard_core> core;
@@ -39,6 +48,11 @@ struct shard_state {
   std::map<uint32_t, frozen_read> reads;   // by worker
   uint64_t next_read = 1;
   std::vector<float> dense; // a sparse push, densified
+  std::map<uint32_t, pull_view> views; // delta reads: by worker
+  uint64_t next_view_seq = 1;
+  topk_scratch topk;          // delta reads: selection scratch
+  std::vector<float> diff;    //   the difference from the view,
+  std::vector<float> values;  //   and the values sent
   shard_persistence persistence;
   std::unique_ptr<async_checkpointer> writer;
   uint64_t checkpointed = 0; // the version last handed to the writer
@@ -59,11 +73,48 @@ wire::pull_reply chunk_of(const shard_core& core, const std::shared_ptr<const st
   return r;
 }
 
+// A delta read (pull compression with error feedback): the entries where the current
+// parameters differ most from the worker's view, as their current values; the view takes
+// them. Whatever is not sent stays in the difference and goes with a later read.
+wire::pull_reply delta_read(shard_state& st, pull_view& view, const wire::pull_request& req) {
+  const auto& core = *st.core;
+  const uint64_t total = core.params().size();
+  // The ratio came as a float: 0.2f x 10 is a hair above 2, which is 2 entries, not 3.
+  const auto k = static_cast<size_t>(std::ceil(static_cast<double>(req.topk_ratio) * static_cast<double>(total) * (1 - 1e-6)));
+  std::vector<uint32_t> index;
+  delta_topk(core.params().data(), view.params, std::clamp<size_t>(k, 1, total), st.topk, st.diff, index,
+             st.values);
+  wire::pull_reply r;
+  r.shard_id = core.range().shard_id;
+  r.version = core.version();
+  r.begin = core.range().begin;
+  r.total = total;
+  r.sparse = true;
+  r.index = std::move(index);
+  std::copy(st.values.begin(), st.values.end(), r.params.reset(st.values.size()));
+  view.seq = st.next_view_seq++;
+  r.view_seq = view.seq;
+  return r;
+}
+
 // Starts a read the policy allows: the whole range in one reply, or its first chunk with
-// the rest frozen for the requests that follow.
+// the rest frozen for the requests that follow. With pull compression asked for, a worker
+// whose view the shard knows gets a delta read; any other gets this dense read, and the
+// shard starts a view of it (the worker's reply names it).
 wire::pull_reply begin_read(shard_state& st, const wire::pull_request& req, uint64_t wait_ns) {
   const auto& core = *st.core;
   const uint64_t total = core.params().size();
+  pull_view* view = nullptr;
+  if (req.topk_ratio > 0 && !req.snapshot) {
+    view = &st.views[req.worker_id];
+    if (view->seq != 0 && view->seq == req.view_seq && view->params.size() == total) {
+      auto r = delta_read(st, *view, req);
+      r.wait_ns = wait_ns;
+      return r;
+    }
+    view->params = core.params();
+    view->seq = st.next_view_seq++;
+  }
   wire::pull_reply r;
   if (req.max_floats == 0 || req.max_floats >= total) {
     r = chunk_of(core, core.shared_params(), core.version(), 0, total);
@@ -74,6 +125,7 @@ wire::pull_reply begin_read(shard_state& st, const wire::pull_request& req, uint
     st.reads[req.worker_id] = std::move(f);
   }
   r.wait_ns = wait_ns;
+  r.view_seq = view ? view->seq : 0;
   return r;
 }
 
@@ -223,6 +275,7 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
       } else {
         bool bumped = st.core->leave(m.worker_id);
         st.reads.erase(m.worker_id);
+        st.views.erase(m.worker_id);
         spdlog::debug("shard {}: worker {} left ({})", st.core->range().shard_id, m.worker_id,
                       m.reason);
         // A leaving worker's own held reads are never answered by the policy: release them.

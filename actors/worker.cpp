@@ -30,6 +30,7 @@ struct transfer {
   uint64_t next = 0; // next offset to request or send
   uint64_t done = 0; // floats received (pull) or acknowledged (push)
   uint64_t read_id = 0;
+  uint64_t view_seq = 0; // a dense read that starts a shard's view of this worker: its number
 };
 
 // How a worker commits, one CAF behaviour each: the worker `become`s the other one when
@@ -88,6 +89,13 @@ struct worker_state {
   bool ring_stop = false;    // the ring agreed to stop after this round
   std::vector<float> velocity, before;
   std::vector<topk_compressor> compressors; // per shard, when pushes are top-k compressed
+  // Pull compression (delta reads): the fraction asked for (0: dense pulls), the
+  // parameters as the shards' views of this worker hold them (local steps change
+  // `params`, never this), and per shard the view's number (0: none yet).
+  float pull_ratio = 0;
+  std::vector<float> mirror;
+  std::vector<uint64_t> view_seqs;
+  uint64_t pull_dense_bytes = 0, pull_sent_bytes = 0; // over the delta-read pulls
   // A lost shard (job.shard_wait_s > 0): the step in flight is abandoned and the worker
   // waits for the shard's replacement; replies of the abandoned step carry an older
   // generation and are ignored.
@@ -126,6 +134,10 @@ void finish(worker_pointer self) {
     spdlog::info("worker {}: top-k pushes sent {:.1f} MB for {:.1f} MB of gradients (compression ratio {:.1f})",
                  st.job.worker_id, sent / 1e6, dense / 1e6, sent > 0 ? dense / sent : 1.0);
   }
+  if (st.pull_sent_bytes > 0)
+    spdlog::info("worker {}: delta pulls received {:.1f} MB for {:.1f} MB of parameters (compression ratio {:.1f})",
+                 st.job.worker_id, st.pull_sent_bytes / 1e6, st.pull_dense_bytes / 1e6,
+                 static_cast<double>(st.pull_dense_bytes) / static_cast<double>(st.pull_sent_bytes));
   wire::membership_change m;
   m.kind = wire::membership_change::leave;
   m.worker_id = st.job.worker_id;
@@ -145,6 +157,8 @@ void shard_trouble(worker_pointer self, size_t i, const std::string& why) {
     return;
   if (st.job.shard_wait_s <= 0 || st.mode == step_mode::ring)
     return fail(self, why);
+  if (i < st.view_seqs.size())
+    st.view_seqs[i] = 0; // a replacement shard knows no view of this worker
   if (st.lost.insert(i).second)
     spdlog::warn("worker {}: {}; waiting up to {:.0f} s for shard {} to be served again", st.job.worker_id, why,
                  st.job.shard_wait_s, st.job.shards[i].shard_id);
@@ -168,6 +182,49 @@ uint64_t chunk_size(const worker_state& st, uint64_t total) {
 void phase_done(worker_pointer self);
 void push_done(worker_pointer self, size_t i, uint64_t floats, const wire::push_ack& ack);
 
+// Shard i's read is all here: once every shard's is, the step computes.
+void pull_received(worker_pointer self) {
+  auto& st = self->state;
+  if (--st.pending > 0)
+    return;
+  uint64_t all = ns_since(st.phase_start);
+  st.pull_ns = all > st.wait_ns ? all - st.wait_ns : 0;
+  push_all(self);
+}
+
+// A delta read from shard i: the entries sent go into the view's copy (the mirror),
+// and the shard's range of the working parameters is that copy again.
+void delta_received(worker_pointer self, size_t i, const wire::pull_reply& r) {
+  auto& st = self->state;
+  const auto& range = st.job.shards[i];
+  const auto shard = std::to_string(range.shard_id);
+  if (st.pull_ratio <= 0 || st.mirror.size() != st.params.size() || st.view_seqs[i] == 0)
+    return fail(self, "shard " + shard + " sent a delta read the worker holds no view for");
+  if (r.total != range.size() || r.begin != range.begin || r.offset != 0 || r.index.size() != r.params.size())
+    return fail(self, "shard " + shard + " sent a delta read of " + std::to_string(r.index.size())
+                        + " indices and " + std::to_string(r.params.size()) + " values for a range of "
+                        + std::to_string(r.total) + " at " + std::to_string(r.begin) + ", expected "
+                        + std::to_string(range.size()) + " at " + std::to_string(range.begin));
+  float* view = st.mirror.data() + range.begin;
+  for (size_t j = 0; j < r.index.size(); ++j) {
+    if (r.index[j] >= range.size())
+      return fail(self, "shard " + shard + " sent a delta read with index " + std::to_string(r.index[j])
+                          + " outside its range of " + std::to_string(range.size()));
+    view[r.index[j]] = r.params[j];
+  }
+  std::copy(view, view + range.size(), st.params.begin() + static_cast<std::ptrdiff_t>(range.begin));
+  st.base_versions[i] = r.version;
+  st.wait_ns = std::max(st.wait_ns, r.wait_ns);
+  st.view_seqs[i] = r.view_seq;
+  const uint64_t sent = r.index.size() * (sizeof(uint32_t) + sizeof(float));
+  st.step_bytes += sent;
+  st.pull_sent_bytes += sent;
+  st.pull_dense_bytes += range.size() * sizeof(float);
+  auto& t = st.transfers[i];
+  t.done = t.next = t.total;
+  pull_received(self);
+}
+
 // Pull: the first request starts the read; once the reply names it, further chunks are
 // requested with at most chunks_in_flight outstanding per shard.
 void request_pull_chunk(worker_pointer self, size_t i) {
@@ -175,6 +232,10 @@ void request_pull_chunk(worker_pointer self, size_t i) {
   auto& t = st.transfers[i];
   wire::pull_request req{st.job.worker_id, st.job.shards[i].shard_id, false, t.next, st.job.chunk_floats,
                          t.read_id};
+  if (st.pull_ratio > 0 && t.read_id == 0) {
+    req.topk_ratio = st.pull_ratio;
+    req.view_seq = st.view_seqs[i];
+  }
   if (t.read_id != 0)
     t.next = std::min(t.total, t.next + chunk_size(st, t.total));
   const uint64_t gen = st.gen;
@@ -186,6 +247,8 @@ void request_pull_chunk(worker_pointer self, size_t i) {
           return;
         const auto& range = st.job.shards[i];
         auto& t = st.transfers[i];
+        if (r.sparse)
+          return delta_received(self, i, r);
         if (r.total != range.size() || r.begin != range.begin
             || r.offset + r.params.size() > range.size())
           return fail(self, "shard " + std::to_string(range.shard_id) + " sent a chunk ["
@@ -195,11 +258,21 @@ void request_pull_chunk(worker_pointer self, size_t i) {
                               + std::to_string(range.size()) + " at " + std::to_string(range.begin));
         std::copy(r.params.begin(), r.params.end(),
                   st.params.begin() + static_cast<std::ptrdiff_t>(range.begin + r.offset));
+        st.step_bytes += r.params.size() * sizeof(float);
+        if (st.pull_ratio > 0) {
+          if (st.mirror.size() != st.params.size())
+            st.mirror.resize(st.params.size());
+          std::copy(r.params.begin(), r.params.end(),
+                    st.mirror.begin() + static_cast<std::ptrdiff_t>(range.begin + r.offset));
+          st.pull_dense_bytes += r.params.size() * sizeof(float);
+          st.pull_sent_bytes += r.params.size() * sizeof(float);
+        }
         if (r.offset == 0) {
           // The first reply of a read: its version and wait, and the read's id.
           st.base_versions[i] = r.version;
           st.wait_ns = std::max(st.wait_ns, r.wait_ns);
           t.read_id = r.read_id;
+          t.view_seq = r.view_seq;
           t.next = r.params.size();
           for (uint32_t k = 0; k < std::max(1u, st.job.chunks_in_flight) && t.next < t.total; ++k)
             request_pull_chunk(self, i);
@@ -207,10 +280,10 @@ void request_pull_chunk(worker_pointer self, size_t i) {
           request_pull_chunk(self, i);
         }
         t.done += r.params.size();
-        if (t.done == t.total && --st.pending == 0) {
-          uint64_t all = ns_since(st.phase_start);
-          st.pull_ns = all > st.wait_ns ? all - st.wait_ns : 0;
-          push_all(self);
+        if (t.done == t.total) {
+          // The shard's view of this worker is this read, now that all of it is here.
+          st.view_seqs[i] = t.view_seq;
+          pull_received(self);
         }
       },
       [=](caf::error& err) {
@@ -222,7 +295,6 @@ void request_pull_chunk(worker_pointer self, size_t i) {
 
 void pull_all(worker_pointer self) {
   auto& st = self->state;
-  st.step_bytes += st.params.size() * sizeof(float);
   st.phase_start = clock_type::now();
   st.wait_ns = 0;
   st.pending = st.shards.size();
@@ -708,10 +780,17 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
       st.ring_inbox.push_back(std::move(m));
       ring_drain(self);
     },
-    [=](stage_atom, const std::string& stage, uint32_t h, float lr_scale) {
+    [=](stage_atom, const std::string& stage, uint32_t h, float lr_scale, float pull_ratio) {
       auto& st = self->state;
       st.stage = stage;
       st.local_lr_scale = lr_scale;
+      if (pull_ratio != st.pull_ratio) {
+        st.pull_ratio = pull_ratio;
+        st.view_seqs.assign(st.view_seqs.size(), 0); // the next pull starts the shards' views
+        if (pull_ratio > 0)
+          spdlog::info("worker {}: pulls are delta reads of {:.0f}% of each range from now on", st.job.worker_id,
+                       100.0 * pull_ratio);
+      }
       st.local_steps = std::max(1u, h);
       ++st.stage_changes;
       const auto next = stage == "profiling" ? step_mode::every_step : step_mode::local_steps;
@@ -778,6 +857,8 @@ void start(worker_pointer self) {
         st.params.assign(spec.num_params(), 0.0f);
         st.grad.assign(spec.num_params(), 0.0f);
         st.base_versions.assign(shards.size(), 0);
+        st.view_seqs.assign(shards.size(), 0);
+        st.pull_ratio = st.job.pull_topk_ratio;
         st.local_steps = std::max(1u, a.local_steps);
         st.cursor.emplace(*st.cfg.data, a.data_begin, a.data_count, a.seed);
         if (a.cursor_epoch > 0 || a.cursor_pos > 0) {

@@ -142,6 +142,7 @@ struct Assignment {
   shardWaitS @21 :Float64;         # a lost shard may be replaced within this long (0: fail at once)
   cursorEpoch @22 :UInt64;         # a resumed worker's data position: passes over its part done
   cursorPos @23 :UInt64;           # and samples into the current pass
+  pullTopkRatio @24 :Float32;      # pulls are delta reads of this fraction of each range; 0: dense
   struct Slowdown {
     startS @0 :Float64;
     endS @1 :Float64;
@@ -169,6 +170,8 @@ struct PullRequest {
   offset @3 :UInt64;       # first parameter of the chunk wanted, relative to the range
   maxFloats @4 :UInt64;    # chunk size limit; 0 = the whole range in one message
   readId @5 :UInt64;       # 0 starts a read; later chunks name the read the first reply began
+  topkRatio @6 :Float32;   # > 0: a delta read of this fraction of the range (pull compression)
+  viewSeq @7 :UInt64;      # the last delta or dense read the worker applied (0: none)
 }
 
 struct PullReply {
@@ -180,6 +183,9 @@ struct PullReply {
   offset @5 :UInt64;       # where `params` starts within the range
   total @6 :UInt64;        # the range's length; more chunks follow while offset+len < total
   readId @7 :UInt64;       # names this read's frozen copy for the following chunk requests
+  sparse @8 :Bool;         # a delta read: params holds only the entries at `index` (whole, offset 0)
+  index @9 :Data;          # sparse: uint32 LE, ascending, positions within the range
+  viewSeq @10 :UInt64;     # the worker's view after this reply (0: the shard keeps none)
 }
 
 struct Push {

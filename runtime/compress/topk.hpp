@@ -24,6 +24,26 @@ inline size_t wire_bytes(const sparse_tensor& s) {
   return s.index.size() * (sizeof(uint32_t) + sizeof(float));
 }
 
+/// Scratch buffers of select_topk, reused between calls.
+struct topk_scratch {
+  std::vector<float> magnitudes;
+  std::vector<uint32_t> candidates;
+};
+
+/// Writes into `out` the positions of the k largest-magnitude entries of x[0, n), in
+/// ascending order; among equal magnitudes at the threshold the first positions win.
+/// k is clamped to n.
+void select_topk(const float* x, size_t n, size_t k, topk_scratch& scratch, std::vector<uint32_t>& out);
+
+/// Delta pulls (the server's side of pull compression, with error feedback): `view` is
+/// what a reader holds of `params`; the k entries where they differ most are sent, as
+/// their current values, and written into the view. What is not sent stays as the
+/// difference between params and view, sent by a later pull once it is among the largest.
+/// `params` holds view.size() floats; `diff` is scratch; `index` and `value` are
+/// overwritten.
+void delta_topk(const float* params, std::vector<float>& view, size_t k, topk_scratch& scratch,
+                std::vector<float>& diff, std::vector<uint32_t>& index, std::vector<float>& value);
+
 class topk_compressor {
 public:
   /// Keeps ceil(ratio x n) entries per call (at least 1). ratio in (0, 1]; Default: 0.01.
@@ -49,8 +69,8 @@ public:
 private:
   double ratio_;
   std::vector<float> residual_;
-  std::vector<float> magnitudes_; // scratch
-  std::vector<uint32_t> candidates_; // scratch
+  topk_scratch scratch_;
+  std::vector<uint32_t> index_; // scratch
   uint64_t dense_bytes_ = 0;
   uint64_t sent_bytes_ = 0;
 };

@@ -179,6 +179,9 @@ const std::vector<field>& fields() {
          [](train_config& c) -> uint32_t& { return c.chunks_in_flight; }),
     bind("train.topk_ratio", "push compression: fraction of the gradient each push carries (top-k, error feedback); 0 = dense (default 0)",
          [](train_config& c) -> double& { return c.topk_ratio; }),
+    bind("train.pull_topk_ratio", "pull compression: pulls are delta reads carrying this fraction of each range "
+                                  "(what changed most; the rest follows later); 0 = dense (default 0; ashl decides itself)",
+         [](train_config& c) -> double& { return c.pull_topk_ratio; }),
     bind("train.commit_scale", "adsp/ashl: a commit pushes its summed local gradients times this; 0 = 1/workers (default 0)",
          [](train_config& c) -> double& { return c.commit_scale; }),
     bind("train.speeds", "pacing: relative worker speeds, e.g. 1,1,2,4; empty = unpaced (default empty)",
@@ -217,12 +220,18 @@ const std::vector<field>& fields() {
          [](train_config& c) -> double& { return c.ashl.shl_lr_scale; }),
     bind("ashl.rule", "ashl: AHL -> SHL on a loss plateau or at a target loss: plateau or loss (default plateau)",
          [](train_config& c) -> std::string& { return c.ashl.rule; }),
-    bind("ashl.plateau_window_s", "ashl: plateau rule window, seconds (default 3)",
+    bind("ashl.plateau_window_s", "ashl: plateau rule window, seconds (default 1.5)",
          [](train_config& c) -> double& { return c.ashl.plateau_window_s; }),
     bind("ashl.plateau_drop", "ashl: plateau when the loss fell by less than this fraction in the window (default 0.1)",
          [](train_config& c) -> double& { return c.ashl.plateau_drop; }),
     bind("ashl.switch_loss", "ashl: loss rule: switch once the training loss is at most this (default 0.45)",
          [](train_config& c) -> double& { return c.ashl.switch_loss; }),
+    bind("ashl.pull_topk_ratio", "ashl: pulls are delta reads of this fraction of the range when communication "
+                                 "is at least ashl.pull_compress_above of the slowest step's compute; 0 = dense (default 0.1)",
+         [](train_config& c) -> double& { return c.ashl.pull_topk_ratio; }),
+    bind("ashl.pull_compress_above", "ashl: profiled communication per commit, as a fraction of the slowest "
+                                     "worker's compute per step, from which pulls are compressed (default 0.25)",
+         [](train_config& c) -> double& { return c.ashl.pull_compress_above; }),
     bind("ashl.topk_ratio", "ashl: fraction of the gradient each push carries in both stages; 0 = dense (default 0.1)",
          [](train_config& c) -> double& { return c.ashl.topk_ratio; }),
     bind("run.report", "write a JSON summary to this file (default none)",
@@ -434,6 +443,10 @@ caf::error validate(const train_config& c) {
     return bad("train.commit_scale must be in [0, 1] (0: 1 / workers)");
   if (!(c.topk_ratio >= 0 && c.topk_ratio < 0.5))
     return bad("train.topk_ratio must be in [0, 0.5): from 0.5 on a sparse push is no smaller than a dense one");
+  if (!(c.pull_topk_ratio >= 0 && c.pull_topk_ratio < 0.5))
+    return bad("train.pull_topk_ratio must be in [0, 0.5): from 0.5 on a delta read is no smaller than a dense one");
+  if (c.pull_topk_ratio > 0 && c.policy == "ring")
+    return bad("train.pull_topk_ratio: ring jobs have no pulls (the workers hold the model)");
   if (!(c.ashl.topk_ratio >= 0 && c.ashl.topk_ratio < 0.5))
     return bad("ashl.topk_ratio must be in [0, 0.5): from 0.5 on a sparse push is no smaller than a dense one");
   if (!(c.optimizer.lr > 0))

@@ -54,6 +54,10 @@ struct train_config {
   /// entries, and the rest waits in a per-worker residual (top-k with error feedback);
   /// 0 = dense pushes (ASHL jobs then use ashl.topk_ratio). Default: 0.
   double topk_ratio = 0;
+  /// Pulls are delta reads carrying this fraction of each shard's range: the entries that
+  /// changed most since this worker's last pull (the rest follows in later pulls). 0 =
+  /// dense pulls (ASHL jobs then decide with ashl.pull_topk_ratio). Default: 0.
+  double pull_topk_ratio = 0;
   /// Local steps (ADSP, ASHL): a commit pushes its summed gradients times this; 0 means
   /// 1 / workers (a commit counts as one worker's share of a model average). Default: 0.
   double commit_scale = 0;

@@ -55,6 +55,36 @@ caf::error write_with_tensor(tcp_socket& sock, frame_kind kind, uint64_t seq, T&
                      data.size() * sizeof(float));
 }
 
+// A sparse payload is k values, then their k indices: the indices move to `index`, the
+// values stay.
+caf::error split_sparse(wire::tensor& payload, std::vector<uint32_t>& index, const char* what) {
+  if (payload.size() % 2 != 0)
+    return make_error(errc::malformed_message, std::string{"a "} + what + " payload of an odd number of words");
+  const size_t k = payload.size() / 2;
+  index.resize(k);
+  std::memcpy(index.data(), payload.data() + k, k * sizeof(uint32_t));
+  payload.resize(k);
+  return {};
+}
+
+// Sends a sparse message: values and indices both travel as payload, beside metadata
+// that holds neither; both are moved out for the encoding and moved back.
+template <class T, class Values>
+caf::error write_sparse(tcp_socket& sock, frame_kind kind, uint64_t seq, T& x, Values T::*values) {
+  if (x.index.size() != (x.*values).size())
+    return make_error(errc::shape_mismatch, "a sparse message with " + std::to_string(x.index.size())
+                                              + " indices and " + std::to_string((x.*values).size()) + " values");
+  Values v = std::move(x.*values);
+  std::vector<uint32_t> index = std::move(x.index);
+  x.*values = {};
+  x.index = {};
+  auto w = wire::encode(x);
+  x.*values = std::move(v);
+  x.index = std::move(index);
+  return write_parts(sock, kind, seq, w.data(), w.size() * sizeof(uint64_t), (x.*values).data(),
+                     (x.*values).size() * sizeof(float), x.index.data(), x.index.size() * sizeof(uint32_t));
+}
+
 caf::error malformed(const tcp_socket& sock, const std::string& what) {
   return make_error(errc::malformed_message, "data connection with " + sock.peer() + ": " + what);
 }
@@ -101,21 +131,14 @@ caf::error read_frame(tcp_socket& sock, inbound_frame& out) {
       break;
     case frame_kind::pull_reply:
       err = wire::decode(meta, out.reply);
+      if (!err && out.reply.sparse)
+        err = split_sparse(tensor, out.reply.index, "delta read");
       out.reply.params = wire::shared_tensor(std::move(tensor));
       break;
     case frame_kind::push:
       err = wire::decode(meta, out.push);
-      if (!err && out.push.sparse) {
-        // The payload is k values, then their k indices.
-        if (tensor.size() % 2 != 0) {
-          err = make_error(errc::malformed_message, "a sparse push payload of an odd number of words");
-          break;
-        }
-        const size_t k = tensor.size() / 2;
-        out.push.index.resize(k);
-        std::memcpy(out.push.index.data(), tensor.data() + k, k * sizeof(uint32_t));
-        tensor.resize(k);
-      }
+      if (!err && out.push.sparse)
+        err = split_sparse(tensor, out.push.index, "sparse push");
       out.push.grad = std::move(tensor);
       break;
     case frame_kind::push_ack:
@@ -134,25 +157,15 @@ caf::error write_frame(tcp_socket& sock, uint64_t seq, const wire::pull_request&
 }
 
 caf::error write_frame(tcp_socket& sock, uint64_t seq, wire::pull_reply& x) {
+  if (x.sparse)
+    return write_sparse(sock, frame_kind::pull_reply, seq, x, &wire::pull_reply::params);
   return write_with_tensor(sock, frame_kind::pull_reply, seq, x, &wire::pull_reply::params);
 }
 
 caf::error write_frame(tcp_socket& sock, uint64_t seq, wire::push& x) {
-  if (!x.sparse)
-    return write_with_tensor(sock, frame_kind::push, seq, x, &wire::push::grad);
-  // Sparse: values and indices both travel as payload, beside metadata that holds neither.
-  if (x.index.size() != x.grad.size())
-    return make_error(errc::shape_mismatch, "a sparse push with " + std::to_string(x.index.size())
-                                              + " indices and " + std::to_string(x.grad.size()) + " values");
-  wire::tensor grad = std::move(x.grad);
-  std::vector<uint32_t> index = std::move(x.index);
-  x.grad = {};
-  x.index = {};
-  auto w = wire::encode(x);
-  x.grad = std::move(grad);
-  x.index = std::move(index);
-  return write_parts(sock, frame_kind::push, seq, w.data(), w.size() * sizeof(uint64_t), x.grad.data(),
-                     x.grad.size() * sizeof(float), x.index.data(), x.index.size() * sizeof(uint32_t));
+  if (x.sparse)
+    return write_sparse(sock, frame_kind::push, seq, x, &wire::push::grad);
+  return write_with_tensor(sock, frame_kind::push, seq, x, &wire::push::grad);
 }
 
 caf::error write_frame(tcp_socket& sock, uint64_t seq, const wire::push_ack& x) {

@@ -49,6 +49,10 @@ expected<ashl_planner> ashl_planner::make(ashl_config cfg) {
     return bad("plateau_window_s must be > 0 and plateau_drop in [0, 1)");
   if (!(cfg.shl_lr_scale > 0 && cfg.shl_lr_scale <= 1))
     return bad("shl_lr_scale must be in (0, 1]");
+  if (!(cfg.pull_topk_ratio >= 0 && cfg.pull_topk_ratio < 0.5))
+    return bad("pull_topk_ratio must be in [0, 0.5): from 0.5 on a delta read is no smaller than a dense one");
+  if (!(cfg.pull_compress_above >= 0))
+    return bad("pull_compress_above must be >= 0");
   return ashl_planner{std::move(cfg)};
 }
 
@@ -58,10 +62,29 @@ std::optional<ashl_event> ashl_planner::observe(double t_s, double loss, const s
     bool profiled = !live.empty();
     for (const auto& w : live)
       profiled = profiled && w.steps >= cfg_.profile_steps && w.step_s > 0;
-    if (profiled)
+    if (profiled) {
+      // Does compressing pulls pay? Communication per commit (every step commits while
+      // profiling), on average over the workers, against the slowest one's compute.
+      double comm = 0, slowest = 0;
+      for (const auto& w : live) {
+        comm += w.comm_s / static_cast<double>(live.size());
+        slowest = std::max(slowest, w.step_s);
+      }
+      const double share = slowest > 0 ? comm / slowest : 0;
+      std::string pulls;
+      if (cfg_.pull_topk_ratio > 0 && share >= cfg_.pull_compress_above) {
+        pull_ratio_ = static_cast<float>(cfg_.pull_topk_ratio);
+        pulls = "; pulls are delta reads of " + fixed(100 * cfg_.pull_topk_ratio) + "% (communication "
+                + fixed(1e3 * comm) + " ms per commit, " + fixed3(share) + " of the slowest step's compute)";
+      } else {
+        pulls = "; pulls stay dense (communication " + fixed(1e3 * comm) + " ms per commit, " + fixed3(share)
+                + " of the slowest step's compute)";
+      }
       change = ashl_event{t_s, resume_stage_ == ashl_stage::shl ? ashl_stage::shl : ashl_stage::ahl,
                           "every worker profiled over " + std::to_string(cfg_.profile_steps) + " steps"
-                            + (resume_stage_ == ashl_stage::shl ? std::string{"; resumed in SHL"} : std::string{})};
+                            + (resume_stage_ == ashl_stage::shl ? std::string{"; resumed in SHL"} : std::string{})
+                            + pulls};
+    }
   } else if (stage_ == ashl_stage::ahl && std::isfinite(loss)) {
     losses_.emplace_back(t_s, loss);
     if (cfg_.rule == "loss") {

@@ -52,8 +52,8 @@ struct ashl_config {
   /// relatively, over the last plateau_window_s seconds) or "loss" (the training loss
   /// is at most switch_loss). Default: "plateau".
   std::string rule = "plateau";
-  /// Default: 3 s.
-  double plateau_window_s = 3.0;
+  /// Default: 1.5 s.
+  double plateau_window_s = 1.5;
   /// Default: 0.1 (10%).
   double plateau_drop = 0.1;
   /// Default: 0.45.
@@ -63,6 +63,14 @@ struct ashl_config {
   /// Pushes in both stages carry this fraction of the gradient (top-k with error
   /// feedback); 0 = dense. train.topk_ratio, when set, wins. Default: 0.1.
   double topk_ratio = 0.1;
+  /// Pull compression where it pays: after profiling, if communication takes at least
+  /// pull_compress_above of the slowest worker's compute per step (measured while every
+  /// step commits), pulls in AHL and SHL are delta reads of this fraction of each range
+  /// (the entries that changed most, the rest sent later: error feedback); otherwise
+  /// they stay dense. 0 = always dense. train.pull_topk_ratio, when set, wins. Default: 0.1.
+  double pull_topk_ratio = 0.1;
+  /// Default: 0.25.
+  double pull_compress_above = 0.25;
 };
 
 /// What the planner needs of one live worker: seconds per local step (compute), seconds
@@ -106,6 +114,10 @@ public:
   /// The learning-rate factor of the stage in force (shl_lr_scale in SHL, else 1).
   float lr_scale() const;
 
+  /// The pull compression decided when profiling ended (see pull_topk_ratio): the
+  /// fraction each pull carries, 0 for dense pulls (always 0 while profiling).
+  float pull_ratio() const { return pull_ratio_; }
+
   /// A resumed job: after profiling (the cluster may have changed, so it is profiled
   /// again) go straight to `s` (SHL), not AHL, if the job had got that far.
   void resume_in(ashl_stage s) { resume_stage_ = s; }
@@ -118,6 +130,7 @@ private:
   ashl_config cfg_;
   ashl_stage stage_ = ashl_stage::profiling;
   ashl_stage resume_stage_ = ashl_stage::ahl;
+  float pull_ratio_ = 0;
   std::vector<ashl_event> events_;
   std::vector<std::pair<double, double>> losses_; // (t, loss) seen in AHL
 };

@@ -72,6 +72,16 @@ caf::error data_to_floats(const char* type, const char* field, capnp::Data::Read
   return caf::none;
 }
 
+// Sparse positions: uint32 LE values.
+caf::error data_to_index(const char* type, capnp::Data::Reader d, std::vector<uint32_t>& out) {
+  if (d.size() % sizeof(uint32_t) != 0)
+    return malformed(type, "index holds " + std::to_string(d.size()) + " bytes, not a whole number of uint32 values");
+  out.resize(d.size() / sizeof(uint32_t));
+  if (d.size() > 0)
+    std::memcpy(out.data(), d.begin(), d.size());
+  return caf::none;
+}
+
 // Runs `read` over a validated reader; Cap'n Proto reports malformed input by
 // throwing kj::Exception, which must not escape into an actor.
 template <class Schema, class F>
@@ -152,6 +162,7 @@ words encode(const assignment& x) {
   b.setLocalLr(x.local_lr);
   b.setCommitScale(x.commit_scale);
   b.setTopkRatio(x.topk_ratio);
+  b.setPullTopkRatio(x.pull_topk_ratio);
   b.setShardWaitS(x.shard_wait_s);
   b.setCursorEpoch(x.cursor_epoch);
   b.setCursorPos(x.cursor_pos);
@@ -200,6 +211,7 @@ caf::error decode(const uint64_t* d, size_t n, assignment& out) {
     out.local_lr = r.getLocalLr();
     out.commit_scale = r.getCommitScale();
     out.topk_ratio = r.getTopkRatio();
+    out.pull_topk_ratio = r.getPullTopkRatio();
     out.shard_wait_s = r.getShardWaitS();
     out.cursor_epoch = r.getCursorEpoch();
     out.cursor_pos = r.getCursorPos();
@@ -241,6 +253,8 @@ words encode(const pull_request& x) {
   b.setOffset(x.offset);
   b.setMaxFloats(x.max_floats);
   b.setReadId(x.read_id);
+  b.setTopkRatio(x.topk_ratio);
+  b.setViewSeq(x.view_seq);
   return to_words(mb);
 }
 
@@ -252,6 +266,8 @@ caf::error decode(const uint64_t* d, size_t n, pull_request& out) {
     out.offset = r.getOffset();
     out.max_floats = r.getMaxFloats();
     out.read_id = r.getReadId();
+    out.topk_ratio = r.getTopkRatio();
+    out.view_seq = r.getViewSeq();
     return caf::error{};
   });
 }
@@ -270,6 +286,12 @@ words encode(const pull_reply& x) {
   b.setOffset(x.offset);
   b.setTotal(x.total);
   b.setReadId(x.read_id);
+  b.setViewSeq(x.view_seq);
+  if (x.sparse) {
+    b.setSparse(true);
+    set_floats(mb, x.index, [&](auto o) { b.adoptIndex(std::move(o)); },
+               [&](capnp::Data::Reader d) { b.setIndex(d); });
+  }
   return to_words(mb);
 }
 
@@ -282,9 +304,17 @@ caf::error decode(const uint64_t* d, size_t n, pull_reply& out) {
     out.offset = r.getOffset();
     out.total = r.getTotal();
     out.read_id = r.getReadId();
+    out.view_seq = r.getViewSeq();
+    out.sparse = r.getSparse();
     if (auto err = data_to_floats("PullReply", "params", r.getParams(), out.params))
       return err;
-    if (out.offset + out.params.size() > out.total)
+    if (auto err = data_to_index("PullReply", r.getIndex(), out.index))
+      return err;
+    if (out.sparse && (out.index.size() != out.params.size() || out.offset != 0))
+      return malformed("PullReply", "a delta read with " + std::to_string(out.index.size()) + " indices and "
+                                      + std::to_string(out.params.size()) + " values at offset "
+                                      + std::to_string(out.offset) + " (must match, at offset 0)");
+    if (!out.sparse && out.offset + out.params.size() > out.total)
       return malformed("PullReply", "chunk [" + std::to_string(out.offset) + ", +"
                                       + std::to_string(out.params.size()) + ") exceeds the range of "
                                       + std::to_string(out.total));
@@ -323,13 +353,8 @@ caf::error decode(const uint64_t* d, size_t n, push& out) {
     out.sparse = r.getSparse();
     if (auto err = data_to_floats("Push", "grad", r.getGrad(), out.grad))
       return err;
-    auto idx = r.getIndex();
-    if (idx.size() % sizeof(uint32_t) != 0)
-      return malformed("Push", "index holds " + std::to_string(idx.size())
-                                 + " bytes, not a whole number of uint32 values");
-    out.index.resize(idx.size() / sizeof(uint32_t));
-    if (idx.size() > 0)
-      std::memcpy(out.index.data(), idx.begin(), idx.size());
+    if (auto err = data_to_index("Push", r.getIndex(), out.index))
+      return err;
     if (out.sparse && out.index.size() != out.grad.size())
       return malformed("Push", "a sparse push with " + std::to_string(out.index.size()) + " indices and "
                                  + std::to_string(out.grad.size()) + " values");

@@ -197,6 +197,7 @@ struct assignment {
   float local_lr = 0;       // learning rate applied locally between commits
   float commit_scale = 1;   // a commit pushes its summed gradients times this
   float topk_ratio = 0;     // pushes carry this fraction of each range, top-k with error feedback; 0: dense
+  float pull_topk_ratio = 0; // pulls are delta reads of this fraction of each range; 0: dense
   float momentum = 0;       // ring mode: the workers apply updates themselves (lr: local_lr)
   float weight_decay = 0;
   double shard_wait_s = 0;  // a lost shard may be replaced within this long; 0: fail at once
@@ -218,6 +219,13 @@ struct pull_request {
   uint64_t offset = 0;
   uint64_t max_floats = 0; // 0: the whole range in one reply
   uint64_t read_id = 0;    // 0: a new read
+  /// Delta pull (pull compression): > 0 asks for the entries where the shard's
+  /// parameters differ most from what this worker holds, this fraction of the range. The
+  /// shard keeps a view of what the worker holds; `view_seq` names the last delta or
+  /// dense read the worker applied (0: none). A mismatch (a lost reply, a new shard) gets
+  /// a dense read that starts the view again.
+  float topk_ratio = 0;
+  uint64_t view_seq = 0;
 };
 
 struct pull_reply {
@@ -229,6 +237,11 @@ struct pull_reply {
   uint64_t offset = 0;
   uint64_t total = 0;
   uint64_t read_id = 0;
+  /// A delta read: params[i] is the current value at range position index[i], every
+  /// other entry is as the worker's view already has it. Always whole (offset 0).
+  bool sparse = false;
+  std::vector<uint32_t> index{};
+  uint64_t view_seq = 0; // the view this reply brings the worker to (0: no view kept)
 };
 
 struct push {

@@ -378,3 +378,30 @@ TEST_CASE("a ring job with proportional shares gives a 4x faster worker about 4x
   CHECK(ratio < 4.5);
   CHECK(rep->test_accuracy >= 0.75);
 }
+
+TEST_CASE("delta pulls move a fraction of the dense bytes, both ways compressed, and still train") {
+  auto dense_cfg = small_job("bsp");
+  dense_cfg.epochs = 2;
+  auto dense = actors::run_local_job(dense_cfg);
+  REQUIRE(dense);
+  auto cfg = dense_cfg;
+  cfg.topk_ratio = 0.05;
+  cfg.pull_topk_ratio = 0.05;
+  auto sparse = actors::run_local_job(cfg);
+  REQUIRE(sparse);
+  uint64_t dense_steps = 0, sparse_steps = 0;
+  for (const auto& w : dense->per_worker)
+    dense_steps += w.steps;
+  for (const auto& w : sparse->per_worker)
+    sparse_steps += w.steps;
+  REQUIRE(dense_steps == sparse_steps);
+  // Each worker's first pull per shard is dense (it starts the shard's view); every
+  // other pull and every push carries 5% at 8 bytes an entry: 0.1 of a dense step's bytes,
+  // plus the first pulls' share.
+  const double steps_per_worker = static_cast<double>(sparse_steps) / 4;
+  const double expected = 0.1 + 0.9 * 0.5 / steps_per_worker;
+  double ratio = static_cast<double>(sparse->bytes) / static_cast<double>(dense->bytes);
+  CHECK(ratio == Approx(expected).margin(0.01));
+  // The workers train on parameters that lag the shards' by what is not sent yet.
+  CHECK(sparse->test_accuracy >= 0.72);
+}

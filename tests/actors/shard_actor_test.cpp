@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 
 #include "actors/messages.hpp"
@@ -190,4 +191,49 @@ TEST_CASE("a sparse push updates exactly its entries, like the dense push it sta
   CHECK(read(sparse_shard) == got);
   f.self->send_exit(sparse_shard, caf::exit_reason::user_shutdown);
   f.self->send_exit(dense_shard, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a shard answers a worker it keeps a view of with delta reads, and a stale view with a dense read") {
+  fixture f;
+  auto s = f.make("asp", 10);
+  f.join(s, 0);
+  auto pull = [&](uint64_t view_seq) {
+    wire::pull_request req{0, 0, false};
+    req.topk_ratio = 0.2f; // 2 of 10 entries
+    req.view_seq = view_seq;
+    wire::pull_reply out;
+    f.self->request(s, 5s, req).receive([&](const wire::pull_reply& r) { out = r; },
+                                        [](caf::error& e) { FAIL(describe(e)); });
+    return out;
+  };
+  // No view yet: a dense read, which starts one.
+  auto first = pull(0);
+  CHECK_FALSE(first.sparse);
+  CHECK(first.params.size() == 10);
+  REQUIRE(first.view_seq != 0);
+  // Three entries change (lr 1): the next read sends the two that changed most.
+  f.push(s, 0, 0, {0, 0, -3.0f, 0, 0, 0, 0.5f, 0, 0, 1.0f});
+  auto delta = pull(first.view_seq);
+  REQUIRE(delta.sparse);
+  CHECK(delta.version == 1);
+  CHECK(delta.index == std::vector<uint32_t>{2, 9});
+  CHECK(delta.params.to_vector() == std::vector<float>{3.0f, -1.0f});
+  CHECK(delta.view_seq > first.view_seq);
+  // The rest follows with the next read (k entries always: the other one unchanged).
+  auto rest = pull(delta.view_seq);
+  REQUIRE(rest.sparse);
+  REQUIRE(rest.index.size() == 2);
+  auto at6 = std::find(rest.index.begin(), rest.index.end(), 6u);
+  REQUIRE(at6 != rest.index.end());
+  CHECK(rest.params[static_cast<size_t>(at6 - rest.index.begin())] == -0.5f);
+  // A worker that lost a reply still names the view before it: it gets a dense read.
+  auto again = pull(delta.view_seq);
+  CHECK_FALSE(again.sparse);
+  CHECK(again.params.to_vector() == std::vector<float>{0, 0, 3.0f, 0, 0, 0, -0.5f, 0, 0, -1.0f});
+  // A worker that leaves and joins again starts over too.
+  wire::membership_change leave{wire::membership_change::leave, 0, "test"};
+  f.self->request(s, 5s, leave).receive([](caf::ok_atom) {}, [](caf::error& e) { FAIL(describe(e)); });
+  f.join(s, 0);
+  CHECK_FALSE(pull(again.view_seq).sparse);
+  f.self->send_exit(s, caf::exit_reason::user_shutdown);
 }

@@ -248,3 +248,34 @@ TEST_CASE("a sparse push crosses the data plane with its indices and is applied 
   CHECK(after->params[1] == 1.0f);
   CHECK(after->params[998] == 998.0f);
 }
+
+TEST_CASE("a delta read crosses the data plane with its indices and values") {
+  fixture f;
+  auto s = f.make("asp", 1000);
+  auto proxy = f.connect(s, f.serve(s));
+  REQUIRE_FALSE(f.join(proxy, 0));
+  auto read = [&](uint64_t view_seq) {
+    wire::pull_request req{0, 0, false};
+    req.topk_ratio = 0.002f; // 2 of 1000
+    req.view_seq = view_seq;
+    expected<wire::pull_reply> out = caf::error{};
+    f.self->request(proxy, 5s, req).receive([&](wire::pull_reply& r) { out = std::move(r); },
+                                            [&](caf::error& e) { out = e; });
+    INFO((out ? std::string{} : describe(out.error())));
+    REQUIRE(out);
+    return *out;
+  };
+  auto dense = read(0);
+  CHECK_FALSE(dense.sparse);
+  CHECK(dense.params.size() == 1000);
+  wire::tensor g(1000, 0.0f);
+  g[10] = 1.0f;
+  g[700] = -2.0f;
+  g[5] = 0.5f;
+  REQUIRE(f.push(proxy, 0, 0, g));
+  auto delta = read(dense.view_seq);
+  REQUIRE(delta.sparse);
+  CHECK(delta.index == std::vector<uint32_t>{10, 700});
+  CHECK(delta.params.to_vector() == std::vector<float>{10.0f - 1.0f, 700.0f + 2.0f});
+  CHECK(delta.view_seq > dense.view_seq);
+}

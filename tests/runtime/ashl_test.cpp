@@ -159,3 +159,40 @@ TEST_CASE("the ashl policy is in the registry and moves its staleness bound at r
   pol.set_staleness_bound(1);
   CHECK(pol.may_read(0, 1));
 }
+
+TEST_CASE("ASHL compresses pulls only where profiling found communication costly") {
+  // Communication per commit against the slowest worker's compute per step (0.4 s):
+  // 0.05 s is 0.125 of it, below the default 0.25, so pulls stay dense.
+  auto cheap = make_planner();
+  CHECK(cheap.pull_ratio() == 0.0f);
+  auto change = cheap.observe(0.7, 2.0, hetero(5));
+  REQUIRE(change);
+  CHECK(cheap.pull_ratio() == 0.0f);
+  CHECK(change->why.find("pulls stay dense (communication 50.0 ms per commit, 0.125 of") != std::string::npos);
+  // A slow link: 0.3 s per commit is 0.75 of the slowest step: delta reads of 10%.
+  auto costly = make_planner();
+  auto slow = hetero(5);
+  for (auto& w : slow)
+    w.comm_s = 0.3;
+  change = costly.observe(0.7, 2.0, slow);
+  REQUIRE(change);
+  CHECK(costly.pull_ratio() == Approx(0.1f));
+  CHECK(change->why.find("pulls are delta reads of 10.0% (communication 300.0 ms per commit, 0.750") != std::string::npos);
+  // pull_topk_ratio 0 keeps them dense whatever the cost; the threshold is a setting.
+  ashl_config off;
+  off.pull_topk_ratio = 0;
+  auto never = make_planner(off);
+  REQUIRE(never.observe(0.7, 2.0, slow));
+  CHECK(never.pull_ratio() == 0.0f);
+  ashl_config low;
+  low.pull_compress_above = 0.1;
+  auto eager = make_planner(low);
+  REQUIRE(eager.observe(0.7, 2.0, hetero(5)));
+  CHECK(eager.pull_ratio() == Approx(0.1f));
+  // Bad settings are refused, naming the key.
+  ashl_config bad;
+  bad.pull_topk_ratio = 0.5;
+  auto refused = ashl_planner::make(bad);
+  REQUIRE_FALSE(refused);
+  CHECK(describe(refused.error()).find("ashl.pull_topk_ratio") != std::string::npos);
+}

@@ -201,3 +201,33 @@ TEST_CASE("a sparse push keeps its indices and values through the codec, and a m
   CHECK_FALSE(d2.sparse);
   CHECK(d2.index.empty());
 }
+
+TEST_CASE("a delta read keeps its indices, values and view through the codec, and a mismatch is refused") {
+  pull_request q{1, 2, false};
+  q.topk_ratio = 0.1f;
+  q.view_seq = 42;
+  pull_request q2;
+  REQUIRE_FALSE(decode(encode(q), q2));
+  CHECK(q2.topk_ratio == 0.1f);
+  CHECK(q2.view_seq == 42);
+  pull_reply r;
+  r.shard_id = 2;
+  r.version = 7;
+  r.total = 100;
+  r.sparse = true;
+  r.index = {0, 17, 99};
+  r.params = shared_tensor{1.0f, -2.0f, 3.5f};
+  r.view_seq = 43;
+  pull_reply r2;
+  REQUIRE_FALSE(decode(encode(r), r2));
+  CHECK(r2.sparse);
+  CHECK(r2.index == r.index);
+  CHECK(r2.params == r.params);
+  CHECK(r2.view_seq == 43);
+  CHECK(r2.total == 100);
+  r.index = {0, 17};
+  pull_reply r3;
+  auto err = decode(encode(r), r3);
+  CHECK(is(err, errc::malformed_message));
+  CHECK(describe(err).find("a delta read with 2 indices and 3 values") != std::string::npos);
+}

@@ -230,3 +230,56 @@ TEST_CASE("a ring rank refuses a message for another step, chunk or length") {
   ring_chunk wrong_len{0, 0, std::vector<float>(2, 1.0f)};
   CHECK(is(r.receive(wrong_len), errc::shape_mismatch));
 }
+
+TEST_CASE("a delta read sends the k entries that changed most, as current values, and the view catches up") {
+  std::vector<float> params = {1.0f, 5.0f, 2.0f, -4.0f, 0.5f, 3.0f, 0.0f, -1.0f};
+  std::vector<float> view(params.size(), 0.0f);
+  topk_scratch scratch;
+  std::vector<float> diff, value;
+  std::vector<uint32_t> index;
+  delta_topk(params.data(), view, 2, scratch, diff, index, value);
+  CHECK(index == std::vector<uint32_t>{1, 3});
+  CHECK(value == std::vector<float>{5.0f, -4.0f});
+  CHECK(view == std::vector<float>{0, 5.0f, 0, -4.0f, 0, 0, 0, 0});
+  // The parameters move on; what was not sent is still owed, and the largest
+  // differences go first (entry 1 moved by 0.25 only, so it waits).
+  params[1] = 5.25f;
+  delta_topk(params.data(), view, 2, scratch, diff, index, value);
+  CHECK(index == std::vector<uint32_t>{2, 5});
+  CHECK(value == std::vector<float>{2.0f, 3.0f});
+  // Pulled often enough, the view equals the parameters exactly (values, not sums).
+  for (int i = 0; i < 3; ++i)
+    delta_topk(params.data(), view, 2, scratch, diff, index, value);
+  CHECK(view == params);
+  delta_topk(params.data(), view, 2, scratch, diff, index, value);
+  CHECK(index.size() == 2); // always k entries, even when nothing differs
+  CHECK(view == params);
+}
+
+TEST_CASE("delta reads track a moving tensor within what k entries per read can carry") {
+  std::mt19937 rng{11};
+  std::normal_distribution<float> d{0.0f, 0.01f};
+  const size_t n = 10000, k = 1000;
+  std::vector<float> params(n, 0.0f), view(n, 0.0f);
+  for (size_t i = 0; i < n; ++i)
+    params[i] = view[i] = d(rng) * 100;
+  topk_scratch scratch;
+  std::vector<float> diff, value;
+  std::vector<uint32_t> index;
+  double worst = 0;
+  for (int round = 0; round < 100; ++round) {
+    for (auto& p : params)
+      p += d(rng); // an update of every entry
+    delta_topk(params.data(), view, k, scratch, diff, index, value);
+    REQUIRE(index.size() == k);
+    REQUIRE(std::is_sorted(index.begin(), index.end()));
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < n; ++i) {
+      err += (params[i] - view[i]) * (params[i] - view[i]);
+      norm += params[i] * params[i];
+    }
+    worst = std::max(worst, std::sqrt(err / norm));
+  }
+  // The view lags by the residual: bounded, not growing with the rounds.
+  CHECK(worst < 0.05);
+}

@@ -328,6 +328,14 @@ void replan_adsp(scheduler_pointer self) {
       [=](caf::error& err) { spdlog::warn("scheduler: adsp planning skipped: {}", describe(err)); });
 }
 
+// The fraction of each range a push carries (0: dense).
+double push_topk_ratio(const train_config& job) {
+  return job.policy == "ring"   ? 0.0 // its pushes mirror the model
+         : job.topk_ratio > 0   ? job.topk_ratio
+         : job.policy == "ashl" ? job.ashl.topk_ratio
+                                : 0.0;
+}
+
 // ASHL's pulls: train.pull_topk_ratio when set, else what the planner decided.
 float ashl_pull_ratio(const scheduler_state& st) {
   return st.cfg.job.pull_topk_ratio > 0 ? static_cast<float>(st.cfg.job.pull_topk_ratio) : st.ashl->pull_ratio();
@@ -363,7 +371,17 @@ void replan_ashl(scheduler_pointer self) {
             c->second = 0.7 * c->second + 0.3 * comm * std::max<uint32_t>(1, h->second);
           live.push_back(ashl_worker{w.worker_id, w.compute_seconds, st.ashl_comm[w.worker_id], w.steps});
         }
+        const bool profiling = st.ashl->stage() == ashl_stage::profiling;
         auto change = st.ashl->observe(stats.elapsed_seconds, stats.loss, live);
+        if (profiling && change && st.cfg.job.pull_topk_ratio <= 0 && st.ashl->pull_ratio() > 0) {
+          // Pulls are compressed from now on: until measured again, a commit's
+          // communication is taken to shrink with its bytes (a delta read moves 8 bytes
+          // for each of pull_ratio x n entries instead of 4 bytes for each of n).
+          const double push = push_topk_ratio(st.cfg.job) > 0 ? 2 * push_topk_ratio(st.cfg.job) : 1.0;
+          const double factor = (push + 2 * st.ashl->pull_ratio()) / (push + 1);
+          for (auto& w : live)
+            w.comm_s = st.ashl_comm[w.id] *= factor;
+        }
         auto steps = st.ashl->local_steps(live);
         if (change) {
           spdlog::info("scheduler: ASHL stage {} at {:.1f} s (change {}): {}", to_string(change->to),
@@ -515,10 +533,7 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       a.data_endpoints = cfg.data_endpoints;
       a.data_key = cfg.data_key;
       a.chunk_floats = cfg.job.chunk_floats;
-      a.topk_ratio = static_cast<float>(cfg.job.policy == "ring"     ? 0.0 // its pushes mirror the model
-                                        : cfg.job.topk_ratio > 0       ? cfg.job.topk_ratio
-                                        : cfg.job.policy == "ashl" ? cfg.job.ashl.topk_ratio
-                                                                   : 0.0);
+      a.topk_ratio = static_cast<float>(push_topk_ratio(cfg.job));
       // Pull compression: as configured; ASHL decides once profiling ends (stage_atom).
       a.pull_topk_ratio = static_cast<float>(cfg.job.pull_topk_ratio);
       a.momentum = cfg.job.optimizer.momentum;

@@ -7,11 +7,13 @@
 #include <cstdio>
 #include <fstream>
 #include <poll.h>
+#include <sstream>
 #include <thread>
 #include <unistd.h>
 
 #include "apps/ashlar/commands.hpp"
 #include "apps/ashlar/train_options.hpp"
+#include "gpu/cuda_backend.hpp"
 #include "runtime/os/subprocess.hpp"
 
 namespace ashlar::cli {
@@ -76,10 +78,62 @@ bool pump(std::vector<child>& children, int timeout_ms) {
   return true;
 }
 
+// One GPU per worker process, as torchrun gives each local rank one: worker process i
+// gets device i mod n of the --gpus set (auto: every visible device), "none" if the set
+// is empty. `plan` says which went where, or why the workers compute on the CPU. A
+// device asked for by index that this machine lacks fails here, before any process starts.
+expected<std::vector<std::string>> gpus_per_worker(const std::string& spec, uint32_t workers, std::string& plan) {
+  if (auto err = validate_gpu_list(spec))
+    return err;
+  std::vector<std::string> devices;
+  if (spec == "none") {
+    plan = "workers compute on the CPU (--gpus none)";
+  } else {
+    auto found = gpu::list_devices();
+    if (spec == "auto") {
+      if (!found)
+        plan = "workers compute on the CPU: " + describe(found.error());
+      else if (found->empty())
+        plan = "workers compute on the CPU: no CUDA device";
+      else
+        for (const auto& d : *found)
+          devices.push_back(std::to_string(d.index));
+    } else {
+      if (!found)
+        return make_error(errc::invalid_argument, "--gpus " + spec + ": " + describe(found.error()));
+      std::stringstream in{spec};
+      std::string item;
+      while (std::getline(in, item, ',')) {
+        if (static_cast<size_t>(std::stoi(item)) >= found->size())
+          return make_error(errc::invalid_argument, "--gpus " + spec + ": GPU " + item + " does not exist (this "
+                                                      "machine has " + std::to_string(found->size()) + ")");
+        devices.push_back(item);
+      }
+    }
+  }
+  std::vector<std::string> out(workers, "none");
+  if (devices.empty())
+    return out;
+  plan = "one GPU per worker process:";
+  for (uint32_t i = 0; i < workers; ++i) {
+    out[i] = devices[i % devices.size()];
+    plan += std::string{i == 0 ? " " : ", "} + "worker " + std::to_string(i) + " -> GPU " + out[i];
+  }
+  if (workers > devices.size())
+    plan += " (" + std::to_string(devices.size()) + " devices shared by " + std::to_string(workers) + " processes)";
+  return out;
+}
+
 int run_launch(const launch_options& o) {
   train_config cfg;
   if (auto err = resolve_config(o.train, cfg)) {
     std::fprintf(stderr, "ashlar launch: %s\n", describe(err).c_str());
+    return 2;
+  }
+  std::string plan;
+  auto gpus = gpus_per_worker(cfg.gpus, cfg.workers, plan);
+  if (!gpus) {
+    std::fprintf(stderr, "ashlar launch: %s\n", describe(gpus.error()).c_str());
     return 2;
   }
   std::signal(SIGINT, on_launch_signal);
@@ -147,9 +201,12 @@ int run_launch(const launch_options& o) {
     if (!start("[server " + std::to_string(i) + "]", a))
       return (stop_all(SIGKILL), 1);
   }
+  std::printf("[launch] %s\n", plan.c_str());
+  std::fflush(stdout);
   for (uint32_t i = 0; i < cfg.workers; ++i) {
     std::vector<std::string> a = {exe, "node", "--role", "worker", "--join", join, "--name",
-                                  "worker-" + std::to_string(i), "--log-level", cfg.log_level};
+                                  "worker-" + std::to_string(i), "--log-level", cfg.log_level,
+                                  "--gpus", (*gpus)[i]};
     a.insert(a.end(), common.begin(), common.end());
     if (!start("[worker " + std::to_string(i) + "]", a))
       return (stop_all(SIGKILL), 1);

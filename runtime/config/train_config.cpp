@@ -232,6 +232,9 @@ const std::vector<field>& fields() {
     bind("ashl.pull_compress_above", "ashl: profiled communication per commit, as a fraction of the slowest "
                                      "worker's compute per step, from which pulls are compressed (default 0.25)",
          [](train_config& c) -> double& { return c.ashl.pull_compress_above; }),
+    bind("ashl.max_comm_share", "ashl: communication's largest share of the slowest worker's commit period; "
+                                "past it that worker takes more local steps than its stage's (default 0.25; 1 = no limit)",
+         [](train_config& c) -> double& { return c.ashl.max_comm_share; }),
     bind("ashl.topk_ratio", "ashl: fraction of the gradient each push carries in both stages; 0 = dense (default 0.1)",
          [](train_config& c) -> double& { return c.ashl.topk_ratio; }),
     bind("run.report", "write a JSON summary to this file (default none)",

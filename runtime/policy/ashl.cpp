@@ -51,6 +51,8 @@ expected<ashl_planner> ashl_planner::make(ashl_config cfg) {
     return bad("shl_lr_scale must be in (0, 1]");
   if (!(cfg.pull_topk_ratio >= 0 && cfg.pull_topk_ratio < 0.5))
     return bad("pull_topk_ratio must be in [0, 0.5): from 0.5 on a delta read is no smaller than a dense one");
+  if (!(cfg.max_comm_share > 0 && cfg.max_comm_share <= 1))
+    return bad("max_comm_share must be in (0, 1]");
   if (!(cfg.pull_compress_above >= 0))
     return bad("pull_compress_above must be >= 0");
   return ashl_planner{std::move(cfg)};
@@ -120,7 +122,13 @@ std::map<uint32_t, uint32_t> ashl_planner::local_steps(const std::vector<ashl_wo
   for (const auto& w : live)
     if (w.step_s > 0 && (!slowest || w.step_s > slowest->step_s))
       slowest = &w;
-  const uint32_t h = stage_ == ashl_stage::ahl ? cfg_.ahl_local_steps : cfg_.shl_local_steps;
+  uint32_t h = stage_ == ashl_stage::ahl ? cfg_.ahl_local_steps : cfg_.shl_local_steps;
+  const double share = cfg_.max_comm_share;
+  if (slowest && share > 0 && share < 1) {
+    // comm / (H x t + comm) <= share  <=>  H >= comm (1 - share) / (share x t)
+    double need = std::ceil(slowest->comm_s * (1 - share) / (share * slowest->step_s) - 1e-9);
+    h = std::max(h, static_cast<uint32_t>(std::min<double>(need, cfg_.max_local_steps)));
+  }
   for (const auto& w : live) {
     if (stage_ == ashl_stage::profiling || !slowest || w.step_s <= 0) {
       out[w.id] = 1;

@@ -58,6 +58,11 @@ struct ashl_config {
   double plateau_drop = 0.1;
   /// Default: 0.45.
   double switch_loss = 0.45;
+  /// Communication may take at most this share of the slowest worker's commit period:
+  /// where a commit costs more than that allows (a slow network), the slowest worker
+  /// takes more local steps than its stage's H, and the others follow. 1 = no limit.
+  /// Default: 0.25.
+  double max_comm_share = 0.25;
   /// Most local steps per commit. Default: 64.
   uint32_t max_local_steps = 64;
   /// Pushes in both stages carry this fraction of the gradient (top-k with error
@@ -102,7 +107,8 @@ public:
   std::optional<ashl_event> observe(double t_s, double loss, const std::vector<ashl_worker>& live);
 
   /// Local steps per commit of each worker in the current stage: 1 while profiling;
-  /// otherwise the slowest worker (largest step_s) takes the stage's H and the period
+  /// otherwise the slowest worker (largest step_s) takes the stage's H, or more if its
+  /// communication would exceed max_comm_share of the period, and the period
   /// P = H x t_slow + comm_slow sets every other worker's H_i = round((P - comm_i) / t_i),
   /// within [1, max_local_steps]. A worker with no time yet gets 1.
   std::map<uint32_t, uint32_t> local_steps(const std::vector<ashl_worker>& live) const;

@@ -403,6 +403,10 @@ TEST_CASE("a whole cluster of processes killed (SIGKILL) and launched again with
                           " --set data.test_limit=2000 --set run.progress_interval=0";
   auto whole = run("launch " + config + job + " --report " + dir.file("whole.json"));
   REQUIRE(whole.code == 0);
+  // The launcher says where each worker process computes: one GPU each where there are
+  // some, else the CPU with the reason.
+  CHECK((has(whole, "[launch] one GPU per worker process: worker 0 -> GPU ")
+         || has(whole, "[launch] workers compute on the CPU: ")));
   auto ck = dir.file("ck");
   // Paced to take about 7 s of training; all its processes (launcher, scheduler, 2
   // server and 2 worker processes) are killed 2 s into training.
@@ -426,4 +430,11 @@ TEST_CASE("a whole cluster of processes killed (SIGKILL) and launched again with
   REQUIRE(resumed.code == 0);
   CHECK(has(resumed, "restored version"));
   check_same_accuracy(dir, "a cluster of processes");
+}
+
+TEST_CASE("ashlar launch refuses GPUs this machine does not have before starting a process, naming them") {
+  auto r = run("launch " + config + " --workers 2 --gpus 0,7");
+  CHECK(r.code == 2);
+  CHECK(has(r, "ashlar launch: invalid_argument: --gpus 0,7: "));
+  CHECK_FALSE(has(r, "[scheduler]"));
 }

@@ -196,3 +196,30 @@ TEST_CASE("ASHL compresses pulls only where profiling found communication costly
   REQUIRE_FALSE(refused);
   CHECK(describe(refused.error()).find("ashl.pull_topk_ratio") != std::string::npos);
 }
+
+TEST_CASE("on a slow network ASHL's slowest worker takes enough local steps to keep communication to its share") {
+  ashl_config cfg;
+  cfg.rule = "loss";
+  cfg.switch_loss = 1.0;
+  cfg.shl_local_steps = 1;
+  auto p = make_planner(cfg);
+  auto slow_net = hetero(10);
+  for (auto& w : slow_net)
+    w.comm_s = 0.4; // as long as the slowest worker's step
+  REQUIRE(p.observe(0.5, 2.0, slow_net));
+  REQUIRE(p.observe(1.0, 0.9, slow_net)); // SHL
+  auto h = p.local_steps(slow_net);
+  // comm / (H x 0.4 + 0.4) <= 0.25 needs H >= 3: period 1.6 s, of which 0.4 s talking.
+  CHECK(h.at(0) == 3);
+  CHECK(h.at(3) == 12);
+  for (const auto& w : slow_net)
+    CHECK(h.at(w.id) * w.step_s + w.comm_s == Approx(1.6).epsilon(0.05));
+  // On a fast network the stage's H stands; with no limit (share 1) it stands anyway.
+  CHECK(p.local_steps(hetero(10)).at(0) == 1);
+  ashl_config open = cfg;
+  open.max_comm_share = 1;
+  auto q = make_planner(open);
+  REQUIRE(q.observe(0.5, 2.0, slow_net));
+  REQUIRE(q.observe(1.0, 0.9, slow_net));
+  CHECK(q.local_steps(slow_net).at(0) == 1);
+}

@@ -198,7 +198,10 @@ void delta_received(worker_pointer self, size_t i, const wire::pull_reply& r) {
   auto& st = self->state;
   const auto& range = st.job.shards[i];
   const auto shard = std::to_string(range.shard_id);
-  if (st.pull_ratio <= 0 || st.mirror.size() != st.params.size() || st.view_seqs[i] == 0)
+  // The read named the view this worker's mirror holds (only replies change it, one read
+  // per shard at a time), so the delta applies to it even if the pull ratio has changed
+  // since the request left.
+  if (st.mirror.size() != st.params.size())
     return fail(self, "shard " + shard + " sent a delta read the worker holds no view for");
   if (r.total != range.size() || r.begin != range.begin || r.offset != 0 || r.index.size() != r.params.size())
     return fail(self, "shard " + shard + " sent a delta read of " + std::to_string(r.index.size())
@@ -259,7 +262,10 @@ void request_pull_chunk(worker_pointer self, size_t i) {
         std::copy(r.params.begin(), r.params.end(),
                   st.params.begin() + static_cast<std::ptrdiff_t>(range.begin + r.offset));
         st.step_bytes += r.params.size() * sizeof(float);
-        if (st.pull_ratio > 0) {
+        if (r.offset == 0)
+          t.view_seq = r.view_seq;
+        if (t.view_seq != 0) {
+          // The shard keeps a view of this read: the mirror holds what it holds.
           if (st.mirror.size() != st.params.size())
             st.mirror.resize(st.params.size());
           std::copy(r.params.begin(), r.params.end(),
@@ -272,7 +278,6 @@ void request_pull_chunk(worker_pointer self, size_t i) {
           st.base_versions[i] = r.version;
           st.wait_ns = std::max(st.wait_ns, r.wait_ns);
           t.read_id = r.read_id;
-          t.view_seq = r.view_seq;
           t.next = r.params.size();
           for (uint32_t k = 0; k < std::max(1u, st.job.chunks_in_flight) && t.next < t.total; ++k)
             request_pull_chunk(self, i);
@@ -786,7 +791,6 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
       st.local_lr_scale = lr_scale;
       if (pull_ratio != st.pull_ratio) {
         st.pull_ratio = pull_ratio;
-        st.view_seqs.assign(st.view_seqs.size(), 0); // the next pull starts the shards' views
         if (pull_ratio > 0)
           spdlog::info("worker {}: pulls are delta reads of {:.0f}% of each range from now on", st.job.worker_id,
                        100.0 * pull_ratio);

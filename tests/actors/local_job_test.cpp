@@ -323,6 +323,27 @@ TEST_CASE("an ASHL job profiles, then commits less often from the fast worker, a
   CHECK(fast.stage_changes == 2);
 }
 
+TEST_CASE("an ASHL job that finds communication costly compresses its pulls from AHL on, and trains") {
+  auto dense_cfg = paced_pair_job("ashl");
+  dense_cfg.ashl.profile_steps = 3;
+  dense_cfg.ashl.pull_compress_above = 1e9; // never costly enough: dense pulls
+  auto dense = actors::run_local_job(dense_cfg);
+  REQUIRE(dense);
+  auto cfg = dense_cfg;
+  cfg.ashl.pull_compress_above = 0; // always costly enough: delta reads of 10%
+  auto rep = actors::run_local_job(cfg);
+  REQUIRE(rep);
+  // After profiling a commit pulls 10% of the range at 8 bytes an entry instead of all of
+  // it at 4, and pushes 10% at 8 either way: (0.8 + 0.8) / (4 + 0.8) = 1/3 of the bytes.
+  // Profiling's pulls (every step a commit) are dense in both jobs, about a quarter of
+  // the dense job's bytes here: about 0.5 of the dense job's bytes in all.
+  REQUIRE(rep->versions > 0);
+  INFO("dense: " << dense->bytes << " bytes, " << dense->versions << " versions; delta: " << rep->bytes
+                 << " bytes, " << rep->versions << " versions");
+  CHECK(static_cast<double>(rep->bytes) < 0.65 * static_cast<double>(dense->bytes));
+  CHECK(rep->test_accuracy >= 0.7);
+}
+
 TEST_CASE("top-k pushes move a fraction of the dense bytes and still train") {
   auto dense_cfg = small_job("bsp");
   dense_cfg.epochs = 2;

@@ -578,6 +578,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
           ws.stage_changes = w.stage_changes;
           rep.per_worker.push_back(ws);
           rep.bytes += w.bytes;
+          rep.dense_bytes += w.dense_bytes;
         }
       },
       [&](caf::error&) {});

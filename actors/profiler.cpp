@@ -96,6 +96,7 @@ profiler_actor::behavior_type profiler_behavior(profiler_pointer self, double al
       s.total_compute_seconds += r.compute_ns * 1e-9;
       s.total_wait_seconds += r.wait_ns * 1e-9;
       s.bytes += r.bytes;
+      s.dense_bytes += r.dense_bytes;
       s.stage_changes = r.stage_changes;
       s.batch = r.batch;
       s.position = r.position;

@@ -67,6 +67,7 @@ struct worker_state {
   uint32_t batch_n = 0;
   double loss = 0;
   uint64_t step_bytes = 0; // tensor bytes moved in the current step
+  uint64_t step_dense = 0; // what they would have been uncompressed
   // Local steps (ADSP, ASHL): gradients of the steps since the last commit, summed.
   uint32_t local_steps = 1;
   uint32_t local_done = 0;
@@ -221,6 +222,7 @@ void delta_received(worker_pointer self, size_t i, const wire::pull_reply& r) {
   st.view_seqs[i] = r.view_seq;
   const uint64_t sent = r.index.size() * (sizeof(uint32_t) + sizeof(float));
   st.step_bytes += sent;
+  st.step_dense += range.size() * sizeof(float);
   st.pull_sent_bytes += sent;
   st.pull_dense_bytes += range.size() * sizeof(float);
   auto& t = st.transfers[i];
@@ -262,6 +264,7 @@ void request_pull_chunk(worker_pointer self, size_t i) {
         std::copy(r.params.begin(), r.params.end(),
                   st.params.begin() + static_cast<std::ptrdiff_t>(range.begin + r.offset));
         st.step_bytes += r.params.size() * sizeof(float);
+        st.step_dense += r.params.size() * sizeof(float);
         if (r.offset == 0)
           t.view_seq = r.view_seq;
         if (t.view_seq != 0) {
@@ -400,6 +403,7 @@ void send_sparse_pushes(worker_pointer self) {
       return fail(self, "compressing the push to shard " + std::to_string(range.shard_id) + ": "
                           + describe(sparse.error()));
     st.step_bytes += wire_bytes(*sparse);
+    st.step_dense += range.size() * sizeof(float);
     wire::push msg;
     msg.worker_id = st.job.worker_id;
     msg.shard_id = range.shard_id;
@@ -435,6 +439,7 @@ void send_pushes(worker_pointer self) {
   if (st.job.topk_ratio > 0)
     return send_sparse_pushes(self);
   st.step_bytes += st.grad.size() * sizeof(float);
+  st.step_dense += st.grad.size() * sizeof(float);
   for (size_t i = 0; i < st.shards.size(); ++i) {
     for (uint32_t k = 0; k < std::max(1u, st.job.chunks_in_flight) && st.transfers[i].next < st.transfers[i].total; ++k)
       send_push_chunk(self, i);
@@ -499,6 +504,7 @@ void report_step(worker_pointer self, uint64_t push_ns) {
   rep.wait_ns = st.wait_ns;
   rep.push_ns = push_ns;
   rep.bytes = st.step_bytes;
+  rep.dense_bytes = st.step_dense;
   rep.stage_changes = st.stage_changes;
   rep.start_ns = st.step_begin_ns;
   rep.compute_offset_ns = st.compute_offset_ns;
@@ -507,7 +513,7 @@ void report_step(worker_pointer self, uint64_t push_ns) {
   if (st.cursor)
     rep.position = {st.job.data_begin, st.job.data_count, st.cursor->seed(), st.cursor->epoch(), st.cursor->pos()};
   self->send(st.cfg.profiler, rep);
-  st.pull_ns = st.wait_ns = st.step_bytes = st.step_staleness = 0;
+  st.pull_ns = st.wait_ns = st.step_bytes = st.step_dense = st.step_staleness = 0;
   ++st.step;
 }
 
@@ -597,7 +603,7 @@ void replace_shard(worker_pointer self, uint32_t index, shard_actor shard, const
   ++st.gen;
   if (restart) {
     st.in_step = false;
-    st.pull_ns = st.wait_ns = st.step_bytes = st.step_staleness = 0;
+    st.pull_ns = st.wait_ns = st.step_bytes = st.step_dense = st.step_staleness = 0;
     self->send(self, step_atom::value);
   }
 }
@@ -700,6 +706,7 @@ void ring_begin(worker_pointer self) {
   v[n] = static_cast<float>(st.batch_n);
   v[n + 1] = st.stop_requested ? 1.0f : 0.0f;
   st.step_bytes += 2 * n * sizeof(float) * (st.ring_size - 1) / std::max(1u, st.ring_size);
+  st.step_dense += 2 * n * sizeof(float) * (st.ring_size - 1) / std::max(1u, st.ring_size);
   st.ring.emplace(st.ring_rank_id, st.ring_size, std::move(v));
   if (st.ring->done())
     return ring_finish(self); // a ring of one

@@ -253,6 +253,7 @@ struct ProfileReport {
   staleness @12 :UInt64;   # the largest staleness the shards reported for this step's push
   batch @13 :UInt32;       # the batch share in force
   position @14 :DataPosition; # where the worker's data cursor stands after this step
+  denseBytes @15 :UInt64;  # what the step's pulls and pushes would have moved uncompressed
 }
 
 # A worker's place in its part of the training set: the part, the cursor's shuffle seed,
@@ -286,6 +287,7 @@ struct WorkerStats {
   predictionError @17 :Float64;   # mean |predicted - observed| / observed so far
   batch @18 :UInt32;              # the batch share in force
   position @19 :DataPosition;     # the data cursor, as of the last report
+  denseBytes @20 :UInt64;         # what the pulls and pushes would have moved uncompressed
 }
 
 struct ClusterStats {

@@ -62,6 +62,9 @@ std::string to_json(const run_report& r) {
     << "  \"dropped\": " << r.dropped << ",\n"
     << "  \"mean_staleness\": " << num(r.mean_staleness) << ",\n"
     << "  \"bytes\": " << r.bytes << ",\n"
+    << "  \"dense_bytes\": " << r.dense_bytes << ",\n"
+    << "  \"compression_ratio\": "
+    << num(r.bytes > 0 ? static_cast<double>(r.dense_bytes) / static_cast<double>(r.bytes) : 1.0) << ",\n"
     << "  \"history\": [";
   for (size_t i = 0; i < r.history.size(); ++i) {
     const auto& h = r.history[i];

@@ -45,6 +45,7 @@ struct run_report {
   uint64_t dropped = 0;           // gradients dropped by the policy
   double mean_staleness = 0;
   uint64_t bytes = 0;             // tensor bytes the workers pulled and pushed
+  uint64_t dense_bytes = 0;       // what those pulls and pushes would have moved uncompressed
   std::vector<epoch_point> history;
   std::vector<worker_summary> per_worker;
 };

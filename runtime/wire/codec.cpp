@@ -484,6 +484,7 @@ void fill(schema::ClusterStats::Builder b, const cluster_stats& x) {
     o.setPredictionError(w.prediction_error);
     o.setBatch(w.batch);
     fill(o.initPosition(), w.position);
+    o.setDenseBytes(w.dense_bytes);
   }
   b.setTotalSamples(x.total_samples);
   b.setElapsedSeconds(x.elapsed_seconds);
@@ -514,6 +515,7 @@ void read(schema::ClusterStats::Reader r, cluster_stats& out) {
     s.prediction_error = w.getPredictionError();
     s.batch = w.getBatch();
     s.position = read(w.getPosition());
+    s.dense_bytes = w.getDenseBytes();
     out.workers.push_back(s);
   }
   out.total_samples = r.getTotalSamples();
@@ -571,6 +573,7 @@ words encode(const profile_report& x) {
   b.setStaleness(x.staleness);
   b.setBatch(x.batch);
   fill(b.initPosition(), x.position);
+  b.setDenseBytes(x.dense_bytes);
   return to_words(mb);
 }
 
@@ -591,6 +594,7 @@ caf::error decode(const uint64_t* d, size_t n, profile_report& out) {
     out.staleness = r.getStaleness();
     out.batch = r.getBatch();
     out.position = read(r.getPosition());
+    out.dense_bytes = r.getDenseBytes();
     return caf::error{};
   });
 }

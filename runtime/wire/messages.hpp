@@ -305,6 +305,7 @@ struct profile_report {
   uint64_t staleness = 0;         // largest staleness the shards reported for the push
   uint32_t batch = 0;             // the batch share in force
   data_position position{};       // the data cursor after this step
+  uint64_t dense_bytes = 0;       // what this step's pulls and pushes would have moved uncompressed
 };
 
 struct worker_stats {
@@ -328,6 +329,7 @@ struct worker_stats {
   double prediction_error = 0;      // mean |predicted - observed| / observed so far
   uint32_t batch = 0;               // the batch share in force
   data_position position{};         // the data cursor, as of the last report
+  uint64_t dense_bytes = 0;          // what the pulls and pushes would have moved uncompressed
 };
 
 struct cluster_stats {

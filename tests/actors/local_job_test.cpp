@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "actors/local_job.hpp"
+#include "runtime/metrics/report.hpp"
 #include "../runtime/temp_dir.hpp"
 
 using namespace ashlar;
@@ -363,6 +364,9 @@ TEST_CASE("top-k pushes move a fraction of the dense bytes and still train") {
   // bytes an entry: (4 + 0.05 x 8) / (4 + 4) = 0.55 of a dense step's bytes.
   double ratio = static_cast<double>(sparse->bytes) / static_cast<double>(dense->bytes);
   CHECK(ratio == Approx(0.55).margin(0.01));
+  // The report gives the uncompressed equivalent: the dense job's bytes, both times.
+  CHECK(dense->dense_bytes == dense->bytes);
+  CHECK(sparse->dense_bytes == dense->bytes);
   // Error feedback delays what is not sent, it does not lose it: the model still learns.
   CHECK(sparse->test_accuracy >= 0.72);
 }
@@ -423,6 +427,10 @@ TEST_CASE("delta pulls move a fraction of the dense bytes, both ways compressed,
   const double expected = 0.1 + 0.9 * 0.5 / steps_per_worker;
   double ratio = static_cast<double>(sparse->bytes) / static_cast<double>(dense->bytes);
   CHECK(ratio == Approx(expected).margin(0.01));
+  CHECK(sparse->dense_bytes == dense->bytes);
+  auto json = to_json(*sparse);
+  CHECK(json.find("\"dense_bytes\": " + std::to_string(dense->bytes)) != std::string::npos);
+  CHECK(json.find("\"compression_ratio\": ") != std::string::npos);
   // The workers train on parameters that lag the shards' by what is not sent yet.
   CHECK(sparse->test_accuracy >= 0.72);
 }

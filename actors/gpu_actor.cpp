@@ -154,46 +154,59 @@ struct gpu_pool::impl {
   std::mutex mu;
 };
 
-expected<std::shared_ptr<gpu_pool>> gpu_pool::start(caf::actor_system& sys, const std::string& devices, bool tf32) {
-  if (auto err = validate_gpu_list(devices))
+expected<gpu_selection> select_gpus(const std::string& spec) {
+  if (auto err = validate_gpu_list(spec))
     return err;
-  auto p = std::make_unique<impl>();
-  p->sys = &sys;
-  if (devices == "none" || devices.empty()) {
-    p->why_none = "no GPU requested (--gpus none)";
-    return std::shared_ptr<gpu_pool>{new gpu_pool(std::move(p))};
+  gpu_selection out;
+  if (spec == "none" || spec.empty()) {
+    out.why_none = "no GPU requested (--gpus none)";
+    return out;
   }
   auto found = gpu::list_devices();
-  std::vector<int> wanted;
-  if (devices == "auto") {
-    if (!found) {
-      p->why_none = describe(found.error());
-      return std::shared_ptr<gpu_pool>{new gpu_pool(std::move(p))};
-    }
-    for (const auto& d : *found)
-      wanted.push_back(d.index);
-  } else {
+  if (spec == "auto") {
     if (!found)
-      return make_error(errc::invalid_argument, "--gpus " + devices + ": " + describe(found.error()));
-    std::stringstream in{devices};
-    std::string item;
-    while (std::getline(in, item, ',')) {
-      int i = std::stoi(item);
-      if (static_cast<size_t>(i) >= found->size())
-        return make_error(errc::invalid_argument, "--gpus " + devices + ": GPU " + item + " does not exist (this "
-                                                    "machine has " + std::to_string(found->size()) + ")");
-      wanted.push_back(i);
-    }
+      out.why_none = describe(found.error());
+    else if (found->empty())
+      out.why_none = "no CUDA device";
+    else
+      for (const auto& d : *found) {
+        out.devices.push_back(d.index);
+        out.names.push_back(d.name);
+      }
+    return out;
   }
+  if (!found)
+    return make_error(errc::invalid_argument, "--gpus " + spec + ": " + describe(found.error()));
+  std::stringstream in{spec};
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    int i = std::stoi(item);
+    if (static_cast<size_t>(i) >= found->size())
+      return make_error(errc::invalid_argument, "--gpus " + spec + ": GPU " + item + " does not exist (this "
+                                                  "machine has " + std::to_string(found->size()) + ")");
+    out.devices.push_back(i);
+    out.names.push_back((*found)[static_cast<size_t>(i)].name);
+  }
+  return out;
+}
+
+expected<std::shared_ptr<gpu_pool>> gpu_pool::start(caf::actor_system& sys, const std::string& devices, bool tf32) {
+  auto selected = select_gpus(devices);
+  if (!selected)
+    return selected.error();
+  auto p = std::make_unique<impl>();
+  p->sys = &sys;
+  p->why_none = selected->why_none;
   gpu::cuda_options options;
   options.tf32 = tf32;
-  for (int i : wanted) {
-    const auto& d = (*found)[static_cast<size_t>(i)];
+  for (size_t k = 0; k < selected->devices.size(); ++k) {
+    const int i = selected->devices[k];
+    const auto& name = selected->names[k];
     impl::device dev;
-    dev.actor = sys.spawn<caf::detached>(gpu_behavior, d.name, [i, options](const mlp_spec& spec) {
+    dev.actor = sys.spawn<caf::detached>(gpu_behavior, name, [i, options](const mlp_spec& spec) {
       return gpu::make_cuda_backend(spec, i, options);
     });
-    dev.label = "cuda:" + std::to_string(i) + " (" + d.name + ")";
+    dev.label = "cuda:" + std::to_string(i) + " (" + name + ")";
     p->devices.push_back(std::move(dev));
   }
   return std::shared_ptr<gpu_pool>{new gpu_pool(std::move(p))};

@@ -25,13 +25,23 @@ struct backend_choice {
 };
 using backend_factory = std::function<backend_choice(const mlp_spec&)>;
 
+/// The CUDA devices a --gpus value names, by index, and why there are none when so.
+struct gpu_selection {
+  std::vector<int> devices;
+  std::vector<std::string> names; // the devices' names, in the same order
+  std::string why_none;           // "" when there are devices
+};
+
+/// `spec`: "auto" (every visible device; none is no error, why_none says why), "none"
+/// (CPU only), or a list such as "0,1" (each must exist: invalid_argument otherwise,
+/// naming it). A malformed spec fails with invalid_config.
+[[nodiscard]] expected<gpu_selection> select_gpus(const std::string& spec);
+
 /// The GPUs of one process (an `ashlar train` or a node): a GPU actor per device, handed
 /// to workers one device each, in order; the workers beyond them compute on the CPU.
 class gpu_pool {
 public:
-  /// `devices`: "auto" (every visible device; none is no error), "none" (CPU only), or a
-  /// list such as "0,1" (each must exist: invalid_argument otherwise, naming it).
-  /// `tf32`: let cuBLAS use TF32 tensor cores.
+  /// `devices`: as select_gpus takes them. `tf32`: let cuBLAS use TF32 tensor cores.
   [[nodiscard]] static expected<std::shared_ptr<gpu_pool>> start(caf::actor_system& sys, const std::string& devices,
                                                                 bool tf32);
   /// A backend for one model on a device; the GPU actor calls it once per model.

@@ -7,13 +7,12 @@
 #include <cstdio>
 #include <fstream>
 #include <poll.h>
-#include <sstream>
 #include <thread>
 #include <unistd.h>
 
 #include "apps/ashlar/commands.hpp"
 #include "apps/ashlar/train_options.hpp"
-#include "gpu/cuda_backend.hpp"
+#include "actors/gpu_actor.hpp"
 #include "runtime/os/subprocess.hpp"
 
 namespace ashlar::cli {
@@ -79,44 +78,22 @@ bool pump(std::vector<child>& children, int timeout_ms) {
 }
 
 // One GPU per worker process, as torchrun gives each local rank one: worker process i
-// gets device i mod n of the --gpus set (auto: every visible device), "none" if the set
-// is empty. `plan` says which went where, or why the workers compute on the CPU. A
-// device asked for by index that this machine lacks fails here, before any process starts.
+// gets device i mod n of the --gpus set (select_gpus), "none" if the set is empty. `plan`
+// says which went where, or why the workers compute on the CPU. A device asked for by
+// index that this machine lacks fails here, before any process starts.
 expected<std::vector<std::string>> gpus_per_worker(const std::string& spec, uint32_t workers, std::string& plan) {
-  if (auto err = validate_gpu_list(spec))
-    return err;
-  std::vector<std::string> devices;
-  if (spec == "none") {
-    plan = "workers compute on the CPU (--gpus none)";
-  } else {
-    auto found = gpu::list_devices();
-    if (spec == "auto") {
-      if (!found)
-        plan = "workers compute on the CPU: " + describe(found.error());
-      else if (found->empty())
-        plan = "workers compute on the CPU: no CUDA device";
-      else
-        for (const auto& d : *found)
-          devices.push_back(std::to_string(d.index));
-    } else {
-      if (!found)
-        return make_error(errc::invalid_argument, "--gpus " + spec + ": " + describe(found.error()));
-      std::stringstream in{spec};
-      std::string item;
-      while (std::getline(in, item, ',')) {
-        if (static_cast<size_t>(std::stoi(item)) >= found->size())
-          return make_error(errc::invalid_argument, "--gpus " + spec + ": GPU " + item + " does not exist (this "
-                                                      "machine has " + std::to_string(found->size()) + ")");
-        devices.push_back(item);
-      }
-    }
-  }
+  auto selected = actors::select_gpus(spec);
+  if (!selected)
+    return selected.error();
+  const auto& devices = selected->devices;
   std::vector<std::string> out(workers, "none");
-  if (devices.empty())
+  if (devices.empty()) {
+    plan = "workers compute on the CPU: " + selected->why_none;
     return out;
+  }
   plan = "one GPU per worker process:";
   for (uint32_t i = 0; i < workers; ++i) {
-    out[i] = devices[i % devices.size()];
+    out[i] = std::to_string(devices[i % devices.size()]);
     plan += std::string{i == 0 ? " " : ", "} + "worker " + std::to_string(i) + " -> GPU " + out[i];
   }
   if (workers > devices.size())

@@ -175,13 +175,13 @@ int run_node(node_options& o) {
       if (!pool)
         return fail(2, describe(pool.error()));
       jo.gpus = gpus = *pool;
-      std::string gpus;
+      std::string labels;
       for (const auto& g : jo.gpus->labels())
-        gpus += (gpus.empty() ? "" : ", ") + g;
-      if (gpus.empty())
+        labels += (labels.empty() ? "" : ", ") + g;
+      if (labels.empty())
         spdlog::info("node {}: workers compute on the CPU ({})", o.name, jo.gpus->why_none());
       else
-        spdlog::info("node {}: GPUs for its workers: {}", o.name, gpus);
+        spdlog::info("node {}: GPUs for its workers: {}", o.name, labels);
     }
     jo.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.connect_timeout * 1000));
     expected<actors::membership> m = caf::error{};

@@ -29,6 +29,14 @@ train_config small_job(const std::string& policy) {
   return cfg;
 }
 
+// Steps of every worker together.
+uint64_t total_steps(const run_report& r) {
+  uint64_t n = 0;
+  for (const auto& w : r.per_worker)
+    n += w.steps;
+  return n;
+}
+
 }  // namespace
 
 TEST_CASE("BSP on a Fashion-MNIST subset reaches 78% test accuracy") {
@@ -354,12 +362,7 @@ TEST_CASE("top-k pushes move a fraction of the dense bytes and still train") {
   cfg.topk_ratio = 0.05;
   auto sparse = actors::run_local_job(cfg);
   REQUIRE(sparse);
-  uint64_t dense_steps = 0, sparse_steps = 0;
-  for (const auto& w : dense->per_worker)
-    dense_steps += w.steps;
-  for (const auto& w : sparse->per_worker)
-    sparse_steps += w.steps;
-  REQUIRE(dense_steps == sparse_steps);
+  REQUIRE(total_steps(*dense) == total_steps(*sparse));
   // A step pulls the dense parameters (4 bytes each) and pushes 5% of the gradient at 8
   // bytes an entry: (4 + 0.05 x 8) / (4 + 4) = 0.55 of a dense step's bytes.
   double ratio = static_cast<double>(sparse->bytes) / static_cast<double>(dense->bytes);
@@ -414,16 +417,11 @@ TEST_CASE("delta pulls move a fraction of the dense bytes, both ways compressed,
   cfg.pull_topk_ratio = 0.05;
   auto sparse = actors::run_local_job(cfg);
   REQUIRE(sparse);
-  uint64_t dense_steps = 0, sparse_steps = 0;
-  for (const auto& w : dense->per_worker)
-    dense_steps += w.steps;
-  for (const auto& w : sparse->per_worker)
-    sparse_steps += w.steps;
-  REQUIRE(dense_steps == sparse_steps);
+  REQUIRE(total_steps(*dense) == total_steps(*sparse));
   // Each worker's first pull per shard is dense (it starts the shard's view); every
   // other pull and every push carries 5% at 8 bytes an entry: 0.1 of a dense step's bytes,
   // plus the first pulls' share.
-  const double steps_per_worker = static_cast<double>(sparse_steps) / 4;
+  const double steps_per_worker = static_cast<double>(total_steps(*sparse)) / 4;
   const double expected = 0.1 + 0.9 * 0.5 / steps_per_worker;
   double ratio = static_cast<double>(sparse->bytes) / static_cast<double>(dense->bytes);
   CHECK(ratio == Approx(expected).margin(0.01));

@@ -36,6 +36,7 @@ struct policy_result {
   double seconds = 0;
   std::vector<epoch_point> history;
   std::string error;
+  std::string settings; // batch, lr and momentum it trained with
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -174,13 +175,19 @@ int run_hetero_bench(const hetero_options& o) {
       }
       profile = std::move(*p);
     }
-    std::printf("== %s: %u workers at speeds %s, %.2f ms/sample, lr %g, momentum %g, cap %.0f s\n",
-                entry.c_str(), cfg.workers, o.speeds.c_str(), cfg.sample_ms, cfg.optimizer.lr,
+    std::printf("== %s: %u workers at speeds %s, %.2f ms/sample, batch %u per worker, lr %g, momentum %g, cap %.0f s\n",
+                entry.c_str(), cfg.workers, o.speeds.c_str(), cfg.sample_ms, cfg.batch_size, cfg.optimizer.lr,
                 cfg.optimizer.momentum, o.time_cap);
     std::fflush(stdout);
     policy_result r;
     r.policy = entry;
     r.runs = o.repeat;
+    {
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "batch %u, lr %g, momentum %g", cfg.batch_size, cfg.optimizer.lr,
+                    cfg.optimizer.momentum);
+      r.settings = buf;
+    }
     std::vector<double> times; // per run; a miss is +inf
     const uint64_t seed = cfg.seed;
     for (uint32_t run = 0; run < o.repeat && r.error.empty(); ++run) {
@@ -288,10 +295,10 @@ int run_hetero_bench(const hetero_options& o) {
                                  : std::string{})
        << "\n\n"
        << "| policy | time to " << o.target << " (s) | final accuracy | best accuracy | samples/s | ideal fraction "
-       << "| mean staleness | bytes sent |\n|---|---|---|---|---|---|---|---|\n";
+       << "| mean staleness | bytes sent | settings |\n|---|---|---|---|---|---|---|---|---|\n";
     for (const auto& r : results) {
       if (!r.error.empty()) {
-        md << "| " << r.policy << " | failed: " << r.error << " | | | | | | |\n";
+        md << "| " << r.policy << " | failed: " << r.error << " | | | | | | | " << r.settings << " |\n";
         continue;
       }
       std::string range = o.repeat > 1 && r.reached > 0
@@ -301,7 +308,8 @@ int run_hetero_bench(const hetero_options& o) {
       md << "| " << r.policy << " | " << (r.time_to_target ? fmt(*r.time_to_target, 1) : "not reached") << range
          << " | "
          << fmt(r.final_accuracy, 4) << " | " << fmt(r.best_accuracy, 4) << " | " << fmt(r.samples_per_second, 0)
-         << " | " << fmt(r.ideal_fraction, 3) << " | " << fmt(r.mean_staleness, 2) << " | " << r.bytes << " |\n";
+         << " | " << fmt(r.ideal_fraction, 3) << " | " << fmt(r.mean_staleness, 2) << " | " << r.bytes << " | "
+         << r.settings << " |\n";
     }
     md << "\n";
     for (const auto& r : results)

@@ -3,7 +3,7 @@
 # the same MLP on the same Fashion-MNIST data, 4 processes paced at speeds 1,1,2,4
 # (0.5 ms per sample at speed 1), time to 85% test accuracy and samples/s, 3 seeds each,
 # medians. Ashlar runs bsp (what DDP does), bsp with speed-proportional batches, asp,
-# adsp and ashl with the learning rates of ops/bench/hetero.sh. About 8 minutes.
+# adsp and ashl with the settings of ops/bench/hetero.sh (ashl: batch 32). About 8 minutes.
 #   [SEEDS=3] [POLICIES=bsp,bsp+proportional,asp,adsp,ashl] bash ops/bench/peer-ddp.sh [out-dir (default docs/bench/peer)]
 # Single runs' times to 85% spread widely (DDP's from 7 to 11 s here): more seeds give
 # steadier medians (an odd count gives an unambiguous one).
@@ -28,6 +28,7 @@ cap="${CAP:-30}"
   --policy-set asp:train.lr=0.05 --policy-set asp:train.momentum=0.5 \
   --policy-set adsp:train.lr=0.3 --policy-set adsp:train.momentum=0 \
   --policy-set ashl:train.lr=0.3 --policy-set ashl:train.momentum=0 \
+  --policy-set ashl:train.batch_size=32 --policy-set ashl:ashl.max_comm_share=0.1 \
   --eval-interval "$eval" --out "$out/ashlar"
 # DDP: the config's lr 0.1, momentum 0.9, weight decay 1e-4, batch 64 per process.
 /usr/bin/python3 ops/bench/ddp_peer.py --speeds 1,1,2,4 --sample-ms 0.5 --time-cap "$cap" --eval-interval "$eval" \

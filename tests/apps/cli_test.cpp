@@ -116,10 +116,10 @@ TEST_CASE("ashlar bench hetero runs each policy and writes the results table wit
   auto out = dir.file("nested/hetero"); // parents are created
   auto r = run("bench hetero " + config + " --speeds 1,2 --policies bsp,asp --time-cap 3 --eval-interval 0.5"
                " --target 0.5 --sample-ms 0.2 --set data.train_limit=3000 --set data.test_limit=500"
-               " --policy-set asp:train.lr=0.02 --repeat 2 --out " + out);
+               " --policy-set asp:train.lr=0.02 --policy-set asp:train.batch_size=32 --repeat 2 --out " + out);
   REQUIRE(r.code == 0);
   CHECK(has(r, "== bsp: 2 workers"));
-  CHECK(has(r, "== asp: 2 workers at speeds 1,2, 0.20 ms/sample, lr 0.02"));
+  CHECK(has(r, "== asp: 2 workers at speeds 1,2, 0.20 ms/sample, batch 32 per worker, lr 0.02"));
   std::ifstream csv{out + "/results.csv"};
   std::string header, bsp, asp;
   std::getline(csv, header);
@@ -144,6 +144,9 @@ TEST_CASE("ashlar bench hetero runs each policy and writes the results table wit
   text << md.rdbuf();
   CHECK(text.str().find("| bsp |") != std::string::npos);
   CHECK(text.str().find("Ideal throughput") != std::string::npos);
+  // Each row names the settings its policy trained with (--policy-set ones included).
+  CHECK(text.str().find("| batch 64, lr 0.1, momentum 0.9 |") != std::string::npos);
+  CHECK(text.str().find("| batch 32, lr 0.02, momentum 0.9 |") != std::string::npos);
   std::ifstream series{out + "/series.csv"};
   std::string line;
   int points = 0;

@@ -536,6 +536,7 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       a.topk_ratio = static_cast<float>(push_topk_ratio(cfg.job));
       // Pull compression: as configured; ASHL decides once profiling ends (stage_atom).
       a.pull_topk_ratio = static_cast<float>(cfg.job.pull_topk_ratio);
+      a.overlap_commits = cfg.job.overlap_commits;
       a.momentum = cfg.job.optimizer.momentum;
       a.weight_decay = cfg.job.optimizer.weight_decay;
       a.chunks_in_flight = cfg.job.chunks_in_flight;

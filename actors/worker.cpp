@@ -97,6 +97,17 @@ struct worker_state {
   std::vector<float> mirror;
   std::vector<uint64_t> view_seqs;
   uint64_t pull_dense_bytes = 0, pull_sent_bytes = 0; // over the delta-read pulls
+  // Overlapped commits (job.overlap_commits, local steps only): a commit's push and the
+  // pull after it run while the next local steps compute. The commit is copied out
+  // (`commit`), the pull lands in `pulled`, and the local model then becomes the pull
+  // minus the local steps taken since the commit (their summed gradients are `acc`).
+  bool commit_inflight = false;
+  bool commit_due = false;    // the next commit waits for the one in flight
+  bool deferred_step = false; // a step (or the worker's finish) waits for it too
+  bool model_local = false;   // params is the local model: a step needs no pull first
+  clock_type::time_point due_since;
+  uint64_t exposed_ns = 0;    // time spent waiting for a commit in flight
+  std::vector<float> commit, pulled;
   // A lost shard (job.shard_wait_s > 0): the step in flight is abandoned and the worker
   // waits for the shard's replacement; replies of the abandoned step carry an older
   // generation and are ignored.
@@ -183,11 +194,16 @@ uint64_t chunk_size(const worker_state& st, uint64_t total) {
 void phase_done(worker_pointer self);
 void push_done(worker_pointer self, size_t i, uint64_t floats, const wire::push_ack& ack);
 
-// Shard i's read is all here: once every shard's is, the step computes.
+void commit_landed(worker_pointer self);
+
+// Shard i's read is all here: once every shard's is, the step computes (or, for an
+// overlapped commit, the pulled model lands behind the local steps).
 void pull_received(worker_pointer self) {
   auto& st = self->state;
   if (--st.pending > 0)
     return;
+  if (st.commit_inflight)
+    return commit_landed(self);
   uint64_t all = ns_since(st.phase_start);
   st.pull_ns = all > st.wait_ns ? all - st.wait_ns : 0;
   push_all(self);
@@ -216,9 +232,11 @@ void delta_received(worker_pointer self, size_t i, const wire::pull_reply& r) {
                           + " outside its range of " + std::to_string(range.size()));
     view[r.index[j]] = r.params[j];
   }
-  std::copy(view, view + range.size(), st.params.begin() + static_cast<std::ptrdiff_t>(range.begin));
+  auto& target = st.commit_inflight ? st.pulled : st.params;
+  std::copy(view, view + range.size(), target.begin() + static_cast<std::ptrdiff_t>(range.begin));
   st.base_versions[i] = r.version;
-  st.wait_ns = std::max(st.wait_ns, r.wait_ns);
+  if (!st.commit_inflight) // a pull behind the local steps holds no step up
+    st.wait_ns = std::max(st.wait_ns, r.wait_ns);
   st.view_seqs[i] = r.view_seq;
   const uint64_t sent = r.index.size() * (sizeof(uint32_t) + sizeof(float));
   st.step_bytes += sent;
@@ -261,8 +279,9 @@ void request_pull_chunk(worker_pointer self, size_t i) {
                               + ") of " + std::to_string(r.total) + " at offset "
                               + std::to_string(r.begin) + ", expected a range of "
                               + std::to_string(range.size()) + " at " + std::to_string(range.begin));
+        auto& target = st.commit_inflight ? st.pulled : st.params;
         std::copy(r.params.begin(), r.params.end(),
-                  st.params.begin() + static_cast<std::ptrdiff_t>(range.begin + r.offset));
+                  target.begin() + static_cast<std::ptrdiff_t>(range.begin + r.offset));
         st.step_bytes += r.params.size() * sizeof(float);
         st.step_dense += r.params.size() * sizeof(float);
         if (r.offset == 0)
@@ -279,7 +298,8 @@ void request_pull_chunk(worker_pointer self, size_t i) {
         if (r.offset == 0) {
           // The first reply of a read: its version and wait, and the read's id.
           st.base_versions[i] = r.version;
-          st.wait_ns = std::max(st.wait_ns, r.wait_ns);
+          if (!st.commit_inflight)
+            st.wait_ns = std::max(st.wait_ns, r.wait_ns);
           t.read_id = r.read_id;
           t.next = r.params.size();
           for (uint32_t k = 0; k < std::max(1u, st.job.chunks_in_flight) && t.next < t.total; ++k)
@@ -326,7 +346,8 @@ void send_push_chunk(worker_pointer self, size_t i) {
   msg.batch_size = st.push_samples;
   msg.offset = t.next;
   msg.total = t.total;
-  auto from = st.grad.begin() + static_cast<std::ptrdiff_t>(range.begin + t.next);
+  const auto& out = st.commit_inflight ? st.commit : st.grad; // local steps overwrite grad
+  auto from = out.begin() + static_cast<std::ptrdiff_t>(range.begin + t.next);
   msg.grad.assign(from, from + static_cast<std::ptrdiff_t>(len));
   t.next += len;
   const uint64_t gen = st.gen;
@@ -398,7 +419,8 @@ void send_sparse_pushes(worker_pointer self) {
     st.compressors.assign(st.shards.size(), topk_compressor{st.job.topk_ratio});
   for (size_t i = 0; i < st.shards.size(); ++i) {
     const auto& range = st.job.shards[i];
-    auto sparse = st.compressors[i].compress(st.grad.data() + range.begin, range.size());
+    const auto& out = st.commit_inflight ? st.commit : st.grad;
+    auto sparse = st.compressors[i].compress(out.data() + range.begin, range.size());
     if (!sparse)
       return fail(self, "compressing the push to shard " + std::to_string(range.shard_id) + ": "
                           + describe(sparse.error()));
@@ -451,13 +473,16 @@ void send_pushes(worker_pointer self) {
 // last step. Otherwise the gradient is pushed at once (with a commit still open from
 // local steps, as its last step).
 void ring_begin(worker_pointer self);
+void begin_commit(worker_pointer self);
+void end_local_step(worker_pointer self);
 
 void after_compute(worker_pointer self) {
   auto& st = self->state;
   if (st.mode == step_mode::ring)
     return ring_begin(self); // (waits if the ring is not formed yet)
   const uint32_t h = st.mode == step_mode::local_steps ? st.local_steps : 1;
-  if (h <= 1 && st.local_done == 0) {
+  const bool overlap = st.job.overlap_commits && st.mode == step_mode::local_steps;
+  if (!overlap && h <= 1 && st.local_done == 0) {
     st.push_samples = st.batch_n;
     if (st.job.commit_scale != 1.0f)
       for (auto& g : st.grad)
@@ -471,6 +496,23 @@ void after_compute(worker_pointer self) {
   st.acc_samples += st.batch_n;
   ++st.local_done;
   bool last = st.step + 1 >= st.job.steps || st.stop_requested;
+  if (overlap) {
+    // Every step moves the local model, a committing one too: the commit's pull comes
+    // back later and takes the steps made meanwhile along (commit_landed).
+    const float lr = st.job.local_lr * st.local_lr_scale;
+    for (size_t j = 0; j < st.params.size(); ++j)
+      st.params[j] -= lr * st.grad[j];
+    if (st.local_done >= h || last) {
+      if (st.commit_inflight) {
+        // The last commit is still on its way: this step ends when it has landed.
+        st.commit_due = true;
+        st.due_since = clock_type::now();
+        return;
+      }
+      begin_commit(self);
+    }
+    return end_local_step(self);
+  }
   if (st.local_done >= h || last) {
     const float scale = st.job.commit_scale;
     for (size_t j = 0; j < st.grad.size(); ++j) {
@@ -489,6 +531,56 @@ void after_compute(worker_pointer self) {
   report_step(self, 0);
   st.in_step = false;
   self->send(self, step_atom::value);
+}
+
+// Overlapped commits: sends the summed gradients of the steps since the last commit and
+// goes on computing; the push's acknowledgements start the pull (phase_done), and the pull
+// lands in commit_landed.
+void begin_commit(worker_pointer self) {
+  auto& st = self->state;
+  const float scale = st.job.commit_scale;
+  st.commit.resize(st.acc.size());
+  for (size_t j = 0; j < st.acc.size(); ++j) {
+    st.commit[j] = st.acc[j] * scale;
+    st.acc[j] = 0.0f;
+  }
+  st.push_samples = st.acc_samples;
+  st.acc_samples = 0;
+  st.local_done = 0;
+  st.commit_inflight = true;
+  st.model_local = true;
+  st.pulled.resize(st.params.size());
+  send_pushes(self);
+}
+
+// The step is done; time spent waiting for a commit in flight counts as its push time.
+void end_local_step(worker_pointer self) {
+  auto& st = self->state;
+  report_step(self, st.exposed_ns);
+  st.exposed_ns = 0;
+  st.in_step = false;
+  self->send(self, step_atom::value);
+}
+
+// The pull after an overlapped commit is here: the local model is the pulled one minus
+// the local steps taken since the commit (lr x their summed gradients, in acc). A step
+// that waited for it (its commit due, or a stage's change of mode, or the finish) goes on.
+void commit_landed(worker_pointer self) {
+  auto& st = self->state;
+  const float lr = st.job.local_lr * st.local_lr_scale;
+  for (size_t j = 0; j < st.params.size(); ++j)
+    st.params[j] = st.pulled[j] - lr * st.acc[j];
+  st.commit_inflight = false;
+  if (st.commit_due) {
+    st.commit_due = false;
+    st.exposed_ns += ns_since(st.due_since);
+    begin_commit(self);
+    return end_local_step(self);
+  }
+  if (st.deferred_step) {
+    st.deferred_step = false;
+    self->send(self, step_atom::value);
+  }
 }
 
 // Reports the finished step to the profiler and counts it.
@@ -520,6 +612,8 @@ void report_step(worker_pointer self, uint64_t push_ns) {
 // Every shard has the whole gradient: report the step and go on.
 void phase_done(worker_pointer self) {
   auto& st = self->state;
+  if (st.commit_inflight)
+    return pull_all(self); // an overlapped commit's pushes are in: its pull follows
   report_step(self, ns_since(st.phase_start));
   // Through the mailbox, so other messages are handled between steps.
   st.in_step = false;
@@ -598,9 +692,11 @@ void replace_shard(worker_pointer self, uint32_t index, shard_actor shard, const
   // The step under way (if any) may wait on the lost shard, even if no error said so
   // yet: it is abandoned (its replies and its pacing carry the old generation) and
   // starts over with a fresh pull. Between steps, the queued step_atom goes on.
-  const bool restart = st.suspended || st.in_step;
+  const bool restart = st.suspended || st.in_step || st.deferred_step;
   st.suspended = false;
   ++st.gen;
+  // An overlapped commit in flight is abandoned with the step; the next step pulls.
+  st.commit_inflight = st.commit_due = st.deferred_step = st.model_local = false;
   if (restart) {
     st.in_step = false;
     st.pull_ns = st.wait_ns = st.step_bytes = st.step_dense = st.step_staleness = 0;
@@ -717,6 +813,7 @@ void ring_begin(worker_pointer self) {
 // Takes up the behaviour of `mode`, from the next message on.
 void switch_mode(worker_pointer self, step_mode mode) {
   self->state.mode = mode;
+  self->state.model_local = false; // the first step in the new mode pulls
   self->become(training(self, mode));
 }
 
@@ -816,7 +913,12 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
       if (st.stopped || st.suspended)
         return;
       // On a ring, everybody stops at the round the ring agreed on, never alone.
-      if (st.step >= st.job.steps || (mode == step_mode::ring ? st.ring_stop : st.stop_requested))
+      const bool done = st.step >= st.job.steps || (mode == step_mode::ring ? st.ring_stop : st.stop_requested);
+      if (st.commit_inflight && (done || mode != step_mode::local_steps)) {
+        st.deferred_step = true; // an overlapped commit lands first (commit_landed)
+        return;
+      }
+      if (done)
         return finish(self);
       st.step_begin = clock_type::now();
       st.step_begin_ns = static_cast<uint64_t>(unix_ns());
@@ -829,8 +931,8 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
       st.in_step = true;
       if (mode == step_mode::ring && st.step > 0)
         push_all(self); // the model is local: compute, then all-reduce
-      else if (st.local_done > 0)
-        push_all(self); // a commit is open: compute on the local model
+      else if (st.local_done > 0 || st.commit_inflight || (mode == step_mode::local_steps && st.model_local))
+        push_all(self); // a commit is open, or one is in flight: compute on the local model
       else
         pull_all(self);
     },

@@ -143,6 +143,7 @@ struct Assignment {
   cursorEpoch @22 :UInt64;         # a resumed worker's data position: passes over its part done
   cursorPos @23 :UInt64;           # and samples into the current pass
   pullTopkRatio @24 :Float32;      # pulls are delta reads of this fraction of each range; 0: dense
+  overlapCommits @25 :Bool;        # local steps: a commit's push and pull run behind the next local steps
   struct Slowdown {
     startS @0 :Float64;
     endS @1 :Float64;

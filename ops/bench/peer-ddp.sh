@@ -59,14 +59,14 @@ text = "\n".join(lines) + "\n"
 print(text)
 with open(out + "/results.md", "w") as f:
     f.write("# Ashlar against PyTorch DDP\n\nSpeeds 1,1,2,4 paced (0.5 ms per sample at speed 1), 4 processes, "
-            "MLP 784-256-128-10, batch 64 per worker, Fashion-MNIST; evaluations every " + sys.argv[2] + " s; "
+            "MLP 784-256-128-10, batch 64 per worker (Ashlar's ashl: 32), Fashion-MNIST; evaluations every " + sys.argv[2] + " s; "
             f"{len(ddp)} seeds each, medians.\n\n" + text)
 PY
 {
   echo
   echo "Reproduce (after \`bash ops/install-deps.sh --bench && bash ops/build.sh\`):"
   echo
-  echo "    SEEDS=$seeds POLICIES=$policies bash ops/bench/peer-ddp.sh $out"
+  echo "    SEEDS=$seeds CAP=$cap POLICIES=$policies bash ops/bench/peer-ddp.sh $out"
   echo
   echo "Measured on: $(nproc) cores, $(uname -sr), $(date -u +%Y-%m-%d)."
 } >> "$out/results.md"

@@ -184,6 +184,8 @@ const std::vector<field>& fields() {
          [](train_config& c) -> double& { return c.pull_topk_ratio; }),
     bind("train.commit_scale", "adsp/ashl: a commit pushes its summed local gradients times this; 0 = 1/workers (default 0)",
          [](train_config& c) -> double& { return c.commit_scale; }),
+    bind("train.overlap_commits", "adsp/ashl: a commit's push and pull run while the next local steps compute (default false)",
+         [](train_config& c) -> bool& { return c.overlap_commits; }),
     bind("train.speeds", "pacing: relative worker speeds, e.g. 1,1,2,4; empty = unpaced (default empty)",
          [](train_config& c) -> std::vector<double>& { return c.speeds; }),
     bind("train.sample_ms", "pacing: milliseconds per sample at speed 1 (default 0.5)",

@@ -61,6 +61,11 @@ struct train_config {
   /// Local steps (ADSP, ASHL): a commit pushes its summed gradients times this; 0 means
   /// 1 / workers (a commit counts as one worker's share of a model average). Default: 0.
   double commit_scale = 0;
+  /// Local steps (ADSP, ASHL): a commit's push and the pull after it run while the next
+  /// local steps compute; the pulled model then takes those steps along (pull minus local
+  /// lr x their summed gradients). A worker waits only if its next commit is due before
+  /// the last one has landed. Default: false.
+  bool overlap_commits = false;
   /// Between processes, pulls and pushes use direct data connections (worker to shard
   /// node, raw TCP) instead of CAF's middleman (train.data_plane). Default: true.
   bool data_plane = true;

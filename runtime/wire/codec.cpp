@@ -163,6 +163,7 @@ words encode(const assignment& x) {
   b.setCommitScale(x.commit_scale);
   b.setTopkRatio(x.topk_ratio);
   b.setPullTopkRatio(x.pull_topk_ratio);
+  b.setOverlapCommits(x.overlap_commits);
   b.setShardWaitS(x.shard_wait_s);
   b.setCursorEpoch(x.cursor_epoch);
   b.setCursorPos(x.cursor_pos);
@@ -212,6 +213,7 @@ caf::error decode(const uint64_t* d, size_t n, assignment& out) {
     out.commit_scale = r.getCommitScale();
     out.topk_ratio = r.getTopkRatio();
     out.pull_topk_ratio = r.getPullTopkRatio();
+    out.overlap_commits = r.getOverlapCommits();
     out.shard_wait_s = r.getShardWaitS();
     out.cursor_epoch = r.getCursorEpoch();
     out.cursor_pos = r.getCursorPos();

@@ -198,6 +198,7 @@ struct assignment {
   float commit_scale = 1;   // a commit pushes its summed gradients times this
   float topk_ratio = 0;     // pushes carry this fraction of each range, top-k with error feedback; 0: dense
   float pull_topk_ratio = 0; // pulls are delta reads of this fraction of each range; 0: dense
+  bool overlap_commits = false; // local steps: a commit's push and pull run behind the next steps
   float momentum = 0;       // ring mode: the workers apply updates themselves (lr: local_lr)
   float weight_decay = 0;
   double shard_wait_s = 0;  // a lost shard may be replaced within this long; 0: fail at once

@@ -258,6 +258,50 @@ TEST_CASE("ADSP workers at speeds 1 and 4 commit about equally often, never wait
 
 namespace {
 
+// Step lines of a metrics file, and how many of them pulled (pull_seconds not 0).
+std::pair<int, int> steps_and_pulls(const std::string& path) {
+  std::ifstream in{path};
+  std::string line;
+  int steps = 0, pulls = 0;
+  while (std::getline(in, line)) {
+    if (line.find("\"type\":\"step\"") == std::string::npos)
+      continue;
+    ++steps;
+    pulls += line.find("\"pull_seconds\":0,") == std::string::npos;
+  }
+  return {steps, pulls};
+}
+
+}  // namespace
+
+TEST_CASE("ADSP with overlapped commits pulls behind the local steps, never before one, and trains") {
+  ashlar::test::temp_dir dir;
+  auto plain = paced_pair_job("adsp");
+  plain.metrics = dir.file("plain.jsonl");
+  auto overlapped = plain;
+  overlapped.overlap_commits = true;
+  overlapped.metrics = dir.file("overlapped.jsonl");
+  auto a = actors::run_local_job(plain);
+  auto b = actors::run_local_job(overlapped);
+  REQUIRE(a);
+  REQUIRE(b);
+  auto [steps_a, pulls_a] = steps_and_pulls(plain.metrics);
+  auto [steps_b, pulls_b] = steps_and_pulls(overlapped.metrics);
+  INFO("plain: " << pulls_a << " of " << steps_a << " steps pulled; overlapped: " << pulls_b << " of " << steps_b);
+  // Without overlap a step pulls after every commit; with it, only the steps before the
+  // plan's first local steps do (the pull of each commit lands behind the next steps).
+  CHECK(pulls_a > 20);
+  CHECK(pulls_b * 2 < pulls_a);
+  CHECK(pulls_a - pulls_b >= 20);
+  // Commits still reach the shards about as often, and the model trains as well.
+  CHECK(b->versions * 2 > a->versions);
+  CHECK(b->versions < static_cast<uint64_t>(steps_b));
+  CHECK(b->test_accuracy >= 0.7);
+  CHECK(b->test_accuracy > a->test_accuracy - 0.05);
+}
+
+namespace {
+
 // Two lockstep workers at speeds 1 and 4 with batches proportional to speed.
 train_config proportional_pair_job(const std::string& policy) {
   auto cfg = small_job(policy);

@@ -191,11 +191,19 @@ expected<std::optional<job_store>> open_job_store(const train_config& cfg) {
   split((*old)->settings, then);
   split(js.record.settings, now);
   std::string diff;
+  const train_config defaults;
   for (const auto& [k, v] : now) {
     auto i = then.find(k);
-    const std::string was = i == then.end() ? "(not set)" : i->second;
+    if (i != then.end()) {
+      if (i->second != v)
+        diff += (diff.empty() ? "" : "; ") + k + " = " + v + " (checkpointed job: " + i->second + ")";
+      continue;
+    }
+    // A setting newer than the checkpoint: the checkpointed job ran at its default.
+    const std::string was = setting_text(defaults, k);
     if (was != v)
-      diff += (diff.empty() ? "" : "; ") + k + " = " + v + " (checkpointed job: " + was + ")";
+      diff += (diff.empty() ? "" : "; ") + k + " = " + v + " (checkpointed job: " + was
+              + ", the default; its record predates this setting)";
   }
   if (!diff.empty())
     return make_error(errc::invalid_config, "cannot resume the job in " + cfg.checkpoint_dir

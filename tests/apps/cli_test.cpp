@@ -1,6 +1,7 @@
 // Runs the real `ashlar` binary as a user would and checks exit codes and messages.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -360,6 +361,36 @@ TEST_CASE("a job killed mid-run and resumed reaches the accuracy of an uninterru
   CHECK(has(resumed, "shard 0: restored version " + std::to_string(before) + " "));
   CHECK(has(resumed, "resuming from"));
   check_same_accuracy(dir, "one process");
+}
+
+TEST_CASE("a checkpoint whose job record predates a setting resumes at that setting's default, and is refused "
+          "at another value, naming it") {
+  ashlar::test::temp_dir dir;
+  auto ck = dir.file("ck");
+  const std::string job = " --set data.train_limit=3000 --set data.test_limit=500 --checkpoint-dir " + ck;
+  REQUIRE(run("train " + config + job + " --epochs 1").code == 0);
+  // Rewrite the record as an older version wrote it: without train.overlap_commits.
+  {
+    auto store = ashlar::open_rocksdb_store(ck + "/job", ashlar::open_mode::existing);
+    REQUIRE(store);
+    auto rec = ashlar::load_job_record(**store);
+    REQUIRE(rec);
+    REQUIRE(*rec);
+    auto& settings = (**rec).settings;
+    auto before = settings.size();
+    settings.erase(std::remove_if(settings.begin(), settings.end(),
+                                  [](const std::string& kv) { return kv.rfind("train.overlap_commits=", 0) == 0; }),
+                   settings.end());
+    REQUIRE(settings.size() + 1 == before);
+    REQUIRE_FALSE(ashlar::save_job_record(**store, **rec));
+  }
+  auto other = run("train " + config + job + " --epochs 2 --resume --set train.overlap_commits=true");
+  CHECK(other.code == 2);
+  CHECK(has(other, "train.overlap_commits = true (checkpointed job: false, the default; its record predates this "
+                   "setting)"));
+  auto same = run("train " + config + job + " --epochs 2 --resume");
+  CHECK(same.code == 0);
+  CHECK_FALSE(has(same, "configuration differs"));
 }
 
 TEST_CASE("a resumed job starts from the checkpointed job's batch shares and data positions, and does not "

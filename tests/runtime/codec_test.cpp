@@ -18,8 +18,10 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   a.policy = "bsp";
   a.cursor_epoch = 4;
   a.cursor_pos = 320;
+  a.overlap_commits = true;
   assignment a2;
   REQUIRE_FALSE(decode(encode(a), a2));
+  CHECK(a2.overlap_commits);
   CHECK(a2.cursor_epoch == 4);
   CHECK(a2.cursor_pos == 320);
   CHECK(a2.worker_id == 3);

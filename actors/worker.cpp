@@ -476,6 +476,32 @@ void ring_begin(worker_pointer self);
 void begin_commit(worker_pointer self);
 void end_local_step(worker_pointer self);
 
+// The learning rate of local steps, the stage's factor included.
+float local_lr(const worker_state& st) {
+  return st.job.local_lr * st.local_lr_scale;
+}
+
+// A local step: the step's gradient moves the local model.
+void step_local_model(worker_state& st) {
+  const float lr = local_lr(st);
+  for (size_t j = 0; j < st.params.size(); ++j)
+    st.params[j] -= lr * st.grad[j];
+}
+
+// Closes the open commit: its summed gradients times commit_scale go into `out` (the
+// buffer its push reads), and the next commit starts empty.
+void take_commit(worker_state& st, std::vector<float>& out) {
+  const float scale = st.job.commit_scale;
+  out.resize(st.acc.size());
+  for (size_t j = 0; j < st.acc.size(); ++j) {
+    out[j] = st.acc[j] * scale;
+    st.acc[j] = 0.0f;
+  }
+  st.push_samples = st.acc_samples;
+  st.acc_samples = 0;
+  st.local_done = 0;
+}
+
 void after_compute(worker_pointer self) {
   auto& st = self->state;
   if (st.mode == step_mode::ring)
@@ -499,9 +525,7 @@ void after_compute(worker_pointer self) {
   if (overlap) {
     // Every step moves the local model, a committing one too: the commit's pull comes
     // back later and takes the steps made meanwhile along (commit_landed).
-    const float lr = st.job.local_lr * st.local_lr_scale;
-    for (size_t j = 0; j < st.params.size(); ++j)
-      st.params[j] -= lr * st.grad[j];
+    step_local_model(st);
     if (st.local_done >= h || last) {
       if (st.commit_inflight) {
         // The last commit is still on its way: this step ends when it has landed.
@@ -514,20 +538,11 @@ void after_compute(worker_pointer self) {
     return end_local_step(self);
   }
   if (st.local_done >= h || last) {
-    const float scale = st.job.commit_scale;
-    for (size_t j = 0; j < st.grad.size(); ++j) {
-      st.grad[j] = st.acc[j] * scale;
-      st.acc[j] = 0.0f;
-    }
-    st.push_samples = st.acc_samples;
-    st.acc_samples = 0;
-    st.local_done = 0;
+    take_commit(st, st.grad);
     return send_pushes(self);
   }
   // A local step: move the local model and go on without talking to the shards.
-  const float lr = st.job.local_lr * st.local_lr_scale;
-  for (size_t j = 0; j < st.params.size(); ++j)
-    st.params[j] -= lr * st.grad[j];
+  step_local_model(st);
   report_step(self, 0);
   st.in_step = false;
   self->send(self, step_atom::value);
@@ -538,15 +553,7 @@ void after_compute(worker_pointer self) {
 // lands in commit_landed.
 void begin_commit(worker_pointer self) {
   auto& st = self->state;
-  const float scale = st.job.commit_scale;
-  st.commit.resize(st.acc.size());
-  for (size_t j = 0; j < st.acc.size(); ++j) {
-    st.commit[j] = st.acc[j] * scale;
-    st.acc[j] = 0.0f;
-  }
-  st.push_samples = st.acc_samples;
-  st.acc_samples = 0;
-  st.local_done = 0;
+  take_commit(st, st.commit);
   st.commit_inflight = true;
   st.model_local = true;
   st.pulled.resize(st.params.size());
@@ -567,7 +574,7 @@ void end_local_step(worker_pointer self) {
 // that waited for it (its commit due, or a stage's change of mode, or the finish) goes on.
 void commit_landed(worker_pointer self) {
   auto& st = self->state;
-  const float lr = st.job.local_lr * st.local_lr_scale;
+  const float lr = local_lr(st);
   for (size_t j = 0; j < st.params.size(); ++j)
     st.params[j] = st.pulled[j] - lr * st.acc[j];
   st.commit_inflight = false;

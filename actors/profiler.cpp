@@ -102,7 +102,9 @@ profiler_actor::behavior_type profiler_behavior(profiler_pointer self, double al
       s.position = r.position;
       if (r.samples > 0)
         s.compute_per_sample = ema(s.compute_per_sample, r.compute_ns * 1e-9 / r.samples, st.alpha, first);
-      if (r.push_ns > 0)
+      // A step that pushed (push time), or during which an overlapped commit landed (the
+      // shards' acknowledged staleness; its push time is hidden behind local steps).
+      if (r.push_ns > 0 || r.staleness > 0)
         s.staleness = ema(s.staleness, static_cast<double>(r.staleness), st.alpha, s.staleness == 0);
       t.window_samples += r.samples;
       t.window_compute += r.compute_ns * 1e-9;

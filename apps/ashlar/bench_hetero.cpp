@@ -130,6 +130,7 @@ int run_hetero_bench(const hetero_options& o) {
       std::fprintf(stderr, "ashlar bench hetero: %s\n", describe(err).c_str());
       return 2;
     }
+    std::string own_settings; // this policy's --policy-set keys beyond batch, lr and momentum
     std::vector<std::pair<std::string, std::string>> settings = {
       {"train.policy", name},
       {"train.allocation", allocation},
@@ -149,8 +150,14 @@ int run_hetero_bench(const hetero_options& o) {
         std::fprintf(stderr, "ashlar bench hetero: --policy-set expects POLICY:KEY=VALUE, got '%s'\n", ps.c_str());
         return 2;
       }
-      if (ps.substr(0, colon) == name || ps.substr(0, colon) == entry)
+      if (ps.substr(0, colon) == name || ps.substr(0, colon) == entry) {
         settings.emplace_back(ps.substr(colon + 1, eq - colon - 1), ps.substr(eq + 1));
+        // The table names the batch, lr and momentum of every policy; other settings
+        // of this policy's own are listed after them as given.
+        const auto& key = settings.back().first;
+        if (key != "train.batch_size" && key != "train.lr" && key != "train.momentum")
+          own_settings += ", " + key + "=" + settings.back().second;
+      }
     }
     caf::error err;
     for (const auto& [k, v] : settings)
@@ -186,7 +193,7 @@ int run_hetero_bench(const hetero_options& o) {
       char buf[96];
       std::snprintf(buf, sizeof buf, "batch %u, lr %g, momentum %g", cfg.batch_size, cfg.optimizer.lr,
                     cfg.optimizer.momentum);
-      r.settings = buf;
+      r.settings = buf + own_settings;
     }
     std::vector<double> times; // per run; a miss is +inf
     const uint64_t seed = cfg.seed;

@@ -3,12 +3,13 @@
 # the same MLP on the same Fashion-MNIST data, 4 processes paced at speeds 1,1,2,4
 # (0.5 ms per sample at speed 1), time to 85% test accuracy and samples/s, 3 seeds each,
 # medians. Ashlar runs bsp (what DDP does), bsp with speed-proportional batches, asp,
-# adsp and ashl with the settings of ops/bench/hetero.sh (ashl: batch 32). About 8 minutes.
+# adsp and ashl with the settings of ops/bench/hetero.sh (ashl: batch 32, lr 0.15, commit
+# scale 0.5). About 8 minutes.
 #   [SEEDS=3] [POLICIES=bsp,bsp+proportional,asp,adsp,ashl] bash ops/bench/peer-ddp.sh [out-dir (default docs/bench/peer)]
 # Single runs' times to 85% spread widely (DDP's from 7 to 11 s here): more seeds give
 # steadier medians (an odd count gives an unambiguous one).
 # Writes OUT/results.md (the table), OUT/ddp.jsonl and OUT/ashlar/ (bench hetero's files).
-# Test accuracy is evaluated every EVAL seconds (default 0.5), which is also the
+# Test accuracy is evaluated every EVAL seconds (default 0.25), which is also the
 # resolution of every time to 85%. Each run trains at most CAP seconds (default 30); one
 # that misses 85% counts as the slowest.
 set -euo pipefail
@@ -21,13 +22,13 @@ ashlar=build/apps/ashlar
 mkdir -p "$out"
 seeds="${SEEDS:-3}"
 policies="${POLICIES:-bsp,bsp+proportional,asp,adsp,ashl}"
-eval="${EVAL:-0.5}"
+eval="${EVAL:-0.25}"
 cap="${CAP:-30}"
 "$ashlar" bench hetero ops/configs/fmnist-mlp.toml --speeds 1,1,2,4 --time-cap "$cap" --repeat "$seeds" \
   --policies "$policies" \
   --policy-set asp:train.lr=0.05 --policy-set asp:train.momentum=0.5 \
   --policy-set adsp:train.lr=0.3 --policy-set adsp:train.momentum=0 \
-  --policy-set ashl:train.lr=0.3 --policy-set ashl:train.momentum=0 \
+  --policy-set ashl:train.lr=0.15 --policy-set ashl:train.commit_scale=0.5 --policy-set ashl:train.momentum=0 \
   --policy-set ashl:train.batch_size=32 --policy-set ashl:ashl.max_comm_share=0.1 \
   --eval-interval "$eval" --out "$out/ashlar"
 # DDP: the config's lr 0.1, momentum 0.9, weight decay 1e-4, batch 64 per process.
@@ -59,7 +60,7 @@ text = "\n".join(lines) + "\n"
 print(text)
 with open(out + "/results.md", "w") as f:
     f.write("# Ashlar against PyTorch DDP\n\nSpeeds 1,1,2,4 paced (0.5 ms per sample at speed 1), 4 processes, "
-            "MLP 784-256-128-10, batch 64 per worker (Ashlar's ashl: 32), Fashion-MNIST; evaluations every " + sys.argv[2] + " s; "
+            "MLP 784-256-128-10, batch 64 per worker (Ashlar's ashl: 32, lr 0.15, commit scale 0.5; adsp: lr 0.3), Fashion-MNIST; evaluations every " + sys.argv[2] + " s; "
             f"{len(ddp)} seeds each, medians.\n\n" + text)
 PY
 {

@@ -297,7 +297,10 @@ TEST_CASE("ADSP with overlapped commits pulls behind the local steps, never befo
   CHECK(b->versions * 2 > a->versions);
   CHECK(b->versions < static_cast<uint64_t>(steps_b));
   CHECK(b->test_accuracy >= 0.7);
-  CHECK(b->test_accuracy > a->test_accuracy - 0.05);
+  // Two epochs of 6000 samples end on the steep part of the curve, where the workers'
+  // interleaving alone moves one run's accuracy by about +-0.03 (12 pairs on a loaded
+  // 2-core machine: plain 0.76-0.82, overlapped 0.75-0.82, differences up to 0.06); 0.1 is about three spreads.
+  CHECK(b->test_accuracy > a->test_accuracy - 0.1);
 }
 
 namespace {

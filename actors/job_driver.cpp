@@ -427,8 +427,12 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
     });
     pending = std::move(e);
   };
-  // Epoch boundaries are checked every tick; progress lines go out every progress_interval.
-  const auto tick = std::chrono::milliseconds(100);
+  // Epoch boundaries and evaluations are checked every tick (a fifth of the evaluation
+  // interval, 10-100 ms, so evaluations come when due rather than on a coarser tick);
+  // progress lines go out every progress_interval.
+  const auto tick = std::chrono::milliseconds(
+    cfg.eval_interval > 0 ? std::clamp(static_cast<int64_t>(cfg.eval_interval * 1000 / 5), int64_t{10}, int64_t{100})
+                          : int64_t{100});
   while (!done) {
     self->receive(
       [&](done_atom, uint32_t f, uint32_t fl) {
@@ -518,7 +522,9 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
     if ((epoch_due || interval_due) && !pending && lost_since.empty()) {
       if (auto p = snapshot(self, shards, num_params))
         record(std::move(*p), static_cast<double>(done_before + stats.total_samples) / train->n, now, stats.loss);
-      last_eval = now;
+      // Interval evaluations keep to their grid (0.25, 0.5, ... s for 0.25), unless one
+      // still running made them fall behind by more than an interval.
+      last_eval = interval_due ? std::max(last_eval + cfg.eval_interval, now - cfg.eval_interval) : now;
       while (next_epoch <= cfg.epochs && done_before + stats.total_samples >= uint64_t{next_epoch} * train->n)
         ++next_epoch;
     }

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -160,6 +161,39 @@ TEST_CASE("a paced worker spends sample_ms / speed of wall time per sample") {
     double budget = static_cast<double>(w.samples) * cfg.sample_ms * 1e-3 / speed;
     CHECK(w.compute_seconds == Approx(budget).epsilon(0.01));
   }
+}
+
+TEST_CASE("test evaluations come every run.eval_interval seconds while a job runs") {
+  ashlar::test::temp_dir dir;
+  auto cfg = small_job("asp");
+  cfg.workers = 2;
+  cfg.epochs = 1;
+  cfg.train_limit = 4096;
+  cfg.optimizer.lr = 0.02f;
+  cfg.speeds = {1.0, 1.0};
+  cfg.sample_ms = 1.0; // 2048 samples a worker: about 2 s
+  cfg.eval_interval = 0.25;
+  cfg.metrics = dir.file("run.jsonl");
+  auto rep = actors::run_local_job(cfg);
+  REQUIRE(rep);
+  std::vector<double> times;
+  std::ifstream in{cfg.metrics};
+  std::string line;
+  std::smatch m;
+  while (std::getline(in, line))
+    if (std::regex_search(line, m, std::regex{R"re("type":"eval","t":([0-9.e+-]+))re"}))
+      times.push_back(std::stod(m[1]));
+  REQUIRE(times.size() >= 6);
+  std::vector<double> gaps;
+  for (size_t i = 1; i < times.size(); ++i)
+    gaps.push_back(times[i] - times[i - 1]);
+  std::sort(gaps.begin(), gaps.end());
+  const double median = gaps[gaps.size() / 2];
+  INFO(times.size() << " evaluations, median gap " << median << " s");
+  // The first comes an interval after the start, and they keep to the interval (a
+  // 100 ms tick used to round 0.25 s up to 0.3 s).
+  CHECK(times.front() == Approx(0.25).margin(0.05));
+  CHECK(median == Approx(0.25).margin(0.025));
 }
 
 TEST_CASE("k-sync and k-async jobs train to a working model") {

@@ -65,7 +65,6 @@ expected<job_data> load_job_data(const train_config& cfg) {
 
 namespace {
 
-// Reads every shard's range now, outside the sync policy, into one flat vector.
 // Lowers the calling thread's CPU priority (Linux: a thread's nice value is its own;
 // raising it needs no privilege). Mid-run test evaluations run so: they use time the
 // workers leave idle instead of slowing them down, which on a machine with few cores
@@ -74,6 +73,7 @@ void lower_thread_priority() {
   ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
 }
 
+// Reads every shard's range now, outside the sync policy, into one flat vector.
 expected<std::vector<float>> snapshot(caf::scoped_actor& self, const std::vector<shard_actor>& shards,
                                       uint64_t num_params) {
   std::vector<float> params(num_params);

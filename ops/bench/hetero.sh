@@ -2,7 +2,7 @@
 # Every sync policy on the same paced heterogeneous workers (default speeds 1,1,2,4):
 # time to 85% test accuracy on Fashion-MNIST, throughput against the ideal, staleness,
 # bytes. Writes DIR/results.md, results.csv, series.csv and accuracy.png.
-#   [REPEAT=5] [EVAL=0.25] bash ops/bench/hetero.sh [out-dir] [extra ashlar bench hetero flags...]
+#   [REPEAT=7] [EVAL=0.25] bash ops/bench/hetero.sh [out-dir] [extra ashlar bench hetero flags...]
 # Each policy runs REPEAT times (seeds 1..REPEAT; the table gives medians); test accuracy
 # is evaluated every EVAL seconds, the resolution of every time to target.
 # Settings per policy (the table's last column gives each one's): round-based policies
@@ -32,7 +32,7 @@ done
 sets+=(--policy-set adsp:train.lr=0.3 --policy-set adsp:train.momentum=0)
 sets+=(--policy-set ashl:train.lr=0.15 --policy-set ashl:train.commit_scale=0.5 --policy-set ashl:train.momentum=0)
 sets+=(--policy-set ashl:train.batch_size=32 --policy-set ashl:ashl.max_comm_share=0.1)
-repeat="${REPEAT:-5}"
+repeat="${REPEAT:-7}"
 eval="${EVAL:-0.25}"
 "$ashlar" bench hetero ops/configs/fmnist-mlp.toml --speeds 1,1,2,4 --time-cap 20 --repeat "$repeat" \
   --eval-interval "$eval" --policies bsp,bsp+proportional,bsp+predicted,ring,ring+proportional,ksync,adaptive,ssp,kasync,asp,adsp,ashl \

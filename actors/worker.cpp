@@ -730,6 +730,7 @@ void replace_shard(worker_pointer self, uint32_t index, shard_actor shard, const
   // An overlapped commit in flight is abandoned with the step; the next step pulls.
   st.commit_inflight = st.commit_due = st.deferred_step = st.model_local = false;
   st.last_follows = false; // the time without the shard is no host time
+  st.given_ns = 0;          // and the abandoned step reports nothing
   if (restart) {
     st.in_step = false;
     st.pull_ns = st.wait_ns = st.step_bytes = st.step_dense = st.step_staleness = 0;

@@ -164,18 +164,28 @@ TEST_CASE("a paced worker spends sample_ms / speed of wall time per sample") {
   }
 }
 
-TEST_CASE("a paced worker keeps its speed over whole steps: samples per second outside communication") {
-  // Short steps (batch 8; 2 ms at speed 4), where the host time between steps (the
-  // delayed message's lateness, the bookkeeping, the hop to the next step) weighs most.
-  ashlar::test::temp_dir dir;
+namespace {
+
+// Two paced ASP workers at these speeds (1 ms a sample at speed 1) over 4096 samples.
+train_config paced_asp_pair(std::vector<double> speeds) {
   auto cfg = small_job("asp");
   cfg.workers = 2;
   cfg.epochs = 1;
   cfg.train_limit = 4096;
-  cfg.batch_size = 8;
   cfg.optimizer.lr = 0.02f;
-  cfg.speeds = {1.0, 4.0};
+  cfg.speeds = std::move(speeds);
   cfg.sample_ms = 1.0;
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("a paced worker keeps its speed over whole steps: samples per second outside communication") {
+  // Short steps (batch 8; 2 ms at speed 4), where the host time between steps (the
+  // delayed message's lateness, the bookkeeping, the hop to the next step) weighs most.
+  ashlar::test::temp_dir dir;
+  auto cfg = paced_asp_pair({1.0, 4.0});
+  cfg.batch_size = 8;
   cfg.metrics = dir.file("run.jsonl");
   auto rep = actors::run_local_job(cfg);
   REQUIRE(rep);
@@ -215,13 +225,7 @@ TEST_CASE("a paced worker keeps its speed over whole steps: samples per second o
 
 TEST_CASE("test evaluations come every run.eval_interval seconds while a job runs") {
   ashlar::test::temp_dir dir;
-  auto cfg = small_job("asp");
-  cfg.workers = 2;
-  cfg.epochs = 1;
-  cfg.train_limit = 4096;
-  cfg.optimizer.lr = 0.02f;
-  cfg.speeds = {1.0, 1.0};
-  cfg.sample_ms = 1.0; // 2048 samples a worker: about 2 s
+  auto cfg = paced_asp_pair({1.0, 1.0}); // 2048 samples a worker at 1 ms: about 2 s
   cfg.eval_interval = 0.25;
   cfg.metrics = dir.file("run.jsonl");
   auto rep = actors::run_local_job(cfg);

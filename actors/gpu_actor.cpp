@@ -107,6 +107,10 @@ public:
   expected<batch_stats> evaluate(const float* params, batch_view batch) override {
     return call(gpu_call::evaluate, params, batch, nullptr);
   }
+  // Locking host memory is a CUDA runtime call that any thread may make.
+  std::shared_ptr<void> lock_host_memory(void* p, size_t bytes) override {
+    return gpu::lock_host(p, bytes);
+  }
 
 private:
   expected<batch_stats> call(gpu_call::kind_t kind, const float* params, batch_view batch, float* grad) {
@@ -117,7 +121,11 @@ private:
     c.batch = batch;
     c.grad = grad;
     expected<batch_stats> out = batch_stats{};
-    caf::scoped_actor self{sys_};
+    // One blocking actor for the proxy's life, not one per call (creating it cost a step
+    // of a small model). Hidden: the actor system's end does not wait for it.
+    if (!self_)
+      self_ = std::make_unique<caf::scoped_actor>(sys_, true);
+    auto& self = *self_;
     self->request(gpu_, caf::infinite, std::move(c))
       .receive(
         [&](gpu_reply& r) {
@@ -138,6 +146,7 @@ private:
   gpu_actor gpu_;
   mlp_spec spec_;
   std::string name_ = "cuda";
+  std::unique_ptr<caf::scoped_actor> self_;
 };
 
 }  // namespace

@@ -86,12 +86,21 @@ profiler_actor::behavior_type profiler_behavior(profiler_pointer self, double al
       s.worker_id = r.worker_id;
       s.steps += 1;
       s.samples += r.samples;
-      double step_s = (r.compute_ns + r.pull_ns + r.push_ns + r.wait_ns) * 1e-9;
-      s.step_seconds = ema(s.step_seconds, step_s, st.alpha, first);
-      s.compute_seconds = ema(s.compute_seconds, r.compute_ns * 1e-9, st.alpha, first);
-      s.wait_seconds = ema(s.wait_seconds, r.wait_ns * 1e-9, st.alpha, first);
-      double rate = step_s > 0 ? r.samples / step_s : 0;
-      s.samples_per_second = ema(s.samples_per_second, rate, st.alpha, first);
+      // A worker's first step carries one-time costs (a GPU's lazily loaded kernels, cold
+      // caches and connections), up to a hundred steps' time: the smoothed timings start
+      // from its second step, so that one outlier does not skew the first allocation.
+      if (s.steps >= 2) {
+        const bool seed = s.steps == 2;
+        double step_s = (r.compute_ns + r.pull_ns + r.push_ns + r.wait_ns) * 1e-9;
+        s.step_seconds = ema(s.step_seconds, step_s, st.alpha, seed);
+        s.compute_seconds = ema(s.compute_seconds, r.compute_ns * 1e-9, st.alpha, seed);
+        s.wait_seconds = ema(s.wait_seconds, r.wait_ns * 1e-9, st.alpha, seed);
+        double rate = step_s > 0 ? r.samples / step_s : 0;
+        s.samples_per_second = ema(s.samples_per_second, rate, st.alpha, seed);
+        if (r.samples > 0)
+          s.compute_per_sample =
+            ema(s.compute_per_sample, r.compute_ns * 1e-9 / r.samples, st.alpha, seed || s.compute_per_sample <= 0);
+      }
       s.loss = ema(s.loss, r.loss, st.alpha, first);
       s.total_compute_seconds += r.compute_ns * 1e-9;
       s.total_wait_seconds += r.wait_ns * 1e-9;
@@ -100,8 +109,6 @@ profiler_actor::behavior_type profiler_behavior(profiler_pointer self, double al
       s.stage_changes = r.stage_changes;
       s.batch = r.batch;
       s.position = r.position;
-      if (r.samples > 0)
-        s.compute_per_sample = ema(s.compute_per_sample, r.compute_ns * 1e-9 / r.samples, st.alpha, first);
       // A step that pushed (push time), or during which an overlapped commit landed (the
       // shards' acknowledged staleness; its push time is hidden behind local steps).
       if (r.push_ns > 0 || r.staleness > 0)

@@ -50,6 +50,9 @@ struct worker_state {
   std::optional<batch_cursor> cursor;
   std::vector<float> params;
   std::vector<float> grad;
+  // The backend's page locks on params and grad (a GPU backend moves them by DMA); held
+  // while their buffers stay put, and dropped first (declared after them).
+  std::vector<std::shared_ptr<void>> host_locks;
   std::vector<uint64_t> base_versions;
   std::vector<transfer> transfers; // per shard, in the current pull or push
   uint64_t step = 0;
@@ -1010,8 +1013,11 @@ void start(worker_pointer self) {
         use_data_plane(self);
         for (auto& s : st.shards)
           self->monitor(s);
+        st.host_locks.clear(); // before the buffers may move
         st.params.assign(spec.num_params(), 0.0f);
         st.grad.assign(spec.num_params(), 0.0f);
+        for (auto* v : {&st.params, &st.grad})
+          st.host_locks.push_back(st.backend->lock_host_memory(v->data(), v->size() * sizeof(float)));
         st.base_versions.assign(shards.size(), 0);
         st.view_seqs.assign(shards.size(), 0);
         st.pull_ratio = st.job.pull_topk_ratio;

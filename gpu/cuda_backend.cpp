@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <cublas_v2.h>
@@ -124,6 +125,43 @@ using device_buffer = cuda_buffer<T, memory::device>;
 template <class T>
 using pinned_buffer = cuda_buffer<T, memory::pinned>;
 
+// Whether `p` is page-locked host memory (cudaMallocHost, or registered by lock_host), from
+// which a transfer is a DMA with no staging copy.
+bool page_locked(const void* p) {
+  cudaPointerAttributes attr{};
+  const bool locked = cudaPointerGetAttributes(&attr, p) == cudaSuccess && attr.type == cudaMemoryTypeHost;
+  cudaGetLastError(); // pageable memory is no error
+  return locked;
+}
+
+// A CUDA event without timing, for ordering work between the two streams.
+struct sync_event {
+  cudaEvent_t e = nullptr;
+  sync_event() = default;
+  sync_event(const sync_event&) = delete;
+  sync_event& operator=(const sync_event&) = delete;
+  sync_event(sync_event&& o) noexcept : e(o.e) {
+    o.e = nullptr;
+  }
+  ~sync_event() {
+    if (e)
+      cudaEventDestroy(e);
+  }
+};
+
+// Two streams: `copy_` moves the batch and the parameters in and the gradient out,
+// `stream_` computes. The parameters travel in pieces (a layer's rows of output units,
+// at most options_.piece_floats each, the bias with the layer's last piece): a forward product
+// over a piece's rows waits only for that piece, and a piece's gradient leaves as soon
+// as backward has written it. So the transfers, most of a wide model's step, overlap
+// the products, and the step comes close to its floor: every parameter in, then every
+// gradient out (no gradient exists before the forward pass has every parameter).
+// A piece of the parameters that travels on its own: output units [begin, end) of a layer.
+struct piece {
+  size_t layer = 0;
+  uint32_t begin = 0, end = 0;
+};
+
 class cuda_backend final : public compute_backend {
 public:
   cuda_backend(mlp_spec spec, int device, cuda_options options)
@@ -133,29 +171,30 @@ public:
 
   ~cuda_backend() override {
     cudaSetDevice(device_);
-    if (stream_)
-      cudaStreamSynchronize(stream_);
+    for (auto s : {copy_, stream_})
+      if (s)
+        cudaStreamSynchronize(s);
     if (handle_)
       cublasDestroy(handle_);
-    if (stream_)
-      cudaStreamDestroy(stream_);
+    for (auto s : {copy_, stream_})
+      if (s)
+        cudaStreamDestroy(s);
   }
 
   caf::error init() {
     ASHLAR_CUDA(cudaSetDevice(device_));
     ASHLAR_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    ASHLAR_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
     ASHLAR_CUBLAS(cublasCreate(&handle_));
     ASHLAR_CUBLAS(cublasSetStream(handle_, stream_));
     ASHLAR_CUBLAS(cublasSetMathMode(handle_, options_.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
     const size_t p = spec_.num_params();
-    if (auto err = params_.resize(p))
-      return err;
-    if (auto err = grad_.resize(p))
-      return err;
-    if (auto err = host_params_.resize(p))
-      return err;
-    if (auto err = host_grad_.resize(p))
-      return err;
+    for (auto* b : {&params_, &grad_})
+      if (auto err = b->resize(p))
+        return err;
+    for (auto* b : {&host_params_, &host_grad_})
+      if (auto err = b->resize(p))
+        return err;
     if (auto err = totals_.resize(1))
       return err;
     if (auto err = correct_.resize(1))
@@ -164,6 +203,19 @@ public:
       return err;
     if (auto err = host_correct_.resize(1))
       return err;
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const auto& L = layers_[l];
+      const auto rows_per_piece =
+        static_cast<uint32_t>(std::clamp<size_t>(options_.piece_floats / L.in, 1, L.out));
+      for (uint32_t o = 0; o < L.out; o += rows_per_piece)
+        pieces_.push_back({l, o, std::min(L.out, o + rows_per_piece)});
+    }
+    piece_in_.resize(pieces_.size());
+    piece_grad_.resize(pieces_.size());
+    for (auto* events : {&piece_in_, &piece_grad_})
+      for (auto& ev : *events)
+        ASHLAR_CUDA(cudaEventCreateWithFlags(&ev.e, cudaEventDisableTiming));
+    ASHLAR_CUDA(cudaEventCreateWithFlags(&batch_in_.e, cudaEventDisableTiming));
     return caf::none;
   }
 
@@ -175,27 +227,34 @@ public:
     return spec_;
   }
 
+  std::shared_ptr<void> lock_host_memory(void* p, size_t bytes) override {
+    return lock_host(p, bytes);
+  }
+
   expected<batch_stats> train_step(const float* params, batch_view b, float* grad) override {
     if (auto err = check_batch(spec_, b))
       return err;
     ASHLAR_CUDA(cudaSetDevice(device_));
+    if (auto err = finish()) // a call that failed half-way may have left work in flight
+      return err;
     if (auto err = reserve(b.n))
       return err;
-    if (auto err = upload_params(params))
-      return err;
-    if (auto err = upload_batch(b))
+    if (auto err = upload(params, &b))
       return err;
     if (auto err = forward(b.n))
       return err;
-    auto stats = loss(b.n, true);
-    if (!stats)
-      return stats;
-    if (!std::isfinite(stats->loss_sum))
+    if (auto err = enqueue_loss(b.n, true))
+      return err;
+    const bool direct = page_locked(grad);
+    if (auto err = backward(b.n, direct ? grad : host_grad_.p))
+      return err;
+    if (auto err = finish())
+      return err;
+    auto stats = read_loss(b.n);
+    if (!std::isfinite(stats.loss_sum))
       return make_error(errc::numerical_error, "training loss is not finite on " + name_ + " (lr too high?)");
-    if (auto err = backward(b.n))
-      return err;
-    if (auto err = download_grad(grad))
-      return err;
+    if (!direct)
+      std::memcpy(grad, host_grad_.p, spec_.num_params() * sizeof(float));
     return stats;
   }
 
@@ -203,26 +262,72 @@ public:
     if (auto err = check_batch(spec_, b))
       return err;
     ASHLAR_CUDA(cudaSetDevice(device_));
-    if (auto err = upload_params(params))
+    if (auto err = finish()) // a call that failed half-way may have left work in flight
       return err;
     constexpr size_t chunk = 8192;
+    if (auto err = reserve(std::min(chunk, b.n)))
+      return err;
+    if (auto err = upload(params, nullptr))
+      return err;
     batch_stats total;
     for (size_t off = 0; off < b.n; off += chunk) {
       batch_view part{b.x + off * b.dim, b.y + off, std::min(chunk, b.n - off), b.dim};
-      if (auto err = reserve(part.n))
-        return err;
       if (auto err = upload_batch(part))
         return err;
       if (auto err = forward(part.n))
         return err;
-      auto s = loss(part.n, false);
-      if (!s)
-        return s;
-      total.loss_sum += s->loss_sum;
-      total.correct += s->correct;
-      total.n += s->n;
+      if (auto err = enqueue_loss(part.n, false))
+        return err;
+      if (auto err = finish()) // the staging buffers are free again for the next part
+        return err;
+      auto s = read_loss(part.n);
+      total.loss_sum += s.loss_sum;
+      total.correct += s.correct;
+      total.n += s.n;
     }
     return total;
+  }
+
+  /// Seconds one step's compute takes on the device (forward, loss, backward; no
+  /// transfers), on random parameters and `rows` random samples: median of `reps`.
+  expected<double> time_compute(size_t rows, int reps) {
+    ASHLAR_CUDA(cudaSetDevice(device_));
+    if (auto err = reserve(rows))
+      return err;
+    launch_fill_random(params_.p, 3, spec_.num_params(), stream_);
+    launch_fill_random(x_.p, 4, rows * spec_.input, stream_);
+    ASHLAR_LAUNCHED();
+    for (size_t i = 0; i < rows; ++i)
+      host_y_.p[i] = static_cast<uint8_t>((i * 7) % spec_.classes);
+    ASHLAR_CUDA(cudaMemcpyAsync(y_.p, host_y_.p, rows, cudaMemcpyHostToDevice, stream_));
+    cudaEvent_t start = nullptr, stop = nullptr;
+    auto run = [&]() -> expected<double> {
+      ASHLAR_CUDA(cudaEventCreate(&start));
+      ASHLAR_CUDA(cudaEventCreate(&stop));
+      std::vector<float> times;
+      for (int r = -3; r < reps; ++r) {
+        ASHLAR_CUDA(cudaEventRecord(start, stream_));
+        if (auto err = forward(rows, false))
+          return err;
+        if (auto err = enqueue_loss(rows, true))
+          return err;
+        if (auto err = backward(rows, nullptr))
+          return err;
+        ASHLAR_CUDA(cudaEventRecord(stop, stream_));
+        ASHLAR_CUDA(cudaEventSynchronize(stop));
+        float ms = 0;
+        ASHLAR_CUDA(cudaEventElapsedTime(&ms, start, stop));
+        if (r >= 0)
+          times.push_back(ms);
+      }
+      std::sort(times.begin(), times.end());
+      return times.empty() ? 0.0 : times[times.size() / 2] * 1e-3;
+    };
+    auto out = run();
+    for (auto e : {start, stop})
+      if (e)
+        cudaEventDestroy(e);
+    return out;
   }
 
 private:
@@ -236,10 +341,9 @@ private:
         return err;
       widest = std::max<size_t>({widest, layers_[l].in, layers_[l].out});
     }
-    if (auto err = delta_.resize(n * widest))
-      return err;
-    if (auto err = delta_prev_.resize(n * widest))
-      return err;
+    for (auto* b : {&delta_, &delta_prev_})
+      if (auto err = b->resize(n * widest))
+        return err;
     if (auto err = x_.resize(n * spec_.input))
       return err;
     if (auto err = y_.resize(n))
@@ -256,42 +360,81 @@ private:
     return caf::none;
   }
 
-  caf::error upload_params(const float* params) {
-    const size_t bytes = spec_.num_params() * sizeof(float);
-    // The pinned copy must not be overwritten while an earlier transfer may still read it.
-    ASHLAR_CUDA(cudaStreamSynchronize(stream_));
-    std::memcpy(host_params_.p, params, bytes);
-    ASHLAR_CUDA(cudaMemcpyAsync(params_.p, host_params_.p, bytes, cudaMemcpyHostToDevice, stream_));
-    return caf::none;
-  }
-
+  // The batch goes in on the copy stream; batch_in_ marks its arrival. The staging
+  // buffers are free: every call ends with both streams drained (finish).
   caf::error upload_batch(batch_view b) {
-    ASHLAR_CUDA(cudaStreamSynchronize(stream_));
     std::memcpy(host_x_.p, b.x, b.n * b.dim * sizeof(float));
     std::memcpy(host_y_.p, b.y, b.n);
-    ASHLAR_CUDA(cudaMemcpyAsync(x_.p, host_x_.p, b.n * b.dim * sizeof(float), cudaMemcpyHostToDevice, stream_));
-    ASHLAR_CUDA(cudaMemcpyAsync(y_.p, host_y_.p, b.n, cudaMemcpyHostToDevice, stream_));
+    ASHLAR_CUDA(cudaMemcpyAsync(x_.p, host_x_.p, b.n * b.dim * sizeof(float), cudaMemcpyHostToDevice, copy_));
+    ASHLAR_CUDA(cudaMemcpyAsync(y_.p, host_y_.p, b.n, cudaMemcpyHostToDevice, copy_));
+    ASHLAR_CUDA(cudaEventRecord(batch_in_.e, copy_));
     return caf::none;
   }
 
-  caf::error forward(size_t n) {
-    const float one = 1.0f, zero = 0.0f;
-    const float* in = x_.p;
-    const auto rows = static_cast<int>(n);
-    for (size_t l = 0; l < layers_.size(); ++l) {
-      const auto& L = layers_[l];
-      float* out = acts_[l].p;
-      ASHLAR_CUBLAS(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(L.out), rows,
-                                static_cast<int>(L.in), &one, params_.p + L.weight, static_cast<int>(L.in), in,
-                                static_cast<int>(L.in), &zero, out, static_cast<int>(L.out)));
-      launch_bias_act(out, params_.p + L.bias, n, L.out, l + 1 < layers_.size(), stream_);
-      ASHLAR_LAUNCHED();
-      in = out;
+  // The parameters go in on the copy stream piece by piece, straight from the caller's
+  // memory when it is page-locked, else through pinned staging (the host copy of one
+  // piece overlapping the transfer of the one before); piece_in_[p] marks piece p's
+  // arrival. With `b`, the batch follows the first layer's pieces: its host copy then
+  // overlaps their transfer instead of delaying it.
+  caf::error upload(const float* params, const batch_view* b) {
+    const bool direct = page_locked(params);
+    for (size_t p = 0; p < pieces_.size(); ++p) {
+      const auto [off, count] = piece_range(pieces_[p]);
+      const float* src = params + off;
+      if (!direct) {
+        std::memcpy(host_params_.p + off, src, count * sizeof(float));
+        src = host_params_.p + off;
+      }
+      ASHLAR_CUDA(cudaMemcpyAsync(params_.p + off, src, count * sizeof(float), cudaMemcpyHostToDevice, copy_));
+      ASHLAR_CUDA(cudaEventRecord(piece_in_[p].e, copy_));
+      if (b && (p + 1 == pieces_.size() || pieces_[p + 1].layer != pieces_[p].layer) && pieces_[p].layer == 0)
+        if (auto err = upload_batch(*b))
+          return err;
     }
     return caf::none;
   }
 
-  expected<batch_stats> loss(size_t n, bool grad) {
+  // Piece p's range of the parameter (and gradient) vector: its rows of weights, and the
+  // layer's bias with its last piece (the bias follows the weights).
+  std::pair<size_t, size_t> piece_range(const piece& p) const {
+    const auto& L = layers_[p.layer];
+    const size_t off = L.weight + size_t{p.begin} * L.in;
+    size_t count = size_t{p.end - p.begin} * L.in;
+    if (p.end == L.out)
+      count += L.out;
+    return {off, count};
+  }
+
+  // With `wait`, each product waits for its inputs on the copy stream (the batch, the
+  // layer's parameters); without, the device buffers are used as they are (timing).
+  caf::error forward(size_t n, bool wait = true) {
+    const float one = 1.0f, zero = 0.0f;
+    const float* in = x_.p;
+    const auto rows = static_cast<int>(n);
+    if (wait)
+      ASHLAR_CUDA(cudaStreamWaitEvent(stream_, batch_in_.e, 0));
+    for (size_t p = 0; p < pieces_.size(); ++p) {
+      const auto& P = pieces_[p];
+      const auto& L = layers_[P.layer];
+      float* out = acts_[P.layer].p;
+      if (wait)
+        ASHLAR_CUDA(cudaStreamWaitEvent(stream_, piece_in_[p].e, 0));
+      // Output units [begin, end): act^T rows begin.. = W[begin..end) . in^T
+      ASHLAR_CUBLAS(cublasSgemm(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(P.end - P.begin), rows,
+                                static_cast<int>(L.in), &one, params_.p + L.weight + size_t{P.begin} * L.in,
+                                static_cast<int>(L.in), in, static_cast<int>(L.in), &zero, out + P.begin,
+                                static_cast<int>(L.out)));
+      if (P.end == L.out) {
+        launch_bias_act(out, params_.p + L.bias, n, L.out, P.layer + 1 < layers_.size(), stream_);
+        ASHLAR_LAUNCHED();
+        in = out;
+      }
+    }
+    return caf::none;
+  }
+
+  // The loss and correct count, reduced on the device, copied out at finish().
+  caf::error enqueue_loss(size_t n, bool grad) {
     ASHLAR_CUDA(cudaMemsetAsync(totals_.p, 0, sizeof(double), stream_));
     ASHLAR_CUDA(cudaMemsetAsync(correct_.p, 0, sizeof(unsigned long long), stream_));
     launch_softmax_xent(acts_.back().p, y_.p, n, layers_.back().out, grad ? delta_.p : nullptr, totals_.p,
@@ -300,7 +443,10 @@ private:
     ASHLAR_CUDA(cudaMemcpyAsync(host_totals_.p, totals_.p, sizeof(double), cudaMemcpyDeviceToHost, stream_));
     ASHLAR_CUDA(cudaMemcpyAsync(host_correct_.p, correct_.p, sizeof(unsigned long long), cudaMemcpyDeviceToHost,
                                 stream_));
-    ASHLAR_CUDA(cudaStreamSynchronize(stream_));
+    return caf::none;
+  }
+
+  batch_stats read_loss(size_t n) const {
     batch_stats s;
     s.n = n;
     s.loss_sum = *host_totals_.p;
@@ -308,40 +454,50 @@ private:
     return s;
   }
 
-  caf::error backward(size_t n) {
+  // Backward from the last layer. Each layer's gradient (weights, then bias: one
+  // contiguous range) leaves on the copy stream for `out` (host memory, page-locked) as
+  // soon as it is written; with `out` null it stays on the device (timing).
+  caf::error backward(size_t n, float* out) {
     const float one = 1.0f, zero = 0.0f;
     const auto rows = static_cast<int>(n);
     float* delta = delta_.p;
     float* prev = delta_prev_.p;
-    for (size_t li = layers_.size(); li-- > 0;) {
-      const auto& L = layers_[li];
-      const float* in = li == 0 ? x_.p : acts_[li - 1].p;
-      ASHLAR_CUBLAS(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(L.in), static_cast<int>(L.out),
-                                rows, &one, in, static_cast<int>(L.in), delta, static_cast<int>(L.out), &zero,
-                                grad_.p + L.weight, static_cast<int>(L.in)));
-      ASHLAR_CUBLAS(cublasSgemv(handle_, CUBLAS_OP_N, static_cast<int>(L.out), rows, &one, delta,
-                                static_cast<int>(L.out), ones_.p, 1, &zero, grad_.p + L.bias, 1));
-      if (li == 0)
+    for (size_t p = pieces_.size(); p-- > 0;) {
+      const auto& P = pieces_[p];
+      const auto& L = layers_[P.layer];
+      const float* in = P.layer == 0 ? x_.p : acts_[P.layer - 1].p;
+      // Rows [begin, end) of dW: dW^T columns begin.. = in^T . delta[:, begin..end)
+      ASHLAR_CUBLAS(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(L.in),
+                                static_cast<int>(P.end - P.begin), rows, &one, in, static_cast<int>(L.in),
+                                delta + P.begin, static_cast<int>(L.out), &zero,
+                                grad_.p + L.weight + size_t{P.begin} * L.in, static_cast<int>(L.in)));
+      if (P.end == L.out)
+        ASHLAR_CUBLAS(cublasSgemv(handle_, CUBLAS_OP_N, static_cast<int>(L.out), rows, &one, delta,
+                                  static_cast<int>(L.out), ones_.p, 1, &zero, grad_.p + L.bias, 1));
+      if (out) {
+        const auto [off, count] = piece_range(P);
+        ASHLAR_CUDA(cudaEventRecord(piece_grad_[p].e, stream_));
+        ASHLAR_CUDA(cudaStreamWaitEvent(copy_, piece_grad_[p].e, 0));
+        ASHLAR_CUDA(cudaMemcpyAsync(out + off, grad_.p + off, count * sizeof(float), cudaMemcpyDeviceToHost, copy_));
+      }
+      if (P.begin > 0)
+        continue; // the layer's other pieces first
+      if (P.layer == 0)
         break;
       ASHLAR_CUBLAS(cublasSgemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(L.in), rows,
                                 static_cast<int>(L.out), &one, params_.p + L.weight, static_cast<int>(L.in), delta,
                                 static_cast<int>(L.out), &zero, prev, static_cast<int>(L.in)));
-      launch_relu_mask(prev, acts_[li - 1].p, n * L.in, stream_);
+      launch_relu_mask(prev, acts_[P.layer - 1].p, n * L.in, stream_);
       ASHLAR_LAUNCHED();
       std::swap(delta, prev);
     }
     return caf::none;
   }
 
-  caf::error download_grad(float* grad) {
-    const size_t bytes = spec_.num_params() * sizeof(float);
-    cudaPointerAttributes attr{};
-    const bool page_locked = cudaPointerGetAttributes(&attr, grad) == cudaSuccess && attr.type == cudaMemoryTypeHost;
-    cudaGetLastError(); // pageable memory is no error
-    ASHLAR_CUDA(cudaMemcpyAsync(page_locked ? grad : host_grad_.p, grad_.p, bytes, cudaMemcpyDeviceToHost, stream_));
+  // Waits for both streams: the results are in host memory and the staging buffers free.
+  caf::error finish() {
     ASHLAR_CUDA(cudaStreamSynchronize(stream_));
-    if (!page_locked)
-      std::memcpy(grad, host_grad_.p, bytes);
+    ASHLAR_CUDA(cudaStreamSynchronize(copy_));
     return caf::none;
   }
 
@@ -350,7 +506,7 @@ private:
   int device_;
   cuda_options options_;
   std::string name_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr, copy_ = nullptr;
   cublasHandle_t handle_ = nullptr;
   size_t capacity_ = 0;
   device_buffer<float> params_, grad_, x_, delta_, delta_prev_, ones_;
@@ -362,6 +518,9 @@ private:
   pinned_buffer<uint8_t> host_y_;
   pinned_buffer<double> host_totals_;
   pinned_buffer<unsigned long long> host_correct_;
+  sync_event batch_in_;
+  std::vector<piece> pieces_; // in layer order, rows ascending
+  std::vector<sync_event> piece_in_, piece_grad_;
 };
 
 }  // namespace
@@ -431,6 +590,87 @@ expected<double> time_gemms(const std::vector<gemm_shape>& shapes, int device, b
   };
   auto out = run();
   cleanup();
+  return out;
+}
+
+std::shared_ptr<void> lock_host(void* p, size_t bytes) {
+  if (!p || bytes == 0)
+    return nullptr;
+  if (cudaHostRegister(p, bytes, cudaHostRegisterPortable) != cudaSuccess) {
+    cudaGetLastError(); // no device, or over the limit on locked memory: transfers stage instead
+    return nullptr;
+  }
+  return std::shared_ptr<void>{p, [](void* q) { cudaHostUnregister(q); }};
+}
+
+expected<double> time_step_compute(const mlp_spec& spec, size_t rows, int device, cuda_options options, int reps) {
+  auto b = make_cuda_backend(spec, device, options);
+  if (!b)
+    return b.error();
+  return static_cast<cuda_backend&>(**b).time_compute(rows, reps);
+}
+
+expected<transfer_rates> time_transfers(size_t bytes, int device, int reps) {
+  auto devices = list_devices();
+  if (!devices)
+    return devices.error();
+  if (device < 0 || static_cast<size_t>(device) >= devices->size())
+    return make_error(errc::invalid_argument, "GPU " + std::to_string(device) + " does not exist");
+  ASHLAR_CUDA(cudaSetDevice(device));
+  const size_t n = (bytes + sizeof(float) - 1) / sizeof(float);
+  device_buffer<float> dev;
+  pinned_buffer<float> pinned;
+  if (auto err = dev.resize(n))
+    return err;
+  if (auto err = pinned.resize(n))
+    return err;
+  std::vector<float> plain(n, 1.0f);
+  std::memset(pinned.p, 0, n * sizeof(float));
+  auto lock = lock_host(plain.data(), n * sizeof(float));
+  if (!lock)
+    return make_error(errc::device_error, "cudaHostRegister refused " + std::to_string(bytes) + " bytes");
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  auto rate = [&](void* dst, const void* src, cudaMemcpyKind kind) -> expected<double> {
+    std::vector<float> ms;
+    for (int r = -2; r < reps; ++r) {
+      ASHLAR_CUDA(cudaEventRecord(start, stream));
+      ASHLAR_CUDA(cudaMemcpyAsync(dst, src, n * sizeof(float), kind, stream));
+      ASHLAR_CUDA(cudaEventRecord(stop, stream));
+      ASHLAR_CUDA(cudaEventSynchronize(stop));
+      float t = 0;
+      ASHLAR_CUDA(cudaEventElapsedTime(&t, start, stop));
+      if (r >= 0)
+        ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms.empty() || ms[ms.size() / 2] <= 0 ? 0.0 : n * sizeof(float) / (ms[ms.size() / 2] * 1e-3) * 1e-9;
+  };
+  auto run = [&]() -> expected<transfer_rates> {
+    ASHLAR_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    ASHLAR_CUDA(cudaEventCreate(&start));
+    ASHLAR_CUDA(cudaEventCreate(&stop));
+    transfer_rates out;
+    for (auto [field, dst, src, kind] :
+         {std::tuple{&out.h2d_pinned, static_cast<void*>(dev.p), static_cast<void*>(pinned.p), cudaMemcpyHostToDevice},
+          std::tuple{&out.d2h_pinned, static_cast<void*>(pinned.p), static_cast<void*>(dev.p), cudaMemcpyDeviceToHost},
+          std::tuple{&out.h2d_locked, static_cast<void*>(dev.p), static_cast<void*>(plain.data()),
+                     cudaMemcpyHostToDevice},
+          std::tuple{&out.d2h_locked, static_cast<void*>(plain.data()), static_cast<void*>(dev.p),
+                     cudaMemcpyDeviceToHost}}) {
+      auto r = rate(dst, src, kind);
+      if (!r)
+        return r.error();
+      *field = *r;
+    }
+    return out;
+  };
+  auto out = run();
+  for (auto e : {start, stop})
+    if (e)
+      cudaEventDestroy(e);
+  if (stream)
+    cudaStreamDestroy(stream);
   return out;
 }
 

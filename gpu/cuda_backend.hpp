@@ -35,12 +35,37 @@ struct cuda_options {
   /// Let cuBLAS use TF32 tensor cores for the float32 products (about 1e-3 relative
   /// error instead of float32's 1e-6; much faster on Ampere and later).
   bool tf32 = false;
+  /// Parameters travel to the device, and gradients back, in pieces of at most this many
+  /// floats (a layer's rows of output units), each overlapping the products on the pieces
+  /// before it. 4M floats: a 4096-wide layer's 64 MB of weights in 4 pieces.
+  size_t piece_floats = size_t{1} << 22;
 };
 
 /// A backend owning `device`: its stream, cuBLAS handle, device buffers and pinned
 /// host buffers. Not thread-safe: one caller at a time (the GPU actor serializes).
 [[nodiscard]] expected<std::unique_ptr<compute_backend>> make_cuda_backend(const mlp_spec& spec, int device,
                                                                            cuda_options options = {});
+
+/// Page-locks `bytes` of host memory at `p` (cudaHostRegister) until the returned handle
+/// is dropped, so that transfers from and to it go straight to the device. Null when it
+/// cannot be locked (no CUDA device, the process's limit on locked memory): transfers
+/// then stage through the backend's pinned buffers. `p` must outlive the handle.
+std::shared_ptr<void> lock_host(void* p, size_t bytes);
+
+/// Seconds one training step's compute (forward, loss, backward; no transfers) takes on
+/// `device` for `rows` samples of `spec`, random data: median of `reps` after warm-up,
+/// timed with CUDA events.
+[[nodiscard]] expected<double> time_step_compute(const mlp_spec& spec, size_t rows, int device,
+                                                 cuda_options options, int reps);
+
+/// Host-device copy rates in GB/s (1e9 bytes/s), from memory cudaMallocHost allocated
+/// ("pinned") and from ordinary memory page-locked by lock_host ("locked", what workers use).
+struct transfer_rates {
+  double h2d_pinned = 0, d2h_pinned = 0, h2d_locked = 0, d2h_locked = 0;
+};
+
+/// Times copies of `bytes` each way on `device` (median of `reps` after warm-up, CUDA events).
+[[nodiscard]] expected<transfer_rates> time_transfers(size_t bytes, int device, int reps);
 
 /// One cuBLAS SGEMM: C (m x n) = op(A) op(B), column-major, op = transpose when set.
 struct gemm_shape {

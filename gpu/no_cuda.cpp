@@ -17,8 +17,19 @@ expected<std::unique_ptr<compute_backend>> make_cuda_backend(const mlp_spec&, in
 }
 
 expected<double> time_gemms(const std::vector<gemm_shape>&, int, bool, int) {
-  return make_error(errc::device_error, "this build has no CUDA backend (configured with ASHLAR_ENABLE_CUDA=OFF, "
-                                        "or no CUDA toolkit was found)");
+  return list_devices().error();
+}
+
+expected<transfer_rates> time_transfers(size_t, int, int) {
+  return list_devices().error();
+}
+
+std::shared_ptr<void> lock_host(void*, size_t) {
+  return nullptr;
+}
+
+expected<double> time_step_compute(const mlp_spec&, size_t, int, cuda_options, int) {
+  return list_devices().error();
 }
 
 }  // namespace ashlar::gpu

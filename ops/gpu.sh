@@ -6,8 +6,9 @@
 #                               copies the binaries, their non-CUDA shared libraries and
 #                               Fashion-MNIST into .device/ (in .gitignore)
 #   bash ops/gpu.sh run [OUT]   there, from the repository root with .device/ beside it:
-#                               the GPU tests, `ashlar bench gpu` and PyTorch on the same
-#                               models (FP32 and TF32), a table in OUT/gpu-bench.md
+#                               the GPU tests, then ROUNDS (default 3) rounds of
+#                               `ashlar bench gpu` and PyTorch on the same models (FP32
+#                               and TF32); the table of medians in OUT/gpu-bench.md
 #
 # With this workplace's device tool: pack here, then run `bash ops/gpu.sh run $OUT`
 # there with carry [".device"].
@@ -51,7 +52,16 @@ run)
   [[ -f .device/bin.tar.xz ]] || { echo "ops/gpu.sh: .device/ is missing: run 'bash ops/gpu.sh pack' first" >&2; exit 1; }
   bin=$(mktemp -d)
   tar xJf .device/bin.tar.xz -C "$bin"
-  export LD_LIBRARY_PATH="$bin/lib:${CUDA_HOME:-/usr/local/cuda}/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # CUDA's runtime and cuBLAS come from the GPU machine: its toolkit (lib64 or lib), or
+  # else the CUDA wheels beside its PyTorch.
+  cuda_libs=""
+  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
+    found=$(find "${CUDA_HOME:-/usr/local/cuda}/" /usr/local/cuda*/ /usr/lib /opt -name "$lib" 2>/dev/null | head -1 || true)
+    [[ -n $found ]] || { echo "ops/gpu.sh: $lib not found on this machine (CUDA 13 toolkit or its wheels needed)" >&2; exit 1; }
+    cuda_libs="$cuda_libs:$(dirname "$found")"
+  done
+  export LD_LIBRARY_PATH="$bin/lib$cuda_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "libraries: $LD_LIBRARY_PATH"
   export ASHLAR_DATA_DIR="$PWD/.device/data" ASHLAR_TEST_BINARY="$bin/ashlar" ASHLAR_TEST_SOURCE="$PWD"
   export PYTHONUNBUFFERED=1
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt" \
@@ -59,33 +69,51 @@ run)
   status=0
   echo "== GPU tests"
   (cd "$out" && "$bin/gpu_tests" --durations yes) 2>&1 | tee "$out/gpu-tests.log" || status=1
-  rm -f "$out/bench.jsonl"
-  for precision in fp32 tf32; do
-    flag=""
-    [[ $precision == tf32 ]] && flag="--tf32"
-    echo "== ashlar bench gpu ($precision)"
-    "$bin/ashlar" bench gpu --hidden 256,128 --hidden 4096,4096 --batch 256 --json "$out/bench.jsonl" $flag \
-      | tee "$out/bench-$precision.txt" || status=1
-    echo "== PyTorch on the same models ($precision)"
-    python3 ops/bench/gpu_peer.py --hidden 256,128 --hidden 4096,4096 --batch 256 --json "$out/bench.jsonl" $flag \
-      | tee "$out/torch-$precision.txt" || status=1
+  rm -f "$out/bench.jsonl" "$out/bench.log"
+  # Rounds of Ashlar then PyTorch, each precision in turn: the table gives medians over
+  # rounds and each ratio's range (the machine's figures move by several percent).
+  rounds=${ROUNDS:-3}
+  for round in $(seq "$rounds"); do
+    for precision in fp32 tf32; do
+      flag=""
+      [[ $precision == tf32 ]] && flag="--tf32"
+      echo "== round $round: ashlar bench gpu ($precision)"
+      "$bin/ashlar" bench gpu --hidden 256,128 --hidden 4096,4096 --batch 256 --json "$out/bench.jsonl" $flag \
+        | tee -a "$out/bench.log" || status=1
+      echo "== round $round: PyTorch on the same models ($precision)"
+      python3 ops/bench/gpu_peer.py --hidden 256,128 --hidden 4096,4096 --batch 256 --json "$out/bench.jsonl" $flag \
+        | tee -a "$out/bench.log" || status=1
+    done
   done
   [[ -s $out/bench.jsonl ]] || { echo "ops/gpu.sh: no benchmark figures" >&2; exit 1; }
-  python3 - "$out/bench.jsonl" > "$out/gpu-bench.md" <<'PY'
-import json, sys
+  python3 - "$out/bench.jsonl" "$(cat "$out/gpu.txt")" "$rounds" > "$out/gpu-bench.md" <<'PY'
+import json, statistics, sys
+from collections import defaultdict
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print("| model | precision | ashlar samples/s | pytorch same work | ratio | pytorch device only | ratio | gemm TFLOP/s | cuBLAS alone | fraction |")
-print("|---|---|---|---|---|---|---|---|---|---|")
-for a in (r for r in rows if r["system"] == "ashlar"):
-    def torch(mode):
-        for r in rows:
-            if r["system"] == "pytorch" and r["mode"] == mode and r["model"] == a["model"] and r["tf32"] == a["tf32"]:
-                return r["samples_per_second"]
-        return float("nan")
-    same, dev = torch("same_work"), torch("device_only")
-    print(f"| {a['model']} | {'tf32' if a['tf32'] else 'fp32'} | {a['samples_per_second']:.0f} | {same:.0f} | "
-          f"{a['samples_per_second'] / same:.2f} | {dev:.0f} | {a['samples_per_second'] / dev:.2f} | "
-          f"{a['gemm_tflops']:.2f} | {a['cublas_alone_tflops']:.2f} | {a['gemm_tflops'] / a['cublas_alone_tflops']:.2f} |")
+# The k-th figure of a (system, mode, model, precision) is round k's.
+series = defaultdict(list)
+for r in rows:
+    series[(r["system"], r.get("mode", ""), r["model"], r["tf32"])].append(r)
+med = statistics.median
+print(f"GPU: {sys.argv[2]}; batch 256; medians of {sys.argv[3]} rounds (Ashlar, then PyTorch, per precision).\n")
+print("| model | precision | ashlar samples/s | pytorch same work | ratio (range) | pytorch device only | ratio | "
+      "step ms | transfer floor ms | compute ms | GEMM TFLOP/s in compute | cuBLAS alone | fraction |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+for (system, _, model, tf32), a in series.items():
+    if system != "ashlar":
+        continue
+    same = series.get(("pytorch", "same_work", model, tf32), [])
+    dev = series.get(("pytorch", "device_only", model, tf32), [])
+    ratios = [x["samples_per_second"] / y["samples_per_second"] for x, y in zip(a, same)]
+    rate = med(x["samples_per_second"] for x in a)
+    same_rate = med(x["samples_per_second"] for x in same) if same else float("nan")
+    dev_rate = med(x["samples_per_second"] for x in dev) if dev else float("nan")
+    span = f" ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else ""
+    gemm, alone = med(x["gemm_tflops"] for x in a), med(x["cublas_alone_tflops"] for x in a)
+    print(f"| {model} | {'tf32' if tf32 else 'fp32'} | {rate:.0f} | {same_rate:.0f} | "
+          f"{med(ratios) if ratios else float('nan'):.2f}{span} | {dev_rate:.0f} | {rate / dev_rate:.2f} | "
+          f"{med(x['step_ms'] for x in a):.3f} | {med(x['floor_ms'] for x in a):.3f} | "
+          f"{med(x['compute_ms'] for x in a):.3f} | {gemm:.2f} | {alone:.2f} | {gemm / alone:.2f} |")
 PY
   cat "$out/gpu-bench.md"
   exit $status

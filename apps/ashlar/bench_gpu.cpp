@@ -27,6 +27,9 @@ struct bench_system_config : caf::actor_system_config {
 expected<double> samples_per_second(compute_backend& backend, const dataset& data, const gpu_bench_options& o) {
   auto params = init_params(backend.spec(), 1);
   std::vector<float> grad(params.size());
+  // As a worker does: its parameter and gradient buffers locked for the backend's DMA.
+  auto lock_params = backend.lock_host_memory(params.data(), params.size() * sizeof(float));
+  auto lock_grad = backend.lock_host_memory(grad.data(), grad.size() * sizeof(float));
   batch_cursor cursor{data, 0, data.n, 3};
   using clock = std::chrono::steady_clock;
   clock::time_point start;
@@ -66,8 +69,15 @@ int run_gpu_bench(const gpu_bench_options& o) {
     std::fprintf(stderr, "ashlar bench gpu: %s\n", describe(pool.error()).c_str());
     return 1;
   }
-  std::printf("%-22s %6s %14s %9s %12s %12s %9s %12s\n", "model", "batch", "gpu samples/s", "step ms",
-              "gemm TFLOP/s", "cuBLAS alone", "fraction", "cpu samples/s");
+  auto fail = [](const caf::error& err) {
+    std::fprintf(stderr, "ashlar bench gpu: %s\n", describe(err).c_str());
+    return 1;
+  };
+  gpu::cuda_options copt;
+  copt.tf32 = o.tf32;
+  std::printf("%-22s %6s %13s %13s %8s %8s %10s %12s %12s %8s %13s\n", "model", "batch", "gpu samples/s",
+              "direct", "step ms", "floor ms", "compute ms", "gemm TFLOP/s", "cuBLAS alone", "fraction",
+              "cpu samples/s");
   for (const auto& hidden : o.hidden) {
     train_config tc;
     if (auto err = apply_setting(tc, "model.hidden", hidden)) {
@@ -84,22 +94,39 @@ int run_gpu_bench(const gpu_bench_options& o) {
     }
     auto gpu_rate = samples_per_second(*choice.backend, data, o);
     choice.backend.reset();
-    if (!gpu_rate) {
-      std::fprintf(stderr, "ashlar bench gpu: %s\n", describe(gpu_rate.error()).c_str());
-      return 1;
-    }
+    if (!gpu_rate)
+      return fail(gpu_rate.error());
     (*pool)->release(0);
+    // The same backend called directly: what the GPU actor's messages cost per step.
+    auto direct = gpu::make_cuda_backend(spec, o.device, copt);
+    if (!direct)
+      return fail(direct.error());
+    auto direct_rate = samples_per_second(**direct, data, o);
+    direct->reset();
+    if (!direct_rate)
+      return fail(direct_rate.error());
+    // The step's floor: every parameter in and every gradient out (no gradient can
+    // leave before the forward pass has all the parameters), at the rates this machine
+    // moves the worker's page-locked memory.
+    const size_t bytes = spec.num_params() * sizeof(float);
+    auto rates = gpu::time_transfers(bytes, o.device, 20);
+    if (!rates)
+      return fail(rates.error());
+    const double floor_s = bytes / (rates->h2d_locked * 1e9) + bytes / (rates->d2h_locked * 1e9);
     const auto shapes = gpu::step_gemms(spec, static_cast<int>(o.batch));
     double flops = 0;
     for (const auto& s : shapes)
       flops += s.flops();
     auto alone = gpu::time_gemms(shapes, o.device, o.tf32, 50);
-    if (!alone) {
-      std::fprintf(stderr, "ashlar bench gpu: %s\n", describe(alone.error()).c_str());
-      return 1;
-    }
+    if (!alone)
+      return fail(alone.error());
+    // The step's device compute alone (forward, loss, backward, no transfers): its
+    // products' rate against cuBLAS's on the same shapes back to back.
+    auto compute = gpu::time_step_compute(spec, o.batch, o.device, copt, 50);
+    if (!compute)
+      return fail(compute.error());
     const double step_s = o.batch / *gpu_rate;
-    const double gemm_tflops = flops / step_s * 1e-12, alone_tflops = flops / *alone * 1e-12;
+    const double gemm_tflops = flops / *compute * 1e-12, alone_tflops = flops / *alone * 1e-12;
     double cpu_rate = 0;
     if (o.cpu) {
       auto cpu = make_cpu_backend(spec);
@@ -107,14 +134,22 @@ int run_gpu_bench(const gpu_bench_options& o) {
       if (r)
         cpu_rate = *r;
     }
-    std::printf("%-22s %6u %14.0f %9.3f %12.2f %12.2f %9.2f %12.0f\n", spec.to_string().c_str(), o.batch, *gpu_rate,
-                step_s * 1e3, gemm_tflops, alone_tflops, gemm_tflops / alone_tflops, cpu_rate);
+    std::printf("%-22s %6u %13.0f %13.0f %8.3f %8.3f %10.3f %12.2f %12.2f %8.2f %13.0f\n", spec.to_string().c_str(),
+                o.batch, *gpu_rate, *direct_rate, step_s * 1e3, floor_s * 1e3, *compute * 1e3, gemm_tflops,
+                alone_tflops, gemm_tflops / alone_tflops, cpu_rate);
+    std::printf("  %.1f MB of parameters; host to device %.1f GB/s (locked) %.1f (pinned), device to host %.1f "
+                "(locked) %.1f (pinned)\n",
+                bytes * 1e-6, rates->h2d_locked, rates->h2d_pinned, rates->d2h_locked, rates->d2h_pinned);
     if (!o.json.empty()) {
       std::ofstream out{o.json, std::ios::app};
       out << "{\"system\": \"ashlar\", \"model\": \"" << spec.to_string() << "\", \"batch\": " << o.batch
           << ", \"tf32\": " << (o.tf32 ? "true" : "false") << ", \"samples_per_second\": " << *gpu_rate
-          << ", \"step_ms\": " << step_s * 1e3 << ", \"gemm_tflops\": " << gemm_tflops
-          << ", \"cublas_alone_tflops\": " << alone_tflops << ", \"cpu_samples_per_second\": " << cpu_rate << "}\n";
+          << ", \"direct_samples_per_second\": " << *direct_rate << ", \"step_ms\": " << step_s * 1e3
+          << ", \"floor_ms\": " << floor_s * 1e3 << ", \"compute_ms\": " << *compute * 1e3
+          << ", \"step_tflops\": " << flops / step_s * 1e-12 << ", \"gemm_tflops\": " << gemm_tflops
+          << ", \"cublas_alone_tflops\": " << alone_tflops << ", \"h2d_locked_gbps\": " << rates->h2d_locked
+          << ", \"d2h_locked_gbps\": " << rates->d2h_locked << ", \"h2d_pinned_gbps\": " << rates->h2d_pinned
+          << ", \"d2h_pinned_gbps\": " << rates->d2h_pinned << ", \"cpu_samples_per_second\": " << cpu_rate << "}\n";
       if (!out) {
         std::fprintf(stderr, "ashlar bench gpu: cannot write %s\n", o.json.c_str());
         return 1;

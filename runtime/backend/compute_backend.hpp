@@ -48,6 +48,13 @@ public:
 
   /// Forward pass only: loss and accuracy of `params` over `batch` (any size).
   [[nodiscard]] virtual expected<batch_stats> evaluate(const float* params, batch_view batch) = 0;
+
+  /// Page-locks `bytes` of host memory at `p` for the life of the returned handle, where
+  /// this backend moves data faster from and to such memory (a GPU's DMA), so that a
+  /// caller can lock the parameter and gradient buffers it passes every step. Null where
+  /// that gains nothing (the CPU) or the memory cannot be locked; calls work either way.
+  /// `p` must outlive the handle.
+  virtual std::shared_ptr<void> lock_host_memory(void* p, size_t bytes);
 };
 
 /// Checks a batch against a model: width, non-empty, labels in range.

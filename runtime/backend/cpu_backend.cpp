@@ -11,6 +11,10 @@ namespace ashlar {
 
 compute_backend::~compute_backend() = default;
 
+std::shared_ptr<void> compute_backend::lock_host_memory(void*, size_t) {
+  return nullptr;
+}
+
 caf::error check_batch(const mlp_spec& spec, batch_view b) {
   if (b.n == 0)
     return make_error(errc::shape_mismatch, "empty batch");

@@ -224,6 +224,27 @@ TEST_CASE("the trace and metrics files of a 4-worker run at speeds 1,1,2,4: vali
     CHECK(png.size() > 1000);
     CHECK(png.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0);
   }
+  // A run still writing its file: the unfinished last line is left out, with a note.
+  const auto text = slurp(metrics);
+  const auto cut = text.find('\n', text.size() / 2) + 20;
+  {
+    std::ofstream partial{dir.file("partial.jsonl")};
+    partial << text.substr(0, cut);
+  }
+  plot = shell(std::string{ASHLAR_SOURCE_DIR} + "/ops/plot " + dir.file("partial.jsonl") + " " + dir.file("p2"));
+  INFO(plot.out);
+  CHECK(plot.code == 0);
+  CHECK(plot.out.find("an unfinished last line, left out") != std::string::npos);
+  CHECK(slurp(dir.file("p2/timeline.png")).size() > 1000);
+  // A broken line elsewhere is an error naming the file and line.
+  {
+    std::ofstream broken{dir.file("broken.jsonl")};
+    broken << text.substr(0, cut) << "\n" << text.substr(cut);
+  }
+  plot = shell(std::string{ASHLAR_SOURCE_DIR} + "/ops/plot " + dir.file("broken.jsonl") + " " + dir.file("p3"));
+  CHECK(plot.code != 0);
+  CHECK(plot.out.find("broken.jsonl:") != std::string::npos);
+  CHECK(plot.out.find("not JSON") != std::string::npos);
 }
 
 TEST_CASE("a trace file that cannot be written stops the run before training, naming the path") {

@@ -537,10 +537,17 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
       last_record = now;
     }
     bool out_of_time = cfg.time_limit > 0 && now >= cfg.time_limit;
-    if (!stop_sent && (out_of_budget || out_of_time)) {
+    bool asked = !stop_sent && hooks.stop_requested && hooks.stop_requested();
+    if (!stop_sent && (out_of_budget || out_of_time || asked)) {
       stop_sent = true;
-      if (out_of_time)
+      if (asked) {
+        rep.stopped_early = true;
+        spdlog::info("job: asked to stop; stopping the workers after their current step");
+        if (recorder)
+          recorder->event("stop requested", "");
+      } else if (out_of_time) {
         spdlog::info("job: time limit of {} s reached; stopping the workers", cfg.time_limit);
+      }
       self->request(scheduler, std::chrono::seconds(10), wire::ctl_request{wire::ctl_request::shutdown, 0, 0})
         .receive([](const std::string&) {}, [](caf::error&) {});
     }

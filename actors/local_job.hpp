@@ -43,6 +43,9 @@ struct job_hooks {
   /// The GPUs for the job's workers (a host application that manages its devices, or a
   /// test's emulated ones). Null: the devices run.gpus names.
   std::function<std::shared_ptr<gpu_pool>(caf::actor_system&)> gpus;
+  /// Polled every tick: once true, the job stops as at its time limit (each worker
+  /// finishes its step and leaves; the final evaluation, checkpoint and report follow).
+  std::function<bool()> stop_requested;
 };
 
 /// Loads the data named by `cfg`, trains, evaluates the final parameters on the test set

@@ -385,7 +385,8 @@ void cluster_placement::on_job_end() {
 }
 
 caf::error wait_for_nodes(caf::actor_system& sys, const cluster_actor& cluster, uint32_t servers,
-                          uint32_t worker_slots, std::chrono::milliseconds timeout) {
+                          uint32_t worker_slots, std::chrono::milliseconds timeout,
+                          const std::function<bool()>& stopping) {
   caf::scoped_actor self{sys};
   auto deadline = std::chrono::steady_clock::now() + timeout;
   auto last_log = std::chrono::steady_clock::now() - 10s;
@@ -400,6 +401,11 @@ caf::error wait_for_nodes(caf::actor_system& sys, const cluster_actor& cluster, 
     }
     if (have_servers >= std::max(servers, 1u) && have_slots >= worker_slots)
       return caf::none;
+    if (stopping && stopping())
+      return make_error(errc::invalid_state, "stopped while waiting for " + std::to_string(servers)
+                                               + " server nodes and " + std::to_string(worker_slots)
+                                               + " worker slots (have " + std::to_string(have_servers) + " and "
+                                               + std::to_string(have_slots) + ")");
     auto now = std::chrono::steady_clock::now();
     if (now > deadline)
       return make_error(errc::peer_unreachable,

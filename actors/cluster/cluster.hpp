@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "actors/job_driver.hpp"
@@ -54,9 +55,11 @@ private:
 };
 
 /// Blocks until the cluster has `servers` server nodes and `worker_slots` worker slots,
-/// logging what it waits for; fails with peer_unreachable after `timeout`.
+/// logging what it waits for; fails with peer_unreachable after `timeout`, and with
+/// invalid_state as soon as `stopping` (polled every 200 ms) says so.
 [[nodiscard]] caf::error wait_for_nodes(caf::actor_system& sys, const cluster_actor& cluster,
                                         uint32_t servers, uint32_t worker_slots,
-                                        std::chrono::milliseconds timeout);
+                                        std::chrono::milliseconds timeout,
+                                        const std::function<bool()>& stopping = {});
 
 }  // namespace ashlar::actors

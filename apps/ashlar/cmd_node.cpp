@@ -17,6 +17,7 @@
 #include "actors/cluster/node.hpp"
 #include "actors/cluster/system.hpp"
 #include "apps/ashlar/commands.hpp"
+#include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
 #include "runtime/core/log.hpp"
 #include "runtime/metrics/prometheus.hpp"
@@ -28,12 +29,6 @@ namespace ashlar::cli {
 namespace {
 
 using namespace std::chrono_literals;
-
-std::atomic<int> g_signal{0};
-
-extern "C" void on_signal(int sig) {
-  g_signal.store(sig);
-}
 
 struct node_options {
   std::string roles = "worker";
@@ -63,11 +58,13 @@ std::string default_name() {
 expected<run_report> run_cluster_job(caf::actor_system& sys, const actors::cluster_actor& cluster,
                                      const train_config& cfg, double wait_timeout, http_endpoint* metrics) {
   auto wait_ms = std::chrono::milliseconds(static_cast<int64_t>(wait_timeout * 1000));
-  if (auto err = actors::wait_for_nodes(sys, cluster, cfg.servers, cfg.workers, wait_ms))
+  auto stopping = [] { return stop_signal() != 0; };
+  if (auto err = actors::wait_for_nodes(sys, cluster, cfg.servers, cfg.workers, wait_ms, stopping))
     return err;
   actors::cluster_placement where{sys, cluster};
   auto hooks = print_hooks(cfg.epochs);
   hooks.metrics = metrics;
+  hooks.stop_requested = stopping;
   return actors::run_job(sys, cfg, where, hooks);
 }
 
@@ -98,8 +95,9 @@ int run_node(node_options& o) {
     o.name = default_name();
   if (auto err = init_logging(job_cfg.log_level))
     return fail(2, describe(err));
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
+  // A signal stops a job this node runs (its workers finish their step; the job reports),
+  // then the node; the main loop below takes it.
+  catch_stop_signals(false);
 
   actors::cluster_system_config sys_cfg;
   caf::actor_system sys{sys_cfg};
@@ -271,7 +269,7 @@ int run_node(node_options& o) {
           stop = true;
           return;
         }
-        int sig = g_signal.exchange(0);
+        int sig = take_stop_signal();
         if (sig == 0) {
           if (draining && std::chrono::steady_clock::now() > drain_deadline) {
             spdlog::warn("node {}: workers did not stop within 30 s; exiting", o.name);
@@ -283,7 +281,7 @@ int run_node(node_options& o) {
           stop = true; // a second signal: leave now
           return;
         }
-        spdlog::info("node {}: {} received, stopping", o.name, sig == SIGINT ? "SIGINT" : "SIGTERM");
+        spdlog::info("node {}: {} received, stopping", o.name, signal_name(sig));
         if (node) {
           // Let workers finish their step and leave; the node reports back with stop_atom.
           draining = true;

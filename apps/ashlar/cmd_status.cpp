@@ -140,6 +140,9 @@ command_fn add_ctl(CLI::App& app) {
   add->callback([req] { req->op = wire::ctl_request::add_worker; });
   auto* down = cmd->add_subcommand("shutdown", "stop every node of the cluster");
   down->callback([req] { req->op = wire::ctl_request::shutdown; });
+  // `--join` goes before or after the subcommand: `ashlar ctl shutdown --join H:P` too.
+  for (auto* sub : {rm, add, down})
+    sub->fallthrough();
   return [o, req] {
     return with_cluster(*o, "ashlar ctl", [&](caf::scoped_actor& self, const actors::cluster_actor& c) {
       int code = 1;

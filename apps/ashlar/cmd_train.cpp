@@ -5,6 +5,7 @@
 
 #include "actors/cluster/system.hpp"
 #include "apps/ashlar/commands.hpp"
+#include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
 #include "runtime/core/log.hpp"
 
@@ -75,8 +76,15 @@ command_fn add_train(CLI::App& app) {
     }
     if (!join->empty())
       return submit(cfg, *join);
-    auto rep = actors::run_local_job(cfg, print_hooks(cfg.epochs));
-    return finish_run(cfg, rep, "ashlar train");
+    // Ctrl-C (or SIGTERM) stops the job after the workers' current step, with its final
+    // evaluation, checkpoint and report; a second one ends the process at once.
+    catch_stop_signals(true);
+    auto hooks = print_hooks(cfg.epochs);
+    hooks.stop_requested = [] { return stop_signal() != 0; };
+    auto rep = actors::run_local_job(cfg, hooks);
+    const int code = finish_run(cfg, rep, "ashlar train");
+    const int sig = stop_signal();
+    return code == 0 && sig != 0 ? 128 + sig : code;
   };
 }
 

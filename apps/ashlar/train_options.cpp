@@ -141,10 +141,17 @@ int finish_run(const train_config& cfg, const expected<run_report>& rep, const c
   }
   std::printf("done: policy %s, %u workers, %u shards, model %s\n", rep->policy.c_str(),
               rep->workers, rep->servers, rep->model.c_str());
-  std::printf("test accuracy %.4f (loss %.4f) on %lu samples after %u epochs in %.1f s "
-              "(%s samples/s)\n",
-              rep->test_accuracy, rep->test_loss, static_cast<unsigned long>(rep->test_samples),
-              rep->epochs, rep->seconds, rate(rep->samples_per_second).c_str());
+  if (rep->stopped_early)
+    std::printf("test accuracy %.4f (loss %.4f) on %lu samples, stopped on request after %.2f of %u epochs "
+                "in %.1f s (%s samples/s)\n",
+                rep->test_accuracy, rep->test_loss, static_cast<unsigned long>(rep->test_samples),
+                rep->train_samples ? static_cast<double>(rep->samples) / static_cast<double>(rep->train_samples) : 0.0,
+                rep->epochs, rep->seconds, rate(rep->samples_per_second).c_str());
+  else
+    std::printf("test accuracy %.4f (loss %.4f) on %lu samples after %u epochs in %.1f s "
+                "(%s samples/s)\n",
+                rep->test_accuracy, rep->test_loss, static_cast<unsigned long>(rep->test_samples),
+                rep->epochs, rep->seconds, rate(rep->samples_per_second).c_str());
   std::fflush(stdout);
   if (!cfg.report.empty()) {
     if (auto err = write_report(*rep, cfg.report)) {

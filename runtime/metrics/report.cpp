@@ -65,6 +65,7 @@ std::string to_json(const run_report& r) {
     << "  \"dense_bytes\": " << r.dense_bytes << ",\n"
     << "  \"compression_ratio\": "
     << num(r.bytes > 0 ? static_cast<double>(r.dense_bytes) / static_cast<double>(r.bytes) : 1.0) << ",\n"
+    << "  \"stopped_early\": " << (r.stopped_early ? "true" : "false") << ",\n"
     << "  \"history\": [";
   for (size_t i = 0; i < r.history.size(); ++i) {
     const auto& h = r.history[i];

@@ -46,6 +46,7 @@ struct run_report {
   double mean_staleness = 0;
   uint64_t bytes = 0;             // tensor bytes the workers pulled and pushed
   uint64_t dense_bytes = 0;       // what those pulls and pushes would have moved uncompressed
+  bool stopped_early = false;     // asked to stop (a signal) before its epochs were done
   std::vector<epoch_point> history;
   std::vector<worker_summary> per_worker;
 };

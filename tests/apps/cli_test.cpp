@@ -256,6 +256,41 @@ TEST_CASE("a trace file that cannot be written stops the run before training, na
   CHECK(has(r, "run.metrics_listen"));
 }
 
+TEST_CASE("ashlar ctl takes --join before or after its subcommand, and names an unreachable scheduler") {
+  for (auto args : {"ctl --join 127.0.0.1:1 shutdown", "ctl shutdown --join 127.0.0.1:1",
+                    "ctl remove-worker 3 --join 127.0.0.1:1", "ctl add-worker --count 2 --join 127.0.0.1:1"}) {
+    INFO(args);
+    auto r = run(args);
+    CHECK(r.code == 1);
+    CHECK(has(r, "cannot reach the scheduler at 127.0.0.1:1"));
+  }
+  auto r = run("ctl shutdown");
+  CHECK(r.code == 2);
+  CHECK(has(r, "--join is required"));
+}
+
+TEST_CASE("Ctrl-C (SIGINT) stops ashlar train after the workers' current step: the final evaluation and report, "
+          "marked stopped early, and exit code 130") {
+  ashlar::test::temp_dir dir;
+  auto log = dir.file("train.log"), report = dir.file("r.json");
+  // A paced run that would take minutes; interrupted once it trains.
+  {
+    std::ofstream script{dir.file("interrupt.sh")};
+    script << "'" << ASHLAR_BINARY << "' train " << config << paced_run << " --epochs 100 --report " << report
+           << " > " << log << " 2>&1 &\np=$!\nfor i in $(seq 300); do grep -q 'training starts' " << log
+           << " && break; sleep 0.1; done\nsleep 1\nkill -INT $p\nwait $p\necho rc=$?\n";
+  }
+  auto r = shell("bash " + dir.file("interrupt.sh"));
+  INFO(r.out);
+  INFO(slurp(log));
+  CHECK(r.out.find("rc=130") != std::string::npos);
+  CHECK(slurp(log).find("job: asked to stop") != std::string::npos);
+  CHECK(slurp(log).find("stopped on request after") != std::string::npos);
+  auto json = slurp(report);
+  CHECK(json.find("\"stopped_early\": true") != std::string::npos);
+  CHECK(json.find("\"test_accuracy\": 0.") != std::string::npos);
+}
+
 TEST_CASE("the Prometheus endpoint serves the running job's metrics at /metrics (scraped with curl)") {
   ashlar::test::temp_dir dir;
   auto log = dir.file("train.log");

@@ -500,6 +500,51 @@ TEST_CASE("ashlar train --join runs a job on a standing cluster, and ctl add-wor
   CHECK(sched.proc.wait(10) == 0);
 }
 
+TEST_CASE("SIGTERM to a scheduler node stops its job after the workers' step, reports it to the submitter, then "
+          "stops the node; one still waiting for the job's nodes stops at once") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {});
+  auto server = start({exe, "node", "--role", "server", "--join", sched.join}, dir.file("server.log"));
+  auto worker = start({exe, "node", "--role", "worker", "--slots", "1", "--join", sched.join},
+                      dir.file("worker.log"));
+  REQUIRE(wait_for_file(dir.file("worker.log"),
+                        [](const std::string& t) { return t.find("joined the cluster") != std::string::npos; }, 15s));
+  // A job of many epochs: it would run for minutes.
+  auto train = start({exe, "train", config, "--join", sched.join, "--workers", "1", "--servers", "1",
+                      "--epochs", "500", "--set", "data.train_limit=6000", "--set", "data.test_limit=1000",
+                      "--report", dir.file("r.json")},
+                     dir.file("train.log"));
+  REQUIRE(wait_for_file(dir.file("scheduler.log"),
+                        [](const std::string& t) { return t.find("training starts") != std::string::npos; }, 30s));
+  std::this_thread::sleep_for(1s);
+  const auto asked = std::chrono::steady_clock::now();
+  sched.proc.signal(SIGTERM);
+  int code = train.wait(30);
+  INFO(slurp(dir.file("scheduler.log")));
+  INFO(slurp(dir.file("train.log")));
+  REQUIRE(code == 0);
+  CHECK(std::chrono::steady_clock::now() - asked < 15s);
+  CHECK(slurp(dir.file("scheduler.log")).find("job: asked to stop") != std::string::npos);
+  auto report = slurp(dir.file("r.json"));
+  CHECK(report.find("\"stopped_early\": true") != std::string::npos);
+  CHECK(json_number(report, "samples") > 0);
+  CHECK(json_number(report, "samples") < 500 * 6000);
+  CHECK(sched.proc.wait(15) == 0);
+
+  // Waiting for nodes the job needs (2 servers, 2 worker slots; none joined): SIGTERM stops
+  // the wait, the submitter hears why, and the node exits.
+  temp_dir dir2;
+  auto lone = start_scheduler(dir2, {});
+  auto waiting = start({exe, "train", config, "--join", lone.join, "--workers", "2", "--servers", "2"},
+                       dir2.file("train.log"));
+  REQUIRE(wait_for_file(dir2.file("scheduler.log"),
+                        [](const std::string& t) { return t.find("waiting for nodes") != std::string::npos; }, 20s));
+  lone.proc.signal(SIGTERM);
+  CHECK(waiting.wait(15) == 1);
+  CHECK(slurp(dir2.file("train.log")).find("stopped while waiting for 2 server nodes") != std::string::npos);
+  CHECK(lone.proc.wait(15) == 0);
+}
+
 TEST_CASE("worker processes all-reduce on a ring over CAF's network, and a killed member ends the job with an error") {
   temp_dir dir;
   std::vector<std::string> argv = {exe, "launch", config, "--policy", "ring", "--workers", "3",

@@ -94,6 +94,10 @@ expected<push_outcome> shard_core::begin_push(worker_id w, uint64_t base_version
     writable_params(); // copy now if a reader holds this version; pieces then write in place
     ++applying_;
   } else if (d.kind == push_decision::buffer) {
+    if (f.slot.grad.empty() && !free_buffers_.empty()) {
+      f.slot.grad = std::move(free_buffers_.back());
+      free_buffers_.pop_back();
+    }
     f.slot.grad.resize(n);
     ++buffering_;
   } else {
@@ -169,15 +173,35 @@ bool shard_core::maybe_apply_round() {
   double total = 0;
   for (const auto& [w, p] : round_)
     total += p.batch;
-  std::fill(acc_.begin(), acc_.end(), 0.0f);
+  if (round_.size() == 1) {
+    // One gradient (weight 1): the update reads it directly, without the sum's pass.
+    auto& only = round_.begin()->second;
+    sgd_apply(opt_, stage_lr_scale_, writable_params(), velocity_.data(), only.grad.data(), only.grad.size());
+    counters_.applied += 1;
+    if (free_buffers_.size() < 8)
+      free_buffers_.push_back(std::move(only.grad));
+    round_.clear();
+    ++version_;
+    policy_->on_round_applied();
+    return true;
+  }
+  bool first = true;
   for (const auto& [w, p] : round_) {
     const float weight = static_cast<float>(p.batch / total);
     const float* g = p.grad.data();
-    for (size_t i = 0; i < acc_.size(); ++i)
-      acc_[i] += weight * g[i];
+    if (first) // the first gradient sets the sum: no pass to zero it
+      for (size_t i = 0; i < acc_.size(); ++i)
+        acc_[i] = weight * g[i];
+    else
+      for (size_t i = 0; i < acc_.size(); ++i)
+        acc_[i] += weight * g[i];
+    first = false;
   }
   sgd_apply(opt_, stage_lr_scale_, writable_params(), velocity_.data(), acc_.data(), acc_.size());
   counters_.applied += round_.size();
+  for (auto& [w, p] : round_)
+    if (free_buffers_.size() < 8) // enough for a round of the usual sizes, bounded
+      free_buffers_.push_back(std::move(p.grad));
   round_.clear();
   ++version_;
   policy_->on_round_applied();

@@ -501,7 +501,7 @@ TEST_CASE("ashlar train --join runs a job on a standing cluster, and ctl add-wor
 }
 
 TEST_CASE("SIGTERM to a scheduler node stops its job after the workers' step, reports it to the submitter, then "
-          "stops the node; one still waiting for the job's nodes stops at once") {
+          "stops the node, and one still waiting for the job's nodes stops at once") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {});
   auto server = start({exe, "node", "--role", "server", "--join", sched.join}, dir.file("server.log"));

@@ -112,7 +112,7 @@ TEST_CASE("the CUDA backend's gradients match the CPU backend's on the same batc
 }
 
 TEST_CASE("page-locked parameter and gradient buffers go to and from the device directly and give the same "
-          "gradients as pageable ones; a large evaluation runs in parts") {
+          "gradients as pageable ones, and a large evaluation runs in parts") {
   REQUIRE_GPU_OR_SKIP();
   mlp_spec spec;
   spec.input = 784;

@@ -2,6 +2,7 @@
 // is submitted to a running cluster's scheduler instead.
 #include <cstdio>
 #include <cstdlib>
+#include <future>
 
 #include "actors/cluster/system.hpp"
 #include "apps/ashlar/commands.hpp"
@@ -32,26 +33,44 @@ int submit(const train_config& cfg, const std::string& join) {
     req.settings.emplace_back(k.key, setting_text(cfg, k.key));
   std::printf("submitted the job to %s; progress is in the scheduler's log\n", join.c_str());
   std::fflush(stdout);
-  caf::scoped_actor self{sys};
+  // The job may run for hours, so the request has no timeout; a helper actor watches the
+  // scheduler meanwhile, so that losing it ends the wait with an error instead of a hang.
+  std::promise<expected<wire::job_result>> outcome;
+  auto answer = outcome.get_future();
+  sys.spawn([cluster, req, join, &outcome](caf::event_based_actor* self) {
+    self->monitor(cluster);
+    self->set_down_handler([self, join, &outcome](caf::down_msg& dm) {
+      outcome.set_value(make_error(errc::peer_unreachable, "lost the scheduler at " + join + " ("
+                                                             + to_string(dm.reason) + ") before the job ended"));
+      self->quit();
+    });
+    self->request(cluster, caf::infinite, req)
+      .then(
+        [self, &outcome](const wire::job_result& res) {
+          outcome.set_value(res);
+          self->quit();
+        },
+        [self, &outcome](caf::error& err) {
+          outcome.set_value(std::move(err));
+          self->quit();
+        });
+  });
+  auto res = answer.get();
   int code = 1;
-  self->request(cluster, caf::infinite, req)
-    .receive(
-      [&](const wire::job_result& res) {
-        std::printf("%s", res.report_json.c_str());
-        if (!cfg.report.empty()) {
-          std::FILE* f = std::fopen(cfg.report.c_str(), "wb");
-          if (f) {
-            std::fwrite(res.report_json.data(), 1, res.report_json.size(), f);
-            std::fclose(f);
-            std::printf("report written to %s\n", cfg.report.c_str());
-          }
-        }
-        code = 0;
-      },
-      [&](caf::error& err) {
-        std::fprintf(stderr, "ashlar train: the cluster could not run the job: %s\n",
-                     describe(err).c_str());
-      });
+  if (res) {
+    std::printf("%s", res->report_json.c_str());
+    if (!cfg.report.empty()) {
+      std::FILE* f = std::fopen(cfg.report.c_str(), "wb");
+      if (f) {
+        std::fwrite(res->report_json.data(), 1, res->report_json.size(), f);
+        std::fclose(f);
+        std::printf("report written to %s\n", cfg.report.c_str());
+      }
+    }
+    code = 0;
+  } else {
+    std::fprintf(stderr, "ashlar train: the cluster could not run the job: %s\n", describe(res.error()).c_str());
+  }
   return code;
 }
 

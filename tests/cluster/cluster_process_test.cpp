@@ -545,6 +545,21 @@ TEST_CASE("SIGTERM to a scheduler node stops its job after the workers' step, re
   CHECK(lone.proc.wait(15) == 0);
 }
 
+TEST_CASE("ashlar train --join whose scheduler is killed (SIGKILL) ends with an error naming it, not a wait forever") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {});
+  // The job waits for nodes that never come; the submitter waits on it without a timeout.
+  auto train = start({exe, "train", config, "--join", sched.join, "--workers", "2", "--servers", "2"},
+                     dir.file("train.log"));
+  REQUIRE(wait_for_file(dir.file("scheduler.log"),
+                        [](const std::string& t) { return t.find("waiting for nodes") != std::string::npos; }, 20s));
+  sched.proc.signal(SIGKILL);
+  sched.proc.wait(10);
+  CHECK(train.wait(20) == 1);
+  INFO(slurp(dir.file("train.log")));
+  CHECK(slurp(dir.file("train.log")).find("lost the scheduler at " + sched.join) != std::string::npos);
+}
+
 TEST_CASE("worker processes all-reduce on a ring over CAF's network, and a killed member ends the job with an error") {
   temp_dir dir;
   std::vector<std::string> argv = {exe, "launch", config, "--policy", "ring", "--workers", "3",

@@ -190,28 +190,46 @@ int run_launch(const launch_options& o) {
   }
 
   int code = 0;
-  bool stopping = false;
+  bool stopping = false;    // the job is over: the other processes are stopping
+  bool interrupted = false; // a signal asked the scheduler to stop the job
   auto stop_deadline = std::chrono::steady_clock::now();
   for (;;) {
     pump(children, 100);
     if (int sig = g_launch_signal.exchange(0); sig != 0) {
-      std::printf("[launch] %s: stopping every process\n", sig == SIGINT ? "interrupted" : "terminated");
-      std::fflush(stdout);
-      stop_all(stopping ? SIGKILL : SIGTERM);
-      if (!stopping) {
-        stopping = true;
-        stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-      }
       code = 130;
+      if (!interrupted && !stopping) {
+        // The scheduler stops the job after the workers' current step, with its final
+        // evaluation and report, then the cluster; a second signal stops every process.
+        std::printf("[launch] %s: stopping the job after the workers' current step (again: stop every "
+                    "process now)\n", sig == SIGINT ? "interrupted" : "terminated");
+        interrupted = true;
+        stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        children[0].proc.signal(SIGTERM);
+      } else {
+        std::printf("[launch] %s again: stopping every process\n", sig == SIGINT ? "interrupted" : "terminated");
+        stop_all(stopping ? SIGKILL : SIGTERM);
+        if (!stopping) {
+          stopping = true;
+          stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        }
+      }
+      std::fflush(stdout);
     }
     int sc;
     if (!stopping && children[0].proc.poll_exit(sc)) {
       // The job is over: the others get a polite stop, then a hard one.
-      code = sc;
+      if (!interrupted)
+        code = sc;
       stopping = true;
       stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       for (size_t i = 1; i < children.size(); ++i)
         children[i].proc.signal(SIGTERM);
+    }
+    if (interrupted && !stopping && std::chrono::steady_clock::now() > stop_deadline) {
+      // The scheduler did not stop the job in time.
+      stopping = true;
+      stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      stop_all(SIGTERM);
     }
     bool all_done = true;
     for (auto& c : children) {

@@ -545,6 +545,25 @@ TEST_CASE("SIGTERM to a scheduler node stops its job after the workers' step, re
   CHECK(lone.proc.wait(15) == 0);
 }
 
+TEST_CASE("Ctrl-C on ashlar launch stops the job after the workers' step, with its report, then every process") {
+  temp_dir dir;
+  auto launch = start({exe, "launch", config, "--workers", "2", "--servers", "1", "--epochs", "500",
+                       "--set", "data.train_limit=6000", "--set", "data.test_limit=1000", "--report",
+                       dir.file("r.json")},
+                      dir.file("launch.log"));
+  REQUIRE(wait_for_file(dir.file("launch.log"),
+                        [](const std::string& t) { return t.find("training starts") != std::string::npos; }, 60s));
+  std::this_thread::sleep_for(1s);
+  launch.signal(SIGINT);
+  const int code = launch.wait(60);
+  INFO(slurp(dir.file("launch.log")));
+  CHECK(code == 130);
+  CHECK(slurp(dir.file("launch.log")).find("job: asked to stop") != std::string::npos);
+  auto report = slurp(dir.file("r.json"));
+  CHECK(report.find("\"stopped_early\": true") != std::string::npos);
+  CHECK(json_number(report, "test_accuracy") > 0.5);
+}
+
 TEST_CASE("ashlar train --join whose scheduler is killed (SIGKILL) ends with an error naming it, not a wait forever") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {});

@@ -142,7 +142,8 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
       auto out = std::make_shared<wire::cluster_status>();
       for (const auto& [id, n] : st.nodes)
         out->nodes.push_back(n.info);
-      out->stage = st.job_running ? "training" : "idle";
+      // A submitted job waits for its nodes before it trains.
+      out->stage = st.job_running ? "training" : st.have_promise ? "job submitted, waiting for its nodes" : "idle";
       out->job = st.job_text;
       if (!st.job_running)
         return *out;

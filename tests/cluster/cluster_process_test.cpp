@@ -539,6 +539,9 @@ TEST_CASE("SIGTERM to a scheduler node stops its job after the workers' step, re
                        dir2.file("train.log"));
   REQUIRE(wait_for_file(dir2.file("scheduler.log"),
                         [](const std::string& t) { return t.find("waiting for nodes") != std::string::npos; }, 20s));
+  auto status = start({exe, "status", "--join", lone.join}, dir2.file("status.log"));
+  CHECK(status.wait(20) == 0);
+  CHECK(slurp(dir2.file("status.log")).find("stage: job submitted, waiting for its nodes") != std::string::npos);
   lone.proc.signal(SIGTERM);
   CHECK(waiting.wait(15) == 1);
   CHECK(slurp(dir2.file("train.log")).find("stopped while waiting for 2 server nodes") != std::string::npos);

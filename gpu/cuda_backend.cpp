@@ -58,6 +58,40 @@ caf::error cublas_error(cublasStatus_t s, const char* call, const char* file, in
 // After a kernel launch: a bad configuration shows here, a fault at the next sync.
 #define ASHLAR_LAUNCHED() ASHLAR_CUDA(cudaGetLastError())
 
+namespace {
+
+// Seconds the work that `work` enqueues on `stream` takes (it returns an error or none):
+// the median of `reps` runs timed with CUDA events, after `warmup` untimed ones.
+template <class Work>
+expected<double> median_seconds(cudaStream_t stream, int warmup, int reps, Work&& work) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  auto run = [&]() -> expected<double> {
+    ASHLAR_CUDA(cudaEventCreate(&start));
+    ASHLAR_CUDA(cudaEventCreate(&stop));
+    std::vector<float> ms;
+    for (int r = -warmup; r < reps; ++r) {
+      ASHLAR_CUDA(cudaEventRecord(start, stream));
+      if (auto err = work())
+        return err;
+      ASHLAR_CUDA(cudaEventRecord(stop, stream));
+      ASHLAR_CUDA(cudaEventSynchronize(stop));
+      float t = 0;
+      ASHLAR_CUDA(cudaEventElapsedTime(&t, start, stop));
+      if (r >= 0)
+        ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms.empty() ? 0.0 : ms[ms.size() / 2] * 1e-3;
+  };
+  auto out = run();
+  for (auto e : {start, stop})
+    if (e)
+      cudaEventDestroy(e);
+  return out;
+}
+
+}  // namespace
+
 bool built_with_cuda() {
   return true;
 }
@@ -300,34 +334,13 @@ public:
     for (size_t i = 0; i < rows; ++i)
       host_y_.p[i] = static_cast<uint8_t>((i * 7) % spec_.classes);
     ASHLAR_CUDA(cudaMemcpyAsync(y_.p, host_y_.p, rows, cudaMemcpyHostToDevice, stream_));
-    cudaEvent_t start = nullptr, stop = nullptr;
-    auto run = [&]() -> expected<double> {
-      ASHLAR_CUDA(cudaEventCreate(&start));
-      ASHLAR_CUDA(cudaEventCreate(&stop));
-      std::vector<float> times;
-      for (int r = -3; r < reps; ++r) {
-        ASHLAR_CUDA(cudaEventRecord(start, stream_));
-        if (auto err = forward(rows, false))
-          return err;
-        if (auto err = enqueue_loss(rows, true))
-          return err;
-        if (auto err = backward(rows, nullptr))
-          return err;
-        ASHLAR_CUDA(cudaEventRecord(stop, stream_));
-        ASHLAR_CUDA(cudaEventSynchronize(stop));
-        float ms = 0;
-        ASHLAR_CUDA(cudaEventElapsedTime(&ms, start, stop));
-        if (r >= 0)
-          times.push_back(ms);
-      }
-      std::sort(times.begin(), times.end());
-      return times.empty() ? 0.0 : times[times.size() / 2] * 1e-3;
-    };
-    auto out = run();
-    for (auto e : {start, stop})
-      if (e)
-        cudaEventDestroy(e);
-    return out;
+    return median_seconds(stream_, 3, reps, [&]() -> caf::error {
+      if (auto err = forward(rows, false))
+        return err;
+      if (auto err = enqueue_loss(rows, true))
+        return err;
+      return backward(rows, nullptr);
+    });
   }
 
 private:
@@ -525,13 +538,25 @@ private:
 
 }  // namespace
 
-expected<double> time_gemms(const std::vector<gemm_shape>& shapes, int device, bool tf32, int reps) {
+namespace {
+
+// Makes `device` this thread's current one; an error names a device the machine lacks.
+caf::error select_device(int device) {
   auto devices = list_devices();
   if (!devices)
     return devices.error();
   if (device < 0 || static_cast<size_t>(device) >= devices->size())
-    return make_error(errc::invalid_argument, "GPU " + std::to_string(device) + " does not exist");
+    return make_error(errc::invalid_argument, "GPU " + std::to_string(device) + " does not exist (this machine has "
+                                                + std::to_string(devices->size()) + ")");
   ASHLAR_CUDA(cudaSetDevice(device));
+  return caf::none;
+}
+
+}  // namespace
+
+expected<double> time_gemms(const std::vector<gemm_shape>& shapes, int device, bool tf32, int reps) {
+  if (auto err = select_device(device))
+    return err;
   size_t a = 0, b = 0, c = 0;
   for (const auto& s : shapes) {
     a = std::max(a, size_t(s.m) * s.k);
@@ -547,49 +572,30 @@ expected<double> time_gemms(const std::vector<gemm_shape>& shapes, int device, b
     return err;
   cudaStream_t stream = nullptr;
   cublasHandle_t handle = nullptr;
-  cudaEvent_t start = nullptr, stop = nullptr;
-  auto cleanup = [&] {
-    if (start)
-      cudaEventDestroy(start);
-    if (stop)
-      cudaEventDestroy(stop);
-    if (handle)
-      cublasDestroy(handle);
-    if (stream)
-      cudaStreamDestroy(stream);
-  };
   auto run = [&]() -> expected<double> {
     ASHLAR_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     ASHLAR_CUBLAS(cublasCreate(&handle));
     ASHLAR_CUBLAS(cublasSetStream(handle, stream));
     ASHLAR_CUBLAS(cublasSetMathMode(handle, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-    ASHLAR_CUDA(cudaEventCreate(&start));
-    ASHLAR_CUDA(cudaEventCreate(&stop));
     launch_fill_random(A.p, 1, a, stream);
     launch_fill_random(B.p, 2, b, stream);
     ASHLAR_LAUNCHED();
     const float one = 1.0f, zero = 0.0f;
-    std::vector<float> times;
-    for (int r = -3; r < reps; ++r) {
-      ASHLAR_CUDA(cudaEventRecord(start, stream));
+    return median_seconds(stream, 3, reps, [&]() -> caf::error {
       for (const auto& s : shapes) {
         const int lda = s.transpose_a ? s.k : s.m, ldb = s.transpose_b ? s.n : s.k;
         ASHLAR_CUBLAS(cublasSgemm(handle, s.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                                   s.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N, s.m, s.n, s.k, &one, A.p, lda, B.p, ldb,
                                   &zero, C.p, s.m));
       }
-      ASHLAR_CUDA(cudaEventRecord(stop, stream));
-      ASHLAR_CUDA(cudaEventSynchronize(stop));
-      float ms = 0;
-      ASHLAR_CUDA(cudaEventElapsedTime(&ms, start, stop));
-      if (r >= 0)
-        times.push_back(ms);
-    }
-    std::sort(times.begin(), times.end());
-    return times.empty() ? 0.0 : times[times.size() / 2] * 1e-3;
+      return caf::none;
+    });
   };
   auto out = run();
-  cleanup();
+  if (handle)
+    cublasDestroy(handle);
+  if (stream)
+    cudaStreamDestroy(stream);
   return out;
 }
 
@@ -611,12 +617,8 @@ expected<double> time_step_compute(const mlp_spec& spec, size_t rows, int device
 }
 
 expected<transfer_rates> time_transfers(size_t bytes, int device, int reps) {
-  auto devices = list_devices();
-  if (!devices)
-    return devices.error();
-  if (device < 0 || static_cast<size_t>(device) >= devices->size())
-    return make_error(errc::invalid_argument, "GPU " + std::to_string(device) + " does not exist");
-  ASHLAR_CUDA(cudaSetDevice(device));
+  if (auto err = select_device(device))
+    return err;
   const size_t n = (bytes + sizeof(float) - 1) / sizeof(float);
   device_buffer<float> dev;
   pinned_buffer<float> pinned;
@@ -630,26 +632,17 @@ expected<transfer_rates> time_transfers(size_t bytes, int device, int reps) {
   if (!lock)
     return make_error(errc::device_error, "cudaHostRegister refused " + std::to_string(bytes) + " bytes");
   cudaStream_t stream = nullptr;
-  cudaEvent_t start = nullptr, stop = nullptr;
   auto rate = [&](void* dst, const void* src, cudaMemcpyKind kind) -> expected<double> {
-    std::vector<float> ms;
-    for (int r = -2; r < reps; ++r) {
-      ASHLAR_CUDA(cudaEventRecord(start, stream));
+    auto secs = median_seconds(stream, 2, reps, [&]() -> caf::error {
       ASHLAR_CUDA(cudaMemcpyAsync(dst, src, n * sizeof(float), kind, stream));
-      ASHLAR_CUDA(cudaEventRecord(stop, stream));
-      ASHLAR_CUDA(cudaEventSynchronize(stop));
-      float t = 0;
-      ASHLAR_CUDA(cudaEventElapsedTime(&t, start, stop));
-      if (r >= 0)
-        ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    return ms.empty() || ms[ms.size() / 2] <= 0 ? 0.0 : n * sizeof(float) / (ms[ms.size() / 2] * 1e-3) * 1e-9;
+      return caf::none;
+    });
+    if (!secs)
+      return secs;
+    return *secs <= 0 ? 0.0 : n * sizeof(float) / *secs * 1e-9;
   };
   auto run = [&]() -> expected<transfer_rates> {
     ASHLAR_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    ASHLAR_CUDA(cudaEventCreate(&start));
-    ASHLAR_CUDA(cudaEventCreate(&stop));
     transfer_rates out;
     for (auto [field, dst, src, kind] :
          {std::tuple{&out.h2d_pinned, static_cast<void*>(dev.p), static_cast<void*>(pinned.p), cudaMemcpyHostToDevice},
@@ -666,9 +659,6 @@ expected<transfer_rates> time_transfers(size_t bytes, int device, int reps) {
     return out;
   };
   auto out = run();
-  for (auto e : {start, stop})
-    if (e)
-      cudaEventDestroy(e);
   if (stream)
     cudaStreamDestroy(stream);
   return out;
@@ -677,12 +667,8 @@ expected<transfer_rates> time_transfers(size_t bytes, int device, int reps) {
 expected<std::unique_ptr<compute_backend>> make_cuda_backend(const mlp_spec& spec, int device, cuda_options options) {
   if (auto err = validate(spec))
     return err;
-  auto devices = list_devices();
-  if (!devices)
-    return devices.error();
-  if (device < 0 || static_cast<size_t>(device) >= devices->size())
-    return make_error(errc::invalid_argument, "GPU " + std::to_string(device) + " does not exist (this machine has "
-                                                + std::to_string(devices->size()) + ")");
+  if (auto err = select_device(device))
+    return err;
   auto b = std::make_unique<cuda_backend>(spec, device, options);
   if (auto err = b->init())
     return err;

@@ -1,7 +1,6 @@
 // `ashlar launch`: a scheduler, server nodes and worker nodes as separate processes on this
 // machine (like torchrun --standalone), their output forwarded with a role prefix, all
 // stopped on Ctrl-C or when the job ends.
-#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -11,6 +10,7 @@
 #include <unistd.h>
 
 #include "apps/ashlar/commands.hpp"
+#include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
 #include "actors/gpu_actor.hpp"
 #include "runtime/os/subprocess.hpp"
@@ -19,11 +19,6 @@ namespace ashlar::cli {
 
 namespace {
 
-std::atomic<int> g_launch_signal{0};
-
-extern "C" void on_launch_signal(int sig) {
-  g_launch_signal.store(sig);
-}
 
 struct launch_options {
   train_options train;
@@ -113,8 +108,7 @@ int run_launch(const launch_options& o) {
     std::fprintf(stderr, "ashlar launch: %s\n", describe(gpus.error()).c_str());
     return 2;
   }
-  std::signal(SIGINT, on_launch_signal);
-  std::signal(SIGTERM, on_launch_signal);
+  catch_stop_signals(false); // the loop below takes them: the first stops the job, a second every process
   const std::string exe = self_executable();
   char tmpl[] = "/tmp/ashlar-launch-XXXXXX";
   std::string dir = ::mkdtemp(tmpl);
@@ -161,7 +155,7 @@ int run_launch(const launch_options& o) {
       std::fprintf(stderr, "ashlar launch: the scheduler exited with code %d before listening\n", code);
       return code ? code : 1;
     }
-    if (std::chrono::steady_clock::now() > deadline || g_launch_signal.load()) {
+    if (std::chrono::steady_clock::now() > deadline || stop_signal() != 0) {
       stop_all(SIGKILL);
       std::fprintf(stderr, "ashlar launch: the scheduler did not start listening within 30 s\n");
       return 1;
@@ -195,7 +189,7 @@ int run_launch(const launch_options& o) {
   auto stop_deadline = std::chrono::steady_clock::now();
   for (;;) {
     pump(children, 100);
-    if (int sig = g_launch_signal.exchange(0); sig != 0) {
+    if (int sig = take_stop_signal(); sig != 0) {
       code = 130;
       if (!interrupted && !stopping) {
         // The scheduler stops the job after the workers' current step, with its final

@@ -1,8 +1,6 @@
 // `ashlar node`: a node daemon. With the scheduler role it listens for other nodes and
 // runs jobs; with server and/or worker roles it joins a scheduler and hosts shards and
 // workers when asked. One process may take several roles.
-#include <atomic>
-#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <optional>

@@ -88,6 +88,18 @@ std::vector<subprocess> start_nodes(const temp_dir& dir, const std::string& join
   return out;
 }
 
+// A server node and a worker node with `slots` worker slots, joined to the scheduler at
+// `join` (logs server.log and worker.log).
+std::vector<subprocess> start_server_and_worker(const temp_dir& dir, const std::string& join, int slots) {
+  std::vector<subprocess> out;
+  out.push_back(start({exe, "node", "--role", "server", "--join", join}, dir.file("server.log")));
+  out.push_back(start({exe, "node", "--role", "worker", "--slots", std::to_string(slots), "--join", join},
+                      dir.file("worker.log")));
+  REQUIRE(wait_for_file(dir.file("worker.log"),
+                        [](const std::string& t) { return t.find("joined the cluster") != std::string::npos; }, 15s));
+  return out;
+}
+
 bool wait_for_training(const temp_dir& dir) {
   return wait_for_file(dir.file("scheduler.log"),
                        [](const std::string& t) { return t.find("training starts") != std::string::npos; },
@@ -469,11 +481,7 @@ TEST_CASE("a host application with its own actor system joins a running cluster 
 TEST_CASE("ashlar train --join runs a job on a standing cluster, and ctl add-worker fills a free slot") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {});
-  auto server = start({exe, "node", "--role", "server", "--join", sched.join}, dir.file("server.log"));
-  auto worker = start({exe, "node", "--role", "worker", "--slots", "2", "--join", sched.join},
-                      dir.file("worker.log"));
-  REQUIRE(wait_for_file(dir.file("worker.log"),
-                        [](const std::string& t) { return t.find("joined the cluster") != std::string::npos; }, 15s));
+  auto nodes = start_server_and_worker(dir, sched.join, 2);
   auto train = start({exe, "train", config, "--join", sched.join, "--workers", "1", "--servers", "1",
                       "--epochs", "6", "--set", "data.train_limit=6000", "--set", "data.test_limit=1000",
                       "--set", "train.speeds=1", "--set", "train.sample_ms=0.2", "--report", dir.file("r.json")},
@@ -504,11 +512,7 @@ TEST_CASE("SIGTERM to a scheduler node stops its job after the workers' step, re
           "stops the node, and one still waiting for the job's nodes stops at once") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {});
-  auto server = start({exe, "node", "--role", "server", "--join", sched.join}, dir.file("server.log"));
-  auto worker = start({exe, "node", "--role", "worker", "--slots", "1", "--join", sched.join},
-                      dir.file("worker.log"));
-  REQUIRE(wait_for_file(dir.file("worker.log"),
-                        [](const std::string& t) { return t.find("joined the cluster") != std::string::npos; }, 15s));
+  auto nodes = start_server_and_worker(dir, sched.join, 1);
   // A job of many epochs: it would run for minutes.
   auto train = start({exe, "train", config, "--join", sched.join, "--workers", "1", "--servers", "1",
                       "--epochs", "500", "--set", "data.train_limit=6000", "--set", "data.test_limit=1000",

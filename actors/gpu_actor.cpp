@@ -18,7 +18,7 @@ namespace ashlar::actors {
 struct gpu_call {
   enum kind_t : uint8_t { prepare, train, evaluate };
   kind_t kind = prepare;
-  mlp_spec spec;
+  model_spec spec;
   const float* params = nullptr;
   batch_view batch;
   float* grad = nullptr;
@@ -57,7 +57,8 @@ gpu_actor::behavior_type gpu_behavior(gpu_actor::stateful_pointer<gpu_state> sel
     [=](const gpu_call& c) {
       auto& st = self->state;
       gpu_reply r;
-      auto key = c.spec.to_string();
+      auto key = c.spec.input.to_string() + "|" + std::to_string(c.spec.classes) + "|"
+                 + layers_text(c.spec.resolved());
       auto& b = st.backends[key];
       if (!b) {
         auto made = st.make(c.spec);
@@ -87,7 +88,7 @@ gpu_actor::behavior_type gpu_behavior(gpu_actor::stateful_pointer<gpu_state> sel
 // stay valid for the GPU actor's use.
 class gpu_proxy final : public compute_backend {
 public:
-  gpu_proxy(caf::actor_system& sys, gpu_actor gpu, mlp_spec spec) : sys_(sys), gpu_(std::move(gpu)), spec_(std::move(spec)) {
+  gpu_proxy(caf::actor_system& sys, gpu_actor gpu, model_spec spec) : sys_(sys), gpu_(std::move(gpu)), spec_(std::move(spec)) {
   }
 
   caf::error prepare() {
@@ -98,7 +99,7 @@ public:
   const char* name() const override {
     return name_.c_str();
   }
-  const mlp_spec& spec() const override {
+  const model_spec& spec() const override {
     return spec_;
   }
   expected<batch_stats> train_step(const float* params, batch_view batch, float* grad) override {
@@ -144,7 +145,7 @@ private:
 
   caf::actor_system& sys_;
   gpu_actor gpu_;
-  mlp_spec spec_;
+  model_spec spec_;
   std::string name_ = "cuda";
   std::unique_ptr<caf::scoped_actor> self_;
 };
@@ -212,8 +213,13 @@ expected<std::shared_ptr<gpu_pool>> gpu_pool::start(caf::actor_system& sys, cons
     const int i = selected->devices[k];
     const auto& name = selected->names[k];
     impl::device dev;
-    dev.actor = sys.spawn<caf::detached>(gpu_behavior, name, [i, options](const mlp_spec& spec) {
-      return gpu::make_cuda_backend(spec, i, options);
+    dev.actor = sys.spawn<caf::detached>(gpu_behavior, name, [i, options](const model_spec& spec)
+                                           -> expected<std::unique_ptr<compute_backend>> {
+      auto mlp = spec.as_mlp();
+      if (!mlp)
+        return make_error(errc::device_error, "the CUDA backend computes dense and relu layers (MLPs) only so far, "
+                                                "and model " + spec.to_string() + " has others");
+      return gpu::make_cuda_backend(*mlp, i, options);
     });
     dev.label = "cuda:" + std::to_string(i) + " (" + name + ")";
     p->devices.push_back(std::move(dev));
@@ -264,11 +270,10 @@ backend_factory gpu_pool::next_worker(uint32_t* slot) {
     auto* sys = impl_->sys;
     auto actor = d.actor;
     auto label = d.label;
-    return [sys, actor, label](const mlp_spec& spec) {
+    return [sys, actor, label](const model_spec& spec) {
       auto proxy = std::make_unique<gpu_proxy>(*sys, actor, spec);
       if (auto err = proxy->prepare())
-        return backend_choice{make_cpu_backend(spec), "on the CPU: " + label + " could not take the model: "
-                                                        + describe(err)};
+        return cpu_choice(spec, "on the CPU: " + label + " could not take the model: " + describe(err));
       std::string note = std::string{"on "} + proxy->name();
       return backend_choice{std::move(proxy), std::move(note)};
     };
@@ -278,7 +283,14 @@ backend_factory gpu_pool::next_worker(uint32_t* slot) {
   std::string why = impl_->devices.empty() ? impl_->why_none
                                            : "every GPU of this process (" + std::to_string(impl_->devices.size())
                                                + ") is taken by another worker";
-  return [why](const mlp_spec& spec) { return backend_choice{make_cpu_backend(spec), "on the CPU: " + why}; };
+  return [why](const model_spec& spec) { return cpu_choice(spec, "on the CPU: " + why); };
+}
+
+backend_choice cpu_choice(const model_spec& spec, std::string note) {
+  auto b = make_cpu_backend(spec);
+  if (!b)
+    return backend_choice{nullptr, describe(b.error())};
+  return backend_choice{std::move(*b), std::move(note)};
 }
 
 void gpu_pool::release(uint32_t slot) {

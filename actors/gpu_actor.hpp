@@ -23,7 +23,12 @@ struct backend_choice {
   std::unique_ptr<compute_backend> backend;
   std::string note; // e.g. "on cuda:0 (NVIDIA H100 80GB HBM3)" or "on the CPU: no usable CUDA device ..."
 };
-using backend_factory = std::function<backend_choice(const mlp_spec&)>;
+/// Makes a worker's backend once the model is known. A null backend means none could be
+/// made; the note then says why (the worker fails with it).
+using backend_factory = std::function<backend_choice(const model_spec&)>;
+
+/// The CPU backend for `spec` with `note`, or a null backend and the reason.
+backend_choice cpu_choice(const model_spec& spec, std::string note);
 
 /// The CUDA devices a --gpus value names, by index, and why there are none when so.
 struct gpu_selection {
@@ -45,7 +50,7 @@ public:
   [[nodiscard]] static expected<std::shared_ptr<gpu_pool>> start(caf::actor_system& sys, const std::string& devices,
                                                                 bool tf32);
   /// A backend for one model on a device; the GPU actor calls it once per model.
-  using backend_maker = std::function<expected<std::unique_ptr<compute_backend>>(const mlp_spec&)>;
+  using backend_maker = std::function<expected<std::unique_ptr<compute_backend>>(const model_spec&)>;
   /// `devices` GPU actors whose backends come from `make` instead of CUDA (tests check
   /// the actors, the blocking calls and the hand-out on machines without a GPU).
   static std::shared_ptr<gpu_pool> start_emulated(caf::actor_system& sys, uint32_t devices, backend_maker make);

@@ -42,24 +42,45 @@ expected<job_data> load_job_data(const train_config& cfg) {
     // One draw split in two, so both halves share the same cluster centres.
     size_t n_train = cfg.train_limit ? cfg.train_limit : 20000;
     size_t n_test = cfg.test_limit ? cfg.test_limit : 4000;
-    d.train = make_synthetic(n_train + n_test, cfg.model.input, cfg.model.classes, cfg.seed);
+    d.train = make_synthetic(n_train + n_test, cfg.model.input.size(), cfg.model.classes, cfg.seed);
+    d.train.shape = d.test.shape = cfg.model.input;
     d.test = d.train;
     d.test.x.erase(d.test.x.begin(), d.test.x.begin() + n_train * d.test.dim);
     d.test.y.erase(d.test.y.begin(), d.test.y.begin() + n_train);
     d.test.n = n_test;
     d.train.truncate(n_train);
-    return d;
+  } else if (cfg.data_source == "npy") {
+    auto loaded = load_npy_dataset(cfg.data_dir, cfg.model.input, cfg.model.classes);
+    if (!loaded)
+      return loaded.error();
+    d.train = std::move(loaded->train);
+    d.test = std::move(loaded->test);
+  } else {
+    auto train = load_fashion_mnist(cfg.data_dir, split::train);
+    if (!train)
+      return train.error();
+    auto test = load_fashion_mnist(cfg.data_dir, split::test);
+    if (!test)
+      return test.error();
+    d.train = std::move(*train);
+    d.test = std::move(*test);
+    if (d.train.dim != cfg.model.input.size())
+      return make_error(errc::invalid_config, "Fashion-MNIST in " + cfg.data_dir + " has samples of "
+                                                + d.train.shape.to_string() + ", but model.input is "
+                                                + cfg.model.input.to_string() + " (set model.input = 1,28,28)");
+    if (cfg.model.classes != d.train.classes)
+      return make_error(errc::invalid_config, "Fashion-MNIST has " + std::to_string(d.train.classes)
+                                                + " classes, but model.classes is "
+                                                + std::to_string(cfg.model.classes));
+    // A flat model.input (784) reads the images as flat vectors.
+    d.train.shape = d.test.shape = cfg.model.input;
   }
-  auto train = load_fashion_mnist(cfg.data_dir, split::train);
-  if (!train)
-    return train.error();
-  auto test = load_fashion_mnist(cfg.data_dir, split::test);
-  if (!test)
-    return test.error();
-  d.train = std::move(*train);
-  d.test = std::move(*test);
-  d.train.truncate(cfg.train_limit);
-  d.test.truncate(cfg.test_limit);
+  if (cfg.data_source != "synthetic") {
+    d.train.truncate(cfg.train_limit);
+    d.test.truncate(cfg.test_limit);
+  }
+  d.train.crop_padding = cfg.crop_padding;
+  d.train.hflip = cfg.hflip;
   return d;
 }
 
@@ -238,10 +259,6 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
     return data.error();
   auto train = std::make_shared<const dataset>(std::move(data->train));
   const dataset test = std::move(data->test);
-  cfg.model.input = static_cast<uint32_t>(train->dim);
-  cfg.model.classes = train->classes;
-  if (auto err = validate(cfg))
-    return err;
   auto job_store_or = open_job_store(cfg);
   if (!job_store_or)
     return job_store_or.error();
@@ -354,8 +371,27 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   rep.train_samples = train->n;
   rep.test_samples = test.n;
 
-  auto evaluator = make_cpu_backend(cfg.model);
-  auto evaluate = [&](const std::vector<float>& p) { return evaluator->evaluate(p.data(), test.all()); };
+  // The test evaluations: on the CPU, or for a model with a layer only the host
+  // application computes, on a backend of its own (hooks.make_backend); without one, the
+  // evaluations fail with the reason and the job trains on.
+  std::unique_ptr<compute_backend> evaluator;
+  caf::error no_evaluator;
+  if (auto cpu = make_cpu_backend(cfg.model)) {
+    evaluator = std::move(*cpu);
+  } else if (hooks.make_backend) {
+    auto choice = hooks.make_backend(cfg.model);
+    evaluator = std::move(choice.backend);
+    if (!evaluator)
+      no_evaluator = make_error(errc::invalid_state, "cannot evaluate model " + cfg.model.to_string() + ": "
+                                                       + choice.note);
+  } else {
+    no_evaluator = cpu.error();
+  }
+  auto evaluate = [&](const std::vector<float>& p) -> expected<batch_stats> {
+    if (!evaluator)
+      return no_evaluator;
+    return evaluator->evaluate(p.data(), test.all());
+  };
   auto seconds = [&] { return std::chrono::duration<double>(clock_type::now() - start).count(); };
 
   bool done = false;

@@ -62,7 +62,7 @@ public:
     }
     for (uint32_t i = 0; i < cfg.workers; ++i) {
       worker_config wc;
-      wc.make_backend = gpus_->next_worker();
+      wc.make_backend = hooks_.make_backend ? hooks_.make_backend : gpus_->next_worker();
       wc.scheduler = scheduler;
       wc.profiler = profiler;
       wc.data = train;

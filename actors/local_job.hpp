@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "actors/gpu_actor.hpp"
 #include "runtime/config/train_config.hpp"
 #include "runtime/metrics/report.hpp"
 #include "runtime/wire/messages.hpp"
@@ -43,6 +44,10 @@ struct job_hooks {
   /// The GPUs for the job's workers (a host application that manages its devices, or a
   /// test's emulated ones). Null: the devices run.gpus names.
   std::function<std::shared_ptr<gpu_pool>(caf::actor_system&)> gpus;
+  /// The compute backend of every worker and of the test evaluations, from a host
+  /// application that brings its own (e.g. its network in LibTorch, for a model with an
+  /// `external` layer). Null: GPUs as run.gpus says, the CPU for the rest.
+  backend_factory make_backend;
   /// Polled every tick: once true, the job stops as at its time limit (each worker
   /// finishes its step and leaves; the final evaluation, checkpoint and report follow).
   std::function<bool()> stop_requested;

@@ -496,7 +496,7 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       wire::assignment a;
       a.worker_id = id;
       a.shards = cfg.ranges;
-      a.layer_widths = cfg.job.model.widths();
+      a.model = cfg.job.model;
       a.batch_size = cfg.job.batch_size;
       uint64_t n = cfg.train_size, k = cfg.job.workers;
       a.data_begin = n * slot / k;

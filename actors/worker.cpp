@@ -665,10 +665,9 @@ caf::error check_assignment(const worker_state& st, const wire::assignment& a) {
                       "data share [" + std::to_string(a.data_begin) + ", "
                         + std::to_string(a.data_begin + a.data_count) + ") exceeds the "
                         + std::to_string(st.cfg.data->n) + " local training samples");
-  if (st.cfg.data->dim != spec.input)
-    return make_error(errc::shape_mismatch, "the data set has " + std::to_string(st.cfg.data->dim)
-                                              + " features, the model expects "
-                                              + std::to_string(spec.input));
+  if (st.cfg.data->dim != spec.input.size())
+    return make_error(errc::shape_mismatch, "the data set's samples are " + st.cfg.data->shape.to_string()
+                                              + ", the model expects " + spec.input.to_string());
   if (a.batch_size == 0)
     return make_error(errc::invalid_config, "batch size 0");
   return caf::none;
@@ -997,13 +996,15 @@ void start(worker_pointer self) {
       [=](const wire::assignment& a, const std::vector<shard_actor>& shards) {
         auto& st = self->state;
         st.job = a;
-        if (a.layer_widths.size() < 2 || shards.size() != a.shards.size())
+        if (shards.size() != a.shards.size())
           return fail(self, "malformed assignment from the scheduler");
-        mlp_spec spec;
-        spec.input = a.layer_widths.front();
-        spec.classes = a.layer_widths.back();
-        spec.hidden.assign(a.layer_widths.begin() + 1, a.layer_widths.end() - 1);
-        auto choice = st.cfg.make_backend ? st.cfg.make_backend(spec) : backend_choice{make_cpu_backend(spec), ""};
+        auto plan = compile(a.model);
+        if (!plan)
+          return fail(self, "the scheduler's model: " + describe(plan.error()));
+        const model_spec* spec = &a.model;
+        auto choice = st.cfg.make_backend ? st.cfg.make_backend(*spec) : cpu_choice(*spec, "");
+        if (!choice.backend)
+          return fail(self, "no compute backend for model " + spec->to_string() + ": " + choice.note);
         st.backend = std::move(choice.backend);
         if (!choice.note.empty())
           spdlog::info("worker {}: computing {}", a.worker_id, choice.note);
@@ -1014,8 +1015,9 @@ void start(worker_pointer self) {
         for (auto& s : st.shards)
           self->monitor(s);
         st.host_locks.clear(); // before the buffers may move
-        st.params.assign(spec.num_params(), 0.0f);
-        st.grad.assign(spec.num_params(), 0.0f);
+        const auto num_params = plan->num_params;
+        st.params.assign(num_params, 0.0f);
+        st.grad.assign(num_params, 0.0f);
         for (auto* v : {&st.params, &st.grad})
           st.host_locks.push_back(st.backend->lock_host_memory(v->data(), v->size() * sizeof(float)));
         st.base_versions.assign(shards.size(), 0);

@@ -199,7 +199,8 @@ struct piece {
 class cuda_backend final : public compute_backend {
 public:
   cuda_backend(mlp_spec spec, int device, cuda_options options)
-    : spec_(std::move(spec)), layers_(layer_layout(spec_)), device_(device), options_(options) {
+    : spec_(std::move(spec)), model_(from_mlp(spec_)), layers_(layer_layout(spec_)), device_(device),
+      options_(options) {
     name_ = "cuda:" + std::to_string(device);
   }
 
@@ -257,8 +258,8 @@ public:
     return name_.c_str();
   }
 
-  const mlp_spec& spec() const override {
-    return spec_;
+  const model_spec& spec() const override {
+    return model_;
   }
 
   std::shared_ptr<void> lock_host_memory(void* p, size_t bytes) override {
@@ -266,7 +267,7 @@ public:
   }
 
   expected<batch_stats> train_step(const float* params, batch_view b, float* grad) override {
-    if (auto err = check_batch(spec_, b))
+    if (auto err = check_batch(model_, b))
       return err;
     ASHLAR_CUDA(cudaSetDevice(device_));
     if (auto err = finish()) // a call that failed half-way may have left work in flight
@@ -293,7 +294,7 @@ public:
   }
 
   expected<batch_stats> evaluate(const float* params, batch_view b) override {
-    if (auto err = check_batch(spec_, b))
+    if (auto err = check_batch(model_, b))
       return err;
     ASHLAR_CUDA(cudaSetDevice(device_));
     if (auto err = finish()) // a call that failed half-way may have left work in flight
@@ -515,6 +516,7 @@ private:
   }
 
   mlp_spec spec_;
+  model_spec model_;
   std::vector<layer_offsets> layers_;
   int device_;
   cuda_options options_;

@@ -57,8 +57,11 @@ struct SpawnWorker {
   dataSource @2 :Text;
   trainLimit @3 :UInt64;
   seed @4 :UInt64;
-  inputWidth @5 :UInt32;
+  inputWidth @5 :UInt32;       # model.input's size (the flat width)
   classes @6 :UInt32;
+  inputShape @7 :List(UInt32);  # model.input: C, H, W
+  cropPadding @8 :UInt32;       # data.crop_padding
+  hflip @9 :Bool;               # data.hflip
 }
 
 # A job submitted to a running scheduler: configuration keys and values, as text.
@@ -120,7 +123,7 @@ struct ShardRange {
 struct Assignment {
   workerId @0 :UInt32;
   shards @1 :List(ShardRange);
-  layerWidths @2 :List(UInt32);  # the MLP, input to output
+  layerWidths @2 :List(UInt32);  # unused since modelInput (was: the MLP, input to output)
   batchSize @3 :UInt32;          # this worker's batch share, samples
   dataBegin @4 :UInt64;          # this worker's part of the training set: [begin, begin+count)
   dataCount @5 :UInt64;
@@ -144,6 +147,10 @@ struct Assignment {
   cursorPos @23 :UInt64;           # and samples into the current pass
   pullTopkRatio @24 :Float32;      # pulls are delta reads of this fraction of each range; 0: dense
   overlapCommits @25 :Bool;        # local steps: a commit's push and pull run behind the next local steps
+  modelInput @26 :List(UInt32);    # the model (runtime/model/model.hpp): input C, H, W
+  modelClasses @27 :UInt32;
+  modelHidden @28 :List(UInt32);   # the MLP short form, when modelLayers is empty
+  modelLayers @29 :Text;           # the layers' text form; empty: the MLP of modelHidden
   struct Slowdown {
     startS @0 :Float64;
     endS @1 :Float64;

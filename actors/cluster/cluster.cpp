@@ -351,8 +351,11 @@ caf::error cluster_placement::start_workers(const train_config& cfg, const sched
   tmpl.data_source = cfg.data_source;
   tmpl.train_limit = cfg.data_source == "synthetic" ? train->n : cfg.train_limit;
   tmpl.seed = cfg.seed;
-  tmpl.input_width = cfg.model.input;
+  tmpl.input_width = static_cast<uint32_t>(cfg.model.input.size());
+  tmpl.input = cfg.model.input;
   tmpl.classes = cfg.model.classes;
+  tmpl.crop_padding = cfg.crop_padding;
+  tmpl.hflip = cfg.hflip;
   // Tell the cluster first, so a node joining from now on is given workers too.
   caf::anon_send(cluster_, job_atom::value, running_job{scheduler, profiler, shards_, tmpl, templates_, driver_});
   uint32_t next = 0;

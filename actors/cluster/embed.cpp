@@ -18,6 +18,7 @@ expected<membership> join_cluster(caf::actor_system& sys, const cluster_actor& c
   nc.plane = opts.plane;
   nc.checkpoint_dir = opts.checkpoint_dir;
   nc.gpus = opts.gpus;
+  nc.make_backend = opts.make_backend;
   if (!opts.data_host.empty())
     nc.data_host = opts.data_host;
   auto node = spawn_node(sys, nc);

@@ -46,6 +46,10 @@ struct join_options {
   /// GPUs for the workers hosted here, one each (see gpu_pool); the others compute on
   /// the CPU. Default: none (every worker on the CPU).
   std::shared_ptr<gpu_pool> gpus;
+  /// The compute backend of the workers hosted here: the host application's own, for
+  /// example its network in LibTorch, for a model with an `external` layer (see
+  /// runtime/model/model.hpp). Wins over gpus. Default: none (GPUs, then the CPU).
+  backend_factory make_backend;
 };
 
 /// A process's membership in a cluster.

@@ -139,10 +139,13 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
       dc.train_limit = req.train_limit;
       dc.test_limit = 1;
       dc.seed = req.seed;
-      dc.model.input = req.input_width;
+      dc.model.input = req.input;
       dc.model.classes = req.classes;
+      dc.crop_padding = req.crop_padding;
+      dc.hflip = req.hflip;
       auto key = dc.data_source + "|" + dc.data_dir + "|" + std::to_string(dc.train_limit) + "|"
-                 + std::to_string(dc.seed);
+                 + std::to_string(dc.seed) + "|" + dc.model.input.to_string() + "|" + std::to_string(dc.model.classes)
+                 + "|" + std::to_string(dc.crop_padding) + "|" + (dc.hflip ? "flip" : "");
       auto& data = st.data_cache[key];
       if (!data) {
         auto loaded = load_job_data(dc);
@@ -160,7 +163,9 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
       wc.host = st.cfg.name;
       wc.plane = st.cfg.plane;
       uint32_t gpu_slot = UINT32_MAX;
-      if (st.cfg.gpus)
+      if (st.cfg.make_backend)
+        wc.make_backend = st.cfg.make_backend;
+      else if (st.cfg.gpus)
         wc.make_backend = st.cfg.gpus->next_worker(&gpu_slot);
       auto w = spawn_worker(self->system(), wc);
       if (gpu_slot != UINT32_MAX)

@@ -36,6 +36,8 @@ struct node_config {
   /// GPUs for the workers hosted here, one each; the others compute on the CPU.
   /// Default: none.
   std::shared_ptr<gpu_pool> gpus;
+  /// The backend of the workers hosted here (a host application's own); wins over gpus.
+  backend_factory make_backend;
 };
 
 /// Spawns the node actor. Spawn requests for a role the node lacks, or beyond its slots,

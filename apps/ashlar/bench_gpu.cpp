@@ -84,11 +84,11 @@ int run_gpu_bench(const gpu_bench_options& o) {
       std::fprintf(stderr, "ashlar bench gpu: --hidden %s: %s\n", hidden.c_str(), describe(err).c_str());
       return 2;
     }
-    const auto& spec = tc.model;
+    const auto spec = *tc.model.as_mlp();
     auto data = make_synthetic(size_t{o.batch} * 8, spec.input, spec.classes, 7);
     // The worker's path: a backend whose calls the device's GPU actor runs.
-    auto choice = (*pool)->next_worker()(spec);
-    if (std::string{choice.backend->name()} == "cpu") {
+    auto choice = (*pool)->next_worker()(tc.model);
+    if (!choice.backend || std::string{choice.backend->name()} == "cpu") {
       std::fprintf(stderr, "ashlar bench gpu: %s: computing %s\n", spec.to_string().c_str(), choice.note.c_str());
       return 1;
     }

@@ -29,6 +29,7 @@ namespace {
 struct bench_options {
   uint32_t batch = 64;
   std::string hidden = "256,128";
+  std::string config;
   uint32_t steps = 300;
   uint32_t warmup = 30;
   int threads = 1;
@@ -37,7 +38,7 @@ struct bench_options {
 
 int run_step_bench(const bench_options& o) {
   train_config cfg;
-  if (auto err = apply_setting(cfg, "model.hidden", o.hidden)) {
+  if (auto err = o.config.empty() ? apply_setting(cfg, "model.hidden", o.hidden) : apply_toml_file(cfg, o.config)) {
     std::fprintf(stderr, "ashlar bench: %s\n", describe(err).c_str());
     return 2;
   }
@@ -47,12 +48,18 @@ int run_step_bench(const bench_options& o) {
   }
   set_blas_threads(o.threads);
   const auto& spec = cfg.model;
-  auto data = make_synthetic(size_t{o.batch} * 16, spec.input, spec.classes, 7);
+  auto data = make_synthetic(size_t{o.batch} * 16, spec.input.size(), spec.classes, 7);
+  data.shape = spec.input;
   auto params = init_params(spec, 1);
   std::vector<float> grad(params.size()), velocity(params.size());
   sgd_config opt;
   opt.lr = 0.01f;
-  auto backend = make_cpu_backend(spec);
+  auto made = make_cpu_backend(spec);
+  if (!made) {
+    std::fprintf(stderr, "ashlar bench: %s\n", describe(made.error()).c_str());
+    return 2;
+  }
+  auto backend = std::move(*made);
   batch_cursor cursor{data, 0, data.n, 3};
   auto step = [&] {
     auto b = cursor.next(o.batch);
@@ -267,6 +274,8 @@ command_fn add_bench(CLI::App& app) {
   auto* step = cmd->add_subcommand("step", "CPU training step time per sample (forward, backward, SGD)");
   step->add_option("--batch", o->batch, "mini-batch size")->capture_default_str();
   step->add_option("--hidden", o->hidden, "hidden widths, comma-separated")->capture_default_str();
+  step->add_option("--config", o->config, "take the model from this config file (e.g. ops/configs/fmnist-cnn.toml) "
+                                          "instead of --hidden");
   step->add_option("--steps", o->steps, "timed steps")->capture_default_str();
   step->add_option("--warmup", o->warmup, "untimed steps first")->capture_default_str();
   step->add_option("--threads", o->threads, "OpenBLAS threads")->capture_default_str();

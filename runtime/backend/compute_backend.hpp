@@ -1,5 +1,8 @@
-// The compute backend interface: one training step (forward, backward, gradient)
-// and evaluation of an MLP over a batch. CPU (OpenBLAS) and GPU (cuBLAS) implement it.
+// The compute backend interface: one training step (forward, backward, gradient) and
+// evaluation of a model (runtime/model/model.hpp) over a batch. The CPU backend (OpenBLAS)
+// computes every layer kind, the GPU backend (cuBLAS) the models it supports; a host
+// application may implement it for a model of its own (an `external` layer) and hand it
+// to its workers (worker_config::make_backend, join_options::make_backend).
 #pragma once
 
 #include <cstddef>
@@ -7,11 +10,12 @@
 #include <memory>
 
 #include "runtime/core/error.hpp"
-#include "runtime/model/mlp.hpp"
+#include "runtime/model/model.hpp"
 
 namespace ashlar {
 
-/// A batch of samples: `n` rows of `dim` floats, row-major, and one label per row.
+/// A batch of samples: `n` rows of `dim` floats, row-major (each sample C x H x W in
+/// channel-major order when the model's input is shaped), and one label per row.
 /// The memory belongs to the caller and must outlive the call.
 struct batch_view {
   const float* x = nullptr;
@@ -37,10 +41,10 @@ public:
   virtual const char* name() const = 0;
 
   /// The model this backend computes.
-  virtual const mlp_spec& spec() const = 0;
+  virtual const model_spec& spec() const = 0;
 
   /// Computes the mean gradient of the loss over `batch` at `params` into `grad`
-  /// (both spec().num_params() floats). Fails with shape_mismatch if the batch's
+  /// (both spec().num_params() floats, laid out as compile(spec()) says). Fails with shape_mismatch if the batch's
   /// width differs from the model's input or a label is out of range, and with
   /// numerical_error if the loss is not finite. Blocks for the duration of the compute.
   [[nodiscard]] virtual expected<batch_stats> train_step(const float* params, batch_view batch,
@@ -58,6 +62,6 @@ public:
 };
 
 /// Checks a batch against a model: width, non-empty, labels in range.
-[[nodiscard]] caf::error check_batch(const mlp_spec& spec, batch_view batch);
+[[nodiscard]] caf::error check_batch(const model_spec& spec, batch_view batch);
 
 }  // namespace ashlar

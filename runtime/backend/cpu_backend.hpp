@@ -1,4 +1,5 @@
-// The CPU compute backend, built on OpenBLAS's SGEMM.
+// The CPU compute backend: every layer kind of runtime/model/model.hpp, products through
+// OpenBLAS's SGEMM (convolutions as im2col + GEMM).
 #pragma once
 
 #include <memory>
@@ -8,7 +9,12 @@
 namespace ashlar {
 
 /// A CPU backend for `spec`. Not thread-safe: one per worker. Its workspace grows to
-/// the largest batch it has seen and is reused.
+/// the largest batch it has seen and is reused. Fails with invalid_config if the model
+/// does not compile, and with unknown_name if it has an `external` layer (only the host
+/// application's own backend computes those).
+[[nodiscard]] expected<std::unique_ptr<compute_backend>> make_cpu_backend(const model_spec& spec);
+
+/// Same, for an MLP spec (aborts on a spec that does not validate: callers built it).
 std::unique_ptr<compute_backend> make_cpu_backend(const mlp_spec& spec);
 
 /// Sets the number of threads OpenBLAS uses in this process (it is process-wide).

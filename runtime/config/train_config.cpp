@@ -104,6 +104,28 @@ caf::error parse(const std::string& key, const std::string& text, std::vector<do
                     [](double x) { return x > 0; });
 }
 
+caf::error parse(const std::string& key, const std::string& text, tensor_shape& out) {
+  std::vector<uint32_t> dims;
+  if (auto err = parse_list(key, text, dims, "a shape C,H,W or a width (e.g. 1,28,28 or 784)",
+                            [](uint32_t v) { return v > 0; }))
+    return err;
+  if (dims.size() == 1)
+    out = tensor_shape{dims[0], 1, 1};
+  else if (dims.size() == 3)
+    out = tensor_shape{dims[0], dims[1], dims[2]};
+  else
+    return bad_value(key, text, "a shape C,H,W or a width (e.g. 1,28,28 or 784)");
+  return caf::none;
+}
+
+caf::error parse(const std::string&, const std::string& text, std::vector<layer_spec>& out) {
+  auto layers = parse_layers(text);
+  if (!layers)
+    return layers.error();
+  out = std::move(*layers);
+  return caf::none;
+}
+
 std::string show(uint64_t v) { return std::to_string(v); }
 std::string show(uint32_t v) { return std::to_string(v); }
 std::string show(double v) {
@@ -119,6 +141,13 @@ std::string show(const std::vector<double>& v) {
   for (auto x : v)
     s += (s.empty() ? "" : ",") + show(x);
   return s;
+}
+std::string show(const tensor_shape& v) {
+  return v.flat() ? std::to_string(v.c)
+                  : std::to_string(v.c) + "," + std::to_string(v.h) + "," + std::to_string(v.w);
+}
+std::string show(const std::vector<layer_spec>& v) {
+  return layers_text(v);
 }
 std::string show(const std::vector<uint32_t>& v) {
   std::string s;
@@ -151,16 +180,33 @@ field bind(std::string key, std::string help, Access access) {
 
 const std::vector<field>& fields() {
   static const std::vector<field> table = {
-    bind("data.dir", "directory of the Fashion-MNIST IDX files (default /usr/share/datasets/fashion-mnist)",
+    bind("data.dir", "directory of the data: Fashion-MNIST's IDX files, or for data.source = npy "
+                     "x_train.npy, y_train.npy, x_test.npy, y_test.npy (default /usr/share/datasets/fashion-mnist)",
          [](train_config& c) -> std::string& { return c.data_dir; }),
-    bind("data.source", "fashion-mnist or synthetic (default fashion-mnist)",
+    bind("data.source", "fashion-mnist, npy (your own NumPy arrays in data.dir) or synthetic (default fashion-mnist)",
          [](train_config& c) -> std::string& { return c.data_source; }),
+    bind("data.crop_padding", "augmentation: pad training images by N pixels and crop back at a random offset, "
+                              "every epoch; 0 = off (default 0)",
+         [](train_config& c) -> uint32_t& { return c.crop_padding; }),
+    bind("data.hflip", "augmentation: mirror training images left-right with probability 1/2, every epoch "
+                       "(default false)",
+         [](train_config& c) -> bool& { return c.hflip; }),
     bind("data.train_limit", "use the first N training samples, 0 = all (default 0)",
          [](train_config& c) -> uint64_t& { return c.train_limit; }),
     bind("data.test_limit", "use the first N test samples, 0 = all (default 0)",
          [](train_config& c) -> uint64_t& { return c.test_limit; }),
-    bind("model.hidden", "hidden layer widths, comma-separated (default 256,128)",
+    bind("model.input", "shape of one sample, C,H,W (default 1,28,28)",
+         [](train_config& c) -> tensor_shape& { return c.model.input; }),
+    bind("model.classes", "output classes; the last layer's output (default 10)",
+         [](train_config& c) -> uint32_t& { return c.model.classes; }),
+    bind("model.hidden", "MLP short form: hidden layer widths, comma-separated; used when model.layers is empty "
+                         "(default 256,128)",
          [](train_config& c) -> std::vector<uint32_t>& { return c.model.hidden; }),
+    bind("model.layers", "the layers, 'KIND key=value ...' separated by ';' (e.g. 'conv2d out=32 kernel=5 "
+                         "padding=2; relu; maxpool; flatten; dense out=10'; kinds: dense, conv2d, maxpool, avgpool, "
+                         "relu, flatten, dropout, groupnorm, layernorm, add, external); empty = the MLP of "
+                         "model.hidden (default empty)",
+         [](train_config& c) -> std::vector<layer_spec>& { return c.model.layers; }),
     bind("train.workers", "number of workers (default 4)",
          [](train_config& c) -> uint32_t& { return c.workers; }),
     bind("train.servers", "number of server shards (default 2)",
@@ -328,6 +374,45 @@ bool toml_text(const toml::node& n, std::string& out) {
   return false;
 }
 
+// model.layers in TOML: a string in the text form, or an array whose items are strings
+// ("conv2d out=32 kernel=5") or tables ({ type = "conv2d", out = 32, kernel = 5 }, also
+// written as [[model.layers]] sections). Returns the text form.
+expected<std::string> toml_layers(const toml::node& n) {
+  if (auto s = n.as_string())
+    return s->get();
+  auto a = n.as_array();
+  if (!a)
+    return make_error(errc::invalid_config, "config key model.layers must be a string or an array of layers");
+  std::string out;
+  size_t i = 0;
+  for (const auto& e : *a) {
+    std::string item;
+    if (auto s = e.as_string()) {
+      item = s->get();
+    } else if (auto t = e.as_table()) {
+      auto type = t->get("type");
+      if (!type || !type->as_string())
+        return make_error(errc::invalid_config, "model.layers[" + std::to_string(i) + "] needs type = \"KIND\"");
+      item = type->as_string()->get();
+      for (const auto& [k, v] : *t) {
+        if (k.str() == "type")
+          continue;
+        std::string text;
+        if (!toml_text(v, text) || v.is_array())
+          return make_error(errc::invalid_config, "model.layers[" + std::to_string(i) + "]." + std::string{k.str()}
+                                                    + " must be a number, string or boolean");
+        item += " " + std::string{k.str()} + "=" + text;
+      }
+    } else {
+      return make_error(errc::invalid_config,
+                        "model.layers[" + std::to_string(i) + "] must be a string or a table with type = \"KIND\"");
+    }
+    out += (out.empty() ? "" : "; ") + item;
+    ++i;
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<config_key_info> config_keys() {
@@ -375,7 +460,12 @@ caf::error apply_toml_text(train_config& cfg, const std::string& text, const std
         return make_error(errc::invalid_config, where(value) + ": unknown config key '" + key
                                                   + "' (known: " + known_keys() + ")");
       std::string txt;
-      if (!toml_text(value, txt))
+      if (key == "model.layers") {
+        auto layers = toml_layers(value);
+        if (!layers)
+          return make_error(errc::invalid_config, where(value) + ": " + describe(layers.error()));
+        txt = *layers;
+      } else if (!toml_text(value, txt))
         return make_error(errc::invalid_config,
                           where(value) + ": config key " + key + " has an unsupported value type");
       if (auto err = apply_setting(cfg, key, txt))
@@ -479,8 +569,10 @@ caf::error validate(const train_config& c) {
   }
   if (c.time_limit < 0)
     return bad("run.time_limit must be >= 0");
-  if (c.data_source != "fashion-mnist" && c.data_source != "synthetic")
-    return bad("data.source must be fashion-mnist or synthetic, not '" + c.data_source + "'");
+  if (c.data_source != "fashion-mnist" && c.data_source != "synthetic" && c.data_source != "npy")
+    return bad("data.source must be fashion-mnist, npy or synthetic, not '" + c.data_source + "'");
+  if (c.crop_padding > 64)
+    return bad("data.crop_padding must be at most 64 pixels");
   static const std::vector<std::string> levels = {"trace", "debug", "info", "warn", "error", "off"};
   if (std::find(levels.begin(), levels.end(), c.log_level) == levels.end())
     return bad("run.log_level must be one of trace, debug, info, warn, error, off");
@@ -493,9 +585,13 @@ caf::error validate(const train_config& c) {
   }
   if (auto p = ashl_planner::make(c.ashl); !p)
     return p.error();
-  if (auto err = validate(c.model))
-    return err;
-  if (c.servers > c.model.num_params())
+  auto plan = compile(c.model);
+  if (!plan)
+    return plan.error();
+  if ((c.crop_padding > 0 || c.hflip) && c.model.input.flat())
+    return bad("data.crop_padding and data.hflip need image samples, but model.input is the flat "
+               + c.model.input.to_string() + " (set model.input = C,H,W)");
+  if (c.servers > plan->num_params)
     return bad("train.servers = " + std::to_string(c.servers) + " exceeds the "
                + std::to_string(c.model.num_params()) + " parameters of model "
                + c.model.to_string() + ": every shard needs at least one parameter");

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "runtime/core/error.hpp"
-#include "runtime/model/mlp.hpp"
+#include "runtime/model/model.hpp"
 #include "runtime/optim/sgd.hpp"
 #include "runtime/policy/ashl.hpp"
 #include "runtime/policy/sync_policy.hpp"
@@ -17,18 +17,30 @@ namespace ashlar {
 
 struct train_config {
   // [data]
-  /// Where the Fashion-MNIST IDX files are. Default: /usr/share/datasets/fashion-mnist.
+  /// Where the data files are: Fashion-MNIST's IDX files, or for data.source = npy the
+  /// NumPy files x_train.npy, y_train.npy, x_test.npy, y_test.npy.
+  /// Default: /usr/share/datasets/fashion-mnist.
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  /// "fashion-mnist" or "synthetic" (Gaussian clusters, for benchmarks). Default: fashion-mnist.
+  /// "fashion-mnist", "npy" (the user's own NumPy arrays, see load_npy_dataset) or
+  /// "synthetic" (Gaussian clusters, for benchmarks). Default: fashion-mnist.
   std::string data_source = "fashion-mnist";
+  /// Augmentation, drawn anew every epoch: pad each training image by this many pixels
+  /// (zeros) and crop it back to its size at a random offset; 0 = off (data.crop_padding).
+  /// Default: 0.
+  uint32_t crop_padding = 0;
+  /// Augmentation: mirror each training image left-right with probability 1/2, anew every
+  /// epoch (data.hflip). Default: false.
+  bool hflip = false;
   /// Use only the first N training samples; 0 = all. Default: 0.
   uint64_t train_limit = 0;
   /// Use only the first N test samples; 0 = all. Default: 0.
   uint64_t test_limit = 0;
 
   // [model]
-  /// The MLP: hidden widths (model.hidden). Default: 784-256-128-10.
-  mlp_spec model;
+  /// The model: input shape (model.input), classes (model.classes), and its layers
+  /// (model.layers) or the MLP short form (model.hidden). Default: the MLP 784-256-128-10
+  /// over 1x28x28 images.
+  model_spec model;
 
   // [train]
   /// Number of worker actors. Default: 4.

@@ -1,4 +1,5 @@
-// In-memory labelled data sets: Fashion-MNIST from IDX files, and synthetic data.
+// In-memory labelled data sets: Fashion-MNIST from IDX files, the user's own NumPy
+// arrays, and synthetic data. Samples keep their shape (C, H, W).
 #pragma once
 
 #include <cstddef>
@@ -12,13 +13,20 @@
 
 namespace ashlar {
 
-/// `n` samples of `dim` floats (row-major) with labels in [0, classes).
+/// `n` samples of `dim` floats (row-major; each of `shape`, channel-major) with labels in
+/// [0, classes).
 struct dataset {
   size_t n = 0;
   size_t dim = 0;
   uint32_t classes = 0;
+  /// The shape of one sample; shape.size() == dim.
+  tensor_shape shape;
   std::vector<float> x;
   std::vector<uint8_t> y;
+  /// Augmentation applied by batch_cursor (training sets only): random crop after zero
+  /// padding by this many pixels, 0 = none; random horizontal flip.
+  uint32_t crop_padding = 0;
+  bool hflip = false;
 
   batch_view all() const { return {x.data(), y.data(), n, dim}; }
   /// Keeps the first `limit` samples (0 keeps all).
@@ -41,6 +49,34 @@ enum class split { train, test };
 /// installs them in /usr/share/datasets/fashion-mnist).
 [[nodiscard]] expected<dataset> load_fashion_mnist(const std::string& dir, split which);
 
+/// Loads the user's own data from NumPy .npy files in `dir`: x_train.npy, y_train.npy,
+/// x_test.npy, y_test.npy. Samples are float32 or uint8 arrays of shape (N, C, H, W),
+/// (N, H, W, C) (moved to channel-major), (N, H, W) (one channel) or (N, D) (flat), and
+/// must match `input`; labels are an integer array (N,) or (N, 1) in [0, classes), at
+/// most 256 classes. uint8 samples are scaled to [0, 1] and standardized per channel with
+/// the training set's mean and deviation; float32 samples are used as they are.
+/// Errors: io_error (cannot open, names the path), corrupt_data naming the file: not a
+/// .npy file (magic), a dtype other than float32/uint8 (samples) or an integer (labels),
+/// Fortran order, a shape that does not match `input`, a length that disagrees with the
+/// header, a label out of range, sample and label counts that differ.
+struct npy_data {
+  dataset train;
+  dataset test;
+};
+[[nodiscard]] expected<npy_data> load_npy_dataset(const std::string& dir, const tensor_shape& input,
+                                                  uint32_t classes);
+
+/// One .npy array as read: its dtype ("<f4", "|u1", "<i8", ...), shape and raw bytes (in
+/// the file's byte order; only little-endian and single-byte types are accepted).
+struct npy_array {
+  std::string dtype;
+  std::vector<uint64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+/// Reads a .npy file (format versions 1-3), checking the magic, the header and that the
+/// data's length matches the shape. Errors name the path.
+[[nodiscard]] expected<npy_array> read_npy(const std::string& path);
+
 /// A synthetic classification set for benchmarks and tests: `classes` Gaussian
 /// clusters in `dim` dimensions around random centres, deterministic in `seed`.
 dataset make_synthetic(size_t n, size_t dim, uint32_t classes, uint64_t seed);
@@ -52,8 +88,9 @@ public:
   /// The cursor covers indices [begin, begin + count) of `data`.
   batch_cursor(const dataset& data, size_t begin, size_t count, uint64_t seed);
 
-  /// Copies the next `batch` samples into internal buffers and returns a view of them.
-  /// The last batch of an epoch may be smaller. Valid until the next call.
+  /// Copies the next `batch` samples into internal buffers and returns a view of them,
+  /// augmented as the data set says (a draw that depends only on the seed, the pass and
+  /// the position). The last batch of an epoch may be smaller. Valid until the next call.
   batch_view next(size_t batch);
 
   /// Completed passes over this cursor's part.
@@ -70,6 +107,7 @@ public:
 
 private:
   void shuffle();
+  void augment(size_t i, float* sample);
 
   const dataset* data_;
   std::vector<uint32_t> indices_;
@@ -78,6 +116,7 @@ private:
   size_t epoch_ = 0;
   std::vector<float> xb_;
   std::vector<uint8_t> yb_;
+  std::vector<float> tmp_;
 };
 
 }  // namespace ashlar

@@ -114,6 +114,7 @@ expected<dataset> load_idx(const std::string& images_path, const std::string& la
   dataset d;
   d.n = n;
   d.dim = rows * cols;
+  d.shape = tensor_shape{1, static_cast<uint32_t>(rows), static_cast<uint32_t>(cols)};
   d.classes = 10;
   d.y.assign(lbl->begin() + 8, lbl->end());
   for (size_t i = 0; i < n; ++i)
@@ -167,6 +168,7 @@ dataset make_synthetic(size_t n, size_t dim, uint32_t classes, uint64_t seed) {
   dataset d;
   d.n = n;
   d.dim = dim;
+  d.shape = tensor_shape{static_cast<uint32_t>(dim), 1, 1};
   d.classes = classes;
   d.x.resize(n * dim);
   d.y.resize(n);
@@ -209,6 +211,34 @@ void batch_cursor::seek(size_t epoch, size_t pos) {
   pos_ = std::min(pos, indices_.size());
 }
 
+void batch_cursor::augment(size_t i, float* sample) {
+  const auto& sh = data_->shape;
+  if (sh.flat())
+    return;
+  // One draw per (seed, pass, position): the same sample at the same place of the same
+  // pass gets the same crop and flip, whoever draws it (a resumed worker included).
+  std::mt19937_64 gen{(seed_ * 0x9E3779B97F4A7C15ull + epoch_) * 0xD1B54A32D192ED03ull + i};
+  const int p = static_cast<int>(data_->crop_padding);
+  const int dy = p > 0 ? static_cast<int>(gen() % (2 * static_cast<uint64_t>(p) + 1)) - p : 0;
+  const int dx = p > 0 ? static_cast<int>(gen() % (2 * static_cast<uint64_t>(p) + 1)) - p : 0;
+  const bool flip = data_->hflip && (gen() & 1);
+  if (dy == 0 && dx == 0 && !flip)
+    return;
+  const int h = static_cast<int>(sh.h), w = static_cast<int>(sh.w);
+  tmp_.assign(sample, sample + sh.size());
+  for (uint32_t c = 0; c < sh.c; ++c) {
+    const float* src = tmp_.data() + size_t{c} * sh.h * sh.w;
+    float* dst = sample + size_t{c} * sh.h * sh.w;
+    for (int y = 0; y < h; ++y)
+      for (int x = 0; x < w; ++x) {
+        // Output (y, x) of the crop reads padded pixel (y + dy, x + dx), mirrored first.
+        const int sy = y + dy, sx0 = x + dx;
+        const int sx = flip ? w - 1 - sx0 : sx0;
+        dst[y * w + x] = (sy >= 0 && sy < h && sx >= 0 && sx < w) ? src[sy * w + sx] : 0.0f;
+      }
+  }
+}
+
 batch_view batch_cursor::next(size_t batch) {
   if (indices_.empty())
     return {};
@@ -225,6 +255,8 @@ batch_view batch_cursor::next(size_t batch) {
     uint32_t idx = indices_[pos_ + i];
     std::memcpy(xb_.data() + i * dim, data_->x.data() + size_t{idx} * dim, dim * sizeof(float));
     yb_[i] = data_->y[idx];
+    if (data_->crop_padding > 0 || data_->hflip)
+      augment(pos_ + i, xb_.data() + i * dim);
   }
   pos_ += take;
   return {xb_.data(), yb_.data(), take, dim};

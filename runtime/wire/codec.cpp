@@ -136,9 +136,15 @@ words encode(const assignment& x) {
     shards[i].setBegin(x.shards[i].begin);
     shards[i].setEnd(x.shards[i].end);
   }
-  auto widths = b.initLayerWidths(static_cast<unsigned>(x.layer_widths.size()));
-  for (size_t i = 0; i < x.layer_widths.size(); ++i)
-    widths.set(i, x.layer_widths[i]);
+  auto input = b.initModelInput(3);
+  input.set(0, x.model.input.c);
+  input.set(1, x.model.input.h);
+  input.set(2, x.model.input.w);
+  b.setModelClasses(x.model.classes);
+  auto hidden = b.initModelHidden(static_cast<unsigned>(x.model.hidden.size()));
+  for (size_t i = 0; i < x.model.hidden.size(); ++i)
+    hidden.set(static_cast<unsigned>(i), x.model.hidden[i]);
+  b.setModelLayers(layers_text(x.model.layers));
   b.setBatchSize(x.batch_size);
   b.setDataBegin(x.data_begin);
   b.setDataCount(x.data_count);
@@ -183,11 +189,21 @@ caf::error decode(const uint64_t* d, size_t n, assignment& out) {
       expect_begin = s.getEnd();
       out.shards.push_back(shard_range{s.getShardId(), s.getBegin(), s.getEnd()});
     }
-    out.layer_widths.clear();
-    for (auto w : r.getLayerWidths())
-      out.layer_widths.push_back(w);
-    if (out.layer_widths.size() < 2)
-      return malformed("Assignment", "a model needs at least two layer widths");
+    auto input = r.getModelInput();
+    if (input.size() != 3)
+      return malformed("Assignment", "the model's input shape has " + std::to_string(input.size())
+                                       + " dimensions, not 3");
+    out.model.input = tensor_shape{input[0], input[1], input[2]};
+    out.model.classes = r.getModelClasses();
+    out.model.hidden.clear();
+    for (auto w : r.getModelHidden())
+      out.model.hidden.push_back(w);
+    auto layers = parse_layers(std::string{r.getModelLayers().cStr(), r.getModelLayers().size()});
+    if (!layers)
+      return malformed("Assignment", "its model: " + describe(layers.error()));
+    out.model.layers = std::move(*layers);
+    if (auto err = validate(out.model))
+      return malformed("Assignment", "its model: " + describe(err));
     out.batch_size = r.getBatchSize();
     out.data_begin = r.getDataBegin();
     out.data_count = r.getDataCount();
@@ -717,6 +733,12 @@ words encode(const spawn_worker& x) {
   b.setSeed(x.seed);
   b.setInputWidth(x.input_width);
   b.setClasses(x.classes);
+  auto shape = b.initInputShape(3);
+  shape.set(0, x.input.c);
+  shape.set(1, x.input.h);
+  shape.set(2, x.input.w);
+  b.setCropPadding(x.crop_padding);
+  b.setHflip(x.hflip);
   return to_words(mb);
 }
 
@@ -729,6 +751,15 @@ caf::error decode(const uint64_t* d, size_t n, spawn_worker& out) {
     out.seed = r.getSeed();
     out.input_width = r.getInputWidth();
     out.classes = r.getClasses();
+    auto shape = r.getInputShape();
+    if (shape.size() != 3 || uint64_t{shape[0]} * shape[1] * shape[2] == 0)
+      return malformed("SpawnWorker", "the input shape needs 3 non-zero dimensions");
+    out.input = tensor_shape{shape[0], shape[1], shape[2]};
+    if (out.input.size() != out.input_width)
+      return malformed("SpawnWorker", "input shape " + out.input.to_string() + " is not "
+                                        + std::to_string(out.input_width) + " wide");
+    out.crop_padding = r.getCropPadding();
+    out.hflip = r.getHflip();
     return caf::error{};
   });
 }

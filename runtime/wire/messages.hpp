@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/model/model.hpp"
 #include "runtime/pacing/contention.hpp"
 #include "runtime/tensor/layout.hpp"
 
@@ -144,6 +145,9 @@ struct spawn_worker {
   uint64_t seed = 0;
   uint32_t input_width = 0;
   uint32_t classes = 0;
+  tensor_shape input;          // the model's input shape (the data set's samples)
+  uint32_t crop_padding = 0;   // augmentation of the training set (data.crop_padding)
+  bool hflip = false;          // (data.hflip)
 };
 
 struct job_request {
@@ -180,7 +184,7 @@ struct data_position {
 struct assignment {
   uint32_t worker_id = 0;
   std::vector<shard_range> shards;
-  std::vector<uint32_t> layer_widths;
+  model_spec model;            // what the worker computes
   uint32_t batch_size = 0;
   uint64_t data_begin = 0;
   uint64_t data_count = 0;

@@ -61,7 +61,9 @@ TEST_CASE("every message type crosses the network between two actor systems and 
   CHECK(round_trip(self, peer, wire::register_worker{3, "h:1", "cpu"}).host == "h:1");
   wire::assignment asg;
   asg.shards = {{0, 0, 5}, {1, 5, 9}};
-  asg.layer_widths = {4, 3, 2};
+  asg.model.input = tensor_shape{4, 1, 1};
+  asg.model.hidden = {3};
+  asg.model.classes = 2;
   asg.policy = "asp";
   auto asg2 = round_trip(self, peer, asg);
   CHECK(asg2.shards == asg.shards);

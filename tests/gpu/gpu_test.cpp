@@ -237,7 +237,7 @@ struct system_config : caf::actor_system_config {
 TEST_CASE("a GPU pool without GPUs gives every worker the CPU and says why, and a GPU list is checked") {
   system_config cfg;
   caf::actor_system sys{cfg};
-  mlp_spec spec;
+  model_spec spec;
   spec.hidden = {64};
   auto none = actors::gpu_pool::start(sys, "none", false);
   REQUIRE(none);
@@ -267,9 +267,9 @@ TEST_CASE("GPU actors (emulated by CPU backends) serve their workers' steps thro
           "device per worker, and pass errors back") {
   system_config cfg;
   caf::actor_system sys{cfg};
-  mlp_spec spec;
+  model_spec spec;
   spec.hidden = {64, 32};
-  auto pool = actors::gpu_pool::start_emulated(sys, 2, [](const mlp_spec& s) -> expected<std::unique_ptr<compute_backend>> {
+  auto pool = actors::gpu_pool::start_emulated(sys, 2, [](const model_spec& s) -> expected<std::unique_ptr<compute_backend>> {
     if (s.hidden.size() == 1 && s.hidden[0] == 7)
       return make_error(errc::device_error, "out of device memory (emulated)");
     return make_cpu_backend(s);
@@ -305,7 +305,7 @@ TEST_CASE("GPU actors (emulated by CPU backends) serve their workers' steps thro
   CHECK(describe(bad.error()).find("783") != std::string::npos);
   // A device that cannot take the model leaves the worker on the CPU, saying why.
   pool->release(slot_a);
-  mlp_spec odd = spec;
+  model_spec odd = spec;
   odd.hidden = {7};
   auto fallback = pool->next_worker()(odd);
   CHECK(std::string{fallback.backend->name()} == "cpu");
@@ -333,7 +333,7 @@ TEST_CASE("a BSP job whose workers compute through (emulated) GPU actors gives t
   std::shared_ptr<actors::gpu_pool> pool;
   hooks.gpus = [&](caf::actor_system& sys) {
     // Two devices for three workers: two go through GPU actors, one stays on the CPU.
-    pool = actors::gpu_pool::start_emulated(sys, 2, [](const mlp_spec& s) -> expected<std::unique_ptr<compute_backend>> {
+    pool = actors::gpu_pool::start_emulated(sys, 2, [](const model_spec& s) -> expected<std::unique_ptr<compute_backend>> {
       return make_cpu_backend(s);
     });
     return pool;
@@ -348,7 +348,7 @@ TEST_CASE("a GPU pool gives each worker one GPU actor's device while there are s
   REQUIRE_GPU_OR_SKIP();
   system_config cfg;
   caf::actor_system sys{cfg};
-  mlp_spec spec;
+  model_spec spec;
   spec.hidden = {64};
   auto devices = gpu::list_devices();
   auto pool = actors::gpu_pool::start(sys, "auto", false);

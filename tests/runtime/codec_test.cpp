@@ -5,11 +5,22 @@
 using namespace ashlar;
 using namespace ashlar::wire;
 
+namespace {
+bool apply_layers(model_spec& m, const std::string& text) {
+  auto l = parse_layers(text);
+  if (!l)
+    return false;
+  m.layers = *l;
+  return true;
+}
+}  // namespace
+
 TEST_CASE("every wire message survives an encode/decode round trip") {
   assignment a;
   a.worker_id = 3;
   a.shards = {{0, 0, 10}, {1, 10, 25}};
-  a.layer_widths = {784, 256, 10};
+  a.model.hidden = {256};
+  REQUIRE(apply_layers(a.model, "conv2d name=c out=4 kernel=3 padding=1; relu; add from=c; flatten; dense out=10"));
   a.batch_size = 64;
   a.data_begin = 100;
   a.data_count = 200;
@@ -26,7 +37,11 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   CHECK(a2.cursor_pos == 320);
   CHECK(a2.worker_id == 3);
   CHECK(a2.shards == a.shards);
-  CHECK(a2.layer_widths == a.layer_widths);
+  CHECK(a2.model.input == a.model.input);
+  CHECK(a2.model.classes == a.model.classes);
+  CHECK(a2.model.hidden == a.model.hidden);
+  CHECK(layers_text(a2.model.layers) == layers_text(a.model.layers));
+  CHECK(a2.model.num_params() == a.model.num_params());
   CHECK(a2.steps == 12);
   CHECK(a2.policy == "bsp");
 
@@ -164,7 +179,6 @@ TEST_CASE("a tensor whose byte length is not a whole number of floats is refused
 TEST_CASE("an assignment whose shard ranges overlap is refused") {
   assignment a;
   a.shards = {{0, 0, 10}, {1, 5, 20}};
-  a.layer_widths = {2, 2};
   assignment out;
   auto err = decode(encode(a), out);
   REQUIRE(err);

@@ -85,7 +85,7 @@ TEST_CASE("validation names the inconsistent key") {
   CHECK(describe(validate(cfg)).find("train.policy 'magic' is not known (known: bsp, asp") != std::string::npos);
   cfg = train_config{};
   cfg.model.hidden = {};
-  cfg.model.input = 1;
+  cfg.model.input = tensor_shape{1, 1, 1};
   cfg.model.classes = 2;
   cfg.servers = 5;
   CHECK(describe(validate(cfg)).find("exceeds the 4 parameters") != std::string::npos);

@@ -15,16 +15,29 @@ int to_int(uint64_t v) {
   return static_cast<int>(v);
 }
 
-// Unfolds one sample [c x h x w] into col [(c*k*k) x (oh*ow)]: row (ci, ky, kx), column
-// (oy, ox) holds x[ci, oy*s - p + ky, ox*s - p + kx] or 0 outside the image.
-void im2col(const plan_node& l, const float* x, float* col) {
+// The output columns [lo, hi) whose input column ox*s - p + kx lies inside [0, w).
+void valid_columns(uint32_t ow, uint32_t s, uint32_t p, uint32_t kx, uint32_t w, uint32_t& lo, uint32_t& hi) {
+  // ox*s + kx >= p  and  ox*s + kx - p < w
+  lo = kx >= p ? 0 : (p - kx + s - 1) / s;
+  const int64_t last = static_cast<int64_t>(w) + p - kx - 1; // largest ox*s allowed
+  hi = last < 0 ? 0 : std::min<uint32_t>(ow, static_cast<uint32_t>(last / s) + 1);
+  if (hi < lo)
+    hi = lo;
+}
+
+// Unfolds one sample [c x h x w] into col [(c*k*k) x (oh*ow)] (rows `ld` floats apart):
+// row (ci, ky, kx), column (oy, ox) holds x[ci, oy*s - p + ky, ox*s - p + kx] or 0
+// outside the image.
+void im2col(const plan_node& l, const float* __restrict x, float* __restrict col, size_t ld) {
   const auto& in = l.in;
   const uint32_t k = l.spec.kernel, s = l.spec.stride, p = l.spec.padding;
   const uint32_t oh = l.out.h, ow = l.out.w;
   for (uint32_t c = 0; c < in.c; ++c)
     for (uint32_t ky = 0; ky < k; ++ky)
       for (uint32_t kx = 0; kx < k; ++kx) {
-        float* row = col + ((size_t{c} * k + ky) * k + kx) * oh * ow;
+        float* row = col + ((size_t{c} * k + ky) * k + kx) * ld;
+        uint32_t lo, hi;
+        valid_columns(ow, s, p, kx, in.w, lo, hi);
         for (uint32_t oy = 0; oy < oh; ++oy) {
           const int iy = static_cast<int>(oy * s + ky) - static_cast<int>(p);
           float* dst = row + size_t{oy} * ow;
@@ -33,50 +46,45 @@ void im2col(const plan_node& l, const float* x, float* col) {
             continue;
           }
           const float* src = x + (size_t{c} * in.h + static_cast<size_t>(iy)) * in.w;
+          std::fill(dst, dst + lo, 0.0f);
           if (s == 1) {
-            // Contiguous: zeros left and right of the image, the row in between.
-            const int first = static_cast<int>(kx) - static_cast<int>(p);
-            for (uint32_t ox = 0; ox < ow; ++ox) {
-              const int ix = first + static_cast<int>(ox);
-              dst[ox] = (ix >= 0 && ix < static_cast<int>(in.w)) ? src[ix] : 0.0f;
-            }
+            std::memcpy(dst + lo, src + lo + kx - p, (hi - lo) * sizeof(float));
           } else {
-            for (uint32_t ox = 0; ox < ow; ++ox) {
-              const int ix = static_cast<int>(ox * s + kx) - static_cast<int>(p);
-              dst[ox] = (ix >= 0 && ix < static_cast<int>(in.w)) ? src[ix] : 0.0f;
-            }
+            for (uint32_t ox = lo; ox < hi; ++ox)
+              dst[ox] = src[ox * s + kx - p];
           }
+          std::fill(dst + hi, dst + ow, 0.0f);
         }
       }
 }
 
 // The adjoint of im2col: adds col's entries back into dx.
-void col2im_add(const plan_node& l, const float* col, float* dx) {
+void col2im_add(const plan_node& l, const float* __restrict col, size_t ld, float* __restrict dx) {
   const auto& in = l.in;
   const uint32_t k = l.spec.kernel, s = l.spec.stride, p = l.spec.padding;
   const uint32_t oh = l.out.h, ow = l.out.w;
   for (uint32_t c = 0; c < in.c; ++c)
     for (uint32_t ky = 0; ky < k; ++ky)
       for (uint32_t kx = 0; kx < k; ++kx) {
-        const float* row = col + ((size_t{c} * k + ky) * k + kx) * oh * ow;
+        const float* row = col + ((size_t{c} * k + ky) * k + kx) * ld;
+        uint32_t lo, hi;
+        valid_columns(ow, s, p, kx, in.w, lo, hi);
         for (uint32_t oy = 0; oy < oh; ++oy) {
           const int iy = static_cast<int>(oy * s + ky) - static_cast<int>(p);
           if (iy < 0 || iy >= static_cast<int>(in.h))
             continue;
           float* dst = dx + (size_t{c} * in.h + static_cast<size_t>(iy)) * in.w;
           const float* src = row + size_t{oy} * ow;
-          for (uint32_t ox = 0; ox < ow; ++ox) {
-            const int ix = static_cast<int>(ox * s + kx) - static_cast<int>(p);
-            if (ix >= 0 && ix < static_cast<int>(in.w))
-              dst[ix] += src[ox];
+          if (s == 1) {
+            float* d = dst + kx - p;
+            for (uint32_t ox = lo; ox < hi; ++ox)
+              d[ox] += src[ox];
+          } else {
+            for (uint32_t ox = lo; ox < hi; ++ox)
+              dst[ox * s + kx - p] += src[ox];
           }
         }
       }
-}
-
-// A 1x1 convolution with stride 1 and no padding reads the sample itself as its columns.
-bool pointwise(const plan_node& l) {
-  return l.spec.kernel == 1 && l.spec.stride == 1 && l.spec.padding == 0;
 }
 
 // SplitMix64: a counter-based generator, so a mask depends only on (seed, index).
@@ -113,72 +121,108 @@ void dense_backward(const plan_node& l, size_t n, const float* x, const float* w
                 to_int(out), w, to_int(in), 1.0f, dx, to_int(in));
 }
 
+// Samples are unfolded in groups, side by side: col [K x g*P], so each product is one
+// GEMM with g*P columns (per-sample products of a few hundred columns run BLAS far below
+// its rate). A group's buffers stay within about 8 MB.
+size_t conv_group(const plan_node& l, size_t n) {
+  const uint64_t per = (l.fan_in + l.out.c) * uint64_t{l.out.h} * l.out.w;
+  return static_cast<size_t>(std::clamp<uint64_t>((uint64_t{2} << 20) / std::max<uint64_t>(per, 1), 1, n));
+}
+
 void conv2d_forward(const plan_node& l, size_t n, const float* x, const float* w, const float* b, float* y,
                     std::vector<float>& scratch) {
   const uint64_t K = l.fan_in, P = uint64_t{l.out.h} * l.out.w, oc = l.out.c;
-  const bool direct = pointwise(l);
-  if (!direct && scratch.size() < K * P)
-    scratch.resize(K * P);
-  for (size_t s = 0; s < n; ++s) {
-    const float* xs = x + s * l.in.size();
-    float* ys = y + s * l.out.size();
-    const float* col = xs;
-    if (!direct) {
-      im2col(l, xs, scratch.data());
-      col = scratch.data();
+  const size_t group = conv_group(l, n);
+  if (scratch.size() < (K + oc) * P * group)
+    scratch.resize((K + oc) * P * group);
+  float* col = scratch.data();
+  float* out = scratch.data() + K * P * group;
+  for (size_t s0 = 0; s0 < n; s0 += group) {
+    const size_t g = std::min(group, n - s0);
+    const uint64_t cols = g * P;
+    for (size_t s = 0; s < g; ++s)
+      im2col(l, x + (s0 + s) * l.in.size(), col + s * P, cols);
+    // out [oc x g*P] = W [oc x K] col [K x g*P]
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(oc), to_int(cols), to_int(K), 1.0f, w, to_int(K),
+                col, to_int(cols), 0.0f, out, to_int(cols));
+    for (size_t s = 0; s < g; ++s) {
+      float* ys = y + (s0 + s) * l.out.size();
+      for (uint64_t c = 0; c < oc; ++c) {
+        const float* src = out + c * cols + s * P;
+        float* dst = ys + c * P;
+        const float bias = b[c];
+        for (uint64_t i = 0; i < P; ++i)
+          dst[i] = src[i] + bias;
+      }
     }
-    for (uint64_t c = 0; c < oc; ++c)
-      std::fill(ys + c * P, ys + (c + 1) * P, b[c]);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(oc), to_int(P), to_int(K), 1.0f, w, to_int(K),
-                col, to_int(P), 1.0f, ys, to_int(P));
   }
 }
 
 void conv2d_backward(const plan_node& l, size_t n, const float* x, const float* w, const float* dy, float* dw,
                      float* db, float* dx, std::vector<float>& scratch) {
   const uint64_t K = l.fan_in, P = uint64_t{l.out.h} * l.out.w, oc = l.out.c;
-  const bool direct = pointwise(l);
-  if (scratch.size() < 2 * K * P)
-    scratch.resize(2 * K * P);
-  float* col_buf = scratch.data();
-  float* dcol = scratch.data() + K * P;
+  const size_t group = conv_group(l, n);
+  if (scratch.size() < (2 * K + oc) * P * group)
+    scratch.resize((2 * K + oc) * P * group);
+  float* col = scratch.data();
+  float* dout = scratch.data() + K * P * group;
+  float* dcol = dout + oc * P * group;
   std::fill(db, db + oc, 0.0f);
-  for (size_t s = 0; s < n; ++s) {
-    const float* xs = x + s * l.in.size();
-    const float* dys = dy + s * l.out.size();
-    const float* col = xs;
-    if (!direct) {
-      im2col(l, xs, col_buf);
-      col = col_buf;
+  for (size_t s0 = 0; s0 < n; s0 += group) {
+    const size_t g = std::min(group, n - s0);
+    const uint64_t cols = g * P;
+    for (size_t s = 0; s < g; ++s) {
+      im2col(l, x + (s0 + s) * l.in.size(), col + s * P, cols);
+      const float* dys = dy + (s0 + s) * l.out.size();
+      for (uint64_t c = 0; c < oc; ++c) {
+        const float* src = dys + c * P;
+        std::copy(src, src + P, dout + c * cols + s * P);
+        float acc = 0;
+        for (uint64_t i = 0; i < P; ++i)
+          acc += src[i];
+        db[c] += acc;
+      }
     }
-    // dW [oc x K] (+)= dy_s [oc x P] col^T [P x K]
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_int(oc), to_int(K), to_int(P), 1.0f, dys, to_int(P),
-                col, to_int(P), s == 0 ? 0.0f : 1.0f, dw, to_int(K));
-    for (uint64_t c = 0; c < oc; ++c) {
-      const float* row = dys + c * P;
-      float acc = 0;
-      for (uint64_t i = 0; i < P; ++i)
-        acc += row[i];
-      db[c] += acc;
-    }
+    // dW [oc x K] (+)= dout [oc x g*P] col^T [g*P x K]
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, to_int(oc), to_int(K), to_int(cols), 1.0f, dout,
+                to_int(cols), col, to_int(cols), s0 == 0 ? 0.0f : 1.0f, dw, to_int(K));
     if (!dx)
       continue;
-    float* dxs = dx + s * l.in.size();
-    if (direct) {
-      // dx_s [K x P] += W^T [K x oc] dy_s [oc x P]
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(K), to_int(P), to_int(oc), 1.0f, w, to_int(K),
-                  dys, to_int(P), 1.0f, dxs, to_int(P));
-    } else {
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(K), to_int(P), to_int(oc), 1.0f, w, to_int(K),
-                  dys, to_int(P), 0.0f, dcol, to_int(P));
-      col2im_add(l, dcol, dxs);
-    }
+    // dcol [K x g*P] = W^T [K x oc] dout [oc x g*P], folded back into each sample
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(K), to_int(cols), to_int(oc), 1.0f, w, to_int(K),
+                dout, to_int(cols), 0.0f, dcol, to_int(cols));
+    for (size_t s = 0; s < g; ++s)
+      col2im_add(l, dcol + s * P, cols, dx + (s0 + s) * l.in.size());
   }
 }
 
 void maxpool_forward(const plan_node& l, size_t n, const float* x, float* y, uint32_t* argmax) {
   const auto& in = l.in;
   const uint32_t k = l.spec.kernel, st = l.spec.stride, p = l.spec.padding;
+  if (p == 0) {
+    // Every window lies inside the image: no bounds to check.
+    for (size_t s = 0; s < n; ++s)
+      for (uint32_t c = 0; c < in.c; ++c) {
+        const float* xc = x + s * in.size() + size_t{c} * in.h * in.w;
+        const size_t obase = s * l.out.size() + size_t{c} * l.out.h * l.out.w;
+        for (uint32_t oy = 0; oy < l.out.h; ++oy)
+          for (uint32_t ox = 0; ox < l.out.w; ++ox) {
+            uint32_t where = oy * st * in.w + ox * st;
+            float best = xc[where];
+            for (uint32_t ky = 0; ky < k; ++ky) {
+              const uint32_t rowoff = (oy * st + ky) * in.w + ox * st;
+              for (uint32_t kx = 0; kx < k; ++kx)
+                if (xc[rowoff + kx] > best) {
+                  best = xc[rowoff + kx];
+                  where = rowoff + kx;
+                }
+            }
+            y[obase + size_t{oy} * l.out.w + ox] = best;
+            argmax[obase + size_t{oy} * l.out.w + ox] = c * in.h * in.w + where;
+          }
+      }
+    return;
+  }
   for (size_t s = 0; s < n; ++s)
     for (uint32_t c = 0; c < in.c; ++c) {
       const float* xc = x + s * in.size() + size_t{c} * in.h * in.w;
@@ -268,12 +312,12 @@ void avgpool_backward(const plan_node& l, size_t n, const float* dy, float* dx) 
     }
 }
 
-void relu_forward(size_t count, const float* x, float* y) {
+void relu_forward(size_t count, const float* __restrict x, float* __restrict y) {
   for (size_t i = 0; i < count; ++i)
     y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
-void relu_backward(size_t count, const float* y, const float* dy, float* dx) {
+void relu_backward(size_t count, const float* __restrict y, const float* __restrict dy, float* __restrict dx) {
   for (size_t i = 0; i < count; ++i)
     dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
 }

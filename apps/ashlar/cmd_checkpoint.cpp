@@ -10,7 +10,10 @@
 #include <map>
 
 #include "apps/ashlar/commands.hpp"
+#include "runtime/config/train_config.hpp"
 #include "runtime/core/error.hpp"
+#include "runtime/data/npy.hpp"
+#include "runtime/metrics/json.hpp"
 #include "runtime/store/checkpoint.hpp"
 
 namespace ashlar::cli {
@@ -144,6 +147,106 @@ int show(const checkpoint_options& o) {
 
 // Writes the whole model's parameters (the shards' ranges in order) as a NumPy .npy
 // file of float32: np.load(FILE) in Python, or raw floats after the header.
+// The model the checkpointed job trained, from its job record's settings.
+expected<model_spec> checkpointed_model(const std::string& dir) {
+  auto store = open_rocksdb_store(dir + "/job", open_mode::read_only);
+  if (!store)
+    return store.error();
+  auto rec = load_job_record(**store);
+  if (!rec)
+    return rec.error();
+  if (!*rec)
+    return make_error(errc::io_error, dir + "/job holds no job record: the model is unknown (export to .npy instead)");
+  train_config cfg;
+  for (const auto& kv : (*rec)->settings) {
+    const auto eq = kv.find('=');
+    const auto key = kv.substr(0, eq);
+    if (key.rfind("model.", 0) == 0)
+      if (auto err = apply_setting(cfg, key, kv.substr(eq + 1)))
+        return err;
+  }
+  if (auto err = validate(cfg.model))
+    return err;
+  return cfg.model;
+}
+
+// A .npz of the parameters by layer: NAME.weight and NAME.bias shaped as PyTorch's
+// Linear, Conv2d and GroupNorm hold them (NAME.params for an external layer), and
+// ashlar_model: the model as JSON text (uint8), so ops/ashlar_torch.py rebuilds it.
+int export_layers(const checkpoint_options& o, const std::vector<shard_checkpoint>& cs, uint64_t count) {
+  auto fail = [](const caf::error& err) {
+    std::fprintf(stderr, "ashlar checkpoint export: %s\n", describe(err).c_str());
+    return 1;
+  };
+  auto model = checkpointed_model(o.dir);
+  if (!model)
+    return fail(model.error());
+  auto plan = compile(*model);
+  if (!plan)
+    return fail(plan.error());
+  if (plan->num_params != count)
+    return fail(make_error(errc::shape_mismatch, "the checkpoints hold " + std::to_string(count)
+                                                   + " parameters, the job's model " + model->to_string() + " has "
+                                                   + std::to_string(plan->num_params)));
+  std::vector<float> flat;
+  flat.reserve(count);
+  for (const auto& c : cs)
+    flat.insert(flat.end(), c.params.begin(), c.params.end());
+  auto array = [&](uint64_t at, std::vector<uint64_t> shape) {
+    npy_array a;
+    a.dtype = "<f4";
+    a.shape = std::move(shape);
+    uint64_t n = 1;
+    for (auto d : a.shape)
+      n *= d;
+    a.bytes.resize(n * 4);
+    std::memcpy(a.bytes.data(), flat.data() + at, n * 4);
+    return a;
+  };
+  std::vector<std::pair<std::string, npy_array>> entries;
+  std::string layers;
+  for (const auto& n : plan->nodes) {
+    const auto& l = n.spec;
+    layers += std::string{layers.empty() ? "" : ","} + json_string(layers_text({l}));
+    switch (l.kind) {
+      case layer_kind::dense:
+        entries.emplace_back(l.name + ".weight", array(n.weight, {n.out.c, n.in.c}));
+        entries.emplace_back(l.name + ".bias", array(n.bias, {n.out.c}));
+        break;
+      case layer_kind::conv2d:
+        entries.emplace_back(l.name + ".weight", array(n.weight, {n.out.c, n.in.c, l.kernel, l.kernel}));
+        entries.emplace_back(l.name + ".bias", array(n.bias, {n.out.c}));
+        break;
+      case layer_kind::groupnorm:
+        entries.emplace_back(l.name + ".weight", array(n.weight, {n.in.c}));
+        entries.emplace_back(l.name + ".bias", array(n.bias, {n.in.c}));
+        break;
+      case layer_kind::external:
+        entries.emplace_back(l.name + ".params", array(n.weight, {n.weight_size}));
+        break;
+      default:
+        break;
+    }
+  }
+  std::string versions;
+  for (const auto& c : cs)
+    versions += std::string{versions.empty() ? "" : ","} + std::to_string(c.version);
+  const std::string json = "{\"input\":[" + std::to_string(model->input.c) + "," + std::to_string(model->input.h) + ","
+                           + std::to_string(model->input.w) + "],\"classes\":" + std::to_string(model->classes)
+                           + ",\"layers\":[" + layers + "],\"params\":" + std::to_string(count)
+                           + ",\"versions\":[" + versions + "]}";
+  npy_array meta;
+  meta.dtype = "|u1";
+  meta.shape = {json.size()};
+  meta.bytes.assign(json.begin(), json.end());
+  entries.emplace_back("ashlar_model", std::move(meta));
+  if (auto err = write_npz(o.out, entries))
+    return fail(err);
+  std::printf("wrote %" PRIu64 " parameters of %s by layer (%zu arrays) to %s\n", count, model->to_string().c_str(),
+              entries.size() - 1, o.out.c_str());
+  return 0;
+}
+
 int export_params(const checkpoint_options& o) {
   auto shards = open_shards(o.dir);
   auto cs = shards ? chosen(*shards, o.version, -1) : expected<std::vector<shard_checkpoint>>{shards.error()};
@@ -160,6 +263,8 @@ int export_params(const checkpoint_options& o) {
     }
     expect = c.end;
   }
+  if (o.out.size() > 4 && o.out.compare(o.out.size() - 4, 4, ".npz") == 0)
+    return export_layers(o, *cs, expect);
   std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(expect) + ",), }";
   header.append(64 - (10 + header.size() + 1) % 64, ' ');
   header += '\n';
@@ -197,9 +302,11 @@ command_fn add_checkpoint(CLI::App& app) {
   sh->add_option("--shard", o->shard, "only this shard");
   sh->add_option("--version", o->version, "this version (default: the newest intact)");
   sh->callback([which] { *which = "show"; });
-  auto* ex = cmd->add_subcommand("export", "write the model's parameters as a NumPy .npy file (float32)");
+  auto* ex = cmd->add_subcommand("export", "write the model's parameters: FILE.npy, one flat float32 vector; "
+                                           "FILE.npz, by layer name (NAME.weight, NAME.bias as PyTorch shapes them) "
+                                           "with the layer list (ashlar_model, JSON)");
   ex->add_option("dir", o->dir, "the checkpoint directory")->required();
-  ex->add_option("--out", o->out, "the .npy file to write")->required();
+  ex->add_option("--out", o->out, "the .npy or .npz file to write")->required();
   ex->add_option("--version", o->version, "this version of every shard (default: each one's newest intact)");
   ex->callback([which] { *which = "export"; });
   return [o, which] {

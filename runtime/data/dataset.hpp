@@ -10,6 +10,7 @@
 
 #include "runtime/backend/compute_backend.hpp"
 #include "runtime/core/error.hpp"
+#include "runtime/data/npy.hpp"
 
 namespace ashlar {
 
@@ -65,17 +66,6 @@ struct npy_data {
 };
 [[nodiscard]] expected<npy_data> load_npy_dataset(const std::string& dir, const tensor_shape& input,
                                                   uint32_t classes);
-
-/// One .npy array as read: its dtype ("<f4", "|u1", "<i8", ...), shape and raw bytes (in
-/// the file's byte order; only little-endian and single-byte types are accepted).
-struct npy_array {
-  std::string dtype;
-  std::vector<uint64_t> shape;
-  std::vector<uint8_t> bytes;
-};
-/// Reads a .npy file (format versions 1-3), checking the magic, the header and that the
-/// data's length matches the shape. Errors name the path.
-[[nodiscard]] expected<npy_array> read_npy(const std::string& path);
 
 /// A synthetic classification set for benchmarks and tests: `classes` Gaussian
 /// clusters in `dim` dimensions around random centres, deterministic in `seed`.

@@ -6,6 +6,8 @@
 #include <string>
 #include <sys/stat.h>
 
+#include <zlib.h>
+
 #include "runtime/data/dataset.hpp"
 
 namespace ashlar {
@@ -297,6 +299,113 @@ expected<npy_data> load_npy_dataset(const std::string& dir, const tensor_shape& 
     }
   }
   return out;
+}
+
+}  // namespace ashlar
+
+namespace ashlar {
+
+std::vector<uint8_t> npy_bytes(const npy_array& a) {
+  std::string shape;
+  for (size_t i = 0; i < a.shape.size(); ++i)
+    shape += (i ? ", " : "") + std::to_string(a.shape[i]);
+  if (a.shape.size() == 1)
+    shape += ",";
+  std::string header = "{'descr': '" + a.dtype + "', 'fortran_order': False, 'shape': (" + shape + "), }";
+  while ((10 + header.size() + 1) % 64 != 0)
+    header += ' ';
+  header += '\n';
+  std::vector<uint8_t> out = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
+  out.push_back(static_cast<uint8_t>(header.size() & 0xff));
+  out.push_back(static_cast<uint8_t>(header.size() >> 8));
+  out.insert(out.end(), header.begin(), header.end());
+  out.insert(out.end(), a.bytes.begin(), a.bytes.end());
+  return out;
+}
+
+namespace {
+
+void le16(std::vector<uint8_t>& v, uint32_t x) {
+  v.push_back(static_cast<uint8_t>(x));
+  v.push_back(static_cast<uint8_t>(x >> 8));
+}
+void le32(std::vector<uint8_t>& v, uint32_t x) {
+  le16(v, x & 0xffff);
+  le16(v, x >> 16);
+}
+
+}  // namespace
+
+caf::error write_npz(const std::string& path, const std::vector<std::pair<std::string, npy_array>>& entries) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f)
+    return make_error(errc::io_error, "cannot write " + path + ": " + std::strerror(errno));
+  std::vector<uint8_t> central;
+  uint64_t offset = 0;
+  bool ok = true;
+  auto put = [&](const std::vector<uint8_t>& b) {
+    ok = ok && std::fwrite(b.data(), 1, b.size(), f) == b.size();
+    offset += b.size();
+  };
+  for (const auto& [name, array] : entries) {
+    const auto file = name + ".npy";
+    const auto data = npy_bytes(array);
+    if (offset + data.size() + 1024 > 0xFFFFFFFFull) {
+      std::fclose(f);
+      return make_error(errc::invalid_argument, path + ": the archive would pass the zip format's 4 GiB");
+    }
+    const auto crc = static_cast<uint32_t>(::crc32(0L, data.data(), static_cast<uInt>(data.size())));
+    // Local file header: stored (method 0), no data descriptor.
+    std::vector<uint8_t> h;
+    le32(h, 0x04034b50);
+    le16(h, 20);
+    le16(h, 0);
+    le16(h, 0);
+    le16(h, 0);
+    le16(h, 0x21);
+    le32(h, crc);
+    le32(h, static_cast<uint32_t>(data.size()));
+    le32(h, static_cast<uint32_t>(data.size()));
+    le16(h, static_cast<uint32_t>(file.size()));
+    le16(h, 0);
+    h.insert(h.end(), file.begin(), file.end());
+    const auto at = static_cast<uint32_t>(offset);
+    put(h);
+    put(data);
+    le32(central, 0x02014b50);
+    le16(central, 20);
+    le16(central, 20);
+    le16(central, 0);
+    le16(central, 0);
+    le16(central, 0);
+    le16(central, 0x21);
+    le32(central, crc);
+    le32(central, static_cast<uint32_t>(data.size()));
+    le32(central, static_cast<uint32_t>(data.size()));
+    le16(central, static_cast<uint32_t>(file.size()));
+    le16(central, 0);
+    le16(central, 0);
+    le16(central, 0);
+    le16(central, 0);
+    le32(central, 0);
+    le32(central, at);
+    central.insert(central.end(), file.begin(), file.end());
+  }
+  const auto dir_at = static_cast<uint32_t>(offset);
+  std::vector<uint8_t> end;
+  le32(end, 0x06054b50);
+  le16(end, 0);
+  le16(end, 0);
+  le16(end, static_cast<uint32_t>(entries.size()));
+  le16(end, static_cast<uint32_t>(entries.size()));
+  le32(end, static_cast<uint32_t>(central.size()));
+  le32(end, dir_at);
+  le16(end, 0);
+  put(central);
+  put(end);
+  if (std::fclose(f) != 0 || !ok)
+    return make_error(errc::io_error, "cannot write " + path + ": " + std::strerror(errno));
+  return caf::none;
 }
 
 }  // namespace ashlar

@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   libcaf-dev capnproto libcapnp-dev librocksdb-dev libspdlog-dev libfmt-dev catch2
   libopenblas-dev libcli11-dev libtomlplusplus-dev zlib1g-dev libcpp-httplib-dev
-  dataset-fashion-mnist python3 python3-matplotlib curl
+  dataset-fashion-mnist python3 python3-matplotlib python3-numpy curl
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch iperf3)

@@ -755,9 +755,6 @@ caf::error decode(const uint64_t* d, size_t n, spawn_worker& out) {
     if (shape.size() != 3 || uint64_t{shape[0]} * shape[1] * shape[2] == 0)
       return malformed("SpawnWorker", "the input shape needs 3 non-zero dimensions");
     out.input = tensor_shape{shape[0], shape[1], shape[2]};
-    if (out.input.size() != out.input_width)
-      return malformed("SpawnWorker", "input shape " + out.input.to_string() + " is not "
-                                        + std::to_string(out.input_width) + " wide");
     out.crop_padding = r.getCropPadding();
     out.hflip = r.getHflip();
     return caf::error{};

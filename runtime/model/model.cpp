@@ -219,13 +219,7 @@ std::string layers_text(const std::vector<layer_spec>& layers) {
         break;
       case layer_kind::conv2d:
         add("out", std::to_string(l.out));
-        if (l.kernel)
-          add("kernel", std::to_string(l.kernel));
-        if (l.stride)
-          add("stride", std::to_string(l.stride));
-        if (l.padding)
-          add("padding", std::to_string(l.padding));
-        break;
+        [[fallthrough]]; // and the window, as a pool's
       case layer_kind::maxpool:
       case layer_kind::avgpool:
         if (l.kernel)

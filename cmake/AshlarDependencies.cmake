@@ -31,6 +31,17 @@ set_target_properties(openblas::openblas PROPERTIES
   IMPORTED_LOCATION "${OPENBLAS_LIBRARY}"
   INTERFACE_INCLUDE_DIRECTORIES "${OPENBLAS_INCLUDE_DIR}")
 
+# oneDNN (Debian's libdnnl-dev, OpenMP threading): CPU convolutions, chosen per layer
+# against im2col + OpenBLAS by measurement. OpenMP for the team size of its kernels.
+# (Its CMake package drags in OpenCL for a GPU runtime Ashlar does not use.)
+find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp REQUIRED)
+find_library(DNNL_LIBRARY dnnl REQUIRED)
+add_library(DNNL::dnnl SHARED IMPORTED)
+set_target_properties(DNNL::dnnl PROPERTIES
+  IMPORTED_LOCATION "${DNNL_LIBRARY}"
+  INTERFACE_INCLUDE_DIRECTORIES "${DNNL_INCLUDE_DIR}")
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+
 # CLI11 is header-only (Debian ships no config for 2.1).
 find_path(CLI11_INCLUDE_DIR CLI/CLI.hpp REQUIRED)
 add_library(cli11::cli11 INTERFACE IMPORTED)

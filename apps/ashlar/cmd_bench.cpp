@@ -33,6 +33,7 @@ struct bench_options {
   uint32_t steps = 300;
   uint32_t warmup = 30;
   int threads = 1;
+  std::string conv = "measure";
   bool json = false;
 };
 
@@ -54,7 +55,8 @@ int run_step_bench(const bench_options& o) {
   std::vector<float> grad(params.size()), velocity(params.size());
   sgd_config opt;
   opt.lr = 0.01f;
-  auto made = make_cpu_backend(spec);
+  const auto conv = o.conv == "im2col" ? cpu_conv::im2col : o.conv == "onednn" ? cpu_conv::onednn : cpu_conv::measure;
+  auto made = make_cpu_backend(spec, conv);
   if (!made) {
     std::fprintf(stderr, "ashlar bench: %s\n", describe(made.error()).c_str());
     return 2;
@@ -79,13 +81,15 @@ int run_step_bench(const bench_options& o) {
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   double us_step = secs * 1e6 / o.steps;
   double us_sample = us_step / o.batch;
+  const auto details = backend->details();
   if (o.json)
     std::printf("{\"framework\": \"ashlar\", \"model\": \"%s\", \"batch\": %u, \"threads\": %d, "
-                "\"us_per_step\": %.3f, \"us_per_sample\": %.4f}\n",
-                spec.to_string().c_str(), o.batch, o.threads, us_step, us_sample);
+                "\"us_per_step\": %.3f, \"us_per_sample\": %.4f, \"kernels\": \"%s\"}\n",
+                spec.to_string().c_str(), o.batch, o.threads, us_step, us_sample, details.c_str());
   else
-    std::printf("ashlar cpu step: model %s, batch %u, %d thread(s): %.1f us/step, %.3f us/sample\n",
-                spec.to_string().c_str(), o.batch, o.threads, us_step, us_sample);
+    std::printf("ashlar cpu step: model %s, batch %u, %d thread(s): %.1f us/step, %.3f us/sample%s%s\n",
+                spec.to_string().c_str(), o.batch, o.threads, us_step, us_sample, details.empty() ? "" : "\n  ",
+                details.c_str());
   return 0;
 }
 
@@ -278,7 +282,10 @@ command_fn add_bench(CLI::App& app) {
                                           "instead of --hidden");
   step->add_option("--steps", o->steps, "timed steps")->capture_default_str();
   step->add_option("--warmup", o->warmup, "untimed steps first")->capture_default_str();
-  step->add_option("--threads", o->threads, "OpenBLAS threads")->capture_default_str();
+  step->add_option("--threads", o->threads, "compute threads (OpenBLAS, oneDNN)")->capture_default_str();
+  step->add_option("--conv", o->conv, "conv2d kernels: measure (the faster per layer), onednn or im2col")
+    ->check(CLI::IsMember({"measure", "onednn", "im2col"}))
+    ->capture_default_str();
   step->add_flag("--json", o->json, "print one JSON object");
   auto w = std::make_shared<wire_options>();
   auto* wire_cmd = cmd->add_subcommand("wire", "pull+push bytes/s with a shard in another process");

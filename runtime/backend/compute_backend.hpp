@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "runtime/core/error.hpp"
 #include "runtime/model/model.hpp"
@@ -42,6 +43,10 @@ public:
 
   /// The model this backend computes.
   virtual const model_spec& spec() const = 0;
+
+  /// How it computes the model, once it has (e.g. the kernels it chose per layer and
+  /// why); empty if there is nothing to say.
+  virtual std::string details() const;
 
   /// Computes the mean gradient of the loss over `batch` at `params` into `grad`
   /// (both spec().num_params() floats, laid out as compile(spec()) says). Fails with shape_mismatch if the batch's

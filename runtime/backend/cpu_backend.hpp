@@ -1,5 +1,5 @@
-// The CPU compute backend: every layer kind of runtime/model/model.hpp, products through
-// OpenBLAS's SGEMM (convolutions as im2col + GEMM).
+// The CPU compute backend: every layer kind of runtime/model/model.hpp, dense products
+// through OpenBLAS's SGEMM, convolutions through oneDNN or im2col + SGEMM per layer.
 #pragma once
 
 #include <memory>
@@ -8,11 +8,17 @@
 
 namespace ashlar {
 
+/// How the CPU backend computes conv2d layers: oneDNN's direct convolutions or im2col +
+/// OpenBLAS GEMMs. `measure` (the default) times both on each layer at the first batch
+/// and keeps the faster; details() says what it chose and the times.
+enum class cpu_conv { measure, im2col, onednn };
+
 /// A CPU backend for `spec`. Not thread-safe: one per worker. Its workspace grows to
 /// the largest batch it has seen and is reused. Fails with invalid_config if the model
 /// does not compile, and with unknown_name if it has an `external` layer (only the host
 /// application's own backend computes those).
-[[nodiscard]] expected<std::unique_ptr<compute_backend>> make_cpu_backend(const model_spec& spec);
+[[nodiscard]] expected<std::unique_ptr<compute_backend>> make_cpu_backend(const model_spec& spec,
+                                                                         cpu_conv conv = cpu_conv::measure);
 
 /// Same, for an MLP spec (aborts on a spec that does not validate: callers built it).
 std::unique_ptr<compute_backend> make_cpu_backend(const mlp_spec& spec);

@@ -106,7 +106,7 @@ void dense_forward(const plan_node& l, size_t n, const float* x, const float* w,
 }
 
 void dense_backward(const plan_node& l, size_t n, const float* x, const float* w, const float* dy, float* dw,
-                    float* db, float* dx) {
+                    float* db, float* dx, bool accumulate) {
   const auto in = l.in.c, out = l.out.c;
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, to_int(out), to_int(in), to_int(n), 1.0f, dy, to_int(out),
               x, to_int(in), 0.0f, dw, to_int(in));
@@ -118,7 +118,7 @@ void dense_backward(const plan_node& l, size_t n, const float* x, const float* w
   }
   if (dx)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, to_int(n), to_int(in), to_int(out), 1.0f, dy,
-                to_int(out), w, to_int(in), 1.0f, dx, to_int(in));
+                to_int(out), w, to_int(in), accumulate ? 1.0f : 0.0f, dx, to_int(in));
 }
 
 // Samples are unfolded in groups, side by side: col [K x g*P], so each product is one
@@ -159,7 +159,7 @@ void conv2d_forward(const plan_node& l, size_t n, const float* x, const float* w
 }
 
 void conv2d_backward(const plan_node& l, size_t n, const float* x, const float* w, const float* dy, float* dw,
-                     float* db, float* dx, std::vector<float>& scratch) {
+                     float* db, float* dx, bool accumulate, std::vector<float>& scratch) {
   const uint64_t K = l.fan_in, P = uint64_t{l.out.h} * l.out.w, oc = l.out.c;
   const size_t group = conv_group(l, n);
   if (scratch.size() < (2 * K + oc) * P * group)
@@ -168,6 +168,8 @@ void conv2d_backward(const plan_node& l, size_t n, const float* x, const float* 
   float* dout = scratch.data() + K * P * group;
   float* dcol = dout + oc * P * group;
   std::fill(db, db + oc, 0.0f);
+  if (dx && !accumulate)
+    std::fill(dx, dx + n * l.in.size(), 0.0f);
   for (size_t s0 = 0; s0 < n; s0 += group) {
     const size_t g = std::min(group, n - s0);
     const uint64_t cols = g * P;
@@ -254,8 +256,11 @@ void maxpool_forward(const plan_node& l, size_t n, const float* x, float* y, uin
     }
 }
 
-void maxpool_backward(const plan_node& l, size_t n, const uint32_t* argmax, const float* dy, float* dx) {
+void maxpool_backward(const plan_node& l, size_t n, const uint32_t* argmax, const float* dy, float* dx,
+                      bool accumulate) {
   const uint64_t per = l.out.size();
+  if (!accumulate)
+    std::fill(dx, dx + n * l.in.size(), 0.0f);
   for (size_t s = 0; s < n; ++s) {
     float* dxs = dx + s * l.in.size();
     for (uint64_t i = 0; i < per; ++i)
@@ -288,8 +293,10 @@ void avgpool_forward(const plan_node& l, size_t n, const float* x, float* y) {
     }
 }
 
-void avgpool_backward(const plan_node& l, size_t n, const float* dy, float* dx) {
+void avgpool_backward(const plan_node& l, size_t n, const float* dy, float* dx, bool accumulate) {
   const auto& in = l.in;
+  if (!accumulate)
+    std::fill(dx, dx + n * in.size(), 0.0f);
   const uint32_t k = l.spec.kernel, st = l.spec.stride, p = l.spec.padding;
   const float inv = 1.0f / static_cast<float>(k * k);
   for (size_t s = 0; s < n; ++s)
@@ -317,9 +324,15 @@ void relu_forward(size_t count, const float* __restrict x, float* __restrict y) 
     y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
-void relu_backward(size_t count, const float* __restrict y, const float* __restrict dy, float* __restrict dx) {
-  for (size_t i = 0; i < count; ++i)
-    dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
+void relu_backward(size_t count, const float* __restrict y, const float* __restrict dy, float* __restrict dx,
+                   bool accumulate) {
+  if (accumulate) {
+    for (size_t i = 0; i < count; ++i)
+      dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
+  } else {
+    for (size_t i = 0; i < count; ++i)
+      dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  }
 }
 
 void dropout_forward(const plan_node& l, size_t count, const float* x, float* y, float* mask, uint64_t seed) {
@@ -335,9 +348,24 @@ void dropout_forward(const plan_node& l, size_t count, const float* x, float* y,
   }
 }
 
-void dropout_backward(size_t count, const float* mask, const float* dy, float* dx) {
-  for (size_t i = 0; i < count; ++i)
-    dx[i] += dy[i] * mask[i];
+void dropout_backward(size_t count, const float* __restrict mask, const float* __restrict dy, float* __restrict dx,
+                      bool accumulate) {
+  if (accumulate) {
+    for (size_t i = 0; i < count; ++i)
+      dx[i] += dy[i] * mask[i];
+  } else {
+    for (size_t i = 0; i < count; ++i)
+      dx[i] = dy[i] * mask[i];
+  }
+}
+
+void pass_backward(size_t count, const float* __restrict dy, float* __restrict dx, bool accumulate) {
+  if (accumulate) {
+    for (size_t i = 0; i < count; ++i)
+      dx[i] += dy[i];
+  } else {
+    std::memcpy(dx, dy, count * sizeof(float));
+  }
 }
 
 void groupnorm_forward(const plan_node& l, size_t n, const float* x, const float* gamma, const float* beta,
@@ -372,7 +400,7 @@ void groupnorm_forward(const plan_node& l, size_t n, const float* x, const float
 }
 
 void groupnorm_backward(const plan_node& l, size_t n, const float* x, const float* gamma, const float* stats,
-                        const float* dy, float* dgamma, float* dbeta, float* dx) {
+                        const float* dy, float* dgamma, float* dbeta, float* dx, bool accumulate) {
   const uint32_t G = l.spec.groups, C = l.in.c;
   const uint64_t hw = uint64_t{l.in.h} * l.in.w, cg = C / G, m = cg * hw;
   std::fill(dgamma, dgamma + C, 0.0f);
@@ -407,7 +435,8 @@ void groupnorm_backward(const plan_node& l, size_t n, const float* x, const floa
         for (uint64_t i = 0; i < hw; ++i) {
           const double xhat = (xg[ci * hw + i] - mean) * rstd;
           const double dxhat = dyg[ci * hw + i] * gamma[c];
-          dxg[ci * hw + i] += static_cast<float>(rstd * (dxhat - inv_m * sum_dxhat - xhat * inv_m * sum_dxhat_xhat));
+          const auto v = static_cast<float>(rstd * (dxhat - inv_m * sum_dxhat - xhat * inv_m * sum_dxhat_xhat));
+          dxg[ci * hw + i] = accumulate ? dxg[ci * hw + i] + v : v;
         }
       }
     }

@@ -4,8 +4,9 @@
 //
 // Conventions: `x` is the layer's input [n x in.size()], `y` its output [n x out.size()],
 // `dy` the loss's gradient with respect to y, `dx` with respect to x. Backward functions
-// ADD into dx (a layer's output may feed several layers) and WRITE the parameter
-// gradients (dw, db) of their own layer.
+// WRITE the parameter gradients (dw, db) of their own layer and write dx, or ADD into it
+// with `accumulate` (a layer's output may feed several layers: the first to deliver its
+// gradient writes, the others add).
 #pragma once
 
 #include <cstddef>
@@ -18,34 +19,37 @@ namespace ashlar::cpu {
 
 /// y = x W^T + b.
 void dense_forward(const plan_node& l, size_t n, const float* x, const float* w, const float* b, float* y);
-/// dw = dy^T x, db = column sums of dy, dx += dy W (dx may be null: not wanted).
+/// dw = dy^T x, db = column sums of dy, dx (+)= dy W (dx may be null: not wanted).
 void dense_backward(const plan_node& l, size_t n, const float* x, const float* w, const float* dy, float* dw,
-                    float* db, float* dx);
+                    float* db, float* dx, bool accumulate);
 
 /// Convolution (cross-correlation, as every framework computes it) with zero padding.
 /// `scratch` grows to the im2col buffer of one sample.
 void conv2d_forward(const plan_node& l, size_t n, const float* x, const float* w, const float* b, float* y,
                     std::vector<float>& scratch);
 void conv2d_backward(const plan_node& l, size_t n, const float* x, const float* w, const float* dy, float* dw,
-                     float* db, float* dx, std::vector<float>& scratch);
+                     float* db, float* dx, bool accumulate, std::vector<float>& scratch);
 
 /// Max pooling; `argmax` (n x out.size() entries) records the winning input offset within
 /// the sample, for backward. Padding never wins.
 void maxpool_forward(const plan_node& l, size_t n, const float* x, float* y, uint32_t* argmax);
-void maxpool_backward(const plan_node& l, size_t n, const uint32_t* argmax, const float* dy, float* dx);
+void maxpool_backward(const plan_node& l, size_t n, const uint32_t* argmax, const float* dy, float* dx,
+                      bool accumulate);
 
 /// Average pooling; the divisor is kernel x kernel, padding included.
 void avgpool_forward(const plan_node& l, size_t n, const float* x, float* y);
-void avgpool_backward(const plan_node& l, size_t n, const float* dy, float* dx);
+void avgpool_backward(const plan_node& l, size_t n, const float* dy, float* dx, bool accumulate);
 
 void relu_forward(size_t count, const float* x, float* y);
-/// dx += dy where y > 0.
-void relu_backward(size_t count, const float* y, const float* dy, float* dx);
+/// dx (+)= dy where y > 0.
+void relu_backward(size_t count, const float* y, const float* dy, float* dx, bool accumulate);
 
 /// Inverted dropout: y = x * mask, mask 0 or 1/(1-p), drawn from (seed, element index)
 /// so the same seed gives the same mask.
 void dropout_forward(const plan_node& l, size_t count, const float* x, float* y, float* mask, uint64_t seed);
-void dropout_backward(size_t count, const float* mask, const float* dy, float* dx);
+void dropout_backward(size_t count, const float* mask, const float* dy, float* dx, bool accumulate);
+/// dx (+)= dy: the gradient through an identity.
+void pass_backward(size_t count, const float* dy, float* dx, bool accumulate);
 
 /// Group normalization per sample: groups of in.c / groups channels, normalized to mean
 /// 0 and variance 1 (biased variance plus eps), then y = gamma * xhat + beta per channel.
@@ -53,6 +57,6 @@ void dropout_backward(size_t count, const float* mask, const float* dy, float* d
 void groupnorm_forward(const plan_node& l, size_t n, const float* x, const float* gamma, const float* beta,
                        float* y, float* stats);
 void groupnorm_backward(const plan_node& l, size_t n, const float* x, const float* gamma, const float* stats,
-                        const float* dy, float* dgamma, float* dbeta, float* dx);
+                        const float* dy, float* dgamma, float* dbeta, float* dx, bool accumulate);
 
 }  // namespace ashlar::cpu

@@ -34,7 +34,7 @@ std::string refusal(const model_spec& m) {
 // ReLU or max pooling whose kink lies within h of a sample makes the one-sided
 // differences disagree, and central differences mean nothing there. At most a tenth of
 // the parameters may be skipped so.
-double worst_gradient_error(const model_spec& spec, uint64_t seed) {
+double worst_gradient_error(const model_spec& spec, uint64_t seed, cpu_conv conv) {
   auto data = make_synthetic(6, spec.input.size(), spec.classes, seed);
   auto params = init_params(spec, seed);
   REQUIRE(params.size() == spec.num_params());
@@ -42,7 +42,7 @@ double worst_gradient_error(const model_spec& spec, uint64_t seed) {
   for (size_t i = 0; i < params.size(); ++i)
     if (params[i] == 0.0f)
       params[i] = 0.05f * static_cast<float>(i % 5) - 0.1f;
-  auto made = make_cpu_backend(spec);
+  auto made = make_cpu_backend(spec, conv);
   REQUIRE(made);
   auto& backend = **made;
   std::vector<float> grad(params.size());
@@ -210,6 +210,9 @@ TEST_CASE("every layer kind's gradient matches central finite differences") {
     {"conv2d with stride and padding",
      model_of({2, 7, 7}, 3, "conv2d out=3 kernel=3 stride=2 padding=1; relu; flatten; dense out=3")},
     {"conv2d 1x1", model_of({3, 4, 4}, 3, "conv2d out=2 kernel=1; flatten; dense out=3")},
+    {"conv2d whose stride leaves the last row and column unread",
+     model_of({2, 6, 6}, 3, "conv2d out=3 kernel=3 padding=1; relu; conv2d out=2 kernel=1 stride=2; flatten; "
+                            "dense out=3")},
     {"two conv2d (input gradient)",
      model_of({2, 6, 6}, 3, "conv2d out=3 kernel=3 padding=1; relu; conv2d out=2 kernel=2 stride=2; flatten; "
                             "dense out=3")},
@@ -227,11 +230,50 @@ TEST_CASE("every layer kind's gradient matches central finite differences") {
                             "add name=s from=a; conv2d name=p input=a out=2 kernel=1; add from=s; relu; flatten; "
                             "dense out=3")},
   };
-  for (const auto& [what, spec] : cases) {
-    INFO(what);
-    REQUIRE_FALSE(validate(spec));
-    auto worst = worst_gradient_error(spec, 11);
-    CHECK(worst < 2e-2);
+  for (auto conv : {cpu_conv::im2col, cpu_conv::onednn})
+    for (const auto& [what, spec] : cases) {
+      INFO(what << (conv == cpu_conv::onednn ? " (oneDNN convolutions)" : " (im2col convolutions)"));
+      REQUIRE_FALSE(validate(spec));
+      auto worst = worst_gradient_error(spec, 11, conv);
+      CHECK(worst < 2e-2);
+    }
+}
+
+TEST_CASE("oneDNN's and im2col's convolutions give the same gradients on a CNN batch, and the default picks one by "
+          "measurement") {
+  // Both convolutions, a shared input (a residual branch) and a strided, padded layer.
+  auto spec = model_of({3, 16, 16}, 5, "conv2d name=a out=8 kernel=5 padding=2; relu; conv2d name=b out=8 kernel=3 "
+                                       "padding=1; add from=a; maxpool; conv2d out=6 kernel=3 stride=2 padding=1; "
+                                       "relu; flatten; dense out=5");
+  auto data = make_synthetic(40, spec.input.size(), spec.classes, 5);
+  auto params = init_params(spec, 5);
+  std::vector<std::vector<float>> grads;
+  std::vector<double> losses;
+  for (auto conv : {cpu_conv::im2col, cpu_conv::onednn, cpu_conv::measure}) {
+    auto b = make_cpu_backend(spec, conv);
+    REQUIRE(b);
+    std::vector<float> grad(params.size());
+    auto s = (*b)->train_step(params.data(), data.all(), grad.data());
+    REQUIRE(s);
+    losses.push_back(s->mean_loss());
+    grads.push_back(grad);
+    const auto details = (*b)->details();
+    INFO(details);
+    if (conv == cpu_conv::onednn)
+      CHECK(details.find("a: onednn") != std::string::npos);
+    if (conv == cpu_conv::measure)
+      CHECK(details.find(" us/sample") != std::string::npos);
+    if (conv == cpu_conv::im2col)
+      CHECK(details.empty());
+  }
+  for (size_t k = 1; k < grads.size(); ++k) {
+    CHECK(losses[k] == Approx(losses[0]).epsilon(1e-5));
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < params.size(); ++i)
+      scale = std::max(scale, static_cast<double>(std::abs(grads[0][i])));
+    for (size_t i = 0; i < params.size(); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(grads[k][i]) - grads[0][i]) / scale);
+    CHECK(worst < 1e-4);
   }
 }
 
@@ -255,7 +297,7 @@ TEST_CASE("dropout zeroes a fraction p of the activations, scales the rest by 1/
   CHECK(mask == mask2);
   cpu::dropout_forward(node, 1000, x.data(), y.data(), mask2.data(), 43);
   CHECK(mask != mask2);
-  cpu::dropout_backward(1000, mask.data(), dy.data(), dx.data());
+  cpu::dropout_backward(1000, mask.data(), dy.data(), dx.data(), false);
   CHECK(dx == mask);
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <future>
@@ -25,6 +26,7 @@
 #include "runtime/metrics/prometheus.hpp"
 #include "runtime/metrics/recorder.hpp"
 #include "runtime/net/http_endpoint.hpp"
+#include "runtime/optim/lr_schedule.hpp"
 #include "runtime/policy/ashl.hpp"
 #include "runtime/store/checkpoint.hpp"
 
@@ -469,6 +471,25 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   const auto tick = std::chrono::milliseconds(
     cfg.eval_interval > 0 ? std::clamp(static_cast<int64_t>(cfg.eval_interval * 1000 / 5), int64_t{10}, int64_t{100})
                           : int64_t{100});
+  // The learning-rate schedule follows the epochs trained (a resumed job's included):
+  // its factor goes to the shards and, through the scheduler, to the workers whenever it
+  // has moved by more than 0.2%.
+  lr_schedule schedule;
+  schedule.kind = *parse_lr_schedule(cfg.lr_schedule); // validated
+  schedule.warmup_epochs = cfg.warmup_epochs;
+  float lr_sent = 1.0f;
+  auto follow_schedule = [&](uint64_t samples, bool force) {
+    const auto f = static_cast<float>(
+      lr_factor(schedule, static_cast<double>(samples) / static_cast<double>(train->n), cfg.epochs));
+    if (!force && std::abs(f - lr_sent) <= 0.002f * std::max(lr_sent, 0.01f))
+      return;
+    lr_sent = f;
+    for (const auto& s : shards)
+      self->send(s, lr_atom::value, f);
+    self->send(scheduler, lr_atom::value, f);
+  };
+  if (schedule.kind != lr_schedule::constant || schedule.warmup_epochs > 0)
+    follow_schedule(done_before, true);
   while (!done) {
     self->receive(
       [&](done_atom, uint32_t f, uint32_t fl) {
@@ -504,6 +525,8 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
         spdlog::info("job: server shard {} is served again", (*ranges)[index].shard_id);
         shards[index] = shard;
         self->monitor(shards[index]);
+        if (lr_sent != 1.0f)
+          self->send(shards[index], lr_atom::value, lr_sent);
         lost_since.erase(index);
         self->send(scheduler, shard_atom::value, index, std::move(shard), std::move(endpoint));
       },
@@ -524,6 +547,8 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
     self->request(profiler, std::chrono::seconds(10), caf::get_atom::value)
       .receive([&](const wire::cluster_stats& s) { stats = s; }, [&](caf::error&) {});
     double now = seconds();
+    if (schedule.kind != lr_schedule::constant || schedule.warmup_epochs > 0)
+      follow_schedule(done_before + stats.total_samples, false);
     if (metrics.endpoint) {
       live.running = true;
       live.epoch = static_cast<double>(done_before + stats.total_samples) / static_cast<double>(train->n);
@@ -545,6 +570,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
       ev.epoch = static_cast<double>(done_before + stats.total_samples) / static_cast<double>(train->n);
       ev.samples_per_second = static_cast<double>(stats.total_samples - last_samples) / (now - last_progress);
       ev.loss = stats.loss;
+      ev.lr = cfg.optimizer.lr * lr_sent;
       ev.workers = stats.workers;
       hooks.on_progress(ev);
       last_samples = stats.total_samples;

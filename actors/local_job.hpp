@@ -30,6 +30,7 @@ struct progress_event {
   uint64_t samples = 0;
   double samples_per_second = 0; // over the last interval
   double loss = 0;               // smoothed training loss
+  double lr = 0;                 // the learning rate now (train.lr times the schedule's factor)
   std::vector<wire::worker_stats> workers;
 };
 

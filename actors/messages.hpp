@@ -32,6 +32,7 @@ using bound_atom = caf::atom_constant<caf::atom("bound")>;
 using ring_atom = caf::atom_constant<caf::atom("ring")>;
 using checkpoint_atom = caf::atom_constant<caf::atom("checkpt")>;
 using shard_atom = caf::atom_constant<caf::atom("shard")>;
+using lr_atom = caf::atom_constant<caf::atom("lrfactor")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
 /// follows membership changes, reports its status. tune_atom: gradients per update and
@@ -39,7 +40,8 @@ using shard_atom = caf::atom_constant<caf::atom("shard")>;
 /// settings): its learning-rate factor (second argument) and the clocks a
 /// worker may run ahead of the slowest from now on (see sync_policy::set_staleness_bound).
 /// checkpoint_atom: checkpoint the current version now (if the shard keeps checkpoints);
-/// answers the version of its newest checkpoint.
+/// answers the version of its newest checkpoint. lr_atom: the learning-rate schedule's
+/// factor from now on (train.lr_schedule; the job driver follows the epochs).
 using shard_actor = caf::typed_actor<
   caf::replies_to<wire::pull_request>::with<wire::pull_reply>,
   caf::replies_to<wire::push>::with<wire::push_ack>,
@@ -47,6 +49,7 @@ using shard_actor = caf::typed_actor<
   caf::replies_to<status_atom>::with<wire::shard_status>,
   caf::reacts_to<tune_atom, uint32_t, bool>,
   caf::reacts_to<bound_atom, uint64_t, float>,
+  caf::reacts_to<lr_atom, float>,
   caf::replies_to<checkpoint_atom>::with<uint64_t>>;
 
 /// The profiler: takes per-step timing reports, answers with per-worker statistics.
@@ -58,10 +61,12 @@ using profiler_actor = caf::typed_actor<
 /// The scheduler: registers workers (assigning shard map, data share and batch share),
 /// learns when they leave, and tells its observer when every worker is done.
 /// start_atom: start training with the workers registered so far, without waiting for
-/// the rest (sent by the scheduler to itself when start_timeout passes).
+/// the rest (sent by the scheduler to itself when start_timeout passes). lr_atom: the
+/// learning-rate schedule's factor, passed on to every worker (and to those that join).
 using scheduler_actor = caf::typed_actor<
   caf::replies_to<wire::register_worker>::with<wire::assignment, std::vector<shard_actor>>,
   caf::reacts_to<wire::membership_change>, caf::reacts_to<start_atom>, caf::reacts_to<tick_atom>,
+  caf::reacts_to<lr_atom, float>,
   caf::replies_to<wire::ctl_request>::with<std::string>,
   caf::reacts_to<shard_atom, uint32_t, shard_actor, std::string>>;
 
@@ -81,7 +86,8 @@ using scheduler_actor = caf::typed_actor<
 /// worker on the ring (a worker_actor); wire::ring_message: a chunk from the previous one.
 /// (shard_atom, index, shard, data endpoint): shard `index` was lost and is served again
 /// by `shard` (restored from its checkpoints); (shard_atom, generation): the wait for a
-/// lost shard is over (sent by the worker to itself).
+/// lost shard is over (sent by the worker to itself). lr_atom: the learning-rate
+/// schedule's factor for the steps the worker applies itself (local steps, the ring).
 using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<step_atom>,
                                       caf::reacts_to<stop_atom>, caf::reacts_to<paced_atom, uint64_t>,
                                       caf::reacts_to<local_steps_atom, uint32_t>,
@@ -90,7 +96,7 @@ using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to
                                       caf::reacts_to<ring_atom, uint32_t, uint32_t, caf::actor>,
                                       caf::reacts_to<wire::ring_message>,
                                       caf::reacts_to<shard_atom, uint32_t, shard_actor, std::string>,
-                                      caf::reacts_to<shard_atom, uint64_t>>;
+                                      caf::reacts_to<shard_atom, uint64_t>, caf::reacts_to<lr_atom, float>>;
 
 /// The actor every node process runs: it hosts shards and workers on the scheduler's
 /// request and carries out control requests (remove a worker, shut down).

@@ -44,6 +44,7 @@ struct scheduler_state {
   bool started = false;
   bool stopping = false; // a shutdown request stopped every worker
   bool lockstep = true;  // the policy's: see sync_policy::lockstep
+  float lr_factor = 1.0f; // the learning-rate schedule's, as the job driver last sent it
   // ADSP: plans each worker's local steps per commit from the profiler's times.
   std::optional<adsp_planner> adsp;
   std::map<uint32_t, uint32_t> local_steps; // as last sent
@@ -556,6 +557,8 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       st.members[id] = m;
       if (auto sender = self->current_sender())
         self->monitor(sender);
+      if (st.lr_factor != 1.0f)
+        self->send(caf::actor_cast<worker_actor>(m.handle), lr_atom::value, st.lr_factor);
       spdlog::info("scheduler: worker {} joined ({}), samples [{}, {}), batch {}, {} steps", id,
                    req.host.empty() ? "local" : req.host, a.data_begin,
                    a.data_begin + a.data_count, a.batch_size, a.steps);
@@ -613,6 +616,13 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       return promise;
     },
     [=](start_atom) { start_training(self); },
+    [=](lr_atom, float factor) {
+      auto& st = self->state;
+      st.lr_factor = factor;
+      for (const auto& [id, m] : st.members)
+        if (!m.left)
+          self->send(caf::actor_cast<worker_actor>(m.handle), lr_atom::value, factor);
+    },
     [=](tick_atom) {
       auto& st = self->state;
       if (st.done_sent || st.stopping)

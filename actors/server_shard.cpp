@@ -302,6 +302,7 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
                      t.bytes / 1e6 / t.seconds);
       return v;
     },
+    [=](lr_atom, float factor) { self->state.core->set_schedule_scale(factor); },
     [=](bound_atom, uint64_t bound, float lr_scale) {
       self->state.core->set_staleness_bound(bound);
       self->state.core->set_lr_scale(lr_scale);

@@ -96,6 +96,7 @@ struct worker_state {
   uint32_t stage_changes = 0; // behaviour changes made for a stage
   step_mode mode = step_mode::every_step; // the behaviour in force
   float local_lr_scale = 1.0f;             // the stage's learning-rate factor for local steps
+  float schedule_lr_scale = 1.0f;          // the learning-rate schedule's factor (lr_atom)
   // Ring mode: place on the ring, the all-reduce in progress, chunks that came early.
   uint32_t ring_rank_id = 0, ring_size = 0;
   caf::actor ring_next;
@@ -502,7 +503,7 @@ void end_local_step(worker_pointer self);
 
 // The learning rate of local steps, the stage's factor included.
 float local_lr(const worker_state& st) {
-  return st.job.local_lr * st.local_lr_scale;
+  return st.job.local_lr * st.local_lr_scale * st.schedule_lr_scale;
 }
 
 // A local step: the step's gradient moves the local model.
@@ -795,7 +796,7 @@ void ring_finish(worker_pointer self) {
   opt.weight_decay = st.job.weight_decay;
   if (st.ring_rank_id == 0)
     st.before = st.params;
-  sgd_apply(opt, 1.0f, st.params.data(), st.velocity.data(), st.grad.data(), n);
+  sgd_apply(opt, st.schedule_lr_scale, st.params.data(), st.velocity.data(), st.grad.data(), n);
   if (st.ring_rank_id != 0)
     return phase_done(self);
   // The mirror: the shards take params -= (before - after).
@@ -925,6 +926,7 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
       st.ring_inbox.push_back(std::move(m));
       ring_drain(self);
     },
+    [=](lr_atom, float factor) { self->state.schedule_lr_scale = factor; },
     [=](stage_atom, const std::string& stage, uint32_t h, float lr_scale, float pull_ratio) {
       auto& st = self->state;
       st.stage = stage;

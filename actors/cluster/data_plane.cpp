@@ -146,6 +146,7 @@ caf::behavior shard_proxy(proxy_pointer self, connection_ptr conn, shard_actor r
     [=](checkpoint_atom a) { self->delegate(self->state.remote, a); },
     [=](tune_atom a, uint32_t k, bool async) { self->send(self->state.remote, a, k, async); },
     [=](bound_atom a, uint64_t s, float lr) { self->send(self->state.remote, a, s, lr); },
+    [=](lr_atom a, float f) { self->send(self->state.remote, a, f); },
     // From the connection's reader thread:
     [=](uint64_t seq, wire::pull_reply& r) { settle(self, seq, std::move(r)); },
     [=](uint64_t seq, wire::push_ack& a) { settle(self, seq, std::move(a)); },

@@ -121,8 +121,8 @@ actors::job_hooks print_hooks(uint32_t epochs) {
     std::string per;
     for (const auto& w : ev.workers)
       per += " w" + std::to_string(w.worker_id) + "=" + rate(w.samples_per_second);
-    std::printf("[%6.1fs] epoch %5.2f/%u  %8s samples/s  loss %.4f  per-worker samples/s:%s\n",
-                ev.seconds, ev.epoch, epochs, rate(ev.samples_per_second).c_str(), ev.loss,
+    std::printf("[%6.1fs] epoch %5.2f/%u  %8s samples/s  loss %.4f  lr %.3g  per-worker samples/s:%s\n",
+                ev.seconds, ev.epoch, epochs, rate(ev.samples_per_second).c_str(), ev.loss, ev.lr,
                 per.c_str());
     std::fflush(stdout);
   };

@@ -1,4 +1,6 @@
 #include "runtime/config/train_config.hpp"
+
+#include "runtime/optim/lr_schedule.hpp"
 #include "runtime/net/http_endpoint.hpp"
 
 #include <cerrno>
@@ -240,6 +242,11 @@ const std::vector<field>& fields() {
          [](train_config& c) -> std::string& { return c.contention; }),
     bind("train.lr", "learning rate; under asp every push is a step, so use about lr / workers (default 0.05)",
          [](train_config& c) -> float& { return c.optimizer.lr; }),
+    bind("train.lr_schedule", "learning rate over the epochs: constant, cosine (half a cosine down to 0) or step "
+                              "(x0.1 at half the epochs, x0.01 at three quarters) (default constant)",
+         [](train_config& c) -> std::string& { return c.lr_schedule; }),
+    bind("train.warmup_epochs", "epochs of linear learning-rate warmup, 0 = none (default 0)",
+         [](train_config& c) -> double& { return c.warmup_epochs; }),
     bind("train.momentum", "SGD momentum, 0 = none (default 0.9)",
          [](train_config& c) -> float& { return c.optimizer.momentum; }),
     bind("train.weight_decay", "L2 weight decay (default 0.0001)",
@@ -546,6 +553,10 @@ caf::error validate(const train_config& c) {
     return bad("ashl.topk_ratio must be in [0, 0.5): from 0.5 on a sparse push is no smaller than a dense one");
   if (!(c.optimizer.lr > 0))
     return bad("train.lr must be > 0");
+  if (auto k = parse_lr_schedule(c.lr_schedule); !k)
+    return k.error();
+  if (!(c.warmup_epochs >= 0) || c.warmup_epochs >= c.epochs)
+    return bad("train.warmup_epochs must be at least 0 and below train.epochs");
   if (c.optimizer.momentum < 0 || c.optimizer.momentum >= 1)
     return bad("train.momentum must be in [0, 1)");
   if (c.optimizer.weight_decay < 0)

@@ -99,6 +99,11 @@ struct train_config {
   std::string contention;
   /// Optimizer applied by the shards (train.lr, train.momentum, train.weight_decay).
   sgd_config optimizer;
+  /// The learning rate over the epochs: constant, cosine or step (see
+  /// runtime/optim/lr_schedule.hpp). Default: constant.
+  std::string lr_schedule = "constant";
+  /// Epochs of linear learning-rate warmup; 0 = none. Default: 0.
+  double warmup_epochs = 0;
   /// Policy settings (train.staleness_aware_lr).
   policy_config policy_settings;
   /// ASHL's stages (section [ashl]; see runtime/policy/ashl.hpp for each default).

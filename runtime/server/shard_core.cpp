@@ -124,7 +124,7 @@ expected<push_outcome> shard_core::push_piece(worker_id w, uint64_t offset, cons
                                               + ", expected the piece at " + std::to_string(f.received)
                                               + " of a range of " + std::to_string(range_.size()));
   if (f.decision.kind == push_decision::apply)
-    sgd_apply(opt_, f.decision.lr_scale * stage_lr_scale_, params_->data() + offset, velocity_.data() + offset, grad, n);
+    sgd_apply(opt_, f.decision.lr_scale * lr_scale(), params_->data() + offset, velocity_.data() + offset, grad, n);
   else if (f.decision.kind == push_decision::buffer)
     std::copy(grad, grad + n, f.slot.grad.begin() + static_cast<std::ptrdiff_t>(offset));
   f.received += n;
@@ -176,7 +176,7 @@ bool shard_core::maybe_apply_round() {
   if (round_.size() == 1) {
     // One gradient (weight 1): the update reads it directly, without the sum's pass.
     auto& only = round_.begin()->second;
-    sgd_apply(opt_, stage_lr_scale_, writable_params(), velocity_.data(), only.grad.data(), only.grad.size());
+    sgd_apply(opt_, lr_scale(), writable_params(), velocity_.data(), only.grad.data(), only.grad.size());
     counters_.applied += 1;
     if (free_buffers_.size() < 8)
       free_buffers_.push_back(std::move(only.grad));
@@ -197,7 +197,7 @@ bool shard_core::maybe_apply_round() {
         acc_[i] += weight * g[i];
     first = false;
   }
-  sgd_apply(opt_, stage_lr_scale_, writable_params(), velocity_.data(), acc_.data(), acc_.size());
+  sgd_apply(opt_, lr_scale(), writable_params(), velocity_.data(), acc_.data(), acc_.size());
   counters_.applied += round_.size();
   for (auto& [w, p] : round_)
     if (free_buffers_.size() < 8) // enough for a round of the usual sizes, bounded

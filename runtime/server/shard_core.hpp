@@ -90,6 +90,11 @@ public:
   /// Scales the learning rate of every update from now on (a training stage's). Default: 1.
   void set_lr_scale(float s) { stage_lr_scale_ = s; }
 
+  /// Scales the learning rate of every update from now on by the schedule's factor
+  /// (train.lr_schedule), on top of the stage's. Default: 1.
+  void set_schedule_scale(float s) { schedule_lr_scale_ = s; }
+  float lr_scale() const { return stage_lr_scale_ * schedule_lr_scale_; }
+
   /// Takes up a checkpointed state: `version`, its parameters and optimizer velocity
   /// (range-sized; an empty velocity means none). Fails with shape_mismatch otherwise.
   [[nodiscard]] caf::error restore(uint64_t version, std::vector<float> params, std::vector<float> velocity);
@@ -122,6 +127,7 @@ private:
   std::vector<float> velocity_;
   sgd_config opt_;
   float stage_lr_scale_ = 1.0f;
+  float schedule_lr_scale_ = 1.0f;
   std::unique_ptr<sync_policy> policy_;
   uint64_t version_ = 0;
   // Ordered by worker id, then arrival: a fixed summation order. A worker may have several

@@ -7,6 +7,8 @@
 #   4. with PyTorch installed (python3-torch), ops/torch_eval.py evaluates the export and
 #      must get Ashlar's test accuracy within 0.001 (exit 77 = skipped without PyTorch).
 #   5. a bad file is refused naming it.
+# The run uses a cosine learning-rate schedule with warmup: every progress line's lr must
+# be train.lr times the schedule's factor at that line's epoch.
 # Usage: user_model_test.sh ASHLAR_BINARY SOURCE_DIR [torch]
 set -euo pipefail
 ashlar="$1"
@@ -39,9 +41,20 @@ layers="conv2d name=c1 out=8 kernel=3 padding=1; relu name=r1; conv2d out=8 kern
 "$ashlar" train --workers 3 --servers 2 --epochs 4 --gpus none \
   --set data.source=npy --set data.dir="$work/data" --set model.input=1,28,28 \
   --set "model.layers=$layers" --set data.crop_padding=2 --set data.hflip=true \
-  --set train.lr=0.05 --set run.progress_interval=0 \
+  --set train.lr=0.05 --set train.lr_schedule=cosine --set train.warmup_epochs=0.5 \
+  --set run.progress_interval=0.2 \
   --checkpoint-dir "$work/ck" --report "$work/report.json" > "$work/train.log" 2>&1 \
   || { cat "$work/train.log"; exit 1; }
+$py - "$work/train.log" <<'EOF'
+import math, re, sys
+lines = re.findall(r"epoch\s+([0-9.]+)/4 .* lr ([0-9.e-]+)", open(sys.argv[1]).read())
+assert len(lines) >= 3, "too few progress lines: %r" % lines
+for epoch, lr in lines:
+    e, lr = float(epoch), float(lr)
+    want = 0.05 * 0.5 * (1 + math.cos(math.pi * min(e / 4, 1))) * (max(0.01, e / 0.5) if e < 0.5 else 1)
+    assert abs(lr - want) <= 0.01 * want + 2e-4, "epoch %.2f: lr %g, the cosine schedule says %g" % (e, lr, want)
+print("lr schedule: %d progress lines follow cosine with warmup" % len(lines))
+EOF
 acc=$($py -c "import json,sys; print(json.load(open(sys.argv[1]))['test_accuracy'])" "$work/report.json")
 echo "ashlar: test accuracy $acc"
 $py -c "import sys; a=float(sys.argv[1]); sys.exit(0 if a > 0.65 else 'accuracy %.3f: the CNN did not train' % a)" "$acc"

@@ -1,0 +1,29 @@
+// Learning-rate schedules: the factor the configured learning rate is multiplied by at a
+// point of training, as a function of the epochs done. Pure; the job driver evaluates it
+// as training goes and hands the factor to the shards and workers.
+#pragma once
+
+#include <string>
+
+#include "runtime/core/error.hpp"
+
+namespace ashlar {
+
+struct lr_schedule {
+  enum kind_t { constant, cosine, step } kind = constant;
+  /// Epochs of linear warmup from lr / (warmup steps) up to lr; 0 = none.
+  double warmup_epochs = 0;
+};
+
+/// The schedule named by train.lr_schedule: "constant", "cosine" (half a cosine from 1
+/// down to 0 over the epochs) or "step" (x0.1 at half the epochs, x0.01 at three
+/// quarters). Fails with invalid_config naming the key and the choices.
+[[nodiscard]] expected<lr_schedule::kind_t> parse_lr_schedule(const std::string& name);
+const char* to_string(lr_schedule::kind_t kind);
+
+/// The factor at `epoch` (fractional) of `epochs`: the schedule's decay, times the
+/// warmup's ramp (epoch / warmup_epochs, floored at 1/100) while epoch < warmup_epochs.
+/// Past the last epoch the decay stays where it ended.
+double lr_factor(const lr_schedule& s, double epoch, double epochs);
+
+}  // namespace ashlar

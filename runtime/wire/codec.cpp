@@ -198,7 +198,10 @@ caf::error decode(const uint64_t* d, size_t n, assignment& out) {
     out.model.hidden.clear();
     for (auto w : r.getModelHidden())
       out.model.hidden.push_back(w);
-    auto layers = parse_layers(std::string{r.getModelLayers().cStr(), r.getModelLayers().size()});
+    // Read once: every read counts against the traversal limit (the message's size), and
+    // the layer list can be most of the message.
+    const auto text = r.getModelLayers();
+    auto layers = parse_layers(std::string{text.cStr(), text.size()});
     if (!layers)
       return malformed("Assignment", "its model: " + describe(layers.error()));
     out.model.layers = std::move(*layers);

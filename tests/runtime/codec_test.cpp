@@ -247,3 +247,19 @@ TEST_CASE("a delta read keeps its indices, values and view through the codec, an
   CHECK(is(err, errc::malformed_message));
   CHECK(describe(err).find("a delta read with 2 indices and 3 values") != std::string::npos);
 }
+
+TEST_CASE("an assignment carries the shipped CNN whole: its shard ranges cover the model's parameters") {
+  assignment a;
+  REQUIRE(apply_layers(a.model, "conv2d out=32 kernel=5 padding=2; relu; maxpool kernel=2; conv2d out=64 kernel=5 "
+                                "padding=2; relu; maxpool kernel=2; flatten; dense out=128; relu; dense out=10"));
+  const auto n = a.model.num_params();
+  a.shards = {{0, 0, n / 2}, {1, n / 2, n}};
+  a.batch_size = 64;
+  a.steps = 3;
+  a.policy = "bsp";
+  assignment a2;
+  auto err = decode(encode(a), a2);
+  INFO((err ? describe(err) : std::string{"ok"}));
+  REQUIRE_FALSE(err);
+  CHECK(layers_text(a2.model.layers) == layers_text(a.model.layers));
+}

@@ -8,6 +8,10 @@ is not counted) and the run stops at --target accuracy or --time-cap seconds.
 Prints one JSON line per seed: time to target, samples/s, final accuracy.
 
   /usr/bin/python3 ops/bench/ddp_peer.py --speeds 1,1,2,4 --seeds 1,2,3
+  /usr/bin/python3 ops/bench/ddp_peer.py --config ops/configs/fmnist-cnn.toml --lr 0.05 --sample-ms 6 --target 0.9
+
+With --config, the network is the config's [model] built by ops/ashlar_torch.py (the
+same layers, shapes and parameter layout Ashlar trains); without, the MLP of --hidden.
 """
 import argparse
 import gzip
@@ -61,6 +65,15 @@ def make_model(hidden, seed):
     return torch.nn.Sequential(*layers)
 
 
+def make_net(args):
+    if not args.config:
+        return make_model(args.hidden, args.seed)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import ashlar_torch
+    torch.manual_seed(args.seed)
+    return ashlar_torch.build(ashlar_torch.read_config(args.config))
+
+
 def worker(rank, args, port, result_path):
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -70,7 +83,11 @@ def worker(rank, args, port, result_path):
     x, y = load(args.data_dir, "train")
     if rank == 0:
         tx, ty = load(args.data_dir, "t10k")
-    model = DDP(make_model(args.hidden, args.seed))
+    if args.config:  # images keep their shape
+        x = x.view(-1, 1, 28, 28)
+        if rank == 0:
+            tx = tx.view(-1, 1, 28, 28)
+    model = DDP(make_net(args))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     loss_fn = torch.nn.CrossEntropyLoss()
     budget = args.batch * args.sample_ms * 1e-3 / args.speeds[rank]
@@ -141,6 +158,7 @@ def main():
     p.add_argument("--sample-ms", type=float, default=0.5)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--hidden", default="256,128")
+    p.add_argument("--config", default="", help="an Ashlar config whose [model] to train instead of the MLP")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=1e-4)

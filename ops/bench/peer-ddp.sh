@@ -6,6 +6,10 @@
 # adsp and ashl with the settings of ops/bench/hetero.sh (ashl: batch 32, lr 0.15, commit
 # scale 0.5). About 8 minutes.
 #   [SEEDS=3] [POLICIES=bsp,bsp+proportional,asp,adsp,ashl] bash ops/bench/peer-ddp.sh [out-dir (default docs/bench/peer)]
+# Another network: CONFIG=ops/configs/fmnist-cnn.toml TARGET=0.9 SAMPLE_MS=6 CAP=900 (the
+# pace must leave the fastest worker time for the real compute: with 4 workers sharing
+# this machine's cores, about 1.5 ms per CNN sample). DDP trains the config's [model]
+# (ops/ashlar_torch.py) at the config's learning rate.
 # Single runs' times to 85% spread widely (DDP's from 7 to 11 s here): more seeds give
 # steadier medians (an odd count gives an unambiguous one).
 # Writes OUT/results.md (the table), OUT/ddp.jsonl and OUT/ashlar/ (bench hetero's files).
@@ -24,25 +28,39 @@ seeds="${SEEDS:-3}"
 policies="${POLICIES:-bsp,bsp+proportional,asp,adsp,ashl}"
 eval="${EVAL:-0.25}"
 cap="${CAP:-30}"
-"$ashlar" bench hetero ops/configs/fmnist-mlp.toml --speeds 1,1,2,4 --time-cap "$cap" --repeat "$seeds" \
-  --policies "$policies" \
-  --policy-set asp:train.lr=0.05 --policy-set asp:train.momentum=0.5 \
-  --policy-set adsp:train.lr=0.3 --policy-set adsp:train.momentum=0 \
-  --policy-set ashl:train.lr=0.15 --policy-set ashl:train.commit_scale=0.5 --policy-set ashl:train.momentum=0 \
-  --policy-set ashl:train.batch_size=32 --policy-set ashl:ashl.max_comm_share=0.1 \
-  --eval-interval "$eval" --out "$out/ashlar"
+config="${CONFIG:-ops/configs/fmnist-mlp.toml}"
+target="${TARGET:-0.85}"
+sample_ms="${SAMPLE_MS:-0.5}"
+# The MLP's per-policy settings (ops/bench/hetero.sh says how they were picked); another
+# network gets the rules they follow, from its config's lr: asp at lr / 4 workers with
+# momentum 0.5, the commit-based policies without momentum.
+ddp_model=()
+sets=(--policy-set asp:train.lr=0.05 --policy-set asp:train.momentum=0.5
+      --policy-set adsp:train.lr=0.3 --policy-set adsp:train.momentum=0
+      --policy-set ashl:train.lr=0.15 --policy-set ashl:train.commit_scale=0.5 --policy-set ashl:train.momentum=0
+      --policy-set ashl:train.batch_size=32 --policy-set ashl:ashl.max_comm_share=0.1)
+if [[ "$config" != ops/configs/fmnist-mlp.toml ]]; then
+  lr=$(/usr/bin/python3 -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb')).get('train', {}).get('lr', 0.05))" "$config")
+  ddp_model=(--config "$config" --lr "$lr")
+  sets=(--policy-set "asp:train.lr=$(/usr/bin/python3 -c "print($lr / 4)")" --policy-set asp:train.momentum=0.5
+        --policy-set adsp:train.momentum=0 --policy-set ashl:train.momentum=0)
+fi
+"$ashlar" bench hetero "$config" --speeds 1,1,2,4 --time-cap "$cap" --repeat "$seeds" --target "$target" \
+  --sample-ms "$sample_ms" --policies "$policies" "${sets[@]}" --eval-interval "$eval" --out "$out/ashlar"
 # DDP: the config's lr 0.1, momentum 0.9, weight decay 1e-4, batch 64 per process.
-/usr/bin/python3 ops/bench/ddp_peer.py --speeds 1,1,2,4 --sample-ms 0.5 --time-cap "$cap" --eval-interval "$eval" \
-  --seeds "$(seq -s, 1 "$seeds")" | tee "$out/ddp.jsonl"
-/usr/bin/python3 - "$out" "$eval" <<'PY'
+/usr/bin/python3 ops/bench/ddp_peer.py --speeds 1,1,2,4 --sample-ms "$sample_ms" --time-cap "$cap" --eval-interval "$eval" \
+  --target "$target" "${ddp_model[@]}" --seeds "$(seq -s, 1 "$seeds")" | tee "$out/ddp.jsonl"
+/usr/bin/python3 - "$out" "$eval" "$target" "$config" "$sample_ms" <<'PY'
 import csv, json, statistics, sys
 out = sys.argv[1]
+pct = f"{float(sys.argv[3]) * 100:g}%"
+config, sample_ms = sys.argv[4], sys.argv[5]
 rows = list(csv.DictReader(open(out + "/ashlar/results.csv")))
 ddp = [json.loads(l) for l in open(out + "/ddp.jsonl") if l.strip()]
 times = sorted(d["t_target"] if d["t_target"] is not None else float("inf") for d in ddp)
 ddp_t = times[len(times) // 2]
 ddp_rate = statistics.median(d["samples_per_second"] for d in ddp)
-lines = ["| system | time to 85% (s), median | range | samples/s | vs DDP |", "|---|---|---|---|---|"]
+lines = [f"| system | time to {pct} (s), median | range | samples/s | vs DDP |", "|---|---|---|---|---|"]
 lines.append(f"| PyTorch DDP (gloo) | {ddp_t:.1f} | {times[0]:.1f}-{times[-1]:.1f} | {ddp_rate:.0f} | 1.00 |")
 best = None
 for r in rows:
@@ -54,20 +72,23 @@ for r in rows:
     lines.append(f"| ashlar {r['policy']} | {t if t else 'not reached'} | {span} | "
                  f"{float(r['samples_per_second']):.0f} | {ratio} |")
 bsp = next((float(r["time_to_target_s"]) for r in rows if r["policy"] == "bsp" and r["time_to_target_s"]), None)
-lines += ["", f"Ashlar's best ({best[0]}) / DDP: {best[1] / ddp_t:.2f} (goal <= 0.5)" if best else "Ashlar: no policy reached 85%",
+lines += ["", f"Ashlar's best ({best[0]}) / DDP: {best[1] / ddp_t:.2f} (goal <= 0.5)" if best else f"Ashlar: no policy reached {pct}",
           f"Ashlar bsp / DDP: {bsp / ddp_t:.2f}" if bsp else ""]
 text = "\n".join(lines) + "\n"
 print(text)
 with open(out + "/results.md", "w") as f:
-    f.write("# Ashlar against PyTorch DDP\n\nSpeeds 1,1,2,4 paced (0.5 ms per sample at speed 1), 4 processes, "
-            "MLP 784-256-128-10, batch 64 per worker (Ashlar's ashl: 32, lr 0.15, commit scale 0.5; adsp: lr 0.3), Fashion-MNIST; evaluations every " + sys.argv[2] + " s; "
+    f.write("# Ashlar against PyTorch DDP\n\nSpeeds 1,1,2,4 paced (" + sample_ms + " ms per sample at speed 1), 4 processes, "
+            + ("MLP 784-256-128-10" if config.endswith("fmnist-mlp.toml") else "the network of " + config) + ", batch 64 per worker ("
+            + ("Ashlar's ashl: 32, lr 0.15, commit scale 0.5; adsp: lr 0.3" if config.endswith("fmnist-mlp.toml")
+               else "the config's lr; Ashlar's asp at lr / 4 with momentum 0.5, adsp and ashl without momentum")
+            + "), Fashion-MNIST; evaluations every " + sys.argv[2] + " s; "
             f"{len(ddp)} seeds each, medians.\n\n" + text)
 PY
 {
   echo
   echo "Reproduce (after \`bash ops/install-deps.sh --bench && bash ops/build.sh\`):"
   echo
-  echo "    SEEDS=$seeds CAP=$cap POLICIES=$policies bash ops/bench/peer-ddp.sh $out"
+  echo "    CONFIG=$config TARGET=$target SAMPLE_MS=$sample_ms SEEDS=$seeds CAP=$cap POLICIES=$policies bash ops/bench/peer-ddp.sh $out"
   echo
   echo "Measured on: $(nproc) cores, $(uname -sr), $(date -u +%Y-%m-%d)."
 } >> "$out/results.md"

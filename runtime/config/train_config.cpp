@@ -245,7 +245,8 @@ const std::vector<field>& fields() {
     bind("train.lr_schedule", "learning rate over the epochs: constant, cosine (half a cosine down to 0) or step "
                               "(x0.1 at half the epochs, x0.01 at three quarters) (default constant)",
          [](train_config& c) -> std::string& { return c.lr_schedule; }),
-    bind("train.warmup_epochs", "epochs of linear learning-rate warmup, 0 = none (default 0)",
+    bind("train.warmup_epochs", "epochs of linear learning-rate warmup (at most half of train.epochs), 0 = none "
+                                "(default 0)",
          [](train_config& c) -> double& { return c.warmup_epochs; }),
     bind("train.momentum", "SGD momentum, 0 = none (default 0.9)",
          [](train_config& c) -> float& { return c.optimizer.momentum; }),
@@ -555,8 +556,8 @@ caf::error validate(const train_config& c) {
     return bad("train.lr must be > 0");
   if (auto k = parse_lr_schedule(c.lr_schedule); !k)
     return k.error();
-  if (!(c.warmup_epochs >= 0) || c.warmup_epochs >= c.epochs)
-    return bad("train.warmup_epochs must be at least 0 and below train.epochs");
+  if (!(c.warmup_epochs >= 0) || !std::isfinite(c.warmup_epochs))
+    return bad("train.warmup_epochs must be a number of epochs, at least 0");
   if (c.optimizer.momentum < 0 || c.optimizer.momentum >= 1)
     return bad("train.momentum must be in [0, 1)");
   if (c.optimizer.weight_decay < 0)

@@ -102,7 +102,7 @@ struct train_config {
   /// The learning rate over the epochs: constant, cosine or step (see
   /// runtime/optim/lr_schedule.hpp). Default: constant.
   std::string lr_schedule = "constant";
-  /// Epochs of linear learning-rate warmup; 0 = none. Default: 0.
+  /// Epochs of linear learning-rate warmup (at most half the epochs); 0 = none. Default: 0.
   double warmup_epochs = 0;
   /// Policy settings (train.staleness_aware_lr).
   policy_config policy_settings;

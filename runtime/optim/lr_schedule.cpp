@@ -40,8 +40,9 @@ double lr_factor(const lr_schedule& s, double epoch, double epochs) {
     case lr_schedule::constant:
       break;
   }
-  if (s.warmup_epochs > 0 && epoch < s.warmup_epochs)
-    f *= std::max(0.01, std::max(epoch, 0.0) / s.warmup_epochs);
+  const double warmup = std::min(s.warmup_epochs, epochs / 2);
+  if (warmup > 0 && epoch < warmup)
+    f *= std::max(0.01, std::max(epoch, 0.0) / warmup);
   return f;
 }
 

@@ -11,7 +11,7 @@ namespace ashlar {
 
 struct lr_schedule {
   enum kind_t { constant, cosine, step } kind = constant;
-  /// Epochs of linear warmup from lr / (warmup steps) up to lr; 0 = none.
+  /// Epochs of linear warmup up to lr (at most half the epochs); 0 = none.
   double warmup_epochs = 0;
 };
 
@@ -22,7 +22,8 @@ struct lr_schedule {
 const char* to_string(lr_schedule::kind_t kind);
 
 /// The factor at `epoch` (fractional) of `epochs`: the schedule's decay, times the
-/// warmup's ramp (epoch / warmup_epochs, floored at 1/100) while epoch < warmup_epochs.
+/// warmup's ramp (epoch / w, floored at 1/100) while epoch < w, where w is warmup_epochs
+/// or half the epochs if that is less (a short run of a config with warmup still peaks).
 /// Past the last epoch the decay stays where it ended.
 double lr_factor(const lr_schedule& s, double epoch, double epochs);
 

@@ -32,6 +32,9 @@ TEST_CASE("warmup ramps the learning rate linearly over its epochs, then the sch
   lr_schedule flat{lr_schedule::constant, 1.0};
   CHECK(lr_factor(flat, 0.25, 5) == Approx(0.25));
   CHECK(lr_factor(flat, 1.5, 5) == 1.0);
+  // A run shorter than twice the warmup warms up over its first half.
+  CHECK(lr_factor(flat, 0.25, 1) == Approx(0.5));
+  CHECK(lr_factor(flat, 0.5, 1) == 1.0);
 }
 
 TEST_CASE("train.lr_schedule and train.warmup_epochs are checked when the config loads") {
@@ -44,8 +47,7 @@ TEST_CASE("train.lr_schedule and train.warmup_epochs are checked when the config
   CHECK(describe(err).find("train.lr_schedule: unknown schedule 'linear' (choices: constant, cosine, step)")
         != std::string::npos);
   cfg = train_config{};
-  cfg.epochs = 3;
-  REQUIRE_FALSE(apply_setting(cfg, "train.warmup_epochs", "3"));
+  REQUIRE_FALSE(apply_setting(cfg, "train.warmup_epochs", "-1"));
   err = validate(cfg);
   REQUIRE(err);
   CHECK(describe(err).find("train.warmup_epochs") != std::string::npos);

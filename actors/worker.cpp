@@ -97,6 +97,7 @@ struct worker_state {
   step_mode mode = step_mode::every_step; // the behaviour in force
   float local_lr_scale = 1.0f;             // the stage's learning-rate factor for local steps
   float schedule_lr_scale = 1.0f;          // the learning-rate schedule's factor (lr_atom)
+  bool kernels_logged = false;             // the backend's choices, once after its first step
   // Ring mode: place on the ring, the all-reduce in progress, chunks that came early.
   uint32_t ring_rank_id = 0, ring_size = 0;
   caf::actor ring_next;
@@ -414,6 +415,11 @@ void push_all(worker_pointer self) {
   if (!stats)
     return fail(self, "step " + std::to_string(st.step) + ": " + describe(stats.error()));
   st.compute_ns = ns_since(t0);
+  if (!st.kernels_logged) {
+    st.kernels_logged = true;
+    if (auto details = st.backend->details(); !details.empty())
+      spdlog::info("worker {}: {} backend: {}", st.job.worker_id, st.backend->name(), details);
+  }
   st.batch_n = static_cast<uint32_t>(batch.n);
   st.loss = stats->mean_loss();
   uint64_t budget = st.job.pace_ns_per_sample * st.batch_n;

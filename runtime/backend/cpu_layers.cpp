@@ -319,19 +319,20 @@ void avgpool_backward(const plan_node& l, size_t n, const float* dy, float* dx, 
     }
 }
 
+// Branch-free, so they vectorize: a sign test per element mispredicts half the time.
 void relu_forward(size_t count, const float* __restrict x, float* __restrict y) {
   for (size_t i = 0; i < count; ++i)
-    y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    y[i] = std::max(x[i], 0.0f);
 }
 
 void relu_backward(size_t count, const float* __restrict y, const float* __restrict dy, float* __restrict dx,
                    bool accumulate) {
   if (accumulate) {
     for (size_t i = 0; i < count; ++i)
-      dx[i] += y[i] > 0.0f ? dy[i] : 0.0f;
+      dx[i] += dy[i] * static_cast<float>(y[i] > 0.0f);
   } else {
     for (size_t i = 0; i < count; ++i)
-      dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+      dx[i] = dy[i] * static_cast<float>(y[i] > 0.0f);
   }
 }
 

@@ -467,10 +467,15 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   };
   // Epoch boundaries and evaluations are checked every tick (a fifth of the evaluation
   // interval, 10-100 ms, so evaluations come when due rather than on a coarser tick);
-  // progress lines go out every progress_interval.
-  const auto tick = std::chrono::milliseconds(
-    cfg.eval_interval > 0 ? std::clamp(static_cast<int64_t>(cfg.eval_interval * 1000 / 5), int64_t{10}, int64_t{100})
-                          : int64_t{100});
+  // progress lines go out every progress_interval. Workers at their own pace are stopped
+  // at the sample budget from here, so they get a 20 ms tick: what they train past the
+  // budget is about a tick's worth of samples.
+  int64_t tick_ms = cfg.eval_interval > 0
+                      ? std::clamp(static_cast<int64_t>(cfg.eval_interval * 1000 / 5), int64_t{10}, int64_t{100})
+                      : int64_t{100};
+  if (!lockstep)
+    tick_ms = std::min<int64_t>(tick_ms, 20);
+  const auto tick = std::chrono::milliseconds(tick_ms);
   // The learning-rate schedule follows the epochs trained (a resumed job's included):
   // its factor goes to the shards and, through the scheduler, to the workers whenever it
   // has moved by more than 0.2%.

@@ -478,14 +478,16 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   const auto tick = std::chrono::milliseconds(tick_ms);
   // The learning-rate schedule follows the epochs trained (a resumed job's included):
   // its factor goes to the shards and, through the scheduler, to the workers whenever it
-  // has moved by more than 0.2%.
+  // has moved by more than 0.2%. With a time limit, the schedule runs on whichever ends
+  // first: the epochs, or the time (its fraction spent counts as that fraction of them).
   lr_schedule schedule;
   schedule.kind = *parse_lr_schedule(cfg.lr_schedule); // validated
   schedule.warmup_epochs = cfg.warmup_epochs;
   float lr_sent = 1.0f;
-  auto follow_schedule = [&](uint64_t samples, bool force) {
-    const auto f = static_cast<float>(
-      lr_factor(schedule, static_cast<double>(samples) / static_cast<double>(train->n), cfg.epochs));
+  auto follow_schedule = [&](uint64_t samples, double now, bool force) {
+    const double epoch = schedule_epoch(static_cast<double>(samples) / static_cast<double>(train->n), cfg.epochs,
+                                        now, cfg.time_limit);
+    const auto f = static_cast<float>(lr_factor(schedule, epoch, cfg.epochs));
     if (!force && std::abs(f - lr_sent) <= 0.002f * std::max(lr_sent, 0.01f))
       return;
     lr_sent = f;
@@ -494,7 +496,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
     self->send(scheduler, lr_atom::value, f);
   };
   if (schedule.kind != lr_schedule::constant || schedule.warmup_epochs > 0)
-    follow_schedule(done_before, true);
+    follow_schedule(done_before, 0.0, true);
   while (!done) {
     self->receive(
       [&](done_atom, uint32_t f, uint32_t fl) {
@@ -553,7 +555,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
       .receive([&](const wire::cluster_stats& s) { stats = s; }, [&](caf::error&) {});
     double now = seconds();
     if (schedule.kind != lr_schedule::constant || schedule.warmup_epochs > 0)
-      follow_schedule(done_before + stats.total_samples, false);
+      follow_schedule(done_before + stats.total_samples, now, false);
     if (metrics.endpoint) {
       live.running = true;
       live.epoch = static_cast<double>(done_before + stats.total_samples) / static_cast<double>(train->n);

@@ -242,8 +242,9 @@ const std::vector<field>& fields() {
          [](train_config& c) -> std::string& { return c.contention; }),
     bind("train.lr", "learning rate; under asp every push is a step, so use about lr / workers (default 0.05)",
          [](train_config& c) -> float& { return c.optimizer.lr; }),
-    bind("train.lr_schedule", "learning rate over the epochs: constant, cosine (half a cosine down to 0) or step "
-                              "(x0.1 at half the epochs, x0.01 at three quarters) (default constant)",
+    bind("train.lr_schedule", "learning rate over the epochs (or over run.time_limit, if that ends first): constant, "
+                              "cosine (half a cosine down to 0) or step (x0.1 at half the epochs, x0.01 at three "
+                              "quarters) (default constant)",
          [](train_config& c) -> std::string& { return c.lr_schedule; }),
     bind("train.warmup_epochs", "epochs of linear learning-rate warmup (at most half of train.epochs), 0 = none "
                                 "(default 0)",

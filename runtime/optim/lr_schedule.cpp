@@ -46,4 +46,8 @@ double lr_factor(const lr_schedule& s, double epoch, double epochs) {
   return f;
 }
 
+double schedule_epoch(double epoch, double epochs, double seconds, double time_limit) {
+  return time_limit > 0 ? std::max(epoch, epochs * seconds / time_limit) : epoch;
+}
+
 }  // namespace ashlar

@@ -27,4 +27,9 @@ const char* to_string(lr_schedule::kind_t kind);
 /// Past the last epoch the decay stays where it ended.
 double lr_factor(const lr_schedule& s, double epoch, double epochs);
 
+/// Where a run stands on its schedule: `epoch` (trained so far), or with a time limit
+/// (> 0) whichever is further, the epochs or the time (`seconds` of `time_limit` spent
+/// counts as that fraction of `epochs`), so a run that a time limit ends still decays.
+double schedule_epoch(double epoch, double epochs, double seconds, double time_limit);
+
 }  // namespace ashlar

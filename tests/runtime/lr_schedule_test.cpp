@@ -73,3 +73,10 @@ TEST_CASE("a shard's updates scale by the schedule's factor on top of its stage'
   CHECK(s.params()[0] == Approx(0.125f));
   CHECK(s.lr_scale() == Approx(0.25f));
 }
+
+TEST_CASE("with a time limit, the schedule runs on the epochs or the time, whichever is further") {
+  CHECK(schedule_epoch(2.0, 10, 30, 0) == 2.0);   // no limit: the epochs
+  CHECK(schedule_epoch(2.0, 10, 30, 60) == 5.0);  // half the time: half the epochs
+  CHECK(schedule_epoch(8.0, 10, 30, 60) == 8.0);  // the epochs are further
+  CHECK(lr_factor({lr_schedule::cosine}, schedule_epoch(0.5, 10, 60, 60), 10) == Approx(0.0).margin(1e-12));
+}

@@ -483,6 +483,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
   lr_schedule schedule;
   schedule.kind = *parse_lr_schedule(cfg.lr_schedule); // validated
   schedule.warmup_epochs = cfg.warmup_epochs;
+  const bool scheduled = schedule.kind != lr_schedule::constant || schedule.warmup_epochs > 0;
   float lr_sent = 1.0f;
   auto follow_schedule = [&](uint64_t samples, double now, bool force) {
     const double epoch = schedule_epoch(static_cast<double>(samples) / static_cast<double>(train->n), cfg.epochs,
@@ -495,7 +496,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
       self->send(s, lr_atom::value, f);
     self->send(scheduler, lr_atom::value, f);
   };
-  if (schedule.kind != lr_schedule::constant || schedule.warmup_epochs > 0)
+  if (scheduled)
     follow_schedule(done_before, 0.0, true);
   while (!done) {
     self->receive(
@@ -554,7 +555,7 @@ expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
     self->request(profiler, std::chrono::seconds(10), caf::get_atom::value)
       .receive([&](const wire::cluster_stats& s) { stats = s; }, [&](caf::error&) {});
     double now = seconds();
-    if (schedule.kind != lr_schedule::constant || schedule.warmup_epochs > 0)
+    if (scheduled)
       follow_schedule(done_before + stats.total_samples, now, false);
     if (metrics.endpoint) {
       live.running = true;

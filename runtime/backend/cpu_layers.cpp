@@ -87,6 +87,23 @@ void col2im_add(const plan_node& l, const float* __restrict col, size_t ld, floa
       }
 }
 
+// Calls f(offset) for every tap of the pooling window of output (oy, ox) that lies
+// inside the image, `offset` within the channel's plane; taps on padding are skipped.
+template <class F>
+void for_each_tap(const plan_node& l, uint32_t oy, uint32_t ox, F&& f) {
+  const uint32_t k = l.spec.kernel, st = l.spec.stride, p = l.spec.padding;
+  for (uint32_t ky = 0; ky < k; ++ky) {
+    const int iy = static_cast<int>(oy * st + ky) - static_cast<int>(p);
+    if (iy < 0 || iy >= static_cast<int>(l.in.h))
+      continue;
+    for (uint32_t kx = 0; kx < k; ++kx) {
+      const int ix = static_cast<int>(ox * st + kx) - static_cast<int>(p);
+      if (ix >= 0 && ix < static_cast<int>(l.in.w))
+        f(static_cast<uint32_t>(iy) * l.in.w + static_cast<uint32_t>(ix));
+    }
+  }
+}
+
 // SplitMix64: a counter-based generator, so a mask depends only on (seed, index).
 uint64_t mix(uint64_t z) {
   z += 0x9e3779b97f4a7c15ULL;
@@ -233,22 +250,13 @@ void maxpool_forward(const plan_node& l, size_t n, const float* x, float* y, uin
           float best = -std::numeric_limits<float>::infinity();
           uint32_t where = 0;
           bool any = false;
-          for (uint32_t ky = 0; ky < k; ++ky) {
-            const int iy = static_cast<int>(oy * st + ky) - static_cast<int>(p);
-            if (iy < 0 || iy >= static_cast<int>(in.h))
-              continue;
-            for (uint32_t kx = 0; kx < k; ++kx) {
-              const int ix = static_cast<int>(ox * st + kx) - static_cast<int>(p);
-              if (ix < 0 || ix >= static_cast<int>(in.w))
-                continue;
-              const auto off = static_cast<uint32_t>(iy) * in.w + static_cast<uint32_t>(ix);
-              if (!any || xc[off] > best) {
-                best = xc[off];
-                where = off;
-                any = true;
-              }
+          for_each_tap(l, oy, ox, [&](uint32_t off) {
+            if (!any || xc[off] > best) {
+              best = xc[off];
+              where = off;
+              any = true;
             }
-          }
+          });
           const size_t o = s * l.out.size() + (size_t{c} * l.out.h + oy) * l.out.w + ox;
           y[o] = best;
           argmax[o] = c * in.h * in.w + where;
@@ -270,7 +278,7 @@ void maxpool_backward(const plan_node& l, size_t n, const uint32_t* argmax, cons
 
 void avgpool_forward(const plan_node& l, size_t n, const float* x, float* y) {
   const auto& in = l.in;
-  const uint32_t k = l.spec.kernel, st = l.spec.stride, p = l.spec.padding;
+  const uint32_t k = l.spec.kernel;
   const float inv = 1.0f / static_cast<float>(k * k);
   for (size_t s = 0; s < n; ++s)
     for (uint32_t c = 0; c < in.c; ++c) {
@@ -278,16 +286,7 @@ void avgpool_forward(const plan_node& l, size_t n, const float* x, float* y) {
       for (uint32_t oy = 0; oy < l.out.h; ++oy)
         for (uint32_t ox = 0; ox < l.out.w; ++ox) {
           float acc = 0;
-          for (uint32_t ky = 0; ky < k; ++ky) {
-            const int iy = static_cast<int>(oy * st + ky) - static_cast<int>(p);
-            if (iy < 0 || iy >= static_cast<int>(in.h))
-              continue;
-            for (uint32_t kx = 0; kx < k; ++kx) {
-              const int ix = static_cast<int>(ox * st + kx) - static_cast<int>(p);
-              if (ix >= 0 && ix < static_cast<int>(in.w))
-                acc += xc[static_cast<uint32_t>(iy) * in.w + static_cast<uint32_t>(ix)];
-            }
-          }
+          for_each_tap(l, oy, ox, [&](uint32_t off) { acc += xc[off]; });
           y[s * l.out.size() + (size_t{c} * l.out.h + oy) * l.out.w + ox] = acc * inv;
         }
     }
@@ -297,7 +296,7 @@ void avgpool_backward(const plan_node& l, size_t n, const float* dy, float* dx, 
   const auto& in = l.in;
   if (!accumulate)
     std::fill(dx, dx + n * in.size(), 0.0f);
-  const uint32_t k = l.spec.kernel, st = l.spec.stride, p = l.spec.padding;
+  const uint32_t k = l.spec.kernel;
   const float inv = 1.0f / static_cast<float>(k * k);
   for (size_t s = 0; s < n; ++s)
     for (uint32_t c = 0; c < in.c; ++c) {
@@ -305,16 +304,7 @@ void avgpool_backward(const plan_node& l, size_t n, const float* dy, float* dx, 
       for (uint32_t oy = 0; oy < l.out.h; ++oy)
         for (uint32_t ox = 0; ox < l.out.w; ++ox) {
           const float g = dy[s * l.out.size() + (size_t{c} * l.out.h + oy) * l.out.w + ox] * inv;
-          for (uint32_t ky = 0; ky < k; ++ky) {
-            const int iy = static_cast<int>(oy * st + ky) - static_cast<int>(p);
-            if (iy < 0 || iy >= static_cast<int>(in.h))
-              continue;
-            for (uint32_t kx = 0; kx < k; ++kx) {
-              const int ix = static_cast<int>(ox * st + kx) - static_cast<int>(p);
-              if (ix >= 0 && ix < static_cast<int>(in.w))
-                dxc[static_cast<uint32_t>(iy) * in.w + static_cast<uint32_t>(ix)] += g;
-            }
-          }
+          for_each_tap(l, oy, ox, [&](uint32_t off) { dxc[off] += g; });
         }
     }
 }

@@ -5,6 +5,8 @@ find_package(CapnProto REQUIRED)
 find_package(RocksDB REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(tomlplusplus REQUIRED)
+# OpenSSL: TLS between nodes, HMAC for the token handshake, certificates (`ashlar cert`).
+find_package(OpenSSL 3 REQUIRED)
 
 # cpp-httplib serves /metrics. Debian builds it as a shared library; its .pc file carries
 # the feature macros (TLS, zlib, brotli) the header must be compiled with.

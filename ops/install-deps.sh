@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libcaf-dev capnproto libcapnp-dev librocksdb-dev libspdlog-dev libfmt-dev catch2
-  libopenblas-dev libdnnl-dev libcli11-dev libtomlplusplus-dev zlib1g-dev libcpp-httplib-dev
+  libopenblas-dev libdnnl-dev libcli11-dev libtomlplusplus-dev zlib1g-dev libssl-dev libcpp-httplib-dev
   dataset-fashion-mnist python3 python3-matplotlib python3-numpy curl
 )
 if [[ "${1:-}" == "--bench" ]]; then

@@ -18,7 +18,7 @@ enum Role {
 # First message of every node to the scheduler.
 struct Hello {
   protocolVersion @0 :UInt32;
-  token @1 :Text;          # cluster token (shared secret), compared as bytes
+  token @1 :Text;          # unused: the connection's handshake proves the token, which never crosses the wire
   roles @2 :List(Role);
   node @3 :Text;           # host:pid or a name the node gives itself
   slots @4 :UInt32;        # workers this node may host

@@ -111,14 +111,6 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
                             + std::to_string(wire::protocol_version) + ", this node speaks "
                             + std::to_string(h.protocol));
       }
-      if (!st.cfg.token.empty() && h.token != st.cfg.token) {
-        spdlog::warn("cluster: refused node {}: cluster token does not match (expected the token "
-                     "of this cluster, got {} one)",
-                     h.node, h.token.empty() ? "no" : "another");
-        return make_error(errc::handshake_refused,
-                          "cluster token mismatch: scheduler " + st.cfg.address
-                            + " expects another token (check --token-file / ASHLAR_TOKEN)");
-      }
       uint32_t id = st.next_node++;
       node_entry e;
       e.info.node_id = id;

@@ -12,8 +12,6 @@
 namespace ashlar::actors {
 
 struct cluster_config {
-  /// Nodes must present this token (empty: any token is accepted). Default: "".
-  std::string token;
   /// This scheduler's address, for logs and welcomes.
   std::string address;
   /// Receives (wire::job_request) for jobs submitted with `ashlar train --join`; the
@@ -22,8 +20,9 @@ struct cluster_config {
   caf::actor runner;
 };
 
-/// Spawns the cluster actor. Refuses a hello with another protocol version or token
-/// (handshake_refused, saying expected and actual; the token itself is never echoed).
+/// Spawns the cluster actor. Refuses a hello with another protocol version
+/// (handshake_refused, saying expected and actual). The token and TLS certificates were
+/// checked when the connection was admitted (network.hpp), before any message.
 cluster_actor spawn_cluster(caf::actor_system& sys, cluster_config cfg);
 
 /// Places shards round-robin on server nodes and workers on worker nodes' free slots.

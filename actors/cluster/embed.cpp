@@ -24,7 +24,6 @@ expected<membership> join_cluster(caf::actor_system& sys, const cluster_actor& c
   auto node = spawn_node(sys, nc);
   wire::hello h;
   h.protocol = opts.protocol;
-  h.token = opts.token;
   h.roles = opts.roles;
   h.replace_shard = opts.replace_shard;
   h.node = opts.name;

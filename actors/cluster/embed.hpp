@@ -15,8 +15,6 @@ namespace ashlar::actors {
 class data_plane;
 
 struct join_options {
-  /// Cluster token (see load_token). Default: "" (no authentication).
-  std::string token;
   /// Name shown in the scheduler's logs and `ashlar status`. Default: "embedded".
   std::string name = "embedded";
   /// Roles this process takes. Default: worker.
@@ -61,6 +59,8 @@ struct membership {
 
 /// Spawns a node actor in `sys` and introduces it to the scheduler reachable at `where`
 /// (or to `local`, when this process runs the scheduler itself). Blocks until welcomed.
+/// The connection is admitted by the process's cluster_network (network.hpp): start one
+/// with the cluster's token and TLS credentials first.
 /// Errors: peer_unreachable naming the address; handshake_refused with the scheduler's reason.
 [[nodiscard]] expected<membership> join_cluster(caf::actor_system& sys, const endpoint& where,
                                                 const join_options& opts);

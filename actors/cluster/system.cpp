@@ -1,5 +1,7 @@
 #include "actors/cluster/system.hpp"
 
+#include "actors/cluster/network.hpp"
+
 #include <fstream>
 #include <thread>
 
@@ -45,6 +47,10 @@ expected<caf::strong_actor_ptr> connect(caf::actor_system& sys, const endpoint& 
                                         std::chrono::milliseconds timeout) {
   using clock = std::chrono::steady_clock;
   auto deadline = clock::now() + timeout;
+  auto net = network_of(sys);
+  if (!net)
+    return make_error(errc::invalid_state, "no cluster network is set up in this process "
+                                           "(cluster_network::start)");
   caf::scoped_actor self{sys};
   caf::error last;
   for (;;) {
@@ -52,7 +58,7 @@ expected<caf::strong_actor_ptr> connect(caf::actor_system& sys, const endpoint& 
     if (left.count() <= 0)
       break;
     caf::strong_actor_ptr result;
-    self->request(sys.middleman().actor_handle(), left, caf::connect_atom::value, where.host, where.port)
+    self->request(net->handle(), left, caf::connect_atom::value, where.host, where.port)
       .receive(
         [&](const caf::node_id&, caf::strong_actor_ptr& ptr, const std::set<std::string>&) {
           result = std::move(ptr);
@@ -60,6 +66,9 @@ expected<caf::strong_actor_ptr> connect(caf::actor_system& sys, const endpoint& 
         [&](caf::error& err) { last = std::move(err); });
     if (result)
       return result;
+    // A refused handshake (token, TLS, version) will not change by retrying.
+    if (is(last, errc::handshake_refused))
+      return last;
     if (!last)
       last = make_error(errc::peer_unreachable, "no actor is published at " + where.to_string());
     if (last == caf::sec::request_timeout)

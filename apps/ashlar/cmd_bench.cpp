@@ -15,6 +15,7 @@
 #include "apps/ashlar/bench_gpu.hpp"
 #include "apps/ashlar/bench_hetero.hpp"
 #include "apps/ashlar/commands.hpp"
+#include "apps/ashlar/security_options.hpp"
 #include "runtime/core/log.hpp"
 #include "runtime/os/subprocess.hpp"
 #include "runtime/backend/cpu_backend.hpp"
@@ -99,13 +100,34 @@ struct wire_options {
   uint64_t chunk = train_config{}.chunk_floats;
   uint32_t window = train_config{}.chunks_in_flight;
   std::string port_file;
+  std::string tls_dir;
   bool json = false;
 };
 
 // The peer process: one shard holding `params` floats, published on loopback.
+// Both processes of the wire bench admit each other with the token the bench set in
+// $ASHLAR_TOKEN (and TLS with --tls).
+expected<std::shared_ptr<actors::cluster_network>> bench_network(caf::actor_system& sys, const wire_options& o) {
+  security_options so;
+  so.tls_dir = o.tls_dir;
+  auto sec = load_security(so);
+  if (!sec)
+    return sec.error();
+  return start_network(sys, *sec);
+}
+
 int run_wire_peer(const wire_options& o) {
   actors::cluster_system_config cfg;
   caf::actor_system sys{cfg};
+  auto network = bench_network(sys, o);
+  if (!network) {
+    std::fprintf(stderr, "ashlar bench wire-peer: %s\n", describe(network.error()).c_str());
+    return 1;
+  }
+  struct stop_network {
+    std::shared_ptr<actors::cluster_network> n;
+    ~stop_network() { n->stop(); }
+  } network_guard{*network};
   auto policy = make_policy("asp", {});
   sgd_config opt;
   opt.lr = 1e-6f;
@@ -117,7 +139,7 @@ int run_wire_peer(const wire_options& o) {
   caf::scoped_actor self{sys};
   self->request(shard, std::chrono::seconds(5), wire::membership_change{wire::membership_change::join, 0, ""})
     .receive([](caf::ok_atom) {}, [](caf::error&) {});
-  auto port = sys.middleman().publish(shard, 0, "127.0.0.1");
+  auto port = (*network)->publish(sys, shard, actors::endpoint{"127.0.0.1", 0});
   if (!port)
     return 1;
   actors::data_plane plane{sys};
@@ -204,9 +226,13 @@ int run_wire_bench(const wire_options& o) {
   char tmpl[] = "/tmp/ashlar-bench-XXXXXX";
   std::string dir = ::mkdtemp(tmpl);
   std::string port_file = dir + "/port";
-  auto peer = subprocess::start({self_executable(), "bench", "wire-peer", "--params",
-                                 std::to_string(o.params), "--port-file", port_file},
-                                dir + "/peer.log");
+  if (!std::getenv("ASHLAR_TOKEN"))
+    ::setenv("ASHLAR_TOKEN", make_token().c_str(), 1); // the peer inherits it
+  std::vector<std::string> peer_argv = {self_executable(), "bench", "wire-peer", "--params", std::to_string(o.params),
+                                        "--port-file", port_file};
+  if (!o.tls_dir.empty())
+    peer_argv.insert(peer_argv.end(), {"--tls", o.tls_dir});
+  auto peer = subprocess::start(peer_argv, dir + "/peer.log");
   if (!peer) {
     std::fprintf(stderr, "ashlar bench: %s\n", describe(peer.error()).c_str());
     return 1;
@@ -232,6 +258,16 @@ int run_wire_bench(const wire_options& o) {
   }
   actors::cluster_system_config cfg;
   caf::actor_system sys{cfg};
+  auto network = bench_network(sys, o);
+  if (!network) {
+    std::fprintf(stderr, "ashlar bench: %s\n", describe(network.error()).c_str());
+    cleanup();
+    return 1;
+  }
+  struct stop_network {
+    std::shared_ptr<actors::cluster_network> n;
+    ~stop_network() { n->stop(); }
+  } network_guard{*network};
   auto ptr = actors::connect(sys, actors::endpoint{"127.0.0.1", static_cast<uint16_t>(std::stoi(port))},
                              std::chrono::seconds(10));
   if (!ptr) {
@@ -295,10 +331,12 @@ command_fn add_bench(CLI::App& app) {
     ->capture_default_str();
   wire_cmd->add_option("--window", w->window, "chunks in flight, as train.chunks_in_flight")->capture_default_str();
   wire_cmd->add_flag("--json", w->json, "print one JSON object");
+  wire_cmd->add_option("--tls", w->tls_dir, "both processes use mutual TLS with this directory's credentials");
   auto* peer_cmd = cmd->add_subcommand("wire-peer", "the other process of `bench wire`");
   peer_cmd->group("");
   peer_cmd->add_option("--params", w->params)->required();
   peer_cmd->add_option("--port-file", w->port_file)->required();
+  peer_cmd->add_option("--tls", w->tls_dir);
   auto h = std::make_shared<hetero_options>();
   auto* hetero_cmd = cmd->add_subcommand("hetero", "every sync policy on the same paced heterogeneous workers: "
                                                    "time to target accuracy, throughput, staleness");

@@ -4,12 +4,14 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <fcntl.h>
 #include <fstream>
 #include <poll.h>
 #include <thread>
 #include <unistd.h>
 
 #include "apps/ashlar/commands.hpp"
+#include "apps/ashlar/security_options.hpp"
 #include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
 #include "actors/gpu_actor.hpp"
@@ -114,8 +116,23 @@ int run_launch(const launch_options& o) {
   std::string dir = ::mkdtemp(tmpl);
   const std::string port_file = dir + "/port";
   std::vector<std::string> common;
-  if (!o.token_file.empty())
+  if (!o.token_file.empty()) {
     common = {"--token-file", o.token_file};
+  } else if (!std::getenv("ASHLAR_TOKEN")) {
+    // A token of this launch's own, in its private directory: only its processes (and
+    // this user) can reach the cluster it starts.
+    const std::string token_file = dir + "/token";
+    int fd = ::open(token_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    auto line = make_token() + "\n";
+    bool ok = fd >= 0 && ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+    if (fd >= 0)
+      ::close(fd);
+    if (!ok) {
+      std::fprintf(stderr, "ashlar launch: cannot write %s\n", token_file.c_str());
+      return 1;
+    }
+    common = {"--token-file", token_file};
+  }
 
   std::vector<child> children;
   auto start = [&](const std::string& prefix, std::vector<std::string> argv) {
@@ -239,6 +256,7 @@ int run_launch(const launch_options& o) {
   while (pump(children, 0)) {
   }
   std::remove(port_file.c_str());
+  std::remove((dir + "/token").c_str());
   ::rmdir(dir.c_str());
   return code;
 }

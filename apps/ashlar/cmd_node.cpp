@@ -15,6 +15,7 @@
 #include "actors/cluster/node.hpp"
 #include "actors/cluster/system.hpp"
 #include "apps/ashlar/commands.hpp"
+#include "apps/ashlar/security_options.hpp"
 #include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
 #include "runtime/core/log.hpp"
@@ -33,7 +34,7 @@ struct node_options {
   std::string listen;
   std::string join;
   uint32_t slots = 1;
-  std::string token_file;
+  security_options security;
   std::string port_file;
   std::string name;
   std::string data_dir;
@@ -86,9 +87,34 @@ int run_node(node_options& o) {
   train_config job_cfg;
   if (auto err = resolve_config(o.train, job_cfg))
     return fail(2, describe(err));
-  auto token = actors::load_token(o.token_file, std::getenv("ASHLAR_TOKEN"));
-  if (!token)
-    return fail(2, describe(token.error()));
+  auto sec = load_security(o.security);
+  if (!sec)
+    return fail(2, describe(sec.error()));
+  if (is_scheduler) {
+    auto ep = actors::parse_endpoint(o.listen);
+    if (!ep)
+      return fail(2, "--listen: " + describe(ep.error()));
+    if (auto err = check_listen_policy(ep->host, *sec, o.security.insecure, "the scheduler"))
+      return fail(2, describe(err));
+  }
+  // A server node listens for tensor connections on the address it reaches the scheduler
+  // from (or --data-host): the same rule.
+  if (actors::has_role(*roles, wire::role::server) && !is_scheduler) {
+    auto ep = actors::parse_endpoint(o.join);
+    std::string data_host = o.data_host;
+    if (data_host.empty() && ep)
+      data_host = is_loopback(ep->host) ? ep->host : net::local_address_toward(ep->host, ep->port);
+    if (auto err = check_listen_policy(data_host, *sec, o.security.insecure, "this server node's data port"))
+      return fail(2, describe(err));
+  }
+  // Without TLS and without a token, the scheduler makes a token and writes it where the
+  // join command it prints says: no one reaches an Ashlar port without credentials.
+  if (!o.security.token_file.empty() && sec->token.empty())
+    return fail(2, "--token-file " + o.security.token_file + " is empty");
+  std::string generated_token_file;
+  const bool generate_token = is_scheduler && sec->token.empty() && !sec->tls;
+  if (generate_token)
+    sec->token = make_token();
   if (o.name.empty())
     o.name = default_name();
   if (auto err = init_logging(job_cfg.log_level))
@@ -99,6 +125,13 @@ int run_node(node_options& o) {
 
   actors::cluster_system_config sys_cfg;
   caf::actor_system sys{sys_cfg};
+  auto network = start_network(sys, *sec);
+  if (!network)
+    return fail(1, describe(network.error()));
+  struct network_stop {
+    std::shared_ptr<actors::cluster_network> n;
+    ~network_stop() { n->stop(); }
+  } network_guard{*network};
   // Tensor connections between this node's shards/workers and other nodes'; stopped (its
   // threads joined) when this function returns, before the actor system goes.
   auto data_plane = std::make_shared<actors::data_plane>(sys);
@@ -117,18 +150,29 @@ int run_node(node_options& o) {
     if (!ep)
       return fail(2, "--listen: " + describe(ep.error()));
     actors::cluster_config cc;
-    cc.token = *token;
     cc.runner = caf::actor_cast<caf::actor>(self);
     cluster = actors::spawn_cluster(sys, cc);
-    auto port = sys.middleman().publish(cluster, ep->port, ep->host.c_str(), true);
+    auto port = (*network)->publish(sys, cluster, *ep);
     if (!port) {
       caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
-      return fail(1, "cannot listen on " + ep->to_string() + ": " + sys.render(port.error()));
+      return fail(1, describe(port.error()));
     }
     address = ep->host + ":" + std::to_string(*port);
-    std::printf("ashlar scheduler listening on %s\n", address.c_str());
-    std::printf("join with: ashlar node --role worker --join %s   (or --role server)\n",
-                address.c_str());
+    auto hint = join_hint(o.security);
+    if (generate_token) {
+      auto file = write_token_file(sec->token, *port);
+      if (!file) {
+        caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
+        return fail(1, describe(file.error()));
+      }
+      generated_token_file = *file;
+      hint += " --token-file " + *file;
+    }
+    std::printf("ashlar scheduler listening on %s%s\n", address.c_str(), sec->tls ? " (mutual TLS)" : "");
+    if (!generated_token_file.empty())
+      std::printf("cluster token written to %s (readable by this user only)\n", generated_token_file.c_str());
+    std::printf("join with: ashlar node --role worker --join %s%s   (or --role server)\n", address.c_str(),
+                hint.c_str());
     std::fflush(stdout);
     if (!o.port_file.empty()) {
       std::string tmp = o.port_file + ".tmp";
@@ -145,16 +189,14 @@ int run_node(node_options& o) {
       std::printf("Prometheus metrics at %s\n", metrics->url().c_str());
       std::fflush(stdout);
     }
-    if (token->empty())
-      spdlog::warn("no cluster token set (--token-file or ASHLAR_TOKEN): any node that reaches "
-                   "this port can join");
+    if (sec->token.empty())
+      spdlog::info("no cluster token: nodes are admitted by their TLS certificates alone");
   }
 
   actors::node_actor node;
   std::shared_ptr<actors::gpu_pool> gpus; // stopped before the actor system ends
   if (hosts) {
     actors::join_options jo;
-    jo.token = *token;
     jo.name = o.name;
     jo.roles = *roles;
     jo.slots = o.slots;
@@ -301,6 +343,8 @@ int run_node(node_options& o) {
     caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
   if (gpus)
     gpus->stop();
+  if (!generated_token_file.empty())
+    std::remove(generated_token_file.c_str());
   return code;
 }
 
@@ -321,7 +365,7 @@ command_fn add_node(CLI::App& app) {
   cmd->add_option("--listen", o->listen, "scheduler: HOST:PORT to listen on (port 0: any free port)");
   cmd->add_option("--join", o->join, "server/worker: the scheduler's HOST:PORT");
   cmd->add_option("--slots", o->slots, "worker: how many workers this node may host")->capture_default_str();
-  cmd->add_option("--token-file", o->token_file, "file whose first line is the cluster token");
+  add_security_options(cmd, o->security, true);
   cmd->add_option("--port-file", o->port_file, "scheduler: write the port it listens on to FILE");
   cmd->add_option("--name", o->name, "node name in logs (default host:pid)");
   cmd->add_option("--node-data-dir", o->data_dir, "worker: read the data set from here, not the job's data.dir");

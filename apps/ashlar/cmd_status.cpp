@@ -5,6 +5,7 @@
 #include "actors/cluster/node.hpp"
 #include "actors/cluster/system.hpp"
 #include "apps/ashlar/commands.hpp"
+#include "apps/ashlar/security_options.hpp"
 
 namespace ashlar::cli {
 
@@ -15,6 +16,7 @@ using namespace std::chrono_literals;
 struct client_options {
   std::string join;
   double timeout = 10;
+  security_options security;
 };
 
 // Connects to the cluster at o.join and runs `f` with it. Returns an exit code.
@@ -25,8 +27,22 @@ int with_cluster(const client_options& o, const char* who, F f) {
     std::fprintf(stderr, "%s: --join: %s\n", who, describe(where.error()).c_str());
     return 2;
   }
+  auto sec = load_security(o.security);
+  if (!sec) {
+    std::fprintf(stderr, "%s: %s\n", who, describe(sec.error()).c_str());
+    return 2;
+  }
   actors::cluster_system_config cfg;
   caf::actor_system sys{cfg};
+  auto net = start_network(sys, *sec);
+  if (!net) {
+    std::fprintf(stderr, "%s: %s\n", who, describe(net.error()).c_str());
+    return 1;
+  }
+  struct network_stop {
+    std::shared_ptr<actors::cluster_network> n;
+    ~network_stop() { n->stop(); }
+  } guard{*net};
   auto ptr = actors::connect(sys, *where, std::chrono::milliseconds(static_cast<int64_t>(o.timeout * 1000)));
   if (!ptr) {
     std::fprintf(stderr, "%s: %s\n", who, describe(ptr.error()).c_str());
@@ -111,6 +127,7 @@ command_fn add_status(CLI::App& app) {
   auto* cmd = app.add_subcommand("status", "Show a cluster's members, speeds, versions and stage");
   cmd->add_option("--join", o->join, "the scheduler's HOST:PORT")->required();
   cmd->add_option("--timeout", o->timeout, "seconds to wait for the scheduler")->capture_default_str();
+  add_security_options(cmd, o->security, false);
   return [o] {
     return with_cluster(*o, "ashlar status", [&](caf::scoped_actor& self, const actors::cluster_actor& c) {
       int code = 1;
@@ -132,6 +149,7 @@ command_fn add_ctl(CLI::App& app) {
   auto* cmd = app.add_subcommand("ctl", "Change a running cluster: remove or add workers, shut down");
   cmd->require_subcommand(1);
   cmd->add_option("--join", o->join, "the scheduler's HOST:PORT")->required();
+  add_security_options(cmd, o->security, false);
   auto* rm = cmd->add_subcommand("remove-worker", "let worker ID finish its step and leave");
   rm->add_option("id", req->worker_id, "worker id (see ashlar status)")->required();
   rm->callback([req] { req->op = wire::ctl_request::remove_worker; });

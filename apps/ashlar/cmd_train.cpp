@@ -6,6 +6,7 @@
 
 #include "actors/cluster/system.hpp"
 #include "apps/ashlar/commands.hpp"
+#include "apps/ashlar/security_options.hpp"
 #include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
 #include "runtime/core/log.hpp"
@@ -14,14 +15,28 @@ namespace ashlar::cli {
 
 namespace {
 
-int submit(const train_config& cfg, const std::string& join) {
+int submit(const train_config& cfg, const std::string& join, const security_options& security) {
   auto where = actors::parse_endpoint(join);
   if (!where) {
     std::fprintf(stderr, "ashlar train: --join: %s\n", describe(where.error()).c_str());
     return 2;
   }
+  auto sec = load_security(security);
+  if (!sec) {
+    std::fprintf(stderr, "ashlar train: %s\n", describe(sec.error()).c_str());
+    return 2;
+  }
   actors::cluster_system_config sys_cfg;
   caf::actor_system sys{sys_cfg};
+  auto net = start_network(sys, *sec);
+  if (!net) {
+    std::fprintf(stderr, "ashlar train: %s\n", describe(net.error()).c_str());
+    return 1;
+  }
+  struct network_stop {
+    std::shared_ptr<actors::cluster_network> n;
+    ~network_stop() { n->stop(); }
+  } guard{*net};
   auto ptr = actors::connect(sys, *where, std::chrono::seconds(10));
   if (!ptr) {
     std::fprintf(stderr, "ashlar train: %s\n", describe(ptr.error()).c_str());
@@ -79,11 +94,13 @@ int submit(const train_config& cfg, const std::string& join) {
 command_fn add_train(CLI::App& app) {
   auto o = std::make_shared<train_options>();
   auto join = std::make_shared<std::string>();
+  auto security = std::make_shared<security_options>();
   auto* cmd = app.add_subcommand("train", "Train a model; all actors run in this process unless --join");
   cmd->footer(key_help());
   add_train_options(cmd, *o);
   cmd->add_option("--join", *join, "submit the job to the scheduler at HOST:PORT instead");
-  return [o, join] {
+  add_security_options(cmd, *security, false);
+  return [o, join, security] {
     train_config cfg;
     if (auto err = resolve_config(*o, cfg)) {
       std::fprintf(stderr, "ashlar train: %s\n", describe(err).c_str());
@@ -94,7 +111,7 @@ command_fn add_train(CLI::App& app) {
       return 2;
     }
     if (!join->empty())
-      return submit(cfg, *join);
+      return submit(cfg, *join, *security);
     // Ctrl-C (or SIGTERM) stops the job after the workers' current step, with its final
     // evaluation, checkpoint and report; a second one ends the process at once.
     catch_stop_signals(true);

@@ -17,5 +17,6 @@ command_fn add_status(CLI::App& app);
 command_fn add_ctl(CLI::App& app);
 command_fn add_launch(CLI::App& app);
 command_fn add_checkpoint(CLI::App& app);
+command_fn add_cert(CLI::App& app);
 
 }  // namespace ashlar::cli

@@ -1,5 +1,6 @@
 // ashlar: train data-parallel models on heterogeneous workers.
 #include <cstdio>
+#include <csignal>
 #include <malloc.h>
 
 #include "apps/ashlar/commands.hpp"
@@ -9,6 +10,8 @@ int main(int argc, char** argv) {
   // instead of mapping and unmapping (and page-faulting) them each time.
   mallopt(M_MMAP_THRESHOLD, 512 * 1024 * 1024);
   mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024);
+  // A peer closing a TLS connection must not end the process with SIGPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"ashlar: heterogeneity-aware data-parallel training on an actor runtime"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "ashlar 0.1.0");
@@ -19,6 +22,7 @@ int main(int argc, char** argv) {
   auto status = ashlar::cli::add_status(app);
   auto ctl = ashlar::cli::add_ctl(app);
   auto checkpoint = ashlar::cli::add_checkpoint(app);
+  auto cert = ashlar::cli::add_cert(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -38,5 +42,7 @@ int main(int argc, char** argv) {
     return ctl();
   if (app.got_subcommand("checkpoint"))
     return checkpoint();
+  if (app.got_subcommand("cert"))
+    return cert();
   return 2;
 }

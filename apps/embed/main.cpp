@@ -4,17 +4,20 @@
 // as a worker node, so the scheduler places workers of the running job in this process,
 // next to the host's actors. Build target: ashlar-embed-example.
 //
+//   export ASHLAR_TOKEN=$(head -c 32 /dev/urandom | base64)
 //   ashlar node --role scheduler --listen 127.0.0.1:7400 ops/configs/fmnist-mlp.toml
 //   ashlar node --role server --join 127.0.0.1:7400
-//   ashlar-embed-example 127.0.0.1:7400
+//   ashlar-embed-example 127.0.0.1:7400 [TLS_DIR]
 //
 // What a host needs: link ashlar_actors, use (or derive from) cluster_system_config so the
-// message types and the network layer are set up, then call join_cluster().
+// message types and the network layer are set up, start a cluster_network with the
+// cluster's token (and TLS credentials, if the cluster uses TLS), then call join_cluster().
 #include <cstdio>
 #include <cstdlib>
 
 #include "actors/cluster/data_plane.hpp"
 #include "actors/cluster/embed.hpp"
+#include "actors/cluster/network.hpp"
 #include "runtime/core/log.hpp"
 
 using namespace ashlar;
@@ -42,7 +45,7 @@ caf::behavior host_monitor(caf::event_based_actor*) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s SCHEDULER_HOST:PORT [token]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s SCHEDULER_HOST:PORT [TLS_DIR]   (the token from $ASHLAR_TOKEN)\n", argv[0]);
     return 2;
   }
   auto where = actors::parse_endpoint(argv[1]);
@@ -52,14 +55,34 @@ int main(int argc, char** argv) {
   }
   if (auto err = init_logging("info", "embedded"))
     return 2;
+  net::net_security security;
+  security.token = std::getenv("ASHLAR_TOKEN") ? std::getenv("ASHLAR_TOKEN") : "";
+  if (argc > 2) {
+    auto tls = net::tls_context::load(argv[2]);
+    if (!tls) {
+      std::fprintf(stderr, "embedded host: %s\n", describe(tls.error()).c_str());
+      return 2;
+    }
+    security.tls = *tls;
+  }
   host_config cfg;
   caf::actor_system sys{cfg};
+  // Every connection to the cluster is admitted by the token (and TLS); stopped before
+  // the actor system goes.
+  auto network = actors::cluster_network::start(sys, security);
+  if (!network) {
+    std::fprintf(stderr, "embedded host: %s\n", describe(network.error()).c_str());
+    return 1;
+  }
+  struct stop_network {
+    std::shared_ptr<actors::cluster_network> n;
+    ~stop_network() { n->stop(); }
+  } network_guard{*network};
   auto monitor = sys.spawn(host_monitor);
   caf::scoped_actor self{sys};
 
   actors::join_options opts;
   opts.name = "embedded-host";
-  opts.token = argc > 2 ? argv[2] : (std::getenv("ASHLAR_TOKEN") ? std::getenv("ASHLAR_TOKEN") : "");
   opts.owner = caf::actor_cast<caf::actor>(self);
   // Optional: workers here move tensors to and from shards in other processes on direct
   // connections instead of through CAF's middleman. Stop it before the system goes.

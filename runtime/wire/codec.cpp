@@ -639,7 +639,6 @@ words encode(const hello& x) {
   capnp::MallocMessageBuilder mb;
   auto b = mb.initRoot<schema::Hello>();
   b.setProtocolVersion(x.protocol);
-  b.setToken(x.token);
   fill_roles(b.initRoles(static_cast<unsigned>(x.roles.size())), x.roles);
   b.setNode(x.node);
   b.setSlots(x.slots);
@@ -650,7 +649,6 @@ words encode(const hello& x) {
 caf::error decode(const uint64_t* d, size_t n, hello& out) {
   return with_reader<schema::Hello>("Hello", d, n, [&](auto r) {
     out.protocol = r.getProtocolVersion();
-    out.token = r.getToken();
     out.node = r.getNode();
     out.slots = r.getSlots();
     out.replace_shard = r.getReplaceShard();

@@ -108,7 +108,6 @@ enum class role : uint8_t { scheduler = 0, server = 1, worker = 2, profiler = 3 
 
 struct hello {
   uint32_t protocol = protocol_version;
-  std::string token;
   std::vector<role> roles;
   std::string node;
   uint32_t slots = 0;

@@ -15,66 +15,15 @@
 #include "runtime/os/subprocess.hpp"
 #include "../runtime/checkpoint_check.hpp"
 #include "../runtime/temp_dir.hpp"
+#include "process_helpers.hpp"
 
 using namespace ashlar;
 using namespace std::chrono_literals;
 using ashlar::test::check_consistent;
 using ashlar::test::temp_dir;
+using namespace ashlar::test;
 
 namespace {
-
-const std::string exe = ASHLAR_BINARY;
-const std::string config = std::string{ASHLAR_SOURCE_DIR} + "/ops/configs/fmnist-mlp.toml";
-
-std::string slurp(const std::string& path) {
-  std::ifstream in{path};
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-// Waits until `pred(text of file)` holds; false after `limit`.
-template <class Pred>
-bool wait_for_file(const std::string& path, Pred pred, std::chrono::milliseconds limit) {
-  auto deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred(slurp(path)))
-      return true;
-    std::this_thread::sleep_for(50ms);
-  }
-  return false;
-}
-
-subprocess start(const std::vector<std::string>& argv, const std::string& log) {
-  auto p = subprocess::start(argv, log);
-  REQUIRE(p);
-  return std::move(*p);
-}
-
-double json_number(const std::string& json, const std::string& key) {
-  std::smatch m;
-  std::regex re{"\"" + key + "\": ([-0-9.e]+)"};
-  REQUIRE(std::regex_search(json, m, re));
-  return std::stod(m[1]);
-}
-
-// A running scheduler with its port.
-struct scheduler_proc {
-  subprocess proc;
-  std::string join;
-};
-
-scheduler_proc start_scheduler(const temp_dir& dir, std::vector<std::string> extra) {
-  std::vector<std::string> argv = {exe, "node", "--role", "scheduler", "--listen", "127.0.0.1:0",
-                                   "--port-file", dir.file("port")};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  scheduler_proc s{start(argv, dir.file("scheduler.log")), ""};
-  REQUIRE(wait_for_file(dir.file("port"), [](const std::string& t) { return !t.empty(); }, 20s));
-  auto port = slurp(dir.file("port"));
-  port.erase(port.find_last_not_of("\n ") + 1);
-  s.join = "127.0.0.1:" + port;
-  return s;
-}
 
 // Starts `count` node processes of `role` joining `join`, logging to ROLE-I.log in `dir`.
 std::vector<subprocess> start_nodes(const temp_dir& dir, const std::string& join, const std::string& role,
@@ -199,10 +148,17 @@ TEST_CASE("a node with the wrong cluster token is refused, with a message on bot
   auto node_log = slurp(dir.file("node.log"));
   INFO(node_log);
   CHECK(code == 1);
-  CHECK(node_log.find("refused this node: handshake_refused: cluster token mismatch") != std::string::npos);
+  CHECK(node_log.find("handshake_refused: connecting to " + sched.join
+                      + ": the node refused the connection: it expects another cluster token")
+        != std::string::npos);
   CHECK(node_log.find("s3cret") == std::string::npos);
   CHECK(wait_for_file(dir.file("scheduler.log"),
-                      [](const std::string& t) { return t.find("refused node") != std::string::npos; }, 5s));
+                      [](const std::string& t) {
+                        return t.find("refused a connection from 127.0.0.1:") != std::string::npos
+                               && t.find("it did not prove it knows the cluster token") != std::string::npos;
+                      },
+                      5s));
+  CHECK(slurp(dir.file("scheduler.log")).find("s3cret") == std::string::npos);
   // The right token is accepted.
   auto ok = start({exe, "node", "--role", "worker", "--join", sched.join, "--token-file", dir.file("good")},
                   dir.file("ok.log"));

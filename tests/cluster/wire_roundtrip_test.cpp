@@ -4,6 +4,7 @@
 
 #include <caf/io/all.hpp>
 
+#include "actors/cluster/network.hpp"
 #include "actors/cluster/system.hpp"
 
 using namespace ashlar;
@@ -49,8 +50,14 @@ TEST_CASE("every message type crosses the network between two actor systems and 
   cluster_system_config cfg_a, cfg_b;
   caf::actor_system a{cfg_a};
   caf::actor_system b{cfg_b};
+  net::net_security sec;
+  sec.token = "round-trip";
+  auto net_a = cluster_network::start(a, sec);
+  auto net_b = cluster_network::start(b, sec);
+  REQUIRE(net_a);
+  REQUIRE(net_b);
   auto server = a.spawn(echo);
-  auto port = a.middleman().publish(server, 0, "127.0.0.1");
+  auto port = (*net_a)->publish(a, server, endpoint{"127.0.0.1", 0});
   REQUIRE(port);
   auto ptr = connect(b, endpoint{"127.0.0.1", *port}, 10s);
   REQUIRE(ptr);
@@ -99,7 +106,6 @@ TEST_CASE("every message type crosses the network between two actor systems and 
   cs.workers[1].worker_id = 5;
   CHECK(round_trip(self, peer, cs).workers.at(1).worker_id == 5);
   wire::hello h;
-  h.token = "t";
   h.roles = {wire::role::server, wire::role::worker};
   CHECK(round_trip(self, peer, h).roles == h.roles);
   CHECK(round_trip(self, peer, wire::welcome{7, "c"}).node_id == 7);

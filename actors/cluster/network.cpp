@@ -1,0 +1,460 @@
+#include "actors/cluster/network.hpp"
+
+#include <deque>
+#include <list>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <caf/io/all.hpp>
+#include <caf/io/basp_broker.hpp>
+#include <caf/io/middleman_actor_impl.hpp>
+#include <caf/io/network/default_multiplexer.hpp>
+#include <caf/io/network/doorman_impl.hpp>
+#include <caf/io/network/stream_impl.hpp>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/ssl.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+namespace ashlar::actors {
+
+namespace {
+
+using caf::io::network::default_multiplexer;
+using caf::io::network::native_socket;
+using caf::io::network::rw_state;
+
+void set_nodelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+std::string peer_of(int fd) {
+  auto host = caf::io::network::remote_addr_of_fd(fd);
+  auto port = caf::io::network::remote_port_of_fd(fd);
+  return (host ? *host : std::string{"?"}) + ":" + (port ? std::to_string(*port) : std::string{"?"});
+}
+
+// Logs refusals, at most `per_second` a second (a flood of refused peers must not become
+// a flood of log lines); the rest are counted and reported with the next one logged.
+class refusal_log {
+public:
+  void note(const std::string& peer, const std::string& why) {
+    std::lock_guard<std::mutex> guard{mtx_};
+    auto now = std::chrono::steady_clock::now();
+    if (now - window_ > std::chrono::seconds(1)) {
+      window_ = now;
+      logged_ = 0;
+    }
+    if (logged_ >= per_second) {
+      ++suppressed_;
+      return;
+    }
+    ++logged_;
+    if (suppressed_ > 0)
+      spdlog::warn("network: refused a connection from {}: {} ({} more refused, not logged)", peer, why,
+                   std::exchange(suppressed_, 0));
+    else
+      spdlog::warn("network: refused a connection from {}: {}", peer, why);
+  }
+
+private:
+  static constexpr int per_second = 5;
+  std::mutex mtx_;
+  std::chrono::steady_clock::time_point window_{};
+  int logged_ = 0;
+  uint64_t suppressed_ = 0;
+};
+
+refusal_log& refusals() {
+  static refusal_log log;
+  return log;
+}
+
+// Reads and writes an admitted connection, plain or through TLS, and checks each BASP
+// header it reads before CAF sees it.
+class guarded_policy {
+public:
+  guarded_policy(SSL* ssl, uint64_t max_message, std::string peer)
+    : ssl_(ssl), guard_(max_message), peer_(std::move(peer)) {}
+  guarded_policy(const guarded_policy&) = delete;
+  ~guarded_policy() {
+    if (ssl_)
+      SSL_free(ssl_);
+  }
+
+  rw_state read_some(size_t& result, native_socket fd, void* buf, size_t len) {
+    result = 0;
+    long n = net::tls_io::read_some(ssl_, fd, buf, len);
+    if (n < 0)
+      return rw_state::failure;
+    if (n > 0 && !guard_.inspect(static_cast<const uint8_t*>(buf), static_cast<size_t>(n))) {
+      spdlog::warn("network: closed the connection from {}: {}", peer_, guard_.why());
+      return rw_state::failure;
+    }
+    result = static_cast<size_t>(n);
+    return rw_state::success;
+  }
+
+  rw_state write_some(size_t& result, native_socket fd, const void* buf, size_t len) {
+    result = 0;
+    long n = net::tls_io::write_some(ssl_, fd, buf, len);
+    if (n < 0)
+      return rw_state::failure;
+    result = static_cast<size_t>(n);
+    return rw_state::success;
+  }
+
+  // Records TLS has decrypted already are invisible to poll(): read them now.
+  bool must_read_more(native_socket, size_t) { return ssl_ && SSL_pending(ssl_) > 0; }
+
+private:
+  SSL* ssl_;
+  net::basp_frame_guard guard_;
+  std::string peer_;
+};
+
+class guarded_scribe : public caf::io::scribe {
+public:
+  guarded_scribe(default_multiplexer& mpx, native_socket fd, SSL* ssl, uint64_t max_message, std::string peer)
+    : caf::io::scribe(caf::io::network::conn_hdl_from_socket(fd)),
+      stream_(mpx, fd, ssl, max_message, std::move(peer)) {}
+
+  void configure_read(caf::io::receive_policy::config config) override {
+    stream_.configure_read(config);
+    if (!launched_) {
+      launched_ = true;
+      stream_.start(this);
+    }
+  }
+  void ack_writes(bool enable) override { stream_.ack_writes(enable); }
+  std::vector<char>& wr_buf() override { return stream_.wr_buf(); }
+  std::vector<char>& rd_buf() override { return stream_.rd_buf(); }
+  void graceful_shutdown() override {
+    stream_.graceful_shutdown();
+    detach(&stream_.backend(), false);
+  }
+  void flush() override { stream_.flush(this); }
+  std::string addr() const override {
+    auto x = caf::io::network::remote_addr_of_fd(stream_.fd());
+    return x ? *x : std::string{};
+  }
+  uint16_t port() const override {
+    auto x = caf::io::network::remote_port_of_fd(stream_.fd());
+    return x ? *x : 0;
+  }
+  void add_to_loop() override { stream_.activate(this); }
+  void remove_from_loop() override { stream_.passivate(); }
+
+private:
+  bool launched_ = false;
+  caf::io::network::stream_impl<guarded_policy> stream_;
+};
+
+class admitting_doorman;
+
+// Admits accepted connections on one thread: TLS and the token gate, each with a deadline
+// for the whole handshake, at most `max_pending` at once.
+class gatekeeper {
+public:
+  explicit gatekeeper(net::net_security sec) : sec_(std::move(sec)) {
+    if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0)
+      wake_[0] = wake_[1] = -1;
+    thread_ = std::thread{[this] { run(); }};
+  }
+  ~gatekeeper() {
+    stop();
+    ::close(wake_[0]);
+    ::close(wake_[1]);
+  }
+
+  const net::net_security& security() const { return sec_; }
+
+  // From the network thread: admit `fd`, then hand it to `door`. False if stopped.
+  bool admit(int fd, caf::intrusive_ptr<admitting_doorman> door);
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> guard{mtx_};
+      if (stopped_)
+        return;
+      stopped_ = true;
+    }
+    poke();
+    if (thread_.joinable())
+      thread_.join();
+  }
+
+private:
+  struct entry {
+    int fd = -1;
+    std::unique_ptr<net::handshake> hs;
+    caf::intrusive_ptr<admitting_doorman> door;
+    std::chrono::steady_clock::time_point deadline;
+    std::string peer;
+  };
+
+  void poke() {
+    char c = 1;
+    (void) !::write(wake_[1], &c, 1);
+  }
+
+  void run();
+  void finish(entry& e, net::handshake::result r);
+
+  net::net_security sec_;
+  std::mutex mtx_;
+  bool stopped_ = false;
+  std::deque<entry> incoming_;
+  int wake_[2] = {-1, -1};
+  std::thread thread_;
+};
+
+class admitting_doorman : public caf::io::network::doorman_impl {
+public:
+  admitting_doorman(default_multiplexer& mpx, native_socket fd, std::shared_ptr<gatekeeper> gk)
+    : caf::io::network::doorman_impl(mpx, fd), gk_(std::move(gk)) {}
+
+  bool new_connection() override {
+    if (detached())
+      return false;
+    int fd = acceptor_.accepted_socket();
+    caf::io::network::nonblocking(fd, true);
+    set_nodelay(fd);
+    if (!gk_->admit(fd, this))
+      ::close(fd);
+    return true;
+  }
+
+  // On the network thread, after admission: the connection becomes BASP's.
+  void hand_over(int fd, SSL* ssl, const std::string& peer) {
+    if (detached() || parent() == nullptr) {
+      if (ssl)
+        SSL_free(ssl);
+      ::close(fd);
+      return;
+    }
+    auto& mpx = acceptor_.backend();
+    auto scribe = caf::make_counted<guarded_scribe>(mpx, fd, ssl, gk_->security().max_message, peer);
+    auto hdl = scribe->hdl();
+    parent()->add_scribe(std::move(scribe));
+    doorman::new_connection(&mpx, hdl);
+  }
+
+  default_multiplexer& mpx() { return acceptor_.backend(); }
+
+private:
+  std::shared_ptr<gatekeeper> gk_;
+};
+
+bool gatekeeper::admit(int fd, caf::intrusive_ptr<admitting_doorman> door) {
+  entry e;
+  e.fd = fd;
+  e.door = std::move(door);
+  e.peer = peer_of(fd);
+  e.deadline = std::chrono::steady_clock::now() + sec_.handshake_timeout;
+  e.hs = std::make_unique<net::handshake>(fd, true, sec_);
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    if (stopped_)
+      return false;
+    incoming_.push_back(std::move(e));
+  }
+  poke();
+  return true;
+}
+
+void gatekeeper::finish(entry& e, net::handshake::result r) {
+  if (r == net::handshake::result::admitted) {
+    SSL* ssl = e.hs->release_ssl();
+    if (!e.hs->peer_name().empty())
+      spdlog::debug("network: admitted {} ({})", e.peer, e.hs->peer_name());
+    auto door = e.door;
+    int fd = e.fd;
+    std::string peer = e.peer;
+    door->mpx().dispatch([door, fd, ssl, peer] { door->hand_over(fd, ssl, peer); });
+  } else {
+    refusals().note(e.peer, e.hs->why());
+    ::close(e.fd);
+  }
+  e.fd = -1;
+}
+
+void gatekeeper::run() {
+  std::list<entry> pending;
+  std::vector<pollfd> fds;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> guard{mtx_};
+      if (stopped_)
+        break;
+      while (!incoming_.empty()) {
+        pending.push_back(std::move(incoming_.front()));
+        incoming_.pop_front();
+      }
+    }
+    // Beyond the cap the oldest goes: a peer that holds connections open without finishing
+    // the handshake delays no one for long.
+    while (pending.size() > sec_.max_pending) {
+      auto& old = pending.front();
+      old.hs->expire("more than " + std::to_string(sec_.max_pending)
+                     + " connections were being admitted at once; the oldest was dropped");
+      finish(old, net::handshake::result::refused);
+      pending.pop_front();
+    }
+    auto now = std::chrono::steady_clock::now();
+    for (auto it = pending.begin(); it != pending.end();) {
+      auto r = it->hs->step();
+      if (r == net::handshake::result::pending && now > it->deadline)
+        r = it->hs->expire("it did not finish the handshake within "
+                           + std::to_string(sec_.handshake_timeout.count() / 1000.0).substr(0, 4) + " s");
+      if (r != net::handshake::result::pending) {
+        finish(*it, r);
+        it = pending.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    fds.clear();
+    fds.push_back(pollfd{wake_[0], POLLIN, 0});
+    auto next = now + std::chrono::seconds(1);
+    for (auto& e : pending) {
+      fds.push_back(pollfd{e.fd, e.hs->events(), 0});
+      next = std::min(next, e.deadline);
+    }
+    auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
+    ::poll(fds.data(), fds.size(), static_cast<int>(std::max<long>(wait, 1)));
+    if (fds[0].revents & POLLIN) {
+      char buf[64];
+      while (::read(wake_[0], buf, sizeof buf) > 0) {
+      }
+    }
+  }
+  for (auto& e : pending) {
+    e.hs.reset();
+    ::close(e.fd);
+  }
+  std::lock_guard<std::mutex> guard{mtx_};
+  for (auto& e : incoming_)
+    ::close(e.fd);
+  incoming_.clear();
+}
+
+// The middleman actor whose connect and open go through admission.
+class admitting_middleman : public caf::io::middleman_actor_impl {
+public:
+  admitting_middleman(caf::actor_config& cfg, caf::actor broker, std::shared_ptr<gatekeeper> gk)
+    : caf::io::middleman_actor_impl(cfg, std::move(broker)), gk_(std::move(gk)) {}
+
+  const char* name() const override { return "ashlar.middleman"; }
+
+protected:
+  caf::expected<caf::io::scribe_ptr> connect(const std::string& host, uint16_t port) override {
+    const auto& sec = gk_->security();
+    auto where = host + ":" + std::to_string(port);
+    auto fd = caf::io::network::new_tcp_connection(host, port);
+    if (!fd)
+      return make_error(errc::peer_unreachable, "cannot connect to " + where + ": " + system().render(fd.error()));
+    caf::io::network::nonblocking(*fd, true);
+    set_nodelay(*fd);
+    net::handshake hs{*fd, false, sec};
+    if (net::run_handshake(hs, sec.handshake_timeout) != net::handshake::result::admitted) {
+      hs.release_ssl();
+      ::close(*fd);
+      return make_error(errc::handshake_refused, "connecting to " + where + ": " + hs.why());
+    }
+    return caf::io::scribe_ptr{caf::make_counted<guarded_scribe>(mpx(), *fd, hs.release_ssl(), sec.max_message,
+                                                                 where)};
+  }
+
+  caf::expected<caf::io::doorman_ptr> open(uint16_t port, const char* addr, bool reuse) override {
+    auto fd = caf::io::network::new_tcp_acceptor_impl(port, addr, reuse);
+    if (!fd)
+      return std::move(fd.error());
+    return caf::io::doorman_ptr{caf::make_counted<admitting_doorman>(mpx(), *fd, gk_)};
+  }
+
+private:
+  default_multiplexer& mpx() { return static_cast<default_multiplexer&>(system().middleman().backend()); }
+  std::shared_ptr<gatekeeper> gk_;
+};
+
+std::mutex registry_mtx;
+std::map<caf::actor_system*, std::weak_ptr<cluster_network>>& registry() {
+  static std::map<caf::actor_system*, std::weak_ptr<cluster_network>> r;
+  return r;
+}
+
+} // namespace
+
+struct cluster_network::impl {
+  caf::actor_system* sys = nullptr;
+  std::shared_ptr<gatekeeper> gk;
+  caf::actor middleman;
+  bool stopped = false;
+};
+
+cluster_network::cluster_network(std::unique_ptr<impl> p) : impl_(std::move(p)) {
+}
+
+cluster_network::~cluster_network() {
+  stop();
+  std::lock_guard<std::mutex> guard{registry_mtx};
+  registry().erase(impl_->sys);
+}
+
+expected<std::shared_ptr<cluster_network>> cluster_network::start(caf::actor_system& sys, net::net_security sec) {
+  auto p = std::make_unique<impl>();
+  p->sys = &sys;
+  p->gk = std::make_shared<gatekeeper>(std::move(sec));
+  auto broker = sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP"));
+  p->middleman = caf::actor_cast<caf::actor>(sys.spawn<admitting_middleman, caf::detached + caf::hidden>(broker, p->gk));
+  std::shared_ptr<cluster_network> out{new cluster_network(std::move(p))};
+  std::lock_guard<std::mutex> guard{registry_mtx};
+  registry()[&sys] = out;
+  return out;
+}
+
+expected<uint16_t> cluster_network::publish_ptr(caf::strong_actor_ptr whom, std::set<std::string> sigs,
+                                                const endpoint& where) {
+  caf::scoped_actor self{*impl_->sys};
+  expected<uint16_t> out = make_error(errc::invalid_state, "no answer from the network layer");
+  self->request(impl_->middleman, caf::infinite, caf::publish_atom::value, where.port, std::move(whom),
+                std::move(sigs), where.host, true)
+    .receive([&](uint16_t port) { out = port; },
+             [&](caf::error& err) {
+               out = make_error(errc::io_error, "cannot listen on " + where.to_string() + ": "
+                                                  + impl_->sys->render(err));
+             });
+  return out;
+}
+
+const caf::actor& cluster_network::handle() const {
+  return impl_->middleman;
+}
+
+const net::net_security& cluster_network::security() const {
+  return impl_->gk->security();
+}
+
+void cluster_network::stop() {
+  if (impl_->stopped)
+    return;
+  impl_->stopped = true;
+  impl_->gk->stop();
+  caf::scoped_actor self{*impl_->sys, true};
+  self->send_exit(impl_->middleman, caf::exit_reason::kill);
+  self->wait_for(impl_->middleman);
+}
+
+std::shared_ptr<cluster_network> network_of(caf::actor_system& sys) {
+  std::lock_guard<std::mutex> guard{registry_mtx};
+  auto it = registry().find(&sys);
+  return it == registry().end() ? nullptr : it->second.lock();
+}
+
+}  // namespace ashlar::actors

@@ -1,0 +1,127 @@
+#include "apps/ashlar/security_options.hpp"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <openssl/rand.h>
+
+#include "actors/cluster/system.hpp"
+
+namespace ashlar::cli {
+
+void add_security_options(CLI::App* cmd, security_options& o, bool listens) {
+  cmd->add_option("--token-file", o.token_file,
+                  "file whose first line is the cluster token (default: $ASHLAR_TOKEN)")
+    ->group("Security");
+  cmd->add_option("--tls", o.tls_dir,
+                  "directory with ca.pem, node.pem, node.key from `ashlar cert`: mutual TLS with the "
+                  "cluster's nodes (default: $ASHLAR_TLS_DIR)")
+    ->group("Security");
+  if (listens)
+    cmd->add_flag("--insecure", o.insecure,
+                  "listen on a non-loopback address without TLS (the token still authenticates, but "
+                  "traffic is readable on the network)")
+      ->group("Security");
+  cmd->add_option("--max-message-mb", o.max_message_mb,
+                  "close a connection whose peer announces a larger message")
+    ->capture_default_str()
+    ->check(CLI::Range(1.0, 2000.0))
+    ->group("Security");
+}
+
+expected<net::net_security> load_security(const security_options& o) {
+  net::net_security sec;
+  auto token = actors::load_token(o.token_file, std::getenv("ASHLAR_TOKEN"));
+  if (!token)
+    return token.error();
+  sec.token = *token;
+  std::string dir = o.tls_dir;
+  if (dir.empty())
+    if (const char* env = std::getenv("ASHLAR_TLS_DIR"))
+      dir = env;
+  if (!dir.empty()) {
+    auto ctx = net::tls_context::load(dir);
+    if (!ctx)
+      return ctx.error();
+    sec.tls = *ctx;
+  }
+  sec.max_message = static_cast<uint64_t>(o.max_message_mb * 1024 * 1024);
+  sec.handshake_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.handshake_timeout * 1000));
+  return sec;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+caf::error check_listen_policy(const std::string& host, const net::net_security& sec, bool insecure,
+                               const char* what) {
+  if (sec.tls || insecure || is_loopback(host))
+    return caf::none;
+  return make_error(errc::invalid_argument,
+                    std::string{what} + " would listen on " + (host.empty() ? "every interface" : host)
+                      + " without TLS: anyone on the network could read the traffic. Give the node "
+                        "credentials (--tls DIR, made with `ashlar cert`), listen on 127.0.0.1, or say "
+                        "--insecure");
+}
+
+expected<std::shared_ptr<actors::cluster_network>> start_network(caf::actor_system& sys,
+                                                                 const net::net_security& sec) {
+  return actors::cluster_network::start(sys, sec);
+}
+
+std::string join_hint(const security_options& o) {
+  std::string out;
+  if (!o.token_file.empty())
+    out += " --token-file " + o.token_file;
+  if (!o.tls_dir.empty())
+    out += " --tls DIR";
+  return out;
+}
+
+std::string make_token() {
+  unsigned char raw[32];
+  if (RAND_bytes(raw, sizeof raw) != 1)
+    std::abort();
+  static const char hex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : raw) {
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  }
+  return out;
+}
+
+expected<std::string> write_token_file(const std::string& token, uint16_t port) {
+  std::string dir;
+  if (const char* home = std::getenv("ASHLAR_HOME"); home && *home)
+    dir = home;
+  else if (const char* h = std::getenv("HOME"); h && *h)
+    dir = std::string{h} + "/.ashlar";
+  else
+    dir = "/tmp/ashlar-" + std::to_string(::getuid());
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    return make_error(errc::io_error, "cannot create " + dir + " for the cluster token: " + ec.message());
+  ::chmod(dir.c_str(), 0700);
+  auto path = dir + "/cluster-" + std::to_string(port) + ".token";
+  auto tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return make_error(errc::io_error, "cannot write the cluster token to " + tmp + ": " + std::strerror(errno));
+  auto line = token + "\n";
+  bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  ok = ::close(fd) == 0 && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0)
+    return make_error(errc::io_error, "cannot write the cluster token to " + path + ": " + std::strerror(errno));
+  return path;
+}
+
+}  // namespace ashlar::cli

@@ -1,0 +1,52 @@
+// The options every command that talks to a cluster shares: the cluster token, the node's
+// TLS credentials, and the rule that a node listening beyond loopback uses TLS.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "actors/cluster/network.hpp"
+
+namespace ashlar::cli {
+
+struct security_options {
+  std::string token_file;
+  std::string tls_dir;
+  bool insecure = false;
+  double max_message_mb = 256;
+  double handshake_timeout = 5;
+};
+
+/// Adds --token-file, --tls, --insecure (if `listens`) and --max-message-mb to `cmd`.
+void add_security_options(CLI::App* cmd, security_options& o, bool listens);
+
+/// The token (--token-file, else $ASHLAR_TOKEN) and TLS credentials (--tls, else
+/// $ASHLAR_TLS_DIR). Fails naming the file.
+[[nodiscard]] expected<net::net_security> load_security(const security_options& o);
+
+/// True for addresses only this host reaches (127.0.0.0/8, ::1, localhost).
+bool is_loopback(const std::string& host);
+
+/// A node that listens on `host` without TLS is refused unless the user said --insecure:
+/// the error says why and what to do.
+[[nodiscard]] caf::error check_listen_policy(const std::string& host, const net::net_security& sec,
+                                             bool insecure, const char* what);
+
+/// Sets up the cluster network of `sys` with `sec`.
+[[nodiscard]] expected<std::shared_ptr<actors::cluster_network>> start_network(caf::actor_system& sys,
+                                                                               const net::net_security& sec);
+
+/// The options a node or command passes on for others to join the same cluster, e.g.
+/// " --token-file F --tls DIR" (as given on this command line).
+std::string join_hint(const security_options& o);
+
+/// A fresh random cluster token (256 bits, hex).
+std::string make_token();
+
+/// Writes `token` to $ASHLAR_HOME (default ~/.ashlar, made mode 0700) /cluster-PORT.token,
+/// readable by this user only; returns the path.
+[[nodiscard]] expected<std::string> write_token_file(const std::string& token, uint16_t port);
+
+}  // namespace ashlar::cli

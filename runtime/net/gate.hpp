@@ -1,0 +1,136 @@
+// The gate every connection to an Ashlar node passes before any message is read:
+// a mutual challenge-response on the cluster token (HMAC-SHA256 over fresh nonces from
+// both sides, so the token never crosses the wire, and a recorded handshake is worthless
+// later), and a bound on the size of every message an admitted peer announces.
+//
+//   client -> server  hello      "ASHLGATE" version(1) flags(1) nonce_c(32)        42 bytes
+//   server -> client  challenge  "ASHLGATE" version(1) status(1) nonce_s(32)       42 bytes
+//   client -> server  proof      HMAC(token, "ashlar client" | nonce_c | nonce_s)  32 bytes
+//   server -> client  verdict    status(1) HMAC(token, "ashlar server" | nonce_s | nonce_c)
+//
+// A refused peer gets a status byte saying why (wrong token, protocol version, TLS
+// needed) and the connection is closed. The state machines below only transform bytes;
+// runtime/net/handshake.hpp drives them over sockets.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ashlar::net {
+
+constexpr size_t gate_nonce_bytes = 32;
+constexpr size_t gate_mac_bytes = 32;
+constexpr uint8_t gate_version = 1;
+/// "ASHLGATE": the first eight bytes a client sends.
+constexpr char gate_magic[8] = {'A', 'S', 'H', 'L', 'G', 'A', 'T', 'E'};
+constexpr size_t gate_hello_bytes = 8 + 1 + 1 + gate_nonce_bytes;
+constexpr size_t gate_verdict_bytes = 1 + gate_mac_bytes;
+
+enum class gate_status : uint8_t {
+  ok = 0,
+  wrong_token = 1,
+  version_mismatch = 2,
+  needs_tls = 3,
+};
+
+/// A user-facing reason for a status a server sent.
+std::string to_string(gate_status s);
+
+using gate_nonce = std::array<uint8_t, gate_nonce_bytes>;
+
+/// A fresh random nonce (OpenSSL's CSPRNG).
+gate_nonce random_nonce();
+
+/// HMAC-SHA256(key, label | a | b).
+std::array<uint8_t, gate_mac_bytes> gate_mac(const std::string& key, const char* label, const gate_nonce& a,
+                                             const gate_nonce& b);
+
+/// Constant-time equality of two byte ranges of the same length.
+bool equal_secret(const uint8_t* a, const uint8_t* b, size_t n);
+
+/// Where a handshake stands.
+enum class gate_state { running, admitted, refused };
+
+/// The server's side. Feed it what the peer sent; send what take_output() returns.
+class gate_server {
+public:
+  explicit gate_server(std::string token, gate_nonce nonce = random_nonce());
+
+  /// Consumes up to n bytes (never more than wants()); returns how many it took.
+  size_t feed(const uint8_t* data, size_t n);
+  /// Bytes the server still needs before it can go on (0 when done).
+  size_t wants() const;
+  /// Bytes to send to the peer (cleared by the call).
+  std::vector<uint8_t> take_output();
+  gate_state state() const { return state_; }
+  /// Why the peer was refused (for the server's log).
+  const std::string& why() const { return why_; }
+
+  /// Sends a challenge with status needs_tls (for a plain client that reached a TLS port).
+  static std::vector<uint8_t> needs_tls_reply();
+
+private:
+  std::string token_;
+  gate_nonce nonce_s_{};
+  gate_nonce nonce_c_{};
+  std::vector<uint8_t> in_;
+  std::vector<uint8_t> out_;
+  int step_ = 0; // 0: want hello, 1: want proof
+  gate_state state_ = gate_state::running;
+  std::string why_;
+};
+
+/// The client's side. Its first output is the hello.
+class gate_client {
+public:
+  explicit gate_client(std::string token, gate_nonce nonce = random_nonce());
+
+  size_t feed(const uint8_t* data, size_t n);
+  size_t wants() const;
+  std::vector<uint8_t> take_output();
+  gate_state state() const { return state_; }
+  /// Why the server refused, or why the client refuses the server (a server that does not
+  /// know the token), for the user.
+  const std::string& why() const { return why_; }
+  /// The status the server sent (ok unless it refused).
+  gate_status status() const { return status_; }
+
+private:
+  std::string token_;
+  gate_nonce nonce_c_{};
+  gate_nonce nonce_s_{};
+  std::vector<uint8_t> in_;
+  std::vector<uint8_t> out_;
+  int step_ = 0; // 0: want challenge, 1: want verdict
+  gate_state state_ = gate_state::running;
+  gate_status status_ = gate_status::ok;
+  std::string why_;
+};
+
+/// Watches the byte stream of CAF's BASP protocol as it is read (32-byte headers, each
+/// followed by its payload_len bytes) and refuses a header announcing more than `limit`
+/// payload bytes, before the receiver allocates the buffer for it.
+class basp_frame_guard {
+public:
+  static constexpr size_t header_bytes = 32;
+  static constexpr size_t length_offset = 4; // uint32, big-endian
+
+  explicit basp_frame_guard(uint64_t limit) : limit_(limit) {}
+
+  /// Inspects the next n bytes of the stream; false if they complete a header over the
+  /// limit (why() says which size).
+  bool inspect(const uint8_t* data, size_t n);
+  const std::string& why() const { return why_; }
+  uint64_t limit() const { return limit_; }
+
+private:
+  uint64_t limit_;
+  uint64_t payload_left_ = 0;
+  uint8_t header_[header_bytes] = {};
+  size_t header_have_ = 0;
+  std::string why_;
+};
+
+}  // namespace ashlar::net

@@ -1,0 +1,85 @@
+// Drives one connection's admission over a socket: TLS (when the process has
+// credentials), then the token gate of gate.hpp. Non-blocking: step() goes as far as the
+// socket allows, and events() says what to wait for, so one thread can admit many
+// connections (the server side) or one caller can wait on a deadline (the client side).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/net/gate.hpp"
+#include "runtime/net/tls.hpp"
+
+namespace ashlar::net {
+
+/// What a process brings to its connections.
+struct net_security {
+  /// The cluster token (empty: none; then TLS alone admits, or anyone on loopback).
+  std::string token;
+  /// Node credentials; null: no TLS.
+  std::shared_ptr<tls_context> tls;
+  /// Largest message an admitted peer may announce. Default: 256 MiB.
+  uint64_t max_message = uint64_t{256} << 20;
+  /// A connection must finish TLS and the gate within this time. Default: 5 s.
+  std::chrono::milliseconds handshake_timeout{5000};
+  /// Connections a node admits at once (the oldest is dropped beyond). Default: 64.
+  size_t max_pending = 64;
+};
+
+class handshake {
+public:
+  enum class result { pending, admitted, refused };
+
+  /// `fd` must be non-blocking; the handshake does not own it.
+  handshake(int fd, bool server, const net_security& sec);
+  ~handshake();
+  handshake(const handshake&) = delete;
+  handshake& operator=(const handshake&) = delete;
+
+  /// Goes on as far as the socket allows without blocking.
+  result step();
+  /// POLLIN and/or POLLOUT: what step() waits for.
+  short events() const { return events_; }
+  /// Why the connection was refused (names the peer's fault, for a log or the user).
+  const std::string& why() const { return why_; }
+  /// The TLS session (null without TLS); the caller owns it afterwards.
+  SSL* release_ssl();
+  /// The peer's certificate name ("" without TLS).
+  const std::string& peer_name() const { return peer_name_; }
+  int fd() const { return fd_; }
+  /// Ends the handshake as refused (its deadline passed).
+  result expire(std::string why) { return fail(std::move(why)); }
+
+private:
+  result fail(std::string why);
+  // Sends out_; false if the socket cannot take it all now (or failed: state set).
+  bool flush();
+
+  int fd_;
+  bool server_;
+  SSL* ssl_ = nullptr;
+  bool sniffed_ = false;
+  bool tls_done_ = false;
+  std::optional<gate_server> server_gate_;
+  std::optional<gate_client> client_gate_;
+  std::vector<uint8_t> out_;
+  short events_ = 0;
+  bool refused_ = false;
+  std::string why_;
+  std::string peer_name_;
+};
+
+/// Runs `h` to the end, waiting on its socket, for at most `timeout`.
+handshake::result run_handshake(handshake& h, std::chrono::milliseconds timeout);
+
+/// Reads and writes an admitted connection: plain, or through its TLS session.
+struct tls_io {
+  /// Bytes read (> 0), 0 if none now (would block), -1 on end of stream or error.
+  static long read_some(SSL* ssl, int fd, void* buf, size_t len);
+  static long write_some(SSL* ssl, int fd, const void* buf, size_t len);
+};
+
+}  // namespace ashlar::net

@@ -1,0 +1,338 @@
+// The cluster as an attacker on loopback meets it: real `ashlar` processes, raw sockets.
+// Every request without credentials is refused, oversized announcements are dropped
+// before allocation, half-open connections hold no thread, TLS refuses strangers with a
+// clear error, and a job trained under all of it ends where it would have.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+
+#include <arpa/inet.h>
+#include <caf/binary_serializer.hpp>
+#include <caf/io/basp/header.hpp>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "actors/local_job.hpp"
+#include "actors/messages.hpp"
+#include "runtime/net/gate.hpp"
+#include "runtime/net/tls.hpp"
+#include "process_helpers.hpp"
+
+using namespace ashlar;
+using namespace ashlar::test;
+
+namespace {
+
+const std::string token = "cluster-process-test-token"; // process_helpers sets it for children
+
+// A TCP connection to `join`; -1 if refused.
+int try_connect(const std::string& join) {
+  auto colon = join.rfind(':');
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(std::stoi(join.substr(colon + 1))));
+  ::inet_pton(AF_INET, join.substr(0, colon).c_str(), &a.sin_addr);
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+int raw_connect(const std::string& join) {
+  int fd = try_connect(join);
+  REQUIRE(fd >= 0);
+  return fd;
+}
+
+// True if the peer closes `fd` within `limit` (reads and drops whatever it sends first).
+bool closed_by_peer(int fd, std::chrono::milliseconds limit) {
+  auto deadline = std::chrono::steady_clock::now() + limit;
+  char buf[4096];
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0)
+      continue;
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0)
+      return true;
+  }
+  return false;
+}
+
+// Passes the token gate as a client on a blocking socket.
+bool pass_gate(int fd, const std::string& tok) {
+  net::gate_client c{tok};
+  while (c.state() == net::gate_state::running) {
+    auto out = c.take_output();
+    if (!out.empty() && ::send(fd, out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size()))
+      return false;
+    uint8_t buf[64];
+    ssize_t n = ::recv(fd, buf, std::min(sizeof buf, c.wants()), 0);
+    if (n <= 0)
+      return false;
+    c.feed(buf, static_cast<size_t>(n));
+  }
+  return c.state() == net::gate_state::admitted;
+}
+
+// A BASP header as CAF writes it, announcing `payload` bytes.
+std::vector<char> basp_header(uint32_t payload) {
+  caf::io::basp::header hdr{caf::io::basp::message_type::direct_message, 0, payload, 0, 1, 1};
+  std::vector<char> buf;
+  caf::binary_serializer sink{nullptr, buf};
+  REQUIRE_FALSE(sink(hdr));
+  REQUIRE(buf.size() == 32);
+  return buf;
+}
+
+long field_of(int pid, const char* file, const char* key) {
+  auto text = slurp("/proc/" + std::to_string(pid) + "/" + file);
+  auto at = text.find(key);
+  if (at == std::string::npos)
+    return -1;
+  return std::atol(text.c_str() + at + std::strlen(key));
+}
+
+long rss_mb(int pid) {
+  return field_of(pid, "status", "VmRSS:") / 1024;
+}
+
+long threads(int pid) {
+  return field_of(pid, "status", "Threads:");
+}
+
+// `ashlar ARGS...` without the cluster token in its environment.
+std::vector<std::string> stranger(std::vector<std::string> args) {
+  std::vector<std::string> argv = {"/usr/bin/env", "-u", "ASHLAR_TOKEN", exe};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+int status_rc(const temp_dir& dir, const std::string& join, const std::string& log) {
+  auto p = start({exe, "status", "--join", join}, dir.file(log));
+  return p.wait(30);
+}
+
+} // namespace
+
+TEST_CASE("the frame guard reads BASP headers as CAF writes them") {
+  net::basp_frame_guard guard{1000};
+  auto ok = basp_header(1000);
+  CHECK(guard.inspect(reinterpret_cast<const uint8_t*>(ok.data()), ok.size()));
+  std::vector<uint8_t> payload(1000);
+  CHECK(guard.inspect(payload.data(), payload.size()));
+  auto huge = basp_header(1001);
+  CHECK_FALSE(guard.inspect(reinterpret_cast<const uint8_t*>(huge.data()), huge.size()));
+}
+
+TEST_CASE("without the cluster token, status, ctl, a submitted job and a join are refused, and the cluster goes on") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {});
+  std::filesystem::create_directories(dir.file("evil"));
+  std::vector<std::pair<std::vector<std::string>, std::string>> attempts = {
+    {{"status", "--join", sched.join}, "status"},
+    {{"ctl", "shutdown", "--join", sched.join}, "ctl"},
+    {{"train", config, "--join", sched.join, "--set", "run.trace=" + dir.file("evil/trace.json"), "--set",
+      "run.checkpoint_dir=" + dir.file("evil/ck")},
+     "train"},
+    {{"node", "--role", "worker", "--join", sched.join, "--connect-timeout", "3"}, "node"},
+  };
+  for (auto& [args, name] : attempts) {
+    auto p = start(stranger(args), dir.file(name + ".log"));
+    int rc = p.wait(30);
+    auto log = slurp(dir.file(name + ".log"));
+    INFO(name << ": " << log);
+    CHECK(rc == 1);
+    CHECK(log.find("the node refused the connection: it expects another cluster token") != std::string::npos);
+  }
+  // A wrong token fares no better.
+  std::ofstream{dir.file("wrong")} << "not-the-token\n";
+  auto wrong = start({exe, "ctl", "shutdown", "--join", sched.join, "--token-file", dir.file("wrong")},
+                     dir.file("wrong.log"));
+  CHECK(wrong.wait(30) == 1);
+  // Nothing happened: the scheduler answers its own members, none joined, no file written.
+  CHECK(status_rc(dir, sched.join, "ok.log") == 0);
+  auto ok = slurp(dir.file("ok.log"));
+  CHECK(ok.find("stage: idle") != std::string::npos);
+  CHECK(ok.find("nodes (0)") != std::string::npos);
+  CHECK(std::filesystem::is_empty(dir.file("evil")));
+  auto log = slurp(dir.file("scheduler.log"));
+  CHECK(log.find("refused a connection from 127.0.0.1:") != std::string::npos);
+  CHECK(log.find(token) == std::string::npos);
+  sched.proc.signal(SIGTERM);
+  CHECK(sched.proc.wait(10) == 0);
+}
+
+TEST_CASE("a 32-byte header announcing 4 GiB is dropped before allocation, from strangers and members alike") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {});
+  const int pid = sched.proc.pid();
+  REQUIRE(status_rc(dir, sched.join, "before.log") == 0);
+  const long rss_before = rss_mb(pid);
+  auto header = basp_header(0xFFFFFFFFu);
+  // A stranger's bytes never reach CAF: not Ashlar's handshake.
+  for (int i = 0; i < 4; ++i) {
+    int fd = raw_connect(sched.join);
+    ::send(fd, header.data(), header.size(), MSG_NOSIGNAL);
+    CHECK(closed_by_peer(fd, 6s));
+    ::close(fd);
+  }
+  // A peer with the token passes the gate; its announcement closes the connection.
+  for (int i = 0; i < 2; ++i) {
+    int fd = raw_connect(sched.join);
+    REQUIRE(pass_gate(fd, token));
+    ::send(fd, header.data(), header.size(), MSG_NOSIGNAL);
+    CHECK(closed_by_peer(fd, 6s));
+    ::close(fd);
+  }
+  CHECK(status_rc(dir, sched.join, "after.log") == 0);
+  const long rss_after = rss_mb(pid);
+  INFO("RSS " << rss_before << " MB -> " << rss_after << " MB");
+  CHECK(rss_after < rss_before + 64);
+  auto log = slurp(dir.file("scheduler.log"));
+  CHECK(log.find("it is not an Ashlar node") != std::string::npos);
+  CHECK(log.find("it announced a message of 4294967295 bytes, more than the limit of 268435456") != std::string::npos);
+  sched.proc.signal(SIGTERM);
+  CHECK(sched.proc.wait(10) == 0);
+}
+
+TEST_CASE("connections that never finish the handshake hold no thread and are closed by the deadline") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {});
+  const int pid = sched.proc.pid();
+  REQUIRE(status_rc(dir, sched.join, "before.log") == 0);
+  const long threads_before = threads(pid);
+  const long rss_before = rss_mb(pid);
+  std::vector<int> fds;
+  for (int i = 0; i < 100; ++i) {
+    fds.push_back(raw_connect(sched.join));
+    ::send(fds.back(), "A", 1, MSG_NOSIGNAL); // the first byte of the handshake, then nothing
+  }
+  // Meanwhile a member is admitted at once.
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(status_rc(dir, sched.join, "during.log") == 0);
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  CHECK(threads(pid) <= threads_before + 1);
+  CHECK(rss_mb(pid) < rss_before + 16);
+  int closed = 0;
+  for (int fd : fds) {
+    closed += closed_by_peer(fd, 8s) ? 1 : 0;
+    ::close(fd);
+  }
+  CHECK(closed == 100);
+  CHECK(slurp(dir.file("scheduler.log")).find("did not finish the handshake within") != std::string::npos);
+  sched.proc.signal(SIGTERM);
+  CHECK(sched.proc.wait(10) == 0);
+}
+
+TEST_CASE("a node listening beyond loopback needs TLS or --insecure, and says so") {
+  temp_dir dir;
+  auto p = start({exe, "node", "--role", "scheduler", "--listen", "0.0.0.0:0"}, dir.file("plain.log"));
+  CHECK(p.wait(20) == 2);
+  CHECK(slurp(dir.file("plain.log")).find("would listen on 0.0.0.0 without TLS") != std::string::npos);
+  auto q = start({exe, "node", "--role", "scheduler", "--listen", "0.0.0.0:0", "--insecure", "--port-file",
+                  dir.file("port")},
+                 dir.file("insecure.log"));
+  CHECK(wait_for_file(dir.file("port"), [](const std::string& t) { return !t.empty(); }, 20s));
+  q.signal(SIGTERM);
+  CHECK(q.wait(10) == 0);
+}
+
+TEST_CASE("a TLS cluster trains, while plain commands and another CA's certificates are refused with a clear error") {
+  temp_dir dir;
+  const std::string ca = dir.file("ca");
+  REQUIRE(net::ensure_ca(ca));
+  for (const char* name : {"sched", "server", "worker", "client"})
+    REQUIRE_FALSE(net::issue_node_cert(ca, dir.file(name), name, 30));
+  auto sched = start_scheduler(dir, {"--tls", dir.file("sched"), config, "--exit-after-job", "--workers", "2",
+                                     "--servers", "1", "--epochs", "1", "--set", "data.train_limit=6000", "--set",
+                                     "data.test_limit=1000", "--report", dir.file("r.json")});
+  // Plain, and another CA: refused before anything else.
+  auto plain = start({exe, "status", "--join", sched.join}, dir.file("plain.log"));
+  CHECK(plain.wait(30) == 1);
+  CHECK(slurp(dir.file("plain.log")).find("it requires TLS") != std::string::npos);
+  const std::string other = dir.file("other-ca");
+  REQUIRE(net::ensure_ca(other));
+  REQUIRE_FALSE(net::issue_node_cert(other, dir.file("other"), "other", 30));
+  auto foreign = start({exe, "node", "--role", "worker", "--join", sched.join, "--tls", dir.file("other"),
+                        "--connect-timeout", "3"},
+                       dir.file("foreign.log"));
+  CHECK(foreign.wait(30) == 1);
+  auto foreign_log = slurp(dir.file("foreign.log"));
+  INFO(foreign_log);
+  CHECK(foreign_log.find("TLS handshake failed") != std::string::npos);
+  // The cluster's own nodes train.
+  auto server = start({exe, "node", "--role", "server", "--join", sched.join, "--tls", dir.file("server")},
+                      dir.file("server.log"));
+  auto worker = start({exe, "node", "--role", "worker", "--slots", "2", "--join", sched.join, "--tls",
+                       dir.file("worker")},
+                      dir.file("worker.log"));
+  int code = sched.proc.wait(240);
+  INFO(slurp(dir.file("scheduler.log")));
+  REQUIRE(code == 0);
+  CHECK(json_number(slurp(dir.file("r.json")), "test_accuracy") > 0.6);
+  CHECK(slurp(dir.file("scheduler.log")).find("TLS handshake failed") != std::string::npos);
+  server.wait(20);
+  worker.wait(20);
+}
+
+TEST_CASE("a job trained while strangers flood the scheduler ends with the accuracy it has without them") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "2", "--servers", "1", "--epochs", "1",
+                                     "--set", "data.train_limit=6000", "--set", "data.test_limit=1000", "--report",
+                                     dir.file("r.json")});
+  auto server = start({exe, "node", "--role", "server", "--join", sched.join}, dir.file("server.log"));
+  auto worker = start({exe, "node", "--role", "worker", "--slots", "2", "--join", sched.join},
+                      dir.file("worker.log"));
+  std::atomic<bool> done{false};
+  std::thread flood{[&] {
+    auto header = basp_header(0xFFFFFFFFu);
+    std::vector<int> held;
+    while (!done) {
+      int fd = try_connect(sched.join);
+      if (fd < 0) { // the job ended and the scheduler with it
+        std::this_thread::sleep_for(20ms);
+        continue;
+      }
+      if (held.size() % 3 == 0)
+        ::send(fd, header.data(), header.size(), MSG_NOSIGNAL);
+      else
+        ::send(fd, "ASH", 3, MSG_NOSIGNAL);
+      held.push_back(fd);
+      if (held.size() > 200) {
+        ::close(held.front());
+        held.erase(held.begin());
+      }
+      std::this_thread::sleep_for(5ms);
+    }
+    for (int fd : held)
+      ::close(fd);
+  }};
+  int code = sched.proc.wait(240);
+  done = true;
+  flood.join();
+  INFO(slurp(dir.file("scheduler.log")));
+  REQUIRE(code == 0);
+  train_config cfg;
+  REQUIRE_FALSE(apply_toml_file(cfg, config));
+  cfg.workers = 2;
+  cfg.servers = 1;
+  cfg.epochs = 1;
+  cfg.train_limit = 6000;
+  cfg.test_limit = 1000;
+  cfg.progress_interval = 0;
+  auto local = actors::run_local_job(cfg);
+  REQUIRE(local);
+  // BSP with a fixed seed is deterministic: the attack changed nothing.
+  CHECK(json_number(slurp(dir.file("r.json")), "test_accuracy") == Approx(local->test_accuracy).margin(1e-9));
+  server.wait(20);
+  worker.wait(20);
+}

@@ -1,0 +1,301 @@
+// The token gate, the BASP frame guard, certificates and the TLS handshake, without a
+// cluster: state machines fed bytes, and handshakes over socket pairs.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "runtime/net/gate.hpp"
+#include "runtime/net/handshake.hpp"
+#include "temp_dir.hpp"
+
+using namespace ashlar;
+using namespace ashlar::net;
+using ashlar::test::temp_dir;
+
+namespace {
+
+// Runs client and server state machines against each other, moving `chunk` bytes at a
+// time. Returns every byte that crossed, for inspection.
+std::vector<uint8_t> converse(gate_client& c, gate_server& s, size_t chunk = 1000) {
+  std::vector<uint8_t> wire, to_server, to_client;
+  for (int round = 0; round < 1000; ++round) {
+    auto a = c.take_output();
+    to_server.insert(to_server.end(), a.begin(), a.end());
+    wire.insert(wire.end(), a.begin(), a.end());
+    auto b = s.take_output();
+    to_client.insert(to_client.end(), b.begin(), b.end());
+    wire.insert(wire.end(), b.begin(), b.end());
+    size_t n = std::min({chunk, to_server.size(), s.wants()});
+    if (n > 0) {
+      CHECK(s.feed(to_server.data(), n) == n);
+      to_server.erase(to_server.begin(), to_server.begin() + static_cast<long>(n));
+    }
+    n = std::min({chunk, to_client.size(), c.wants()});
+    if (n > 0) {
+      CHECK(c.feed(to_client.data(), n) == n);
+      to_client.erase(to_client.begin(), to_client.begin() + static_cast<long>(n));
+    }
+    if (c.state() != gate_state::running && s.state() != gate_state::running && to_client.empty()
+        && to_server.empty())
+      break;
+    if (c.state() == gate_state::refused && to_client.empty())
+      break;
+  }
+  return wire;
+}
+
+bool contains(const std::vector<uint8_t>& hay, const std::string& needle) {
+  return std::search(hay.begin(), hay.end(), needle.begin(), needle.end()) != hay.end();
+}
+
+std::array<uint8_t, 32> header_with_length(uint32_t len) {
+  std::array<uint8_t, 32> h{};
+  h[0] = 1; // operation
+  h[4] = static_cast<uint8_t>(len >> 24);
+  h[5] = static_cast<uint8_t>(len >> 16);
+  h[6] = static_cast<uint8_t>(len >> 8);
+  h[7] = static_cast<uint8_t>(len);
+  return h;
+}
+
+} // namespace
+
+TEST_CASE("the gate admits both sides that know the token, without the token crossing the wire") {
+  const std::string token = "correct horse battery staple";
+  for (size_t chunk : {size_t{1}, size_t{7}, size_t{1000}}) {
+    gate_client c{token};
+    gate_server s{token};
+    auto wire = converse(c, s, chunk);
+    CHECK(c.state() == gate_state::admitted);
+    CHECK(s.state() == gate_state::admitted);
+    CHECK_FALSE(contains(wire, token));
+    CHECK(wire.size() == 2 * gate_hello_bytes + gate_mac_bytes + gate_verdict_bytes);
+  }
+}
+
+TEST_CASE("a recorded handshake does not admit a replay: each side's nonce is fresh") {
+  gate_client c1{"t"};
+  gate_server s1{"t"};
+  auto first = converse(c1, s1);
+  // Replay the recorded client bytes to a new server: its nonce differs, the proof fails.
+  std::vector<uint8_t> client_bytes(first.begin(), first.begin() + gate_hello_bytes);
+  client_bytes.insert(client_bytes.end(), first.begin() + 2 * gate_hello_bytes,
+                      first.begin() + 2 * gate_hello_bytes + gate_mac_bytes);
+  gate_server s2{"t"};
+  s2.feed(client_bytes.data(), gate_hello_bytes);
+  (void) s2.take_output();
+  s2.feed(client_bytes.data() + gate_hello_bytes, gate_mac_bytes);
+  CHECK(s2.state() == gate_state::refused);
+  CHECK(s2.why() == "it did not prove it knows the cluster token");
+}
+
+TEST_CASE("a wrong token is refused on both sides, saying why") {
+  gate_client c{"token-a"};
+  gate_server s{"token-b"};
+  converse(c, s);
+  CHECK(s.state() == gate_state::refused);
+  CHECK(s.why() == "it did not prove it knows the cluster token");
+  CHECK(c.state() == gate_state::refused);
+  CHECK(c.status() == gate_status::wrong_token);
+  CHECK(c.why().find("expects another cluster token") != std::string::npos);
+
+  gate_client none{""};
+  gate_server guarded{"token"};
+  converse(none, guarded);
+  CHECK(guarded.state() == gate_state::refused);
+  CHECK(none.state() == gate_state::refused);
+}
+
+TEST_CASE("a client refuses a server that cannot prove it knows the token") {
+  gate_client c{"token"};
+  std::vector<uint8_t> hello = c.take_output();
+  REQUIRE(hello.size() == gate_hello_bytes);
+  // A server that answers the challenge correctly shaped but cannot compute the proof.
+  std::vector<uint8_t> challenge(gate_magic, gate_magic + 8);
+  challenge.push_back(gate_version);
+  challenge.push_back(0);
+  challenge.resize(gate_hello_bytes, 0x42);
+  c.feed(challenge.data(), challenge.size());
+  (void) c.take_output();
+  std::vector<uint8_t> verdict(gate_verdict_bytes, 0);
+  c.feed(verdict.data(), verdict.size());
+  CHECK(c.state() == gate_state::refused);
+  CHECK(c.why().find("did not prove it knows the cluster token") != std::string::npos);
+}
+
+TEST_CASE("the gate refuses a peer that does not speak it, and another handshake version") {
+  gate_server s{"t"};
+  const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n..................";
+  s.feed(reinterpret_cast<const uint8_t*>(junk), gate_hello_bytes);
+  CHECK(s.state() == gate_state::refused);
+  CHECK(s.why().find("not an Ashlar node") != std::string::npos);
+  // One wrong byte is enough: no waiting for the rest of a hello that will not come.
+  gate_server early{"t"};
+  const uint8_t zero = 0;
+  early.feed(&zero, 1);
+  CHECK(early.state() == gate_state::refused);
+  gate_server prefix{"t"};
+  prefix.feed(reinterpret_cast<const uint8_t*>(gate_magic), 3);
+  CHECK(prefix.state() == gate_state::running);
+
+  gate_client c{"t"};
+  auto hello = c.take_output();
+  hello[8] = gate_version + 1;
+  gate_server s2{"t"};
+  s2.feed(hello.data(), hello.size());
+  CHECK(s2.state() == gate_state::refused);
+  CHECK(s2.why().find("handshake version") != std::string::npos);
+  auto reply = s2.take_output();
+  gate_client c2{"t"};
+  (void) c2.take_output();
+  c2.feed(reply.data(), reply.size());
+  CHECK(c2.status() == gate_status::version_mismatch);
+}
+
+TEST_CASE("equal_secret compares every byte") {
+  uint8_t a[32] = {}, b[32] = {};
+  CHECK(equal_secret(a, b, 32));
+  b[31] = 1;
+  CHECK_FALSE(equal_secret(a, b, 32));
+  b[31] = 0;
+  b[0] = 1;
+  CHECK_FALSE(equal_secret(a, b, 32));
+}
+
+TEST_CASE("the frame guard refuses a header announcing more than the limit, wherever the bytes split") {
+  basp_frame_guard guard{1000};
+  auto ok = header_with_length(1000);
+  CHECK(guard.inspect(ok.data(), ok.size()));
+  std::vector<uint8_t> payload(1000, 0xff); // payload bytes that look like a huge header
+  CHECK(guard.inspect(payload.data(), 300));
+  CHECK(guard.inspect(payload.data() + 300, 700));
+  auto empty = header_with_length(0);
+  CHECK(guard.inspect(empty.data(), empty.size()));
+  auto huge = header_with_length(0xFFFFFFFFu);
+  basp_frame_guard split{1000};
+  CHECK(split.inspect(huge.data(), 5));
+  CHECK_FALSE(split.inspect(huge.data() + 5, 27));
+  CHECK(split.why().find("4294967295 bytes, more than the limit of 1000") != std::string::npos);
+  CHECK_FALSE(guard.inspect(huge.data(), huge.size()));
+}
+
+namespace {
+
+struct pki {
+  temp_dir dir;
+  std::string ca = dir.file("ca"), a = dir.file("a"), b = dir.file("b");
+  pki() {
+    REQUIRE(ensure_ca(ca).value());
+    REQUIRE_FALSE(issue_node_cert(ca, a, "node-a", 30));
+    REQUIRE_FALSE(issue_node_cert(ca, b, "node-b", 30));
+  }
+};
+
+struct handshake_outcome {
+  handshake::result client, server;
+  std::string client_why, server_why, client_peer, server_peer;
+};
+
+handshake_outcome shake(const net_security& client_sec, const net_security& server_sec) {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  for (int fd : sv)
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  handshake_outcome out;
+  std::thread server{[&] {
+    handshake h{sv[1], true, server_sec};
+    out.server = run_handshake(h, std::chrono::seconds(5));
+    out.server_why = h.why();
+    out.server_peer = h.peer_name();
+    ::shutdown(sv[1], SHUT_RDWR); // a refusing server closes
+  }};
+  handshake h{sv[0], false, client_sec};
+  out.client = run_handshake(h, std::chrono::seconds(5));
+  out.client_why = h.why();
+  out.client_peer = h.peer_name();
+  server.join();
+  ::close(sv[0]);
+  ::close(sv[1]);
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("ashlar cert's CA and node certificates load, and a certificate from another CA does not verify") {
+  pki p;
+  auto a = tls_context::load(p.a);
+  REQUIRE(a);
+  CHECK((*a)->name() == "node-a");
+  CHECK_FALSE(ensure_ca(p.ca).value()); // exists: kept
+  temp_dir other;
+  REQUIRE(ensure_ca(other.file("ca")).value());
+  REQUIRE_FALSE(issue_node_cert(other.file("ca"), other.file("x"), "x", 30));
+  // node.pem and key from another CA, ca.pem from ours.
+  std::filesystem::copy_file(p.ca + "/ca.pem", other.file("x") + "/ca.pem",
+                             std::filesystem::copy_options::overwrite_existing);
+  auto x = tls_context::load(other.file("x"));
+  REQUIRE_FALSE(x);
+  CHECK(describe(x.error()).find("does not verify against") != std::string::npos);
+  auto missing = tls_context::load(other.file("nothing"));
+  REQUIRE_FALSE(missing);
+  CHECK(describe(missing.error()).find("has no ca.pem") != std::string::npos);
+}
+
+TEST_CASE("mutual TLS and the gate admit two nodes of one CA, naming each other") {
+  pki p;
+  net_security a, b;
+  a.tls = tls_context::load(p.a).value();
+  b.tls = tls_context::load(p.b).value();
+  a.token = b.token = "tok";
+  auto r = shake(a, b);
+  CHECK(r.client == handshake::result::admitted);
+  CHECK(r.server == handshake::result::admitted);
+  CHECK(r.client_peer == "node-b");
+  CHECK(r.server_peer == "node-a");
+}
+
+TEST_CASE("TLS refuses a node of another CA, and a plain node reaching a TLS node learns it needs TLS") {
+  pki p;
+  temp_dir other;
+  REQUIRE(ensure_ca(other.file("ca")).value());
+  REQUIRE_FALSE(issue_node_cert(other.file("ca"), other.file("x"), "x", 30));
+  net_security ours, theirs, plain;
+  ours.tls = tls_context::load(p.a).value();
+  theirs.tls = tls_context::load(other.file("x")).value();
+  auto r = shake(theirs, ours);
+  CHECK(r.client == handshake::result::refused);
+  CHECK(r.server == handshake::result::refused);
+  CHECK(r.server_why.find("TLS handshake failed") != std::string::npos);
+  INFO(r.client_why);
+  CHECK(r.client_why.find("TLS handshake failed") != std::string::npos);
+
+  auto q = shake(plain, ours);
+  CHECK(q.client == handshake::result::refused);
+  CHECK(q.client_why.find("requires TLS") != std::string::npos);
+  CHECK(q.server_why.find("does not use TLS") != std::string::npos);
+
+  auto t = shake(ours, plain);
+  CHECK(t.client == handshake::result::refused);
+  CHECK(t.server_why.find("speaks TLS, this node does not") != std::string::npos);
+}
+
+TEST_CASE("a peer that connects and sends nothing is refused at the handshake deadline") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
+  ::fcntl(sv[1], F_SETFL, ::fcntl(sv[1], F_GETFL) | O_NONBLOCK);
+  net_security sec;
+  sec.token = "t";
+  handshake h{sv[1], true, sec};
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(run_handshake(h, std::chrono::milliseconds(300)) == handshake::result::refused);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  CHECK(h.why().find("did not finish within 300 ms") != std::string::npos);
+  ::close(sv[0]);
+  ::close(sv[1]);
+}

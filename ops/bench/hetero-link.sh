@@ -64,7 +64,10 @@ for policy in ${policies//,/ }; do
       ashl) extra+=(${ASHL_SETTINGS:-}) ;;
     esac
     rm -f "$dir/port" "$dir/r.json"
-    ip netns exec "$a" "$exe" node --role scheduler,server --listen 10.231.8.1:0 --port-file "$dir/port" \
+    # A private link between two namespaces: plain TCP with the token (--insecure), as the
+    # peers' numbers are taken without encryption.
+    export ASHLAR_TOKEN=${ASHLAR_TOKEN:-hetero-link-$$}
+    ip netns exec "$a" "$exe" node --role scheduler,server --listen 10.231.8.1:0 --port-file "$dir/port" --insecure \
       "$config" --exit-after-job --policy "$policy" --workers 4 --servers 1 \
       --set train.speeds=1,1,2,4 --set run.eval_interval=1 --set run.eval_every_epoch=false \
       --set run.time_limit="$limit" --set run.progress_interval=0 --set train.seed="$seed" "${extra[@]}" \

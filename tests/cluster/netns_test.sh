@@ -30,7 +30,10 @@ ip link set "$va" netns "$a" && ip link set "$vb" netns "$b" || exit 1
 ip -n "$a" addr add 10.231.7.1/24 dev "$va" && ip -n "$a" link set "$va" up && ip -n "$a" link set lo up || exit 1
 ip -n "$b" addr add 10.231.7.2/24 dev "$vb" && ip -n "$b" link set "$vb" up && ip -n "$b" link set lo up || exit 1
 
-ip netns exec "$a" "$exe" node --role scheduler --listen 10.231.7.1:0 --port-file "$dir/port" \
+# Beyond loopback, so mutual TLS: a CA and one certificate per node.
+"$exe" cert --ca "$dir/ca" --out "$dir/tls-a" --name sched >/dev/null || { echo "FAILED: ashlar cert"; exit 1; }
+"$exe" cert --ca "$dir/ca" --out "$dir/tls-b" --name across-veth >/dev/null || exit 1
+ip netns exec "$a" "$exe" node --role scheduler --listen 10.231.7.1:0 --port-file "$dir/port" --tls "$dir/tls-a" \
   "$config" --exit-after-job --workers 1 --servers 1 --epochs 1 --set data.train_limit=3000 \
   --set data.test_limit=500 --set run.progress_interval=0 --report "$dir/r.json" >"$dir/sched.log" 2>&1 &
 sched=$!
@@ -39,7 +42,7 @@ for _ in $(seq 1 100); do [[ -s "$dir/port" ]] && break; sleep 0.1; done
 [[ -s "$dir/port" ]] || { cat "$dir/sched.log"; echo "FAILED: the scheduler did not listen"; exit 1; }
 port=$(cat "$dir/port")
 ip netns exec "$b" "$exe" node --role server,worker --name across-veth --join "10.231.7.1:$port" \
-  >"$dir/node.log" 2>&1 &
+  --tls "$dir/tls-b" >"$dir/node.log" 2>&1 &
 pids+=("$!")
 code=1
 for _ in $(seq 1 600); do
@@ -50,4 +53,5 @@ cat "$dir/sched.log"
 if [[ $code -ne 0 ]]; then echo "FAILED: scheduler exit code $code"; cat "$dir/node.log"; exit 1; fi
 grep -q "across-veth" "$dir/sched.log" || { echo "FAILED: the node did not join across the veth pair"; exit 1; }
 grep -q '"test_accuracy"' "$dir/r.json" || { echo "FAILED: no report"; exit 1; }
-echo "passed: nodes in two network namespaces trained over 10.231.7.1 <-> 10.231.7.2"
+grep -q "mutual TLS" "$dir/sched.log" || { echo "FAILED: the scheduler did not use TLS"; exit 1; }
+echo "passed: nodes in two network namespaces trained over mutual TLS, 10.231.7.1 <-> 10.231.7.2"

@@ -11,7 +11,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include "actors/cluster/network.hpp"
+#include "runtime/net/admitter.hpp"
 #include "runtime/net/tensor_frames.hpp"
+
+#include <condition_variable>
+#include <fcntl.h>
+#include <openssl/ssl.h>
+#include <unistd.h>
 
 namespace ashlar::actors {
 
@@ -19,20 +26,77 @@ namespace {
 
 using lost_atom = caf::atom_constant<caf::atom("dplost")>;
 
+/// Requests a shard node takes from one connection before it reads no further (the peer
+/// then waits on TCP): pushes cannot pile up in memory faster than the shard applies them.
+constexpr int max_in_flight = 32;
+
 /// One TCP connection, shared by its reader thread and the actor that writes to it.
 struct connection {
   net::tcp_socket sock;
   std::atomic<bool> done{false};
+  // Shard side: requests handed to the shard and not yet answered.
+  std::mutex mtx;
+  std::condition_variable cv;
+  int in_flight = 0;
+
+  // Blocks while max_in_flight requests are outstanding; false once the connection ends.
+  bool acquire() {
+    std::unique_lock<std::mutex> lock{mtx};
+    cv.wait(lock, [&] { return in_flight < max_in_flight || done; });
+    if (done)
+      return false;
+    ++in_flight;
+    return true;
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> lock{mtx};
+      --in_flight;
+    }
+    cv.notify_one();
+  }
+  void end() {
+    sock.shutdown();
+    {
+      std::lock_guard<std::mutex> lock{mtx};
+      done = true;
+    }
+    cv.notify_all();
+  }
 };
 
 using connection_ptr = std::shared_ptr<connection>;
 
-bool same_key(const std::string& a, const std::string& b) {
-  // Length-independent of where the first difference is.
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0 && !a.empty();
+// TLS credentials (given to the data plane, else its process's cluster network's, if
+// any) and `key` as the token.
+net::net_security data_security(caf::actor_system& sys, const std::shared_ptr<net::tls_context>& tls,
+                                const std::string& key) {
+  net::net_security sec;
+  if (auto net = network_of(sys))
+    sec = net->security();
+  if (tls)
+    sec.tls = tls;
+  sec.token = key;
+  return sec;
+}
+
+// After admission: back to a blocking socket, sealed with keys from the TLS session.
+expected<net::tcp_socket> admitted_socket(int fd, SSL* ssl, const std::string& peer, bool server) {
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  net::tcp_socket sock{fd, peer};
+  if (ssl) {
+    uint8_t client_tx[32], server_tx[32];
+    bool ok = net::tls_export_keys(ssl, client_tx, server_tx);
+    SSL_free(ssl);
+    if (!ok)
+      return make_error(errc::handshake_refused, "cannot derive data-plane keys for " + peer + ": "
+                                                   + net::tls_error_text());
+    if (server)
+      sock.seal(server_tx, client_tx);
+    else
+      sock.seal(client_tx, server_tx);
+  }
+  return sock;
 }
 
 // ---- shard side ----
@@ -44,6 +108,7 @@ caf::behavior shard_server(caf::event_based_actor* self, connection_ptr c, shard
   auto fail = [=](uint64_t seq, const caf::error& e) {
     if (auto err = net::write_text_frame(c->sock, net::frame_kind::error, seq, describe(e)))
       c->sock.shutdown();
+    c->release();
   };
   return {
     [=](uint64_t seq, wire::pull_request& r) {
@@ -52,6 +117,7 @@ caf::behavior shard_server(caf::event_based_actor* self, connection_ptr c, shard
           [=](wire::pull_reply& rep) {
             if (auto err = net::write_frame(c->sock, seq, rep))
               c->sock.shutdown();
+            c->release();
           },
           [=](caf::error& e) { fail(seq, e); });
     },
@@ -61,6 +127,7 @@ caf::behavior shard_server(caf::event_based_actor* self, connection_ptr c, shard
           [=](wire::push_ack& ack) {
             if (auto err = net::write_frame(c->sock, seq, ack))
               c->sock.shutdown();
+            c->release();
           },
           [=](caf::error& e) { fail(seq, e); });
     },
@@ -199,9 +266,14 @@ struct data_plane::impl {
   explicit impl(caf::actor_system& s) : sys(s) {
   }
 
+  /// Admitted connections a node serves at once. Default: 1024.
+  static constexpr size_t max_connections = 1024;
+
   caf::actor_system& sys;
+  std::shared_ptr<net::tls_context> tls;
   std::mutex mtx;
   bool stopped = false;
+  std::unique_ptr<net::admitter> admit;
   std::optional<net::tcp_listener> listener;
   std::string endpoint;
   std::thread acceptor;
@@ -227,30 +299,67 @@ struct data_plane::impl {
     conns.push_back(running{std::move(c), std::move(t)});
   }
 
-  // Shard side: handshake, then read requests and hand them to a shard_server actor.
-  void serve_connection(const connection_ptr& c) {
+  // Connections admitted (the peer proved a served job's key) and still open.
+  size_t open_connections() const {
+    size_t n = 0;
+    for (const auto& r : conns)
+      n += r.conn->done ? 0 : 1;
+    return n;
+  }
+
+  // The keys of the jobs whose shards are served here: a peer must prove one of them.
+  std::vector<std::string> keys() {
+    std::lock_guard<std::mutex> guard{mtx};
+    std::vector<std::string> out;
+    for (const auto& [id, s] : shards)
+      if (std::find(out.begin(), out.end(), s.key) == out.end())
+        out.push_back(s.key);
+    if (out.empty())
+      out.push_back(make_data_key() + make_data_key()); // no job: nobody gets in
+    return out;
+  }
+
+  // On the admitter's thread: the peer proved `a.token`; serve it on a thread of its own.
+  void on_admitted(net::admitter::admitted a) {
+    auto sock = admitted_socket(a.fd, a.ssl, a.peer, true);
+    if (!sock) {
+      spdlog::warn("data plane: {}", describe(sock.error()));
+      return;
+    }
+    auto c = std::make_shared<connection>();
+    c->sock = std::move(*sock);
+    std::lock_guard<std::mutex> guard{mtx};
+    reap();
+    if (stopped)
+      return;
+    if (open_connections() >= max_connections) {
+      spdlog::warn("data plane: refused {}: {} connections are open, the most this node serves", a.peer,
+                   max_connections);
+      return;
+    }
+    conns.push_back(running{c, std::thread{[this, c, key = std::move(a.token)] { serve_connection(c, key); }}});
+  }
+
+  // Shard side, after admission: the hello names the shard, then requests go to a
+  // shard_server actor.
+  void serve_connection(const connection_ptr& c, const std::string& key) {
     auto refuse = [&](const std::string& why) {
       spdlog::warn("data plane: refused a connection from {}: {}", c->sock.peer(), why);
       (void) net::write_text_frame(c->sock, net::frame_kind::error, 0, why);
     };
-    auto end = [&] {
-      c->sock.shutdown();
-      c->done = true;
-    };
     net::inbound_frame f;
-    if (auto err = c->sock.set_timeout(std::chrono::seconds(10))) {
-      end();
+    if (auto err = c->sock.set_timeout(std::chrono::seconds(5))) {
+      c->end();
       return;
     }
     if (auto err = net::read_frame(c->sock, f); err || f.kind != net::frame_kind::hello) {
       refuse(err ? describe(err) : "the first frame is not a hello");
-      end();
+      c->end();
       return;
     }
     std::istringstream in{f.text};
     uint32_t protocol = 0, shard_id = 0;
-    std::string key;
-    in >> protocol >> shard_id >> key;
+    in >> protocol >> shard_id;
     std::optional<shard_actor> shard;
     if (protocol != wire::protocol_version) {
       refuse("protocol version mismatch: this node speaks " + std::to_string(wire::protocol_version)
@@ -258,16 +367,15 @@ struct data_plane::impl {
     } else {
       std::lock_guard<std::mutex> guard{mtx};
       auto it = shards.find(shard_id);
-      if (it == shards.end())
-        refuse("no shard " + std::to_string(shard_id) + " is served here");
-      else if (!same_key(key, it->second.key))
-        refuse("wrong data-plane key for shard " + std::to_string(shard_id));
+      // The peer proved a job's key: it learns only about that job's shards.
+      if (it == shards.end() || it->second.key != key)
+        refuse("no shard " + std::to_string(shard_id) + " of this job is served here");
       else
         shard = it->second.shard;
     }
     if (!shard || net::write_text_frame(c->sock, net::frame_kind::welcome, 0, "")
         || c->sock.set_timeout(std::chrono::milliseconds{0})) {
-      end();
+      c->end();
       return;
     }
     spdlog::debug("data plane: {} connected to shard {}", c->sock.peer(), shard_id);
@@ -280,18 +388,20 @@ struct data_plane::impl {
           spdlog::warn("data plane: closing the connection from {}: {}", c->sock.peer(), describe(err));
         break;
       }
-      if (req.kind == net::frame_kind::pull) {
-        caf::anon_send(server, req.seq, std::move(req.pull));
-      } else if (req.kind == net::frame_kind::push) {
-        caf::anon_send(server, req.seq, std::move(req.push));
-      } else {
+      if (req.kind != net::frame_kind::pull && req.kind != net::frame_kind::push) {
         spdlog::warn("data plane: closing the connection from {}: unexpected frame kind {}", c->sock.peer(),
                      static_cast<uint32_t>(req.kind));
         break;
       }
+      if (!c->acquire())
+        break;
+      if (req.kind == net::frame_kind::pull)
+        caf::anon_send(server, req.seq, std::move(req.pull));
+      else
+        caf::anon_send(server, req.seq, std::move(req.push));
     }
     caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
-    end();
+    c->end();
   }
 
   void accept_loop() {
@@ -305,18 +415,20 @@ struct data_plane::impl {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         continue;
       }
-      auto c = std::make_shared<connection>();
-      c->sock = std::move(*s);
-      std::lock_guard<std::mutex> guard{mtx};
-      if (stopped)
-        return;
-      reap();
-      conns.push_back(running{c, std::thread{[this, c] { serve_connection(c); }}});
+      int fd = s->release();
+      // Admission (TLS, the job's key) on the admitter's thread, with its deadline and cap.
+      if (!admit->admit(fd, [this](net::admitter::admitted a) { on_admitted(std::move(a)); }))
+        ::close(fd);
     }
   }
 };
 
 data_plane::data_plane(caf::actor_system& sys) : impl_(std::make_shared<impl>(sys)) {
+}
+
+void data_plane::use_tls(std::shared_ptr<net::tls_context> tls) {
+  std::lock_guard<std::mutex> guard{impl_->mtx};
+  impl_->tls = std::move(tls);
 }
 
 data_plane::~data_plane() {
@@ -334,6 +446,8 @@ expected<std::string> data_plane::serve(uint32_t shard_id, const shard_actor& sh
     if (!l)
       return l.error();
     d.listener.emplace(std::move(*l));
+    d.admit = std::make_unique<net::admitter>(data_security(d.sys, d.tls, ""), "data plane",
+                                              [&d] { return d.keys(); });
     d.endpoint = host + ":" + std::to_string(d.listener->port());
     d.acceptor = std::thread{[&d] { d.accept_loop(); }};
     spdlog::info("data plane: serving shards on {}", d.endpoint);
@@ -350,14 +464,29 @@ expected<shard_actor> data_plane::connect(const shard_actor& remote, uint32_t sh
   if (port <= 0 || port > 65535)
     return make_error(errc::invalid_argument, "bad data endpoint '" + endpoint + "' for shard "
                                                 + std::to_string(shard_id) + " (expected HOST:PORT)");
-  auto sock = net::connect_tcp(endpoint.substr(0, colon), static_cast<uint16_t>(port), timeout);
+  auto raw = net::connect_tcp(endpoint.substr(0, colon), static_cast<uint16_t>(port), timeout);
+  if (!raw)
+    return raw.error();
+  // TLS (if this process has credentials) and proof of the job's key; the key itself
+  // never crosses the wire.
+  int fd = raw->release();
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  net::handshake hs{fd, false, data_security(impl_->sys, impl_->tls, key)};
+  if (net::run_handshake(hs, timeout) != net::handshake::result::admitted) {
+    ::close(fd);
+    return make_error(errc::handshake_refused,
+                      "the data plane at " + endpoint + " refused shard " + std::to_string(shard_id) + ": "
+                        + (hs.status() == net::gate_status::wrong_token ? "wrong data-plane key (not this job's)"
+                                                                         : hs.why()));
+  }
+  auto sock = admitted_socket(fd, hs.release_ssl(), endpoint, false);
   if (!sock)
     return sock.error();
   auto c = std::make_shared<connection>();
   c->sock = std::move(*sock);
   if (auto err = c->sock.set_timeout(timeout))
     return err;
-  auto hello = std::to_string(wire::protocol_version) + " " + std::to_string(shard_id) + " " + key;
+  auto hello = std::to_string(wire::protocol_version) + " " + std::to_string(shard_id);
   if (auto err = net::write_text_frame(c->sock, net::frame_kind::hello, 0, hello))
     return err;
   net::inbound_frame f;
@@ -392,11 +521,13 @@ void data_plane::stop() {
     if (d.listener)
       d.listener->shutdown();
     for (auto& r : d.conns)
-      r.conn->sock.shutdown();
+      r.conn->end();
     conns.swap(d.conns);
   }
   if (d.acceptor.joinable())
     d.acceptor.join();
+  if (d.admit)
+    d.admit->stop();
   for (auto& r : conns)
     if (r.thread.joinable())
       r.thread.join();

@@ -6,8 +6,15 @@
 //
 // A shard node serves its shards on one data port; a worker node connects one stand-in
 // actor per remote shard. The stand-in has the shard's interface, so the worker does not
-// know which path a message takes. Connections are authenticated by a per-job key that
-// the scheduler hands out over CAF's (token-checked) connections.
+// know which path a message takes.
+//
+// A connection is admitted like a node's (runtime/net/admitter.hpp): TLS when the process
+// has credentials, then proof of the job's data-plane key (the scheduler hands it out
+// over the admitted CAF connections; it never crosses the data connection), within a
+// deadline, on one admission thread. Only then does it get a thread of its own (at most
+// 1024 per node). With TLS, frames are sealed with AES-256-GCM under keys exported from
+// the TLS session, so the reader thread and the writing actor need no lock. A shard node
+// reads no further from a connection with 32 requests unanswered (backpressure).
 #pragma once
 
 #include <chrono>
@@ -16,6 +23,7 @@
 #include <string>
 
 #include "actors/messages.hpp"
+#include "runtime/net/tls.hpp"
 
 namespace ashlar::actors {
 
@@ -26,6 +34,10 @@ public:
   ~data_plane();
   data_plane(const data_plane&) = delete;
   data_plane& operator=(const data_plane&) = delete;
+
+  /// TLS credentials for this data plane's connections. Default: those of the process's
+  /// cluster network (network.hpp), if any.
+  void use_tls(std::shared_ptr<net::tls_context> tls);
 
   /// Shard side: makes `shard` reachable for clients presenting `key`. The first call
   /// listens on `host` (any free port). Returns the endpoint "host:port" to advertise.

@@ -1,5 +1,7 @@
 #include "actors/cluster/network.hpp"
 
+#include "runtime/net/admitter.hpp"
+
 #include <deque>
 #include <list>
 #include <map>
@@ -31,48 +33,6 @@ using caf::io::network::rw_state;
 void set_nodelay(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-std::string peer_of(int fd) {
-  auto host = caf::io::network::remote_addr_of_fd(fd);
-  auto port = caf::io::network::remote_port_of_fd(fd);
-  return (host ? *host : std::string{"?"}) + ":" + (port ? std::to_string(*port) : std::string{"?"});
-}
-
-// Logs refusals, at most `per_second` a second (a flood of refused peers must not become
-// a flood of log lines); the rest are counted and reported with the next one logged.
-class refusal_log {
-public:
-  void note(const std::string& peer, const std::string& why) {
-    std::lock_guard<std::mutex> guard{mtx_};
-    auto now = std::chrono::steady_clock::now();
-    if (now - window_ > std::chrono::seconds(1)) {
-      window_ = now;
-      logged_ = 0;
-    }
-    if (logged_ >= per_second) {
-      ++suppressed_;
-      return;
-    }
-    ++logged_;
-    if (suppressed_ > 0)
-      spdlog::warn("network: refused a connection from {}: {} ({} more refused, not logged)", peer, why,
-                   std::exchange(suppressed_, 0));
-    else
-      spdlog::warn("network: refused a connection from {}: {}", peer, why);
-  }
-
-private:
-  static constexpr int per_second = 5;
-  std::mutex mtx_;
-  std::chrono::steady_clock::time_point window_{};
-  int logged_ = 0;
-  uint64_t suppressed_ = 0;
-};
-
-refusal_log& refusals() {
-  static refusal_log log;
-  return log;
 }
 
 // Reads and writes an admitted connection, plain or through TLS, and checks each BASP
@@ -155,77 +115,23 @@ private:
   caf::io::network::stream_impl<guarded_policy> stream_;
 };
 
-class admitting_doorman;
-
-// Admits accepted connections on one thread: TLS and the token gate, each with a deadline
-// for the whole handshake, at most `max_pending` at once.
-class gatekeeper {
-public:
-  explicit gatekeeper(net::net_security sec) : sec_(std::move(sec)) {
-    if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0)
-      wake_[0] = wake_[1] = -1;
-    thread_ = std::thread{[this] { run(); }};
-  }
-  ~gatekeeper() {
-    stop();
-    ::close(wake_[0]);
-    ::close(wake_[1]);
-  }
-
-  const net::net_security& security() const { return sec_; }
-
-  // From the network thread: admit `fd`, then hand it to `door`. False if stopped.
-  bool admit(int fd, caf::intrusive_ptr<admitting_doorman> door);
-
-  void stop() {
-    {
-      std::lock_guard<std::mutex> guard{mtx_};
-      if (stopped_)
-        return;
-      stopped_ = true;
-    }
-    poke();
-    if (thread_.joinable())
-      thread_.join();
-  }
-
-private:
-  struct entry {
-    int fd = -1;
-    std::unique_ptr<net::handshake> hs;
-    caf::intrusive_ptr<admitting_doorman> door;
-    std::chrono::steady_clock::time_point deadline;
-    std::string peer;
-  };
-
-  void poke() {
-    char c = 1;
-    (void) !::write(wake_[1], &c, 1);
-  }
-
-  void run();
-  void finish(entry& e, net::handshake::result r);
-
-  net::net_security sec_;
-  std::mutex mtx_;
-  bool stopped_ = false;
-  std::deque<entry> incoming_;
-  int wake_[2] = {-1, -1};
-  std::thread thread_;
-};
-
 class admitting_doorman : public caf::io::network::doorman_impl {
 public:
-  admitting_doorman(default_multiplexer& mpx, native_socket fd, std::shared_ptr<gatekeeper> gk)
+  admitting_doorman(default_multiplexer& mpx, native_socket fd, std::shared_ptr<net::admitter> gk)
     : caf::io::network::doorman_impl(mpx, fd), gk_(std::move(gk)) {}
 
   bool new_connection() override {
     if (detached())
       return false;
     int fd = acceptor_.accepted_socket();
-    caf::io::network::nonblocking(fd, true);
     set_nodelay(fd);
-    if (!gk_->admit(fd, this))
+    caf::intrusive_ptr<admitting_doorman> door{this};
+    bool taken = gk_->admit(fd, [door](net::admitter::admitted a) {
+      if (!a.peer_name.empty())
+        spdlog::debug("network: admitted {} ({})", a.peer, a.peer_name);
+      door->mpx().dispatch([door, a] { door->hand_over(a.fd, a.ssl, a.peer); });
+    });
+    if (!taken)
       ::close(fd);
     return true;
   }
@@ -248,106 +154,13 @@ public:
   default_multiplexer& mpx() { return acceptor_.backend(); }
 
 private:
-  std::shared_ptr<gatekeeper> gk_;
+  std::shared_ptr<net::admitter> gk_;
 };
-
-bool gatekeeper::admit(int fd, caf::intrusive_ptr<admitting_doorman> door) {
-  entry e;
-  e.fd = fd;
-  e.door = std::move(door);
-  e.peer = peer_of(fd);
-  e.deadline = std::chrono::steady_clock::now() + sec_.handshake_timeout;
-  e.hs = std::make_unique<net::handshake>(fd, true, sec_);
-  {
-    std::lock_guard<std::mutex> guard{mtx_};
-    if (stopped_)
-      return false;
-    incoming_.push_back(std::move(e));
-  }
-  poke();
-  return true;
-}
-
-void gatekeeper::finish(entry& e, net::handshake::result r) {
-  if (r == net::handshake::result::admitted) {
-    SSL* ssl = e.hs->release_ssl();
-    if (!e.hs->peer_name().empty())
-      spdlog::debug("network: admitted {} ({})", e.peer, e.hs->peer_name());
-    auto door = e.door;
-    int fd = e.fd;
-    std::string peer = e.peer;
-    door->mpx().dispatch([door, fd, ssl, peer] { door->hand_over(fd, ssl, peer); });
-  } else {
-    refusals().note(e.peer, e.hs->why());
-    ::close(e.fd);
-  }
-  e.fd = -1;
-}
-
-void gatekeeper::run() {
-  std::list<entry> pending;
-  std::vector<pollfd> fds;
-  for (;;) {
-    {
-      std::lock_guard<std::mutex> guard{mtx_};
-      if (stopped_)
-        break;
-      while (!incoming_.empty()) {
-        pending.push_back(std::move(incoming_.front()));
-        incoming_.pop_front();
-      }
-    }
-    // Beyond the cap the oldest goes: a peer that holds connections open without finishing
-    // the handshake delays no one for long.
-    while (pending.size() > sec_.max_pending) {
-      auto& old = pending.front();
-      old.hs->expire("more than " + std::to_string(sec_.max_pending)
-                     + " connections were being admitted at once; the oldest was dropped");
-      finish(old, net::handshake::result::refused);
-      pending.pop_front();
-    }
-    auto now = std::chrono::steady_clock::now();
-    for (auto it = pending.begin(); it != pending.end();) {
-      auto r = it->hs->step();
-      if (r == net::handshake::result::pending && now > it->deadline)
-        r = it->hs->expire("it did not finish the handshake within "
-                           + std::to_string(sec_.handshake_timeout.count() / 1000.0).substr(0, 4) + " s");
-      if (r != net::handshake::result::pending) {
-        finish(*it, r);
-        it = pending.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    fds.clear();
-    fds.push_back(pollfd{wake_[0], POLLIN, 0});
-    auto next = now + std::chrono::seconds(1);
-    for (auto& e : pending) {
-      fds.push_back(pollfd{e.fd, e.hs->events(), 0});
-      next = std::min(next, e.deadline);
-    }
-    auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count() + 1;
-    ::poll(fds.data(), fds.size(), static_cast<int>(std::max<long>(wait, 1)));
-    if (fds[0].revents & POLLIN) {
-      char buf[64];
-      while (::read(wake_[0], buf, sizeof buf) > 0) {
-      }
-    }
-  }
-  for (auto& e : pending) {
-    e.hs.reset();
-    ::close(e.fd);
-  }
-  std::lock_guard<std::mutex> guard{mtx_};
-  for (auto& e : incoming_)
-    ::close(e.fd);
-  incoming_.clear();
-}
 
 // The middleman actor whose connect and open go through admission.
 class admitting_middleman : public caf::io::middleman_actor_impl {
 public:
-  admitting_middleman(caf::actor_config& cfg, caf::actor broker, std::shared_ptr<gatekeeper> gk)
+  admitting_middleman(caf::actor_config& cfg, caf::actor broker, std::shared_ptr<net::admitter> gk)
     : caf::io::middleman_actor_impl(cfg, std::move(broker)), gk_(std::move(gk)) {}
 
   const char* name() const override { return "ashlar.middleman"; }
@@ -380,7 +193,7 @@ protected:
 
 private:
   default_multiplexer& mpx() { return static_cast<default_multiplexer&>(system().middleman().backend()); }
-  std::shared_ptr<gatekeeper> gk_;
+  std::shared_ptr<net::admitter> gk_;
 };
 
 std::mutex registry_mtx;
@@ -393,7 +206,7 @@ std::map<caf::actor_system*, std::weak_ptr<cluster_network>>& registry() {
 
 struct cluster_network::impl {
   caf::actor_system* sys = nullptr;
-  std::shared_ptr<gatekeeper> gk;
+  std::shared_ptr<net::admitter> gk;
   caf::actor middleman;
   bool stopped = false;
 };
@@ -410,7 +223,7 @@ cluster_network::~cluster_network() {
 expected<std::shared_ptr<cluster_network>> cluster_network::start(caf::actor_system& sys, net::net_security sec) {
   auto p = std::make_unique<impl>();
   p->sys = &sys;
-  p->gk = std::make_shared<gatekeeper>(std::move(sec));
+  p->gk = std::make_shared<net::admitter>(std::move(sec), "network");
   auto broker = sys.middleman().named_broker<caf::io::basp_broker>(caf::atom("BASP"));
   p->middleman = caf::actor_cast<caf::actor>(sys.spawn<admitting_middleman, caf::detached + caf::hidden>(broker, p->gk));
   std::shared_ptr<cluster_network> out{new cluster_network(std::move(p))};

@@ -69,7 +69,12 @@ size_t collect(std::vector<uint8_t>& in, size_t need, const uint8_t* data, size_
 
 } // namespace
 
-gate_server::gate_server(std::string token, gate_nonce nonce) : token_(std::move(token)), nonce_s_(nonce) {
+gate_server::gate_server(std::string token, gate_nonce nonce)
+  : gate_server(std::vector<std::string>{std::move(token)}, nonce) {
+}
+
+gate_server::gate_server(std::vector<std::string> tokens, gate_nonce nonce)
+  : tokens_(std::move(tokens)), nonce_s_(nonce) {
 }
 
 std::vector<uint8_t> gate_server::needs_tls_reply() {
@@ -112,17 +117,25 @@ size_t gate_server::feed(const uint8_t* data, size_t n) {
     step_ = 1;
     return used;
   }
-  auto expect = gate_mac(token_, client_label, nonce_c_, nonce_s_);
-  if (!equal_secret(expect.data(), in_.data(), gate_mac_bytes)) {
+  // Every token is tried (in constant time each), so the time taken says nothing of which.
+  bool found = false;
+  for (size_t i = 0; i < tokens_.size(); ++i) {
+    auto expect = gate_mac(tokens_[i], client_label, nonce_c_, nonce_s_);
+    if (equal_secret(expect.data(), in_.data(), gate_mac_bytes) && !found) {
+      found = true;
+      matched_ = i;
+    }
+  }
+  if (!found) {
     out_.push_back(static_cast<uint8_t>(gate_status::wrong_token));
     out_.insert(out_.end(), gate_mac_bytes, 0);
     state_ = gate_state::refused;
-    why_ = token_.empty() ? "it presented a cluster token, this node has none"
-                          : "it did not prove it knows the cluster token";
+    why_ = tokens_.size() == 1 && tokens_[0].empty() ? "it presented a cluster token, this node has none"
+                                                     : "it did not prove it knows the cluster token";
     return used;
   }
   out_.push_back(static_cast<uint8_t>(gate_status::ok));
-  auto proof = gate_mac(token_, server_label, nonce_s_, nonce_c_);
+  auto proof = gate_mac(tokens_[matched_], server_label, nonce_s_, nonce_c_);
   out_.insert(out_.end(), proof.begin(), proof.end());
   state_ = gate_state::admitted;
   return used;

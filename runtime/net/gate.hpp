@@ -57,6 +57,8 @@ enum class gate_state { running, admitted, refused };
 class gate_server {
 public:
   explicit gate_server(std::string token, gate_nonce nonce = random_nonce());
+  /// Admits a peer that proves any one of `tokens` (a data port serving several jobs).
+  explicit gate_server(std::vector<std::string> tokens, gate_nonce nonce = random_nonce());
 
   /// Consumes up to n bytes (never more than wants()); returns how many it took.
   size_t feed(const uint8_t* data, size_t n);
@@ -67,12 +69,15 @@ public:
   gate_state state() const { return state_; }
   /// Why the peer was refused (for the server's log).
   const std::string& why() const { return why_; }
+  /// The token the admitted peer proved.
+  const std::string& matched() const { return tokens_[matched_]; }
 
   /// Sends a challenge with status needs_tls (for a plain client that reached a TLS port).
   static std::vector<uint8_t> needs_tls_reply();
 
 private:
-  std::string token_;
+  std::vector<std::string> tokens_;
+  size_t matched_ = 0;
   gate_nonce nonce_s_{};
   gate_nonce nonce_c_{};
   std::vector<uint8_t> in_;

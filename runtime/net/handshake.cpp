@@ -57,8 +57,11 @@ long tls_io::write_some(SSL* ssl, int fd, const void* buf, size_t len) {
   return e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE ? 0 : -1;
 }
 
-handshake::handshake(int fd, bool server, const net_security& sec) : fd_(fd), server_(server) {
-  if (server)
+handshake::handshake(int fd, bool server, const net_security& sec, std::vector<std::string> tokens)
+  : fd_(fd), server_(server) {
+  if (server && !tokens.empty())
+    server_gate_.emplace(std::move(tokens));
+  else if (server)
     server_gate_.emplace(sec.token);
   else
     client_gate_.emplace(sec.token);

@@ -33,8 +33,9 @@ class handshake {
 public:
   enum class result { pending, admitted, refused };
 
-  /// `fd` must be non-blocking; the handshake does not own it.
-  handshake(int fd, bool server, const net_security& sec);
+  /// `fd` must be non-blocking; the handshake does not own it. A server admits a peer
+  /// proving sec.token, or any of `tokens` when given.
+  handshake(int fd, bool server, const net_security& sec, std::vector<std::string> tokens = {});
   ~handshake();
   handshake(const handshake&) = delete;
   handshake& operator=(const handshake&) = delete;
@@ -50,6 +51,10 @@ public:
   /// The peer's certificate name ("" without TLS).
   const std::string& peer_name() const { return peer_name_; }
   int fd() const { return fd_; }
+  /// Client side: what the server answered (wrong_token when it refused the token).
+  gate_status status() const { return client_gate_ ? client_gate_->status() : gate_status::ok; }
+  /// Server side: the token the admitted peer proved.
+  std::string matched() const { return server_gate_ ? server_gate_->matched() : std::string{}; }
   /// Ends the handshake as refused (its deadline passed).
   result expire(std::string why) { return fail(std::move(why)); }
 

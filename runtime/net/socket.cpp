@@ -1,8 +1,10 @@
 #include "runtime/net/socket.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -11,6 +13,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <openssl/evp.h>
 #include <unistd.h>
 
 namespace ashlar::net {
@@ -60,7 +63,10 @@ tcp_socket::~tcp_socket() {
 }
 
 tcp_socket::tcp_socket(tcp_socket&& other) noexcept
-  : fd_(std::exchange(other.fd_, -1)), peer_(std::move(other.peer_)), shut_(other.shut_.load()) {
+  : fd_(std::exchange(other.fd_, -1)),
+    peer_(std::move(other.peer_)),
+    shut_(other.shut_.load()),
+    aead_(std::move(other.aead_)) {
 }
 
 tcp_socket& tcp_socket::operator=(tcp_socket&& other) noexcept {
@@ -70,11 +76,12 @@ tcp_socket& tcp_socket::operator=(tcp_socket&& other) noexcept {
     fd_ = std::exchange(other.fd_, -1);
     peer_ = std::move(other.peer_);
     shut_ = other.shut_.load();
+    aead_ = std::move(other.aead_);
   }
   return *this;
 }
 
-caf::error tcp_socket::read_exact(void* buf, size_t n) {
+caf::error tcp_socket::read_raw(void* buf, size_t n) {
   auto* p = static_cast<char*>(buf);
   while (n > 0) {
     ssize_t got = ::recv(fd_, p, n, 0);
@@ -94,7 +101,7 @@ caf::error tcp_socket::read_exact(void* buf, size_t n) {
   return {};
 }
 
-caf::error tcp_socket::write_all(iovec* iov, int count) {
+caf::error tcp_socket::write_raw(iovec* iov, int count) {
   msghdr msg{};
   while (count > 0) {
     msg.msg_iov = iov;
@@ -119,6 +126,131 @@ caf::error tcp_socket::write_all(iovec* iov, int count) {
     }
   }
   return {};
+}
+
+// ---- sealed records: [plaintext length, 4 bytes BE][ciphertext][16-byte tag] ----
+// The nonce is a per-direction record counter; the length is authenticated data.
+
+struct tcp_socket::aead {
+  static constexpr size_t max_record = size_t{1} << 20;
+  static constexpr size_t tag_bytes = 16;
+  struct direction {
+    EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
+    uint8_t key[32];
+    uint64_t counter = 0;
+    std::vector<uint8_t> buf;
+    ~direction() { EVP_CIPHER_CTX_free(ctx); }
+    void nonce(uint8_t (&iv)[12]) {
+      std::memset(iv, 0, 4);
+      for (int i = 0; i < 8; ++i)
+        iv[4 + i] = static_cast<uint8_t>(counter >> (56 - 8 * i));
+      ++counter;
+    }
+  };
+  direction tx, rx;
+  std::vector<uint8_t> plain; // the record being read
+  size_t plain_at = 0;
+};
+
+void tcp_socket::seal(const uint8_t (&tx_key)[32], const uint8_t (&rx_key)[32]) {
+  auto a = std::make_shared<aead>();
+  std::memcpy(a->tx.key, tx_key, 32);
+  std::memcpy(a->rx.key, rx_key, 32);
+  aead_ = std::move(a);
+}
+
+int tcp_socket::release() {
+  return std::exchange(fd_, -1);
+}
+
+caf::error tcp_socket::read_exact(void* buf, size_t n) {
+  if (!aead_)
+    return read_raw(buf, n);
+  auto& a = *aead_;
+  auto* out = static_cast<uint8_t*>(buf);
+  while (n > 0) {
+    if (a.plain_at == a.plain.size()) {
+      uint8_t head[4];
+      if (auto err = read_raw(head, 4))
+        return err;
+      uint32_t len = (uint32_t{head[0]} << 24) | (uint32_t{head[1]} << 16) | (uint32_t{head[2]} << 8) | head[3];
+      if (len == 0 || len > aead::max_record)
+        return make_error(errc::malformed_message, "a sealed record of " + std::to_string(len) + " bytes from "
+                                                     + peer_ + " (at most " + std::to_string(aead::max_record) + ")");
+      a.rx.buf.resize(len + aead::tag_bytes);
+      if (auto err = read_raw(a.rx.buf.data(), a.rx.buf.size()))
+        return err;
+      uint8_t iv[12];
+      a.rx.nonce(iv);
+      a.plain.resize(len);
+      int outl = 0;
+      bool ok = EVP_DecryptInit_ex(a.rx.ctx, EVP_aes_256_gcm(), nullptr, a.rx.key, iv) == 1
+                && EVP_DecryptUpdate(a.rx.ctx, nullptr, &outl, head, 4) == 1
+                && EVP_DecryptUpdate(a.rx.ctx, a.plain.data(), &outl, a.rx.buf.data(), static_cast<int>(len)) == 1
+                && EVP_CIPHER_CTX_ctrl(a.rx.ctx, EVP_CTRL_GCM_SET_TAG, aead::tag_bytes, a.rx.buf.data() + len) == 1
+                && EVP_DecryptFinal_ex(a.rx.ctx, a.plain.data() + outl, &outl) == 1;
+      if (!ok)
+        return make_error(errc::malformed_message, "a record from " + peer_ + " failed authentication");
+      a.plain_at = 0;
+    }
+    size_t take = std::min(n, a.plain.size() - a.plain_at);
+    std::memcpy(out, a.plain.data() + a.plain_at, take);
+    a.plain_at += take;
+    out += take;
+    n -= take;
+  }
+  return {};
+}
+
+caf::error tcp_socket::write_all(iovec* iov, int count) {
+  if (!aead_)
+    return write_raw(iov, count);
+  auto& t = aead_->tx;
+  int i = 0;
+  size_t off = 0;
+  for (;;) {
+    // One record: up to max_record bytes gathered from the buffers, sealed as they are copied.
+    size_t total = 0;
+    for (int k = i; k < count; ++k)
+      total += iov[k].iov_len - (k == i ? off : 0);
+    if (total == 0)
+      return {};
+    size_t len = std::min(total, aead::max_record);
+    t.buf.resize(4 + len + aead::tag_bytes);
+    uint8_t* head = t.buf.data();
+    head[0] = static_cast<uint8_t>(len >> 24);
+    head[1] = static_cast<uint8_t>(len >> 16);
+    head[2] = static_cast<uint8_t>(len >> 8);
+    head[3] = static_cast<uint8_t>(len);
+    uint8_t iv[12];
+    t.nonce(iv);
+    int outl = 0;
+    if (EVP_EncryptInit_ex(t.ctx, EVP_aes_256_gcm(), nullptr, t.key, iv) != 1
+        || EVP_EncryptUpdate(t.ctx, nullptr, &outl, head, 4) != 1)
+      return make_error(errc::io_error, "cannot seal a record for " + peer_);
+    uint8_t* dst = head + 4;
+    size_t left = len;
+    while (left > 0) {
+      size_t piece = std::min(left, iov[i].iov_len - off);
+      if (EVP_EncryptUpdate(t.ctx, dst, &outl, static_cast<const uint8_t*>(iov[i].iov_base) + off,
+                            static_cast<int>(piece))
+          != 1)
+        return make_error(errc::io_error, "cannot seal a record for " + peer_);
+      dst += piece;
+      left -= piece;
+      off += piece;
+      if (off == iov[i].iov_len) {
+        ++i;
+        off = 0;
+      }
+    }
+    if (EVP_EncryptFinal_ex(t.ctx, dst, &outl) != 1
+        || EVP_CIPHER_CTX_ctrl(t.ctx, EVP_CTRL_GCM_GET_TAG, aead::tag_bytes, dst) != 1)
+      return make_error(errc::io_error, "cannot seal a record for " + peer_);
+    iovec whole{t.buf.data(), t.buf.size()};
+    if (auto err = write_raw(&whole, 1))
+      return err;
+  }
 }
 
 caf::error tcp_socket::set_timeout(std::chrono::milliseconds t) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <sys/uio.h>
@@ -43,10 +44,25 @@ public:
   /// Ends both directions; blocked reads and writes return an error. Idempotent.
   void shutdown();
 
+  /// From now on every byte is sealed with AES-256-GCM: writes in records of at most
+  /// 1 MiB under `tx_key`, reads under `rx_key` (a record that fails authentication
+  /// fails the read). Reads and writes may then still run on two threads.
+  void seal(const uint8_t (&tx_key)[32], const uint8_t (&rx_key)[32]);
+  bool sealed() const { return aead_ != nullptr; }
+
+  /// Gives up the descriptor (the socket no longer closes it).
+  int release();
+
+  struct aead;
+
 private:
+  caf::error read_raw(void* buf, size_t n);
+  caf::error write_raw(iovec* iov, int count);
+
   int fd_ = -1;
   std::string peer_;
   std::atomic<bool> shut_{false};
+  std::shared_ptr<aead> aead_;
 };
 
 /// Connects to host:port, failing with peer_unreachable (naming the address) after

@@ -63,6 +63,17 @@ std::string tls_peer_name(SSL* ssl) {
   return name;
 }
 
+bool tls_export_keys(SSL* ssl, uint8_t (&client_tx)[32], uint8_t (&server_tx)[32]) {
+  static const char label[] = "EXPORTER-ashlar-data-plane";
+  uint8_t out[64];
+  if (SSL_export_keying_material(ssl, out, sizeof out, label, sizeof label - 1, nullptr, 0, 0) != 1)
+    return false;
+  std::memcpy(client_tx, out, 32);
+  std::memcpy(server_tx, out + 32, 32);
+  OPENSSL_cleanse(out, sizeof out);
+  return true;
+}
+
 tls_context::~tls_context() {
   SSL_CTX_free(ctx_);
 }
@@ -106,6 +117,9 @@ expected<std::shared_ptr<tls_context>> tls_context::load(const std::string& dir)
   SSL_CTX_set_verify_depth(ctx, 4);
   SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+  // No TLS 1.3 session tickets: after the handshake nothing but the application's bytes
+  // follows (a data connection hands its keys to its own record layer then).
+  SSL_CTX_set_num_tickets(ctx, 0);
   // Our own certificate must verify against the CA too: a node given another cluster's
   // certificate learns it now, not from every peer's refusal.
   X509* mine = SSL_CTX_get0_certificate(ctx);

@@ -52,6 +52,10 @@ std::string tls_error_text();
 /// The common name of the peer's certificate on an established session ("" if none).
 std::string tls_peer_name(SSL* ssl);
 
+/// Keys for a connection's own record layer, derived from an established TLS session
+/// (RFC 5705 exporter): the client's sending key, then the server's. False on failure.
+bool tls_export_keys(SSL* ssl, uint8_t (&client_tx)[32], uint8_t (&server_tx)[32]);
+
 /// Creates the cluster CA in `ca_dir` (ca.pem, ca.key; mode 0600 for the key) unless it
 /// exists. Returns true if it created one.
 [[nodiscard]] expected<bool> ensure_ca(const std::string& ca_dir);

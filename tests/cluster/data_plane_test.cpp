@@ -9,10 +9,16 @@
 #include "actors/cluster/data_plane.hpp"
 #include "actors/server_shard.hpp"
 #include "runtime/net/socket.hpp"
+#include "runtime/net/tls.hpp"
+#include "../runtime/temp_dir.hpp"
+
+#include <fstream>
+#include <thread>
 
 using namespace ashlar;
 using namespace ashlar::actors;
 using namespace std::chrono_literals;
+using ashlar::test::temp_dir;
 
 namespace {
 
@@ -163,9 +169,79 @@ TEST_CASE("a data connection with the wrong key is refused, naming the endpoint"
   CHECK(is(p.error(), errc::handshake_refused));
   CHECK(describe(p.error()).find(ep) != std::string::npos);
   CHECK(describe(p.error()).find("wrong data-plane key") != std::string::npos);
+  CHECK(describe(p.error()).find("right") == std::string::npos);
   auto q = f.plane->connect(s, 7, ep, "right", caf::actor_cast<caf::actor>(f.self), 5s);
   REQUIRE_FALSE(q);
-  CHECK(describe(q.error()).find("no shard 7") != std::string::npos);
+  CHECK(describe(q.error()).find("no shard 7 of this job is served here") != std::string::npos);
+}
+
+TEST_CASE("over TLS the data plane's frames are sealed, and pulls and pushes give the same answers") {
+  temp_dir dir;
+  REQUIRE(net::ensure_ca(dir.file("ca")));
+  REQUIRE_FALSE(net::issue_node_cert(dir.file("ca"), dir.file("n"), "n", 30));
+  auto tls = net::tls_context::load(dir.file("n"));
+  REQUIRE(tls);
+  fixture f;
+  f.plane->use_tls(*tls);
+  auto s = f.make("asp", 300000); // several sealed records per tensor
+  auto proxy = f.connect(s, f.serve(s));
+  REQUIRE_FALSE(f.join(s, 0));
+  auto direct = f.pull(s, 0);
+  auto through = f.pull(proxy, 0);
+  REQUIRE(direct);
+  REQUIRE(through);
+  CHECK(through->params == direct->params);
+  auto ack = f.push(proxy, 0, 0, wire::tensor(300000, 1.0f));
+  REQUIRE(ack);
+  CHECK(ack->version == 1);
+  auto after = f.pull(s, 0);
+  REQUIRE(after);
+  CHECK(after->params[299999] == Approx(299999.0f - 1.0f));
+  // A plain client (no credentials) does not get in.
+  auto plain = std::make_shared<data_plane>(f.sys);
+  auto p = plain->connect(s, 0, f.serve(s), "k1", caf::actor_cast<caf::actor>(f.self), 3s);
+  REQUIRE_FALSE(p);
+  CHECK(describe(p.error()).find("requires TLS") != std::string::npos);
+  plain->stop();
+}
+
+TEST_CASE("connections to the data port that never prove the key hold no thread and are closed") {
+  fixture f;
+  auto s = f.make("asp", 8);
+  auto ep = f.serve(s);
+  auto port = static_cast<uint16_t>(std::stoi(ep.substr(ep.rfind(':') + 1)));
+  auto threads = [] {
+    std::ifstream in{"/proc/self/status"};
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind("Threads:", 0) == 0)
+        return std::stol(line.substr(8));
+    return -1L;
+  };
+  const long before = threads();
+  std::vector<net::tcp_socket> held;
+  for (int i = 0; i < 100; ++i) {
+    auto raw = net::connect_tcp("127.0.0.1", port, 2s);
+    REQUIRE(raw);
+    char a = 'A';
+    iovec iov{&a, 1};
+    REQUIRE_FALSE(raw->write_all(&iov, 1));
+    held.push_back(std::move(*raw));
+  }
+  std::this_thread::sleep_for(300ms);
+  CHECK(threads() <= before + 1);
+  // A member still gets in at once.
+  auto proxy = f.connect(s, ep);
+  REQUIRE_FALSE(f.join(s, 0));
+  CHECK(f.pull(proxy, 0));
+  // Every half-open connection is closed by the deadline (5 s).
+  int closed = 0;
+  for (auto& h : held) {
+    REQUIRE_FALSE(h.set_timeout(8s));
+    char b;
+    closed += h.read_exact(&b, 1) ? 1 : 0;
+  }
+  CHECK(closed == 100);
 }
 
 TEST_CASE("an unreachable data endpoint fails within the timeout, naming the address") {

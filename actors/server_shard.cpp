@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <map>
+#include <set>
 #include <memory>
 
 #include <spdlog/spdlog.h>
@@ -48,7 +49,8 @@ struct shard_state {
   std::map<uint32_t, frozen_read> reads;   // by worker
   uint64_t next_read = 1;
   std::vector<float> dense; // a sparse push, densified
-  std::map<uint32_t, pull_view> views; // delta reads: by worker
+  std::map<uint32_t, pull_view> views; // delta reads: by worker, members only
+  std::set<uint32_t> members;          // workers the scheduler announced (join, not yet left)
   uint64_t next_view_seq = 1;
   topk_scratch topk;          // delta reads: selection scratch
   std::vector<float> diff;    //   the difference from the view,
@@ -105,7 +107,9 @@ wire::pull_reply begin_read(shard_state& st, const wire::pull_request& req, uint
   const auto& core = *st.core;
   const uint64_t total = core.params().size();
   pull_view* view = nullptr;
-  if (req.topk_ratio > 0 && !req.snapshot) {
+  // A view is a copy of the range: only the job's members get one, so a peer inventing
+  // worker ids makes the shard hold no more memory.
+  if (req.topk_ratio > 0 && !req.snapshot && st.members.count(req.worker_id) > 0) {
     view = &st.views[req.worker_id];
     if (view->seq != 0 && view->seq == req.view_seq && view->params.size() == total) {
       auto r = delta_read(st, *view, req);
@@ -271,11 +275,13 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
       auto& st = self->state;
       if (m.kind == wire::membership_change::join) {
         st.core->join(m.worker_id);
+        st.members.insert(m.worker_id);
         spdlog::debug("shard {}: worker {} joined", st.core->range().shard_id, m.worker_id);
       } else {
         bool bumped = st.core->leave(m.worker_id);
         st.reads.erase(m.worker_id);
         st.views.erase(m.worker_id);
+        st.members.erase(m.worker_id);
         spdlog::debug("shard {}: worker {} left ({})", st.core->range().shard_id, m.worker_id,
                       m.reason);
         // A leaving worker's own held reads are never answered by the policy: release them.

@@ -17,6 +17,7 @@ expected<membership> join_cluster(caf::actor_system& sys, const cluster_actor& c
   nc.owner = opts.owner;
   nc.plane = opts.plane;
   nc.checkpoint_dir = opts.checkpoint_dir;
+  nc.work_dir = opts.work_dir;
   nc.gpus = opts.gpus;
   nc.make_backend = opts.make_backend;
   if (!opts.data_host.empty())

@@ -38,6 +38,9 @@ struct join_options {
   /// Shards hosted here checkpoint into DIR/shard-ID when a job asks for checkpoints.
   /// Default: "" (the directory the job names).
   std::string checkpoint_dir;
+  /// A job's checkpoint directory must lie under this one (see node_config::work_dir).
+  /// Default: "" (no bound).
+  std::string work_dir;
   /// >= 0: this node offers to serve that shard of the running job again, restored from
   /// its checkpoints (its earlier node was lost). Default: -1.
   int64_t replace_shard = -1;

@@ -1,5 +1,7 @@
 #include "actors/cluster/node.hpp"
 
+#include "runtime/os/paths.hpp"
+
 #include <map>
 #include <set>
 #include <memory>
@@ -101,7 +103,13 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
       opt.weight_decay = req.weight_decay;
       auto core = std::make_unique<shard_core>(req.range, req.params, opt, std::move(*policy));
       shard_persistence persistence;
-      const std::string dir = !st.cfg.checkpoint_dir.empty() ? st.cfg.checkpoint_dir : req.checkpoint_dir;
+      std::string dir = !st.cfg.checkpoint_dir.empty() ? st.cfg.checkpoint_dir : req.checkpoint_dir;
+      if (st.cfg.checkpoint_dir.empty() && !req.checkpoint_dir.empty() && !st.cfg.work_dir.empty()) {
+        auto inside = confine_path(st.cfg.work_dir, req.checkpoint_dir, "the job's checkpoint directory");
+        if (!inside)
+          return inside.error();
+        dir = *inside;
+      }
       if (!req.checkpoint_dir.empty()) {
         auto p = open_shard_persistence(dir, req.checkpoint_every, req.checkpoint_keep, req.resume, *core);
         if (!p)

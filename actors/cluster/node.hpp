@@ -33,6 +33,10 @@ struct node_config {
   /// Shards hosted here checkpoint into DIR/shard-ID, whatever directory the job names
   /// (a job with no checkpoint directory still has none). Default: "" (the job's).
   std::string checkpoint_dir;
+  /// A job's own checkpoint directory must lie under this one (it comes from whoever
+  /// submitted the job); a job naming another is refused. Default: "" (no bound: the
+  /// embedding application decides).
+  std::string work_dir;
   /// GPUs for the workers hosted here, one each; the others compute on the CPU.
   /// Default: none.
   std::shared_ptr<gpu_pool> gpus;

@@ -133,6 +133,8 @@ int run_launch(const launch_options& o) {
     }
     common = {"--token-file", token_file};
   }
+  // The job is the user's own, from this command line: its files go where it names them.
+  common.insert(common.end(), {"--work-dir", "/"});
 
   std::vector<child> children;
   auto start = [&](const std::string& prefix, std::vector<std::string> argv) {

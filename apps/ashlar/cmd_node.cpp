@@ -22,6 +22,7 @@
 #include "runtime/metrics/prometheus.hpp"
 #include "runtime/net/http_endpoint.hpp"
 #include "runtime/net/socket.hpp"
+#include "runtime/os/paths.hpp"
 
 namespace ashlar::cli {
 
@@ -44,6 +45,7 @@ struct node_options {
   uint32_t protocol = wire::protocol_version;
   std::string data_host;
   int64_t replace_shard = -1;
+  std::string work_dir = ".";
   train_options train;
 };
 
@@ -206,6 +208,7 @@ int run_node(node_options& o) {
     jo.plane = data_plane;
     jo.data_host = o.data_host;
     jo.checkpoint_dir = job_cfg.checkpoint_dir;
+    jo.work_dir = o.work_dir;
     jo.replace_shard = o.replace_shard;
     if (actors::has_role(*roles, wire::role::worker)) {
       // A GPU actor per device (--gpus); a worker takes one while it lasts, else the CPU.
@@ -280,7 +283,19 @@ int run_node(node_options& o) {
             err = apply_setting(cfg, k, v);
         if (!err)
           err = validate(cfg);
+        // A submitted job writes only inside this node's work directory.
+        for (auto* path : {&cfg.trace, &cfg.metrics, &cfg.checkpoint_dir}) {
+          if (err || path->empty())
+            continue;
+          auto what = path == &cfg.trace ? "run.trace" : path == &cfg.metrics ? "run.metrics" : "run.checkpoint_dir";
+          auto inside = confine_path(o.work_dir, *path, what);
+          if (inside)
+            *path = *inside;
+          else
+            err = inside.error();
+        }
         if (err) {
+          spdlog::warn("scheduler: refused a submitted job: {}", describe(err));
           caf::anon_send(cluster, actors::job_atom::value, err);
           return;
         }
@@ -379,6 +394,10 @@ command_fn add_node(CLI::App& app) {
   cmd->add_option("--shard", o->replace_shard,
                   "server: serve this shard of the running job again, restored from its checkpoints "
                   "(after its node was lost)");
+  cmd->add_option("--work-dir", o->work_dir,
+                  "a submitted job's files (run.trace, run.metrics, run.checkpoint_dir) must lie under "
+                  "this directory; relative ones are taken from it")
+    ->capture_default_str();
   cmd->add_flag("--exit-after-job", o->exit_after_job, "scheduler: shut the cluster down after CONFIG's job");
   cmd->add_option("--protocol-version", o->protocol, "protocol version to announce (for testing refusals)")
     ->group("");

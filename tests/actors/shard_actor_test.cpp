@@ -237,3 +237,24 @@ TEST_CASE("a shard answers a worker it keeps a view of with delta reads, and a s
   CHECK_FALSE(pull(again.view_seq).sparse);
   f.self->send_exit(s, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("only the job's members get a delta view: reads under invented worker ids get dense replies and no view") {
+  fixture f;
+  auto s = f.make("asp", 10);
+  f.join(s, 0);
+  auto pull = [&](uint32_t worker) {
+    wire::pull_request req{worker, 0, false};
+    req.topk_ratio = 0.2f;
+    wire::pull_reply out;
+    f.self->request(s, 5s, req).receive([&](const wire::pull_reply& r) { out = r; },
+                                        [](caf::error& e) { FAIL(describe(e)); });
+    return out;
+  };
+  for (uint32_t w = 100; w < 1100; ++w) {
+    auto r = pull(w);
+    REQUIRE(r.view_seq == 0); // no copy of the range kept for it
+    REQUIRE_FALSE(r.sparse);
+  }
+  CHECK(pull(0).view_seq != 0); // the member does get one
+  f.self->send_exit(s, caf::exit_reason::user_shutdown);
+}

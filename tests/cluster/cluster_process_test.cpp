@@ -31,7 +31,7 @@ std::vector<subprocess> start_nodes(const temp_dir& dir, const std::string& join
   std::vector<subprocess> out;
   for (int i = 0; i < count; ++i) {
     auto name = role + "-" + std::to_string(i);
-    out.push_back(start({exe, "node", "--role", role, "--name", name, "--join", join},
+    out.push_back(start({exe, "node", "--role", role, "--name", name, "--join", join, "--work-dir", dir.path()},
                         dir.file(name + ".log")));
   }
   return out;
@@ -269,7 +269,8 @@ TEST_CASE("a server process killed (SIGKILL) mid-run and started again with --sh
   REQUIRE(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
     return t.find("server shard 1 was lost") != std::string::npos;
   }, 10s));
-  auto again = start({exe, "node", "--role", "server", "--name", "server-again", "--shard", "1", "--join", sched.join},
+  auto again = start({exe, "node", "--role", "server", "--name", "server-again", "--shard", "1", "--join", sched.join,
+                      "--work-dir", dir.path()},
                      dir.file("again.log"));
   int code = sched.proc.wait(120);
   auto log = slurp(dir.file("scheduler.log"));
@@ -332,7 +333,8 @@ TEST_CASE("a server node stopped with SIGTERM checkpoints its shard's current ve
   INFO(server_log);
   // No periodic checkpoint is due before version 1000: the one taken is the shutdown's.
   CHECK(server_log.find("shard 0: 1 checkpoints") != std::string::npos);
-  auto again = start({exe, "node", "--role", "server", "--name", "server-again", "--shard", "0", "--join", sched.join},
+  auto again = start({exe, "node", "--role", "server", "--name", "server-again", "--shard", "0", "--join", sched.join,
+                      "--work-dir", dir.path()},
                      dir.file("again.log"));
   CHECK(sched.proc.wait(120) == 0);
   auto again_log = slurp(dir.file("again.log"));

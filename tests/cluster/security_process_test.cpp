@@ -171,6 +171,48 @@ TEST_CASE("without the cluster token, status, ctl, a submitted job and a join ar
   CHECK(sched.proc.wait(10) == 0);
 }
 
+TEST_CASE("a submitted job may write only inside the nodes' work directories, and is told which path is outside") {
+  temp_dir dir;
+  std::filesystem::create_directories(dir.file("work"));
+  auto sched = start_scheduler(dir, {"--work-dir", dir.file("work")});
+  auto server = start({exe, "node", "--role", "server", "--join", sched.join, "--work-dir", dir.file("work")},
+                      dir.file("server.log"));
+  auto worker = start({exe, "node", "--role", "worker", "--slots", "2", "--join", sched.join},
+                      dir.file("worker.log"));
+  REQUIRE(wait_for_file(dir.file("worker.log"),
+                        [](const std::string& t) { return t.find("joined the cluster") != std::string::npos; }, 15s));
+  const std::vector<std::string> job = {"train", config, "--join", sched.join, "--workers", "2", "--servers", "1",
+                                        "--epochs", "1", "--set", "data.train_limit=3000", "--set",
+                                        "data.test_limit=500"};
+  for (const std::string& bad : {"run.trace=" + dir.file("outside.json"), std::string{"run.metrics=../escape.jsonl"},
+                                 std::string{"run.checkpoint_dir=/etc/ashlar-ck"}}) {
+    auto argv = job;
+    argv.insert(argv.begin(), exe);
+    argv.insert(argv.end(), {"--set", bad});
+    auto p = start(argv, dir.file("bad.log"));
+    CHECK(p.wait(60) == 1);
+    auto log = slurp(dir.file("bad.log"));
+    INFO(log);
+    CHECK(log.find("lies outside this node's work directory") != std::string::npos);
+    CHECK(log.find(bad.substr(bad.find('=') + 1)) != std::string::npos);
+  }
+  CHECK_FALSE(std::filesystem::exists(dir.file("outside.json")));
+  CHECK_FALSE(std::filesystem::exists(dir.file("escape.jsonl")));
+  // Relative paths land inside, checkpoints included.
+  auto argv = job;
+  argv.insert(argv.begin(), exe);
+  argv.insert(argv.end(), {"--set", "run.trace=t.json", "--set", "run.checkpoint_dir=ck"});
+  auto ok = start(argv, dir.file("ok.log"));
+  CHECK(ok.wait(120) == 0);
+  INFO(slurp(dir.file("ok.log")));
+  CHECK(std::filesystem::exists(dir.file("work/t.json")));
+  CHECK(std::filesystem::exists(dir.file("work/ck")));
+  sched.proc.signal(SIGTERM);
+  CHECK(sched.proc.wait(20) == 0);
+  server.wait(20);
+  worker.wait(20);
+}
+
 TEST_CASE("a 32-byte header announcing 4 GiB is dropped before allocation, from strangers and members alike") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {});

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include <fcntl.h>
@@ -12,6 +13,7 @@
 
 #include "runtime/net/gate.hpp"
 #include "runtime/net/handshake.hpp"
+#include "runtime/os/paths.hpp"
 #include "temp_dir.hpp"
 
 using namespace ashlar;
@@ -298,4 +300,22 @@ TEST_CASE("a peer that connects and sends nothing is refused at the handshake de
   CHECK(h.why().find("did not finish within 300 ms") != std::string::npos);
   ::close(sv[0]);
   ::close(sv[1]);
+}
+
+TEST_CASE("confine_path keeps a requested path inside the work directory, through .. and symbolic links") {
+  temp_dir dir;
+  std::filesystem::create_directories(dir.file("work/sub"));
+  const std::string work = dir.file("work");
+  auto rel = confine_path(work, "sub/trace.json", "run.trace");
+  REQUIRE(rel);
+  CHECK(*rel == std::filesystem::weakly_canonical(work + "/sub/trace.json").string());
+  CHECK(confine_path(work, work + "/ck", "run.checkpoint_dir"));
+  CHECK(confine_path(work, "sub/../ok", "x"));
+  auto up = confine_path(work, "../escape", "run.metrics");
+  REQUIRE_FALSE(up);
+  CHECK(describe(up.error()).find("run.metrics ../escape lies outside this node's work directory") != std::string::npos);
+  CHECK_FALSE(confine_path(work, "/etc/passwd", "run.trace"));
+  CHECK_FALSE(confine_path(work, dir.file("work-sibling/x"), "run.trace")); // a prefix is not a parent
+  std::filesystem::create_directory_symlink(dir.path(), dir.file("work/link"));
+  CHECK_FALSE(confine_path(work, "link/outside", "run.trace"));
 }

@@ -177,20 +177,34 @@ caf::error tcp_socket::read_exact(void* buf, size_t n) {
       if (len == 0 || len > aead::max_record)
         return make_error(errc::malformed_message, "a sealed record of " + std::to_string(len) + " bytes from "
                                                      + peer_ + " (at most " + std::to_string(aead::max_record) + ")");
-      a.rx.buf.resize(len + aead::tag_bytes);
-      if (auto err = read_raw(a.rx.buf.data(), a.rx.buf.size()))
+      // A record the caller wants whole is read and opened in its own buffer (no copy);
+      // otherwise in ours, and handed out piece by piece.
+      const bool direct = n >= len;
+      uint8_t* dst = direct ? out : nullptr;
+      if (!direct) {
+        a.plain.resize(len);
+        dst = a.plain.data();
+      }
+      uint8_t tag[aead::tag_bytes];
+      if (auto err = read_raw(dst, len))
+        return err;
+      if (auto err = read_raw(tag, sizeof tag))
         return err;
       uint8_t iv[12];
       a.rx.nonce(iv);
-      a.plain.resize(len);
       int outl = 0;
-      bool ok = EVP_DecryptInit_ex(a.rx.ctx, EVP_aes_256_gcm(), nullptr, a.rx.key, iv) == 1
+      bool ok = EVP_DecryptInit_ex(a.rx.ctx, EVP_aes_128_gcm(), nullptr, a.rx.key, iv) == 1
                 && EVP_DecryptUpdate(a.rx.ctx, nullptr, &outl, head, 4) == 1
-                && EVP_DecryptUpdate(a.rx.ctx, a.plain.data(), &outl, a.rx.buf.data(), static_cast<int>(len)) == 1
-                && EVP_CIPHER_CTX_ctrl(a.rx.ctx, EVP_CTRL_GCM_SET_TAG, aead::tag_bytes, a.rx.buf.data() + len) == 1
-                && EVP_DecryptFinal_ex(a.rx.ctx, a.plain.data() + outl, &outl) == 1;
+                && EVP_DecryptUpdate(a.rx.ctx, dst, &outl, dst, static_cast<int>(len)) == 1
+                && EVP_CIPHER_CTX_ctrl(a.rx.ctx, EVP_CTRL_GCM_SET_TAG, aead::tag_bytes, tag) == 1
+                && EVP_DecryptFinal_ex(a.rx.ctx, dst + outl, &outl) == 1;
       if (!ok)
         return make_error(errc::malformed_message, "a record from " + peer_ + " failed authentication");
+      if (direct) {
+        out += len;
+        n -= len;
+        continue;
+      }
       a.plain_at = 0;
     }
     size_t take = std::min(n, a.plain.size() - a.plain_at);
@@ -225,7 +239,7 @@ caf::error tcp_socket::write_all(iovec* iov, int count) {
     uint8_t iv[12];
     t.nonce(iv);
     int outl = 0;
-    if (EVP_EncryptInit_ex(t.ctx, EVP_aes_256_gcm(), nullptr, t.key, iv) != 1
+    if (EVP_EncryptInit_ex(t.ctx, EVP_aes_128_gcm(), nullptr, t.key, iv) != 1
         || EVP_EncryptUpdate(t.ctx, nullptr, &outl, head, 4) != 1)
       return make_error(errc::io_error, "cannot seal a record for " + peer_);
     uint8_t* dst = head + 4;

@@ -44,7 +44,8 @@ public:
   /// Ends both directions; blocked reads and writes return an error. Idempotent.
   void shutdown();
 
-  /// From now on every byte is sealed with AES-256-GCM: writes in records of at most
+  /// From now on every byte is sealed with AES-128-GCM (the first 16 bytes of each key,
+  /// as TLS's own default suite): writes in records of at most
   /// 1 MiB under `tx_key`, reads under `rx_key` (a record that fails authentication
   /// fails the read). Reads and writes may then still run on two threads.
   void seal(const uint8_t (&tx_key)[32], const uint8_t (&rx_key)[32]);

@@ -8,6 +8,7 @@ packages=(
   libcaf-dev capnproto libcapnp-dev librocksdb-dev libspdlog-dev libfmt-dev catch2
   libopenblas-dev libdnnl-dev libcli11-dev libtomlplusplus-dev zlib1g-dev libssl-dev libcpp-httplib-dev
   dataset-fashion-mnist python3 python3-matplotlib python3-numpy curl
+  clang-14 libfuzzer-14-dev libclang-rt-14-dev
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch iperf3)

@@ -89,8 +89,15 @@ expected<shard_checkpoint> decode_checkpoint(const std::string& bytes) {
     c.unix_ns = r.getUnixNs();
     auto p = r.getParams();
     auto v = r.getVelocity();
+    // A range whose size in bytes would not fit (a corrupt record) is refused before the
+    // multiplication can wrap around to a size that matches.
+    if (c.end < c.begin || c.end - c.begin > p.size() / sizeof(float))
+      return make_error(errc::corrupt_data, "checkpoint record of version " + std::to_string(c.version)
+                                              + ": a range of [" + std::to_string(c.begin) + ", "
+                                              + std::to_string(c.end) + ") for " + std::to_string(p.size())
+                                              + " bytes of parameters");
     const size_t want = (c.end - c.begin) * sizeof(float);
-    if (c.end < c.begin || p.size() != want || (v.size() != 0 && v.size() != want))
+    if (p.size() != want || (v.size() != 0 && v.size() != want))
       return make_error(errc::corrupt_data, "checkpoint record of version " + std::to_string(c.version)
                                               + ": tensors of " + std::to_string(p.size()) + " and "
                                               + std::to_string(v.size()) + " bytes for a range of "
@@ -99,7 +106,8 @@ expected<shard_checkpoint> decode_checkpoint(const std::string& bytes) {
       return make_error(errc::corrupt_data, "checkpoint record of version " + std::to_string(c.version)
                                               + ": checksum mismatch");
     c.params.resize(want / sizeof(float));
-    std::memcpy(c.params.data(), p.begin(), p.size());
+    if (p.size() > 0)
+      std::memcpy(c.params.data(), p.begin(), p.size());
     c.velocity.resize(v.size() / sizeof(float));
     if (v.size() > 0)
       std::memcpy(c.velocity.data(), v.begin(), v.size());

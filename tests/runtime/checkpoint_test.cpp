@@ -163,3 +163,13 @@ TEST_CASE("RocksDB keeps checkpoints and the job record (members' shares and dat
   REQUIRE_FALSE(missing);
   CHECK(describe(missing.error()).find("absent") != std::string::npos);
 }
+
+TEST_CASE("a checkpoint record with an empty parameter tensor decodes to an error, not a crash (fuzz regression)") {
+  // tests/fuzz/regressions/files-checkpoint-empty-range without its selector byte.
+  const unsigned char bytes[] = {0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x00, 0x09, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x09, 0x0a, 0x24};
+  auto c = decode_checkpoint(std::string{reinterpret_cast<const char*>(bytes), sizeof bytes});
+  if (!c)
+    CHECK(is(c.error(), errc::corrupt_data));
+  else
+    CHECK(c->params.size() == c->end - c->begin);
+}

@@ -8,6 +8,8 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 
 #include <arpa/inet.h>
 #include <caf/binary_serializer.hpp>
@@ -377,4 +379,120 @@ TEST_CASE("a job trained while strangers flood the scheduler ends with the accur
   CHECK(json_number(slurp(dir.file("r.json")), "test_accuracy") == Approx(local->test_accuracy).margin(1e-9));
   server.wait(20);
   worker.wait(20);
+}
+
+namespace {
+
+// A TCP relay on loopback that records every byte it forwards (both directions), as a
+// machine between two nodes would see them.
+struct relay {
+  int listener = -1;
+  uint16_t port = 0;
+  std::string target;
+  std::atomic<bool> stop{false};
+  std::mutex mtx;
+  std::string seen;
+  std::thread thread;
+
+  explicit relay(std::string to) : target(std::move(to)) {
+    listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::listen(listener, 16) == 0);
+    socklen_t len = sizeof a;
+    ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+    thread = std::thread{[this] { run(); }};
+  }
+  ~relay() {
+    stop = true;
+    ::shutdown(listener, SHUT_RDWR);
+    thread.join();
+    ::close(listener);
+  }
+  std::string captured() {
+    std::lock_guard<std::mutex> guard{mtx};
+    return seen;
+  }
+  void run() {
+    std::vector<std::pair<int, int>> pairs;
+    while (!stop) {
+      std::vector<pollfd> fds{{listener, POLLIN, 0}};
+      for (auto& [a, b] : pairs) {
+        fds.push_back({a, POLLIN, 0});
+        fds.push_back({b, POLLIN, 0});
+      }
+      if (::poll(fds.data(), fds.size(), 100) <= 0)
+        continue;
+      if (fds[0].revents & POLLIN) {
+        int c = ::accept(listener, nullptr, nullptr);
+        int s = c >= 0 ? try_connect(target) : -1;
+        if (c >= 0 && s >= 0)
+          pairs.emplace_back(c, s);
+        else if (c >= 0)
+          ::close(c);
+      }
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP)))
+          continue;
+        auto& pr = pairs[(i - 1) / 2];
+        int from = (i % 2 == 1) ? pr.first : pr.second, to = (i % 2 == 1) ? pr.second : pr.first;
+        char buf[65536];
+        ssize_t n = ::recv(from, buf, sizeof buf, 0);
+        if (n <= 0) {
+          ::shutdown(to, SHUT_WR);
+          continue;
+        }
+        {
+          std::lock_guard<std::mutex> guard{mtx};
+          seen.append(buf, static_cast<size_t>(n));
+        }
+        (void) ::send(to, buf, static_cast<size_t>(n), MSG_NOSIGNAL);
+      }
+    }
+    for (auto& [a, b] : pairs) {
+      ::close(a);
+      ::close(b);
+    }
+  }
+};
+
+} // namespace
+
+TEST_CASE("a relay between a node and the scheduler never sees the token, and with TLS sees nothing readable") {
+  temp_dir dir;
+  const std::string ca = dir.file("ca");
+  REQUIRE(net::ensure_ca(ca));
+  for (const char* name : {"sched", "node"})
+    REQUIRE_FALSE(net::issue_node_cert(ca, dir.file(name), name, 30));
+  for (bool tls : {false, true}) {
+    INFO((tls ? "TLS" : "plain"));
+    std::filesystem::remove(dir.file("port"));
+    std::vector<std::string> extra;
+    if (tls)
+      extra = {"--tls", dir.file("sched")};
+    auto sched = start_scheduler(dir, extra);
+    relay r{sched.join};
+    std::vector<std::string> argv = {exe, "node", "--role", "worker", "--name", "relayed-worker-node", "--join",
+                                     "127.0.0.1:" + std::to_string(r.port)};
+    if (tls)
+      argv.insert(argv.end(), {"--tls", dir.file("node")});
+    const std::string log = dir.file(tls ? "node-tls.log" : "node-plain.log");
+    auto node = start(argv, log);
+    REQUIRE(wait_for_file(log,
+                          [](const std::string& t) { return t.find("joined the cluster") != std::string::npos; },
+                          15s));
+    auto bytes = r.captured();
+    CHECK(bytes.size() > 100);
+    CHECK(bytes.find(token) == std::string::npos);
+    // Without TLS the control messages are readable (the node's name in its hello); with
+    // TLS nothing is.
+    CHECK((bytes.find("relayed-worker-node") != std::string::npos) == !tls);
+    node.signal(SIGTERM);
+    node.wait(10);
+    sched.proc.signal(SIGTERM);
+    CHECK(sched.proc.wait(10) == 0);
+  }
 }

@@ -257,6 +257,7 @@ struct data_plane::impl {
   struct served {
     shard_actor shard;
     std::string key;
+    uint64_t max_payload = wire::max_message_bytes;
   };
   struct running {
     connection_ptr conn;
@@ -361,6 +362,7 @@ struct data_plane::impl {
     uint32_t protocol = 0, shard_id = 0;
     in >> protocol >> shard_id;
     std::optional<shard_actor> shard;
+    uint64_t max_payload = wire::max_message_bytes;
     if (protocol != wire::protocol_version) {
       refuse("protocol version mismatch: this node speaks " + std::to_string(wire::protocol_version)
              + ", the peer " + std::to_string(protocol));
@@ -370,8 +372,10 @@ struct data_plane::impl {
       // The peer proved a job's key: it learns only about that job's shards.
       if (it == shards.end() || it->second.key != key)
         refuse("no shard " + std::to_string(shard_id) + " of this job is served here");
-      else
+      else {
         shard = it->second.shard;
+        max_payload = it->second.max_payload;
+      }
     }
     if (!shard || net::write_text_frame(c->sock, net::frame_kind::welcome, 0, "")
         || c->sock.set_timeout(std::chrono::milliseconds{0})) {
@@ -382,7 +386,7 @@ struct data_plane::impl {
     auto server = sys.spawn<caf::detached>(shard_server, c, *shard);
     for (;;) {
       net::inbound_frame req;
-      auto err = net::read_frame(c->sock, req);
+      auto err = net::read_frame(c->sock, req, max_payload);
       if (err) {
         if (!is(err, errc::peer_unreachable))
           spdlog::warn("data plane: closing the connection from {}: {}", c->sock.peer(), describe(err));
@@ -436,7 +440,7 @@ data_plane::~data_plane() {
 }
 
 expected<std::string> data_plane::serve(uint32_t shard_id, const shard_actor& shard, const std::string& key,
-                                        const std::string& host) {
+                                        const std::string& host, uint64_t range_floats) {
   auto& d = *impl_;
   std::lock_guard<std::mutex> guard{d.mtx};
   if (d.stopped)
@@ -452,7 +456,9 @@ expected<std::string> data_plane::serve(uint32_t shard_id, const shard_actor& sh
     d.acceptor = std::thread{[&d] { d.accept_loop(); }};
     spdlog::info("data plane: serving shards on {}", d.endpoint);
   }
-  d.shards[shard_id] = impl::served{shard, key};
+  // A sparse push carries values and indices: up to twice the range's floats.
+  d.shards[shard_id] =
+    impl::served{shard, key, range_floats > 0 ? 2 * range_floats * sizeof(float) : wire::max_message_bytes};
   return d.endpoint;
 }
 

@@ -41,8 +41,11 @@ public:
 
   /// Shard side: makes `shard` reachable for clients presenting `key`. The first call
   /// listens on `host` (any free port). Returns the endpoint "host:port" to advertise.
+  /// `range_floats` (the shard's range; 0: not known) bounds the tensor a request may
+  /// carry: a larger one closes the connection before anything is allocated for it.
   [[nodiscard]] expected<std::string> serve(uint32_t shard_id, const shard_actor& shard,
-                                            const std::string& key, const std::string& host);
+                                            const std::string& key, const std::string& host,
+                                            uint64_t range_floats = 0);
 
   /// Worker side: connects to a shard's data endpoint and returns a local stand-in for
   /// `remote`: pulls and pushes go over the connection, everything else to `remote` over

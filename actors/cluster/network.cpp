@@ -176,8 +176,7 @@ protected:
     set_nodelay(*fd);
     net::handshake hs{*fd, false, sec};
     if (net::run_handshake(hs, sec.handshake_timeout) != net::handshake::result::admitted) {
-      hs.release_ssl();
-      ::close(*fd);
+      ::close(*fd); // the handshake frees its TLS session
       return make_error(errc::handshake_refused, "connecting to " + where + ": " + hs.why());
     }
     return caf::io::scribe_ptr{caf::make_counted<guarded_scribe>(mpx(), *fd, hs.release_ssl(), sec.max_message,

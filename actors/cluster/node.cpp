@@ -124,7 +124,7 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
                    req.range.shard_id, req.range.begin, req.range.end, req.policy);
       std::string endpoint;
       if (st.cfg.plane && !req.data_key.empty()) {
-        auto ep = st.cfg.plane->serve(req.range.shard_id, shard, req.data_key, st.cfg.data_host);
+        auto ep = st.cfg.plane->serve(req.range.shard_id, shard, req.data_key, st.cfg.data_host, req.range.size());
         if (ep)
           endpoint = std::move(*ep);
         else

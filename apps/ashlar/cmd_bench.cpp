@@ -143,7 +143,7 @@ int run_wire_peer(const wire_options& o) {
   if (!port)
     return 1;
   actors::data_plane plane{sys};
-  auto data_ep = plane.serve(0, shard, "bench", "127.0.0.1");
+  auto data_ep = plane.serve(0, shard, "bench", "127.0.0.1", o.params);
   if (!data_ep)
     return 1;
   {

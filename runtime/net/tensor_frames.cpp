@@ -1,5 +1,6 @@
 #include "runtime/net/tensor_frames.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -91,7 +92,7 @@ caf::error malformed(const tcp_socket& sock, const std::string& what) {
 
 } // namespace
 
-caf::error read_frame(tcp_socket& sock, inbound_frame& out) {
+caf::error read_frame(tcp_socket& sock, inbound_frame& out, uint64_t max_payload) {
   frame_header h;
   if (auto err = sock.read_exact(&h, sizeof h))
     return err;
@@ -102,8 +103,9 @@ caf::error read_frame(tcp_socket& sock, inbound_frame& out) {
   if (h.meta_bytes > max_meta_bytes)
     return malformed(sock, "metadata of " + std::to_string(h.meta_bytes) + " bytes (limit "
                              + std::to_string(max_meta_bytes) + ")");
-  if (h.payload_bytes > wire::max_message_bytes || h.payload_bytes % sizeof(float) != 0)
-    return malformed(sock, "tensor payload of " + std::to_string(h.payload_bytes) + " bytes");
+  if (h.payload_bytes > std::min<uint64_t>(max_payload, wire::max_message_bytes) || h.payload_bytes % sizeof(float) != 0)
+    return malformed(sock, "tensor payload of " + std::to_string(h.payload_bytes) + " bytes (at most "
+                             + std::to_string(std::min<uint64_t>(max_payload, wire::max_message_bytes)) + ")");
   out.kind = static_cast<frame_kind>(h.kind);
   out.seq = h.seq;
   const bool takes_payload = out.kind == frame_kind::pull_reply || out.kind == frame_kind::push;

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "runtime/net/socket.hpp"
+#include "runtime/wire/codec.hpp"
 #include "runtime/wire/messages.hpp"
 
 namespace ashlar::net {
@@ -45,7 +46,10 @@ struct inbound_frame {
 
 /// Reads one frame. A bad magic, unknown kind, oversized or malformed part fails with
 /// malformed_message naming the peer; a closed connection with peer_unreachable.
-[[nodiscard]] caf::error read_frame(tcp_socket& sock, inbound_frame& out);
+/// A frame announcing a tensor of more than `max_payload` bytes fails before anything is
+/// allocated for it (a shard node passes what its shard's range can take).
+[[nodiscard]] caf::error read_frame(tcp_socket& sock, inbound_frame& out,
+                                    uint64_t max_payload = wire::max_message_bytes);
 
 /// Writes one frame. The message's tensor (params or grad) is sent from its vector, which
 /// is left as it was.

@@ -244,6 +244,23 @@ TEST_CASE("connections to the data port that never prove the key hold no thread 
   CHECK(closed == 100);
 }
 
+TEST_CASE("a request carrying more than the shard's range closes its connection before the tensor is read") {
+  fixture f;
+  auto s = f.make("asp", 8);
+  auto ep = f.plane->serve(0, s, "k1", "127.0.0.1", 8);
+  REQUIRE(ep);
+  auto proxy = f.connect(s, *ep);
+  REQUIRE_FALSE(f.join(s, 0));
+  auto big = f.push(proxy, 0, 0, wire::tensor(4096, 1.0f));
+  REQUIRE_FALSE(big);
+  CHECK(is(big.error(), errc::peer_unreachable)); // the shard node closed the connection
+  // The shard did not change, and a well-sized push works (over CAF from now on).
+  auto direct = f.pull(s, 0);
+  REQUIRE(direct);
+  CHECK(direct->version == 0);
+  CHECK(f.push(proxy, 0, 0, wire::tensor(8, 1.0f)));
+}
+
 TEST_CASE("an unreachable data endpoint fails within the timeout, naming the address") {
   fixture f;
   auto s = f.make("asp", 8);

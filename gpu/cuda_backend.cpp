@@ -9,6 +9,7 @@
 // The gradient is written by these products at its push-buffer offsets in one device
 // vector and leaves the GPU in one transfer into pinned memory (or straight into the
 // caller's buffer when that is page-locked).
+#include "gpu/bench_timers.hpp"
 #include "gpu/cuda_backend.hpp"
 
 #include <algorithm>

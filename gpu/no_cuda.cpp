@@ -1,4 +1,5 @@
 // A build without the CUDA toolkit: no devices, and a backend request says why.
+#include "gpu/bench_timers.hpp"
 #include "gpu/cuda_backend.hpp"
 
 namespace ashlar::gpu {

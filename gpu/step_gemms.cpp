@@ -1,5 +1,6 @@
 // The matrix products of a training step, as gpu/cuda_backend.cpp issues them (built
 // with or without CUDA: benchmarks count FLOPs from it).
+#include "gpu/bench_timers.hpp"
 #include "gpu/cuda_backend.hpp"
 
 namespace ashlar::gpu {

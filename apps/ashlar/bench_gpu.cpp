@@ -8,6 +8,7 @@
 
 #include "actors/gpu_actor.hpp"
 #include "actors/messages.hpp"
+#include "gpu/bench_timers.hpp"
 #include "gpu/cuda_backend.hpp"
 #include "runtime/backend/cpu_backend.hpp"
 #include "runtime/config/train_config.hpp"

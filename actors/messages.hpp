@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <caf/all.hpp>
+#include <caf/binary_deserializer.hpp>
 
 #include "runtime/wire/codec.hpp"
 #include "runtime/wire/messages.hpp"
@@ -182,6 +183,10 @@ inspect(Inspector& f, T& x) {
     if (auto err = f.begin_sequence(n))
       return err;
     if (n % sizeof(uint64_t) != 0 || n > max_message_bytes)
+      return caf::error{caf::sec::invalid_argument};
+    // A length beyond the bytes the message holds is refused before the buffer for it is
+    // allocated (an admitted peer cannot make a 100-byte message cost a gigabyte).
+    if (auto* bytes = dynamic_cast<caf::binary_deserializer*>(&f); bytes && n > bytes->remaining())
       return caf::error{caf::sec::invalid_argument};
     words w(n / sizeof(uint64_t));
     if (auto err = f.apply_raw(n, w.data()))

@@ -7,6 +7,7 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -338,7 +339,11 @@ struct data_plane::impl {
                    max_connections);
       return;
     }
-    conns.push_back(running{c, std::thread{[this, c, key = std::move(a.token)] { serve_connection(c, key); }}});
+    try {
+      conns.push_back(running{c, std::thread{[this, c, key = std::move(a.token)] { serve_connection(c, key); }}});
+    } catch (const std::system_error& e) { // no thread to be had: refused (c closes it)
+      spdlog::warn("data plane: refused {}: cannot start a thread for it ({})", a.peer, e.what());
+    }
   }
 
   // Shard side, after admission: the hello names the shard, then requests go to a

@@ -2,6 +2,7 @@
 // runs jobs; with server and/or worker roles it joins a scheduler and hosts shards and
 // workers when asked. One process may take several roles.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <unistd.h>
@@ -256,6 +257,15 @@ int run_node(node_options& o) {
     }
   }
 
+  // What a submitted job must never write: the TLS directory, the directory of a token
+  // this node made, and a token file it was given.
+  std::vector<std::string> credential_dirs, credential_files;
+  if (sec->tls)
+    credential_dirs.push_back(sec->tls->dir());
+  if (!generated_token_file.empty())
+    credential_dirs.push_back(std::filesystem::path{generated_token_file}.parent_path().string());
+  if (!o.security.token_file.empty())
+    credential_files.push_back(std::filesystem::weakly_canonical(o.security.token_file).string());
   bool stop = false;
   if (is_scheduler && !o.train.config_file.empty()) {
     auto rep = run_cluster_job(sys, cluster, job_cfg, o.wait_timeout, metrics.get());
@@ -289,10 +299,20 @@ int run_node(node_options& o) {
             continue;
           auto what = path == &cfg.trace ? "run.trace" : path == &cfg.metrics ? "run.metrics" : "run.checkpoint_dir";
           auto inside = confine_path(o.work_dir, *path, what);
-          if (inside)
-            *path = *inside;
-          else
+          if (!inside) {
             err = inside.error();
+            continue;
+          }
+          // Nor over this node's own credentials, wherever the work directory is.
+          bool secret = false;
+          for (const auto& d : credential_dirs)
+            secret = secret || (!d.empty() && confine_path(d, *inside, what));
+          for (const auto& f : credential_files)
+            secret = secret || f == *inside;
+          if (secret)
+            err = make_error(errc::invalid_argument,
+                             std::string{what} + " " + *path + " would overwrite this node's credentials");
+          *path = *inside;
         }
         if (err) {
           spdlog::warn("scheduler: refused a submitted job: {}", describe(err));

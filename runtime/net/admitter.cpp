@@ -108,7 +108,13 @@ struct admitter::impl {
       a.peer_name = e.hs->peer_name();
       a.token = e.hs->matched();
       a.ssl = e.hs->release_ssl();
-      e.done(std::move(a));
+      // `done` owns the connection from here; it must not let an exception out, and one
+      // that does is logged rather than ending the process.
+      try {
+        e.done(std::move(a));
+      } catch (const std::exception& ex) {
+        spdlog::error("{}: could not serve {}: {}", what, e.peer, ex.what());
+      }
     } else {
       refusals().note(what, e.peer, e.hs->why());
       e.hs.reset();

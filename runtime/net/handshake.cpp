@@ -110,6 +110,8 @@ bool handshake::flush() {
 handshake::result handshake::step() {
   if (refused_)
     return result::refused;
+  if (!tls_done_ && !ssl_)
+    return fail("OpenSSL could not make a session for the connection");
   // A server looks at the first bytes before anything else, so a peer that speaks the
   // other kind of connection (TLS to a plain node, or plain to a TLS node) learns why.
   if (!sniffed_) {
@@ -124,13 +126,10 @@ handshake::result handshake::step() {
       }
       return fail(std::string{"the connection broke: "} + std::strerror(errno));
     }
+    // The first byte decides (waiting on peeked bytes would spin: they stay readable).
     bool speaks_tls = head[0] == tls_handshake_record;
     bool speaks_gate = std::memcmp(head, gate_magic, static_cast<size_t>(n)) == 0;
     if (ssl_ && !speaks_tls) {
-      if (speaks_gate && static_cast<size_t>(n) < sizeof head) {
-        events_ = POLLIN; // wait for the rest of the magic
-        return result::pending;
-      }
       if (speaks_gate) {
         auto reply = gate_server::needs_tls_reply();
         (void) ::send(fd_, reply.data(), reply.size(), MSG_NOSIGNAL);

@@ -176,7 +176,8 @@ TEST_CASE("without the cluster token, status, ctl, a submitted job and a join ar
 TEST_CASE("a submitted job may write only inside the nodes' work directories, and is told which path is outside") {
   temp_dir dir;
   std::filesystem::create_directories(dir.file("work"));
-  auto sched = start_scheduler(dir, {"--work-dir", dir.file("work")});
+  std::ofstream{dir.file("work/token")} << token << "\n"; // its own token file, in the work directory
+  auto sched = start_scheduler(dir, {"--work-dir", dir.file("work"), "--token-file", dir.file("work/token")});
   auto server = start({exe, "node", "--role", "server", "--join", sched.join, "--work-dir", dir.file("work")},
                       dir.file("server.log"));
   auto worker = start({exe, "node", "--role", "worker", "--slots", "2", "--join", sched.join},
@@ -197,6 +198,16 @@ TEST_CASE("a submitted job may write only inside the nodes' work directories, an
     INFO(log);
     CHECK(log.find("lies outside this node's work directory") != std::string::npos);
     CHECK(log.find(bad.substr(bad.find('=') + 1)) != std::string::npos);
+  }
+  {
+    auto argv = job;
+    argv.insert(argv.begin(), exe);
+    argv.insert(argv.end(), {"--set", "run.trace=token"});
+    auto p = start(argv, dir.file("secret.log"));
+    CHECK(p.wait(60) == 1);
+    CHECK(slurp(dir.file("secret.log")).find("run.trace token would overwrite this node's credentials")
+          != std::string::npos);
+    CHECK(slurp(dir.file("work/token")) == token + "\n");
   }
   CHECK_FALSE(std::filesystem::exists(dir.file("outside.json")));
   CHECK_FALSE(std::filesystem::exists(dir.file("escape.jsonl")));

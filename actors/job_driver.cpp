@@ -15,7 +15,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 #include "actors/profiler.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/server_shard.hpp"

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "actors/local_job.hpp"
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 #include "runtime/data/dataset.hpp"
 
 namespace ashlar::actors {

@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 
 namespace ashlar {
 class run_recorder;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 #include "runtime/config/train_config.hpp"
 #include "runtime/tensor/layout.hpp"
 

@@ -5,7 +5,7 @@
 #include <memory>
 #include <vector>
 
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 #include "runtime/server/shard_core.hpp"
 #include "runtime/store/kv_store.hpp"
 

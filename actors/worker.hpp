@@ -8,7 +8,7 @@
 #include <string>
 
 #include "actors/gpu_actor.hpp"
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 #include "runtime/backend/compute_backend.hpp"
 #include "runtime/data/dataset.hpp"
 

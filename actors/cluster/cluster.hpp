@@ -7,7 +7,7 @@
 #include <string>
 
 #include "actors/job_driver.hpp"
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 
 namespace ashlar::actors {
 

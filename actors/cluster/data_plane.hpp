@@ -22,7 +22,7 @@
 #include <memory>
 #include <string>
 
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 #include "runtime/net/tls.hpp"
 
 namespace ashlar::actors {

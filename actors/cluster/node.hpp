@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "actors/gpu_actor.hpp"
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 
 namespace ashlar::actors {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 
 namespace ashlar::actors {
 

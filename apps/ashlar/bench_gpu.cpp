@@ -7,7 +7,7 @@
 #include <caf/all.hpp>
 
 #include "actors/gpu_actor.hpp"
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 #include "gpu/bench_timers.hpp"
 #include "gpu/cuda_backend.hpp"
 #include "runtime/backend/cpu_backend.hpp"

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 #include "actors/server_shard.hpp"
 
 using namespace ashlar;

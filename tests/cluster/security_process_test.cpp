@@ -21,7 +21,7 @@
 #include <unistd.h>
 
 #include "actors/local_job.hpp"
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 #include "runtime/net/gate.hpp"
 #include "runtime/net/tls.hpp"
 #include "process_helpers.hpp"

@@ -14,7 +14,7 @@
 
 #include "actors/gpu_actor.hpp"
 #include "actors/local_job.hpp"
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 #include "gpu/bench_timers.hpp"
 #include "gpu/cuda_backend.hpp"
 #include "runtime/backend/cpu_backend.hpp"

@@ -1,4 +1,4 @@
-#include "actors/messages.hpp"
+#include "actors/interfaces.hpp"
 
 namespace ashlar::actors {
 

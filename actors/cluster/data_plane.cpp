@@ -5,7 +5,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <random>
 #include <sstream>
 #include <system_error>
 #include <thread>
@@ -317,7 +316,7 @@ struct data_plane::impl {
       if (std::find(out.begin(), out.end(), s.key) == out.end())
         out.push_back(s.key);
     if (out.empty())
-      out.push_back(make_data_key() + make_data_key()); // no job: nobody gets in
+      out.push_back(net::random_hex(32)); // no job: nobody gets in
     return out;
   }
 
@@ -545,14 +544,7 @@ void data_plane::stop() {
 }
 
 std::string make_data_key() {
-  std::random_device rd;
-  std::ostringstream out;
-  for (int i = 0; i < 4; ++i) {
-    char buf[9];
-    std::snprintf(buf, sizeof buf, "%08x", rd());
-    out << buf;
-  }
-  return out.str();
+  return net::random_hex(16);
 }
 
 }  // namespace ashlar::actors

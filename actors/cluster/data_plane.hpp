@@ -68,7 +68,7 @@ private:
   std::shared_ptr<impl> impl_;
 };
 
-/// A random key for one job's data plane (hex, 128 bits).
+/// A random key for one job's data plane (hex, 128 bits, OpenSSL's CSPRNG).
 std::string make_data_key();
 
 }  // namespace ashlar::actors

@@ -25,8 +25,9 @@ namespace ashlar::actors {
 
 class cluster_network {
 public:
-  /// Sets up the transport for `sys` (one per actor system; stop() it before the system
-  /// is destroyed, or let the destructor do it).
+  /// Sets up the transport for `sys` (one per actor system). The returned pointer is the
+  /// only owner: dropping it (or stop()) stops the transport, which must happen before
+  /// the actor system is destroyed.
   [[nodiscard]] static expected<std::shared_ptr<cluster_network>> start(caf::actor_system& sys,
                                                                          net::net_security sec);
   ~cluster_network();

@@ -113,7 +113,7 @@ expected<std::shared_ptr<actors::cluster_network>> bench_network(caf::actor_syst
   auto sec = load_security(so);
   if (!sec)
     return sec.error();
-  return start_network(sys, *sec);
+  return actors::cluster_network::start(sys, *sec);
 }
 
 int run_wire_peer(const wire_options& o) {
@@ -124,10 +124,6 @@ int run_wire_peer(const wire_options& o) {
     std::fprintf(stderr, "ashlar bench wire-peer: %s\n", describe(network.error()).c_str());
     return 1;
   }
-  struct stop_network {
-    std::shared_ptr<actors::cluster_network> n;
-    ~stop_network() { n->stop(); }
-  } network_guard{*network};
   auto policy = make_policy("asp", {});
   sgd_config opt;
   opt.lr = 1e-6f;
@@ -264,10 +260,6 @@ int run_wire_bench(const wire_options& o) {
     cleanup();
     return 1;
   }
-  struct stop_network {
-    std::shared_ptr<actors::cluster_network> n;
-    ~stop_network() { n->stop(); }
-  } network_guard{*network};
   auto ptr = actors::connect(sys, actors::endpoint{"127.0.0.1", static_cast<uint16_t>(std::stoi(port))},
                              std::chrono::seconds(10));
   if (!ptr) {

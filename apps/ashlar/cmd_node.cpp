@@ -128,13 +128,10 @@ int run_node(node_options& o) {
 
   actors::cluster_system_config sys_cfg;
   caf::actor_system sys{sys_cfg};
-  auto network = start_network(sys, *sec);
+  // Declared after the actor system: its destructor stops it first.
+  auto network = actors::cluster_network::start(sys, *sec);
   if (!network)
     return fail(1, describe(network.error()));
-  struct network_stop {
-    std::shared_ptr<actors::cluster_network> n;
-    ~network_stop() { n->stop(); }
-  } network_guard{*network};
   // Tensor connections between this node's shards/workers and other nodes'; stopped (its
   // threads joined) when this function returns, before the actor system goes.
   auto data_plane = std::make_shared<actors::data_plane>(sys);

@@ -34,15 +34,11 @@ int with_cluster(const client_options& o, const char* who, F f) {
   }
   actors::cluster_system_config cfg;
   caf::actor_system sys{cfg};
-  auto net = start_network(sys, *sec);
+  auto net = actors::cluster_network::start(sys, *sec);
   if (!net) {
     std::fprintf(stderr, "%s: %s\n", who, describe(net.error()).c_str());
     return 1;
   }
-  struct network_stop {
-    std::shared_ptr<actors::cluster_network> n;
-    ~network_stop() { n->stop(); }
-  } guard{*net};
   auto ptr = actors::connect(sys, *where, std::chrono::milliseconds(static_cast<int64_t>(o.timeout * 1000)));
   if (!ptr) {
     std::fprintf(stderr, "%s: %s\n", who, describe(ptr.error()).c_str());

@@ -28,15 +28,11 @@ int submit(const train_config& cfg, const std::string& join, const security_opti
   }
   actors::cluster_system_config sys_cfg;
   caf::actor_system sys{sys_cfg};
-  auto net = start_network(sys, *sec);
+  auto net = actors::cluster_network::start(sys, *sec);
   if (!net) {
     std::fprintf(stderr, "ashlar train: %s\n", describe(net.error()).c_str());
     return 1;
   }
-  struct network_stop {
-    std::shared_ptr<actors::cluster_network> n;
-    ~network_stop() { n->stop(); }
-  } guard{*net};
   auto ptr = actors::connect(sys, *where, std::chrono::seconds(10));
   if (!ptr) {
     std::fprintf(stderr, "ashlar train: %s\n", describe(ptr.error()).c_str());

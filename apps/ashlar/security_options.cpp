@@ -9,7 +9,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <openssl/rand.h>
 
 #include "actors/cluster/system.hpp"
 
@@ -71,11 +70,6 @@ caf::error check_listen_policy(const std::string& host, const net::net_security&
                         "--insecure");
 }
 
-expected<std::shared_ptr<actors::cluster_network>> start_network(caf::actor_system& sys,
-                                                                 const net::net_security& sec) {
-  return actors::cluster_network::start(sys, sec);
-}
-
 std::string join_hint(const security_options& o) {
   std::string out;
   if (!o.token_file.empty())
@@ -86,16 +80,7 @@ std::string join_hint(const security_options& o) {
 }
 
 std::string make_token() {
-  unsigned char raw[32];
-  if (RAND_bytes(raw, sizeof raw) != 1)
-    std::abort();
-  static const char hex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : raw) {
-    out += hex[c >> 4];
-    out += hex[c & 15];
-  }
-  return out;
+  return net::random_hex(32);
 }
 
 expected<std::string> write_token_file(const std::string& token, uint16_t port) {

@@ -34,10 +34,6 @@ bool is_loopback(const std::string& host);
 [[nodiscard]] caf::error check_listen_policy(const std::string& host, const net::net_security& sec,
                                              bool insecure, const char* what);
 
-/// Sets up the cluster network of `sys` with `sec`.
-[[nodiscard]] expected<std::shared_ptr<actors::cluster_network>> start_network(caf::actor_system& sys,
-                                                                               const net::net_security& sec);
-
 /// The options a node or command passes on for others to join the same cluster, e.g.
 /// " --token-file F --tls DIR" (as given on this command line).
 std::string join_hint(const security_options& o);

@@ -67,17 +67,13 @@ int main(int argc, char** argv) {
   }
   host_config cfg;
   caf::actor_system sys{cfg};
-  // Every connection to the cluster is admitted by the token (and TLS); stopped before
-  // the actor system goes.
+  // Every connection to the cluster is admitted by the token (and TLS). Declared after
+  // the actor system, so its destructor stops it first.
   auto network = actors::cluster_network::start(sys, security);
   if (!network) {
     std::fprintf(stderr, "embedded host: %s\n", describe(network.error()).c_str());
     return 1;
   }
-  struct stop_network {
-    std::shared_ptr<actors::cluster_network> n;
-    ~stop_network() { n->stop(); }
-  } network_guard{*network};
   auto monitor = sys.spawn(host_monitor);
   caf::scoped_actor self{sys};
 

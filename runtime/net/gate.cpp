@@ -33,6 +33,19 @@ gate_nonce random_nonce() {
   return n;
 }
 
+std::string random_hex(size_t bytes) {
+  std::vector<uint8_t> raw(bytes);
+  if (RAND_bytes(raw.data(), static_cast<int>(raw.size())) != 1)
+    std::abort();
+  static const char digits[] = "0123456789abcdef";
+  std::string out;
+  for (uint8_t c : raw) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+
 std::array<uint8_t, gate_mac_bytes> gate_mac(const std::string& key, const char* label, const gate_nonce& a,
                                              const gate_nonce& b) {
   std::vector<uint8_t> msg(label, label + std::strlen(label));

@@ -43,6 +43,9 @@ using gate_nonce = std::array<uint8_t, gate_nonce_bytes>;
 /// A fresh random nonce (OpenSSL's CSPRNG).
 gate_nonce random_nonce();
 
+/// `bytes` random bytes from the same generator, as lowercase hex (tokens, job keys).
+std::string random_hex(size_t bytes);
+
 /// HMAC-SHA256(key, label | a | b).
 std::array<uint8_t, gate_mac_bytes> gate_mac(const std::string& key, const char* label, const gate_nonce& a,
                                              const gate_nonce& b);

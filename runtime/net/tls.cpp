@@ -171,6 +171,15 @@ caf::error write_pem(const std::string& path, bool secret, const std::function<i
   return caf::none;
 }
 
+caf::error write_key(const std::string& path, EVP_PKEY* key) {
+  return write_pem(path, true,
+                   [&](BIO* b) { return PEM_write_bio_PrivateKey(b, key, nullptr, nullptr, 0, nullptr, nullptr); });
+}
+
+caf::error write_cert(const std::string& path, X509* cert) {
+  return write_pem(path, false, [&](BIO* b) { return PEM_write_bio_X509(b, cert); });
+}
+
 caf::error add_ext(X509* cert, X509* issuer, int nid, const char* value) {
   X509V3_CTX v3;
   X509V3_set_ctx_nodb(&v3);
@@ -275,11 +284,9 @@ expected<bool> ensure_ca(const std::string& ca_dir) {
   auto cert = make_cert(key.get(), "Ashlar cluster CA", 3650, nullptr, nullptr, true);
   if (!cert)
     return cert.error();
-  if (auto err = write_pem(key_path, true, [&](BIO* b) {
-        return PEM_write_bio_PrivateKey(b, key.get(), nullptr, nullptr, 0, nullptr, nullptr);
-      }))
+  if (auto err = write_key(key_path, key.get()))
     return err;
-  if (auto err = write_pem(cert_path, false, [&](BIO* b) { return PEM_write_bio_X509(b, cert->get()); }))
+  if (auto err = write_cert(cert_path, cert->get()))
     return err;
   return true;
 }
@@ -302,14 +309,12 @@ caf::error issue_node_cert(const std::string& ca_dir, const std::string& out_dir
   auto cert = make_cert(key.get(), name, days, ca_cert->get(), ca_key->get(), false);
   if (!cert)
     return cert.error();
-  if (auto err = write_pem(out_dir + "/node.key", true, [&](BIO* b) {
-        return PEM_write_bio_PrivateKey(b, key.get(), nullptr, nullptr, 0, nullptr, nullptr);
-      }))
+  if (auto err = write_key(out_dir + "/node.key", key.get()))
     return err;
-  if (auto err = write_pem(out_dir + "/node.pem", false, [&](BIO* b) { return PEM_write_bio_X509(b, cert->get()); }))
+  if (auto err = write_cert(out_dir + "/node.pem", cert->get()))
     return err;
   if (fs::weakly_canonical(out_dir) != fs::weakly_canonical(ca_dir))
-    if (auto err = write_pem(out_dir + "/ca.pem", false, [&](BIO* b) { return PEM_write_bio_X509(b, ca_cert->get()); }))
+    if (auto err = write_cert(out_dir + "/ca.pem", ca_cert->get()))
       return err;
   return caf::none;
 }

@@ -63,7 +63,8 @@ caf::error split_sparse(wire::tensor& payload, std::vector<uint32_t>& index, con
     return make_error(errc::malformed_message, std::string{"a "} + what + " payload of an odd number of words");
   const size_t k = payload.size() / 2;
   index.resize(k);
-  std::memcpy(index.data(), payload.data() + k, k * sizeof(uint32_t));
+  if (k > 0) // an empty sparse tensor has no buffer to copy from
+    std::memcpy(index.data(), payload.data() + k, k * sizeof(uint32_t));
   payload.resize(k);
   return {};
 }

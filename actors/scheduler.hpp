@@ -1,5 +1,7 @@
-// The scheduler actor: membership, the shard map, each worker's data and batch share,
-// and the end of the job.
+// The scheduler actor: membership, the shard map, and the end of the job. What it decides
+// while the job runs (local steps, stages, k, batch shares) is its job planner's
+// (runtime/policy/job_planner.hpp); what a registering worker is told is
+// runtime/policy/assignment.hpp's. The actor routes.
 #pragma once
 
 #include <atomic>
@@ -11,6 +13,7 @@
 
 #include "actors/interfaces.hpp"
 #include "runtime/config/train_config.hpp"
+#include "runtime/policy/assignment.hpp"
 #include "runtime/tensor/layout.hpp"
 
 namespace ashlar {
@@ -42,10 +45,6 @@ struct scheduler_config {
   std::shared_ptr<std::atomic<int>> stage_out;
   /// A resumed job's members as the checkpointed job left them: each id's batch share
   /// and data position. A worker registering with that id starts from them.
-  struct resumed_worker {
-    uint32_t batch = 0;
-    wire::data_position position;
-  };
   std::map<uint32_t, resumed_worker> resume_workers;
   /// Slowdown intervals for paced workers (loaded from job.contention).
   contention_profile contention;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <spdlog/fmt/fmt.h>
+
 namespace ashlar {
 
 adaptive_k_choice adaptive_k_planner::choose(const std::vector<worker_timing>& workers,
@@ -74,6 +76,32 @@ void adaptive_k_policy::switch_if_idle() {
   sync_.set_k(pending_k_);
   async_.set_k(pending_k_);
   async_mode_ = pending_async_;
+}
+
+void adaptive_k_job_planner::on_tick(const planner_view& view, job_plan& out) {
+  std::vector<worker_timing> times;
+  for (const auto& w : view.workers)
+    times.push_back(worker_timing{w.id, std::max(0.0, w.step_s - w.wait_s)});
+  double recent = view.pushes > pushes_ ? static_cast<double>(view.staleness_sum - staleness_sum_)
+                                            / static_cast<double>(view.pushes - pushes_)
+                                        : 0.0;
+  staleness_sum_ = view.staleness_sum;
+  pushes_ = view.pushes;
+  auto choice = planner_.choose(times, recent);
+  if (choice == tuned_)
+    return;
+  tuned_ = choice;
+  const char* mode = choice.async ? "k-async" : "k-sync";
+  out.info.push_back(fmt::format("adaptive policy now {} with k = {} (recent staleness {:.2f})", mode, choice.k,
+                                 recent));
+  out.events.push_back(plan_event{mode, "k = " + std::to_string(choice.k)});
+  out.shards.tune = std::make_pair(choice.k, choice.async);
+}
+
+shard_settings adaptive_k_job_planner::shard_state() const {
+  shard_settings s;
+  s.tune = std::make_pair(tuned_.k, tuned_.async);
+  return s;
 }
 
 }  // namespace ashlar

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/policy/job_planner.hpp"
 #include "runtime/policy/k_sync.hpp"
 
 namespace ashlar {
@@ -77,6 +78,23 @@ private:
   uint32_t pending_k_ = 0;
   bool pending_async_ = false;
   size_t buffered_ = 0; // gradients buffered in the current round
+};
+
+/// The adaptive policy's job planner: every tick, k and the mode from the live workers'
+/// iteration times (without policy waits) and the staleness of the pushes since the last
+/// tick (shard 0's counters); the shards retune at their next round boundary.
+class adaptive_k_job_planner final : public job_planner {
+public:
+  explicit adaptive_k_job_planner(adaptive_k_config cfg = {}) : planner_(cfg) {}
+  bool plans() const override { return true; }
+  bool wants_staleness() const override { return true; }
+  void on_tick(const planner_view& view, job_plan& out) override;
+  shard_settings shard_state() const override;
+
+private:
+  adaptive_k_planner planner_;
+  adaptive_k_choice tuned_; // as last sent
+  uint64_t staleness_sum_ = 0, pushes_ = 0; // shard 0's counters at the last tick
 };
 
 }  // namespace ashlar

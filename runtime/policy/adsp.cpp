@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <spdlog/fmt/fmt.h>
+
 namespace ashlar {
 
 push_decision adsp_policy::on_push(worker_id, uint64_t base_version, uint64_t version) {
@@ -49,6 +51,15 @@ void adsp_planner::observe(double t_s, double loss) {
   }
   have_rate_ = true;
   last_rate_ = rate;
+}
+
+void adsp_job_planner::on_tick(const planner_view& view, job_plan& out) {
+  planner_.observe(view.t_s, view.loss);
+  std::map<worker_id, double> times;
+  for (const auto& w : view.workers)
+    times[w.id] = w.compute_s;
+  plan_local_steps(sent_, planner_.local_steps(times), out);
+  out.debug.push_back(fmt::format("adsp commit period {:.3f} s", planner_.period()));
 }
 
 }  // namespace ashlar

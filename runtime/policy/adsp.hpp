@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 
+#include "runtime/policy/job_planner.hpp"
 #include "runtime/policy/sync_policy.hpp"
 
 namespace ashlar {
@@ -71,6 +72,19 @@ private:
   double last_t_ = 0, last_loss_ = 0;
   bool have_rate_ = false;
   double last_rate_ = 0;
+};
+
+/// ADSP's job planner: every tick, the period from the loss, then each live worker's
+/// local steps per commit from its compute per step.
+class adsp_job_planner final : public job_planner {
+public:
+  explicit adsp_job_planner(adsp_config cfg = {}) : planner_(cfg) {}
+  bool plans() const override { return true; }
+  void on_tick(const planner_view& view, job_plan& out) override;
+
+private:
+  adsp_planner planner_;
+  std::map<worker_id, uint32_t> sent_;
 };
 
 }  // namespace ashlar

@@ -4,6 +4,10 @@
 #include <cmath>
 #include <cstdio>
 
+#include <spdlog/fmt/fmt.h>
+
+#include "runtime/config/train_config.hpp"
+
 namespace ashlar {
 
 namespace {
@@ -147,6 +151,92 @@ uint64_t ashl_planner::allowed_gap() const {
 
 float ashl_planner::lr_scale() const {
   return stage_ == ashl_stage::shl ? static_cast<float>(cfg_.shl_lr_scale) : 1.0f;
+}
+
+expected<std::unique_ptr<ashl_job_planner>> ashl_job_planner::make(const planner_context& ctx) {
+  auto p = ashl_planner::make(ctx.job->ashl);
+  if (!p)
+    return p.error();
+  if (ctx.resume_stage == "shl")
+    p->resume_in(ashl_stage::shl);
+  return std::unique_ptr<ashl_job_planner>(
+    new ashl_job_planner(std::move(*p), push_topk_ratio(*ctx.job), ctx.job->pull_topk_ratio));
+}
+
+float ashl_job_planner::pull_ratio() const {
+  return pull_ratio_set_ > 0 ? static_cast<float>(pull_ratio_set_) : planner_.pull_ratio();
+}
+
+stage_directive ashl_job_planner::directive(uint32_t local_steps) const {
+  return stage_directive{to_string(planner_.stage()), local_steps, planner_.lr_scale(), pull_ratio()};
+}
+
+shard_settings ashl_job_planner::shard_state() const {
+  shard_settings s;
+  s.bound = std::make_pair(planner_.allowed_gap(), planner_.lr_scale());
+  return s;
+}
+
+void ashl_job_planner::on_start(job_plan& out) {
+  out.shards = shard_state();
+}
+
+void ashl_job_planner::on_join(worker_id w, job_plan& out) {
+  // Slotted into the stage in force; profiled by its first steps.
+  out.stages[w] = directive(1);
+}
+
+void ashl_job_planner::on_tick(const planner_view& view, job_plan& out) {
+  std::vector<ashl_worker> live;
+  for (const auto& w : view.workers) {
+    // Communication per step, averaged by the profiler. Every step commits while
+    // profiling; with H local steps per commit a step carries 1/H of a commit's, so the
+    // commit's is H times the figure. It is measured again all the time (smoothed over
+    // ticks): what a commit costs changes with the plan, with compressed pulls, and with
+    // what else shares the network.
+    double comm = std::max(0.0, w.step_s - w.compute_s - w.wait_s);
+    auto h = sent_.find(w.id);
+    auto c = comm_.find(w.id);
+    if (planner_.stage() == ashl_stage::profiling || c == comm_.end() || h == sent_.end())
+      comm_[w.id] = comm;
+    else
+      c->second = 0.7 * c->second + 0.3 * comm * std::max<uint32_t>(1, h->second);
+    live.push_back(ashl_worker{w.id, w.compute_s, comm_[w.id], w.steps});
+  }
+  const bool profiling = planner_.stage() == ashl_stage::profiling;
+  auto change = planner_.observe(view.t_s, view.loss, live);
+  if (profiling && change && pull_ratio_set_ <= 0 && planner_.pull_ratio() > 0) {
+    // Pulls are compressed from now on: until measured again, a commit's communication
+    // is taken to shrink with its bytes (a delta read moves 8 bytes for each of
+    // pull_ratio x n entries instead of 4 bytes for each of n).
+    const double push = push_ratio_ > 0 ? 2 * push_ratio_ : 1.0;
+    const double factor = (push + 2 * planner_.pull_ratio()) / (push + 1);
+    for (auto& w : live)
+      w.comm_s = comm_[w.id] *= factor;
+  }
+  auto steps = planner_.local_steps(live);
+  if (!change) {
+    plan_local_steps(sent_, steps, out);
+    return;
+  }
+  const std::string stage = to_string(change->to);
+  out.info.push_back(fmt::format("ASHL stage {} at {:.1f} s (change {}): {}", stage, change->t_s,
+                                 planner_.events().size(), change->why));
+  out.events.push_back(plan_event{"stage " + stage, change->why});
+  out.stage = static_cast<int>(change->to);
+  out.shards = shard_state();
+  std::string plan, basis;
+  for (const auto& w : live)
+    basis += fmt::format("{}{}: {:.1f} + {:.1f} ms", basis.empty() ? "" : ", ", w.id, 1e3 * w.step_s,
+                         1e3 * w.comm_s);
+  for (const auto& [id, h] : steps) {
+    plan += (plan.empty() ? "" : ", ") + std::to_string(id) + ":" + std::to_string(h);
+    sent_[id] = h;
+    out.stages[id] = directive(h);
+  }
+  out.info.push_back(fmt::format("ASHL {}: allowed gap {} commits, local steps per commit {} (from compute per "
+                                 "step + communication per commit: {})",
+                                 stage, planner_.allowed_gap(), plan, basis));
 }
 
 }  // namespace ashlar

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/policy/job_planner.hpp"
 #include "runtime/policy/ssp.hpp"
 
 namespace ashlar {
@@ -139,6 +140,37 @@ private:
   float pull_ratio_ = 0;
   std::vector<ashl_event> events_;
   std::vector<std::pair<double, double>> losses_; // (t, loss) seen in AHL
+};
+
+/// ASHL's job planner: feeds the stage machine the profiler's numbers. A stage change
+/// goes to every shard (the allowed gap and learning-rate factor) and every live worker
+/// (the stage, its local steps, the pull compression). Between changes each worker's
+/// local steps follow its measured step time (H_i x t_i + comm_i equal across workers),
+/// a worker that joined late included, once it has times.
+class ashl_job_planner final : public job_planner {
+public:
+  /// Fails with invalid_config naming the field if ctx.job->ashl is inconsistent.
+  [[nodiscard]] static expected<std::unique_ptr<ashl_job_planner>> make(const planner_context& ctx);
+  bool plans() const override { return true; }
+  void on_start(job_plan& out) override;
+  void on_tick(const planner_view& view, job_plan& out) override;
+  void on_join(worker_id w, job_plan& out) override;
+  shard_settings shard_state() const override;
+
+  const ashl_planner& planner() const { return planner_; }
+
+private:
+  ashl_job_planner(ashl_planner p, double push_ratio, double pull_ratio_set)
+    : planner_(std::move(p)), push_ratio_(push_ratio), pull_ratio_set_(pull_ratio_set) {}
+  // train.pull_topk_ratio when set, else what the planner decided.
+  float pull_ratio() const;
+  stage_directive directive(uint32_t local_steps) const;
+
+  ashl_planner planner_;
+  double push_ratio_;     // the fraction each push carries (0: dense)
+  double pull_ratio_set_; // train.pull_topk_ratio (0: the planner decides)
+  std::map<worker_id, uint32_t> sent_; // local steps as last sent
+  std::map<worker_id, double> comm_;   // communication per commit, smoothed
 };
 
 }  // namespace ashlar

@@ -1,0 +1,85 @@
+#include "runtime/policy/assignment.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/config/train_config.hpp"
+
+namespace ashlar {
+
+wire::assignment make_assignment(const assignment_context& ctx, uint32_t id, uint32_t registered) {
+  const train_config& job = *ctx.job;
+  const uint64_t n = ctx.train_size, k = std::max<uint32_t>(1, job.workers);
+  const uint32_t slot = id < job.workers ? id : static_cast<uint32_t>(registered % k);
+  wire::assignment a;
+  a.worker_id = id;
+  a.model = job.model;
+  a.batch_size = job.batch_size;
+  a.data_begin = n * slot / k;
+  a.data_count = n * (slot + 1) / k - a.data_begin;
+  uint64_t per_epoch = (a.data_count + job.batch_size - 1) / job.batch_size;
+  a.steps = per_epoch * job.epochs;
+  if (job.allocation != "equal") {
+    a.data_begin = 0;
+    a.data_count = n;
+    uint64_t global = uint64_t{job.batch_size} * k;
+    a.steps = (n * job.epochs + global - 1) / global;
+  }
+  if (!ctx.traits.lockstep)
+    a.steps = (n * job.epochs + job.batch_size - 1) / job.batch_size;
+  if (ctx.remaining < 1.0)
+    a.steps = std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(static_cast<double>(a.steps) * ctx.remaining)));
+  a.local_steps = 1;
+  a.local_lr = job.optimizer.lr;
+  // Policies with commits scale every commit alike, one step or many, as one worker's
+  // share of a model average; for the others a push is the step's gradient.
+  a.commit_scale = !ctx.traits.commits    ? 1.0f
+                   : job.commit_scale > 0 ? static_cast<float>(job.commit_scale)
+                                          : 1.0f / static_cast<float>(k);
+  a.seed = job.seed * 1000003ull + id;
+  a.policy = job.policy;
+  a.chunk_floats = job.chunk_floats;
+  a.topk_ratio = static_cast<float>(push_topk_ratio(job));
+  // Pull compression as configured; a planner may decide it later (ASHL's stages).
+  a.pull_topk_ratio = static_cast<float>(job.pull_topk_ratio);
+  a.overlap_commits = job.overlap_commits;
+  a.momentum = job.optimizer.momentum;
+  a.weight_decay = job.optimizer.weight_decay;
+  a.chunks_in_flight = job.chunks_in_flight;
+  // A lost shard can come back from its checkpoints: workers wait for it, bounded.
+  a.shard_wait_s = job.checkpoint_dir.empty() ? 0.0 : job.shard_wait;
+  if (ctx.contention != nullptr)
+    a.contention = for_worker(*ctx.contention, id);
+  if (!job.speeds.empty())
+    a.pace_ns_per_sample = static_cast<uint64_t>(job.sample_ms * 1e6 / job.speeds[id % job.speeds.size()]);
+  return a;
+}
+
+std::optional<std::string> apply_resumed(wire::assignment& a, const resumed_worker& r,
+                                         const assignment_context& ctx) {
+  const auto& p = r.position;
+  if (r.batch == 0 || p.count == 0 || p.begin + p.count > ctx.train_size)
+    return "worker " + std::to_string(a.worker_id) + "'s checkpointed data position [" + std::to_string(p.begin)
+           + ", " + std::to_string(p.begin + p.count) + ") does not fit the " + std::to_string(ctx.train_size)
+           + " training samples; it starts afresh";
+  a.data_begin = p.begin;
+  a.data_count = p.count;
+  a.seed = p.seed;
+  a.cursor_epoch = p.epoch;
+  a.cursor_pos = p.pos;
+  if (ctx.job->allocation != "equal")
+    a.batch_size = r.batch;
+  return std::nullopt;
+}
+
+uint64_t steps_left(const std::map<uint32_t, uint64_t>& assigned, const std::map<uint32_t, uint64_t>& done) {
+  uint64_t left = 0;
+  for (const auto& [id, steps] : assigned) {
+    auto d = done.find(id);
+    uint64_t n = d == done.end() ? 0 : d->second;
+    left = std::max(left, steps > n ? steps - n : 0);
+  }
+  return left;
+}
+
+}  // namespace ashlar

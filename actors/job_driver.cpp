@@ -5,17 +5,13 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
-#include <future>
 #include <optional>
 #include <thread>
-
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
 #include "actors/interfaces.hpp"
+#include "actors/job_evaluations.hpp"
 #include "actors/profiler.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/server_shard.hpp"
@@ -28,7 +24,8 @@
 #include "runtime/net/http_endpoint.hpp"
 #include "runtime/optim/lr_schedule.hpp"
 #include "runtime/policy/ashl.hpp"
-#include "runtime/store/checkpoint.hpp"
+#include "runtime/policy/job_planner.hpp"
+#include "runtime/store/job_store.hpp"
 
 namespace ashlar::actors {
 
@@ -87,14 +84,6 @@ expected<job_data> load_job_data(const train_config& cfg) {
 }
 
 namespace {
-
-// Lowers the calling thread's CPU priority (Linux: a thread's nice value is its own;
-// raising it needs no privilege). Mid-run test evaluations run so: they use time the
-// workers leave idle instead of slowing them down, which on a machine with few cores
-// would otherwise show in every policy's throughput.
-void lower_thread_priority() {
-  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
-}
 
 // Reads every shard's range now, outside the sync policy, into one flat vector.
 expected<std::vector<float>> snapshot(caf::scoped_actor& self, const std::vector<shard_actor>& shards,
@@ -157,550 +146,513 @@ expected<std::shared_ptr<run_recorder>> open_recorder(const train_config& cfg) {
   return rec;
 }
 
-// Settings a resumed job must share with the checkpointed one: all but where things go
-// (run.*, data.dir), how long (train.epochs) and the bench's pacing emulation.
-std::vector<std::string> job_settings(const train_config& cfg) {
-  std::vector<std::string> out;
-  for (const auto& k : config_keys()) {
-    if (k.key.rfind("run.", 0) == 0 || k.key == "data.dir" || k.key == "train.epochs" || k.key == "train.speeds"
-        || k.key == "train.sample_ms" || k.key == "train.contention")
-      continue;
-    out.push_back(k.key + "=" + setting_text(cfg, k.key));
-  }
-  return out;
-}
+// One job from start to end, in parts: prepare (configuration, data, the job's store and
+// what a resume starts from), spawn (recorder, metrics, profiler, shards, scheduler,
+// workers), watch (lost shards, the learning-rate schedule, metrics, progress,
+// evaluations, the job's record, the stop), finish (final figures, the last checkpoint
+// round, the report).
+class job_run {
+public:
+  job_run(caf::actor_system& sys, const train_config& cfg, job_placement& where, const job_hooks& hooks)
+    : sys_(sys), cfg_(cfg), where_(where), hooks_(hooks), self_(sys) {}
 
-// The job's own checkpoint store (DIR/job) and what a resume starts from.
-struct job_store {
-  std::unique_ptr<kv_store> store;
-  job_record record; // samples and time so far, resumes
-};
+  ~job_run() {
+    evals_.reset(); // before the test set it reads
+    if (recorder_) // the files are finished however the job ends
+      recorder_->close();
+  }
 
-// Opens DIR/job. With cfg.resume: reads the record and refuses a configuration that
-// differs, naming each setting. Without: refuses a directory that holds another job.
-expected<std::optional<job_store>> open_job_store(const train_config& cfg) {
-  if (cfg.checkpoint_dir.empty())
-    return std::optional<job_store>{};
-  std::error_code ec;
-  std::filesystem::create_directories(cfg.checkpoint_dir, ec);
-  if (ec)
-    return make_error(errc::io_error, "cannot create the checkpoint directory " + cfg.checkpoint_dir + ": "
-                                        + ec.message());
-  auto store = open_rocksdb_store(cfg.checkpoint_dir + "/job", open_mode::create);
-  if (!store)
-    return store.error();
-  auto old = load_job_record(**store);
-  if (!old)
-    return old.error();
-  job_store js;
-  js.store = std::move(*store);
-  js.record.settings = job_settings(cfg);
-  if (!cfg.resume) {
-    if (*old)
-      return make_error(errc::invalid_config, cfg.checkpoint_dir + " holds the checkpoints of a job ("
-                                                + std::to_string((*old)->samples) + " samples trained): "
-                                                "continue it with --resume, or use another directory");
-    return std::optional<job_store>{std::move(js)};
-  }
-  if (!*old) {
-    spdlog::warn("job: nothing to resume in {}; starting from the beginning", cfg.checkpoint_dir);
-    return std::optional<job_store>{std::move(js)};
-  }
-  std::map<std::string, std::string> then, now;
-  auto split = [](const std::vector<std::string>& kvs, std::map<std::string, std::string>& m) {
-    for (const auto& kv : kvs)
-      m[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
-  };
-  split((*old)->settings, then);
-  split(js.record.settings, now);
-  std::string diff;
-  const train_config defaults;
-  for (const auto& [k, v] : now) {
-    auto i = then.find(k);
-    if (i != then.end()) {
-      if (i->second != v)
-        diff += (diff.empty() ? "" : "; ") + k + " = " + v + " (checkpointed job: " + i->second + ")";
-      continue;
+  expected<run_report> run(std::vector<float>* final_params) {
+    if (auto err = prepare())
+      return err;
+    if (auto err = spawn())
+      return err;
+    watch();
+    rep_.seconds = seconds();
+    record_point(evals_->settle(true)); // the last mid-run evaluation, if one is still running
+    if (failure_) {
+      stop_all();
+      return failure_;
     }
-    // A setting newer than the checkpoint: the checkpointed job ran at its default.
-    const std::string was = setting_text(defaults, k);
-    if (was != v)
-      diff += (diff.empty() ? "" : "; ") + k + " = " + v + " (checkpointed job: " + was
-              + ", the default; its record predates this setting)";
+    return finish(final_params);
   }
-  if (!diff.empty())
-    return make_error(errc::invalid_config, "cannot resume the job in " + cfg.checkpoint_dir
-                                              + ": the configuration differs: " + diff);
-  js.record.samples = (*old)->samples;
-  js.record.seconds = (*old)->seconds;
-  js.record.resumes = (*old)->resumes + 1;
-  js.record.stage = (*old)->stage;
-  js.record.workers = (*old)->workers;
-  return std::optional<job_store>{std::move(js)};
-}
+
+private:
+  // -- prepare: the configuration, the data, the job's store and what a resume starts from.
+  caf::error prepare() {
+    if (auto err = validate(cfg_))
+      return err;
+    if (!cfg_.contention.empty()) {
+      auto profile = load_contention(cfg_.contention);
+      if (!profile)
+        return profile.error();
+      contention_ = std::move(*profile);
+    }
+    auto data = load_job_data(cfg_);
+    if (!data)
+      return data.error();
+    train_ = std::make_shared<const dataset>(std::move(data->train));
+    test_ = std::move(data->test);
+    auto store = job_store::open(cfg_);
+    if (!store)
+      return store.error();
+    store_ = std::move(*store);
+    budget_ = uint64_t{cfg_.epochs} * train_->n;
+    done_before_ = store_ ? store_->samples_before() : 0;
+    if (done_before_ >= budget_)
+      return make_error(errc::invalid_config, "the job in " + cfg_.checkpoint_dir + " already trained "
+                                                + std::to_string(done_before_) + " samples, its "
+                                                + std::to_string(cfg_.epochs)
+                                                + " epochs; raise train.epochs to train on");
+    if (done_before_ > 0)
+      spdlog::info("job: resuming from {} ({} of {} samples trained, resume {}, {} workers' batch shares and "
+                   "data positions)", cfg_.checkpoint_dir, done_before_, budget_, store_->record().resumes,
+                   store_->record().workers.size());
+    if (train_->n < cfg_.workers)
+      return make_error(errc::invalid_config, "train.workers = " + std::to_string(cfg_.workers) + " exceeds the "
+                                                + std::to_string(train_->n) + " training samples");
+    num_params_ = cfg_.model.num_params();
+    auto ranges = split_ranges(num_params_, cfg_.servers);
+    if (!ranges)
+      return ranges.error();
+    ranges_ = std::move(*ranges);
+    set_blas_threads(1);
+    lockstep_ = traits_of(cfg_.policy).lockstep;
+    next_epoch_ = static_cast<uint32_t>(done_before_ / train_->n + 1);
+    spdlog::info("job: model {} ({} parameters), {} train / {} test samples, {} workers, {} shards, "
+                 "policy {}, batch {} per worker, {} epochs",
+                 cfg_.model.to_string(), num_params_, train_->n, test_.n, cfg_.workers, cfg_.servers, cfg_.policy,
+                 cfg_.batch_size, cfg_.epochs);
+    return {};
+  }
+
+  // -- spawn: the run's files, the profiler, the shards, the scheduler and the workers.
+  caf::error spawn() {
+    auto recorder = open_recorder(cfg_);
+    if (!recorder)
+      return recorder.error();
+    recorder_ = std::move(*recorder);
+    auto metrics = open_metrics(cfg_, hooks_);
+    if (!metrics)
+      return metrics.error();
+    metrics_ = std::move(*metrics);
+    live_.policy = cfg_.policy;
+    where_.set_driver(caf::actor_cast<caf::actor>(self_));
+    profiler_ = spawn_profiler(sys_, 0.1, recorder_);
+    auto shards = where_.make_shards(ranges_, init_params(cfg_.model, cfg_.seed), cfg_);
+    if (!shards) {
+      self_->send_exit(profiler_, caf::exit_reason::user_shutdown);
+      return shards.error();
+    }
+    shards_ = std::move(*shards);
+    for (auto& s : shards_)
+      self_->monitor(s);
+    scheduler_ = spawn_scheduler(sys_, scheduler_settings());
+    start_ = clock_type::now();
+    if (recorder_)
+      recorder_->mark_start();
+    evals_ = std::make_unique<job_evaluations>(cfg_.model, hooks_, test_);
+    rep_ = report_header();
+    if (auto err = where_.start_workers(cfg_, scheduler_, profiler_, train_)) {
+      stop_all();
+      return err;
+    }
+    return {};
+  }
+
+  scheduler_config scheduler_settings() {
+    scheduler_config sc;
+    sc.job = cfg_;
+    sc.ranges = ranges_;
+    sc.shards = shards_;
+    sc.data_endpoints = where_.data_endpoints();
+    sc.data_key = where_.data_key();
+    sc.profiler = profiler_;
+    sc.train_size = train_->n;
+    sc.remaining = 1.0 - static_cast<double>(done_before_) / static_cast<double>(budget_);
+    if (store_) {
+      sc.resume_stage = store_->record().stage;
+      for (const auto& w : store_->record().workers)
+        sc.resume_workers[w.id] = {w.batch, w.position};
+      stage_ = std::make_shared<std::atomic<int>>(-1);
+      sc.stage_out = stage_;
+    }
+    sc.contention = contention_;
+    sc.observer = caf::actor_cast<caf::actor>(self_);
+    sc.recorder = recorder_;
+    return sc;
+  }
+
+  run_report report_header() const {
+    run_report rep;
+    rep.policy = cfg_.policy;
+    rep.model = cfg_.model.to_string();
+    rep.workers = cfg_.workers;
+    rep.servers = cfg_.servers;
+    rep.epochs = cfg_.epochs;
+    rep.batch_size = cfg_.batch_size;
+    rep.seed = cfg_.seed;
+    rep.train_samples = train_->n;
+    rep.test_samples = test_.n;
+    return rep;
+  }
+
+  void stop_all() {
+    for (auto& s : shards_)
+      self_->send_exit(s, caf::exit_reason::user_shutdown);
+    self_->send_exit(profiler_, caf::exit_reason::user_shutdown);
+    self_->send_exit(scheduler_, caf::exit_reason::user_shutdown);
+    where_.on_job_end();
+    if (metrics_.endpoint) {
+      live_.running = false;
+      metrics_.endpoint->publish(prometheus_text(live_));
+    }
+  }
+
+  double seconds() const { return std::chrono::duration<double>(clock_type::now() - start_).count(); }
+
+  double epoch_of(uint64_t samples) const {
+    return static_cast<double>(done_before_ + samples) / static_cast<double>(train_->n);
+  }
+
+  // -- watch: messages and ticks until every worker has left or the job fails.
+  void watch() {
+    // Epoch boundaries and evaluations are checked every tick (a fifth of the evaluation
+    // interval, 10-100 ms, so evaluations come when due rather than on a coarser tick);
+    // progress lines go out every progress_interval. Workers at their own pace are stopped
+    // at the sample budget from here, so they get a 20 ms tick: what they train past the
+    // budget is about a tick's worth of samples.
+    int64_t tick_ms = cfg_.eval_interval > 0 ? std::clamp(static_cast<int64_t>(cfg_.eval_interval * 1000 / 5),
+                                                          int64_t{10}, int64_t{100})
+                                             : int64_t{100};
+    if (!lockstep_)
+      tick_ms = std::min<int64_t>(tick_ms, 20);
+    schedule_.kind = *parse_lr_schedule(cfg_.lr_schedule); // validated
+    schedule_.warmup_epochs = cfg_.warmup_epochs;
+    scheduled_ = schedule_.kind != lr_schedule::constant || schedule_.warmup_epochs > 0;
+    if (scheduled_)
+      follow_schedule(0, 0.0, true);
+    while (!done_) {
+      self_->receive(
+        [&](done_atom, uint32_t f, uint32_t fl) {
+          done_ = true;
+          finished_ = f;
+          failed_ = fl;
+        },
+        [&](caf::down_msg& dm) { on_shard_down(dm); },
+        [&](shard_atom, uint32_t index, shard_actor& shard, std::string& endpoint) {
+          on_shard_back(index, std::move(shard), std::move(endpoint));
+        },
+        caf::after(std::chrono::milliseconds(tick_ms)) >> [] {});
+      if (!done_)
+        check_lost_shards();
+      if (!done_)
+        on_tick();
+    }
+  }
+
+  // The learning-rate schedule follows the epochs trained (a resumed job's included): its
+  // factor goes to the shards and, through the scheduler, to the workers whenever it has
+  // moved by more than 0.2%. With a time limit, the schedule runs on whichever ends
+  // first: the epochs, or the time (its fraction spent counts as that fraction of them).
+  void follow_schedule(uint64_t samples, double now, bool force) {
+    const double epoch = schedule_epoch(epoch_of(samples), cfg_.epochs, now, cfg_.time_limit);
+    const auto f = static_cast<float>(lr_factor(schedule_, epoch, cfg_.epochs));
+    if (!force && std::abs(f - lr_sent_) <= 0.002f * std::max(lr_sent_, 0.01f))
+      return;
+    lr_sent_ = f;
+    for (const auto& s : shards_)
+      self_->send(s, lr_atom::value, f);
+    self_->send(scheduler_, lr_atom::value, f);
+  }
+
+  void on_shard_down(const caf::down_msg& dm) {
+    size_t index = shards_.size();
+    for (size_t i = 0; i < shards_.size(); ++i)
+      if (shards_[i].address() == dm.source)
+        index = i;
+    if (index == shards_.size())
+      return;
+    const auto id = ranges_[index].shard_id;
+    if (cfg_.checkpoint_dir.empty() || cfg_.shard_wait <= 0) {
+      // The job cannot go on without the shard's parameters.
+      failure_ = make_error(errc::peer_unreachable, "server shard " + std::to_string(id) + " was lost ("
+                                                      + to_string(dm.reason) + "); the job stops");
+      done_ = true;
+      return;
+    }
+    lost_since_.emplace(index, seconds());
+    spdlog::warn("job: server shard {} was lost ({}); waiting up to {:.0f} s for it to be served again "
+                 "from its checkpoints: ashlar node --role server --shard {} --join SCHEDULER",
+                 id, to_string(dm.reason), cfg_.shard_wait, id);
+    if (recorder_)
+      recorder_->event("shard lost", "shard " + std::to_string(id));
+  }
+
+  void on_shard_back(uint32_t index, shard_actor shard, std::string endpoint) {
+    if (index >= shards_.size())
+      return;
+    spdlog::info("job: server shard {} is served again", ranges_[index].shard_id);
+    shards_[index] = shard;
+    self_->monitor(shards_[index]);
+    if (lr_sent_ != 1.0f)
+      self_->send(shards_[index], lr_atom::value, lr_sent_);
+    lost_since_.erase(index);
+    self_->send(scheduler_, shard_atom::value, index, std::move(shard), std::move(endpoint));
+  }
+
+  void check_lost_shards() {
+    for (const auto& [index, since] : lost_since_)
+      if (seconds() - since > cfg_.shard_wait) {
+        failure_ = make_error(errc::peer_unreachable, "server shard " + std::to_string(ranges_[index].shard_id)
+                                                        + " was lost and not served again within "
+                                                        + std::to_string(static_cast<int>(cfg_.shard_wait))
+                                                        + " s; the job stops");
+        done_ = true;
+      }
+  }
+
+  void on_tick() {
+    wire::cluster_stats stats;
+    self_->request(profiler_, std::chrono::seconds(10), caf::get_atom::value)
+      .receive([&](const wire::cluster_stats& s) { stats = s; }, [&](caf::error&) {});
+    const double now = seconds();
+    if (scheduled_)
+      follow_schedule(stats.total_samples, now, false);
+    publish_metrics(stats, now);
+    report_progress(stats, now);
+    evaluate_if_due(stats, now);
+    // The job's progress, for a resume: at most as far as the shards' checkpoints are.
+    if (store_ && now - last_record_ >= 1.0) {
+      save_progress(stats.total_samples, now, stats.workers);
+      last_record_ = now;
+    }
+    stop_if_due(stats, now);
+  }
+
+  void publish_metrics(const wire::cluster_stats& stats, double now) {
+    if (!metrics_.endpoint)
+      return;
+    live_.running = true;
+    live_.epoch = epoch_of(stats.total_samples);
+    // The shards' counters, once a second (each asks every shard).
+    if (live_.shards.empty() || now - last_shard_poll_ >= 1.0) {
+      live_.shards.clear();
+      for (const auto& s : shards_)
+        self_->request(s, std::chrono::seconds(5), status_atom::value)
+          .receive([&](const wire::shard_status& st) { live_.shards.push_back(st); }, [](caf::error&) {});
+      last_shard_poll_ = now;
+    }
+    live_.stats = stats;
+    metrics_.endpoint->publish(prometheus_text(live_));
+  }
+
+  void report_progress(const wire::cluster_stats& stats, double now) {
+    if (!hooks_.on_progress || cfg_.progress_interval <= 0 || now - last_progress_ < cfg_.progress_interval)
+      return;
+    progress_event ev;
+    ev.seconds = now;
+    ev.samples = stats.total_samples;
+    ev.epoch = epoch_of(stats.total_samples);
+    ev.samples_per_second = static_cast<double>(stats.total_samples - last_samples_) / (now - last_progress_);
+    ev.loss = stats.loss;
+    ev.lr = cfg_.optimizer.lr * lr_sent_;
+    ev.workers = stats.workers;
+    hooks_.on_progress(ev);
+    last_samples_ = stats.total_samples;
+    last_progress_ = now;
+  }
+
+  // A mid-run evaluation once an epoch boundary has been crossed (within a tick of it) or
+  // the evaluation interval has passed, on a snapshot, in the background.
+  void evaluate_if_due(const wire::cluster_stats& stats, double now) {
+    const uint64_t samples = done_before_ + stats.total_samples;
+    bool epoch_due = cfg_.eval_every_epoch && next_epoch_ < cfg_.epochs && samples >= uint64_t{next_epoch_} * train_->n;
+    bool interval_due = cfg_.eval_interval > 0 && now - last_eval_ >= cfg_.eval_interval;
+    record_point(evals_->settle(false));
+    if (!(epoch_due || interval_due) || evals_->busy() || !lost_since_.empty())
+      return;
+    if (auto p = snapshot(self_, shards_, num_params_))
+      evals_->start(std::move(*p), epoch_of(stats.total_samples), now, stats.loss);
+    // Interval evaluations keep to their grid (0.25, 0.5, ... s for 0.25), unless one
+    // still running made them fall behind by more than an interval.
+    last_eval_ = interval_due ? std::max(last_eval_ + cfg_.eval_interval, now - cfg_.eval_interval) : now;
+    while (next_epoch_ <= cfg_.epochs && samples >= uint64_t{next_epoch_} * train_->n)
+      ++next_epoch_;
+  }
+
+  void record_point(std::optional<epoch_point> pt) {
+    if (!pt)
+      return;
+    rep_.history.push_back(*pt);
+    live_.test_accuracy = pt->test_accuracy;
+    if (recorder_)
+      recorder_->evaluation(pt->seconds, pt->epoch, pt->test_accuracy, pt->train_loss);
+    if (hooks_.on_epoch)
+      hooks_.on_epoch(*pt);
+  }
+
+  // The job's record for a resume, with the stage the scheduler is in.
+  void save_progress(uint64_t samples, double secs, const std::vector<wire::worker_stats>& workers) {
+    std::string stage;
+    if (auto s = stage_->load(); s >= 0)
+      stage = to_string(static_cast<ashl_stage>(s));
+    if (auto err = store_->save(samples, secs, workers, stage))
+      spdlog::error("job: saving progress to {} failed: {}", cfg_.checkpoint_dir, describe(err));
+  }
+
+  // Workers at their own pace stop when their samples together reach the budget; any job
+  // stops at its time limit or when asked. Each worker finishes its step and leaves.
+  void stop_if_due(const wire::cluster_stats& stats, double now) {
+    if (stop_sent_)
+      return;
+    bool out_of_budget = !lockstep_ && done_before_ + stats.total_samples >= budget_;
+    bool out_of_time = cfg_.time_limit > 0 && now >= cfg_.time_limit;
+    bool asked = hooks_.stop_requested && hooks_.stop_requested();
+    if (!(out_of_budget || out_of_time || asked))
+      return;
+    stop_sent_ = true;
+    if (asked) {
+      rep_.stopped_early = true;
+      spdlog::info("job: asked to stop; stopping the workers after their current step");
+      if (recorder_)
+        recorder_->event("stop requested", "");
+    } else if (out_of_time) {
+      spdlog::info("job: time limit of {} s reached; stopping the workers", cfg_.time_limit);
+    }
+    self_->request(scheduler_, std::chrono::seconds(10), wire::ctl_request{wire::ctl_request::shutdown, 0, 0})
+      .receive([](const std::string&) {}, [](caf::error&) {});
+  }
+
+  // -- finish: the final figures, the last checkpoint round, the report.
+  expected<run_report> finish(std::vector<float>* final_params) {
+    auto params = snapshot(self_, shards_, num_params_);
+    if (!params)
+      failure_ = params.error();
+    collect_shard_counters();
+    if (store_)
+      checkpoint_round();
+    auto last_workers = collect_worker_figures();
+    rep_.samples_per_second = rep_.seconds > 0 ? rep_.samples / rep_.seconds : 0;
+    if (store_)
+      save_progress(rep_.samples, rep_.seconds, last_workers);
+    for (auto& s : shards_)
+      self_->demonitor(s.address());
+    stop_all();
+    if (failure_)
+      return failure_;
+    if (finished_ == 0)
+      return make_error(errc::invalid_state, "all " + std::to_string(failed_)
+                                               + " workers failed; the log above says why");
+    if (failed_ > 0)
+      spdlog::warn("job: {} of {} workers failed during training", failed_, finished_ + failed_);
+    auto ev = evals_->evaluate(*params);
+    if (!ev)
+      return ev.error();
+    rep_.test_accuracy = ev->accuracy();
+    rep_.test_loss = ev->mean_loss();
+    rep_.history.push_back(epoch_point{static_cast<double>(rep_.samples) / static_cast<double>(train_->n), rep_.seconds,
+                                       rep_.test_accuracy, 0.0});
+    if (recorder_)
+      recorder_->evaluation(rep_.seconds, rep_.history.back().epoch, rep_.test_accuracy, rep_.test_loss);
+    if (final_params)
+      *final_params = std::move(*params);
+    return std::move(rep_);
+  }
+
+  void collect_shard_counters() {
+    uint64_t staleness_sum = 0, pushes = 0;
+    for (const auto& s : shards_)
+      self_->request(s, std::chrono::seconds(10), status_atom::value)
+        .receive(
+          [&](const wire::shard_status& st) {
+            rep_.versions += st.version;
+            rep_.dropped += st.dropped;
+            staleness_sum += st.staleness_sum;
+            pushes += st.applied + st.dropped;
+          },
+          [&](caf::error&) {});
+    rep_.mean_staleness = pushes ? static_cast<double>(staleness_sum) / pushes : 0;
+  }
+
+  // The clean end: every shard checkpoints its last version (the job's record follows).
+  void checkpoint_round() {
+    for (const auto& s : shards_)
+      self_->request(s, std::chrono::seconds(60), checkpoint_atom::value)
+        .receive([](uint64_t) {},
+                 [&](caf::error& err) { spdlog::error("job: the final checkpoint failed: {}", describe(err)); });
+  }
+
+  std::vector<wire::worker_stats> collect_worker_figures() {
+    std::vector<wire::worker_stats> last;
+    self_->request(profiler_, std::chrono::seconds(10), caf::get_atom::value)
+      .receive(
+        [&](const wire::cluster_stats& s) {
+          last = s.workers;
+          rep_.samples = s.total_samples;
+          for (const auto& w : s.workers) {
+            worker_summary ws;
+            ws.worker_id = w.worker_id;
+            ws.steps = w.steps;
+            ws.samples = w.samples;
+            ws.samples_per_second = w.samples_per_second;
+            ws.compute_seconds = w.total_compute_seconds;
+            ws.wait_seconds = w.total_wait_seconds;
+            ws.stage_changes = w.stage_changes;
+            rep_.per_worker.push_back(ws);
+            rep_.bytes += w.bytes;
+            rep_.dense_bytes += w.dense_bytes;
+          }
+        },
+        [&](caf::error&) {});
+    return last;
+  }
+
+  caf::actor_system& sys_;
+  train_config cfg_;
+  job_placement& where_;
+  const job_hooks& hooks_;
+  caf::scoped_actor self_;
+  // prepare
+  contention_profile contention_;
+  std::shared_ptr<const dataset> train_;
+  dataset test_;
+  std::optional<job_store> store_;
+  uint64_t budget_ = 0, done_before_ = 0, num_params_ = 0;
+  std::vector<shard_range> ranges_;
+  bool lockstep_ = true;
+  // spawn
+  std::shared_ptr<run_recorder> recorder_;
+  metrics_target metrics_;
+  job_metrics live_;
+  profiler_actor profiler_;
+  std::vector<shard_actor> shards_;
+  scheduler_actor scheduler_;
+  std::shared_ptr<std::atomic<int>> stage_; // the scheduler's stage in force (ashl_stage; -1: none)
+  clock_type::time_point start_;
+  std::unique_ptr<job_evaluations> evals_;
+  run_report rep_;
+  // watch
+  bool done_ = false;
+  caf::error failure_;
+  uint32_t finished_ = 0, failed_ = 0;
+  uint32_t next_epoch_ = 1; // the next epoch boundary to evaluate at
+  uint64_t last_samples_ = 0;
+  double last_progress_ = 0, last_eval_ = 0, last_shard_poll_ = 0, last_record_ = 0;
+  std::map<size_t, double> lost_since_; // shards lost and not served again yet: since when
+  bool stop_sent_ = false;
+  lr_schedule schedule_;
+  bool scheduled_ = false;
+  float lr_sent_ = 1.0f;
+};
 
 }  // namespace
 
 job_placement::~job_placement() = default;
 
-expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg_in,
-                             job_placement& where, const job_hooks& hooks,
-                             std::vector<float>* final_params) {
-  train_config cfg = cfg_in;
-  if (auto err = validate(cfg))
-    return err;
-  contention_profile contention;
-  if (!cfg.contention.empty()) {
-    auto profile = load_contention(cfg.contention);
-    if (!profile)
-      return profile.error();
-    contention = std::move(*profile);
-  }
-  auto data = load_job_data(cfg);
-  if (!data)
-    return data.error();
-  auto train = std::make_shared<const dataset>(std::move(data->train));
-  const dataset test = std::move(data->test);
-  auto job_store_or = open_job_store(cfg);
-  if (!job_store_or)
-    return job_store_or.error();
-  auto jobstore = std::move(*job_store_or);
-  const uint64_t budget = uint64_t{cfg.epochs} * train->n;
-  const uint64_t done_before = jobstore ? jobstore->record.samples : 0;
-  const double seconds_before = jobstore ? jobstore->record.seconds : 0.0;
-  if (done_before >= budget)
-    return make_error(errc::invalid_config, "the job in " + cfg.checkpoint_dir + " already trained "
-                                              + std::to_string(done_before) + " samples, its "
-                                              + std::to_string(cfg.epochs)
-                                              + " epochs; raise train.epochs to train on");
-  if (done_before > 0)
-    spdlog::info("job: resuming from {} ({} of {} samples trained, resume {}, {} workers' batch shares and data "
-                 "positions)", cfg.checkpoint_dir, done_before, budget, jobstore->record.resumes,
-                 jobstore->record.workers.size());
-  if (train->n < cfg.workers)
-    return make_error(errc::invalid_config, "train.workers = " + std::to_string(cfg.workers)
-                                              + " exceeds the " + std::to_string(train->n)
-                                              + " training samples");
-  const uint64_t num_params = cfg.model.num_params();
-  auto ranges = split_ranges(num_params, cfg.servers);
-  if (!ranges)
-    return ranges.error();
-  auto init = init_params(cfg.model, cfg.seed);
-  set_blas_threads(1);
-
-  spdlog::info("job: model {} ({} parameters), {} train / {} test samples, {} workers, {} shards, "
-               "policy {}, batch {} per worker, {} epochs",
-               cfg.model.to_string(), num_params, train->n, test.n, cfg.workers, cfg.servers,
-               cfg.policy, cfg.batch_size, cfg.epochs);
-
-  auto recorder_or = open_recorder(cfg);
-  if (!recorder_or)
-    return recorder_or.error();
-  auto recorder = std::move(*recorder_or);
-  // The files are finished however the job ends (the profiler may hold on a while).
-  struct close_on_exit {
-    std::shared_ptr<run_recorder> r;
-    ~close_on_exit() {
-      if (r)
-        r->close();
-    }
-  } recorder_guard{recorder};
-  auto metrics_or = open_metrics(cfg, hooks);
-  if (!metrics_or)
-    return metrics_or.error();
-  auto metrics = std::move(*metrics_or);
-  job_metrics live;
-  live.policy = cfg.policy;
-
-  caf::scoped_actor self{sys};
-  where.set_driver(caf::actor_cast<caf::actor>(self));
-
-  auto profiler = spawn_profiler(sys, 0.1, recorder);
-  auto shards_or = where.make_shards(*ranges, init, cfg);
-  if (!shards_or) {
-    self->send_exit(profiler, caf::exit_reason::user_shutdown);
-    return shards_or.error();
-  }
-  auto shards = std::move(*shards_or);
-  for (auto& s : shards)
-    self->monitor(s);
-  scheduler_config sc;
-  sc.job = cfg;
-  sc.ranges = *ranges;
-  sc.shards = shards;
-  sc.data_endpoints = where.data_endpoints();
-  sc.data_key = where.data_key();
-  sc.profiler = profiler;
-  sc.train_size = train->n;
-  sc.remaining = 1.0 - static_cast<double>(done_before) / static_cast<double>(budget);
-  if (jobstore) {
-    sc.resume_stage = jobstore->record.stage;
-    for (const auto& w : jobstore->record.workers)
-      sc.resume_workers[w.id] = {w.batch, w.position};
-    sc.stage_out = std::make_shared<std::atomic<int>>(-1);
-  }
-  sc.contention = std::move(contention);
-  sc.observer = caf::actor_cast<caf::actor>(self);
-  sc.recorder = recorder;
-  auto scheduler = spawn_scheduler(sys, sc);
-  auto start = clock_type::now();
-  if (recorder)
-    recorder->mark_start();
-  auto stop_all = [&] {
-    for (auto& s : shards)
-      self->send_exit(s, caf::exit_reason::user_shutdown);
-    self->send_exit(profiler, caf::exit_reason::user_shutdown);
-    self->send_exit(scheduler, caf::exit_reason::user_shutdown);
-    where.on_job_end();
-    if (metrics.endpoint) {
-      live.running = false;
-      metrics.endpoint->publish(prometheus_text(live));
-    }
-  };
-  if (auto err = where.start_workers(cfg, scheduler, profiler, train)) {
-    stop_all();
-    return err;
-  }
-
-  run_report rep;
-  rep.policy = cfg.policy;
-  rep.model = cfg.model.to_string();
-  rep.workers = cfg.workers;
-  rep.servers = cfg.servers;
-  rep.epochs = cfg.epochs;
-  rep.batch_size = cfg.batch_size;
-  rep.seed = cfg.seed;
-  rep.train_samples = train->n;
-  rep.test_samples = test.n;
-
-  // The test evaluations: on the CPU, or for a model with a layer only the host
-  // application computes, on a backend of its own (hooks.make_backend); without one, the
-  // evaluations fail with the reason and the job trains on.
-  std::unique_ptr<compute_backend> evaluator;
-  caf::error no_evaluator;
-  if (auto cpu = make_cpu_backend(cfg.model)) {
-    evaluator = std::move(*cpu);
-  } else if (hooks.make_backend) {
-    auto choice = hooks.make_backend(cfg.model);
-    evaluator = std::move(choice.backend);
-    if (!evaluator)
-      no_evaluator = make_error(errc::invalid_state, "cannot evaluate model " + cfg.model.to_string() + ": "
-                                                       + choice.note);
-  } else {
-    no_evaluator = cpu.error();
-  }
-  auto evaluate = [&](const std::vector<float>& p) -> expected<batch_stats> {
-    if (!evaluator)
-      return no_evaluator;
-    return evaluator->evaluate(p.data(), test.all());
-  };
-  auto seconds = [&] { return std::chrono::duration<double>(clock_type::now() - start).count(); };
-
-  bool done = false;
-  caf::error failure;
-  uint32_t finished = 0, failed = 0;
-  // The next epoch boundary to evaluate at (a resumed job counts the samples before it).
-  auto next_epoch = static_cast<uint32_t>(done_before / train->n + 1);
-  uint64_t last_samples = 0;
-  double last_progress = 0;
-  double last_eval = 0;
-  double last_shard_poll = 0;
-  double last_record = 0;
-  std::map<uint32_t, uint64_t> worker_samples_before;
-  if (jobstore)
-    for (const auto& w : jobstore->record.workers)
-      worker_samples_before[w.id] = w.samples;
-  // The job's record for a resume: this run's samples and seconds on top of the earlier
-  // runs', the stage the scheduler is in, and each member's batch share and data position
-  // (members that have not reported in this run keep their checkpointed entries).
-  auto save_progress = [&](uint64_t samples, double secs, const std::vector<wire::worker_stats>& workers) {
-    jobstore->record.samples = done_before + samples;
-    jobstore->record.seconds = seconds_before + secs;
-    auto& rw = jobstore->record.workers;
-    for (const auto& w : workers) {
-      if (w.steps == 0 || w.position.count == 0)
-        continue;
-      auto i = std::find_if(rw.begin(), rw.end(), [&](const auto& r) { return r.id == w.worker_id; });
-      if (i == rw.end())
-        i = rw.insert(rw.end(), job_record::worker{});
-      *i = {w.worker_id, w.batch, w.position, worker_samples_before[w.worker_id] + w.samples};
-    }
-    if (auto stage = sc.stage_out->load(); stage >= 0)
-      jobstore->record.stage = to_string(static_cast<ashl_stage>(stage));
-    if (auto err = save_job_record(*jobstore->store, jobstore->record))
-      spdlog::error("job: saving progress to {} failed: {}", cfg.checkpoint_dir, describe(err));
-  };
-  std::map<size_t, double> lost_since; // shards lost and not served again yet: since when
-  bool stop_sent = false;
-  bool lockstep = true;
-  if (auto policy = make_policy(cfg.policy, {}))
-    lockstep = (*policy)->lockstep();
-  // A mid-run evaluation runs in the background on a snapshot, at most one at a time; its
-  // point is recorded (at the snapshot's time) once it completes.
-  struct pending_eval {
-    std::future<expected<batch_stats>> result;
-    double epoch = 0, at = 0, loss = 0;
-  };
-  std::optional<pending_eval> pending;
-  auto settle = [&](bool wait) {
-    if (!pending || (!wait && pending->result.wait_for(std::chrono::seconds(0)) != std::future_status::ready))
-      return;
-    auto ev = pending->result.get();
-    if (ev) {
-      epoch_point pt{pending->epoch, pending->at, ev->accuracy(), pending->loss};
-      rep.history.push_back(pt);
-      live.test_accuracy = pt.test_accuracy;
-      if (recorder)
-        recorder->evaluation(pt.seconds, pt.epoch, pt.test_accuracy, pt.train_loss);
-      if (hooks.on_epoch)
-        hooks.on_epoch(pt);
-    }
-    pending.reset();
-  };
-  auto record = [&](std::vector<float> p, double epoch, double at, double loss) {
-    pending_eval e{{}, epoch, at, loss};
-    e.result = std::async(std::launch::async, [&evaluate, p = std::move(p)] {
-      lower_thread_priority();
-      return evaluate(p);
-    });
-    pending = std::move(e);
-  };
-  // Epoch boundaries and evaluations are checked every tick (a fifth of the evaluation
-  // interval, 10-100 ms, so evaluations come when due rather than on a coarser tick);
-  // progress lines go out every progress_interval. Workers at their own pace are stopped
-  // at the sample budget from here, so they get a 20 ms tick: what they train past the
-  // budget is about a tick's worth of samples.
-  int64_t tick_ms = cfg.eval_interval > 0
-                      ? std::clamp(static_cast<int64_t>(cfg.eval_interval * 1000 / 5), int64_t{10}, int64_t{100})
-                      : int64_t{100};
-  if (!lockstep)
-    tick_ms = std::min<int64_t>(tick_ms, 20);
-  const auto tick = std::chrono::milliseconds(tick_ms);
-  // The learning-rate schedule follows the epochs trained (a resumed job's included):
-  // its factor goes to the shards and, through the scheduler, to the workers whenever it
-  // has moved by more than 0.2%. With a time limit, the schedule runs on whichever ends
-  // first: the epochs, or the time (its fraction spent counts as that fraction of them).
-  lr_schedule schedule;
-  schedule.kind = *parse_lr_schedule(cfg.lr_schedule); // validated
-  schedule.warmup_epochs = cfg.warmup_epochs;
-  const bool scheduled = schedule.kind != lr_schedule::constant || schedule.warmup_epochs > 0;
-  float lr_sent = 1.0f;
-  auto follow_schedule = [&](uint64_t samples, double now, bool force) {
-    const double epoch = schedule_epoch(static_cast<double>(samples) / static_cast<double>(train->n), cfg.epochs,
-                                        now, cfg.time_limit);
-    const auto f = static_cast<float>(lr_factor(schedule, epoch, cfg.epochs));
-    if (!force && std::abs(f - lr_sent) <= 0.002f * std::max(lr_sent, 0.01f))
-      return;
-    lr_sent = f;
-    for (const auto& s : shards)
-      self->send(s, lr_atom::value, f);
-    self->send(scheduler, lr_atom::value, f);
-  };
-  if (scheduled)
-    follow_schedule(done_before, 0.0, true);
-  while (!done) {
-    self->receive(
-      [&](done_atom, uint32_t f, uint32_t fl) {
-        done = true;
-        finished = f;
-        failed = fl;
-      },
-      [&](caf::down_msg& dm) {
-        size_t index = shards.size();
-        for (size_t i = 0; i < shards.size(); ++i)
-          if (shards[i].address() == dm.source)
-            index = i;
-        if (index == shards.size())
-          return;
-        const auto id = (*ranges)[index].shard_id;
-        if (cfg.checkpoint_dir.empty() || cfg.shard_wait <= 0) {
-          // The job cannot go on without the shard's parameters.
-          failure = make_error(errc::peer_unreachable, "server shard " + std::to_string(id) + " was lost ("
-                                                         + to_string(dm.reason) + "); the job stops");
-          done = true;
-          return;
-        }
-        lost_since.emplace(index, seconds());
-        spdlog::warn("job: server shard {} was lost ({}); waiting up to {:.0f} s for it to be served again "
-                     "from its checkpoints: ashlar node --role server --shard {} --join SCHEDULER",
-                     id, to_string(dm.reason), cfg.shard_wait, id);
-        if (recorder)
-          recorder->event("shard lost", "shard " + std::to_string(id));
-      },
-      [&](shard_atom, uint32_t index, shard_actor& shard, std::string& endpoint) {
-        if (index >= shards.size())
-          return;
-        spdlog::info("job: server shard {} is served again", (*ranges)[index].shard_id);
-        shards[index] = shard;
-        self->monitor(shards[index]);
-        if (lr_sent != 1.0f)
-          self->send(shards[index], lr_atom::value, lr_sent);
-        lost_since.erase(index);
-        self->send(scheduler, shard_atom::value, index, std::move(shard), std::move(endpoint));
-      },
-      caf::after(tick) >> [] {});
-    if (done)
-      break;
-    for (const auto& [index, since] : lost_since)
-      if (seconds() - since > cfg.shard_wait) {
-        failure = make_error(errc::peer_unreachable, "server shard " + std::to_string((*ranges)[index].shard_id)
-                                                       + " was lost and not served again within "
-                                                       + std::to_string(static_cast<int>(cfg.shard_wait))
-                                                       + " s; the job stops");
-        done = true;
-      }
-    if (done)
-      break;
-    wire::cluster_stats stats;
-    self->request(profiler, std::chrono::seconds(10), caf::get_atom::value)
-      .receive([&](const wire::cluster_stats& s) { stats = s; }, [&](caf::error&) {});
-    double now = seconds();
-    if (scheduled)
-      follow_schedule(done_before + stats.total_samples, now, false);
-    if (metrics.endpoint) {
-      live.running = true;
-      live.epoch = static_cast<double>(done_before + stats.total_samples) / static_cast<double>(train->n);
-      // The shards' counters, once a second (each asks every shard).
-      if (live.shards.empty() || now - last_shard_poll >= 1.0) {
-        live.shards.clear();
-        for (const auto& s : shards)
-          self->request(s, std::chrono::seconds(5), status_atom::value)
-            .receive([&](const wire::shard_status& st) { live.shards.push_back(st); }, [](caf::error&) {});
-        last_shard_poll = now;
-      }
-      live.stats = stats;
-      metrics.endpoint->publish(prometheus_text(live));
-    }
-    if (hooks.on_progress && cfg.progress_interval > 0 && now - last_progress >= cfg.progress_interval) {
-      progress_event ev;
-      ev.seconds = now;
-      ev.samples = stats.total_samples;
-      ev.epoch = static_cast<double>(done_before + stats.total_samples) / static_cast<double>(train->n);
-      ev.samples_per_second = static_cast<double>(stats.total_samples - last_samples) / (now - last_progress);
-      ev.loss = stats.loss;
-      ev.lr = cfg.optimizer.lr * lr_sent;
-      ev.workers = stats.workers;
-      hooks.on_progress(ev);
-      last_samples = stats.total_samples;
-      last_progress = now;
-    }
-    // Evaluate once an epoch boundary has been crossed (within a tick of it).
-    bool epoch_due = cfg.eval_every_epoch && next_epoch < cfg.epochs
-                     && done_before + stats.total_samples >= uint64_t{next_epoch} * train->n;
-    bool interval_due = cfg.eval_interval > 0 && now - last_eval >= cfg.eval_interval;
-    settle(false);
-    if ((epoch_due || interval_due) && !pending && lost_since.empty()) {
-      if (auto p = snapshot(self, shards, num_params))
-        record(std::move(*p), static_cast<double>(done_before + stats.total_samples) / train->n, now, stats.loss);
-      // Interval evaluations keep to their grid (0.25, 0.5, ... s for 0.25), unless one
-      // still running made them fall behind by more than an interval.
-      last_eval = interval_due ? std::max(last_eval + cfg.eval_interval, now - cfg.eval_interval) : now;
-      while (next_epoch <= cfg.epochs && done_before + stats.total_samples >= uint64_t{next_epoch} * train->n)
-        ++next_epoch;
-    }
-    // Workers at their own pace stop when their samples together reach the budget; any
-    // job stops at its time limit. Each finishes its step and leaves.
-    bool out_of_budget = !lockstep && done_before + stats.total_samples >= budget;
-    // The job's progress, for a resume: at most as far as the shards' checkpoints are.
-    if (jobstore && now - last_record >= 1.0) {
-      save_progress(stats.total_samples, now, stats.workers);
-      last_record = now;
-    }
-    bool out_of_time = cfg.time_limit > 0 && now >= cfg.time_limit;
-    bool asked = !stop_sent && hooks.stop_requested && hooks.stop_requested();
-    if (!stop_sent && (out_of_budget || out_of_time || asked)) {
-      stop_sent = true;
-      if (asked) {
-        rep.stopped_early = true;
-        spdlog::info("job: asked to stop; stopping the workers after their current step");
-        if (recorder)
-          recorder->event("stop requested", "");
-      } else if (out_of_time) {
-        spdlog::info("job: time limit of {} s reached; stopping the workers", cfg.time_limit);
-      }
-      self->request(scheduler, std::chrono::seconds(10), wire::ctl_request{wire::ctl_request::shutdown, 0, 0})
-        .receive([](const std::string&) {}, [](caf::error&) {});
-    }
-  }
-  rep.seconds = seconds();
-  settle(true); // the last mid-run evaluation, if one is still running
-
-  if (failure) {
-    stop_all();
-    return failure;
-  }
-  // Final figures: parameters, shard counters, per-worker statistics.
-  auto params = snapshot(self, shards, num_params);
-  if (!params)
-    failure = params.error();
-  uint64_t staleness_sum = 0, applied = 0;
-  for (const auto& s : shards)
-    self->request(s, std::chrono::seconds(10), status_atom::value)
-      .receive(
-        [&](const wire::shard_status& st) {
-          rep.versions += st.version;
-          rep.dropped += st.dropped;
-          staleness_sum += st.staleness_sum;
-          applied += st.applied + st.dropped;
-        },
-        [&](caf::error&) {});
-  rep.mean_staleness = applied ? static_cast<double>(staleness_sum) / applied : 0;
-  // The clean end: every shard checkpoints its last version, then the job's record.
-  if (jobstore) {
-    for (const auto& s : shards)
-      self->request(s, std::chrono::seconds(60), checkpoint_atom::value)
-        .receive([](uint64_t) {},
-                 [&](caf::error& err) { spdlog::error("job: the final checkpoint failed: {}", describe(err)); });
-  }
-  std::vector<wire::worker_stats> last_workers;
-  self->request(profiler, std::chrono::seconds(10), caf::get_atom::value)
-    .receive(
-      [&](const wire::cluster_stats& s) {
-        last_workers = s.workers;
-        rep.samples = s.total_samples;
-        for (const auto& w : s.workers) {
-          worker_summary ws;
-          ws.worker_id = w.worker_id;
-          ws.steps = w.steps;
-          ws.samples = w.samples;
-          ws.samples_per_second = w.samples_per_second;
-          ws.compute_seconds = w.total_compute_seconds;
-          ws.wait_seconds = w.total_wait_seconds;
-          ws.stage_changes = w.stage_changes;
-          rep.per_worker.push_back(ws);
-          rep.bytes += w.bytes;
-          rep.dense_bytes += w.dense_bytes;
-        }
-      },
-      [&](caf::error&) {});
-  rep.samples_per_second = rep.seconds > 0 ? rep.samples / rep.seconds : 0;
-  if (jobstore)
-    save_progress(rep.samples, rep.seconds, last_workers);
-
-  for (auto& s : shards)
-    self->demonitor(s.address());
-  stop_all();
-
-  if (failure)
-    return failure;
-  if (finished == 0)
-    return make_error(errc::invalid_state, "all " + std::to_string(failed)
-                                             + " workers failed; the log above says why");
-  if (failed > 0)
-    spdlog::warn("job: {} of {} workers failed during training", failed, finished + failed);
-  auto ev = evaluate(*params);
-  if (!ev)
-    return ev.error();
-  rep.test_accuracy = ev->accuracy();
-  rep.test_loss = ev->mean_loss();
-  rep.history.push_back(epoch_point{static_cast<double>(rep.samples) / train->n, rep.seconds,
-                                    rep.test_accuracy, 0.0});
-  if (recorder)
-    recorder->evaluation(rep.seconds, rep.history.back().epoch, rep.test_accuracy, rep.test_loss);
-  if (final_params)
-    *final_params = std::move(*params);
-  return rep;
+expected<run_report> run_job(caf::actor_system& sys, const train_config& cfg, job_placement& where,
+                             const job_hooks& hooks, std::vector<float>* final_params) {
+  return job_run(sys, cfg, where, hooks).run(final_params);
 }
 
 }  // namespace ashlar::actors
-

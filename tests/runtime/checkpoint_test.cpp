@@ -3,7 +3,9 @@
 
 #include <numeric>
 
+#include "runtime/config/train_config.hpp"
 #include "runtime/store/checkpoint.hpp"
+#include "runtime/store/job_store.hpp"
 #include "temp_dir.hpp"
 
 using namespace ashlar;
@@ -172,4 +174,56 @@ TEST_CASE("a checkpoint record with an empty parameter tensor decodes to an erro
     CHECK(is(c.error(), errc::corrupt_data));
   else
     CHECK(c->params.size() == c->end - c->begin);
+}
+
+TEST_CASE("the job store resumes only the same configuration, and keeps earlier runs' progress under this run's") {
+  test::temp_dir dir;
+  train_config cfg;
+  cfg.checkpoint_dir = dir.path() + "/ckpt";
+  {
+    auto store = job_store::open(cfg);
+    REQUIRE(store);
+    REQUIRE(*store);
+    wire::worker_stats w;
+    w.worker_id = 1;
+    w.steps = 10;
+    w.samples = 640;
+    w.batch = 64;
+    w.position = wire::data_position{0, 100, 7, 2, 30};
+    REQUIRE_FALSE((*store)->save(640, 3.5, {w}, "shl"));
+  }
+  // Without --resume, a directory holding a job is refused.
+  auto taken = job_store::open(cfg);
+  REQUIRE_FALSE(taken);
+  CHECK(describe(taken.error()).find("--resume") != std::string::npos);
+  cfg.resume = true;
+  auto resumed = std::make_optional(job_store::open(cfg));
+  auto& opened = *resumed;
+  REQUIRE(opened);
+  REQUIRE(*opened);
+  auto& js = **opened;
+  CHECK(js.samples_before() == 640);
+  CHECK(js.record().resumes == 1);
+  CHECK(js.record().stage == "shl");
+  REQUIRE(js.record().workers.size() == 1);
+  CHECK(js.record().workers[0].position.pos == 30);
+  // This run's figures go on top of the earlier run's.
+  wire::worker_stats w;
+  w.worker_id = 1;
+  w.steps = 5;
+  w.samples = 320;
+  w.batch = 64;
+  w.position = wire::data_position{0, 100, 7, 2, 60};
+  REQUIRE_FALSE(js.save(320, 1.0, {w}, ""));
+  CHECK(js.record().samples == 960);
+  CHECK(js.record().workers[0].samples == 960);
+  CHECK(js.record().stage == "shl"); // "" keeps it
+  resumed.reset(); // closes the store
+  // Another configuration is refused, naming the setting and both values.
+  cfg.batch_size = 32;
+  auto changed = job_store::open(cfg);
+  REQUIRE_FALSE(changed);
+  INFO(describe(changed.error()));
+  CHECK(describe(changed.error()).find("train.batch_size = 32 (checkpointed job: 64)") != std::string::npos);
+  CHECK(settings_diff({"a=1", "b=2"}, {"a=1", "b=2"}).empty());
 }

@@ -49,31 +49,6 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-// Plots series.csv: test accuracy against wall time, one line per policy.
-const char* plot_script = R"PY(# Written by `ashlar bench hetero`: python3 plot.py series.csv accuracy.png TARGET
-import csv, sys
-import matplotlib
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-series = {}
-with open(sys.argv[1]) as f:
-    for row in csv.DictReader(f):
-        series.setdefault(row["policy"], []).append((float(row["seconds"]), float(row["test_accuracy"])))
-fig, ax = plt.subplots(figsize=(8, 5))
-for name, pts in series.items():
-    pts.sort()
-    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=name)
-ax.axhline(float(sys.argv[3]), color="gray", linestyle="--", linewidth=1, label="target")
-ax.set_xlabel("wall time (s)")
-ax.set_ylabel("test accuracy")
-ax.set_ylim(0.5, 0.92)
-ax.grid(True, alpha=0.3)
-ax.legend(loc="lower right")
-ax.set_title(sys.argv[4] if len(sys.argv) > 4 else "test accuracy against wall time")
-fig.tight_layout()
-fig.savefig(sys.argv[2], dpi=120)
-)PY";
-
 std::string fmt(double x, int prec = 3) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", prec, x);
@@ -324,23 +299,13 @@ int run_hetero_bench(const hetero_options& o) {
         md << "- " << r.policy << " did not reach " << o.target << " within " << o.time_cap << " s (best "
            << fmt(r.best_accuracy, 4) << ").\n";
   }
-  // accuracy.png
+  // What ops/plot needs besides the series (it draws accuracy.png from them).
   {
-    std::ofstream py{o.out + "/plot.py"};
-    py << plot_script;
+    std::ofstream meta{o.out + "/bench.json"};
+    meta << "{\"target\": " << fmt(o.target, 3) << ", \"speeds\": \"" << o.speeds << "\"}\n";
   }
-  // Debian's interpreter, which python3-matplotlib installs into (a python3 earlier on
-  // PATH, e.g. from pyenv, would not see it).
-  std::string python = ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
-  std::string cmd = python + " '" + o.out + "/plot.py' '" + o.out + "/series.csv' '" + o.out + "/accuracy.png' "
-                    + fmt(o.target, 3) + " 'test accuracy against wall time, speeds " + o.speeds + "' 2>'" + o.out
-                    + "/plot.log'";
-  int rc = std::system(cmd.c_str());
-  if (rc != 0)
-    std::printf("no accuracy.png: plotting needs python3-matplotlib (apt-get install python3-matplotlib); "
-                "see %s/plot.log, then run: python3 %s/plot.py %s/series.csv %s/accuracy.png %.2f\n",
-                o.out.c_str(), o.out.c_str(), o.out.c_str(), o.out.c_str(), o.target);
-  std::printf("wrote %s/results.md, results.csv, series.csv%s\n", o.out.c_str(), rc == 0 ? ", accuracy.png" : "");
+  std::printf("wrote %s/results.md, results.csv, series.csv, bench.json; plot them with: ops/plot %s/series.csv\n",
+              o.out.c_str(), o.out.c_str());
   return 0;
 }
 

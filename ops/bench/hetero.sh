@@ -41,6 +41,8 @@ eval="${EVAL:-0.25}"
   --eval-interval "$eval" --contention ops/configs/contention-periodic.txt \
   --policies bsp+proportional,bsp+adaptive,bsp+predicted,ring+proportional,ring+predicted \
   --out "$out/contention" "$@"
+ops/plot "$out/series.csv"
+ops/plot "$out/contention/series.csv"
 # The goals, from the tables: ASHL's time to the target against BSP's and ADSP's, the
 # best ideal fraction, and predicted against proportional allocation under contention.
 python3 - "$out" <<'PY'

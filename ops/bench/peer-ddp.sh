@@ -47,6 +47,7 @@ if [[ "$config" != ops/configs/fmnist-mlp.toml ]]; then
 fi
 "$ashlar" bench hetero "$config" --speeds 1,1,2,4 --time-cap "$cap" --repeat "$seeds" --target "$target" \
   --sample-ms "$sample_ms" --policies "$policies" "${sets[@]}" --eval-interval "$eval" --out "$out/ashlar"
+ops/plot "$out/ashlar/series.csv"
 # DDP: the config's lr 0.1, momentum 0.9, weight decay 1e-4, batch 64 per process.
 /usr/bin/python3 ops/bench/ddp_peer.py --speeds 1,1,2,4 --sample-ms "$sample_ms" --time-cap "$cap" --eval-interval "$eval" \
   --target "$target" "${ddp_model[@]}" --seeds "$(seq -s, 1 "$seeds")" | tee "$out/ddp.jsonl"

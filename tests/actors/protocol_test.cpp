@@ -1,0 +1,332 @@
+// The actors' protocols stepped message by message on CAF's deterministic test
+// coordinator: no threads, no wall clock (timeouts fire when the test says), so each test
+// asserts what an actor sends after each message it takes, not what a whole job reaches.
+// Probes (scoped actors) stand in for workers; a scripted profiler and recording shards
+// stand in for the scheduler's peers.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <vector>
+
+#include <caf/scheduler/test_coordinator.hpp>
+
+#include "actors/interfaces.hpp"
+#include "actors/scheduler.hpp"
+#include "actors/server_shard.hpp"
+#include "runtime/policy/ashl.hpp"
+
+using namespace ashlar;
+using namespace ashlar::actors;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct stepped_config : caf::actor_system_config {
+  stepped_config() {
+    register_types(*this);
+    set("scheduler.policy", caf::atom("testing"));
+    set("logger.file-verbosity", caf::atom("quiet"));
+  }
+};
+
+struct stepped {
+  stepped_config cfg;
+  caf::actor_system sys{cfg};
+  caf::scheduler::test_coordinator& sched = dynamic_cast<caf::scheduler::test_coordinator&>(sys.scheduler());
+
+  // Lets every actor finish: what is queued is taken and what is pending fires (the
+  // actors were told to exit, or no handle to them is left).
+  ~stepped() {
+    for (int i = 0; i < 1000 && (sched.run() > 0 || sched.trigger_timeouts() > 0); ++i) {
+    }
+  }
+
+  // Lets actors take messages until none has any left.
+  size_t run() { return sched.run(); }
+
+  // Lets one actor take one message; false if no actor had one.
+  bool step() { return sched.try_run_once(); }
+};
+
+// Takes the next message of type T from a probe's mailbox, if one is there now.
+template <class T>
+std::optional<T> take(caf::scoped_actor& probe) {
+  std::optional<T> out;
+  probe->receive([&](const T& x) { out = x; }, caf::after(std::chrono::seconds(0)) >> [] {});
+  return out;
+}
+
+// True if a probe's mailbox is empty.
+bool idle(caf::scoped_actor& probe) {
+  return probe->mailbox().empty();
+}
+
+shard_actor make_shard(caf::actor_system& sys, const std::string& policy, size_t n) {
+  auto p = make_policy(policy, {});
+  REQUIRE(p);
+  sgd_config opt;
+  opt.lr = 1.0f;
+  opt.momentum = 0.0f;
+  opt.weight_decay = 0.0f;
+  return spawn_shard(sys, std::make_unique<shard_core>(shard_range{0, 0, n}, std::vector<float>(n, 0.0f), opt,
+                                                       std::move(*p)));
+}
+
+}  // namespace
+
+TEST_CASE("protocol: a BSP round on a shard, message by message") {
+  stepped t;
+  auto shard = make_shard(t.sys, "bsp", 2);
+  caf::scoped_actor w0{t.sys}, w1{t.sys};
+  w0->send(shard, wire::membership_change{wire::membership_change::join, 0, ""});
+  w1->send(shard, wire::membership_change{wire::membership_change::join, 1, ""});
+  t.run();
+  REQUIRE(take<caf::ok_atom>(w0));
+  REQUIRE(take<caf::ok_atom>(w1));
+  // Worker 0 pushes: buffered for the round. Its next read is held.
+  w0->send(shard, wire::push{0, 0, 0, 1, wire::tensor{1, 1}});
+  REQUIRE(t.step());
+  auto ack = take<wire::push_ack>(w0);
+  REQUIRE(ack);
+  CHECK(ack->outcome == wire::push_ack::buffered);
+  w0->send(shard, wire::pull_request{0, 0, false});
+  REQUIRE(t.step());
+  CHECK(idle(w0)); // held until the round completes
+  CHECK_FALSE(t.step()); // and nothing else is pending
+  // Worker 1's push completes the round: its ack and worker 0's held read, both version 1.
+  w1->send(shard, wire::push{1, 0, 0, 1, wire::tensor{3, 3}});
+  REQUIRE(t.step());
+  auto ack1 = take<wire::push_ack>(w1);
+  REQUIRE(ack1);
+  CHECK(ack1->version == 1);
+  auto reply = take<wire::pull_reply>(w0);
+  REQUIRE(reply);
+  CHECK(reply->version == 1);
+  CHECK(reply->params == wire::tensor{-2, -2}); // the mean of the round's gradients, lr 1
+}
+
+TEST_CASE("protocol: a chunked push is acknowledged chunk by chunk and applied once whole") {
+  stepped t;
+  auto shard = make_shard(t.sys, "asp", 4);
+  caf::scoped_actor w{t.sys};
+  w->send(shard, wire::membership_change{wire::membership_change::join, 0, ""});
+  t.run();
+  REQUIRE(take<caf::ok_atom>(w));
+  // The first half: acknowledged as a part, nothing applied.
+  wire::push first{0, 0, 0, 1, wire::tensor{1, 2}};
+  first.offset = 0;
+  first.total = 4;
+  w->send(shard, first);
+  REQUIRE(t.step());
+  auto a = take<wire::push_ack>(w);
+  REQUIRE(a);
+  CHECK_FALSE(a->complete);
+  CHECK(a->version == 0);
+  // The second half completes the push: one version, every entry updated.
+  wire::push second{0, 0, 0, 1, wire::tensor{3, 4}};
+  second.offset = 2;
+  second.total = 4;
+  w->send(shard, second);
+  REQUIRE(t.step());
+  auto b = take<wire::push_ack>(w);
+  REQUIRE(b);
+  CHECK(b->complete);
+  CHECK(b->version == 1);
+  w->send(shard, wire::pull_request{0, 0, true});
+  REQUIRE(t.step());
+  auto r = take<wire::pull_reply>(w);
+  REQUIRE(r);
+  CHECK(r->params == wire::tensor{-1, -2, -3, -4});
+}
+
+namespace {
+
+// What the recording shards and the scripted profiler saw, and what the profiler says.
+struct script {
+  std::vector<std::pair<uint64_t, float>> bounds; // bound_atom messages, all shards
+  std::vector<uint32_t> joins;                   // membership joins, all shards
+  wire::cluster_stats stats;                     // the profiler's answer to get
+};
+
+shard_actor recording_shard(caf::actor_system& sys, std::shared_ptr<script> s) {
+  return sys.spawn([s](shard_actor::pointer) -> shard_actor::behavior_type {
+    return {
+      [](const wire::pull_request&) -> wire::pull_reply { return {}; },
+      [](const wire::push&) -> wire::push_ack { return {}; },
+      [s](const wire::membership_change& m) -> caf::ok_atom {
+        if (m.kind == wire::membership_change::join)
+          s->joins.push_back(m.worker_id);
+        return caf::ok_atom::value;
+      },
+      [](status_atom) -> wire::shard_status { return {}; },
+      [](tune_atom, uint32_t, bool) {},
+      [s](bound_atom, uint64_t gap, float lr) { s->bounds.emplace_back(gap, lr); },
+      [](lr_atom, float) {},
+      [](checkpoint_atom) -> uint64_t { return 0; },
+    };
+  });
+}
+
+profiler_actor scripted_profiler(caf::actor_system& sys, std::shared_ptr<script> s) {
+  return sys.spawn([s](profiler_actor::pointer) -> profiler_actor::behavior_type {
+    return {
+      [](const wire::profile_report&) {},
+      [](const wire::membership_change&) -> caf::ok_atom { return caf::ok_atom::value; },
+      [s](caf::get_atom) -> wire::cluster_stats { return s->stats; },
+    };
+  });
+}
+
+// A scheduler for `policy` with `n` expected workers, two recording shards and the
+// scripted profiler.
+struct scheduler_rig {
+  stepped t;
+  std::shared_ptr<script> s = std::make_shared<script>();
+  std::vector<shard_actor> shards;
+  profiler_actor profiler;
+  scheduler_actor scheduler;
+
+  scheduler_rig(const std::string& policy, uint32_t n) {
+    scheduler_config sc;
+    sc.job.policy = policy;
+    sc.job.workers = n;
+    sc.job.batch_size = 10;
+    sc.job.epochs = 1;
+    sc.train_size = 1000;
+    sc.ranges = {shard_range{0, 0, 50}, shard_range{1, 50, 100}};
+    shards = {recording_shard(t.sys, s), recording_shard(t.sys, s)};
+    sc.shards = shards;
+    sc.profiler = scripted_profiler(t.sys, s);
+    profiler = sc.profiler;
+    scheduler = spawn_scheduler(t.sys, sc);
+  }
+
+  ~scheduler_rig() {
+    for (const auto& s : shards)
+      caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(profiler, caf::exit_reason::user_shutdown);
+    caf::anon_send_exit(scheduler, caf::exit_reason::user_shutdown);
+  }
+
+  // Each probe registers; returns the assignments in probe order once all are answered.
+  std::vector<wire::assignment> register_all(std::vector<caf::scoped_actor*> probes) {
+    for (auto* p : probes)
+      (*p)->send(scheduler, wire::register_worker{});
+    t.run();
+    std::vector<wire::assignment> out;
+    for (auto* p : probes) {
+      std::optional<wire::assignment> a;
+      (*p)->receive([&](const wire::assignment& x, const std::vector<shard_actor>&) { a = x; },
+                    caf::after(std::chrono::seconds(0)) >> [] {});
+      REQUIRE(a);
+      out.push_back(*a);
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("protocol: the scheduler answers registrations only once every expected worker joined") {
+  scheduler_rig rig("bsp", 2);
+  caf::scoped_actor w0{rig.t.sys}, w1{rig.t.sys};
+  w0->send(rig.scheduler, wire::register_worker{});
+  rig.t.run();
+  CHECK(idle(w0)); // the start barrier holds the first worker
+  CHECK(rig.s->joins == std::vector<uint32_t>{0, 0}); // both shards know it already
+  w1->send(rig.scheduler, wire::register_worker{});
+  rig.t.run();
+  std::vector<uint64_t> begins;
+  for (auto* w : {&w0, &w1})
+    (*w)->receive([&](const wire::assignment& a, const std::vector<shard_actor>& shards) {
+                    CHECK(shards.size() == 2);
+                    begins.push_back(a.data_begin);
+                  },
+                  caf::after(std::chrono::seconds(0)) >> [] { FAIL("no assignment"); });
+  CHECK(begins == std::vector<uint64_t>{0, 500}); // fixed data slots by id
+}
+
+TEST_CASE("protocol: an ASHL stage change goes to every shard and every worker at the tick that sees it") {
+  scheduler_rig rig("ashl", 2);
+  caf::scoped_actor w0{rig.t.sys}, w1{rig.t.sys};
+  auto as = rig.register_all({&w0, &w1});
+  REQUIRE(as.size() == 2);
+  // Training started: the shards got profiling's bound.
+  REQUIRE(rig.s->bounds.size() == 2);
+  const ashl_config defaults;
+  CHECK(rig.s->bounds[0].first == defaults.shl_gap);
+  // A tick while the workers are short of their profile: no stage change.
+  rig.s->stats.elapsed_seconds = 0.5;
+  rig.s->stats.loss = 2.0;
+  rig.s->stats.workers = {wire::worker_stats{}, wire::worker_stats{}};
+  for (uint32_t i = 0; i < 2; ++i) {
+    auto& w = rig.s->stats.workers[i];
+    w.worker_id = i;
+    w.steps = defaults.profile_steps - 1;
+    w.compute_seconds = i == 0 ? 0.04 : 0.01; // worker 1 is 4x faster
+    w.step_seconds = w.compute_seconds + 0.005;
+    w.compute_per_sample = w.compute_seconds / 10;
+  }
+  REQUIRE(rig.t.sched.trigger_timeout()); // the first tick (200 ms after the start)
+  rig.t.run();
+  for (auto* w : {&w0, &w1}) { // one local step per commit while profiling, no stage
+    bool one = false;
+    (*w)->receive([&](local_steps_atom, uint32_t h) { one = h == 1; },
+                  caf::after(std::chrono::seconds(0)) >> [] {});
+    CHECK(one);
+    CHECK(idle(*w));
+  }
+  CHECK(rig.s->bounds.size() == 2);
+  // The next tick sees every worker profiled: AHL, to each shard and each worker.
+  for (auto& w : rig.s->stats.workers)
+    w.steps = defaults.profile_steps;
+  rig.s->stats.elapsed_seconds = 1.0;
+  REQUIRE(rig.t.sched.trigger_timeout());
+  rig.t.run();
+  REQUIRE(rig.s->bounds.size() == 4);
+  CHECK(rig.s->bounds[2].first == defaults.ahl_gap);
+  CHECK(rig.s->bounds[3].first == defaults.ahl_gap);
+  std::map<int, uint32_t> local_steps;
+  for (auto* w : {&w0, &w1}) {
+    bool got = false;
+    (*w)->receive(
+      [&](stage_atom, const std::string& stage, uint32_t h, float lr, float) {
+        CHECK(stage == "ahl");
+        CHECK(lr == 1.0f);
+        local_steps[w == &w0 ? 0 : 1] = h;
+        got = true;
+      },
+      caf::after(std::chrono::seconds(0)) >> [] {});
+    CHECK(got);
+  }
+  CHECK(local_steps[1] > local_steps[0]); // the fast worker commits less often
+}
+
+TEST_CASE("protocol: a shard served again learns the live workers before they learn it") {
+  scheduler_rig rig("bsp", 2);
+  caf::scoped_actor w0{rig.t.sys}, w1{rig.t.sys};
+  rig.register_all({&w0, &w1});
+  auto before = rig.s->joins.size();
+  auto replacement = recording_shard(rig.t.sys, rig.s);
+  caf::scoped_actor driver{rig.t.sys};
+  driver->send(rig.scheduler, shard_atom::value, uint32_t{1}, replacement, std::string{"10.0.0.9:7000"});
+  // One message: the scheduler asks the new shard to take each live worker; nobody is
+  // told of it yet.
+  REQUIRE(rig.t.step());
+  CHECK(idle(w0));
+  CHECK(idle(w1));
+  rig.t.run();
+  CHECK(rig.s->joins.size() == before + 2);
+  for (auto* w : {&w0, &w1}) {
+    bool told = false;
+    (*w)->receive(
+      [&](shard_atom, uint32_t index, const shard_actor& s, const std::string& endpoint) {
+        CHECK(index == 1);
+        CHECK(s == replacement);
+        CHECK(endpoint == "10.0.0.9:7000");
+        told = true;
+      },
+      caf::after(std::chrono::seconds(0)) >> [] {});
+    CHECK(told);
+  }
+}

@@ -860,6 +860,68 @@ void switch_mode(worker_pointer self, step_mode mode) {
   self->become(training(self, mode));
 }
 
+// A stage from the scheduler's planner (ASHL): local steps, learning-rate factor and pull
+// compression from the next step on.
+void enter_stage(worker_pointer self, const std::string& stage, uint32_t h, float lr_scale, float pull_ratio) {
+  auto& st = self->state;
+  st.stage = stage;
+  st.local_lr_scale = lr_scale;
+  if (pull_ratio != st.pull_ratio) {
+    st.pull_ratio = pull_ratio;
+    if (pull_ratio > 0)
+      spdlog::info("worker {}: pulls are delta reads of {:.0f}% of each range from now on", st.job.worker_id,
+                   100.0 * pull_ratio);
+  }
+  st.local_steps = std::max(1u, h);
+  ++st.stage_changes;
+  const auto next = stage == "profiling" ? step_mode::every_step : step_mode::local_steps;
+  spdlog::info("worker {}: stage {} from step {} (change {}): {}", st.job.worker_id, stage, st.step,
+               st.stage_changes,
+               next == step_mode::every_step ? "every step a commit"
+                                             : std::to_string(st.local_steps) + " local steps per commit");
+  switch_mode(self, next);
+}
+
+// One step begins: it leaves if the job is done, takes a new batch share when due, and
+// starts with a pull, or with the compute where the model is local.
+void begin_step(worker_pointer self, step_mode mode) {
+  auto& st = self->state;
+  if (st.stopped || st.suspended)
+    return;
+  // On a ring, everybody stops at the round the ring agreed on, never alone.
+  const bool done = st.step >= st.job.steps || (mode == step_mode::ring ? st.ring_stop : st.stop_requested);
+  if (st.commit_inflight && (done || mode != step_mode::local_steps)) {
+    st.last_follows = false; // waiting for the commit is the policy's time, not the host's
+    st.deferred_step = true; // an overlapped commit lands first (commit_landed)
+    return;
+  }
+  if (done)
+    return finish(self);
+  st.step_begin = clock_type::now();
+  if (st.last_follows && st.job.pace_ns_per_sample > 0) {
+    const auto wall = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(st.step_begin - st.last_begin).count());
+    if (wall > st.last_parts_ns)
+      st.pace_debt_ns = std::min(st.pace_debt_ns + (wall - st.last_parts_ns),
+                                 pace_carry_steps * st.job.pace_ns_per_sample * std::max<uint64_t>(st.batch_n, 1));
+  }
+  st.last_follows = false;
+  st.step_begin_ns = static_cast<uint64_t>(unix_ns());
+  if (st.next_batch > 0 && st.step >= st.next_batch_from) {
+    st.job.batch_size = st.next_batch;
+    st.next_batch = 0;
+    if (auto err = take_data_part(self))
+      return fail(self, describe(err));
+  }
+  st.in_step = true;
+  if (mode == step_mode::ring && st.step > 0)
+    push_all(self); // the model is local: compute, then all-reduce
+  else if (st.local_done > 0 || st.commit_inflight || (mode == step_mode::local_steps && st.model_local))
+    push_all(self); // a commit is open, or one is in flight: compute on the local model
+  else
+    pull_all(self);
+}
+
 // The worker's behaviour in one step mode. Both modes run the same step loop; they differ
 // in what a finished computation does (paced_atom, after_compute: push now, or take a
 // local step) and in how a new local-step plan is taken: with every_step, a plan of H > 1
@@ -934,61 +996,9 @@ worker_actor::behavior_type training(worker_pointer self, step_mode mode) {
     },
     [=](lr_atom, float factor) { self->state.schedule_lr_scale = factor; },
     [=](stage_atom, const std::string& stage, uint32_t h, float lr_scale, float pull_ratio) {
-      auto& st = self->state;
-      st.stage = stage;
-      st.local_lr_scale = lr_scale;
-      if (pull_ratio != st.pull_ratio) {
-        st.pull_ratio = pull_ratio;
-        if (pull_ratio > 0)
-          spdlog::info("worker {}: pulls are delta reads of {:.0f}% of each range from now on", st.job.worker_id,
-                       100.0 * pull_ratio);
-      }
-      st.local_steps = std::max(1u, h);
-      ++st.stage_changes;
-      const auto next = stage == "profiling" ? step_mode::every_step : step_mode::local_steps;
-      spdlog::info("worker {}: stage {} from step {} (change {}): {}", st.job.worker_id, stage, st.step,
-                   st.stage_changes,
-                   next == step_mode::every_step ? "every step a commit"
-                                                 : std::to_string(st.local_steps) + " local steps per commit");
-      switch_mode(self, next);
+      enter_stage(self, stage, h, lr_scale, pull_ratio);
     },
-    [=](step_atom) {
-      auto& st = self->state;
-      if (st.stopped || st.suspended)
-        return;
-      // On a ring, everybody stops at the round the ring agreed on, never alone.
-      const bool done = st.step >= st.job.steps || (mode == step_mode::ring ? st.ring_stop : st.stop_requested);
-      if (st.commit_inflight && (done || mode != step_mode::local_steps)) {
-        st.last_follows = false; // waiting for the commit is the policy's time, not the host's
-        st.deferred_step = true; // an overlapped commit lands first (commit_landed)
-        return;
-      }
-      if (done)
-        return finish(self);
-      st.step_begin = clock_type::now();
-      if (st.last_follows && st.job.pace_ns_per_sample > 0) {
-        const auto wall = static_cast<uint64_t>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(st.step_begin - st.last_begin).count());
-        if (wall > st.last_parts_ns)
-          st.pace_debt_ns = std::min(st.pace_debt_ns + (wall - st.last_parts_ns),
-                                     pace_carry_steps * st.job.pace_ns_per_sample * std::max<uint64_t>(st.batch_n, 1));
-      }
-      st.last_follows = false;
-      st.step_begin_ns = static_cast<uint64_t>(unix_ns());
-      if (st.next_batch > 0 && st.step >= st.next_batch_from) {
-        st.job.batch_size = st.next_batch;
-        st.next_batch = 0;
-        if (auto err = take_data_part(self))
-          return fail(self, describe(err));
-      }
-      st.in_step = true;
-      if (mode == step_mode::ring && st.step > 0)
-        push_all(self); // the model is local: compute, then all-reduce
-      else if (st.local_done > 0 || st.commit_inflight || (mode == step_mode::local_steps && st.model_local))
-        push_all(self); // a commit is open, or one is in flight: compute on the local model
-      else
-        pull_all(self);
-    },
+    [=](step_atom) { begin_step(self, mode); },
   };
 }
 

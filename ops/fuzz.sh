@@ -17,7 +17,7 @@ if [[ ! -f "$build/build.ninja" ]]; then
   cmake -S . -B "$build" -G Ninja -DASHLAR_FUZZ=ON -DCMAKE_C_COMPILER=clang-14 -DCMAKE_CXX_COMPILER=clang++-14 \
     -DASHLAR_ENABLE_CUDA=OFF >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
 fi
-cmake --build "$build" >/dev/null
+cmake --build "$build" >"$build/build.log" 2>&1 || { echo "the fuzz build failed:"; grep -E "error|undefined" "$build/build.log" | head -20; exit 1; }
 mkdir -p "$build/crashes"
 export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 status=0

@@ -91,6 +91,104 @@ uint32_t free_slots(const node_entry& n) {
   return n.info.slots > n.workers_started ? n.info.slots - n.workers_started : 0;
 }
 
+// A node says hello: admitted if it speaks this protocol; a worker node joining a running
+// job starts workers in its slots, a server node may serve a lost shard again.
+caf::result<wire::welcome> on_hello(cluster_pointer self, const wire::hello& h, const node_actor& node) {
+  auto& st = self->state;
+  if (h.protocol != wire::protocol_version) {
+    spdlog::warn("cluster: refused node {}: protocol version expected {}, actual {}", h.node,
+                 wire::protocol_version, h.protocol);
+    return make_error(errc::handshake_refused,
+                      "protocol version mismatch: scheduler " + st.cfg.address + " expects "
+                        + std::to_string(wire::protocol_version) + ", this node speaks "
+                        + std::to_string(h.protocol));
+  }
+  uint32_t id = st.next_node++;
+  node_entry e;
+  e.info.node_id = id;
+  e.info.name = h.node;
+  e.info.roles = h.roles;
+  e.info.slots = has_role(h.roles, wire::role::worker) ? h.slots : 0;
+  e.handle = node;
+  st.nodes[id] = e;
+  self->monitor(node);
+  spdlog::info("cluster: node {} ({}) joined with roles {}, {} worker slots", id, h.node,
+               to_string(h.roles), e.info.slots);
+  if (st.job_running && e.info.slots > 0)
+    for (uint32_t k = 0; k < e.info.slots; ++k)
+      add_worker_on(self, id);
+  if (h.replace_shard >= 0)
+    rehost_shard(self, id, static_cast<uint32_t>(h.replace_shard));
+  return wire::welcome{id, st.cfg.address};
+}
+
+// The cluster's nodes, and while a job runs, its statistics and each shard's status.
+caf::result<wire::cluster_status> cluster_status(cluster_pointer self) {
+  auto& st = self->state;
+  auto out = std::make_shared<wire::cluster_status>();
+  for (const auto& [id, n] : st.nodes)
+    out->nodes.push_back(n.info);
+  // A submitted job waits for its nodes before it trains.
+  out->stage = st.job_running ? "training" : st.have_promise ? "job submitted, waiting for its nodes" : "idle";
+  out->job = st.job_text;
+  if (!st.job_running)
+    return *out;
+  auto promise = self->make_response_promise<wire::cluster_status>();
+  auto pending = std::make_shared<size_t>(st.job.shards.size() + 1);
+  auto one = [=]() mutable {
+    if (--*pending == 0)
+      promise.deliver(*out);
+  };
+  self->request(st.job.profiler, 5s, caf::get_atom::value)
+    .then([=](const wire::cluster_stats& s) mutable { out->stats = s; one(); },
+          [=](caf::error&) mutable { one(); });
+  for (auto& shard : st.job.shards)
+    self->request(shard, 5s, status_atom::value)
+      .then([=](const wire::shard_status& s) mutable { out->shards.push_back(s); one(); },
+            [=](caf::error&) mutable { one(); });
+  return promise;
+}
+
+caf::result<std::string> on_ctl(cluster_pointer self, const wire::ctl_request& req) {
+  auto& st = self->state;
+  switch (req.op) {
+    case wire::ctl_request::remove_worker: {
+      if (!st.job_running)
+        return make_error(errc::invalid_state, "no job is running");
+      auto promise = self->make_response_promise<std::string>();
+      self->request(st.job.scheduler, 10s, req)
+        .then([=](const std::string& s) mutable { promise.deliver(s); },
+              [=](caf::error& e) mutable { promise.deliver(e); });
+      return promise;
+    }
+    case wire::ctl_request::add_worker: {
+      if (!st.job_running)
+        return make_error(errc::invalid_state, "no job is running");
+      uint32_t want = std::max<uint32_t>(1, req.count), started = 0;
+      for (auto& [id, n] : st.nodes)
+        while (n.info.alive && free_slots(n) > 0 && started < want) {
+          add_worker_on(self, id);
+          ++started;
+        }
+      if (started == 0)
+        return make_error(errc::invalid_state,
+                          "no node has a free worker slot: start one with `ashlar node "
+                          "--role worker --join "
+                            + st.cfg.address + "`");
+      return "starting " + std::to_string(started) + " worker(s)";
+    }
+    case wire::ctl_request::shutdown: {
+      for (auto& [id, n] : st.nodes)
+        if (n.info.alive)
+          self->send(n.handle, req);
+      if (st.cfg.runner)
+        caf::anon_send(st.cfg.runner, stop_atom::value);
+      return std::string{"shutting down the cluster"};
+    }
+  }
+  return make_error(errc::invalid_argument, "unknown control request");
+}
+
 cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_config cfg) {
   self->state.cfg = std::move(cfg);
   self->set_down_handler([=](caf::down_msg& dm) {
@@ -102,97 +200,10 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
   });
   return {
     [=](const wire::hello& h, const node_actor& node) -> caf::result<wire::welcome> {
-      auto& st = self->state;
-      if (h.protocol != wire::protocol_version) {
-        spdlog::warn("cluster: refused node {}: protocol version expected {}, actual {}", h.node,
-                     wire::protocol_version, h.protocol);
-        return make_error(errc::handshake_refused,
-                          "protocol version mismatch: scheduler " + st.cfg.address + " expects "
-                            + std::to_string(wire::protocol_version) + ", this node speaks "
-                            + std::to_string(h.protocol));
-      }
-      uint32_t id = st.next_node++;
-      node_entry e;
-      e.info.node_id = id;
-      e.info.name = h.node;
-      e.info.roles = h.roles;
-      e.info.slots = has_role(h.roles, wire::role::worker) ? h.slots : 0;
-      e.handle = node;
-      st.nodes[id] = e;
-      self->monitor(node);
-      spdlog::info("cluster: node {} ({}) joined with roles {}, {} worker slots", id, h.node,
-                   to_string(h.roles), e.info.slots);
-      if (st.job_running && e.info.slots > 0)
-        for (uint32_t k = 0; k < e.info.slots; ++k)
-          add_worker_on(self, id);
-      if (h.replace_shard >= 0)
-        rehost_shard(self, id, static_cast<uint32_t>(h.replace_shard));
-      return wire::welcome{id, st.cfg.address};
+      return on_hello(self, h, node);
     },
-    [=](status_atom) -> caf::result<wire::cluster_status> {
-      auto& st = self->state;
-      auto out = std::make_shared<wire::cluster_status>();
-      for (const auto& [id, n] : st.nodes)
-        out->nodes.push_back(n.info);
-      // A submitted job waits for its nodes before it trains.
-      out->stage = st.job_running ? "training" : st.have_promise ? "job submitted, waiting for its nodes" : "idle";
-      out->job = st.job_text;
-      if (!st.job_running)
-        return *out;
-      auto promise = self->make_response_promise<wire::cluster_status>();
-      auto pending = std::make_shared<size_t>(st.job.shards.size() + 1);
-      auto one = [=]() mutable {
-        if (--*pending == 0)
-          promise.deliver(*out);
-      };
-      self->request(st.job.profiler, 5s, caf::get_atom::value)
-        .then([=](const wire::cluster_stats& s) mutable { out->stats = s; one(); },
-              [=](caf::error&) mutable { one(); });
-      for (auto& shard : st.job.shards)
-        self->request(shard, 5s, status_atom::value)
-          .then([=](const wire::shard_status& s) mutable { out->shards.push_back(s); one(); },
-                [=](caf::error&) mutable { one(); });
-      return promise;
-    },
-    [=](const wire::ctl_request& req) -> caf::result<std::string> {
-      auto& st = self->state;
-      switch (req.op) {
-        case wire::ctl_request::remove_worker: {
-          if (!st.job_running)
-            return make_error(errc::invalid_state, "no job is running");
-          auto promise = self->make_response_promise<std::string>();
-          self->request(st.job.scheduler, 10s, req)
-            .then([=](const std::string& s) mutable { promise.deliver(s); },
-                  [=](caf::error& e) mutable { promise.deliver(e); });
-          return promise;
-        }
-        case wire::ctl_request::add_worker: {
-          if (!st.job_running)
-            return make_error(errc::invalid_state, "no job is running");
-          uint32_t want = std::max<uint32_t>(1, req.count), started = 0;
-          for (auto& [id, n] : st.nodes)
-            while (n.info.alive && free_slots(n) > 0 && started < want) {
-              add_worker_on(self, id);
-              ++started;
-            }
-          if (started == 0)
-            return make_error(errc::invalid_state,
-                              "no node has a free worker slot: start one with `ashlar node "
-                              "--role worker --join "
-                                + st.cfg.address + "`");
-          return "starting " + std::to_string(started) + " worker(s)";
-        }
-        case wire::ctl_request::shutdown: {
-          for (auto& [id, n] : st.nodes)
-            if (n.info.alive)
-              self->send(n.handle, req);
-          if (st.cfg.runner)
-            caf::anon_send(st.cfg.runner, stop_atom::value);
-          return std::string{"shutting down the cluster"};
-        }
-      }
-      return make_error(errc::invalid_argument, "unknown control request");
-    },
+    [=](status_atom) -> caf::result<wire::cluster_status> { return cluster_status(self); },
+    [=](const wire::ctl_request& req) -> caf::result<std::string> { return on_ctl(self, req); },
     [=](const wire::job_request& req) -> caf::result<wire::job_result> {
       auto& st = self->state;
       if (!st.cfg.runner)

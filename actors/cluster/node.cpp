@@ -75,6 +75,143 @@ void maybe_report_shutdown(node_pointer self) {
     caf::anon_send(st.cfg.owner, stop_atom::value);
 }
 
+// A shard for the job: its policy and optimizer, its checkpoints (confined to the node's
+// work directory), and its data-plane endpoint when the node serves one.
+caf::result<shard_actor, std::string> host_shard(node_pointer self, const wire::spawn_shard& req) {
+  auto& st = self->state;
+  if (!has_role(st.cfg.roles, wire::role::server))
+    return make_error(errc::invalid_state, "node " + st.cfg.name + " has no server role");
+  policy_config pc;
+  pc.staleness_aware_lr = req.staleness_aware_lr;
+  pc.staleness_bound = req.staleness_bound;
+  pc.k = req.k;
+  auto policy = make_policy(req.policy, pc);
+  if (!policy)
+    return policy.error();
+  sgd_config opt;
+  opt.lr = req.lr;
+  opt.momentum = req.momentum;
+  opt.weight_decay = req.weight_decay;
+  auto core = std::make_unique<shard_core>(req.range, req.params, opt, std::move(*policy));
+  shard_persistence persistence;
+  std::string dir = !st.cfg.checkpoint_dir.empty() ? st.cfg.checkpoint_dir : req.checkpoint_dir;
+  if (st.cfg.checkpoint_dir.empty() && !req.checkpoint_dir.empty() && !st.cfg.work_dir.empty()) {
+    auto inside = confine_path(st.cfg.work_dir, req.checkpoint_dir, "the job's checkpoint directory");
+    if (!inside)
+      return inside.error();
+    dir = *inside;
+  }
+  if (!req.checkpoint_dir.empty()) {
+    auto p = open_shard_persistence(dir, req.checkpoint_every, req.checkpoint_keep, req.resume, *core);
+    if (!p)
+      return p.error();
+    persistence = std::move(*p);
+  }
+  auto shard = spawn_shard(self->system(), std::move(core), std::move(persistence));
+  st.shards.push_back(shard);
+  if (!req.checkpoint_dir.empty())
+    st.persistent.insert(shard.address());
+  spdlog::info("node {}: hosting shard {} (parameters [{}, {}), policy {})", st.cfg.name,
+               req.range.shard_id, req.range.begin, req.range.end, req.policy);
+  std::string endpoint;
+  if (st.cfg.plane && !req.data_key.empty()) {
+    auto ep = st.cfg.plane->serve(req.range.shard_id, shard, req.data_key, st.cfg.data_host, req.range.size());
+    if (ep)
+      endpoint = std::move(*ep);
+    else
+      spdlog::warn("node {}: shard {} is reachable over CAF only: {}", st.cfg.name, req.range.shard_id,
+                   describe(ep.error()));
+  }
+  return {shard, endpoint};
+}
+
+// A worker in a free slot: the training set (loaded once per data description and
+// shared), a GPU when the node has one free, then it registers with the scheduler.
+caf::result<worker_actor> host_worker(node_pointer self, const wire::spawn_worker& req,
+                                      const scheduler_actor& scheduler, const profiler_actor& profiler) {
+  auto& st = self->state;
+  if (!has_role(st.cfg.roles, wire::role::worker))
+    return make_error(errc::invalid_state, "node " + st.cfg.name + " has no worker role");
+  if (st.workers.size() >= st.cfg.slots)
+    return make_error(errc::invalid_state, "node " + st.cfg.name + " has no free worker slot ("
+                                             + std::to_string(st.cfg.slots) + " in use)");
+  train_config dc;
+  dc.data_dir = st.cfg.data_dir.empty() ? req.data_dir : st.cfg.data_dir;
+  dc.data_source = req.data_source;
+  dc.train_limit = req.train_limit;
+  dc.test_limit = 1;
+  dc.seed = req.seed;
+  dc.model.input = req.input;
+  dc.model.classes = req.classes;
+  dc.crop_padding = req.crop_padding;
+  dc.hflip = req.hflip;
+  auto key = dc.data_source + "|" + dc.data_dir + "|" + std::to_string(dc.train_limit) + "|"
+             + std::to_string(dc.seed) + "|" + dc.model.input.to_string() + "|" + std::to_string(dc.model.classes)
+             + "|" + std::to_string(dc.crop_padding) + "|" + (dc.hflip ? "flip" : "");
+  auto& data = st.data_cache[key];
+  if (!data) {
+    auto loaded = load_job_data(dc);
+    if (!loaded) {
+      st.data_cache.erase(key);
+      return loaded.error();
+    }
+    data = std::make_shared<const dataset>(std::move(loaded->train));
+  }
+  worker_config wc;
+  wc.scheduler = scheduler;
+  wc.profiler = profiler;
+  wc.data = data;
+  wc.requested_id = req.requested_id;
+  wc.host = st.cfg.name;
+  wc.plane = st.cfg.plane;
+  uint32_t gpu_slot = UINT32_MAX;
+  if (st.cfg.make_backend)
+    wc.make_backend = st.cfg.make_backend;
+  else if (st.cfg.gpus)
+    wc.make_backend = st.cfg.gpus->next_worker(&gpu_slot);
+  auto w = spawn_worker(self->system(), wc);
+  if (gpu_slot != UINT32_MAX)
+    st.gpu_slots[w.address()] = gpu_slot;
+  self->monitor(w);
+  st.workers.emplace(w.address(), w);
+  self->send(w, start_atom::value);
+  return w;
+}
+
+// A clean shutdown: workers finish their step, each shard checkpoints its current
+// version (if its job keeps checkpoints), then stops.
+void shut_down(node_pointer self, const wire::ctl_request& req) {
+  auto& st = self->state;
+  if (req.op == wire::ctl_request::shutdown) {
+    spdlog::info("node {}: shutting down ({} workers to stop)", st.cfg.name, st.workers.size());
+    st.shutting_down = true;
+    for (auto& [addr, w] : st.workers)
+      self->send(w, stop_atom::value);
+    // A clean shutdown: each shard checkpoints its current version (if its job keeps
+    // checkpoints), then stops.
+    for (auto& s : st.shards) {
+      if (st.persistent.count(s.address()) == 0) {
+        self->send_exit(s, caf::exit_reason::user_shutdown);
+        continue;
+      }
+      ++st.checkpointing;
+      auto done = [=] {
+        self->send_exit(s, caf::exit_reason::user_shutdown);
+        --self->state.checkpointing;
+        maybe_report_shutdown(self);
+      };
+      self->request(s, std::chrono::seconds(30), checkpoint_atom::value)
+        .then([=](uint64_t) { done(); },
+              [=](caf::error& err) {
+                spdlog::warn("node {}: a shard's last checkpoint failed: {}", self->state.cfg.name, describe(err));
+                done();
+              });
+    }
+    st.shards.clear();
+    maybe_report_shutdown(self);
+  }
+}
+
 node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
   self->state.cfg = std::move(cfg);
   self->set_down_handler([=](caf::down_msg& dm) {
@@ -86,134 +223,12 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
     maybe_report_shutdown(self);
   });
   return {
-    [=](const wire::spawn_shard& req) -> caf::result<shard_actor, std::string> {
-      auto& st = self->state;
-      if (!has_role(st.cfg.roles, wire::role::server))
-        return make_error(errc::invalid_state, "node " + st.cfg.name + " has no server role");
-      policy_config pc;
-      pc.staleness_aware_lr = req.staleness_aware_lr;
-      pc.staleness_bound = req.staleness_bound;
-      pc.k = req.k;
-      auto policy = make_policy(req.policy, pc);
-      if (!policy)
-        return policy.error();
-      sgd_config opt;
-      opt.lr = req.lr;
-      opt.momentum = req.momentum;
-      opt.weight_decay = req.weight_decay;
-      auto core = std::make_unique<shard_core>(req.range, req.params, opt, std::move(*policy));
-      shard_persistence persistence;
-      std::string dir = !st.cfg.checkpoint_dir.empty() ? st.cfg.checkpoint_dir : req.checkpoint_dir;
-      if (st.cfg.checkpoint_dir.empty() && !req.checkpoint_dir.empty() && !st.cfg.work_dir.empty()) {
-        auto inside = confine_path(st.cfg.work_dir, req.checkpoint_dir, "the job's checkpoint directory");
-        if (!inside)
-          return inside.error();
-        dir = *inside;
-      }
-      if (!req.checkpoint_dir.empty()) {
-        auto p = open_shard_persistence(dir, req.checkpoint_every, req.checkpoint_keep, req.resume, *core);
-        if (!p)
-          return p.error();
-        persistence = std::move(*p);
-      }
-      auto shard = spawn_shard(self->system(), std::move(core), std::move(persistence));
-      st.shards.push_back(shard);
-      if (!req.checkpoint_dir.empty())
-        st.persistent.insert(shard.address());
-      spdlog::info("node {}: hosting shard {} (parameters [{}, {}), policy {})", st.cfg.name,
-                   req.range.shard_id, req.range.begin, req.range.end, req.policy);
-      std::string endpoint;
-      if (st.cfg.plane && !req.data_key.empty()) {
-        auto ep = st.cfg.plane->serve(req.range.shard_id, shard, req.data_key, st.cfg.data_host, req.range.size());
-        if (ep)
-          endpoint = std::move(*ep);
-        else
-          spdlog::warn("node {}: shard {} is reachable over CAF only: {}", st.cfg.name, req.range.shard_id,
-                       describe(ep.error()));
-      }
-      return {shard, endpoint};
-    },
+    [=](const wire::spawn_shard& req) -> caf::result<shard_actor, std::string> { return host_shard(self, req); },
     [=](const wire::spawn_worker& req, const scheduler_actor& scheduler,
         const profiler_actor& profiler) -> caf::result<worker_actor> {
-      auto& st = self->state;
-      if (!has_role(st.cfg.roles, wire::role::worker))
-        return make_error(errc::invalid_state, "node " + st.cfg.name + " has no worker role");
-      if (st.workers.size() >= st.cfg.slots)
-        return make_error(errc::invalid_state, "node " + st.cfg.name + " has no free worker slot ("
-                                                 + std::to_string(st.cfg.slots) + " in use)");
-      train_config dc;
-      dc.data_dir = st.cfg.data_dir.empty() ? req.data_dir : st.cfg.data_dir;
-      dc.data_source = req.data_source;
-      dc.train_limit = req.train_limit;
-      dc.test_limit = 1;
-      dc.seed = req.seed;
-      dc.model.input = req.input;
-      dc.model.classes = req.classes;
-      dc.crop_padding = req.crop_padding;
-      dc.hflip = req.hflip;
-      auto key = dc.data_source + "|" + dc.data_dir + "|" + std::to_string(dc.train_limit) + "|"
-                 + std::to_string(dc.seed) + "|" + dc.model.input.to_string() + "|" + std::to_string(dc.model.classes)
-                 + "|" + std::to_string(dc.crop_padding) + "|" + (dc.hflip ? "flip" : "");
-      auto& data = st.data_cache[key];
-      if (!data) {
-        auto loaded = load_job_data(dc);
-        if (!loaded) {
-          st.data_cache.erase(key);
-          return loaded.error();
-        }
-        data = std::make_shared<const dataset>(std::move(loaded->train));
-      }
-      worker_config wc;
-      wc.scheduler = scheduler;
-      wc.profiler = profiler;
-      wc.data = data;
-      wc.requested_id = req.requested_id;
-      wc.host = st.cfg.name;
-      wc.plane = st.cfg.plane;
-      uint32_t gpu_slot = UINT32_MAX;
-      if (st.cfg.make_backend)
-        wc.make_backend = st.cfg.make_backend;
-      else if (st.cfg.gpus)
-        wc.make_backend = st.cfg.gpus->next_worker(&gpu_slot);
-      auto w = spawn_worker(self->system(), wc);
-      if (gpu_slot != UINT32_MAX)
-        st.gpu_slots[w.address()] = gpu_slot;
-      self->monitor(w);
-      st.workers.emplace(w.address(), w);
-      self->send(w, start_atom::value);
-      return w;
+      return host_worker(self, req, scheduler, profiler);
     },
-    [=](const wire::ctl_request& req) {
-      auto& st = self->state;
-      if (req.op == wire::ctl_request::shutdown) {
-        spdlog::info("node {}: shutting down ({} workers to stop)", st.cfg.name, st.workers.size());
-        st.shutting_down = true;
-        for (auto& [addr, w] : st.workers)
-          self->send(w, stop_atom::value);
-        // A clean shutdown: each shard checkpoints its current version (if its job keeps
-        // checkpoints), then stops.
-        for (auto& s : st.shards) {
-          if (st.persistent.count(s.address()) == 0) {
-            self->send_exit(s, caf::exit_reason::user_shutdown);
-            continue;
-          }
-          ++st.checkpointing;
-          auto done = [=] {
-            self->send_exit(s, caf::exit_reason::user_shutdown);
-            --self->state.checkpointing;
-            maybe_report_shutdown(self);
-          };
-          self->request(s, std::chrono::seconds(30), checkpoint_atom::value)
-            .then([=](uint64_t) { done(); },
-                  [=](caf::error& err) {
-                    spdlog::warn("node {}: a shard's last checkpoint failed: {}", self->state.cfg.name, describe(err));
-                    done();
-                  });
-        }
-        st.shards.clear();
-        maybe_report_shutdown(self);
-      }
-    },
+    [=](const wire::ctl_request& req) { shut_down(self, req); },
   };
 }
 

@@ -1,0 +1,292 @@
+// A worker's training step as a state machine: given what arrived (a pull's chunk, a
+// push's acknowledgement, a computed gradient, a pacing delay's end, a ring chunk, a lost
+// or restored shard, the scheduler's plans), it says what to do next, as actions: send
+// this pull request or push, compute on this batch, wait this long, report this step,
+// start the next step, fail, finish. The worker actor only turns actions into messages
+// and replies into events. Pure code: no CAF actors, time from a clock_source.
+//
+// One step under a parameter-server policy: pull every shard's range (in chunks, at most
+// chunks_in_flight outstanding per shard; or a delta read of pull_ratio of it), compute
+// the gradient, wait out the pacing budget, push (in chunks, or top-k sparse) and report.
+// With local steps (ADSP, ASHL) a step's gradient moves the local model and adds to the
+// open commit; every local_steps steps the commit (the summed gradients times
+// commit_scale) is pushed and the model pulled again, or with overlap_commits the commit's
+// push and pull run behind the next local steps. On a ring the step's gradient is summed
+// with the other workers' (ring all-reduce) and applied by every worker alike; rank 0
+// mirrors the update to the shards. A lost shard suspends the step (bounded by the
+// assignment's shard_wait_s); its replacement restarts it with a fresh pull, and replies
+// of the abandoned step (an older generation) are ignored.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <set>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "runtime/backend/compute_backend.hpp"
+#include "runtime/collective/ring.hpp"
+#include "runtime/compress/topk.hpp"
+#include "runtime/core/clock.hpp"
+#include "runtime/data/dataset.hpp"
+#include "runtime/wire/messages.hpp"
+
+namespace ashlar {
+
+/// How a worker commits.
+enum class step_mode : uint8_t {
+  every_step,  // pull, compute, push: each step is a commit (profiling, BSP, ASP, ...)
+  local_steps, // H local steps on the local model, then one commit (ADSP, ASHL's AHL and SHL)
+  ring,        // decentralized: all-reduce each step's gradient with the other workers
+};
+
+namespace step {
+
+/// Send `req` to shard `shard`; its reply or error comes back with `gen`.
+struct send_pull {
+  size_t shard = 0;
+  uint64_t gen = 0;
+  wire::pull_request req;
+};
+
+/// Send `msg` to shard `shard`; its acknowledgement covers `floats` floats and comes back
+/// with `gen`.
+struct send_push {
+  size_t shard = 0;
+  uint64_t gen = 0;
+  uint64_t floats = 0;
+  wire::push msg;
+};
+
+/// Compute the gradient of `batch` at params() into grad(), then call on_computed.
+struct compute {
+  batch_view batch;
+};
+
+/// Wait `ns` (pacing), then call on_paced(gen).
+struct pace {
+  uint64_t ns = 0;
+  uint64_t gen = 0;
+};
+
+/// Send `report` to the profiler.
+struct report {
+  wire::profile_report rep;
+};
+
+/// Start the next step (through the mailbox, so other messages are taken between steps).
+struct next_step {};
+
+/// Send `msg` to the next worker on the ring.
+struct ring_send {
+  wire::ring_message msg;
+};
+
+/// A shard is lost: call on_shard_wait_over(gen) after `ms` unless it is replaced.
+struct await_shard {
+  uint64_t ms = 0;
+  uint64_t gen = 0;
+};
+
+/// The worker fails with `why`: tell the scheduler and stop.
+struct fail {
+  std::string why;
+};
+
+/// The worker's steps are done: leave with `reason` and stop.
+struct finish {
+  std::string reason;
+};
+
+}  // namespace step
+
+using step_action = std::variant<step::send_pull, step::send_push, step::compute, step::pace, step::report,
+                                 step::next_step, step::ring_send, step::await_shard, step::fail, step::finish>;
+
+class step_machine {
+public:
+  /// A worker of assignment `a` over its part of `data` (a model of `num_params`
+  /// parameters), reading time from `clock`. `data` and `clock` must outlive it.
+  step_machine(wire::assignment a, const dataset& data, uint64_t num_params, const clock_source& clock);
+
+  /// Checks an assignment against the model it names and the local data: the shard map
+  /// covers the model, the data part fits, samples have the model's input shape, the
+  /// batch is not empty.
+  [[nodiscard]] static caf::error check(const wire::assignment& a, const model_spec& spec, const dataset& data);
+
+  /// The buffers the compute reads and writes (they never move: a backend may lock them).
+  std::vector<float>& params() { return params_; }
+  std::vector<float>& grad() { return grad_; }
+
+  const wire::assignment& job() const { return job_; }
+  step_mode mode() const { return mode_; }
+  uint64_t steps_done() const { return step_; }
+  bool stopped() const { return stopped_; }
+  uint64_t generation() const { return gen_; }
+  const std::set<size_t>& lost() const { return lost_; }
+
+  /// The actions that events have produced since the last call, in order.
+  std::vector<step_action> take_actions();
+
+  // -- events -------------------------------------------------------------------------
+
+  /// Training begins: the mode the assignment asks for, and the first step.
+  void begin();
+  /// The next step is due.
+  void on_step();
+  /// A reply to a pull request of generation `gen` from shard `i`.
+  void on_pull_reply(size_t i, uint64_t gen, const wire::pull_reply& r);
+  /// An acknowledgement of `floats` floats pushed to shard `i` in generation `gen`.
+  void on_push_ack(size_t i, uint64_t gen, uint64_t floats, const wire::push_ack& ack);
+  /// A request of generation `gen` to shard `i` failed with `why`.
+  void on_request_failed(size_t i, uint64_t gen, const std::string& why);
+  /// Shard `i` went down (`why`).
+  void on_shard_down(size_t i, const std::string& why);
+  /// The compute's result (after a step::compute).
+  void on_computed(const expected<batch_stats>& stats);
+  /// A pacing wait of generation `gen` is over.
+  void on_paced(uint64_t gen);
+  /// The wait for a lost shard (of generation `gen`) is over.
+  void on_shard_wait_over(uint64_t gen);
+  /// Shard `i` is served again; once none is missing, the abandoned step starts over.
+  void on_shard_replaced(size_t i);
+  /// Leave after the step in flight.
+  void on_stop();
+  /// A new batch share from step `from_step` on, with its part of the training set.
+  void on_batch(uint32_t batch, uint64_t from_step, uint64_t data_begin, uint64_t data_count);
+  /// Local steps per commit (ADSP's plan); switches to local steps outside any stage.
+  void on_local_steps(uint32_t h);
+  /// A stage (ASHL): local steps per commit, learning-rate factor, pull compression.
+  void on_stage(const std::string& stage, uint32_t h, float lr_scale, float pull_ratio);
+  /// The learning-rate schedule's factor.
+  void on_lr(float factor) { schedule_lr_scale_ = factor; }
+  /// The place on the ring (ranks 0: the ring lost worker `rank` and broke).
+  void on_ring(uint32_t rank, uint32_t ranks);
+  /// A chunk from the previous worker on the ring.
+  void on_ring_message(wire::ring_message m);
+
+private:
+  // Progress of one shard's transfer in the current phase (pull or push).
+  struct transfer {
+    uint64_t total = 0;
+    uint64_t next = 0; // next offset to request or send
+    uint64_t done = 0; // floats received (pull) or acknowledged (push)
+    uint64_t read_id = 0;
+    uint64_t view_seq = 0; // a dense read that starts a shard's view of this worker: its number
+  };
+
+  void emit(step_action a) { actions_.push_back(std::move(a)); }
+  void fail(const std::string& why);
+  void finish();
+  void shard_trouble(size_t i, const std::string& why);
+  bool current(uint64_t gen) const { return !stopped_ && !suspended_ && gen_ == gen; }
+  uint64_t chunk_size(uint64_t total) const;
+  uint64_t since(uint64_t t) const;
+  void switch_mode(step_mode m);
+
+  void pull_all();
+  void request_pull_chunk(size_t i);
+  void delta_received(size_t i, const wire::pull_reply& r);
+  void pull_received();
+  void compute_step();
+  void after_compute();
+  void send_pushes();
+  void send_push_chunk(size_t i);
+  void send_sparse_pushes();
+  void push_done(size_t i, uint64_t floats, const wire::push_ack& ack);
+  void phase_done();
+  void report_step(uint64_t push_ns);
+  void end_step();
+
+  float local_lr() const;
+  void step_local_model();
+  void take_commit(std::vector<float>& out);
+  void begin_commit();
+  void end_local_step();
+  void commit_landed();
+  caf::error take_data_part();
+
+  void ring_begin();
+  void ring_send_next();
+  void ring_drain();
+  void ring_finish();
+
+  const clock_source& clock_;
+  const dataset& data_;
+  wire::assignment job_;
+  std::optional<batch_cursor> cursor_;
+  std::deque<step_action> actions_;
+  step_mode mode_ = step_mode::every_step;
+
+  std::vector<float> params_, grad_;
+  std::vector<uint64_t> base_versions_;
+  std::vector<transfer> transfers_; // per shard, in the current pull or push
+  uint64_t step_ = 0;
+  size_t pending_ = 0;
+  bool stopped_ = false;
+  bool stop_requested_ = false;
+  uint64_t started_ns_ = 0; // when training began here (contention profiles count from it)
+  // Timings of the current step.
+  uint64_t phase_start_ = 0;
+  uint64_t pull_ns_ = 0, wait_ns_ = 0, compute_ns_ = 0;
+  uint64_t compute_t0_ = 0;
+  uint64_t step_begin_ = 0;        // when the step began (steady),
+  uint64_t step_begin_wall_ = 0;   // the same on the wall clock,
+  uint64_t compute_offset_ns_ = 0; // and when its computation began, after step_begin
+  uint64_t step_staleness_ = 0;    // the largest staleness the shards acknowledged
+  uint32_t batch_n_ = 0;
+  double loss_ = 0;
+  // Pacing is kept to over whole steps: host time a step took beyond what it reports is
+  // owed, and the next steps' waits give it back (at most pace_carry_steps budgets).
+  uint64_t last_begin_ = 0;    // the last reported step's start,
+  uint64_t last_parts_ns_ = 0; // what it reported less what it gave back,
+  bool last_follows_ = false;  // and whether the current step follows it directly
+  uint64_t given_ns_ = 0;      // pacing debt the current step gave back
+  uint64_t pace_debt_ns_ = 0;
+  uint64_t step_bytes_ = 0; // tensor bytes moved in the current step
+  uint64_t step_dense_ = 0; // what they would have been uncompressed
+  // Local steps: gradients of the steps since the last commit, summed.
+  uint32_t local_steps_ = 1;
+  uint32_t local_done_ = 0;
+  std::vector<float> acc_;
+  uint32_t acc_samples_ = 0;
+  uint32_t next_batch_ = 0; // allocation: batch size from step next_batch_from_ on
+  uint64_t next_batch_from_ = 0;
+  std::pair<uint64_t, uint64_t> next_data_; // and the part of the training set (begin, count)
+  uint32_t push_samples_ = 0; // the batch weight of the gradient pushed
+  std::string stage_;          // the stage in force (ASHL), "" if the policy has none
+  uint32_t stage_changes_ = 0;
+  float local_lr_scale_ = 1.0f;    // the stage's learning-rate factor for local steps
+  float schedule_lr_scale_ = 1.0f; // the learning-rate schedule's factor
+  // Ring: place on the ring, the all-reduce in progress, chunks that came early.
+  uint32_t ring_rank_id_ = 0, ring_size_ = 0;
+  std::optional<ring_rank> ring_;
+  std::deque<wire::ring_message> ring_inbox_;
+  bool ring_waiting_ = false; // a gradient is ready, the ring is not formed yet
+  bool ring_stop_ = false;    // the ring agreed to stop after this round
+  std::vector<float> velocity_, before_;
+  std::vector<topk_compressor> compressors_; // per shard, when pushes are top-k compressed
+  // Pull compression: the fraction asked for (0: dense), the parameters as the shards'
+  // views of this worker hold them, and per shard the view's number (0: none yet).
+  float pull_ratio_ = 0;
+  std::vector<float> mirror_;
+  std::vector<uint64_t> view_seqs_;
+  uint64_t pull_dense_bytes_ = 0, pull_sent_bytes_ = 0;
+  // Overlapped commits: the commit copied out, the pull landing in `pulled_`.
+  bool commit_inflight_ = false;
+  bool commit_due_ = false;    // the next commit waits for the one in flight
+  bool deferred_step_ = false; // a step (or the finish) waits for it too
+  bool model_local_ = false;   // params is the local model: a step needs no pull first
+  uint64_t due_since_ = 0;
+  uint64_t exposed_ns_ = 0; // time spent waiting for a commit in flight
+  std::vector<float> commit_, pulled_;
+  // A lost shard: the step in flight is abandoned; replies of older generations ignored.
+  uint64_t gen_ = 0;
+  bool suspended_ = false;
+  bool in_step_ = false; // a step is under way (no next_step queued yet)
+  std::set<size_t> lost_;
+};
+
+}  // namespace ashlar

@@ -1,0 +1,377 @@
+// The worker's step without CAF: the step machine fed replies, acknowledgements and
+// computed gradients by hand, on a manual clock, asserting what it asks to send next.
+#include <catch2/catch.hpp>
+
+#include <numeric>
+
+#include "runtime/worker/step_machine.hpp"
+
+using namespace ashlar;
+
+namespace {
+
+// Two shards over 8 parameters ([0, 5) and [5, 8)), batches of 4 from 40 samples.
+struct rig {
+  dataset data = make_synthetic(40, 3, 2, 7);
+  manual_clock clock;
+  wire::assignment a;
+  std::unique_ptr<step_machine> m;
+
+  explicit rig(void (*tune)(wire::assignment&) = nullptr) {
+    a.worker_id = 3;
+    a.shards = {shard_range{0, 0, 5}, shard_range{1, 5, 8}};
+    a.batch_size = 4;
+    a.data_begin = 0;
+    a.data_count = 40;
+    a.steps = 10;
+    a.seed = 1;
+    a.policy = "bsp";
+    a.chunk_floats = 0;
+    a.chunks_in_flight = 2;
+    a.local_lr = 0.5f;
+    a.commit_scale = 1.0f;
+    if (tune)
+      tune(a);
+    m = std::make_unique<step_machine>(a, data, 8, clock);
+  }
+
+  std::vector<step_action> actions() { return m->take_actions(); }
+
+  // The whole reply to a pull of shard i: every parameter `value`, at `version`.
+  wire::pull_reply whole(size_t i, float value, uint64_t version = 0) const {
+    const auto& r = a.shards[i];
+    wire::pull_reply rep;
+    rep.shard_id = r.shard_id;
+    rep.version = version;
+    rep.begin = r.begin;
+    rep.total = r.size();
+    std::vector<float> p(r.size(), value);
+    rep.params = wire::tensor(p.begin(), p.end());
+    return rep;
+  }
+
+  // Answers every pull in `acts` with whole replies (all parameters `value`).
+  void answer_pulls(const std::vector<step_action>& acts, float value) {
+    for (const auto& act : acts)
+      if (auto* p = std::get_if<step::send_pull>(&act))
+        m->on_pull_reply(p->shard, p->gen, whole(p->shard, value));
+  }
+
+  // Computes a gradient of all `g` in `ms` milliseconds.
+  void compute(float g, uint64_t ms = 1) {
+    std::fill(m->grad().begin(), m->grad().end(), g);
+    clock.advance(ms * 1000000);
+    batch_stats s;
+    s.n = 4;
+    s.loss_sum = 4.0;
+    m->on_computed(s);
+  }
+};
+
+template <class T>
+size_t count(const std::vector<step_action>& acts) {
+  return static_cast<size_t>(
+    std::count_if(acts.begin(), acts.end(), [](const step_action& a) { return std::holds_alternative<T>(a); }));
+}
+
+template <class T>
+std::vector<T> all(const std::vector<step_action>& acts) {
+  std::vector<T> out;
+  for (const auto& a : acts)
+    if (auto* x = std::get_if<T>(&a))
+      out.push_back(*x);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("step machine: pull every shard, compute, push every shard, report, next step") {
+  rig r;
+  r.m->begin();
+  REQUIRE(count<step::next_step>(r.actions()) == 1);
+  r.m->on_step();
+  auto pulls = all<step::send_pull>(r.actions());
+  REQUIRE(pulls.size() == 2);
+  CHECK(pulls[0].req.shard_id == 0);
+  CHECK(pulls[1].req.shard_id == 1);
+  r.m->on_pull_reply(0, pulls[0].gen, r.whole(0, 1.0f, 7));
+  CHECK(r.actions().empty()); // shard 1's read is still out
+  r.m->on_pull_reply(1, pulls[1].gen, r.whole(1, 2.0f, 9));
+  auto acts = r.actions();
+  REQUIRE(count<step::compute>(acts) == 1);
+  CHECK(all<step::compute>(acts)[0].batch.n == 4);
+  CHECK(r.m->params() == std::vector<float>{1, 1, 1, 1, 1, 2, 2, 2});
+  r.compute(0.25f);
+  auto pushes = all<step::send_push>(r.actions());
+  REQUIRE(pushes.size() == 2);
+  CHECK(pushes[0].msg.base_version == 7); // the version each slice was computed from
+  CHECK(pushes[1].msg.base_version == 9);
+  CHECK(pushes[1].msg.grad == wire::tensor{0.25f, 0.25f, 0.25f});
+  CHECK(pushes[0].msg.batch_size == 4);
+  wire::push_ack ack;
+  ack.staleness = 2;
+  r.m->on_push_ack(0, pushes[0].gen, pushes[0].floats, ack);
+  CHECK(r.actions().empty());
+  r.m->on_push_ack(1, pushes[1].gen, pushes[1].floats, {});
+  acts = r.actions();
+  auto reports = all<step::report>(acts);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].rep.worker_id == 3);
+  CHECK(reports[0].rep.step == 0);
+  CHECK(reports[0].rep.samples == 4);
+  CHECK(reports[0].rep.staleness == 2);
+  CHECK(reports[0].rep.loss == Approx(1.0));
+  CHECK(reports[0].rep.compute_ns == 1000000); // the manual clock's millisecond
+  CHECK(count<step::next_step>(acts) == 1);
+  CHECK(r.m->steps_done() == 1);
+}
+
+TEST_CASE("step machine: a range in chunks keeps chunks_in_flight requests out and pushes in chunks") {
+  rig r([](wire::assignment& a) {
+    a.shards = {shard_range{0, 0, 8}};
+    a.chunk_floats = 2;
+  });
+  r.m->begin();
+  r.actions();
+  r.m->on_step();
+  auto first = all<step::send_pull>(r.actions());
+  REQUIRE(first.size() == 1); // the read starts with one request
+  // The first chunk names the read: two more requests go out (chunks_in_flight).
+  wire::pull_reply c0 = r.whole(0, 1.0f);
+  c0.params = wire::tensor{1, 1};
+  c0.read_id = 42;
+  r.m->on_pull_reply(0, first[0].gen, c0);
+  auto more = all<step::send_pull>(r.actions());
+  REQUIRE(more.size() == 2);
+  CHECK(more[0].req.offset == 2);
+  CHECK(more[1].req.offset == 4);
+  CHECK(more[0].req.read_id == 42);
+  wire::pull_reply c1 = c0;
+  c1.offset = 2;
+  r.m->on_pull_reply(0, first[0].gen, c1);
+  auto last = all<step::send_pull>(r.actions()); // one out, one more to ask for
+  REQUIRE(last.size() == 1);
+  CHECK(last[0].req.offset == 6);
+  for (uint64_t off : {4, 6}) {
+    wire::pull_reply c = c0;
+    c.offset = off;
+    r.m->on_pull_reply(0, first[0].gen, c);
+  }
+  REQUIRE(count<step::compute>(r.actions()) == 1);
+  r.compute(1.0f);
+  auto pushes = all<step::send_push>(r.actions());
+  REQUIRE(pushes.size() == 2); // two chunks in flight of four
+  CHECK(pushes[0].msg.offset == 0);
+  CHECK(pushes[1].msg.offset == 2);
+  CHECK(pushes[0].msg.total == 8);
+  r.m->on_push_ack(0, pushes[0].gen, pushes[0].floats, {});
+  auto next = all<step::send_push>(r.actions());
+  REQUIRE(next.size() == 1);
+  CHECK(next[0].msg.offset == 4);
+}
+
+TEST_CASE("step machine: local steps move the local model and commit their summed gradients") {
+  rig r([](wire::assignment& a) {
+    a.local_steps = 3;
+    a.commit_scale = 0.5f;
+  });
+  r.m->begin();
+  REQUIRE(r.m->mode() == step_mode::local_steps);
+  r.actions();
+  r.m->on_step();
+  r.answer_pulls(r.actions(), 1.0f);
+  r.actions();
+  r.compute(0.5f); // a local step: params -= 0.5 x 0.5, no push
+  auto acts = r.actions();
+  CHECK(count<step::send_push>(acts) == 0);
+  CHECK(count<step::report>(acts) == 1);
+  CHECK(r.m->params()[0] == Approx(0.75f));
+  r.m->on_step(); // the model is local: straight to the compute
+  CHECK(count<step::send_pull>(r.actions()) == 0);
+  r.compute(0.5f);
+  r.actions();
+  r.m->on_step();
+  r.actions();
+  r.compute(1.0f); // the third step commits (0.5 + 0.5 + 1) x 0.5
+  auto pushes = all<step::send_push>(r.actions());
+  REQUIRE(pushes.size() == 2);
+  CHECK(pushes[0].msg.grad[0] == Approx(1.0f));
+  CHECK(pushes[0].msg.batch_size == 12); // the commit's samples
+}
+
+TEST_CASE("step machine: an overlapped commit's push and pull run behind the next local step") {
+  rig r([](wire::assignment& a) {
+    a.local_steps = 1;
+    a.overlap_commits = true;
+  });
+  r.m->on_local_steps(2);
+  r.m->begin();
+  r.actions();
+  r.m->on_step();
+  r.answer_pulls(r.actions(), 1.0f);
+  r.actions();
+  r.compute(0.2f); // local step 1 of 2
+  r.actions();
+  r.m->on_step();
+  r.compute(0.2f); // commit due: its pushes go out and the step ends at once
+  auto acts = r.actions();
+  auto pushes = all<step::send_push>(acts);
+  REQUIRE(pushes.size() == 2);
+  CHECK(count<step::report>(acts) == 1);
+  CHECK(count<step::next_step>(acts) == 1);
+  // The next step computes on the local model while the commit is out.
+  r.m->on_step();
+  CHECK(count<step::compute>(r.actions()) == 1);
+  r.compute(0.1f);
+  r.actions();
+  // The commit's acks start its pull; the pulled model takes the step made meanwhile.
+  for (const auto& p : pushes)
+    r.m->on_push_ack(p.shard, p.gen, p.floats, {});
+  auto pulls = r.actions();
+  REQUIRE(count<step::send_pull>(pulls) == 2);
+  r.answer_pulls(pulls, 3.0f);
+  CHECK(r.m->params()[0] == Approx(3.0f - 0.5f * 0.1f));
+}
+
+TEST_CASE("step machine: a lost shard suspends the step, stale replies are ignored, the replacement restarts it") {
+  rig r([](wire::assignment& a) { a.shard_wait_s = 30; });
+  r.m->begin();
+  r.actions();
+  r.m->on_step();
+  auto pulls = all<step::send_pull>(r.actions());
+  REQUIRE(pulls.size() == 2);
+  r.m->on_request_failed(1, pulls[1].gen, "pull from shard 1 failed: down");
+  auto waits = all<step::await_shard>(r.actions());
+  REQUIRE(waits.size() == 1);
+  CHECK(waits[0].ms == 30000);
+  CHECK(r.m->lost() == std::set<size_t>{1});
+  // Shard 0's late reply belongs to the abandoned step.
+  r.m->on_pull_reply(0, pulls[0].gen, r.whole(0, 1.0f));
+  CHECK(r.actions().empty());
+  r.m->on_shard_replaced(1);
+  CHECK(r.m->generation() == pulls[0].gen + 1);
+  REQUIRE(count<step::next_step>(r.actions()) == 1);
+  r.m->on_step();
+  auto again = all<step::send_pull>(r.actions());
+  REQUIRE(again.size() == 2);
+  CHECK(again[0].gen == r.m->generation());
+  // The old wait's end no longer fails anything.
+  r.m->on_shard_wait_over(waits[0].gen);
+  CHECK(r.actions().empty());
+}
+
+TEST_CASE("step machine: a lost shard not replaced in time fails the worker, naming it") {
+  rig r([](wire::assignment& a) { a.shard_wait_s = 2; });
+  r.m->begin();
+  r.actions();
+  r.m->on_step();
+  r.actions();
+  r.m->on_shard_down(0, "shard 0 was lost");
+  auto waits = all<step::await_shard>(r.actions());
+  REQUIRE(waits.size() == 1);
+  r.m->on_shard_wait_over(waits[0].gen);
+  auto fails = all<step::fail>(r.actions());
+  REQUIRE(fails.size() == 1);
+  CHECK(fails[0].why == "shard 0 was lost and not served again within 2 s");
+  CHECK(r.m->stopped());
+  // Without a wait allowed, the first trouble fails at once.
+  rig now;
+  now.m->begin();
+  now.actions();
+  now.m->on_shard_down(1, "shard 1 was lost (killed)");
+  REQUIRE(all<step::fail>(now.actions()).size() == 1);
+}
+
+TEST_CASE("step machine: a paced worker waits out its budget less what it owes, on the clock it is given") {
+  rig r([](wire::assignment& a) { a.pace_ns_per_sample = 5000000; }); // 5 ms a sample: 20 ms a batch
+  r.m->begin();
+  r.actions();
+  r.m->on_step();
+  r.answer_pulls(r.actions(), 1.0f);
+  r.actions();
+  r.compute(0.1f, 3); // 3 ms of compute: 17 ms to wait
+  auto paces = all<step::pace>(r.actions());
+  REQUIRE(paces.size() == 1);
+  CHECK(paces[0].ns == 17000000);
+  r.clock.advance(std::chrono::milliseconds(17));
+  r.m->on_paced(paces[0].gen);
+  auto pushes = all<step::send_push>(r.actions());
+  REQUIRE(pushes.size() == 2);
+  for (const auto& p : pushes)
+    r.m->on_push_ack(p.shard, p.gen, p.floats, {});
+  auto reports = all<step::report>(r.actions());
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].rep.compute_ns == 20000000); // the budget, not the 3 ms
+  // The host took 4 ms more than the step reported before the next began: the next
+  // step's wait gives them back.
+  r.clock.advance(std::chrono::milliseconds(4));
+  r.m->on_step();
+  r.answer_pulls(r.actions(), 1.0f);
+  r.actions();
+  r.compute(0.1f, 3);
+  paces = all<step::pace>(r.actions());
+  REQUIRE(paces.size() == 1);
+  CHECK(paces[0].ns == 13000000);
+}
+
+TEST_CASE("step machine: delta reads update the view the shard keeps, and a ring of one applies its own gradient") {
+  rig r([](wire::assignment& a) { a.pull_topk_ratio = 0.5f; });
+  r.m->begin();
+  r.actions();
+  r.m->on_step();
+  auto pulls = all<step::send_pull>(r.actions());
+  REQUIRE(pulls.size() == 2);
+  CHECK(pulls[0].req.topk_ratio == 0.5f);
+  CHECK(pulls[0].req.view_seq == 0); // no view yet: the shard answers densely, starting one
+  for (const auto& p : pulls) {
+    auto rep = r.whole(p.shard, 1.0f);
+    rep.view_seq = 11;
+    r.m->on_pull_reply(p.shard, p.gen, rep);
+  }
+  r.actions();
+  r.compute(0.0f);
+  for (const auto& p : all<step::send_push>(r.actions()))
+    r.m->on_push_ack(p.shard, p.gen, p.floats, {});
+  r.actions();
+  r.m->on_step();
+  pulls = all<step::send_pull>(r.actions());
+  REQUIRE(pulls.size() == 2);
+  CHECK(pulls[0].req.view_seq == 11);
+  wire::pull_reply delta;
+  delta.shard_id = 0;
+  delta.begin = 0;
+  delta.total = 5;
+  delta.sparse = true;
+  delta.index = {1, 3};
+  delta.params = wire::tensor{9, 8};
+  delta.view_seq = 12;
+  r.m->on_pull_reply(0, pulls[0].gen, delta);
+  CHECK(r.m->params()[1] == 9.0f);
+  CHECK(r.m->params()[2] == 1.0f); // unchanged: the view's copy
+  CHECK(r.m->params()[3] == 8.0f);
+  // A delta read with an index outside the range fails the worker.
+  wire::pull_reply bad = delta;
+  bad.index = {7};
+  bad.params = wire::tensor{1};
+  r.m->on_pull_reply(1, pulls[1].gen, bad);
+  auto fails = all<step::fail>(r.actions());
+  REQUIRE(fails.size() == 1);
+  CHECK(fails[0].why.find("sent a delta read") != std::string::npos);
+
+  rig ring([](wire::assignment& a) { a.policy = "ring"; });
+  ring.m->begin();
+  REQUIRE(ring.m->mode() == step_mode::ring);
+  ring.actions();
+  ring.m->on_step();
+  ring.answer_pulls(ring.actions(), 1.0f); // the first step pulls the model
+  ring.actions();
+  ring.compute(0.5f);
+  CHECK(ring.actions().empty()); // waits for the ring
+  ring.m->on_ring(0, 1);
+  auto acts = ring.actions();
+  // Rank 0 of a ring of one: applies lr x gradient and mirrors the update to the shards.
+  CHECK(ring.m->params()[0] == Approx(1.0f - 0.5f * 0.5f));
+  auto pushes = all<step::send_push>(acts);
+  REQUIRE(pushes.size() == 2);
+  CHECK(pushes[0].msg.grad[0] == Approx(0.25f));
+}

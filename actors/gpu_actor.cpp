@@ -1,4 +1,5 @@
 #include "actors/gpu_actor.hpp"
+#include "actors/gpu_call.hpp"
 
 #include <map>
 #include <mutex>
@@ -12,32 +13,6 @@
 #include "runtime/config/train_config.hpp"
 
 namespace ashlar::actors {
-
-// A compute call to a GPU actor. Local only: it carries the caller's pointers, which stay
-// valid because the caller waits for the reply (see gpu_proxy).
-struct gpu_call {
-  enum kind_t : uint8_t { prepare, train, evaluate };
-  kind_t kind = prepare;
-  model_spec spec;
-  const float* params = nullptr;
-  batch_view batch;
-  float* grad = nullptr;
-};
-
-struct gpu_reply {
-  batch_stats stats;
-  caf::error err;
-  std::string name; // the backend's, with the device's name
-};
-
-}  // namespace ashlar::actors
-
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ashlar::actors::gpu_call)
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(ashlar::actors::gpu_reply)
-
-namespace ashlar::actors {
-
-using gpu_actor = caf::typed_actor<caf::replies_to<gpu_call>::with<gpu_reply>>;
 
 namespace {
 
@@ -112,6 +87,8 @@ public:
   std::shared_ptr<void> lock_host_memory(void* p, size_t bytes) override {
     return gpu::lock_host(p, bytes);
   }
+
+  const gpu_actor& device() const { return gpu_; }
 
 private:
   expected<batch_stats> call(gpu_call::kind_t kind, const float* params, batch_view batch, float* grad) {
@@ -284,6 +261,11 @@ backend_factory gpu_pool::next_worker(uint32_t* slot) {
                                            : "every GPU of this process (" + std::to_string(impl_->devices.size())
                                                + ") is taken by another worker";
   return [why](const model_spec& spec) { return cpu_choice(spec, "on the CPU: " + why); };
+}
+
+const gpu_actor* device_of(const compute_backend& backend) {
+  auto* proxy = dynamic_cast<const gpu_proxy*>(&backend);
+  return proxy != nullptr ? &proxy->device() : nullptr;
 }
 
 backend_choice cpu_choice(const model_spec& spec, std::string note) {

@@ -87,7 +87,9 @@ using scheduler_actor = caf::typed_actor<
 /// worker on the ring (a worker_actor); wire::ring_message: a chunk from the previous one.
 /// (shard_atom, index, shard, data endpoint): shard `index` was lost and is served again
 /// by `shard` (restored from its checkpoints); (shard_atom, generation): the wait for a
-/// lost shard is over (sent by the worker to itself). lr_atom: the learning-rate
+/// lost shard is over (sent by the worker to itself); (shard_atom, index, stand-in): the
+/// data-plane stand-in for shard `index` is connected (made on a thread of its own, so the
+/// worker's thread is never held while a connection is made). lr_atom: the learning-rate
 /// schedule's factor for the steps the worker applies itself (local steps, the ring).
 using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<step_atom>,
                                       caf::reacts_to<stop_atom>, caf::reacts_to<paced_atom, uint64_t>,
@@ -97,7 +99,9 @@ using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to
                                       caf::reacts_to<ring_atom, uint32_t, uint32_t, caf::actor>,
                                       caf::reacts_to<wire::ring_message>,
                                       caf::reacts_to<shard_atom, uint32_t, shard_actor, std::string>,
-                                      caf::reacts_to<shard_atom, uint64_t>, caf::reacts_to<lr_atom, float>>;
+                                      caf::reacts_to<shard_atom, uint64_t>,
+                                      caf::reacts_to<shard_atom, uint32_t, shard_actor>,
+                                      caf::reacts_to<lr_atom, float>>;
 
 /// The actor every node process runs: it hosts shards and workers on the scheduler's
 /// request and carries out control requests (remove a worker, shut down).

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/cluster/data_plane.hpp"
+#include "actors/gpu_call.hpp"
 #include "runtime/backend/cpu_backend.hpp"
 #include "runtime/worker/step_machine.hpp"
 
@@ -26,6 +27,9 @@ struct worker_state {
   float lr_factor = 1.0f;       // the schedule's, if it came before the assignment
   bool stopped = false;         // left or failed
   bool kernels_logged = false;  // the backend's choices, once after its first step
+  bool training = false;        // every shard's handle is final and the machine has begun
+  uint32_t connecting = 0;      // data-plane connections under way
+  uint32_t direct = 0;          // shards reached over data-plane connections
 };
 
 using worker_pointer = worker_actor::stateful_pointer<worker_state>;
@@ -98,14 +102,40 @@ struct executor {
     run(s);
   }
 
+  // On the CPU the step computes here. A GPU actor gets it as a request; the worker
+  // waits for the reply (await: other messages stay queued, as during a CPU step) without
+  // holding a thread.
   void operator()(step::compute& a) const {
     auto& st = self->state;
     auto& m = *st.machine;
-    m.on_computed(st.backend->train_step(m.params().data(), a.batch, m.grad().data()));
+    if (const gpu_actor* device = device_of(*st.backend)) {
+      gpu_call c{gpu_call::train, st.backend->spec(), m.params().data(), a.batch, m.grad().data()};
+      self->request(*device, caf::infinite, std::move(c))
+        .await(
+          [s = self](gpu_reply& r) {
+            if (!s->state.machine)
+              return;
+            computed(s, r.err ? expected<batch_stats>{std::move(r.err)} : expected<batch_stats>{r.stats});
+            run(s);
+          },
+          [s = self](caf::error& err) {
+            if (!s->state.machine)
+              return;
+            computed(s, make_error(errc::device_error, "the GPU actor did not answer: " + describe(err)));
+            run(s);
+          });
+      return;
+    }
+    computed(self, st.backend->train_step(m.params().data(), a.batch, m.grad().data())); // run() goes on
+  }
+
+  static void computed(worker_pointer s, const expected<batch_stats>& stats) {
+    auto& st = s->state;
+    st.machine->on_computed(stats);
     if (!st.kernels_logged) {
       st.kernels_logged = true;
       if (auto details = st.backend->details(); !details.empty())
-        spdlog::info("worker {}: {} backend: {}", m.job().worker_id, st.backend->name(), details);
+        spdlog::info("worker {}: {} backend: {}", st.machine->job().worker_id, st.backend->name(), details);
     }
   }
 
@@ -145,35 +175,37 @@ void run(worker_pointer self) {
   }
 }
 
-// A shard handle for shard `index` at `endpoint`: a data-plane stand-in when the shard is
-// in another process and its node serves a data plane, else the handle itself.
-shard_actor reach(worker_pointer self, shard_actor shard, uint32_t shard_id, const std::string& endpoint) {
+// Shard `index` is reached through a data-plane stand-in when it is in another process
+// and its node serves a data plane at `endpoint`. The connection (up to 5 s) is made by a
+// detached actor, on a thread of its own, which sends the worker (shard_atom, index,
+// stand-in); a shard whose endpoint cannot be reached stays on CAF's path. Returns
+// whether a connection was started.
+bool connect_data_plane(worker_pointer self, uint32_t index, const shard_actor& shard, const std::string& endpoint) {
   auto& st = self->state;
   if (!st.cfg.plane || endpoint.empty() || shard.node() == self->node())
-    return shard;
-  auto proxy = st.cfg.plane->connect(shard, shard_id, endpoint, st.machine->job().data_key,
-                                     caf::actor_cast<caf::actor>(self), std::chrono::seconds(5));
-  if (proxy)
-    return std::move(*proxy);
-  spdlog::warn("worker {}: shard {} over CAF: {}", st.machine->job().worker_id, shard_id, describe(proxy.error()));
-  return shard;
+    return false;
+  ++st.connecting;
+  const auto& job = st.machine->job();
+  self->spawn<caf::detached>([plane = st.cfg.plane, worker = caf::actor_cast<worker_actor>(self), index, shard,
+                              endpoint, key = job.data_key, shard_id = job.shards[index].shard_id,
+                              worker_id = job.worker_id](caf::blocking_actor* helper) {
+    auto proxy = plane->connect(shard, shard_id, endpoint, key, caf::actor_cast<caf::actor>(worker),
+                                std::chrono::seconds(5));
+    if (!proxy)
+      spdlog::warn("worker {}: shard {} over CAF: {}", worker_id, shard_id, describe(proxy.error()));
+    helper->send(worker, shard_atom::value, index, proxy ? *proxy : shard);
+  });
+  return true;
 }
 
-// Replaces each shard in another process by a data-plane stand-in where the assignment
-// names an endpoint; a shard whose endpoint cannot be reached stays on CAF's path.
-void use_data_plane(worker_pointer self) {
+// Training begins once every shard's handle is final.
+void begin_training(worker_pointer self) {
   auto& st = self->state;
-  const auto& job = st.machine->job();
-  if (!st.cfg.plane || job.data_endpoints.size() != st.shards.size())
-    return;
-  size_t direct = 0;
-  for (size_t i = 0; i < st.shards.size(); ++i) {
-    auto reached = reach(self, st.shards[i], job.shards[i].shard_id, job.data_endpoints[i]);
-    direct += reached == st.shards[i] ? 0 : 1;
-    st.shards[i] = std::move(reached);
-  }
-  if (direct > 0)
-    spdlog::info("worker {}: {} of {} shards over direct data connections", job.worker_id, direct, st.shards.size());
+  for (auto& s : st.shards)
+    self->monitor(s);
+  st.training = true;
+  st.machine->begin();
+  run(self);
 }
 
 // Shard `index` is served again by `shard` (through its data plane at `endpoint`, if any).
@@ -181,7 +213,31 @@ void replace_shard(worker_pointer self, uint32_t index, shard_actor shard, const
   auto& st = self->state;
   if (st.stopped || !st.machine || index >= st.shards.size())
     return;
-  st.shards[index] = reach(self, std::move(shard), st.machine->job().shards[index].shard_id, endpoint);
+  st.shards[index] = shard;
+  if (connect_data_plane(self, index, shard, endpoint))
+    return; // goes on when the stand-in is connected
+  self->monitor(st.shards[index]);
+  st.machine->on_shard_replaced(index);
+  run(self);
+}
+
+// A data-plane stand-in is connected (or the shard's own handle, if it could not be).
+void stand_in_ready(worker_pointer self, uint32_t index, shard_actor shard) {
+  auto& st = self->state;
+  if (st.stopped || !st.machine || index >= st.shards.size() || st.connecting == 0)
+    return;
+  --st.connecting;
+  const bool direct = shard != st.shards[index];
+  st.shards[index] = std::move(shard);
+  st.direct += direct ? 1 : 0;
+  if (!st.training) {
+    if (st.connecting > 0)
+      return;
+    if (st.direct > 0)
+      spdlog::info("worker {}: {} of {} shards over direct data connections", st.machine->job().worker_id,
+                   st.direct, st.shards.size());
+    return begin_training(self);
+  }
   self->monitor(st.shards[index]);
   st.machine->on_shard_replaced(index);
   run(self);
@@ -207,14 +263,14 @@ void take_assignment(worker_pointer self, const wire::assignment& a, const std::
   st.machine = std::make_unique<step_machine>(a, *st.cfg.data, plan->num_params, system_clock());
   st.machine->on_lr(st.lr_factor);
   st.shards = shards;
-  use_data_plane(self);
-  for (auto& s : st.shards)
-    self->monitor(s);
   for (auto* v : {&st.machine->params(), &st.machine->grad()})
     st.host_locks.push_back(st.backend->lock_host_memory(v->data(), v->size() * sizeof(float)));
   spdlog::debug("worker {}: {} backend, {} steps", a.worker_id, st.backend->name(), a.steps);
-  st.machine->begin();
-  run(self);
+  if (a.data_endpoints.size() == shards.size())
+    for (uint32_t i = 0; i < shards.size(); ++i)
+      connect_data_plane(self, i, shards[i], a.data_endpoints[i]);
+  if (st.connecting == 0)
+    begin_training(self);
 }
 
 // Registers with the scheduler, then trains on the assignment.
@@ -275,6 +331,7 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
       replace_shard(self, index, std::move(shard), endpoint);
     },
     [=](shard_atom, uint64_t gen) { with_machine(self, [=](step_machine& m) { m.on_shard_wait_over(gen); }); },
+    [=](shard_atom, uint32_t index, shard_actor& stand_in) { stand_in_ready(self, index, std::move(stand_in)); },
     [=](batch_atom, uint32_t b, uint64_t from_step, uint64_t data_begin, uint64_t data_count) {
       with_machine(self, [=](step_machine& m) { m.on_batch(b, from_step, data_begin, data_count); });
     },

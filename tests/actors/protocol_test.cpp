@@ -13,6 +13,8 @@
 #include "actors/interfaces.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/server_shard.hpp"
+#include "actors/worker.hpp"
+#include "runtime/data/dataset.hpp"
 #include "runtime/policy/ashl.hpp"
 
 using namespace ashlar;
@@ -329,4 +331,106 @@ TEST_CASE("protocol: a shard served again learns the live workers before they le
       caf::after(std::chrono::seconds(0)) >> [] {});
     CHECK(told);
   }
+}
+
+namespace {
+
+// What a worker under test told its (fake) scheduler and profiler.
+struct worker_log {
+  std::vector<wire::profile_report> reports;
+  std::vector<wire::membership_change> leaves;
+};
+
+profiler_actor recording_profiler(caf::actor_system& sys, std::shared_ptr<worker_log> log) {
+  return sys.spawn([log](profiler_actor::pointer) -> profiler_actor::behavior_type {
+    return {
+      [log](const wire::profile_report& r) { log->reports.push_back(r); },
+      [](const wire::membership_change&) -> caf::ok_atom { return caf::ok_atom::value; },
+      [](caf::get_atom) -> wire::cluster_stats { return {}; },
+    };
+  });
+}
+
+// A scheduler that assigns `a` and the shards `shards` to whoever registers.
+scheduler_actor assigning_scheduler(caf::actor_system& sys, wire::assignment a, std::vector<shard_actor> shards,
+                                    std::shared_ptr<worker_log> log) {
+  return sys.spawn([=](scheduler_actor::pointer) -> scheduler_actor::behavior_type {
+    return {
+      [=](const wire::register_worker&) -> caf::result<wire::assignment, std::vector<shard_actor>> {
+        return {a, shards};
+      },
+      [log](const wire::membership_change& m) { log->leaves.push_back(m); },
+      [](start_atom) {},
+      [](tick_atom) {},
+      [](lr_atom, float) {},
+      [](const wire::ctl_request&) -> std::string { return ""; },
+      [](shard_atom, uint32_t, const shard_actor&, const std::string&) {},
+    };
+  });
+}
+
+}  // namespace
+
+TEST_CASE("protocol: a worker whose shard is lost mid-step waits for its replacement, then finishes its steps") {
+  stepped t;
+  auto data = std::make_shared<const dataset>(make_synthetic(64, 4, 2, 3));
+  model_spec spec;
+  spec.input = tensor_shape{4, 1, 1};
+  spec.classes = 2;
+  spec.hidden = {3};
+  const uint64_t n = spec.num_params();
+  wire::assignment a;
+  a.worker_id = 0;
+  a.shards = {shard_range{0, 0, n / 2}, shard_range{1, n / 2, n}};
+  a.model = spec;
+  a.batch_size = 8;
+  a.data_count = 64;
+  a.steps = 3;
+  a.seed = 1;
+  a.policy = "bsp";
+  a.local_steps = 1;
+  a.local_lr = 0.1f;
+  a.commit_scale = 1.0f;
+  a.shard_wait_s = 30;
+  auto shard_of = [&](size_t i) {
+    auto p = make_policy("bsp", {});
+    REQUIRE(p);
+    sgd_config opt;
+    opt.lr = 0.1f;
+    auto s = spawn_shard(t.sys, std::make_unique<shard_core>(a.shards[i], std::vector<float>(a.shards[i].size(), 0.1f),
+                                                             opt, std::move(*p)));
+    caf::anon_send(s, wire::membership_change{wire::membership_change::join, 0, ""});
+    return s;
+  };
+  std::vector<shard_actor> shards{shard_of(0), shard_of(1)};
+  auto log = std::make_shared<worker_log>();
+  actors::worker_config wc;
+  wc.scheduler = assigning_scheduler(t.sys, a, shards, log);
+  wc.profiler = recording_profiler(t.sys, log);
+  wc.data = data;
+  auto worker = spawn_worker(t.sys, wc);
+  caf::anon_send(worker, start_atom::value);
+  // Message by message until the first step is reported.
+  for (int i = 0; i < 10000 && log->reports.empty(); ++i)
+    REQUIRE(t.step());
+  REQUIRE(log->reports.size() == 1);
+  // Shard 1 goes down before the second step's pull is answered: the worker waits.
+  caf::anon_send_exit(shards[1], caf::exit_reason::kill);
+  t.run();
+  CHECK(log->reports.size() == 1);
+  CHECK(log->leaves.empty());
+  // Its replacement (the same range, from its "checkpoint") is announced: the abandoned
+  // step starts over and the worker finishes its three steps.
+  auto replacement = shard_of(1);
+  caf::anon_send(worker, shard_atom::value, uint32_t{1}, replacement, std::string{});
+  t.run();
+  REQUIRE(log->reports.size() == 3);
+  CHECK(log->reports[2].step == 2);
+  REQUIRE(log->leaves.size() == 1);
+  CHECK(log->leaves[0].kind == wire::membership_change::leave);
+  CHECK(log->leaves[0].reason == "finished 3 steps");
+  for (auto& s : std::vector<shard_actor>{shards[0], replacement})
+    caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(wc.scheduler, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(wc.profiler, caf::exit_reason::user_shutdown);
 }

@@ -35,21 +35,21 @@ using clock_type = std::chrono::steady_clock;
 
 }  // namespace
 
-expected<job_data> load_job_data(const train_config& cfg) {
+expected<job_data> load_job_data(const data_settings& cfg, const model_spec& model, uint64_t seed) {
   job_data d;
-  if (cfg.data_source == "synthetic") {
+  if (cfg.data_source == data_source_kind::synthetic) {
     // One draw split in two, so both halves share the same cluster centres.
     size_t n_train = cfg.train_limit ? cfg.train_limit : 20000;
     size_t n_test = cfg.test_limit ? cfg.test_limit : 4000;
-    d.train = make_synthetic(n_train + n_test, cfg.model.input.size(), cfg.model.classes, cfg.seed);
-    d.train.shape = d.test.shape = cfg.model.input;
+    d.train = make_synthetic(n_train + n_test, model.input.size(), model.classes, seed);
+    d.train.shape = d.test.shape = model.input;
     d.test = d.train;
     d.test.x.erase(d.test.x.begin(), d.test.x.begin() + n_train * d.test.dim);
     d.test.y.erase(d.test.y.begin(), d.test.y.begin() + n_train);
     d.test.n = n_test;
     d.train.truncate(n_train);
-  } else if (cfg.data_source == "npy") {
-    auto loaded = load_npy_dataset(cfg.data_dir, cfg.model.input, cfg.model.classes);
+  } else if (cfg.data_source == data_source_kind::npy) {
+    auto loaded = load_npy_dataset(cfg.data_dir, model.input, model.classes);
     if (!loaded)
       return loaded.error();
     d.train = std::move(loaded->train);
@@ -63,18 +63,18 @@ expected<job_data> load_job_data(const train_config& cfg) {
       return test.error();
     d.train = std::move(*train);
     d.test = std::move(*test);
-    if (d.train.dim != cfg.model.input.size())
+    if (d.train.dim != model.input.size())
       return make_error(errc::invalid_config, "Fashion-MNIST in " + cfg.data_dir + " has samples of "
                                                 + d.train.shape.to_string() + ", but model.input is "
-                                                + cfg.model.input.to_string() + " (set model.input = 1,28,28)");
-    if (cfg.model.classes != d.train.classes)
+                                                + model.input.to_string() + " (set model.input = 1,28,28)");
+    if (model.classes != d.train.classes)
       return make_error(errc::invalid_config, "Fashion-MNIST has " + std::to_string(d.train.classes)
                                                 + " classes, but model.classes is "
-                                                + std::to_string(cfg.model.classes));
+                                                + std::to_string(model.classes));
     // A flat model.input (784) reads the images as flat vectors.
-    d.train.shape = d.test.shape = cfg.model.input;
+    d.train.shape = d.test.shape = model.input;
   }
-  if (cfg.data_source != "synthetic") {
+  if (cfg.data_source != data_source_kind::synthetic) {
     d.train.truncate(cfg.train_limit);
     d.test.truncate(cfg.test_limit);
   }
@@ -139,7 +139,7 @@ expected<std::shared_ptr<run_recorder>> open_recorder(const train_config& cfg) {
   for (double v : cfg.speeds)
     speeds += (speeds.empty() ? "" : ",") + json_number(v);
   (*rec)->describe_run("ashlar " + cfg.policy + " (" + std::to_string(cfg.workers) + " workers)",
-                       "\"policy\":" + json_string(cfg.policy) + ",\"allocation\":" + json_string(cfg.allocation)
+                       "\"policy\":" + json_string(cfg.policy) + ",\"allocation\":" + json_string(to_string(cfg.allocation))
                          + ",\"workers\":" + std::to_string(cfg.workers) + ",\"servers\":"
                          + std::to_string(cfg.servers) + ",\"batch_size\":" + std::to_string(cfg.batch_size)
                          + ",\"model\":" + json_string(cfg.model.to_string()) + ",\"speeds\":[" + speeds + "]");
@@ -188,7 +188,7 @@ private:
         return profile.error();
       contention_ = std::move(*profile);
     }
-    auto data = load_job_data(cfg_);
+    auto data = load_job_data(cfg_, cfg_.model, cfg_.seed);
     if (!data)
       return data.error();
     train_ = std::make_shared<const dataset>(std::move(data->train));
@@ -327,7 +327,7 @@ private:
                                              : int64_t{100};
     if (!lockstep_)
       tick_ms = std::min<int64_t>(tick_ms, 20);
-    schedule_.kind = *parse_lr_schedule(cfg_.lr_schedule); // validated
+    schedule_.kind = cfg_.lr_schedule;
     schedule_.warmup_epochs = cfg_.warmup_epochs;
     scheduled_ = schedule_.kind != lr_schedule::constant || schedule_.warmup_epochs > 0;
     if (scheduled_)

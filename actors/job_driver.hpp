@@ -51,8 +51,9 @@ struct job_data {
   dataset test;
 };
 
-/// Loads data.source from data.dir (or makes the synthetic set), applying the limits.
-[[nodiscard]] expected<job_data> load_job_data(const train_config& cfg);
+/// Loads data.source from data.dir (or makes the synthetic set from `seed`), applying the
+/// limits, and checks the samples against the model's input and classes.
+[[nodiscard]] expected<job_data> load_job_data(const data_settings& data, const model_spec& model, uint64_t seed);
 
 /// Runs one job in `sys` with shards and workers where `where` puts them; blocks the
 /// calling thread (which must not be a CAF scheduler thread) until it ends. Fails with

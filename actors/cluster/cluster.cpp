@@ -351,8 +351,8 @@ caf::error cluster_placement::start_workers(const train_config& cfg, const sched
     return nodes.error();
   wire::spawn_worker tmpl;
   tmpl.data_dir = cfg.data_dir;
-  tmpl.data_source = cfg.data_source;
-  tmpl.train_limit = cfg.data_source == "synthetic" ? train->n : cfg.train_limit;
+  tmpl.data_source = to_string(cfg.data_source);
+  tmpl.train_limit = cfg.data_source == data_source_kind::synthetic ? train->n : cfg.train_limit;
   tmpl.seed = cfg.seed;
   tmpl.input_width = static_cast<uint32_t>(cfg.model.input.size());
   tmpl.input = cfg.model.input;

@@ -135,22 +135,25 @@ caf::result<worker_actor> host_worker(node_pointer self, const wire::spawn_worke
   if (st.workers.size() >= st.cfg.slots)
     return make_error(errc::invalid_state, "node " + st.cfg.name + " has no free worker slot ("
                                              + std::to_string(st.cfg.slots) + " in use)");
-  train_config dc;
+  data_settings dc;
   dc.data_dir = st.cfg.data_dir.empty() ? req.data_dir : st.cfg.data_dir;
-  dc.data_source = req.data_source;
+  auto source = parse_data_source(req.data_source);
+  if (!source)
+    return source.error();
+  dc.data_source = *source;
   dc.train_limit = req.train_limit;
   dc.test_limit = 1;
-  dc.seed = req.seed;
-  dc.model.input = req.input;
-  dc.model.classes = req.classes;
   dc.crop_padding = req.crop_padding;
   dc.hflip = req.hflip;
-  auto key = dc.data_source + "|" + dc.data_dir + "|" + std::to_string(dc.train_limit) + "|"
-             + std::to_string(dc.seed) + "|" + dc.model.input.to_string() + "|" + std::to_string(dc.model.classes)
-             + "|" + std::to_string(dc.crop_padding) + "|" + (dc.hflip ? "flip" : "");
+  model_spec model;
+  model.input = req.input;
+  model.classes = req.classes;
+  auto key = req.data_source + "|" + dc.data_dir + "|" + std::to_string(dc.train_limit) + "|"
+             + std::to_string(req.seed) + "|" + model.input.to_string() + "|" + std::to_string(model.classes) + "|"
+             + std::to_string(dc.crop_padding) + "|" + (dc.hflip ? "flip" : "");
   auto& data = st.data_cache[key];
   if (!data) {
-    auto loaded = load_job_data(dc);
+    auto loaded = load_job_data(dc, model, req.seed);
     if (!loaded) {
       st.data_cache.erase(key);
       return loaded.error();

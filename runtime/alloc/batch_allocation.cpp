@@ -83,8 +83,22 @@ expected<allocation_mode> parse_allocation(const std::string& name) {
     return allocation_mode::adaptive;
   if (name == "predicted")
     return allocation_mode::predicted;
-  return make_error(errc::invalid_config, "train.allocation: unknown mode '" + name
-                                            + "' (known: equal, proportional, adaptive, predicted)");
+  return make_error(errc::invalid_config,
+                    "train.allocation '" + name + "' is not known (known: equal, proportional, adaptive, predicted)");
+}
+
+const char* to_string(allocation_mode m) {
+  switch (m) {
+    case allocation_mode::equal:
+      return "equal";
+    case allocation_mode::proportional:
+      return "proportional";
+    case allocation_mode::adaptive:
+      return "adaptive";
+    case allocation_mode::predicted:
+      return "predicted";
+  }
+  return "equal";
 }
 
 batch_planner::batch_planner(allocation_mode mode, const planner_context& ctx)

@@ -9,6 +9,7 @@
 #include <map>
 #include <vector>
 
+#include "runtime/alloc/allocation_mode.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/policy/job_planner.hpp"
 #include "runtime/predict/speed_predictor.hpp"
@@ -43,13 +44,6 @@ private:
   double alpha_;
   std::vector<double> speed_; // smoothed samples/s; 0 = not observed yet
 };
-
-/// train.allocation's modes.
-enum class allocation_mode : uint8_t { equal, proportional, adaptive, predicted };
-
-/// "equal", "proportional", "adaptive" or "predicted"; fails with invalid_config naming
-/// the known modes.
-[[nodiscard]] expected<allocation_mode> parse_allocation(const std::string& name);
 
 /// The batch allocation as a job planner: shares of the global batch (batch_size x live
 /// workers) proportional to each live worker's speed (1 / compute seconds per sample):

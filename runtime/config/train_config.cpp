@@ -128,6 +128,40 @@ caf::error parse(const std::string&, const std::string& text, std::vector<layer_
   return caf::none;
 }
 
+// Modes: each enum's own parser names the key and the choices.
+caf::error parse(const std::string&, const std::string& text, data_source_kind& out) {
+  auto v = parse_data_source(text);
+  if (!v)
+    return v.error();
+  out = *v;
+  return caf::none;
+}
+caf::error parse(const std::string&, const std::string& text, allocation_mode& out) {
+  auto v = parse_allocation(text);
+  if (!v)
+    return v.error();
+  out = *v;
+  return caf::none;
+}
+caf::error parse(const std::string&, const std::string& text, lr_schedule_kind& out) {
+  auto v = parse_lr_schedule(text);
+  if (!v)
+    return v.error();
+  out = *v;
+  return caf::none;
+}
+caf::error parse(const std::string&, const std::string& text, ashl_rule& out) {
+  auto v = parse_ashl_rule(text);
+  if (!v)
+    return v.error();
+  out = *v;
+  return caf::none;
+}
+
+std::string show(data_source_kind v) { return to_string(v); }
+std::string show(allocation_mode v) { return to_string(v); }
+std::string show(lr_schedule_kind v) { return to_string(v); }
+std::string show(ashl_rule v) { return to_string(v); }
 std::string show(uint64_t v) { return std::to_string(v); }
 std::string show(uint32_t v) { return std::to_string(v); }
 std::string show(double v) {
@@ -186,7 +220,7 @@ const std::vector<field>& fields() {
                      "x_train.npy, y_train.npy, x_test.npy, y_test.npy (default /usr/share/datasets/fashion-mnist)",
          [](train_config& c) -> std::string& { return c.data_dir; }),
     bind("data.source", "fashion-mnist, npy (your own NumPy arrays in data.dir) or synthetic (default fashion-mnist)",
-         [](train_config& c) -> std::string& { return c.data_source; }),
+         [](train_config& c) -> data_source_kind& { return c.data_source; }),
     bind("data.crop_padding", "augmentation: pad training images by N pixels and crop back at a random offset, "
                               "every epoch; 0 = off (default 0)",
          [](train_config& c) -> uint32_t& { return c.crop_padding; }),
@@ -213,7 +247,7 @@ const std::vector<field>& fields() {
          [](train_config& c) -> uint32_t& { return c.workers; }),
     bind("train.servers", "number of server shards (default 2)",
          [](train_config& c) -> uint32_t& { return c.servers; }),
-    bind("train.policy", "sync policy: bsp, asp, ssp, ksync or kasync (default bsp)",
+    bind("train.policy", "sync policy: bsp, asp, ssp, ksync, kasync, adsp, adaptive, ashl or ring (default bsp)",
          [](train_config& c) -> std::string& { return c.policy; }),
     bind("train.epochs", "passes over the training set (default 10)",
          [](train_config& c) -> uint32_t& { return c.epochs; }),
@@ -245,7 +279,7 @@ const std::vector<field>& fields() {
     bind("train.lr_schedule", "learning rate over the epochs (or over run.time_limit, if that ends first): constant, "
                               "cosine (half a cosine down to 0) or step (x0.1 at half the epochs, x0.01 at three "
                               "quarters) (default constant)",
-         [](train_config& c) -> std::string& { return c.lr_schedule; }),
+         [](train_config& c) -> lr_schedule_kind& { return c.lr_schedule; }),
     bind("train.warmup_epochs", "epochs of linear learning-rate warmup (at most half of train.epochs), 0 = none "
                                 "(default 0)",
          [](train_config& c) -> double& { return c.warmup_epochs; }),
@@ -254,7 +288,7 @@ const std::vector<field>& fields() {
     bind("train.weight_decay", "L2 weight decay (default 0.0001)",
          [](train_config& c) -> float& { return c.optimizer.weight_decay; }),
     bind("train.allocation", "batch split: equal, proportional, adaptive or predicted (default equal)",
-         [](train_config& c) -> std::string& { return c.allocation; }),
+         [](train_config& c) -> allocation_mode& { return c.allocation; }),
     bind("train.data_plane", "cluster: tensors on direct worker-shard connections (default true)",
          [](train_config& c) -> bool& { return c.data_plane; }),
     bind("train.staleness_aware_lr", "asp: divide lr by 1 + staleness (default false)",
@@ -276,7 +310,7 @@ const std::vector<field>& fields() {
     bind("ashl.shl_lr_scale", "ashl: learning rate factor in SHL, shards and local steps (default 0.5)",
          [](train_config& c) -> double& { return c.ashl.shl_lr_scale; }),
     bind("ashl.rule", "ashl: AHL -> SHL on a loss plateau or at a target loss: plateau or loss (default plateau)",
-         [](train_config& c) -> std::string& { return c.ashl.rule; }),
+         [](train_config& c) -> ashl_rule& { return c.ashl.rule; }),
     bind("ashl.plateau_window_s", "ashl: plateau rule window, seconds (default 1.5)",
          [](train_config& c) -> double& { return c.ashl.plateau_window_s; }),
     bind("ashl.plateau_drop", "ashl: plateau when the loss fell by less than this fraction in the window (default 0.1)",
@@ -555,8 +589,6 @@ caf::error validate(const train_config& c) {
     return bad("ashl.topk_ratio must be in [0, 0.5): from 0.5 on a sparse push is no smaller than a dense one");
   if (!(c.optimizer.lr > 0))
     return bad("train.lr must be > 0");
-  if (auto k = parse_lr_schedule(c.lr_schedule); !k)
-    return k.error();
   if (!(c.warmup_epochs >= 0) || !std::isfinite(c.warmup_epochs))
     return bad("train.warmup_epochs must be a number of epochs, at least 0");
   if (c.optimizer.momentum < 0 || c.optimizer.momentum >= 1)
@@ -565,9 +597,6 @@ caf::error validate(const train_config& c) {
     return bad("train.weight_decay must be >= 0");
   if (c.progress_interval < 0)
     return bad("run.progress_interval must be >= 0");
-  if (c.allocation != "equal" && c.allocation != "proportional" && c.allocation != "adaptive"
-      && c.allocation != "predicted")
-    return bad("train.allocation '" + c.allocation + "' is not known (known: equal, proportional, adaptive, predicted)");
   if (c.eval_interval < 0)
     return bad("run.eval_interval must be >= 0");
   if (c.resume && c.checkpoint_dir.empty())
@@ -582,8 +611,6 @@ caf::error validate(const train_config& c) {
   }
   if (c.time_limit < 0)
     return bad("run.time_limit must be >= 0");
-  if (c.data_source != "fashion-mnist" && c.data_source != "synthetic" && c.data_source != "npy")
-    return bad("data.source must be fashion-mnist, npy or synthetic, not '" + c.data_source + "'");
   if (c.crop_padding > 64)
     return bad("data.crop_padding must be at most 64 pixels");
   static const std::vector<std::string> levels = {"trace", "debug", "info", "warn", "error", "off"};

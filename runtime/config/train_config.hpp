@@ -1,5 +1,6 @@
-// The configuration of a training job: one struct, filled once from a TOML file, then
-// ASHLAR_* environment variables, then command-line settings (later ones win).
+// The configuration of a training job: sections of settings, filled once from a TOML
+// file, then ASHLAR_* environment variables, then command-line settings (later ones
+// win), parsed (modes as enums) and validated here, in one place.
 #pragma once
 
 #include <cstdint>
@@ -7,23 +8,28 @@
 #include <string>
 #include <vector>
 
+#include "runtime/alloc/allocation_mode.hpp"
 #include "runtime/core/error.hpp"
+#include "runtime/data/data_source.hpp"
 #include "runtime/model/model.hpp"
+#include "runtime/optim/lr_schedule.hpp"
 #include "runtime/optim/sgd.hpp"
 #include "runtime/policy/ashl.hpp"
 #include "runtime/policy/sync_policy.hpp"
 
 namespace ashlar {
 
-struct train_config {
-  // [data]
+using lr_schedule_kind = lr_schedule::kind_t;
+
+/// [data]: where the samples come from and how they are augmented.
+struct data_settings {
   /// Where the data files are: Fashion-MNIST's IDX files, or for data.source = npy the
   /// NumPy files x_train.npy, y_train.npy, x_test.npy, y_test.npy.
   /// Default: /usr/share/datasets/fashion-mnist.
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  /// "fashion-mnist", "npy" (the user's own NumPy arrays, see load_npy_dataset) or
-  /// "synthetic" (Gaussian clusters, for benchmarks). Default: fashion-mnist.
-  std::string data_source = "fashion-mnist";
+  /// fashion-mnist, npy (the user's own NumPy arrays, see load_npy_dataset) or synthetic
+  /// (Gaussian clusters, for benchmarks). Default: fashion-mnist.
+  data_source_kind data_source = data_source_kind::fashion_mnist;
   /// Augmentation, drawn anew every epoch: pad each training image by this many pixels
   /// (zeros) and crop it back to its size at a random offset; 0 = off (data.crop_padding).
   /// Default: 0.
@@ -35,19 +41,16 @@ struct train_config {
   uint64_t train_limit = 0;
   /// Use only the first N test samples; 0 = all. Default: 0.
   uint64_t test_limit = 0;
+};
 
-  // [model]
-  /// The model: input shape (model.input), classes (model.classes), and its layers
-  /// (model.layers) or the MLP short form (model.hidden). Default: the MLP 784-256-128-10
-  /// over 1x28x28 images.
-  model_spec model;
-
-  // [train]
+/// [train]: the job's workers, shards, policy, batch, optimizer, compression and pacing.
+struct train_settings {
   /// Number of worker actors. Default: 4.
   uint32_t workers = 4;
   /// Number of server shards the parameters are split into. Default: 2.
   uint32_t servers = 2;
-  /// Sync policy: bsp or asp. Default: bsp.
+  /// Sync policy, a registry name (runtime/policy/registry.cpp): bsp, asp, ssp, ksync,
+  /// kasync, adsp, adaptive, ashl or ring. Default: bsp.
   std::string policy = "bsp";
   /// Passes over the training set (each worker passes over its share). Default: 10.
   uint32_t epochs = 10;
@@ -82,12 +85,12 @@ struct train_config {
   /// node, raw TCP) instead of CAF's middleman (train.data_plane). Default: true.
   bool data_plane = true;
   /// How the global batch (batch_size x workers) is split among workers
-  /// (train.allocation): "equal"; "proportional" to speed profiled over the first steps,
-  /// then fixed; "adaptive", re-split every 0.5 s from smoothed observed speed;
-  /// "predicted", re-split from each worker's next iteration time as a GRU predicts it.
-  /// With any but equal, every worker samples the whole training set (own seed), so a
-  /// bigger share never over-samples one part of it. Default: "equal".
-  std::string allocation = "equal";
+  /// (train.allocation): equal; proportional to speed profiled over the first steps,
+  /// then fixed; adaptive, re-split every 0.5 s from smoothed observed speed; predicted,
+  /// re-split from each worker's next iteration time as a GRU predicts it. With any but
+  /// equal, every worker samples the whole training set until its first share. Default:
+  /// equal.
+  allocation_mode allocation = allocation_mode::equal;
   /// Pacing: relative speeds of the workers (worker i gets speeds[i % size]); empty =
   /// unpaced, every worker as fast as the machine lets it. Default: empty.
   std::vector<double> speeds;
@@ -101,15 +104,15 @@ struct train_config {
   sgd_config optimizer;
   /// The learning rate over the epochs: constant, cosine or step (see
   /// runtime/optim/lr_schedule.hpp). Default: constant.
-  std::string lr_schedule = "constant";
+  lr_schedule_kind lr_schedule = lr_schedule_kind::constant;
   /// Epochs of linear learning-rate warmup (at most half the epochs); 0 = none. Default: 0.
   double warmup_epochs = 0;
   /// Policy settings (train.staleness_aware_lr).
   policy_config policy_settings;
-  /// ASHL's stages (section [ashl]; see runtime/policy/ashl.hpp for each default).
-  ashl_config ashl;
+};
 
-  // [run]
+/// [run]: where outputs go, checkpoints, devices, logging, evaluations and limits.
+struct run_settings {
   /// Write a JSON summary here when training ends; empty = none. Default: "".
   std::string report;
   /// Write a Chrome trace-event JSON of every worker's steps here (run.trace); empty =
@@ -154,6 +157,19 @@ struct train_config {
   /// Stop the job after this many seconds of training, evaluating what it reached
   /// (run.time_limit); 0 = no limit. Default: 0.
   double time_limit = 0;
+};
+
+/// The whole configuration: one section per module (data loading takes data_settings,
+/// the job driver run_settings, ...), [model] and [ashl] as their own structs. Sections
+/// are bases, so every key is also cfg.KEY.
+struct train_config : data_settings, train_settings, run_settings {
+  // [model]
+  /// The model: input shape (model.input), classes (model.classes), and its layers
+  /// (model.layers) or the MLP short form (model.hidden). Default: the MLP 784-256-128-10
+  /// over 1x28x28 images.
+  model_spec model;
+  /// [ashl]: ASHL's stages (see runtime/policy/ashl.hpp for each default).
+  ashl_config ashl;
 };
 
 /// One configuration key: its TOML name ("train.workers"), environment variable

@@ -40,10 +40,20 @@ const char* to_string(ashl_stage s) {
   return "unknown";
 }
 
+expected<ashl_rule> parse_ashl_rule(const std::string& name) {
+  if (name == "plateau")
+    return ashl_rule::plateau;
+  if (name == "loss")
+    return ashl_rule::loss;
+  return make_error(errc::invalid_config, "ashl.rule: '" + name + "' is not a rule (plateau or loss)");
+}
+
+const char* to_string(ashl_rule r) {
+  return r == ashl_rule::loss ? "loss" : "plateau";
+}
+
 expected<ashl_planner> ashl_planner::make(ashl_config cfg) {
   auto bad = [](const std::string& what) { return make_error(errc::invalid_config, "ashl." + what); };
-  if (cfg.rule != "plateau" && cfg.rule != "loss")
-    return bad("rule: '" + cfg.rule + "' is not a rule (plateau or loss)");
   if (cfg.ahl_local_steps == 0 || cfg.shl_local_steps == 0)
     return bad("ahl_local_steps and shl_local_steps must be at least 1");
   if (cfg.max_local_steps < std::max(cfg.ahl_local_steps, cfg.shl_local_steps))
@@ -93,7 +103,7 @@ std::optional<ashl_event> ashl_planner::observe(double t_s, double loss, const s
     }
   } else if (stage_ == ashl_stage::ahl && std::isfinite(loss)) {
     losses_.emplace_back(t_s, loss);
-    if (cfg_.rule == "loss") {
+    if (cfg_.rule == ashl_rule::loss) {
       if (loss <= cfg_.switch_loss)
         change = ashl_event{t_s, ashl_stage::shl,
                             "training loss " + fixed3(loss) + " <= " + fixed3(cfg_.switch_loss)};

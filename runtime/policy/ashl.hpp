@@ -30,6 +30,13 @@ public:
 
 enum class ashl_stage : uint8_t { profiling = 0, ahl = 1, shl = 2 };
 
+/// ashl.rule: AHL -> SHL on a loss plateau, or at a target loss.
+enum class ashl_rule : uint8_t { plateau, loss };
+
+/// "plateau" or "loss"; fails with invalid_config naming ashl.rule.
+[[nodiscard]] expected<ashl_rule> parse_ashl_rule(const std::string& name);
+const char* to_string(ashl_rule r);
+
 /// "profiling", "ahl" or "shl".
 const char* to_string(ashl_stage s);
 
@@ -52,7 +59,7 @@ struct ashl_config {
   /// Rule for AHL -> SHL: "plateau" (the training loss fell by less than plateau_drop,
   /// relatively, over the last plateau_window_s seconds) or "loss" (the training loss
   /// is at most switch_loss). Default: "plateau".
-  std::string rule = "plateau";
+  ashl_rule rule = ashl_rule::plateau;
   /// Default: 1.5 s.
   double plateau_window_s = 1.5;
   /// Default: 0.1 (10%).

@@ -19,7 +19,7 @@ wire::assignment make_assignment(const assignment_context& ctx, uint32_t id, uin
   a.data_count = n * (slot + 1) / k - a.data_begin;
   uint64_t per_epoch = (a.data_count + job.batch_size - 1) / job.batch_size;
   a.steps = per_epoch * job.epochs;
-  if (job.allocation != "equal") {
+  if (job.allocation != allocation_mode::equal) {
     a.data_begin = 0;
     a.data_count = n;
     uint64_t global = uint64_t{job.batch_size} * k;
@@ -67,7 +67,7 @@ std::optional<std::string> apply_resumed(wire::assignment& a, const resumed_work
   a.seed = p.seed;
   a.cursor_epoch = p.epoch;
   a.cursor_pos = p.pos;
-  if (ctx.job->allocation != "equal")
+  if (ctx.job->allocation != allocation_mode::equal)
     a.batch_size = r.batch;
   return std::nullopt;
 }

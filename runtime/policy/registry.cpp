@@ -109,8 +109,8 @@ std::unique_ptr<job_planner> make_job_planner(const planner_context& ctx) {
     else // the configuration was validated before; say so if it was not
       spdlog::error("{} planner: {}", e->name, describe(p.error()));
   }
-  if (auto mode = parse_allocation(ctx.job->allocation); mode && *mode != allocation_mode::equal)
-    parts.push_back(std::make_unique<batch_planner>(*mode, ctx));
+  if (ctx.job->allocation != allocation_mode::equal)
+    parts.push_back(std::make_unique<batch_planner>(ctx.job->allocation, ctx));
   if (parts.empty())
     return std::make_unique<idle_planner>();
   if (parts.size() == 1)

@@ -404,7 +404,7 @@ train_config proportional_pair_job(const std::string& policy) {
   // loaded machine, so the profiled speeds are the paced 1:4 (at 0.5 ms, CI's load
   // made the fast worker's compute overrun its budget and profile 2.3x).
   cfg.sample_ms = 1.5;
-  cfg.allocation = "proportional";
+  cfg.allocation = allocation_mode::proportional;
   return cfg;
 }
 
@@ -446,14 +446,16 @@ TEST_CASE("BSP with proportional batches gives a 4x faster worker about 4x the s
 
 TEST_CASE("an unknown batch allocation is refused, naming the choices") {
   train_config cfg;
-  CHECK(is(apply_setting(cfg, "train.allocation", "greedy") ? caf::error{} : validate(cfg), errc::invalid_config));
+  auto err = apply_setting(cfg, "train.allocation", "greedy");
+  CHECK(is(err, errc::invalid_config));
+  CHECK(describe(err).find("(known: equal, proportional, adaptive, predicted)") != std::string::npos);
 }
 
 TEST_CASE("an ASHL job profiles, then commits less often from the fast worker, and trains") {
   auto cfg = paced_pair_job("ashl");
   cfg.ashl.profile_steps = 3;
   cfg.ashl.ahl_local_steps = 2;
-  cfg.ashl.rule = "loss";
+  cfg.ashl.rule = ashl_rule::loss;
   cfg.ashl.switch_loss = 1.0; // reached early: both stages run
   auto rep = actors::run_local_job(cfg);
   REQUIRE(rep);

@@ -83,7 +83,7 @@ TEST_CASE("the ASHL stage machine moves AHL -> SHL on a loss plateau, not while 
 
 TEST_CASE("the ASHL loss rule switches to SHL at the target loss") {
   ashl_config cfg;
-  cfg.rule = "loss";
+  cfg.rule = ashl_rule::loss;
   cfg.switch_loss = 0.5;
   auto p = make_planner(cfg);
   REQUIRE(p.observe(0.5, 2.0, hetero(10)));
@@ -129,9 +129,7 @@ TEST_CASE("ASHL's local steps make H_i x t_i + comm_i equal across workers, and 
 }
 
 TEST_CASE("ASHL settings that cannot work are refused, naming the key") {
-  ashl_config cfg;
-  cfg.rule = "sometimes";
-  auto p = ashl_planner::make(cfg);
+  auto p = parse_ashl_rule("sometimes"); // a rule is a mode: refused as it is parsed
   REQUIRE_FALSE(p);
   CHECK(describe(p.error()).find("train.ashl.rule") == std::string::npos);
   CHECK(describe(p.error()).find("ashl.rule") != std::string::npos);
@@ -199,7 +197,7 @@ TEST_CASE("ASHL compresses pulls only where profiling found communication costly
 
 TEST_CASE("on a slow network ASHL's slowest worker takes enough local steps to keep communication to its share") {
   ashl_config cfg;
-  cfg.rule = "loss";
+  cfg.rule = ashl_rule::loss;
   cfg.switch_loss = 1.0;
   cfg.shl_local_steps = 1;
   auto p = make_planner(cfg);

@@ -107,3 +107,31 @@ TEST_CASE("every config key documents its default") {
     CHECK(k.env.rfind("ASHLAR_", 0) == 0);
   }
 }
+
+TEST_CASE("modes are enums: an unknown one is refused where it is read, naming the place, the key and the choices") {
+  train_config cfg;
+  auto err = apply_toml_text(cfg, "[train]\nallocation = \"greedy\"\n", "job.toml");
+  REQUIRE(err);
+  CHECK(describe(err).find("job.toml:2") != std::string::npos);
+  CHECK(describe(err).find("train.allocation 'greedy' is not known (known: equal, proportional, adaptive, "
+                           "predicted)") != std::string::npos);
+  CHECK(cfg.allocation == allocation_mode::equal);
+  REQUIRE_FALSE(apply_toml_text(cfg, "[train]\nallocation = \"predicted\"\nlr_schedule = \"step\"\n"
+                                     "[data]\nsource = \"synthetic\"\n[ashl]\nrule = \"loss\"\n", "job.toml"));
+  CHECK(cfg.allocation == allocation_mode::predicted);
+  CHECK(cfg.lr_schedule == lr_schedule::step);
+  CHECK(cfg.data_source == data_source_kind::synthetic);
+  CHECK(cfg.ashl.rule == ashl_rule::loss);
+  // Their text form is the name, as in the file.
+  CHECK(setting_text(cfg, "train.allocation") == "predicted");
+  CHECK(setting_text(cfg, "data.source") == "synthetic");
+  CHECK(setting_text(cfg, "ashl.rule") == "loss");
+  auto env = apply_environment(cfg, [](const char* name) -> const char* {
+    return std::string{name} == "ASHLAR_DATA_SOURCE" ? "mnist" : nullptr;
+  });
+  REQUIRE(env);
+  CHECK(describe(env).find("data.source must be fashion-mnist, npy or synthetic, not 'mnist'") != std::string::npos);
+  // A section is a type of its own: a module can take only the settings it reads.
+  const data_settings& data = cfg;
+  CHECK(data.data_source == data_source_kind::synthetic);
+}

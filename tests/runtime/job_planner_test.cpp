@@ -20,7 +20,7 @@ struct fixture {
   planner_context ctx;
   explicit fixture(const std::string& policy, const std::string& allocation = "equal") {
     job.policy = policy;
-    job.allocation = allocation;
+    job.allocation = *parse_allocation(allocation);
     job.workers = 4;
     job.batch_size = 64;
     ctx.job = &job;
@@ -273,7 +273,7 @@ TEST_CASE("assignment rules: fixed data slots, steps by policy and allocation, c
   CHECK(make_assignment(ctx, 0, 0).commit_scale == Approx(0.5f));
   // Unequal allocations: the whole set until the first share.
   job.policy = "bsp";
-  job.allocation = "proportional";
+  job.allocation = allocation_mode::proportional;
   ctx.traits = traits_of("bsp");
   auto p = make_assignment(ctx, 1, 1);
   CHECK(p.data_begin == 0);

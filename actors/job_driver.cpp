@@ -17,6 +17,7 @@
 #include "actors/server_shard.hpp"
 #include "actors/worker.hpp"
 #include "runtime/backend/cpu_backend.hpp"
+#include "runtime/core/clock.hpp"
 #include "runtime/data/dataset.hpp"
 #include "runtime/metrics/json.hpp"
 #include "runtime/metrics/prometheus.hpp"
@@ -28,12 +29,6 @@
 #include "runtime/store/job_store.hpp"
 
 namespace ashlar::actors {
-
-namespace {
-
-using clock_type = std::chrono::steady_clock;
-
-}  // namespace
 
 expected<job_data> load_job_data(const data_settings& cfg, const model_spec& model, uint64_t seed) {
   job_data d;
@@ -248,7 +243,7 @@ private:
     for (auto& s : shards_)
       self_->monitor(s);
     scheduler_ = spawn_scheduler(sys_, scheduler_settings());
-    start_ = clock_type::now();
+    start_ = clock_.steady_ns();
     if (recorder_)
       recorder_->mark_start();
     evals_ = std::make_unique<job_evaluations>(cfg_.model, hooks_, test_);
@@ -309,7 +304,7 @@ private:
     }
   }
 
-  double seconds() const { return std::chrono::duration<double>(clock_type::now() - start_).count(); }
+  double seconds() const { return static_cast<double>(clock_.steady_ns() - start_) * 1e-9; }
 
   double epoch_of(uint64_t samples) const {
     return static_cast<double>(done_before_ + samples) / static_cast<double>(train_->n);
@@ -629,7 +624,8 @@ private:
   std::vector<shard_actor> shards_;
   scheduler_actor scheduler_;
   std::shared_ptr<std::atomic<int>> stage_; // the scheduler's stage in force (ashl_stage; -1: none)
-  clock_type::time_point start_;
+  const clock_source& clock_ = system_clock();
+  uint64_t start_ = 0; // steady ns when the workers started
   std::unique_ptr<job_evaluations> evals_;
   run_report rep_;
   // watch

@@ -7,6 +7,7 @@
 #include "runtime/alloc/batch_allocation.hpp"
 #include "runtime/collective/ring.hpp"
 #include "runtime/compress/topk.hpp"
+#include "runtime/metrics/cluster_profile.hpp"
 #include "runtime/predict/speed_predictor.hpp"
 
 using namespace ashlar;
@@ -282,4 +283,35 @@ TEST_CASE("delta reads track a moving tensor within what k entries per read can 
   }
   // The view lags by the residual: bounded, not growing with the rounds.
   CHECK(worst < 0.05);
+}
+
+TEST_CASE("the cluster profile smooths from a worker's second step, scores the GRU per window, and counts time on its clock") {
+  manual_clock clock;
+  cluster_profile p(0.5, 0.25, clock);
+  CHECK(p.stats().elapsed_seconds == 0);
+  auto step = [&](uint32_t w, uint64_t compute_ms, uint32_t samples) {
+    wire::profile_report r;
+    r.worker_id = w;
+    r.samples = samples;
+    r.compute_ns = compute_ms * 1000000;
+    r.push_ns = 1000000;
+    r.loss = 2.0;
+    p.observe(r);
+  };
+  step(0, 500, 10); // a first step's one-time costs: not smoothed in
+  CHECK(p.stats().workers[0].compute_seconds == 0);
+  step(0, 10, 10);
+  CHECK(p.stats().workers[0].compute_seconds == Approx(0.010));
+  step(0, 20, 10);
+  CHECK(p.stats().workers[0].compute_seconds == Approx(0.015)); // alpha 0.5
+  CHECK(p.stats().workers[0].compute_per_sample == Approx(0.0015));
+  // Windows of 0.25 s: the observed speed is the window's samples over its compute.
+  clock.advance(std::chrono::milliseconds(300));
+  step(0, 10, 10);
+  auto s = p.stats();
+  CHECK(s.workers[0].observed_speed == Approx(40.0 / 0.540));
+  CHECK(s.elapsed_seconds == Approx(0.3));
+  CHECK(s.total_samples == 40);
+  p.membership(0, true);
+  CHECK(p.stats().workers[0].done);
 }

@@ -1,0 +1,58 @@
+// What the profiler knows of the workers: per worker, smoothed step, compute and wait
+// times, throughput, compute per sample, staleness, and the compute speed per window
+// with a GRU's prediction of the next window's; for the job, samples so far, the smoothed
+// training loss, and the time since the first report. The profiler actor feeds it the
+// workers' step reports and answers with stats(). Pure code: time from a clock_source.
+#pragma once
+
+#include <cstdint>
+#include <map>
+
+#include "runtime/core/clock.hpp"
+#include "runtime/predict/speed_predictor.hpp"
+#include "runtime/wire/messages.hpp"
+
+namespace ashlar {
+
+class cluster_profile {
+public:
+  /// `alpha`: weight of the newest step in the smoothing (the job's loss takes alpha/2).
+  /// `window`: seconds per speed window (each window's observed speed scores the GRU's
+  /// prediction, then trains it). `clock` must outlive the profile.
+  explicit cluster_profile(double alpha = 0.1, double window = 0.25, const clock_source& clock = system_clock());
+
+  /// One step of one worker. Its timings enter the smoothing from the worker's second
+  /// step (a first step carries one-time costs: lazily loaded kernels, cold caches).
+  void observe(const wire::profile_report& r);
+
+  /// A worker joined (done = false) or left (done = true).
+  void membership(uint32_t worker, bool done);
+
+  /// Every worker seen so far, the job's samples and loss, and seconds since the first
+  /// report (0 before it).
+  wire::cluster_stats stats() const;
+
+private:
+  struct track {
+    wire::worker_stats stats;
+    bool seen = false;
+    uint64_t window_start = 0;
+    double window_samples = 0, window_compute = 0;
+    gru_predictor predictor;
+    uint64_t predicted_windows = 0;
+    double error_sum = 0;
+  };
+  void close_window(track& t, uint64_t now);
+
+  double alpha_;
+  double window_;
+  const clock_source& clock_;
+  std::map<uint32_t, track> workers_;
+  bool started_ = false;
+  uint64_t start_ = 0;
+  uint64_t total_samples_ = 0;
+  double loss_ = 0;
+  bool loss_seen_ = false;
+};
+
+}  // namespace ashlar

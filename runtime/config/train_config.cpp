@@ -129,33 +129,25 @@ caf::error parse(const std::string&, const std::string& text, std::vector<layer_
 }
 
 // Modes: each enum's own parser names the key and the choices.
-caf::error parse(const std::string&, const std::string& text, data_source_kind& out) {
-  auto v = parse_data_source(text);
+template <class E>
+caf::error parse_mode(expected<E> (*from)(const std::string&), const std::string& text, E& out) {
+  auto v = from(text);
   if (!v)
     return v.error();
   out = *v;
   return caf::none;
+}
+caf::error parse(const std::string&, const std::string& text, data_source_kind& out) {
+  return parse_mode(parse_data_source, text, out);
 }
 caf::error parse(const std::string&, const std::string& text, allocation_mode& out) {
-  auto v = parse_allocation(text);
-  if (!v)
-    return v.error();
-  out = *v;
-  return caf::none;
+  return parse_mode(parse_allocation, text, out);
 }
 caf::error parse(const std::string&, const std::string& text, lr_schedule_kind& out) {
-  auto v = parse_lr_schedule(text);
-  if (!v)
-    return v.error();
-  out = *v;
-  return caf::none;
+  return parse_mode(parse_lr_schedule, text, out);
 }
 caf::error parse(const std::string&, const std::string& text, ashl_rule& out) {
-  auto v = parse_ashl_rule(text);
-  if (!v)
-    return v.error();
-  out = *v;
-  return caf::none;
+  return parse_mode(parse_ashl_rule, text, out);
 }
 
 std::string show(data_source_kind v) { return to_string(v); }

@@ -24,6 +24,7 @@
 #include "runtime/metrics/recorder.hpp"
 #include "runtime/net/http_endpoint.hpp"
 #include "runtime/optim/lr_schedule.hpp"
+#include "runtime/os/paths.hpp"
 #include "runtime/policy/ashl.hpp"
 #include "runtime/policy/job_planner.hpp"
 #include "runtime/store/job_store.hpp"
@@ -177,6 +178,9 @@ private:
   caf::error prepare() {
     if (auto err = validate(cfg_))
       return err;
+    if (!cfg_.report.empty()) // written at the end: refused now rather than after the training
+      if (auto err = check_output_file(cfg_.report, "run.report"))
+        return err;
     if (!cfg_.contention.empty()) {
       auto profile = load_contention(cfg_.contention);
       if (!profile)
@@ -513,6 +517,7 @@ private:
       if (recorder_)
         recorder_->event("stop requested", "");
     } else if (out_of_time) {
+      rep_.time_limited = done_before_ + stats.total_samples < budget_;
       spdlog::info("job: time limit of {} s reached; stopping the workers", cfg_.time_limit);
     }
     self_->request(scheduler_, std::chrono::seconds(10), wire::ctl_request{wire::ctl_request::shutdown, 0, 0})
@@ -529,6 +534,7 @@ private:
       checkpoint_round();
     auto last_workers = collect_worker_figures();
     rep_.samples_per_second = rep_.seconds > 0 ? rep_.samples / rep_.seconds : 0;
+    rep_.epochs_trained = epoch_of(rep_.samples);
     if (store_)
       save_progress(rep_.samples, rep_.seconds, last_workers);
     for (auto& s : shards_)

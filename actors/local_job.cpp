@@ -3,6 +3,7 @@
 #include "actors/job_driver.hpp"
 #include "actors/server_shard.hpp"
 #include "actors/worker.hpp"
+#include "runtime/os/memory.hpp"
 #include "runtime/policy/ring.hpp"
 
 namespace ashlar::actors {
@@ -96,6 +97,13 @@ expected<run_report> run_local_job(const train_config& cfg, const job_hooks& hoo
 
 expected<run_report> run_local_job(const train_config& cfg, const job_hooks& hooks,
                                    std::vector<float>* final_params) {
+  // Everything lives in this process: the shards' parameters and optimizer state (2
+  // copies), and each worker's parameters, gradients, commit and pull view (4 each).
+  if (!validate(cfg)) {
+    const uint64_t copies = 2 + 4 * uint64_t{cfg.workers};
+    if (auto err = check_model_memory(cfg.model.num_params(), copies, available_memory_bytes(), cfg.model.to_string()))
+      return err;
+  }
   system_config sys_cfg;
   caf::actor_system sys{sys_cfg};
   local_placement where{sys, hooks};

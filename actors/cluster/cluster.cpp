@@ -30,6 +30,7 @@ struct cluster_state {
   bool job_running = false;
   running_job job;
   std::string job_text;
+  std::string waiting_for; // what a submitted job still lacks, as its wait last said
   caf::typed_response_promise<wire::job_result> job_promise;
   bool have_promise = false;
 };
@@ -87,9 +88,57 @@ void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
       });
 }
 
-uint32_t free_slots(const node_entry& n) {
-  return n.info.slots > n.workers_started ? n.info.slots - n.workers_started : 0;
+// An add-worker request in progress: the worker nodes still to ask, and how many
+// workers have started.
+struct placement {
+  uint32_t want = 1;
+  uint32_t started = 0;
+  size_t next = 0;
+  std::vector<uint32_t> nodes;
+  std::vector<std::string> refusals;
+  caf::response_promise promise;
+};
+
+// Asks the next worker node for a worker, until `want` have started or no node is left;
+// answers with what started, or fails naming why each node refused.
+void place_next(cluster_pointer self, std::shared_ptr<placement> plan) {
+  auto& st = self->state;
+  if (plan->started == plan->want || plan->next >= plan->nodes.size() || !st.job_running) {
+    if (plan->started > 0) {
+      plan->promise.deliver("started " + std::to_string(plan->started) + " of " + std::to_string(plan->want)
+                            + " worker(s)");
+      return;
+    }
+    std::string why;
+    for (const auto& r : plan->refusals)
+      why += (why.empty() ? " (" : "; ") + r;
+    plan->promise.deliver(make_error(errc::invalid_state, "no node has a free worker slot" + (why.empty() ? "" : why + ")")
+                                                            + ": start one with `ashlar node --role worker --join "
+                                                            + st.cfg.address + "`"));
+    return;
+  }
+  const uint32_t node_id = plan->nodes[plan->next];
+  auto n = st.nodes.find(node_id);
+  if (n == st.nodes.end() || !n->second.info.alive) {
+    ++plan->next;
+    return place_next(self, plan);
+  }
+  auto req = st.job.worker_template;
+  req.requested_id = wire::any_worker;
+  self->request(n->second.handle, 60s, req, st.job.scheduler, st.job.profiler)
+    .then(
+      [=](const worker_actor&) {
+        spdlog::info("cluster: started a worker on node {}", node_id);
+        ++plan->started;
+        place_next(self, plan);
+      },
+      [=](caf::error& err) {
+        plan->refusals.push_back(describe(err));
+        ++plan->next;
+        place_next(self, plan);
+      });
 }
+
 
 // A node says hello: admitted if it speaks this protocol; a worker node joining a running
 // job starts workers in its slots, a server node may serve a lost shard again.
@@ -129,7 +178,10 @@ caf::result<wire::cluster_status> cluster_status(cluster_pointer self) {
   for (const auto& [id, n] : st.nodes)
     out->nodes.push_back(n.info);
   // A submitted job waits for its nodes before it trains.
-  out->stage = st.job_running ? "training" : st.have_promise ? "job submitted, waiting for its nodes" : "idle";
+  out->stage = st.job_running    ? "training"
+               : st.have_promise ? "job submitted, waiting for its nodes"
+                                     + (st.waiting_for.empty() ? std::string{} : ": " + st.waiting_for)
+                                 : "idle";
   out->job = st.job_text;
   if (!st.job_running)
     return *out;
@@ -164,18 +216,16 @@ caf::result<std::string> on_ctl(cluster_pointer self, const wire::ctl_request& r
     case wire::ctl_request::add_worker: {
       if (!st.job_running)
         return make_error(errc::invalid_state, "no job is running");
-      uint32_t want = std::max<uint32_t>(1, req.count), started = 0;
-      for (auto& [id, n] : st.nodes)
-        while (n.info.alive && free_slots(n) > 0 && started < want) {
-          add_worker_on(self, id);
-          ++started;
-        }
-      if (started == 0)
-        return make_error(errc::invalid_state,
-                          "no node has a free worker slot: start one with `ashlar node "
-                          "--role worker --join "
-                            + st.cfg.address + "`");
-      return "starting " + std::to_string(started) + " worker(s)";
+      // Each worker node is asked in turn: the node knows its free slots (workers that
+      // ended have freed theirs), and one that has none refuses.
+      auto plan = std::make_shared<placement>();
+      plan->want = std::max<uint32_t>(1, req.count);
+      for (const auto& [id, n] : st.nodes)
+        if (n.info.alive && n.info.slots > 0)
+          plan->nodes.push_back(id);
+      plan->promise = self->make_response_promise<std::string>();
+      place_next(self, plan);
+      return plan->promise;
     }
     case wire::ctl_request::shutdown: {
       for (auto& [id, n] : st.nodes)
@@ -231,7 +281,9 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
       st.job = job;
       st.job_running = true;
       st.job_text = std::to_string(job.shards.size()) + " shards";
+      st.waiting_for.clear();
     },
+    [=](job_atom, const std::string& lacking) { self->state.waiting_for = lacking; },
     [=](job_atom, const wire::job_result& res) {
       auto& st = self->state;
       if (st.have_promise)
@@ -406,22 +458,24 @@ caf::error wait_for_nodes(caf::actor_system& sys, const cluster_actor& cluster, 
       have_servers += has_role(n.roles, wire::role::server) ? 1 : 0;
       have_slots += n.slots;
     }
-    if (have_servers >= std::max(servers, 1u) && have_slots >= worker_slots)
+    // The job's shards go round robin over the server nodes (a node hosts several), so
+    // one server node will do; every worker needs a slot.
+    if (have_servers >= 1 && have_slots >= worker_slots)
       return caf::none;
+    std::string lacking;
+    if (have_servers == 0)
+      lacking = "needs a server node for its " + std::to_string(servers) + " shards, has none";
+    if (have_slots < worker_slots)
+      lacking += (lacking.empty() ? "" : "; ") + std::string{"needs "} + std::to_string(worker_slots)
+                 + " worker slots, has " + std::to_string(have_slots);
+    caf::anon_send(cluster, job_atom::value, lacking);
     if (stopping && stopping())
-      return make_error(errc::invalid_state, "stopped while waiting for " + std::to_string(servers)
-                                               + " server nodes and " + std::to_string(worker_slots)
-                                               + " worker slots (have " + std::to_string(have_servers) + " and "
-                                               + std::to_string(have_slots) + ")");
+      return make_error(errc::invalid_state, "stopped while waiting for the job's nodes: it " + lacking);
     auto now = std::chrono::steady_clock::now();
     if (now > deadline)
-      return make_error(errc::peer_unreachable,
-                        "the cluster did not reach " + std::to_string(servers) + " server nodes and "
-                          + std::to_string(worker_slots) + " worker slots in time (have "
-                          + std::to_string(have_servers) + " and " + std::to_string(have_slots) + ")");
+      return make_error(errc::peer_unreachable, "the job's nodes did not join in time: it " + lacking);
     if (now - last_log > 5s) {
-      spdlog::info("cluster: waiting for nodes: {}/{} server nodes, {}/{} worker slots", have_servers,
-                   servers, have_slots, worker_slots);
+      spdlog::info("cluster: waiting for the job's nodes: it {}", lacking);
       last_log = now;
     }
     std::this_thread::sleep_for(200ms);

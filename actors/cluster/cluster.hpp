@@ -53,9 +53,11 @@ private:
   std::vector<worker_actor> workers_;
 };
 
-/// Blocks until the cluster has `servers` server nodes and `worker_slots` worker slots,
-/// logging what it waits for; fails with peer_unreachable after `timeout`, and with
-/// invalid_state as soon as `stopping` (polled every 200 ms) says so.
+/// Blocks until the cluster has a server node for the job's `servers` shards (a node
+/// hosts several) and `worker_slots` worker slots, telling the cluster (and so `ashlar
+/// status`) and the log what the job still lacks; fails with peer_unreachable after
+/// `timeout`, and with invalid_state as soon as `stopping` (polled every 200 ms) says so,
+/// both naming what is lacking.
 [[nodiscard]] caf::error wait_for_nodes(caf::actor_system& sys, const cluster_actor& cluster,
                                         uint32_t servers, uint32_t worker_slots,
                                         std::chrono::milliseconds timeout,

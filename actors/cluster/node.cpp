@@ -2,6 +2,7 @@
 
 #include "runtime/os/paths.hpp"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <memory>
@@ -109,6 +110,7 @@ caf::result<shard_actor, std::string> host_shard(node_pointer self, const wire::
   }
   auto shard = spawn_shard(self->system(), std::move(core), std::move(persistence));
   st.shards.push_back(shard);
+  self->monitor(shard); // a shard its job stopped is no longer the node's to checkpoint
   if (!req.checkpoint_dir.empty())
     st.persistent.insert(shard.address());
   spdlog::info("node {}: hosting shard {} (parameters [{}, {}), policy {})", st.cfg.name,
@@ -218,6 +220,10 @@ void shut_down(node_pointer self, const wire::ctl_request& req) {
 node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
   self->state.cfg = std::move(cfg);
   self->set_down_handler([=](caf::down_msg& dm) {
+    auto& shards = self->state.shards;
+    shards.erase(std::remove_if(shards.begin(), shards.end(), [&](const auto& s) { return s.address() == dm.source; }),
+                 shards.end());
+    self->state.persistent.erase(dm.source);
     self->state.workers.erase(dm.source);
     if (auto g = self->state.gpu_slots.find(dm.source); g != self->state.gpu_slots.end()) {
       self->state.cfg.gpus->release(g->second);

@@ -267,7 +267,9 @@ int run_node(node_options& o) {
   if (is_scheduler && !o.train.config_file.empty()) {
     auto rep = run_cluster_job(sys, cluster, job_cfg, o.wait_timeout, metrics.get());
     code = finish_run(job_cfg, rep, "ashlar node");
-    if (o.exit_after_job)
+    // A job that could not run (its nodes did not come in time, ...) ends the scheduler
+    // with the error's exit code, as a finished one does with --exit-after-job.
+    if (o.exit_after_job || code != 0)
       stop = true;
   }
   bool draining = false;

@@ -160,7 +160,9 @@ command_fn add_ctl(CLI::App& app) {
   return [o, req] {
     return with_cluster(*o, "ashlar ctl", [&](caf::scoped_actor& self, const actors::cluster_actor& c) {
       int code = 1;
-      self->request(c, 15s, *req).receive(
+      // Adding workers waits for the nodes to start them (each loads its data first).
+      const auto wait = req->op == wire::ctl_request::add_worker ? std::chrono::seconds(60 + 60 * req->count) : 15s;
+      self->request(c, wait, *req).receive(
         [&](const std::string& s) {
           std::printf("%s\n", s.c_str());
           code = 0;

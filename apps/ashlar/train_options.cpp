@@ -1,5 +1,6 @@
 #include "apps/ashlar/train_options.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -115,12 +116,32 @@ caf::error resolve_config(const train_options& o, train_config& cfg) {
   return validate(cfg);
 }
 
+std::string worker_rates(const std::vector<wire::worker_stats>& workers) {
+  std::vector<const wire::worker_stats*> live;
+  for (const auto& w : workers)
+    if (!w.done)
+      live.push_back(&w);
+  std::string out;
+  if (live.size() <= max_listed_workers) {
+    for (const auto* w : live)
+      out += " w" + std::to_string(w->worker_id) + "=" + rate(w->samples_per_second);
+    return out;
+  }
+  // Many workers: the spread, and the slowest few by name (the stragglers to look at).
+  std::sort(live.begin(), live.end(),
+            [](const auto* a, const auto* b) { return a->samples_per_second < b->samples_per_second; });
+  out = " " + std::to_string(live.size()) + " workers, min " + rate(live.front()->samples_per_second) + " median "
+        + rate(live[live.size() / 2]->samples_per_second) + " max " + rate(live.back()->samples_per_second)
+        + "; slowest:";
+  for (size_t i = 0; i < 3; ++i)
+    out += " w" + std::to_string(live[i]->worker_id) + "=" + rate(live[i]->samples_per_second);
+  return out;
+}
+
 actors::job_hooks print_hooks(uint32_t epochs) {
   actors::job_hooks hooks;
   hooks.on_progress = [epochs](const actors::progress_event& ev) {
-    std::string per;
-    for (const auto& w : ev.workers)
-      per += " w" + std::to_string(w.worker_id) + "=" + rate(w.samples_per_second);
+    const std::string per = worker_rates(ev.workers);
     std::printf("[%6.1fs] epoch %5.2f/%u  %8s samples/s  loss %.4f  lr %.3g  per-worker samples/s:%s\n",
                 ev.seconds, ev.epoch, epochs, rate(ev.samples_per_second).c_str(), ev.loss, ev.lr,
                 per.c_str());
@@ -137,21 +158,24 @@ actors::job_hooks print_hooks(uint32_t epochs) {
 int finish_run(const train_config& cfg, const expected<run_report>& rep, const char* who) {
   if (!rep) {
     std::fprintf(stderr, "%s: %s\n", who, describe(rep.error()).c_str());
+    // A run that fails past its configuration still leaves its report, with the error.
+    if (!cfg.report.empty() && !is(rep.error(), errc::invalid_config)) {
+      auto failed = failed_report(cfg.policy, cfg.model.to_string(), cfg.workers, cfg.servers, cfg.epochs,
+                                  describe(rep.error()));
+      if (!write_report(failed, cfg.report))
+        std::printf("report (with the error) written to %s\n", cfg.report.c_str());
+    }
     return is(rep.error(), errc::invalid_config) ? 2 : 1;
   }
   std::printf("done: policy %s, %u workers, %u shards, model %s\n", rep->policy.c_str(),
               rep->workers, rep->servers, rep->model.c_str());
-  if (rep->stopped_early)
-    std::printf("test accuracy %.4f (loss %.4f) on %lu samples, stopped on request after %.2f of %u epochs "
-                "in %.1f s (%s samples/s)\n",
-                rep->test_accuracy, rep->test_loss, static_cast<unsigned long>(rep->test_samples),
-                rep->train_samples ? static_cast<double>(rep->samples) / static_cast<double>(rep->train_samples) : 0.0,
-                rep->epochs, rep->seconds, rate(rep->samples_per_second).c_str());
-  else
-    std::printf("test accuracy %.4f (loss %.4f) on %lu samples after %u epochs in %.1f s "
-                "(%s samples/s)\n",
-                rep->test_accuracy, rep->test_loss, static_cast<unsigned long>(rep->test_samples),
-                rep->epochs, rep->seconds, rate(rep->samples_per_second).c_str());
+  // The epochs the job trained, as counted by its samples: a stop on request or at the
+  // time limit says so; a run that trained past its budget (workers at their own pace
+  // finish the step in flight) says how far.
+  const char* why = rep->stopped_early ? "stopped on request after " : rep->time_limited ? "stopped at the time limit after " : "after ";
+  std::printf("test accuracy %.4f (loss %.4f) on %lu samples, %s%.2f of %u epochs in %.1f s (%s samples/s)\n",
+              rep->test_accuracy, rep->test_loss, static_cast<unsigned long>(rep->test_samples), why,
+              rep->epochs_trained, rep->epochs, rep->seconds, rate(rep->samples_per_second).c_str());
   std::fflush(stdout);
   if (!cfg.report.empty()) {
     if (auto err = write_report(*rep, cfg.report)) {

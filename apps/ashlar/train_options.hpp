@@ -31,6 +31,15 @@ void add_train_options(CLI::App* cmd, train_options& o, bool with_config = true)
 /// Fills `cfg` from the file, ASHLAR_* variables and flags, and validates it.
 [[nodiscard]] caf::error resolve_config(const train_options& o, train_config& cfg);
 
+/// Workers a progress line lists by name; with more, it gives the spread (min, median,
+/// max) and the slowest three.
+constexpr size_t max_listed_workers = 8;
+
+/// The per-worker part of a progress line: " w0=17.8K w1=21.6K ..." for up to
+/// max_listed_workers live workers, else " 256 workers, min 1.2K median 3.4K max 9.9K;
+/// slowest: w17=1.2K w3=1.3K w99=1.4K".
+std::string worker_rates(const std::vector<wire::worker_stats>& workers);
+
 /// Hooks that print progress lines and epoch evaluations to stdout.
 actors::job_hooks print_hooks(uint32_t epochs);
 

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <sstream>
 
@@ -55,6 +56,8 @@ caf::error parse(const std::string& key, const std::string& text, float& out) {
   double v = 0;
   if (auto err = parse(key, text, v))
     return err;
+  if (std::abs(v) > static_cast<double>(std::numeric_limits<float>::max()))
+    return bad_value(key, text, "a number a float holds (at most 3.4e38 in magnitude)");
   out = static_cast<float>(v);
   return caf::none;
 }
@@ -561,8 +564,8 @@ caf::error validate(const train_config& c) {
     return bad("train.epochs must be at least 1");
   if (c.batch_size == 0)
     return bad("train.batch_size must be at least 1");
-  if (!(c.sample_ms > 0))
-    return bad("train.sample_ms must be > 0");
+  if (!(c.sample_ms > 0) || c.sample_ms > 60000)
+    return bad("train.sample_ms must be in (0, 60000] milliseconds per sample");
   if (c.chunk_floats == 0)
     return bad("train.chunk_floats must be at least 1");
   if (c.chunks_in_flight == 0)
@@ -620,6 +623,10 @@ caf::error validate(const train_config& c) {
   auto plan = compile(c.model);
   if (!plan)
     return plan.error();
+  if (plan->num_params > max_model_params)
+    return bad("model " + c.model.to_string() + " has " + std::to_string(plan->num_params)
+               + " parameters; Ashlar takes at most " + std::to_string(max_model_params)
+               + " (2^31 - 1: shard ranges and sparse indices are 32-bit)");
   if ((c.crop_padding > 0 || c.hflip) && c.model.input.flat())
     return bad("data.crop_padding and data.hflip need image samples, but model.input is the flat "
                + c.model.input.to_string() + " (set model.input = C,H,W)");

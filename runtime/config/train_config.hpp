@@ -201,6 +201,9 @@ std::vector<config_key_info> config_keys();
 using env_lookup = std::function<const char*(const char*)>;
 [[nodiscard]] caf::error apply_environment(train_config& cfg, const env_lookup& lookup);
 
+/// Most parameters a model may have: ranges and sparse indices are 32-bit.
+constexpr uint64_t max_model_params = (uint64_t{1} << 31) - 1;
+
 /// Checks the whole configuration for consistency (counts >= 1, known policy and data
 /// source, positive learning rate...). Names the offending key.
 [[nodiscard]] caf::error validate(const train_config& cfg);

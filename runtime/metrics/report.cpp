@@ -66,6 +66,11 @@ std::string to_json(const run_report& r) {
     << "  \"compression_ratio\": "
     << num(r.bytes > 0 ? static_cast<double>(r.dense_bytes) / static_cast<double>(r.bytes) : 1.0) << ",\n"
     << "  \"stopped_early\": " << (r.stopped_early ? "true" : "false") << ",\n"
+    << "  \"time_limited\": " << (r.time_limited ? "true" : "false") << ",\n"
+    << "  \"epochs_trained\": " << num(r.epochs_trained) << ",\n";
+  if (!r.error.empty())
+    o << "  \"error\": " << str(r.error) << ",\n";
+  o
     << "  \"history\": [";
   for (size_t i = 0; i < r.history.size(); ++i) {
     const auto& h = r.history[i];
@@ -84,6 +89,18 @@ std::string to_json(const run_report& r) {
   }
   o << (r.per_worker.empty() ? "]\n" : "\n  ]\n") << "}\n";
   return o.str();
+}
+
+run_report failed_report(const std::string& policy, const std::string& model, uint32_t workers, uint32_t servers,
+                         uint32_t epochs, const std::string& error) {
+  run_report r;
+  r.policy = policy;
+  r.model = model;
+  r.workers = workers;
+  r.servers = servers;
+  r.epochs = epochs;
+  r.error = error;
+  return r;
 }
 
 caf::error write_report(const run_report& r, const std::string& path) {

@@ -47,12 +47,19 @@ struct run_report {
   uint64_t bytes = 0;             // tensor bytes the workers pulled and pushed
   uint64_t dense_bytes = 0;       // what those pulls and pushes would have moved uncompressed
   bool stopped_early = false;     // asked to stop (a signal) before its epochs were done
+  bool time_limited = false;      // stopped at run.time_limit before its epochs were done
+  double epochs_trained = 0;      // the job's samples so far over the training set (a resumed job's included)
+  std::string error;              // why the run failed ("" if it did not); the other figures are then partial
   std::vector<epoch_point> history;
   std::vector<worker_summary> per_worker;
 };
 
 /// The report as a JSON object.
 std::string to_json(const run_report& r);
+
+/// The report of a run that failed before it could finish: its settings and `error`.
+run_report failed_report(const std::string& policy, const std::string& model, uint32_t workers, uint32_t servers,
+                         uint32_t epochs, const std::string& error);
 
 /// Writes the JSON to `path` (atomically: a temporary file renamed into place).
 /// Fails with io_error naming the path.

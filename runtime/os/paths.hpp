@@ -14,4 +14,9 @@ namespace ashlar {
 [[nodiscard]] expected<std::string> confine_path(const std::string& root, const std::string& path,
                                                  const std::string& what);
 
+/// Checks before any work starts that a file can be written at `path` later: its
+/// directory exists and is writable, and the path is not a directory (nor an existing
+/// file that cannot be written). Fails with io_error naming `key` and the path.
+[[nodiscard]] caf::error check_output_file(const std::string& path, const std::string& key);
+
 }  // namespace ashlar

@@ -112,6 +112,60 @@ TEST_CASE("a short training run prints progress and writes the JSON report") {
     CHECK(json.find(key) != std::string::npos);
 }
 
+TEST_CASE("the summary counts the epochs a time-limited run trained, and the report says why it stopped") {
+  ashlar::test::temp_dir dir;
+  auto report = dir.file("r.json");
+  auto r = run("train " + config + " --epochs 500 --workers 2 --set data.train_limit=3000 --set data.test_limit=500"
+               " --set run.time_limit=1.5 --set run.progress_interval=0 --set run.eval_every_epoch=false --report "
+               + report);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(has(r, "stopped at the time limit after "));
+  CHECK(has(r, " of 500 epochs"));
+  CHECK_FALSE(has(r, "after 500 epochs"));
+  std::ifstream in{report};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  CHECK(ss.str().find("\"time_limited\": true") != std::string::npos);
+  CHECK(ss.str().find("\"epochs_trained\": ") != std::string::npos);
+}
+
+TEST_CASE("a report path that cannot be written is refused before training, and a run that fails still writes its report") {
+  auto bad = run("train " + config + " --epochs 1 --report /nonexistent-dir/r.json");
+  CHECK(bad.code != 0);
+  CHECK(has(bad, "run.report: cannot write /nonexistent-dir/r.json: the directory /nonexistent-dir does not exist"));
+  CHECK_FALSE(has(bad, "test accuracy"));
+  ashlar::test::temp_dir dir;
+  auto report = dir.file("failed.json");
+  auto failed = run("train " + config + " --epochs 1 --data-dir " + dir.file("no-data") + " --report " + report);
+  CHECK(failed.code != 0);
+  std::ifstream in{report};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  INFO(failed.out);
+  CHECK(ss.str().find("\"error\": ") != std::string::npos);
+  CHECK(ss.str().find("no-data") != std::string::npos);
+}
+
+TEST_CASE("a model too big for this machine's memory is refused before anything is allocated, with the estimate") {
+  auto r = run("train " + config + " --epochs 1 --set model.hidden=40000,40000");
+  CHECK(r.code == 2);
+  CHECK(has(r, "model 784-40000-40000-10 does not fit in this machine's memory: it needs about"));
+  CHECK(has(r, "GiB is available"));
+}
+
+TEST_CASE("a progress line with many workers gives their spread and the slowest, not every worker") {
+  auto r = run("train " + config + " --epochs 1 --workers 12 --servers 1 --set data.source=synthetic"
+               " --set data.train_limit=24000 --set data.test_limit=500 --set model.input=16"
+               " --set model.classes=4 --set model.hidden=8 --set train.speeds=1,2,4 --set train.sample_ms=1"
+               " --set run.progress_interval=0.3 --set run.eval_every_epoch=false");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(has(r, "per-worker samples/s: 12 workers, min "));
+  CHECK(has(r, "; slowest: w"));
+  CHECK_FALSE(has(r, "per-worker samples/s: w0=")); // not one entry per worker
+}
+
 TEST_CASE("ashlar bench hetero runs each policy and writes the results table with its columns") {
   ashlar::test::temp_dir dir;
   auto out = dir.file("nested/hetero"); // parents are created

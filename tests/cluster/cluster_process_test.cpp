@@ -436,19 +436,26 @@ TEST_CASE("a host application with its own actor system joins a running cluster 
   CHECK(json_number(slurp(dir.file("r.json")), "samples") == 2 * 6000);
 }
 
-TEST_CASE("ashlar train --join runs a job on a standing cluster, and ctl add-worker fills a free slot") {
+TEST_CASE("ashlar train --join runs a job on a standing cluster (two shards on its one server node), ctl "
+          "add-worker fills a free slot, and says so, failing, when none is left") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {});
   auto nodes = start_server_and_worker(dir, sched.join, 2);
-  auto train = start({exe, "train", config, "--join", sched.join, "--workers", "1", "--servers", "1",
-                      "--epochs", "6", "--set", "data.train_limit=6000", "--set", "data.test_limit=1000",
+  auto train = start({exe, "train", config, "--join", sched.join, "--workers", "1", "--servers", "2",
+                      "--epochs", "10", "--set", "data.train_limit=6000", "--set", "data.test_limit=1000",
                       "--set", "train.speeds=1", "--set", "train.sample_ms=0.2", "--report", dir.file("r.json")},
                      dir.file("train.log"));
   REQUIRE(wait_for_file(dir.file("scheduler.log"),
                         [](const std::string& t) { return t.find("training starts") != std::string::npos; }, 30s));
   auto ctl = start({exe, "ctl", "--join", sched.join, "add-worker"}, dir.file("ctl.log"));
-  CHECK(ctl.wait(20) == 0);
-  CHECK(slurp(dir.file("ctl.log")).find("starting 1 worker(s)") != std::string::npos);
+  CHECK(ctl.wait(60) == 0);
+  CHECK(slurp(dir.file("ctl.log")).find("started 1 of 1 worker(s)") != std::string::npos);
+  // Both of the worker node's slots are taken now.
+  auto full = start({exe, "ctl", "--join", sched.join, "add-worker"}, dir.file("full.log"));
+  CHECK(full.wait(60) != 0);
+  INFO(slurp(dir.file("full.log")));
+  CHECK(slurp(dir.file("full.log")).find("no node has a free worker slot") != std::string::npos);
+  CHECK(slurp(dir.file("full.log")).find("has no free worker slot (2 in use)") != std::string::npos);
   int code = train.wait(120);
   INFO(slurp(dir.file("scheduler.log")));
   INFO(slurp(dir.file("train.log")));

@@ -3,6 +3,8 @@
 #include <map>
 
 #include "runtime/config/train_config.hpp"
+#include "runtime/os/memory.hpp"
+#include "runtime/os/paths.hpp"
 #include "temp_dir.hpp"
 
 using namespace ashlar;
@@ -134,4 +136,44 @@ TEST_CASE("modes are enums: an unknown one is refused where it is read, naming t
   // A section is a type of its own: a module can take only the settings it reads.
   const data_settings& data = cfg;
   CHECK(data.data_source == data_source_kind::synthetic);
+}
+
+TEST_CASE("numbers that overflow or would silently change a setting's meaning are refused, naming the key") {
+  train_config cfg;
+  auto lr = apply_setting(cfg, "train.lr", "1e39");
+  REQUIRE(lr);
+  CHECK(describe(lr).find("train.lr") != std::string::npos);
+  CHECK(describe(lr).find("3.4e38") != std::string::npos);
+  REQUIRE_FALSE(apply_setting(cfg, "train.sample_ms", "1e300"));
+  auto pace = validate(cfg);
+  REQUIRE(pace);
+  CHECK(describe(pace).find("train.sample_ms") != std::string::npos);
+  cfg = train_config{};
+  REQUIRE_FALSE(apply_setting(cfg, "model.hidden", "50000,50000"));
+  auto big = validate(cfg);
+  REQUIRE(big);
+  CHECK(describe(big).find("parameters; Ashlar takes at most 2147483647") != std::string::npos);
+}
+
+TEST_CASE("a model that would not fit in memory is refused before it is allocated, with the estimate") {
+  CHECK_FALSE(check_model_memory(1000, 10, 1u << 20, "m")); // 40 KB of 1 MiB
+  CHECK_FALSE(check_model_memory(uint64_t{1} << 40, 10, 0, "m")); // unknown memory: not checked
+  auto err = check_model_memory(uint64_t{1} << 28, 18, uint64_t{8} << 30, "784-20000-20000-10");
+  REQUIRE(err);
+  CHECK(describe(err).find("model 784-20000-20000-10 does not fit") != std::string::npos);
+  CHECK(describe(err).find("about 18.0 GiB") != std::string::npos);
+  CHECK(describe(err).find("8.0 GiB is available") != std::string::npos);
+  CHECK(available_memory_bytes() > 0); // /proc/meminfo on Linux
+}
+
+TEST_CASE("an output file is checked before any work: its directory must exist and be writable") {
+  CHECK_FALSE(check_output_file("/tmp/ashlar-report.json", "run.report"));
+  CHECK_FALSE(check_output_file("report.json", "run.report")); // the working directory
+  auto missing = check_output_file("/nonexistent-dir/r.json", "run.report");
+  REQUIRE(missing);
+  CHECK(describe(missing).find("run.report: cannot write /nonexistent-dir/r.json: the directory /nonexistent-dir "
+                               "does not exist") != std::string::npos);
+  auto dir = check_output_file("/tmp", "run.report");
+  REQUIRE(dir);
+  CHECK(describe(dir).find("it is a directory") != std::string::npos);
 }

@@ -61,6 +61,9 @@ struct node_state {
   node_config cfg;
   std::vector<shard_actor> shards;
   std::set<caf::actor_addr> persistent; // shards that keep checkpoints
+  // Every shard and worker the node hosts and that still runs: they end with the node
+  // (its process could not end while they ran, e.g. after losing the scheduler).
+  std::shared_ptr<std::vector<caf::actor>> children = std::make_shared<std::vector<caf::actor>>();
   std::map<caf::actor_addr, worker_actor> workers;
   std::map<caf::actor_addr, uint32_t> gpu_slots; // the GPU each worker holds
   std::map<std::string, std::shared_ptr<const dataset>> data_cache;
@@ -111,6 +114,7 @@ caf::result<shard_actor, std::string> host_shard(node_pointer self, const wire::
   auto shard = spawn_shard(self->system(), std::move(core), std::move(persistence));
   st.shards.push_back(shard);
   self->monitor(shard); // a shard its job stopped is no longer the node's to checkpoint
+  st.children->push_back(caf::actor_cast<caf::actor>(shard));
   if (!req.checkpoint_dir.empty())
     st.persistent.insert(shard.address());
   spdlog::info("node {}: hosting shard {} (parameters [{}, {}), policy {})", st.cfg.name,
@@ -179,6 +183,7 @@ caf::result<worker_actor> host_worker(node_pointer self, const wire::spawn_worke
     st.gpu_slots[w.address()] = gpu_slot;
   self->monitor(w);
   st.workers.emplace(w.address(), w);
+  st.children->push_back(caf::actor_cast<caf::actor>(w));
   self->send(w, start_atom::value);
   return w;
 }
@@ -219,7 +224,14 @@ void shut_down(node_pointer self, const wire::ctl_request& req) {
 
 node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
   self->state.cfg = std::move(cfg);
+  self->attach_functor([children = self->state.children](const caf::error&) {
+    for (const auto& c : *children)
+      caf::anon_send_exit(c, caf::exit_reason::user_shutdown);
+  });
   self->set_down_handler([=](caf::down_msg& dm) {
+    auto& kids = *self->state.children;
+    kids.erase(std::remove_if(kids.begin(), kids.end(), [&](const auto& c) { return c.address() == dm.source; }),
+               kids.end());
     auto& shards = self->state.shards;
     shards.erase(std::remove_if(shards.begin(), shards.end(), [&](const auto& s) { return s.address() == dm.source; }),
                  shards.end());

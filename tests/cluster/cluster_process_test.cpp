@@ -500,20 +500,24 @@ TEST_CASE("SIGTERM to a scheduler node stops its job after the workers' step, re
   CHECK(json_number(report, "samples") < 500 * 6000);
   CHECK(sched.proc.wait(15) == 0);
 
-  // Waiting for nodes the job needs (2 servers, 2 worker slots; none joined): SIGTERM stops
+  // Waiting for nodes the job needs (a server node, 2 worker slots; none joined): SIGTERM stops
   // the wait, the submitter hears why, and the node exits.
   temp_dir dir2;
   auto lone = start_scheduler(dir2, {});
   auto waiting = start({exe, "train", config, "--join", lone.join, "--workers", "2", "--servers", "2"},
                        dir2.file("train.log"));
   REQUIRE(wait_for_file(dir2.file("scheduler.log"),
-                        [](const std::string& t) { return t.find("waiting for nodes") != std::string::npos; }, 20s));
+                        [](const std::string& t) { return t.find("waiting for the job's nodes") != std::string::npos; }, 20s));
   auto status = start({exe, "status", "--join", lone.join}, dir2.file("status.log"));
   CHECK(status.wait(20) == 0);
-  CHECK(slurp(dir2.file("status.log")).find("stage: job submitted, waiting for its nodes") != std::string::npos);
+  // What the job lacks, in the status.
+  CHECK(slurp(dir2.file("status.log")).find("stage: job submitted, waiting for its nodes: needs a server node for "
+                                            "its 2 shards, has none; needs 2 worker slots, has 0")
+        != std::string::npos);
   lone.proc.signal(SIGTERM);
   CHECK(waiting.wait(15) == 1);
-  CHECK(slurp(dir2.file("train.log")).find("stopped while waiting for 2 server nodes") != std::string::npos);
+  CHECK(slurp(dir2.file("train.log")).find("stopped while waiting for the job's nodes: it needs a server node")
+        != std::string::npos);
   CHECK(lone.proc.wait(15) == 0);
 }
 
@@ -543,12 +547,32 @@ TEST_CASE("ashlar train --join whose scheduler is killed (SIGKILL) ends with an 
   auto train = start({exe, "train", config, "--join", sched.join, "--workers", "2", "--servers", "2"},
                      dir.file("train.log"));
   REQUIRE(wait_for_file(dir.file("scheduler.log"),
-                        [](const std::string& t) { return t.find("waiting for nodes") != std::string::npos; }, 20s));
+                        [](const std::string& t) { return t.find("waiting for the job's nodes") != std::string::npos; }, 20s));
   sched.proc.signal(SIGKILL);
   sched.proc.wait(10);
   CHECK(train.wait(20) == 1);
   INFO(slurp(dir.file("train.log")));
   CHECK(slurp(dir.file("train.log")).find("lost the scheduler at " + sched.join) != std::string::npos);
+}
+
+TEST_CASE("server and worker nodes whose scheduler is killed (SIGKILL) mid-job exit naming it, their shards and "
+          "workers stopped, never hanging") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {});
+  auto nodes = start_server_and_worker(dir, sched.join, 2);
+  auto train = start({exe, "train", config, "--join", sched.join, "--workers", "2", "--servers", "2",
+                      "--epochs", "50", "--set", "train.speeds=1", "--set", "train.sample_ms=0.3"},
+                     dir.file("train.log"));
+  REQUIRE(wait_for_training(dir));
+  std::this_thread::sleep_for(1s);
+  sched.proc.signal(SIGKILL);
+  sched.proc.wait(10);
+  for (auto* p : {&nodes[0], &nodes[1], &train})
+    CHECK(p->wait(20) == 1);
+  for (auto name : {"server.log", "worker.log"}) {
+    INFO(name << ": " << slurp(dir.file(name)));
+    CHECK(slurp(dir.file(name)).find("lost the scheduler at " + sched.join) != std::string::npos);
+  }
 }
 
 TEST_CASE("worker processes all-reduce on a ring over CAF's network, and a killed member ends the job with an error") {

@@ -17,8 +17,17 @@ constexpr uint32_t labels_magic = 0x00000801; // unsigned byte, 1 dimension
 constexpr float fmnist_mean = 0.2860f;
 constexpr float fmnist_std = 0.3530f;
 
-// Reads a whole (optionally gzip-compressed) file into memory.
-expected<std::vector<uint8_t>> read_all(const std::string& path) {
+uint32_t be32(const uint8_t* p);
+
+// The most data an IDX file may declare: 8 GiB (Fashion-MNIST's training images are 47 MB).
+constexpr uint64_t max_idx_bytes = uint64_t{8} << 30;
+
+// Reads an (optionally gzip-compressed) IDX file into memory, bounded by what its header
+// declares: the header (`header` bytes: magic, then 32-bit dimensions) is read first, and
+// no more than the size it declares (plus one byte, to tell that more follows) is ever
+// decompressed, so a small file that inflates to gigabytes costs no more than the size
+// its header names. The checks of magic and sizes are the caller's.
+expected<std::vector<uint8_t>> read_idx(const std::string& path, size_t header) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0)
     return make_error(errc::io_error, "cannot open " + path + ": " + std::strerror(errno));
@@ -29,9 +38,11 @@ expected<std::vector<uint8_t>> read_all(const std::string& path) {
     return make_error(errc::io_error, "cannot open " + path + ": " + std::strerror(errno));
   gzbuffer(f, 1 << 17);
   std::vector<uint8_t> out;
+  uint64_t limit = header; // until the header is in: the header
   uint8_t buf[1 << 16];
-  for (;;) {
-    int got = gzread(f, buf, sizeof(buf));
+  while (out.size() <= limit) {
+    const uint64_t room = limit + 1 - out.size();
+    int got = gzread(f, buf, static_cast<unsigned>(std::min<uint64_t>(sizeof(buf), room)));
     if (got < 0) {
       int code = 0;
       std::string msg = gzerror(f, &code);
@@ -41,6 +52,24 @@ expected<std::vector<uint8_t>> read_all(const std::string& path) {
     if (got == 0)
       break;
     out.insert(out.end(), buf, buf + got);
+    if (limit == header && out.size() >= header) {
+      // The header's dimensions (each 32-bit, after the magic) declare the size.
+      uint64_t elements = 1;
+      for (size_t d = 4; d + 4 <= header; d += 4) {
+        const uint64_t dim = be32(out.data() + d);
+        elements = dim != 0 && elements > max_idx_bytes / dim ? max_idx_bytes + 1 : elements * dim;
+      }
+      if (elements > max_idx_bytes) {
+        gzclose(f);
+        return make_error(errc::corrupt_data, path + " declares more than " + std::to_string(max_idx_bytes >> 30)
+                                                + " GiB of data in its header; refused before reading it");
+      }
+      limit = header + elements;
+    }
+  }
+  if (out.size() > limit) { // more than the header declares: stop reading here
+    gzclose(f);
+    return out;
   }
   // gzread reports a truncated gzip stream only through gzerror after EOF.
   int code = 0;
@@ -68,10 +97,10 @@ std::string hex(uint32_t v) {
 } // namespace
 
 expected<dataset> load_idx(const std::string& images_path, const std::string& labels_path) {
-  auto img = read_all(images_path);
+  auto img = read_idx(images_path, 16);
   if (!img)
     return img.error();
-  auto lbl = read_all(labels_path);
+  auto lbl = read_idx(labels_path, 8);
   if (!lbl)
     return lbl.error();
   if (img->size() < 16)
@@ -90,7 +119,8 @@ expected<dataset> load_idx(const std::string& images_path, const std::string& la
                                             + "x" + std::to_string(cols) + " pixels");
   uint64_t want = 16 + n * rows * cols;
   if (img->size() != want)
-    return make_error(errc::corrupt_data, images_path + " holds " + std::to_string(img->size())
+    return make_error(errc::corrupt_data, images_path + " holds " + (img->size() > want ? "more than " : "")
+                                            + std::to_string(img->size() > want ? want : img->size())
                                             + " bytes, its header (" + std::to_string(n)
                                             + " images of " + std::to_string(rows) + "x"
                                             + std::to_string(cols) + ") needs "
@@ -109,7 +139,8 @@ expected<dataset> load_idx(const std::string& images_path, const std::string& la
                                             + " labels but " + images_path + " has "
                                             + std::to_string(n) + " images");
   if (lbl->size() != 8 + n)
-    return make_error(errc::corrupt_data, labels_path + " holds " + std::to_string(lbl->size())
+    return make_error(errc::corrupt_data, labels_path + " holds " + (lbl->size() > 8 + n ? "more than " : "")
+                                            + std::to_string(lbl->size() > 8 + n ? 8 + n : lbl->size())
                                             + " bytes, its header needs " + std::to_string(8 + n));
   dataset d;
   d.n = n;

@@ -214,3 +214,22 @@ TEST_CASE("a batch cursor sought to a pass and offset returns the batches a runn
   auto a = fresh.next(8), b = zero.next(8);
   CHECK_FALSE(std::equal(a.x, a.x + a.n, b.x));
 }
+
+TEST_CASE("an IDX file is decompressed no further than its header declares: a gzip bomb costs no more than that") {
+  ashlar::test::temp_dir dir;
+  // A valid header for 10 images of 4x4, then 64 MiB of zeros (a few KB compressed).
+  auto img = images(10, 4, 4);
+  img.resize(img.size() + (64u << 20), 0);
+  auto lbl = labels(10);
+  auto ip = dir.write("bomb.gz", gzip(img));
+  auto lp = dir.write("l", lbl);
+  auto d = load_idx(ip, lp);
+  REQUIRE_FALSE(d);
+  CHECK(describe(d.error()).find("holds more than 176 bytes") != std::string::npos);
+  // A header that declares more than Ashlar reads is refused before any of it is read.
+  std::vector<uint8_t> huge = {0, 0, 8, 3, 0xff, 0xff, 0xff, 0xff, 0, 0, 0x10, 0, 0, 0, 0x10, 0};
+  auto hp = dir.write("huge.gz", gzip(huge));
+  auto h = load_idx(hp, lp);
+  REQUIRE_FALSE(h);
+  CHECK(describe(h.error()).find("declares more than 8 GiB") != std::string::npos);
+}

@@ -2,6 +2,17 @@
 
 namespace ashlar::actors {
 
+namespace {
+
+// Messages an actor takes per turn on a scheduler thread (see set_fair_scheduling).
+constexpr size_t fair_throughput = 4;
+
+}  // namespace
+
+void set_fair_scheduling(caf::actor_system_config& cfg) {
+  cfg.set("scheduler.max-throughput", size_t{fair_throughput});
+}
+
 void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<wire::register_worker>("ashlar.register_worker");
   cfg.add_message_type<wire::assignment>("ashlar.assignment");

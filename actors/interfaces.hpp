@@ -140,6 +140,13 @@ using cluster_actor = caf::typed_actor<
 /// Registers every Ashlar message type with `cfg` under names shared by all nodes.
 void register_types(caf::actor_system_config& cfg);
 
+/// Fair turns on the scheduler's threads: an actor takes at most a few messages before
+/// others get a turn. CAF's default lets an actor run for as long as its mailbox has
+/// messages, and a worker whose local steps post the next step to itself never has an
+/// empty one: with more workers than threads the profiler, the scheduler and the job
+/// driver's requests starved (progress lines stopped, and a job ran far past its epochs).
+void set_fair_scheduling(caf::actor_system_config& cfg);
+
 }  // namespace ashlar::actors
 
 namespace ashlar::wire {

@@ -14,6 +14,7 @@ class system_config : public caf::actor_system_config {
 public:
   system_config() {
     register_types(*this);
+    set_fair_scheduling(*this);
   }
 };
 

@@ -39,7 +39,10 @@ profiler_actor::behavior_type profiler_behavior(profiler_pointer self, double al
 
 profiler_actor spawn_profiler(caf::actor_system& sys, double smoothing, std::shared_ptr<run_recorder> recorder,
                               double window) {
-  return sys.spawn(profiler_behavior, smoothing, std::move(recorder), window);
+  // On a thread of its own: every worker reports every step, local steps included, so
+  // the profiler must keep pace with all of them at once; sharing the scheduler's threads
+  // with the workers, its mailbox grew behind them and every request to it waited.
+  return sys.spawn<caf::detached>(profiler_behavior, smoothing, std::move(recorder), window);
 }
 
 }  // namespace ashlar::actors

@@ -28,6 +28,7 @@ expected<endpoint> parse_endpoint(const std::string& text) {
 
 cluster_system_config::cluster_system_config() {
   register_types(*this);
+  set_fair_scheduling(*this);
   load<caf::io::middleman>();
   set("middleman.heartbeat-interval", caf::timespan{std::chrono::seconds(1)});
   set("middleman.connection-timeout", caf::timespan{std::chrono::seconds(3)});

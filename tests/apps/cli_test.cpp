@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <random>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <sys/wait.h>
 
@@ -145,6 +146,26 @@ TEST_CASE("a report path that cannot be written is refused before training, and 
   INFO(failed.out);
   CHECK(ss.str().find("\"error\": ") != std::string::npos);
   CHECK(ss.str().find("no-data") != std::string::npos);
+}
+
+TEST_CASE("workers at their own pace stop at train.epochs: adsp and asp train what was asked, not several times it") {
+  for (const char* policy : {"adsp", "asp"}) {
+    ashlar::test::temp_dir dir;
+    auto report = dir.file("r.json");
+    auto r = run("train " + config + " --policy " + policy + " --epochs 2 --set run.eval_every_epoch=false"
+                 " --set run.progress_interval=0.2 --report " + report);
+    INFO(r.out);
+    REQUIRE(r.code == 0);
+    std::ifstream in{report};
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::smatch m;
+    const std::string json = ss.str();
+    REQUIRE(std::regex_search(json, m, std::regex{"\"epochs_trained\": ([0-9.]+)"}));
+    CHECK(std::stod(m[1]) >= 2.0);
+    CHECK(std::stod(m[1]) <= 2.15); // a step in flight per worker past the budget, at most a tick's worth
+    CHECK(has(r, "epoch ")); // progress lines came while the workers ran
+  }
 }
 
 TEST_CASE("a model too big for this machine's memory is refused before anything is allocated, with the estimate") {

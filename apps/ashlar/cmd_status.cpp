@@ -17,6 +17,7 @@ struct client_options {
   std::string join;
   double timeout = 10;
   security_options security;
+  bool all = false; // status: every worker's row
 };
 
 // Connects to the cluster at o.join and runs `f` with it. Returns an exit code.
@@ -56,7 +57,10 @@ double compute_speed(const wire::worker_stats& w) {
   return w.compute_per_sample > 0 ? 1.0 / w.compute_per_sample : 0.0;
 }
 
-void print_workers(const wire::cluster_stats& stats) {
+// Rows of the worker table with many workers: this many slowest and as many fastest.
+constexpr size_t status_rows = 8;
+
+void print_workers(const wire::cluster_stats& stats, bool all) {
   std::vector<const wire::worker_stats*> live;
   for (const auto& w : stats.workers)
     if (!w.done)
@@ -83,16 +87,31 @@ void print_workers(const wire::cluster_stats& stats) {
   }
   std::printf("  %-4s %-8s %-9s %-10s %-8s %-8s %-9s %-9s %-6s %-6s %s\n", "id", "steps", "samples", "samples/s",
               "step ms", "wait ms", "predicted", "observed", "error", "stale", "state");
-  for (const auto& w : stats.workers)
+  // Many workers: the slowest and the fastest rows (by compute speed), unless --all.
+  std::vector<const wire::worker_stats*> rows;
+  if (all || stats.workers.size() <= 2 * status_rows) {
+    for (const auto& w : stats.workers)
+      rows.push_back(&w);
+  } else {
+    for (size_t i = 0; i < live.size(); ++i)
+      if (i < status_rows || i + status_rows >= live.size())
+        rows.push_back(live[i]);
+  }
+  for (const auto* wp : rows) {
+    const auto& w = *wp;
     std::printf("  %-4u %-8lu %-9lu %-10.0f %-8.2f %-8.2f %-9.0f %-9.0f %-6.2f %-6.1f %s\n", w.worker_id,
                 static_cast<unsigned long>(w.steps), static_cast<unsigned long>(w.samples), w.samples_per_second,
                 w.step_seconds * 1e3, w.wait_seconds * 1e3, w.predicted_speed, w.observed_speed, w.prediction_error,
                 w.staleness, w.done ? "left" : "training");
+  }
+  if (rows.size() < stats.workers.size())
+    std::printf("  (the %zu slowest and %zu fastest of %zu workers by compute speed; --all lists every one)\n",
+                status_rows, status_rows, stats.workers.size());
   std::printf("  samples/s: throughput, waits included; predicted / observed: compute samples/s of the\n"
               "  next window as the profiler's GRU predicted it / as measured; error: their mean relative error\n");
 }
 
-void print_status(const wire::cluster_status& s) {
+void print_status(const wire::cluster_status& s, bool all) {
   std::printf("stage: %s%s%s\n", s.stage.c_str(), s.job.empty() ? "" : ", job: ", s.job.c_str());
   std::printf("\nnodes (%zu):\n  %-4s %-28s %-24s %-6s %s\n", s.nodes.size(), "id", "name", "roles",
               "slots", "state");
@@ -100,7 +119,7 @@ void print_status(const wire::cluster_status& s) {
     std::printf("  %-4u %-28s %-24s %-6u %s\n", n.node_id, n.name.c_str(),
                 actors::to_string(n.roles).c_str(), n.slots, n.alive ? "alive" : "lost");
   if (!s.stats.workers.empty())
-    print_workers(s.stats);
+    print_workers(s.stats, all);
   if (!s.shards.empty()) {
     std::printf("\nshards (%zu):\n  %-4s %-24s %-10s %-10s %s\n", s.shards.size(), "id", "range",
                 "version", "dropped", "live workers");
@@ -123,6 +142,7 @@ command_fn add_status(CLI::App& app) {
   auto* cmd = app.add_subcommand("status", "Show a cluster's members, speeds, versions and stage");
   cmd->add_option("--join", o->join, "the scheduler's HOST:PORT")->required();
   cmd->add_option("--timeout", o->timeout, "seconds to wait for the scheduler")->capture_default_str();
+  cmd->add_flag("--all", o->all, "list every worker (with many, the slowest and fastest 8 are listed)");
   add_security_options(cmd, o->security, false);
   return [o] {
     return with_cluster(*o, "ashlar status", [&](caf::scoped_actor& self, const actors::cluster_actor& c) {
@@ -130,7 +150,7 @@ command_fn add_status(CLI::App& app) {
       self->request(c, 10s, actors::status_atom::value)
         .receive(
           [&](const wire::cluster_status& s) {
-            print_status(s);
+            print_status(s, o->all);
             code = 0;
           },
           [&](caf::error& err) { std::fprintf(stderr, "ashlar status: %s\n", describe(err).c_str()); });

@@ -555,6 +555,31 @@ TEST_CASE("ashlar train --join whose scheduler is killed (SIGKILL) ends with an 
   CHECK(slurp(dir.file("train.log")).find("lost the scheduler at " + sched.join) != std::string::npos);
 }
 
+TEST_CASE("ashlar status with 20 workers lists the slowest and fastest 8 under the spread, and every one with --all") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {});
+  auto nodes = start_server_and_worker(dir, sched.join, 20);
+  auto train = start({exe, "train", config, "--join", sched.join, "--workers", "20", "--servers", "1", "--epochs",
+                      "30", "--policy", "asp", "--set", "data.source=synthetic", "--set", "data.train_limit=20000",
+                      "--set", "model.input=16", "--set", "model.classes=4", "--set", "model.hidden=8", "--set",
+                      "train.speeds=1,2,4", "--set", "train.sample_ms=1"},
+                     dir.file("train.log"));
+  REQUIRE(wait_for_training(dir));
+  std::this_thread::sleep_for(2s);
+  auto status = start({exe, "status", "--join", sched.join}, dir.file("status.log"));
+  CHECK(status.wait(20) == 0);
+  auto text = slurp(dir.file("status.log"));
+  INFO(text);
+  CHECK(text.find("compute speed samples/s: min ") != std::string::npos);
+  CHECK(text.find("(the 8 slowest and 8 fastest of 20 workers by compute speed; --all lists every one)")
+        != std::string::npos);
+  auto all = start({exe, "status", "--all", "--join", sched.join}, dir.file("all.log"));
+  CHECK(all.wait(20) == 0);
+  CHECK(slurp(dir.file("all.log")).find("--all lists every one") == std::string::npos);
+  sched.proc.signal(SIGTERM);
+  CHECK(sched.proc.wait(30) == 0);
+}
+
 TEST_CASE("server and worker nodes whose scheduler is killed (SIGKILL) mid-job exit naming it, their shards and "
           "workers stopped, never hanging") {
   temp_dir dir;

@@ -135,6 +135,7 @@ using cluster_actor = caf::typed_actor<
   caf::reacts_to<job_atom, caf::error>,
   caf::reacts_to<job_atom, wire::job_result>,
   caf::reacts_to<job_atom, std::string>,
+  caf::reacts_to<caf::publish_atom, std::string>,
   caf::reacts_to<job_atom>>;
 
 /// Registers every Ashlar message type with `cfg` under names shared by all nodes.

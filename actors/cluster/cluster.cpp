@@ -284,6 +284,8 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
       st.waiting_for.clear();
     },
     [=](job_atom, const std::string& lacking) { self->state.waiting_for = lacking; },
+    // Where the cluster is published (known once its port is): named in errors and hints.
+    [=](caf::publish_atom, const std::string& address) { self->state.cfg.address = address; },
     [=](job_atom, const wire::job_result& res) {
       auto& st = self->state;
       if (st.have_promise)

@@ -158,6 +158,7 @@ int run_node(node_options& o) {
       return fail(1, describe(port.error()));
     }
     address = ep->host + ":" + std::to_string(*port);
+    caf::anon_send(cluster, caf::publish_atom::value, address);
     auto hint = join_hint(o.security);
     if (generate_token) {
       auto file = write_token_file(sec->token, *port);

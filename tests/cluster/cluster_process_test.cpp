@@ -456,6 +456,7 @@ TEST_CASE("ashlar train --join runs a job on a standing cluster (two shards on i
   INFO(slurp(dir.file("full.log")));
   CHECK(slurp(dir.file("full.log")).find("no node has a free worker slot") != std::string::npos);
   CHECK(slurp(dir.file("full.log")).find("has no free worker slot (2 in use)") != std::string::npos);
+  CHECK(slurp(dir.file("full.log")).find("ashlar node --role worker --join " + sched.join) != std::string::npos);
   int code = train.wait(120);
   INFO(slurp(dir.file("scheduler.log")));
   INFO(slurp(dir.file("train.log")));

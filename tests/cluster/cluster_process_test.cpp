@@ -556,6 +556,18 @@ TEST_CASE("ashlar train --join whose scheduler is killed (SIGKILL) ends with an 
   CHECK(slurp(dir.file("train.log")).find("lost the scheduler at " + sched.join) != std::string::npos);
 }
 
+TEST_CASE("a scheduler whose CONFIG job's nodes do not come within --wait-timeout exits non-zero, naming what "
+          "the job lacks") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {config, "--workers", "3", "--wait-timeout", "2"});
+  int code = sched.proc.wait(30);
+  auto log = slurp(dir.file("scheduler.log"));
+  INFO(log);
+  CHECK(code != 0);
+  CHECK(log.find("the job's nodes did not join in time: it needs a server node for its 2 shards, has none; "
+                 "needs 3 worker slots, has 0") != std::string::npos);
+}
+
 TEST_CASE("ashlar status with 20 workers lists the slowest and fastest 8 under the spread, and every one with --all") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {});

@@ -26,8 +26,9 @@ constexpr uint64_t max_idx_bytes = uint64_t{8} << 30;
 // declares: the header (`header` bytes: magic, then 32-bit dimensions) is read first, and
 // no more than the size it declares (plus one byte, to tell that more follows) is ever
 // decompressed, so a small file that inflates to gigabytes costs no more than the size
-// its header names. The checks of magic and sizes are the caller's.
-expected<std::vector<uint8_t>> read_idx(const std::string& path, size_t header) {
+// its header names. A file whose header does not start with `magic` is read no further
+// than its header. The checks of magic and sizes are the caller's.
+expected<std::vector<uint8_t>> read_idx(const std::string& path, size_t header, uint32_t magic) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0)
     return make_error(errc::io_error, "cannot open " + path + ": " + std::strerror(errno));
@@ -53,6 +54,11 @@ expected<std::vector<uint8_t>> read_idx(const std::string& path, size_t header) 
       break;
     out.insert(out.end(), buf, buf + got);
     if (limit == header && out.size() >= header) {
+      if (be32(out.data()) != magic) { // not this kind of IDX file: the caller names the magic
+        gzclose(f);
+        out.resize(header);
+        return out;
+      }
       // The header's dimensions (each 32-bit, after the magic) declare the size.
       uint64_t elements = 1;
       for (size_t d = 4; d + 4 <= header; d += 4) {
@@ -97,10 +103,10 @@ std::string hex(uint32_t v) {
 } // namespace
 
 expected<dataset> load_idx(const std::string& images_path, const std::string& labels_path) {
-  auto img = read_idx(images_path, 16);
+  auto img = read_idx(images_path, 16, images_magic);
   if (!img)
     return img.error();
-  auto lbl = read_idx(labels_path, 8);
+  auto lbl = read_idx(labels_path, 8, labels_magic);
   if (!lbl)
     return lbl.error();
   if (img->size() < 16)

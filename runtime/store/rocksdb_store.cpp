@@ -59,6 +59,14 @@ expected<std::unique_ptr<kv_store>> open_rocksdb_store(const std::string& dir, o
   opts.create_if_missing = mode == open_mode::create;
   opts.max_open_files = 64;
   opts.keep_log_file_num = 2;
+  // Damage is reported, not recovered around. RocksDB's default WAL recovery replays up to
+  // the first bad record and drops the rest (point in time), so a log damaged in the
+  // middle reopens as an older store without a word, and a resume mixes versions. Here
+  // only a record torn at the very end is dropped: the write a crash interrupted, which
+  // was never acknowledged (every write is synced before it counts); anything else fails
+  // the open, naming the store.
+  opts.wal_recovery_mode = rocksdb::WALRecoveryMode::kTolerateCorruptedTailRecords;
+  opts.paranoid_checks = true;
   rocksdb::DB* raw = nullptr;
   auto s = mode == open_mode::read_only ? rocksdb::DB::OpenForReadOnly(opts, dir, &raw)
                                         : rocksdb::DB::Open(opts, dir, &raw);

@@ -2,10 +2,15 @@
 #include <catch2/catch.hpp>
 
 #include <numeric>
+#include <fstream>
+#include <filesystem>
+#include <unistd.h>
+#include <sys/wait.h>
 
 #include "runtime/config/train_config.hpp"
 #include "runtime/store/checkpoint.hpp"
 #include "runtime/store/job_store.hpp"
+#include "runtime/store/kv_store.hpp"
 #include "temp_dir.hpp"
 
 using namespace ashlar;
@@ -226,4 +231,65 @@ TEST_CASE("the job store resumes only the same configuration, and keeps earlier 
   INFO(describe(changed.error()));
   CHECK(describe(changed.error()).find("train.batch_size = 32 (checkpointed job: 64)") != std::string::npos);
   CHECK(settings_diff({"a=1", "b=2"}, {"a=1", "b=2"}).empty());
+}
+
+namespace {
+
+// A store whose three synced writes are only in its write-ahead log: a child process
+// writes them and ends without closing it (as a crash would). Returns the log's path.
+std::string store_with_wal_only(const std::string& dir) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    auto s = open_rocksdb_store(dir, open_mode::create);
+    for (int i = 0; i < 3 && s; ++i) {
+      kv_batch b;
+      b.puts.push_back({"k" + std::to_string(i), std::string(4000, static_cast<char>('a' + i))});
+      if ((*s)->write(b))
+        ::_exit(1);
+    }
+    ::_exit(s ? 0 : 1);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".log")
+      return e.path().string();
+  FAIL("no write-ahead log in " << dir);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint store's log damaged in the middle fails to open, naming it, and a write torn at its end is dropped") {
+  test::temp_dir dir;
+  // Damage in the middle: refused, not reopened as an older store.
+  const auto damaged = dir.path() + "/damaged";
+  auto wal = store_with_wal_only(damaged);
+  const auto size = std::filesystem::file_size(wal);
+  {
+    std::fstream f(wal, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(size / 2));
+    char c = 0;
+    f.get(c);
+    f.seekp(static_cast<std::streamoff>(size / 2));
+    f.put(static_cast<char>(c ^ 0x5a));
+  }
+  auto bad = open_rocksdb_store(damaged, open_mode::existing);
+  REQUIRE_FALSE(bad);
+  CHECK(describe(bad.error()).find("cannot open the checkpoint store " + damaged) != std::string::npos);
+  CHECK(describe(bad.error()).find("Corruption") != std::string::npos);
+  // A torn last write (a crash in the middle of it, never acknowledged): the rest opens.
+  const auto torn = dir.path() + "/torn";
+  auto wal2 = store_with_wal_only(torn);
+  std::filesystem::resize_file(wal2, std::filesystem::file_size(wal2) - 100);
+  auto ok = open_rocksdb_store(torn, open_mode::existing);
+  REQUIRE(ok);
+  auto k1 = (*ok)->get("k1");
+  REQUIRE(k1);
+  CHECK(k1->has_value());
+  auto k2 = (*ok)->get("k2");
+  REQUIRE(k2);
+  CHECK_FALSE(k2->has_value());
 }

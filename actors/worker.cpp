@@ -34,30 +34,24 @@ struct worker_state {
 
 using worker_pointer = worker_actor::stateful_pointer<worker_state>;
 
-void fail(worker_pointer self, const std::string& why) {
+// Tells the scheduler the worker leaves (finished) or fails, and why; then stops.
+void leave(worker_pointer self, wire::membership_change::kind_t kind, const std::string& reason) {
   auto& st = self->state;
   if (st.stopped)
     return;
   st.stopped = true;
   const uint32_t id = st.machine ? st.machine->job().worker_id : wire::any_worker;
-  spdlog::error("worker {}: {}", id, why);
-  wire::membership_change m;
-  m.kind = wire::membership_change::fail;
-  m.worker_id = id;
-  m.reason = why;
-  self->send(st.cfg.scheduler, m);
-  self->quit(caf::exit_reason::user_shutdown);
+  if (kind == wire::membership_change::fail)
+    spdlog::error("worker {}: {}", id, reason);
+  self->send(st.cfg.scheduler, wire::membership_change{kind, id, reason});
+  if (kind == wire::membership_change::fail)
+    self->quit(caf::exit_reason::user_shutdown);
+  else
+    self->quit();
 }
 
-void leave(worker_pointer self, const std::string& reason) {
-  auto& st = self->state;
-  st.stopped = true;
-  wire::membership_change m;
-  m.kind = wire::membership_change::leave;
-  m.worker_id = st.machine->job().worker_id;
-  m.reason = reason;
-  self->send(st.cfg.scheduler, m);
-  self->quit();
+void fail(worker_pointer self, const std::string& why) {
+  leave(self, wire::membership_change::fail, why);
 }
 
 void run(worker_pointer self);
@@ -157,7 +151,7 @@ struct executor {
 
   void operator()(step::fail& a) const { actors::fail(self, a.why); }
 
-  void operator()(step::finish& a) const { leave(self, a.reason); }
+  void operator()(step::finish& a) const { leave(self, wire::membership_change::leave, a.reason); }
 };
 
 // Carries out what the machine asks, until it asks nothing more.

@@ -19,7 +19,6 @@ using namespace std::chrono_literals;
 struct node_entry {
   wire::node_info info;
   node_actor handle;
-  uint32_t workers_started = 0;
 };
 
 struct cluster_state {
@@ -37,7 +36,7 @@ struct cluster_state {
 
 using cluster_pointer = cluster_actor::stateful_pointer<cluster_state>;
 
-// Starts one worker of the running job on `node` (a node that joined late, or add-worker).
+// Starts one worker of the running job on `node` (a node that joined late).
 void add_worker_on(cluster_pointer self, uint32_t node_id) {
   auto& st = self->state;
   auto i = st.nodes.find(node_id);
@@ -45,7 +44,6 @@ void add_worker_on(cluster_pointer self, uint32_t node_id) {
     return;
   auto req = st.job.worker_template;
   req.requested_id = wire::any_worker;
-  i->second.workers_started++;
   self->request(i->second.handle, 60s, req, st.job.scheduler, st.job.profiler)
     .then([=](const worker_actor&) { spdlog::info("cluster: started a worker on node {}", node_id); },
           [=](caf::error& err) {
@@ -303,8 +301,6 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
       st.job_running = false;
       st.job = running_job{};
       st.job_text.clear();
-      for (auto& [id, n] : st.nodes)
-        n.workers_started = 0;
     },
   };
 }
@@ -451,6 +447,7 @@ caf::error wait_for_nodes(caf::actor_system& sys, const cluster_actor& cluster, 
   caf::scoped_actor self{sys};
   auto deadline = std::chrono::steady_clock::now() + timeout;
   auto last_log = std::chrono::steady_clock::now() - 10s;
+  std::string told; // what the cluster was last told the job lacks
   for (;;) {
     auto nodes = list_nodes(self, cluster);
     if (!nodes)
@@ -470,7 +467,10 @@ caf::error wait_for_nodes(caf::actor_system& sys, const cluster_actor& cluster, 
     if (have_slots < worker_slots)
       lacking += (lacking.empty() ? "" : "; ") + std::string{"needs "} + std::to_string(worker_slots)
                  + " worker slots, has " + std::to_string(have_slots);
-    caf::anon_send(cluster, job_atom::value, lacking);
+    if (lacking != told) { // the cluster (and ashlar status) hears of each change
+      caf::anon_send(cluster, job_atom::value, lacking);
+      told = lacking;
+    }
     if (stopping && stopping())
       return make_error(errc::invalid_state, "stopped while waiting for the job's nodes: it " + lacking);
     auto now = std::chrono::steady_clock::now();

@@ -50,8 +50,8 @@ caf::error step_machine::check(const wire::assignment& a, const model_spec& spec
 }
 
 std::vector<step_action> step_machine::take_actions() {
-  std::vector<step_action> out(std::make_move_iterator(actions_.begin()), std::make_move_iterator(actions_.end()));
-  actions_.clear();
+  std::vector<step_action> out;
+  out.swap(actions_);
   return out;
 }
 

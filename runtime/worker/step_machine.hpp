@@ -217,7 +217,7 @@ private:
   const dataset& data_;
   wire::assignment job_;
   std::optional<batch_cursor> cursor_;
-  std::deque<step_action> actions_;
+  std::vector<step_action> actions_;
   step_mode mode_ = step_mode::every_step;
 
   std::vector<float> params_, grad_;

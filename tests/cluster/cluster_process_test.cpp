@@ -575,7 +575,7 @@ TEST_CASE("ashlar status with 20 workers lists the slowest and fastest 8 under t
   auto train = start({exe, "train", config, "--join", sched.join, "--workers", "20", "--servers", "1", "--epochs",
                       "30", "--policy", "asp", "--set", "data.source=synthetic", "--set", "data.train_limit=20000",
                       "--set", "model.input=16", "--set", "model.classes=4", "--set", "model.hidden=8", "--set",
-                      "train.speeds=1,2,4", "--set", "train.sample_ms=1"},
+                      "train.speeds=1,2,4", "--set", "train.sample_ms=1", "--set", "train.lr=0.02"},
                      dir.file("train.log"));
   REQUIRE(wait_for_training(dir));
   std::this_thread::sleep_for(2s);

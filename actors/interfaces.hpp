@@ -34,15 +34,21 @@ using ring_atom = caf::atom_constant<caf::atom("ring")>;
 using checkpoint_atom = caf::atom_constant<caf::atom("checkpt")>;
 using shard_atom = caf::atom_constant<caf::atom("shard")>;
 using lr_atom = caf::atom_constant<caf::atom("lrfactor")>;
+using restore_atom = caf::atom_constant<caf::atom("restore")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
 /// follows membership changes, reports its status. tune_atom: gradients per update and
 /// async or not, for policies that adapt (see sync_policy::tune). bound_atom (a stage's
 /// settings): its learning-rate factor (second argument) and the clocks a
 /// worker may run ahead of the slowest from now on (see sync_policy::set_staleness_bound).
-/// checkpoint_atom: checkpoint the current version now (if the shard keeps checkpoints);
-/// answers the version of its newest checkpoint. lr_atom: the learning-rate schedule's
-/// factor from now on (train.lr_schedule; the job driver follows the epochs).
+/// Checkpoints (if the shard keeps them): (checkpoint_atom, cut, at_version) writes
+/// checkpoint cut `cut` of the job in the background, at the current version or once the
+/// shard reaches `at_version` (answers the current version; its status shows the newest
+/// cut on disk); (checkpoint_atom, get_atom) answers the cuts its store holds intact;
+/// (restore_atom, cut) restores one (answers its version); (checkpoint_atom) writes the
+/// current version as the shard's stop record and answers once it is on disk. lr_atom:
+/// the learning-rate schedule's factor from now on (train.lr_schedule; the job driver
+/// follows the epochs).
 using shard_actor = caf::typed_actor<
   caf::replies_to<wire::pull_request>::with<wire::pull_reply>,
   caf::replies_to<wire::push>::with<wire::push_ack>,
@@ -51,6 +57,9 @@ using shard_actor = caf::typed_actor<
   caf::reacts_to<tune_atom, uint32_t, bool>,
   caf::reacts_to<bound_atom, uint64_t, float>,
   caf::reacts_to<lr_atom, float>,
+  caf::replies_to<checkpoint_atom, uint64_t, uint64_t>::with<uint64_t>,
+  caf::replies_to<checkpoint_atom, caf::get_atom>::with<std::vector<uint64_t>>,
+  caf::replies_to<restore_atom, uint64_t>::with<uint64_t>,
   caf::replies_to<checkpoint_atom>::with<uint64_t>>;
 
 /// The profiler: takes per-step timing reports, answers with per-worker statistics.

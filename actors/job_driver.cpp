@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/interfaces.hpp"
+#include "actors/job_checkpoints.hpp"
 #include "actors/job_evaluations.hpp"
 #include "actors/profiler.hpp"
 #include "actors/scheduler.hpp"
@@ -197,16 +198,6 @@ private:
       return store.error();
     store_ = std::move(*store);
     budget_ = uint64_t{cfg_.epochs} * train_->n;
-    done_before_ = store_ ? store_->samples_before() : 0;
-    if (done_before_ >= budget_)
-      return make_error(errc::invalid_config, "the job in " + cfg_.checkpoint_dir + " already trained "
-                                                + std::to_string(done_before_) + " samples, its "
-                                                + std::to_string(cfg_.epochs)
-                                                + " epochs; raise train.epochs to train on");
-    if (done_before_ > 0)
-      spdlog::info("job: resuming from {} ({} of {} samples trained, resume {}, {} workers' batch shares and "
-                   "data positions)", cfg_.checkpoint_dir, done_before_, budget_, store_->record().resumes,
-                   store_->record().workers.size());
     if (train_->n < cfg_.workers)
       return make_error(errc::invalid_config, "train.workers = " + std::to_string(cfg_.workers) + " exceeds the "
                                                 + std::to_string(train_->n) + " training samples");
@@ -217,7 +208,6 @@ private:
     ranges_ = std::move(*ranges);
     set_blas_threads(1);
     lockstep_ = traits_of(cfg_.policy).lockstep;
-    next_epoch_ = static_cast<uint32_t>(done_before_ / train_->n + 1);
     spdlog::info("job: model {} ({} parameters), {} train / {} test samples, {} workers, {} shards, "
                  "policy {}, batch {} per worker, {} epochs",
                  cfg_.model.to_string(), num_params_, train_->n, test_.n, cfg_.workers, cfg_.servers, cfg_.policy,
@@ -246,6 +236,12 @@ private:
     shards_ = std::move(*shards);
     for (auto& s : shards_)
       self_->monitor(s);
+    if (auto err = take_up_checkpoint()) {
+      for (auto& s : shards_)
+        self_->send_exit(s, caf::exit_reason::user_shutdown);
+      self_->send_exit(profiler_, caf::exit_reason::user_shutdown);
+      return err;
+    }
     scheduler_ = spawn_scheduler(sys_, scheduler_settings());
     start_ = clock_.steady_ns();
     if (recorder_)
@@ -256,6 +252,29 @@ private:
       stop_all();
       return err;
     }
+    return {};
+  }
+
+  // The cut the job starts from (a resume's, agreed with every shard and restored in
+  // each; none for a new job), and how far it got.
+  caf::error take_up_checkpoint() {
+    if (store_) {
+      cuts_.emplace(self_, *store_, cfg_.checkpoint_dir, cfg_.checkpoint_every, lockstep_);
+      if (auto err = cuts_->take_up(shards_))
+        return err;
+    }
+    done_before_ = store_ ? store_->samples_before() : 0;
+    if (done_before_ >= budget_)
+      return make_error(errc::invalid_config, "the job in " + cfg_.checkpoint_dir + " already trained "
+                                                + std::to_string(done_before_) + " samples, its "
+                                                + std::to_string(cfg_.epochs)
+                                                + " epochs; raise train.epochs to train on");
+    if (done_before_ > 0)
+      spdlog::info("job: resuming from {}, checkpoint cut {} ({} of {} samples trained, resume {}, {} workers' "
+                   "batch shares and data positions)",
+                   cfg_.checkpoint_dir, store_->cut(), done_before_, budget_, store_->record().resumes,
+                   store_->record().workers.size());
+    next_epoch_ = static_cast<uint32_t>(done_before_ / train_->n + 1);
     return {};
   }
 
@@ -381,6 +400,8 @@ private:
       return;
     }
     lost_since_.emplace(index, seconds());
+    if (cuts_)
+      cuts_->shard_lost();
     spdlog::warn("job: server shard {} was lost ({}); waiting up to {:.0f} s for it to be served again "
                  "from its checkpoints: ashlar node --role server --shard {} --join SCHEDULER",
                  id, to_string(dm.reason), cfg_.shard_wait, id);
@@ -421,11 +442,9 @@ private:
     publish_metrics(stats, now);
     report_progress(stats, now);
     evaluate_if_due(stats, now);
-    // The job's progress, for a resume: at most as far as the shards' checkpoints are.
-    if (store_ && now - last_record_ >= 1.0) {
-      save_progress(stats.total_samples, now, stats.workers);
-      last_record_ = now;
-    }
+    // Checkpoint cuts, while every shard is there to write them.
+    if (cuts_ && lost_since_.empty())
+      cuts_->tick(shards_, now, progress_of(stats.total_samples, now, stats.workers));
     stop_if_due(stats, now);
   }
 
@@ -491,13 +510,12 @@ private:
       hooks_.on_epoch(*pt);
   }
 
-  // The job's record for a resume, with the stage the scheduler is in.
-  void save_progress(uint64_t samples, double secs, const std::vector<wire::worker_stats>& workers) {
-    std::string stage;
+  // What the job record of a cut taken now holds, with the stage the scheduler is in.
+  cut_progress progress_of(uint64_t samples, double secs, const std::vector<wire::worker_stats>& workers) const {
+    cut_progress p{samples, secs, workers, ""};
     if (auto s = stage_->load(); s >= 0)
-      stage = to_string(static_cast<ashl_stage>(s));
-    if (auto err = store_->save(samples, secs, workers, stage))
-      spdlog::error("job: saving progress to {} failed: {}", cfg_.checkpoint_dir, describe(err));
+      p.stage = to_string(static_cast<ashl_stage>(s));
+    return p;
   }
 
   // Workers at their own pace stop when their samples together reach the budget; any job
@@ -530,13 +548,12 @@ private:
     if (!params)
       failure_ = params.error();
     collect_shard_counters();
-    if (store_)
-      checkpoint_round();
     auto last_workers = collect_worker_figures();
     rep_.samples_per_second = rep_.seconds > 0 ? rep_.samples / rep_.seconds : 0;
     rep_.epochs_trained = epoch_of(rep_.samples);
-    if (store_)
-      save_progress(rep_.samples, rep_.seconds, last_workers);
+    // The clean end: every shard writes the last cut; the job's record names it.
+    if (cuts_ && lost_since_.empty())
+      cuts_->final_cut(shards_, seconds(), progress_of(rep_.samples, rep_.seconds, last_workers));
     for (auto& s : shards_)
       self_->demonitor(s.address());
     stop_all();
@@ -576,14 +593,6 @@ private:
     rep_.mean_staleness = pushes ? static_cast<double>(staleness_sum) / pushes : 0;
   }
 
-  // The clean end: every shard checkpoints its last version (the job's record follows).
-  void checkpoint_round() {
-    for (const auto& s : shards_)
-      self_->request(s, std::chrono::seconds(60), checkpoint_atom::value)
-        .receive([](uint64_t) {},
-                 [&](caf::error& err) { spdlog::error("job: the final checkpoint failed: {}", describe(err)); });
-  }
-
   std::vector<wire::worker_stats> collect_worker_figures() {
     std::vector<wire::worker_stats> last;
     self_->request(profiler_, std::chrono::seconds(10), caf::get_atom::value)
@@ -619,6 +628,7 @@ private:
   std::shared_ptr<const dataset> train_;
   dataset test_;
   std::optional<job_store> store_;
+  std::optional<job_checkpoints> cuts_;
   uint64_t budget_ = 0, done_before_ = 0, num_params_ = 0;
   std::vector<shard_range> ranges_;
   bool lockstep_ = true;
@@ -640,7 +650,7 @@ private:
   uint32_t finished_ = 0, failed_ = 0;
   uint32_t next_epoch_ = 1; // the next epoch boundary to evaluate at
   uint64_t last_samples_ = 0;
-  double last_progress_ = 0, last_eval_ = 0, last_shard_poll_ = 0, last_record_ = 0;
+  double last_progress_ = 0, last_eval_ = 0, last_shard_poll_ = 0;
   std::map<size_t, double> lost_since_; // shards lost and not served again yet: since when
   bool stop_sent_ = false;
   lr_schedule schedule_;

@@ -36,8 +36,8 @@ public:
                                                std::move(*policy));
       shard_persistence persistence;
       if (!cfg.checkpoint_dir.empty()) {
-        auto p = open_shard_persistence(cfg.checkpoint_dir, cfg.checkpoint_every, cfg.checkpoint_keep, cfg.resume,
-                                        *core);
+        // A resume's shards are restored by the job driver, from the cut they all hold.
+        auto p = open_shard_persistence(cfg.checkpoint_dir, cfg.checkpoint_keep, false, *core);
         if (!p) {
           for (auto& s : out)
             caf::anon_send_exit(s, caf::exit_reason::user_shutdown);

@@ -57,7 +57,9 @@ struct shard_state {
   std::vector<float> values;  //   and the values sent
   shard_persistence persistence;
   std::unique_ptr<async_checkpointer> writer;
-  uint64_t checkpointed = 0; // the version last handed to the writer
+  // A cut asked for at a version the shard has not reached yet (lockstep policies: every
+  // shard writes the same round): written when the shard makes that version.
+  std::optional<std::pair<uint64_t, uint64_t>> due_cut; // cut, at version
 };
 
 using shard_pointer = shard_actor::stateful_pointer<shard_state>;
@@ -151,21 +153,49 @@ void release_reads(shard_pointer self) {
   st.held.erase(keep, st.held.end());
 }
 
-// Hands the current version to the checkpoint writer (unless it already has it).
-void checkpoint(shard_pointer self) {
+// Hands the current version to the checkpoint writer as cut `cut` (0: the stop record).
+void checkpoint(shard_pointer self, uint64_t cut) {
   auto& st = self->state;
   const auto& core = *st.core;
-  if (!st.writer || core.version() == st.checkpointed)
-    return;
-  st.writer->submit(core.version(), core.range().begin, core.range().end, core.shared_params(), core.velocity());
-  st.checkpointed = core.version();
+  st.writer->submit(core.version(), cut, core.range().begin, core.range().end, core.shared_params(),
+                    core.velocity());
 }
 
-// After a version was made: a checkpoint if one is due.
+// After a version was made: the cut waiting for it, if this is its version.
 void after_version(shard_pointer self) {
   auto& st = self->state;
-  if (st.writer && st.persistence.every > 0 && st.core->version() >= st.checkpointed + st.persistence.every)
-    checkpoint(self);
+  if (st.writer && st.due_cut && st.core->version() >= st.due_cut->second) {
+    checkpoint(self, st.due_cut->first);
+    st.due_cut.reset();
+  }
+}
+
+// The cut `cut` of this shard's store, restored into the core (the cuts after it and the
+// stop record deleted: the job goes on from here).
+caf::result<uint64_t> restore_cut(shard_pointer self, uint64_t cut) {
+  auto& st = self->state;
+  auto& core = *st.core;
+  const auto id = core.range().shard_id;
+  if (!st.persistence.store)
+    return make_error(errc::invalid_state, "shard " + std::to_string(id) + " keeps no checkpoints");
+  checkpoint_log log{*st.persistence.store, id, st.persistence.keep};
+  auto c = log.load(cut);
+  if (!c)
+    return make_error(errc::corrupt_data, "shard " + std::to_string(id) + ": " + describe(c.error()));
+  if (c->begin != core.range().begin || c->end != core.range().end)
+    return make_error(errc::shape_mismatch, "shard " + std::to_string(id) + ": cut " + std::to_string(cut)
+                                              + " in " + st.persistence.store->where() + " holds ["
+                                              + std::to_string(c->begin) + ", " + std::to_string(c->end)
+                                              + "), this job's shard is [" + std::to_string(core.range().begin)
+                                              + ", " + std::to_string(core.range().end) + ")");
+  const auto version = c->version;
+  if (auto err = core.restore(version, std::move(c->params), std::move(c->velocity)))
+    return err;
+  if (auto err = log.discard_after(cut))
+    return err;
+  spdlog::info("shard {}: restored version {} (checkpoint cut {}) from {}", id, version, cut,
+               st.persistence.store->where());
+  return version;
 }
 
 shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<shard_core> core,
@@ -173,7 +203,6 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
   self->state.core = std::move(core);
   auto& st = self->state;
   st.persistence = std::move(persistence);
-  st.checkpointed = st.core->version();
   if (st.persistence.store)
     st.writer = std::make_unique<async_checkpointer>(*st.persistence.store, st.core->range().shard_id,
                                                      st.persistence.keep);
@@ -293,12 +322,36 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
       return caf::ok_atom::value;
     },
     [=](tune_atom, uint32_t k, bool async) { self->state.core->tune(k, async); },
+    [=](checkpoint_atom, uint64_t cut, uint64_t at_version) -> caf::result<uint64_t> {
+      // A cut of the job: written in the background (the status says when it is on disk),
+      // now or once the shard makes version `at_version`.
+      auto& st = self->state;
+      if (!st.writer)
+        return make_error(errc::invalid_state,
+                          "shard " + std::to_string(st.core->range().shard_id) + " keeps no checkpoints");
+      if (cut == 0)
+        return make_error(errc::invalid_argument, "checkpoint cut 0 is not a cut");
+      st.due_cut.reset();
+      if (at_version > st.core->version())
+        st.due_cut.emplace(cut, at_version);
+      else
+        checkpoint(self, cut);
+      return st.core->version();
+    },
+    [=](checkpoint_atom, caf::get_atom) -> caf::result<std::vector<uint64_t>> {
+      auto& st = self->state;
+      if (!st.persistence.store)
+        return std::vector<uint64_t>{};
+      return checkpoint_log{*st.persistence.store, st.core->range().shard_id, st.persistence.keep}.intact_cuts();
+    },
+    [=](restore_atom, uint64_t cut) { return restore_cut(self, cut); },
     [=](checkpoint_atom) -> uint64_t {
-      // Blocks this shard until the write is on disk: it is the end of a job.
+      // The node stops this shard mid-job: its current version as the stop record, on
+      // disk before the shard answers.
       auto& st = self->state;
       if (!st.writer)
         return 0;
-      checkpoint(self);
+      checkpoint(self, 0);
       auto v = st.writer->flush();
       auto t = st.writer->stats();
       if (t.seconds > 0)
@@ -329,6 +382,11 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
       s.staleness_max = c.staleness_max;
       s.live_workers.assign(core.policy().live().begin(), core.policy().live().end());
       s.pending_reads = static_cast<uint32_t>(self->state.held.size());
+      if (self->state.writer) {
+        auto t = self->state.writer->stats();
+        s.cut = t.newest_cut;
+        s.cut_error = t.error;
+      }
       return s;
     },
   };
@@ -340,8 +398,8 @@ shard_actor spawn_shard(caf::actor_system& sys, std::unique_ptr<shard_core> core
   return sys.spawn(shard_behavior, std::move(core), std::move(persistence));
 }
 
-expected<shard_persistence> open_shard_persistence(const std::string& dir, uint64_t every, uint32_t keep,
-                                                   bool resume, shard_core& core) {
+expected<shard_persistence> open_shard_persistence(const std::string& dir, uint32_t keep, bool resume,
+                                                   shard_core& core) {
   const auto id = core.range().shard_id;
   const std::string path = dir + "/shard-" + std::to_string(id);
   std::error_code ec;
@@ -353,7 +411,6 @@ expected<shard_persistence> open_shard_persistence(const std::string& dir, uint6
     return store.error();
   shard_persistence p;
   p.store = std::move(*store);
-  p.every = every;
   p.keep = keep;
   if (resume) {
     checkpoint_log log{*p.store, id, keep};
@@ -373,7 +430,8 @@ expected<shard_persistence> open_shard_persistence(const std::string& dir, uint6
       const auto version = ck.version;
       if (auto err = core.restore(version, std::move(ck.params), std::move(ck.velocity)))
         return err;
-      spdlog::info("shard {}: restored version {} from {}", id, version, path);
+      spdlog::info("shard {}: restored version {} ({}) from {}", id, version,
+                   ck.cut != 0 ? "checkpoint cut " + std::to_string(ck.cut) : std::string{"its stop record"}, path);
     }
   }
   return p;

@@ -45,7 +45,7 @@ struct SpawnShard {
   dataKey @9 :Text;            # data-plane key of this job; empty: pulls and pushes over CAF only
   checkpointDir @10 :Text;     # checkpoint into DIR/shard-ID on the node (the node's own
                                # --checkpoint-dir wins); empty: none
-  checkpointEvery @11 :UInt64;
+  checkpointEvery @11 :UInt64; # unused: the job driver paces checkpoint cuts
   checkpointKeep @12 :UInt32;
   resume @13 :Bool;            # restore the newest intact checkpoint before serving
 }
@@ -241,6 +241,8 @@ struct ShardStatus {
   stalenessMax @8 :UInt64;
   liveWorkers @9 :List(UInt32);
   pendingReads @10 :UInt32;
+  cut @11 :UInt64;          # the newest checkpoint cut on disk (0: none)
+  cutError @12 :Text;       # why the last checkpoint write failed, or ""
 }
 
 # ---- Profiling and stages -------------------------------------------------------------
@@ -329,6 +331,7 @@ struct CheckpointRecord {
   checksum @5 :UInt64;     # CRC-32 over shardId, version, begin, end, params and velocity
   unixNs @6 :Int64;
   end @7 :UInt64;
+  cut @8 :UInt64;          # the job's checkpoint cut this record belongs to (0: a shard's own stop record)
 }
 
 # What the scheduler keeps to resume a job: the settings it ran with (to refuse a
@@ -341,6 +344,7 @@ struct JobRecord {
   resumes @4 :UInt32;       # times this job was resumed
   stage @5 :Text;           # the training stage in force (ASHL: "ahl", "shl"), or ""
   workers @6 :List(WorkerRecord); # the members, their batch shares and data positions
+  cut @7 :UInt64;           # the checkpoint cut every shard wrote for this record
   struct WorkerRecord {
     workerId @0 :UInt32;
     batch @1 :UInt32;

@@ -371,9 +371,8 @@ cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std
     req.k = cfg.policy_settings.k;
     req.data_key = key_;
     req.checkpoint_dir = cfg.checkpoint_dir;
-    req.checkpoint_every = cfg.checkpoint_every;
     req.checkpoint_keep = cfg.checkpoint_keep;
-    req.resume = cfg.resume;
+    req.resume = false; // a resume's shards are restored by the job driver, from the cut they all hold
     templates_.push_back(req);
     caf::error err;
     self->request(nodes->handles[n], 60s, req)

@@ -106,7 +106,7 @@ caf::result<shard_actor, std::string> host_shard(node_pointer self, const wire::
     dir = *inside;
   }
   if (!req.checkpoint_dir.empty()) {
-    auto p = open_shard_persistence(dir, req.checkpoint_every, req.checkpoint_keep, req.resume, *core);
+    auto p = open_shard_persistence(dir, req.checkpoint_keep, req.resume, *core);
     if (!p)
       return p.error();
     persistence = std::move(*p);

@@ -1,6 +1,6 @@
-// `ashlar checkpoint list|show|export DIR`: what a job's checkpoint directory holds (the
-// shards' RocksDB stores in DIR/shard-ID and the job's in DIR/job). Stores are opened
-// read-only, so this works while the job runs.
+// `ashlar checkpoint list|show|export|verify DIR`: what a job's checkpoint directory holds
+// (the shards' RocksDB stores in DIR/shard-ID and the job's in DIR/job), and whether a
+// resume can start from it. Stores are opened read-only, so this works while the job runs.
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +15,7 @@
 #include "runtime/data/npy.hpp"
 #include "runtime/metrics/json.hpp"
 #include "runtime/store/checkpoint.hpp"
+#include "runtime/store/job_store.hpp"
 
 namespace ashlar::cli {
 
@@ -23,7 +24,7 @@ namespace {
 struct checkpoint_options {
   std::string dir;
   int64_t shard = -1;     // show: which shard (-1: all)
-  int64_t version = -1;   // show/export: which version (-1: the newest intact)
+  int64_t cut = -1;       // show/export: which cut (-1: the one a resume takes)
   std::string out;        // export: the .npy file
 };
 
@@ -56,74 +57,201 @@ expected<std::map<uint32_t, std::unique_ptr<kv_store>>> open_shards(const std::s
   return out;
 }
 
-// The chosen checkpoint of each shard: `version`, or the newest intact one.
-expected<std::vector<shard_checkpoint>> chosen(const std::map<uint32_t, std::unique_ptr<kv_store>>& shards,
-                                               int64_t version, int64_t only) {
+// What a resume would find in a directory: the job's committed cuts and each shard's
+// intact ones, and the cut it takes (or why it refuses).
+struct resume_view {
+  std::optional<job_record> job;   // the newest committed record
+  std::vector<uint64_t> committed; // newest first
+  std::vector<shard_cuts> shards;
+  expected<cut_choice> choice{cut_choice{}};
+};
+
+expected<resume_view> view_of(const std::string& dir, const std::map<uint32_t, std::unique_ptr<kv_store>>& shards) {
+  resume_view v;
+  std::error_code ec;
+  if (std::filesystem::exists(dir + "/job", ec)) {
+    auto job = open_rocksdb_store(dir + "/job", open_mode::read_only);
+    if (!job)
+      return job.error();
+    auto cuts = load_job_cuts(**job);
+    if (!cuts)
+      return cuts.error();
+    for (const auto& c : *cuts)
+      v.committed.push_back(c.cut);
+    if (!cuts->empty())
+      v.job = cuts->front();
+  }
+  for (const auto& [id, store] : shards) {
+    auto cuts = checkpoint_log{*store, id, 1}.intact_cuts();
+    if (!cuts)
+      return cuts.error();
+    v.shards.push_back({id, std::move(*cuts)});
+  }
+  v.choice = choose_cut(v.committed, v.shards, dir);
+  return v;
+}
+
+// The chosen cut of each shard: `cut`, or the one a resume takes.
+expected<std::vector<shard_checkpoint>> chosen(const std::string& dir,
+                                               const std::map<uint32_t, std::unique_ptr<kv_store>>& shards,
+                                               int64_t cut, int64_t only) {
+  if (cut < 0) {
+    auto v = view_of(dir, shards);
+    if (!v)
+      return v.error();
+    if (!v->choice)
+      return v->choice.error();
+    if (v->choice->cut == 0)
+      return make_error(errc::io_error, dir + " holds no checkpoint cut");
+    cut = static_cast<int64_t>(v->choice->cut);
+  }
   std::vector<shard_checkpoint> out;
   for (const auto& [id, store] : shards) {
     if (only >= 0 && id != only)
       continue;
-    checkpoint_log log{*store, id, 1};
-    if (version >= 0) {
-      auto c = log.load(static_cast<uint64_t>(version));
-      if (!c)
-        return c.error();
-      out.push_back(std::move(*c));
-    } else {
-      auto c = log.load_latest();
-      if (!c)
-        return c.error();
-      if (!*c)
-        return make_error(errc::io_error, "shard " + std::to_string(id) + " has no intact checkpoint");
-      out.push_back(std::move(**c));
-    }
+    auto c = checkpoint_log{*store, id, 1}.load(static_cast<uint64_t>(cut));
+    if (!c)
+      return c.error();
+    out.push_back(std::move(*c));
   }
   if (out.empty())
     return make_error(errc::invalid_argument, "no shard " + std::to_string(only) + " in the directory");
   return out;
 }
 
+std::string cuts_text(const std::vector<uint64_t>& cuts) {
+  std::string out;
+  for (auto c : cuts)
+    out += (out.empty() ? "" : ", ") + std::to_string(c);
+  return out.empty() ? "none" : out;
+}
+
+void print_job(const job_record& r, const std::vector<uint64_t>& committed) {
+  std::printf("job: %" PRIu64 " samples trained in %.1f s, resumed %u times, saved %s%s%s; committed cuts %s\n",
+              r.samples, r.seconds, r.resumes, local_time(r.unix_ns).c_str(), r.stage.empty() ? "" : ", stage ",
+              r.stage.c_str(), cuts_text(committed).c_str());
+  for (const auto& w : r.workers)
+    std::printf("  worker %u: batch %u, samples [%" PRIu64 ", %" PRIu64 ") at pass %" PRIu64 " + %" PRIu64
+                ", %" PRIu64 " samples trained\n",
+                w.id, w.batch, w.position.begin, w.position.begin + w.position.count, w.position.epoch,
+                w.position.pos, w.samples);
+}
+
 int list(const checkpoint_options& o) {
   auto shards = open_shards(o.dir);
-  if (!shards) {
-    std::fprintf(stderr, "ashlar checkpoint list: %s\n", describe(shards.error()).c_str());
+  auto view = shards ? view_of(o.dir, *shards) : expected<resume_view>{shards.error()};
+  if (!view) {
+    std::fprintf(stderr, "ashlar checkpoint list: %s\n", describe(view.error()).c_str());
     return 1;
   }
-  if (auto job = open_rocksdb_store(o.dir + "/job", open_mode::read_only)) {
-    if (auto r = load_job_record(**job); r && *r) {
-      std::printf("job: %" PRIu64 " samples trained in %.1f s, resumed %u times, saved %s%s%s\n", (*r)->samples,
-                  (*r)->seconds, (*r)->resumes, local_time((*r)->unix_ns).c_str(),
-                  (*r)->stage.empty() ? "" : ", stage ", (*r)->stage.c_str());
-      for (const auto& w : (*r)->workers)
-        std::printf("  worker %u: batch %u, samples [%" PRIu64 ", %" PRIu64 ") at pass %" PRIu64 " + %" PRIu64
-                    ", %" PRIu64 " samples trained\n",
-                    w.id, w.batch, w.position.begin, w.position.begin + w.position.count, w.position.epoch,
-                    w.position.pos, w.samples);
-    }
-  }
-  std::printf("%-6s %-10s %-20s %-12s %s\n", "shard", "version", "time", "bytes", "checksum");
+  if (view->job)
+    print_job(*view->job, view->committed);
+  std::printf("%-6s %-6s %-10s %-20s %-12s %s\n", "shard", "cut", "version", "time", "bytes", "checksum");
   int bad = 0;
   for (const auto& [id, store] : *shards) {
-    checkpoint_log log{*store, id, 1};
-    auto items = log.list();
+    auto items = checkpoint_log{*store, id, 1}.list();
     if (!items) {
       std::fprintf(stderr, "ashlar checkpoint list: shard %u: %s\n", id, describe(items.error()).c_str());
       return 1;
     }
     for (const auto& i : *items) {
-      std::printf("%-6u %-10" PRIu64 " %-20s %-12" PRIu64 " %s\n", id, i.version, local_time(i.unix_ns).c_str(),
+      std::printf("%-6u %-6s %-10" PRIu64 " %-20s %-12" PRIu64 " %s\n", id,
+                  i.cut != 0 ? std::to_string(i.cut).c_str() : "stop", i.version, local_time(i.unix_ns).c_str(),
                   i.bytes, i.intact ? "ok" : ("BAD: " + i.problem).c_str());
       bad += i.intact ? 0 : 1;
     }
   }
   if (bad > 0)
-    std::printf("%d checkpoint(s) fail their check; a resume skips them for the newest intact one\n", bad);
+    std::printf("%d record(s) fail their check\n", bad);
+  if (!view->choice)
+    std::printf("a resume is refused: %s\n", describe(view->choice.error()).c_str());
+  else if (view->choice->cut != 0)
+    std::printf("a resume takes cut %" PRIu64 "%s%s\n", view->choice->cut,
+                view->choice->passed_over.empty() ? "" : ", passing over ", view->choice->passed_over.c_str());
   return 0;
+}
+
+// Checks a directory end to end: every store opens (RocksDB finds no damage in its log),
+// every record decodes and matches its checksum, the job record names a cut every shard
+// holds, and that cut's ranges tile the job's model. Exit 0 when all is intact, 1 when
+// anything is not (saying whether a resume still works, and from which cut).
+int verify(const checkpoint_options& o) {
+  auto fail = [](const std::string& why) {
+    std::printf("FAILED: %s\n", why.c_str());
+    return 1;
+  };
+  auto shards = open_shards(o.dir);
+  if (!shards)
+    return fail(describe(shards.error()));
+  auto view = view_of(o.dir, *shards);
+  if (!view)
+    return fail(describe(view.error()));
+  int problems = 0;
+  if (!view->job) {
+    std::printf("job record: MISSING in %s/job\n", o.dir.c_str());
+    ++problems;
+  } else {
+    std::printf("job record: committed cuts %s, %" PRIu64 " samples trained as of cut %" PRIu64 "\n",
+                cuts_text(view->committed).c_str(), view->job->samples, view->job->cut);
+  }
+  uint64_t bytes = 0;
+  for (const auto& [id, store] : *shards) {
+    auto items = checkpoint_log{*store, id, 1}.list();
+    if (!items)
+      return fail("shard " + std::to_string(id) + ": " + describe(items.error()));
+    std::string bad;
+    for (const auto& i : *items) {
+      bytes += i.bytes;
+      if (!i.intact) {
+        bad += (bad.empty() ? "" : "; ") + (i.cut != 0 ? "cut " + std::to_string(i.cut) : std::string{"stop record"})
+               + ": " + i.problem;
+        ++problems;
+      }
+    }
+    std::vector<uint64_t> intact;
+    for (const auto& s : view->shards)
+      if (s.shard_id == id)
+        intact = s.intact;
+    std::printf("shard %u: intact cuts %s%s%s\n", id, cuts_text(intact).c_str(), bad.empty() ? "" : "; BAD ",
+                bad.c_str());
+  }
+  if (!view->choice)
+    return fail(describe(view->choice.error()));
+  if (view->choice->cut == 0)
+    return fail("no checkpoint cut: nothing to resume from");
+  // The chosen cut's ranges must tile the model, shard after shard.
+  auto cs = chosen(o.dir, *shards, static_cast<int64_t>(view->choice->cut), -1);
+  if (!cs)
+    return fail(describe(cs.error()));
+  uint64_t expect = 0;
+  for (const auto& c : *cs) {
+    if (c.begin != expect)
+      return fail("cut " + std::to_string(c.cut) + ": shard " + std::to_string(c.shard_id) + " holds ["
+                  + std::to_string(c.begin) + ", " + std::to_string(c.end) + "), expected it to start at "
+                  + std::to_string(expect) + " (a shard's directory is missing?)");
+    expect = c.end;
+  }
+  if (view->job) {
+    train_config cfg;
+    for (const auto& kv : view->job->settings) {
+      const auto eq = kv.find('=');
+      if (kv.compare(0, 6, "model.") == 0)
+        (void)apply_setting(cfg, kv.substr(0, eq), kv.substr(eq + 1));
+    }
+    if (!validate(cfg.model) && cfg.model.num_params() != expect)
+      return fail("cut " + std::to_string(view->choice->cut) + " holds " + std::to_string(expect)
+                  + " parameters, the job's model " + cfg.model.to_string() + " has "
+                  + std::to_string(cfg.model.num_params()));
+  }
+  std::printf("%s: a resume takes cut %" PRIu64 " (%zu shards, %" PRIu64 " parameters; %.1f MB stored)%s%s\n",
+              problems == 0 ? "ok" : "DAMAGED", view->choice->cut, cs->size(), expect, bytes / 1e6,
+              view->choice->passed_over.empty() ? "" : "; passed over ", view->choice->passed_over.c_str());
+  return problems == 0 ? 0 : 1;
 }
 
 int show(const checkpoint_options& o) {
   auto shards = open_shards(o.dir);
-  auto cs = shards ? chosen(*shards, o.version, o.shard) : expected<std::vector<shard_checkpoint>>{shards.error()};
+  auto cs = shards ? chosen(o.dir, *shards, o.cut, o.shard) : expected<std::vector<shard_checkpoint>>{shards.error()};
   if (!cs) {
     std::fprintf(stderr, "ashlar checkpoint show: %s\n", describe(cs.error()).c_str());
     return 1;
@@ -137,9 +265,9 @@ int show(const checkpoint_options& o) {
     }
     for (float x : c.velocity)
       vsq += double{x} * x;
-    std::printf("shard %u, version %" PRIu64 ", taken %s, checksum ok\n  parameters [%" PRIu64 ", %" PRIu64
+    std::printf("shard %u, cut %" PRIu64 ", version %" PRIu64 ", taken %s, checksum ok\n  parameters [%" PRIu64 ", %" PRIu64
                 "): %zu floats, L2 norm %.6g, min %.6g, max %.6g\n  optimizer velocity: L2 norm %.6g\n",
-                c.shard_id, c.version, local_time(c.unix_ns).c_str(), c.begin, c.end, c.params.size(),
+                c.shard_id, c.cut, c.version, local_time(c.unix_ns).c_str(), c.begin, c.end, c.params.size(),
                 std::sqrt(sq), lo, hi, std::sqrt(vsq));
   }
   return 0;
@@ -249,7 +377,7 @@ int export_layers(const checkpoint_options& o, const std::vector<shard_checkpoin
 
 int export_params(const checkpoint_options& o) {
   auto shards = open_shards(o.dir);
-  auto cs = shards ? chosen(*shards, o.version, -1) : expected<std::vector<shard_checkpoint>>{shards.error()};
+  auto cs = shards ? chosen(o.dir, *shards, o.cut, -1) : expected<std::vector<shard_checkpoint>>{shards.error()};
   if (!cs) {
     std::fprintf(stderr, "ashlar checkpoint export: %s\n", describe(cs.error()).c_str());
     return 1;
@@ -292,28 +420,37 @@ int export_params(const checkpoint_options& o) {
 command_fn add_checkpoint(CLI::App& app) {
   auto o = std::make_shared<checkpoint_options>();
   auto which = std::make_shared<std::string>();
-  auto* cmd = app.add_subcommand("checkpoint", "List, inspect or export a job's checkpoints (its --checkpoint-dir)");
+  auto* cmd = app.add_subcommand("checkpoint", "List, verify, inspect or export a job's checkpoints (its "
+                                               "--checkpoint-dir)");
   cmd->require_subcommand(1);
-  auto* ls = cmd->add_subcommand("list", "every stored checkpoint: shard, version, time, size, checksum");
+  auto* ls = cmd->add_subcommand("list", "every stored checkpoint: shard, cut, version, time, size, checksum; "
+                                         "the job's record; the cut a resume takes");
   ls->add_option("dir", o->dir, "the checkpoint directory")->required();
   ls->callback([which] { *which = "list"; });
   auto* sh = cmd->add_subcommand("show", "one checkpoint per shard: range, version, parameter statistics");
   sh->add_option("dir", o->dir, "the checkpoint directory")->required();
   sh->add_option("--shard", o->shard, "only this shard");
-  sh->add_option("--version", o->version, "this version (default: the newest intact)");
+  sh->add_option("--cut", o->cut, "this checkpoint cut (default: the one a resume takes)");
   sh->callback([which] { *which = "show"; });
   auto* ex = cmd->add_subcommand("export", "write the model's parameters: FILE.npy, one flat float32 vector; "
                                            "FILE.npz, by layer name (NAME.weight, NAME.bias as PyTorch shapes them) "
                                            "with the layer list (ashlar_model, JSON)");
   ex->add_option("dir", o->dir, "the checkpoint directory")->required();
   ex->add_option("--out", o->out, "the .npy or .npz file to write")->required();
-  ex->add_option("--version", o->version, "this version of every shard (default: each one's newest intact)");
+  ex->add_option("--cut", o->cut, "this checkpoint cut (default: the one a resume takes)");
   ex->callback([which] { *which = "export"; });
+  auto* ve = cmd->add_subcommand("verify", "check a checkpoint directory end to end: every store and record, the "
+                                           "job record's cuts against the shards', the model's size; exit 1 if "
+                                           "anything is damaged, saying whether and from which cut a resume works");
+  ve->add_option("dir", o->dir, "the checkpoint directory")->required();
+  ve->callback([which] { *which = "verify"; });
   return [o, which] {
     if (*which == "list")
       return list(*o);
     if (*which == "show")
       return show(*o);
+    if (*which == "verify")
+      return verify(*o);
     return export_params(*o);
   };
 }

@@ -84,7 +84,7 @@ void add_train_options(CLI::App* cmd, train_options& o, bool with_config) {
   cmd->add_option("--checkpoint-dir", o.checkpoint_dir,
                   "checkpoint shards and progress into DIR (run.checkpoint_dir)");
   cmd->add_option("--checkpoint-every", o.checkpoint_every,
-                  "checkpoint each shard every K versions (run.checkpoint_every)");
+                  "a checkpoint cut of every shard each K versions of shard 0 (run.checkpoint_every)");
   cmd->add_flag("--resume", o.resume, "continue from the checkpoints in --checkpoint-dir (run.resume)");
   cmd->add_option("--trace", o.trace, "write a Chrome trace (open in Perfetto) to FILE (run.trace)");
   cmd->add_option("--metrics", o.metrics, "write per-step metrics as JSON lines to FILE (run.metrics)");

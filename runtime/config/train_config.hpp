@@ -124,10 +124,10 @@ struct run_settings {
   /// Checkpoint the server shards (RocksDB in DIR/shard-ID) and the job's progress
   /// (DIR/job) here (run.checkpoint_dir); empty = no checkpoints. Default: "".
   std::string checkpoint_dir;
-  /// A shard checkpoints every this many versions, and once more at the end
-  /// (run.checkpoint_every). Default: 100.
+  /// A checkpoint cut of every shard each this many versions of shard 0, and once more
+  /// at the end (run.checkpoint_every; 0: only at the end). Default: 100.
   uint64_t checkpoint_every = 100;
-  /// Checkpoints kept per shard (run.checkpoint_keep). Default: 3.
+  /// Checkpoint cuts kept per shard and in the job record (run.checkpoint_keep). Default: 3.
   uint32_t checkpoint_keep = 3;
   /// Continue from the checkpoints in checkpoint_dir (run.resume). Default: false.
   bool resume = false;

@@ -19,15 +19,17 @@ namespace ashlar {
 namespace {
 
 // CRC-32 over a record's identity and tensors.
-uint64_t checksum(uint32_t shard_id, uint64_t version, uint64_t begin, uint64_t end, const void* params,
+// A stop record's (cut 0) identity is summed without the cut.
+uint64_t checksum(uint32_t shard_id, uint64_t version, uint64_t cut, uint64_t begin, uint64_t end, const void* params,
                   const void* velocity, size_t tensor_bytes, size_t velocity_bytes) {
-  unsigned char head[28];
+  unsigned char head[36];
   std::memcpy(head, &shard_id, 4);
   std::memcpy(head + 4, &version, 8);
   std::memcpy(head + 12, &begin, 8);
   std::memcpy(head + 20, &end, 8);
+  std::memcpy(head + 28, &cut, 8);
   uLong crc = crc32(0L, Z_NULL, 0);
-  crc = crc32(crc, head, sizeof(head));
+  crc = crc32(crc, head, cut != 0 ? 36 : 28);
   crc = crc32(crc, static_cast<const Bytef*>(params), static_cast<uInt>(tensor_bytes));
   if (velocity_bytes > 0)
     crc = crc32(crc, static_cast<const Bytef*>(velocity), static_cast<uInt>(velocity_bytes));
@@ -58,24 +60,23 @@ auto with_record(const char* what, const std::string& bytes, F read) -> decltype
   }
 }
 
-constexpr const char* job_key = "job";
-
 }  // namespace
 
-std::string encode_checkpoint(uint32_t shard_id, uint64_t version, uint64_t begin, uint64_t end, int64_t unix_ns,
-                              const float* params, const float* velocity) {
+std::string encode_checkpoint(uint32_t shard_id, uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
+                              int64_t unix_ns, const float* params, const float* velocity) {
   const size_t bytes = (end - begin) * sizeof(float);
   capnp::MallocMessageBuilder mb{static_cast<unsigned>(2 * bytes / sizeof(capnp::word) + 64)};
   auto r = mb.initRoot<schema::CheckpointRecord>();
   r.setShardId(shard_id);
   r.setVersion(version);
+  r.setCut(cut);
   r.setBegin(begin);
   r.setEnd(end);
   r.setUnixNs(unix_ns);
   std::memcpy(r.initParams(static_cast<unsigned>(bytes)).begin(), params, bytes);
   if (velocity)
     std::memcpy(r.initVelocity(static_cast<unsigned>(bytes)).begin(), velocity, bytes);
-  r.setChecksum(checksum(shard_id, version, begin, end, params, velocity, bytes, velocity ? bytes : 0));
+  r.setChecksum(checksum(shard_id, version, cut, begin, end, params, velocity, bytes, velocity ? bytes : 0));
   return to_bytes(mb);
 }
 
@@ -84,6 +85,7 @@ expected<shard_checkpoint> decode_checkpoint(const std::string& bytes) {
     shard_checkpoint c;
     c.shard_id = r.getShardId();
     c.version = r.getVersion();
+    c.cut = r.getCut();
     c.begin = r.getBegin();
     c.end = r.getEnd();
     c.unix_ns = r.getUnixNs();
@@ -102,7 +104,8 @@ expected<shard_checkpoint> decode_checkpoint(const std::string& bytes) {
                                               + ": tensors of " + std::to_string(p.size()) + " and "
                                               + std::to_string(v.size()) + " bytes for a range of "
                                               + std::to_string(c.end - c.begin) + " floats");
-    if (checksum(c.shard_id, c.version, c.begin, c.end, p.begin(), v.begin(), p.size(), v.size()) != r.getChecksum())
+    if (checksum(c.shard_id, c.version, c.cut, c.begin, c.end, p.begin(), v.begin(), p.size(), v.size())
+        != r.getChecksum())
       return make_error(errc::corrupt_data, "checkpoint record of version " + std::to_string(c.version)
                                               + ": checksum mismatch");
     c.params.resize(want / sizeof(float));
@@ -118,67 +121,95 @@ expected<shard_checkpoint> decode_checkpoint(const std::string& bytes) {
 checkpoint_log::checkpoint_log(kv_store& store, uint32_t shard_id, uint32_t keep)
   : store_(&store), shard_id_(shard_id), keep_(keep < 1 ? 1 : keep) {}
 
-std::string checkpoint_log::key(uint64_t version) const {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "shard/%u/v/%020" PRIu64, shard_id_, version);
-  return buf;
+std::string checkpoint_log::prefix() const { return "shard/" + std::to_string(shard_id_) + "/c/"; }
+
+std::string checkpoint_log::key(uint64_t cut) const {
+  if (cut == 0)
+    return "shard/" + std::to_string(shard_id_) + "/stop";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%020" PRIu64, cut);
+  return prefix() + buf;
 }
 
-expected<uint64_t> checkpoint_log::save(uint64_t version, uint64_t begin, uint64_t end, const float* params,
-                                        const float* velocity) {
+expected<uint64_t> checkpoint_log::save(uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
+                                        const float* params, const float* velocity) {
   const auto now = unix_ns();
   kv_batch b;
-  b.puts.emplace_back(key(version), encode_checkpoint(shard_id_, version, begin, end, now, params, velocity));
-  b.puts.emplace_back("shard/" + std::to_string(shard_id_) + "/latest", std::to_string(version));
+  b.puts.emplace_back(key(cut), encode_checkpoint(shard_id_, version, cut, begin, end, now, params, velocity));
   const uint64_t bytes = b.puts.front().second.size();
-  auto stored = store_->keys("shard/" + std::to_string(shard_id_) + "/v/");
-  if (!stored)
-    return stored.error();
-  // Keep the newest keep_ - 1 stored ones besides the new one.
-  auto& ks = *stored;
-  const auto own = key(version);
-  ks.erase(std::remove(ks.begin(), ks.end(), own), ks.end());
-  if (ks.size() + 1 > keep_)
-    b.deletes.assign(ks.begin(), ks.end() - static_cast<std::ptrdiff_t>(keep_ - 1));
+  if (cut != 0) {
+    auto stored = store_->keys(prefix());
+    if (!stored)
+      return stored.error();
+    // Keep the newest keep_ - 1 stored cuts besides the new one.
+    auto& ks = *stored;
+    const auto own = key(cut);
+    ks.erase(std::remove(ks.begin(), ks.end(), own), ks.end());
+    if (ks.size() + 1 > keep_)
+      b.deletes.assign(ks.begin(), ks.end() - static_cast<std::ptrdiff_t>(keep_ - 1));
+  }
   if (auto err = store_->write(b))
     return err;
   return bytes;
 }
 
+namespace {
+
+// The record under `k`, checked to be shard `id`'s of cut `cut`: nothing when absent.
+expected<std::optional<shard_checkpoint>> read_record(const kv_store& store, const std::string& k, uint32_t id,
+                                                      uint64_t cut) {
+  auto value = store.get(k);
+  if (!value)
+    return value.error();
+  if (!*value)
+    return std::optional<shard_checkpoint>{};
+  auto c = decode_checkpoint(**value);
+  if (!c)
+    return c.error();
+  if (c->shard_id != id || c->cut != cut)
+    return make_error(errc::corrupt_data, "the record under " + k + " is shard " + std::to_string(c->shard_id)
+                                            + "'s of cut " + std::to_string(c->cut));
+  return std::optional<shard_checkpoint>{std::move(*c)};
+}
+
+uint64_t cut_of(const std::string& k) { return std::stoull(k.substr(k.rfind('/') + 1)); }
+
+}  // namespace
+
 expected<std::optional<shard_checkpoint>> checkpoint_log::load_latest() const {
-  auto stored = store_->keys("shard/" + std::to_string(shard_id_) + "/v/");
+  auto stored = store_->keys(prefix());
   if (!stored)
     return stored.error();
-  // From the LATEST pointer down: the pointer and its record were written in one batch,
-  // so the pointer never names a record that is not there; an intact record below it is
-  // the fallback when that one does not check out.
-  auto latest = store_->get("shard/" + std::to_string(shard_id_) + "/latest");
-  if (!latest)
-    return latest.error();
-  if (!*latest)
-    return std::optional<shard_checkpoint>{};
-  const std::string newest = key(std::strtoull((*latest)->c_str(), nullptr, 10));
-  for (auto i = stored->rbegin(); i != stored->rend(); ++i) {
-    if (*i > newest)
-      continue;
-    auto value = store_->get(*i);
-    if (!value)
-      return value.error();
-    if (!*value)
-      continue;
-    auto c = decode_checkpoint(**value);
-    if (c && c->shard_id == shard_id_)
-      return std::optional<shard_checkpoint>{std::move(*c)};
+  // A record that does not check out is passed over, saying so; a store that cannot be
+  // read fails the load.
+  auto usable = [&](const std::string& k, uint64_t cut) -> expected<std::optional<shard_checkpoint>> {
+    auto c = read_record(*store_, k, shard_id_, cut);
+    if (c || !is(c.error(), errc::corrupt_data))
+      return c;
     spdlog::warn("checkpoint store {}: shard {}: {} is unusable ({}); trying the one before", store_->where(),
-                 shard_id_, *i, c ? "another shard's record" : describe(c.error()));
+                 shard_id_, k, describe(c.error()));
+    return std::optional<shard_checkpoint>{};
+  };
+  std::optional<shard_checkpoint> best;
+  for (auto i = stored->rbegin(); i != stored->rend() && !best; ++i) {
+    auto c = usable(*i, cut_of(*i));
+    if (!c)
+      return c.error();
+    best = std::move(*c);
   }
-  return std::optional<shard_checkpoint>{};
+  auto stop = usable(key(0), 0);
+  if (!stop)
+    return stop.error();
+  if (*stop && (!best || (*stop)->version >= best->version))
+    best = std::move(*stop);
+  return best;
 }
 
 expected<std::vector<checkpoint_info>> checkpoint_log::list() const {
-  auto stored = store_->keys("shard/" + std::to_string(shard_id_) + "/v/");
+  auto stored = store_->keys(prefix());
   if (!stored)
     return stored.error();
+  stored->push_back(key(0));
   std::vector<checkpoint_info> out;
   for (const auto& k : *stored) {
     auto value = store_->get(k);
@@ -188,27 +219,55 @@ expected<std::vector<checkpoint_info>> checkpoint_log::list() const {
       continue;
     checkpoint_info info;
     info.shard_id = shard_id_;
-    info.version = std::stoull(k.substr(k.rfind('/') + 1));
+    info.cut = k == key(0) ? 0 : cut_of(k);
     info.bytes = (*value)->size();
     auto c = decode_checkpoint(**value);
+    if (c && (c->shard_id != shard_id_ || c->cut != info.cut))
+      c = make_error(errc::corrupt_data, "the record is shard " + std::to_string(c->shard_id) + "'s of cut "
+                                           + std::to_string(c->cut));
     info.intact = static_cast<bool>(c);
-    if (c)
+    if (c) {
       info.unix_ns = c->unix_ns;
-    else
+      info.version = c->version;
+    } else {
       info.problem = describe(c.error());
+    }
     out.push_back(std::move(info));
   }
   return out;
 }
 
-expected<shard_checkpoint> checkpoint_log::load(uint64_t version) const {
-  auto value = store_->get(key(version));
-  if (!value)
-    return value.error();
-  if (!*value)
-    return make_error(errc::invalid_argument, "no checkpoint of version " + std::to_string(version) + " of shard "
+expected<std::vector<uint64_t>> checkpoint_log::intact_cuts() const {
+  auto all = list();
+  if (!all)
+    return all.error();
+  std::vector<uint64_t> out;
+  for (const auto& i : *all)
+    if (i.intact && i.cut != 0)
+      out.push_back(i.cut);
+  return out;
+}
+
+expected<shard_checkpoint> checkpoint_log::load(uint64_t cut) const {
+  auto c = read_record(*store_, key(cut), shard_id_, cut);
+  if (!c)
+    return c.error();
+  if (!*c)
+    return make_error(errc::invalid_argument, "no checkpoint of cut " + std::to_string(cut) + " of shard "
                                                 + std::to_string(shard_id_) + " in " + store_->where());
-  return decode_checkpoint(**value);
+  return std::move(**c);
+}
+
+caf::error checkpoint_log::discard_after(uint64_t cut) {
+  auto stored = store_->keys(prefix());
+  if (!stored)
+    return stored.error();
+  kv_batch b;
+  for (const auto& k : *stored)
+    if (cut_of(k) > cut)
+      b.deletes.push_back(k);
+  b.deletes.push_back(key(0));
+  return store_->write(b);
 }
 
 async_checkpointer::async_checkpointer(kv_store& store, uint32_t shard_id, uint32_t keep)
@@ -223,13 +282,13 @@ async_checkpointer::~async_checkpointer() {
   thread_.join();
 }
 
-void async_checkpointer::submit(uint64_t version, uint64_t begin, uint64_t end,
+void async_checkpointer::submit(uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
                                 std::shared_ptr<const std::vector<float>> params, std::vector<float> velocity) {
   {
     std::lock_guard<std::mutex> lock{mu_};
     if (waiting_)
       ++totals_.skipped;
-    waiting_ = job{version, begin, end, std::move(params), std::move(velocity)};
+    waiting_ = job{version, cut, begin, end, std::move(params), std::move(velocity)};
   }
   cv_.notify_all();
 }
@@ -256,10 +315,15 @@ void async_checkpointer::run() {
     busy_ = true;
     lock.unlock();
     const auto t0 = std::chrono::steady_clock::now();
-    auto bytes = log_.save(j.version, j.begin, j.end, j.params->data(), j.velocity.empty() ? nullptr : j.velocity.data());
+    auto bytes = log_.save(j.version, j.cut, j.begin, j.end, j.params->data(),
+                           j.velocity.empty() ? nullptr : j.velocity.data());
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!bytes)
-      spdlog::error("checkpoint of version {} failed: {}", j.version, describe(bytes.error()));
+    std::string failed;
+    if (!bytes) {
+      failed = "checkpoint cut " + std::to_string(j.cut) + " (version " + std::to_string(j.version)
+               + ") failed: " + describe(bytes.error());
+      spdlog::error("{}", failed);
+    }
     lock.lock();
     busy_ = false;
     totals_.seconds += took;
@@ -267,8 +331,12 @@ void async_checkpointer::run() {
       ++totals_.written;
       totals_.bytes += *bytes;
       totals_.newest = j.version;
+      if (j.cut != 0)
+        totals_.newest_cut = j.cut;
+      totals_.error.clear();
     } else {
       ++totals_.failures;
+      totals_.error = std::move(failed);
     }
     cv_.notify_all();
   }
@@ -283,14 +351,27 @@ expected<std::vector<uint32_t>> stored_shards(const kv_store& store) {
     auto slash = k.find('/', 6);
     if (slash == std::string::npos)
       continue;
-    auto id = static_cast<uint32_t>(std::stoul(k.substr(6, slash - 6)));
-    if (out.empty() || out.back() != id)
+    auto id = static_cast<uint32_t>(std::strtoul(k.c_str() + 6, nullptr, 10));
+    if (std::find(out.begin(), out.end(), id) == out.end())
       out.push_back(id);
   }
+  std::sort(out.begin(), out.end());
   return out;
 }
 
-caf::error save_job_record(kv_store& store, const job_record& r) {
+namespace {
+
+std::string job_cut_key(uint64_t cut) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "cut/%020" PRIu64, cut);
+  return buf;
+}
+
+expected<job_record> decode_job_record(const std::string& bytes);
+
+}  // namespace
+
+caf::error save_job_record(kv_store& store, const job_record& r, uint32_t keep) {
   capnp::MallocMessageBuilder mb;
   auto b = mb.initRoot<schema::JobRecord>();
   auto s = b.initSettings(static_cast<unsigned>(r.settings.size()));
@@ -301,6 +382,7 @@ caf::error save_job_record(kv_store& store, const job_record& r) {
   b.setUnixNs(r.unix_ns != 0 ? r.unix_ns : unix_ns());
   b.setResumes(r.resumes);
   b.setStage(r.stage);
+  b.setCut(r.cut);
   auto ws = b.initWorkers(static_cast<unsigned>(r.workers.size()));
   for (size_t i = 0; i < r.workers.size(); ++i) {
     const auto& w = r.workers[i];
@@ -316,17 +398,22 @@ caf::error save_job_record(kv_store& store, const job_record& r) {
     p.setPos(w.position.pos);
   }
   kv_batch batch;
-  batch.puts.emplace_back(job_key, to_bytes(mb));
+  batch.puts.emplace_back(job_cut_key(r.cut), to_bytes(mb));
+  auto stored = store.keys("cut/");
+  if (!stored)
+    return stored.error();
+  auto& ks = *stored;
+  ks.erase(std::remove(ks.begin(), ks.end(), job_cut_key(r.cut)), ks.end());
+  const size_t keep_others = keep < 1 ? 0 : keep - 1;
+  if (ks.size() > keep_others)
+    batch.deletes.assign(ks.begin(), ks.end() - static_cast<std::ptrdiff_t>(keep_others));
   return store.write(batch);
 }
 
-expected<std::optional<job_record>> load_job_record(const kv_store& store) {
-  auto value = store.get(job_key);
-  if (!value)
-    return value.error();
-  if (!*value)
-    return std::optional<job_record>{};
-  return with_record<schema::JobRecord>("job record", **value, [](auto r) -> expected<std::optional<job_record>> {
+namespace {
+
+expected<job_record> decode_job_record(const std::string& bytes) {
+  return with_record<schema::JobRecord>("job record", bytes, [](auto r) -> expected<job_record> {
     job_record out;
     for (auto s : r.getSettings())
       out.settings.emplace_back(s.cStr());
@@ -335,14 +422,58 @@ expected<std::optional<job_record>> load_job_record(const kv_store& store) {
     out.unix_ns = r.getUnixNs();
     out.resumes = r.getResumes();
     out.stage = r.getStage().cStr();
+    out.cut = r.getCut();
     for (auto w : r.getWorkers()) {
       auto p = w.getPosition();
       out.workers.push_back(
         {w.getWorkerId(), w.getBatch(), {p.getBegin(), p.getCount(), p.getSeed(), p.getEpoch(), p.getPos()},
          w.getSamples()});
     }
-    return std::optional<job_record>{std::move(out)};
+    return out;
   });
+}
+
+}  // namespace
+
+expected<std::optional<job_record>> load_job_record(const kv_store& store) {
+  auto cuts = load_job_cuts(store);
+  if (!cuts)
+    return cuts.error();
+  if (cuts->empty())
+    return std::optional<job_record>{};
+  return std::optional<job_record>{std::move(cuts->front())};
+}
+
+caf::error discard_job_cuts_after(kv_store& store, uint64_t cut) {
+  auto stored = store.keys("cut/");
+  if (!stored)
+    return stored.error();
+  kv_batch b;
+  for (const auto& k : *stored)
+    if (std::strtoull(k.c_str() + 4, nullptr, 10) > cut)
+      b.deletes.push_back(k);
+  return b.deletes.empty() ? caf::error{} : store.write(b);
+}
+
+expected<std::vector<job_record>> load_job_cuts(const kv_store& store) {
+  auto stored = store.keys("cut/");
+  if (!stored)
+    return stored.error();
+  std::vector<job_record> out;
+  for (auto i = stored->rbegin(); i != stored->rend(); ++i) {
+    auto value = store.get(*i);
+    if (!value)
+      return value.error();
+    if (!*value)
+      continue;
+    auto r = decode_job_record(**value);
+    if (r && r->cut == std::stoull(i->substr(4)))
+      out.push_back(std::move(*r));
+    else
+      spdlog::warn("checkpoint store {}: the job's record of {} is unusable ({})", store.where(), *i,
+                   r ? "it names cut " + std::to_string(r->cut) : describe(r.error()));
+  }
+  return out;
 }
 
 }  // namespace ashlar

@@ -1,12 +1,17 @@
 // Checkpointed parameter versions of server shards, and the job's resume record, as
 // Cap'n Proto records in a kv_store.
 //
-// Keys of a shard's store: "shard/<id>/v/<version, 20 digits>" per checkpoint and
-// "shard/<id>/latest" naming the newest. A checkpoint, its LATEST pointer and the
-// deletion of the ones beyond `keep` go in one atomic batch, so a crash leaves the store
-// at the old or the new checkpoint, never between. Each record carries a CRC-32 over its
-// identity and tensors: a corrupt or truncated record is skipped (with a warning) for the
-// newest older one that checks out.
+// A checkpoint is one cut of the whole job: the job driver asks every shard to write
+// checkpoint cut N (each at its version then, or all at one version under lockstep
+// policies), and once every shard has it on disk, writes the job's record of cut N (its
+// samples, members' batch shares and data positions). A resume takes the newest cut that
+// the job record and every shard hold intact (see choose_cut in job_store.hpp).
+//
+// Keys of a shard's store: "shard/<id>/c/<cut, 20 digits>" per cut, and "shard/<id>/stop"
+// for the record a shard writes when its node stops it mid-job (not part of any cut: a
+// shard served again mid-job restores whichever of the two is newer). A record and the
+// deletion of the cuts beyond `keep` go in one atomic batch. Each record carries a CRC-32
+// over its identity and tensors: a corrupt or truncated record is never restored.
 #pragma once
 
 #include <condition_variable>
@@ -27,6 +32,7 @@ namespace ashlar {
 struct shard_checkpoint {
   uint32_t shard_id = 0;
   uint64_t version = 0;
+  uint64_t cut = 0;            // the job's cut (0: the shard's stop record)
   uint64_t begin = 0, end = 0; // the parameter range
   int64_t unix_ns = 0;         // when it was taken
   std::vector<float> params;   // end - begin floats
@@ -37,6 +43,7 @@ struct shard_checkpoint {
 struct checkpoint_info {
   uint32_t shard_id = 0;
   uint64_t version = 0;
+  uint64_t cut = 0;     // 0: the stop record
   int64_t unix_ns = 0;
   uint64_t bytes = 0;
   bool intact = false;  // the record decodes and its checksum matches
@@ -44,33 +51,42 @@ struct checkpoint_info {
 };
 
 /// Encodes a record (with its checksum). `params` and `velocity` are range-sized views.
-std::string encode_checkpoint(uint32_t shard_id, uint64_t version, uint64_t begin, uint64_t end, int64_t unix_ns,
-                              const float* params, const float* velocity);
+std::string encode_checkpoint(uint32_t shard_id, uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
+                              int64_t unix_ns, const float* params, const float* velocity);
 /// Decodes and verifies a record. Fails with corrupt_data saying what is wrong.
 [[nodiscard]] expected<shard_checkpoint> decode_checkpoint(const std::string& bytes);
 
 class checkpoint_log {
 public:
-  /// Checkpoints of shard `shard_id` in `store`, keeping the newest `keep` (>= 1).
+  /// Checkpoints of shard `shard_id` in `store`, keeping the newest `keep` cuts (>= 1).
   checkpoint_log(kv_store& store, uint32_t shard_id, uint32_t keep);
 
-  /// Writes a checkpoint of version `version` atomically with the LATEST pointer, and
-  /// deletes the ones beyond `keep`. Returns the record's size in bytes.
-  [[nodiscard]] expected<uint64_t> save(uint64_t version, uint64_t begin, uint64_t end, const float* params,
-                                        const float* velocity);
+  /// Writes version `version` as cut `cut` (0: the stop record) and deletes the cuts
+  /// beyond `keep`, atomically. Returns the record's size in bytes.
+  [[nodiscard]] expected<uint64_t> save(uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
+                                        const float* params, const float* velocity);
 
-  /// The newest intact checkpoint, or nothing when none is stored. A corrupt newer one
-  /// is skipped with a warning naming its version and the problem.
+  /// What a shard served again mid-job restores: the newest intact record, the stop
+  /// record or a cut, whichever holds the later version; nothing when none is stored.
+  /// Records that do not check out are skipped with a warning naming them.
   [[nodiscard]] expected<std::optional<shard_checkpoint>> load_latest() const;
 
-  /// Every stored checkpoint, oldest first, each checked.
+  /// Every stored record, cuts oldest first and then the stop record, each checked.
   [[nodiscard]] expected<std::vector<checkpoint_info>> list() const;
 
-  /// One stored checkpoint by version (checked). Fails with invalid_argument if absent.
-  [[nodiscard]] expected<shard_checkpoint> load(uint64_t version) const;
+  /// The cuts whose records check out, oldest first.
+  [[nodiscard]] expected<std::vector<uint64_t>> intact_cuts() const;
+
+  /// The record of cut `cut` (checked). Fails with invalid_argument if absent.
+  [[nodiscard]] expected<shard_checkpoint> load(uint64_t cut) const;
+
+  /// Deletes the records a resume from cut `cut` leaves behind: later cuts (written but
+  /// never committed by the job record) and the stop record.
+  [[nodiscard]] caf::error discard_after(uint64_t cut);
 
 private:
-  std::string key(uint64_t version) const;
+  std::string key(uint64_t cut) const;
+  std::string prefix() const;
   kv_store* store_;
   uint32_t shard_id_;
   uint32_t keep_;
@@ -80,7 +96,8 @@ private:
 /// while RocksDB syncs. The shard hands over a version (its immutable parameter buffer
 /// and a copy of the velocity); while a write is in progress the newest handed-over
 /// version waits, replacing any older one still waiting, so a store slower than the
-/// checkpoint rate skips versions instead of holding training back.
+/// checkpoint rate skips versions instead of holding training back. (The job driver
+/// asks for one cut at a time, so a cut is replaced only by a stop record.)
 class async_checkpointer {
 public:
   async_checkpointer(kv_store& store, uint32_t shard_id, uint32_t keep);
@@ -88,22 +105,24 @@ public:
   async_checkpointer(const async_checkpointer&) = delete;
   async_checkpointer& operator=(const async_checkpointer&) = delete;
 
-  /// Hands over `version` for writing.
-  void submit(uint64_t version, uint64_t begin, uint64_t end, std::shared_ptr<const std::vector<float>> params,
-              std::vector<float> velocity);
+  /// Hands over `version` for writing as cut `cut` (0: the stop record).
+  void submit(uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
+              std::shared_ptr<const std::vector<float>> params, std::vector<float> velocity);
   /// Waits until everything handed over is written. Returns the newest version on disk.
   uint64_t flush();
 
   struct totals {
     uint64_t written = 0, skipped = 0, bytes = 0, failures = 0;
     double seconds = 0; // spent writing
-    uint64_t newest = 0;
+    uint64_t newest = 0;     // the newest version on disk
+    uint64_t newest_cut = 0; // the newest cut on disk
+    std::string error;       // why the last write failed ("" once one succeeds)
   };
   totals stats() const;
 
 private:
   struct job {
-    uint64_t version = 0, begin = 0, end = 0;
+    uint64_t version = 0, cut = 0, begin = 0, end = 0;
     std::shared_ptr<const std::vector<float>> params;
     std::vector<float> velocity;
   };
@@ -135,11 +154,18 @@ struct job_record {
     uint64_t samples = 0;
   };
   std::vector<worker> workers;
+  uint64_t cut = 0; // the checkpoint cut every shard wrote for this record
 };
 
-/// Writes the job's record (key "job"), stamped now unless r.unix_ns is set.
-[[nodiscard]] caf::error save_job_record(kv_store& store, const job_record& r);
-/// Reads it; nothing if the store has none. Fails with corrupt_data if it does not decode.
+/// Commits cut r.cut: writes the job's record of it (key "cut/<20 digits>"), stamped now
+/// unless r.unix_ns is set, and deletes the cut records beyond `keep`, in one atomic batch.
+[[nodiscard]] caf::error save_job_record(kv_store& store, const job_record& r, uint32_t keep = 3);
+/// The records of the committed cuts, newest first; one that does not decode is left
+/// out with a warning naming it.
+[[nodiscard]] expected<std::vector<job_record>> load_job_cuts(const kv_store& store);
+/// The newest intact record; nothing if the store has none.
 [[nodiscard]] expected<std::optional<job_record>> load_job_record(const kv_store& store);
+/// Deletes the records of cuts after `cut` (a resume from `cut` writes them anew).
+[[nodiscard]] caf::error discard_job_cuts_after(kv_store& store, uint64_t cut);
 
 }  // namespace ashlar

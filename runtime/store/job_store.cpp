@@ -45,6 +45,74 @@ std::string settings_diff(const std::vector<std::string>& then_kv, const std::ve
   return diff;
 }
 
+namespace {
+
+std::string cut_list(const std::vector<uint64_t>& cuts) {
+  if (cuts.empty())
+    return "none";
+  std::string out;
+  for (auto c : cuts)
+    out += (out.empty() ? "" : ", ") + std::to_string(c);
+  return out;
+}
+
+}  // namespace
+
+expected<cut_choice> choose_cut(const std::vector<uint64_t>& committed, const std::vector<shard_cuts>& shards,
+                                const std::string& where) {
+  auto holds = [](const shard_cuts& s, uint64_t c) {
+    return std::find(s.intact.begin(), s.intact.end(), c) != s.intact.end();
+  };
+  if (committed.empty()) {
+    for (const auto& s : shards)
+      if (!s.intact.empty())
+        return make_error(errc::corrupt_data,
+                          where + ": shard " + std::to_string(s.shard_id) + " holds checkpoint cuts ("
+                            + cut_list(s.intact) + ") that no job record names (the job's record in " + where
+                            + "/job is missing or another job wrote them); starting over would mix two jobs: "
+                              "use another directory, or check it with `ashlar checkpoint verify "
+                            + where + "`");
+    return cut_choice{};
+  }
+  std::vector<uint64_t> newest_first = committed;
+  std::sort(newest_first.rbegin(), newest_first.rend());
+  cut_choice choice;
+  for (auto c : newest_first) {
+    const shard_cuts* lacking = nullptr;
+    for (const auto& s : shards)
+      if (!lacking && !holds(s, c))
+        lacking = &s;
+    if (!lacking) {
+      choice.cut = c;
+      return choice;
+    }
+    choice.passed_over += (choice.passed_over.empty() ? "" : "; ") + std::string{"cut "} + std::to_string(c)
+                          + ": shard " + std::to_string(lacking->shard_id) + " lacks it intact (holds cuts "
+                          + cut_list(lacking->intact) + ")";
+  }
+  // Name the shard that holds the fewest of the committed cuts, and which it lacks.
+  const shard_cuts* worst = nullptr;
+  size_t worst_held = 0;
+  for (const auto& s : shards) {
+    size_t held = 0;
+    for (auto c : newest_first)
+      held += holds(s, c) ? 1 : 0;
+    if (!worst || held < worst_held) {
+      worst = &s;
+      worst_held = held;
+    }
+  }
+  std::vector<uint64_t> lacks;
+  for (auto c : newest_first)
+    if (!holds(*worst, c))
+      lacks.push_back(c);
+  return make_error(errc::corrupt_data,
+                    "cannot resume from " + where + ": no checkpoint cut is intact on every shard: shard "
+                      + std::to_string(worst->shard_id) + " lacks cut" + (lacks.size() > 1 ? "s " : " ")
+                      + cut_list(lacks) + " of the job record's " + cut_list(newest_first)
+                      + " (it holds intact cuts " + cut_list(worst->intact) + ")");
+}
+
 expected<std::optional<job_store>> job_store::open(const train_config& cfg) {
   if (cfg.checkpoint_dir.empty())
     return std::optional<job_store>{};
@@ -56,41 +124,64 @@ expected<std::optional<job_store>> job_store::open(const train_config& cfg) {
   auto store = open_rocksdb_store(cfg.checkpoint_dir + "/job", open_mode::create);
   if (!store)
     return store.error();
-  auto old = load_job_record(**store);
-  if (!old)
-    return old.error();
+  auto cuts = load_job_cuts(**store);
+  if (!cuts)
+    return cuts.error();
+  std::optional<job_record> old;
+  if (!cuts->empty())
+    old = cuts->front();
   job_store js;
   js.store_ = std::move(*store);
+  js.keep_ = cfg.checkpoint_keep;
   js.record_.settings = job_settings(cfg);
   if (!cfg.resume) {
-    if (*old)
+    if (old)
       return make_error(errc::invalid_config, cfg.checkpoint_dir + " holds the checkpoints of a job ("
-                                                + std::to_string((*old)->samples) + " samples trained): "
+                                                + std::to_string(old->samples) + " samples trained): "
                                                 "continue it with --resume, or use another directory");
     return std::optional<job_store>{std::move(js)};
   }
-  if (!*old) {
-    spdlog::warn("job: nothing to resume in {}; starting from the beginning", cfg.checkpoint_dir);
+  if (!old) {
+    spdlog::warn("job: {} holds no job record to resume from", cfg.checkpoint_dir);
     return std::optional<job_store>{std::move(js)};
   }
-  if (auto diff = settings_diff((*old)->settings, js.record_.settings); !diff.empty())
+  if (auto diff = settings_diff(old->settings, js.record_.settings); !diff.empty())
     return make_error(errc::invalid_config, "cannot resume the job in " + cfg.checkpoint_dir
                                               + ": the configuration differs: " + diff);
-  auto& r = js.record_;
-  r.samples = (*old)->samples;
-  r.seconds = (*old)->seconds;
-  r.resumes = (*old)->resumes + 1;
-  r.stage = (*old)->stage;
-  r.workers = (*old)->workers;
-  js.samples_before_ = r.samples;
-  js.seconds_before_ = r.seconds;
-  for (const auto& w : r.workers)
-    js.worker_samples_before_[w.id] = w.samples;
+  js.candidates_ = std::move(*cuts);
   return std::optional<job_store>{std::move(js)};
 }
 
-caf::error job_store::save(uint64_t samples, double seconds, const std::vector<wire::worker_stats>& workers,
-                           const std::string& stage) {
+std::vector<uint64_t> job_store::committed_cuts() const {
+  std::vector<uint64_t> out;
+  for (const auto& c : candidates_)
+    out.push_back(c.cut);
+  return out;
+}
+
+caf::error job_store::adopt(uint64_t cut) {
+  auto& r = record_;
+  r.cut = cut;
+  if (cut != 0) {
+    auto i = std::find_if(candidates_.begin(), candidates_.end(), [&](const auto& c) { return c.cut == cut; });
+    if (i == candidates_.end())
+      return make_error(errc::invalid_state, "the job record names no cut " + std::to_string(cut));
+    r.samples = i->samples;
+    r.seconds = i->seconds;
+    r.resumes = i->resumes + 1;
+    r.stage = i->stage;
+    r.workers = i->workers;
+    samples_before_ = r.samples;
+    seconds_before_ = r.seconds;
+    for (const auto& w : r.workers)
+      worker_samples_before_[w.id] = w.samples;
+  }
+  return discard_job_cuts_after(*store_, cut);
+}
+
+caf::error job_store::commit(uint64_t cut, uint64_t samples, double seconds,
+                             const std::vector<wire::worker_stats>& workers, const std::string& stage) {
+  record_.cut = cut;
   record_.samples = samples_before_ + samples;
   record_.seconds = seconds_before_ + seconds;
   auto& rw = record_.workers;
@@ -104,7 +195,8 @@ caf::error job_store::save(uint64_t samples, double seconds, const std::vector<w
   }
   if (!stage.empty())
     record_.stage = stage;
-  return save_job_record(*store_, record_);
+  record_.unix_ns = 0; // stamped now
+  return save_job_record(*store_, record_, keep_);
 }
 
 }  // namespace ashlar

@@ -1,6 +1,7 @@
 // The job's own checkpoint store (DIR/job): what a resume starts from, and the rules for
 // whether it may (the configuration must match the checkpointed job's, setting by
-// setting). Progress goes in as the job runs.
+// setting; the cut taken must be intact on every shard). A record of the job's progress
+// goes in with each checkpoint cut the shards have written.
 #pragma once
 
 #include <map>
@@ -27,28 +28,61 @@ std::vector<std::string> job_settings(const train_config& cfg);
 /// missing from `then` was added after the checkpoint: the job ran at its default.
 std::string settings_diff(const std::vector<std::string>& then, const std::vector<std::string>& now);
 
+/// One shard's checkpoint cuts that check out, as it reported them.
+struct shard_cuts {
+  uint32_t shard_id = 0;
+  std::vector<uint64_t> intact;
+};
+
+/// The cut a job starts from, and why newer committed ones were passed over.
+struct cut_choice {
+  uint64_t cut = 0;        // 0: from the beginning
+  std::string passed_over; // e.g. "cut 9: shard 1 lacks it (holds cuts 7, 8)", or ""
+};
+
+/// Which cut a job starts from: the newest of `committed` (the cuts the job record names)
+/// that every shard holds intact; 0 when nothing is committed and no shard holds a cut.
+/// Fails with corrupt_data, in one line naming the shard and what it lacks, when no
+/// committed cut is intact everywhere, or when shards hold cuts the job record does not
+/// name (its record was lost: starting over would mix two jobs). `where` names the
+/// checkpoint directory.
+[[nodiscard]] expected<cut_choice> choose_cut(const std::vector<uint64_t>& committed,
+                                              const std::vector<shard_cuts>& shards, const std::string& where);
+
 class job_store {
 public:
   /// Opens DIR/job (cfg.checkpoint_dir; nothing when it is empty). With cfg.resume: reads
-  /// the record and refuses a configuration that differs, naming each setting; without:
-  /// refuses a directory that holds another job.
+  /// the committed cuts and refuses a configuration that differs, naming each setting;
+  /// without: refuses a directory that holds another job.
   [[nodiscard]] static expected<std::optional<job_store>> open(const train_config& cfg);
 
-  /// The record as of the start (and the last save).
+  /// The cuts a resume may start from (those the job record names), newest first.
+  std::vector<uint64_t> committed_cuts() const;
+  /// Starts from committed cut `cut` (0: from the beginning): its record becomes this
+  /// run's starting point, and records of later cuts are deleted (the next cut is
+  /// cut + 1, written anew).
+  [[nodiscard]] caf::error adopt(uint64_t cut);
+  /// The cut adopted, and the id of the next one.
+  uint64_t cut() const { return record_.cut; }
+
+  /// The record as of the start (and the last commit).
   const job_record& record() const { return record_; }
   /// Samples and seconds trained before this run.
   uint64_t samples_before() const { return samples_before_; }
   double seconds_before() const { return seconds_before_; }
 
-  /// Saves this run's progress on top of the earlier runs': `samples` and `seconds` so
-  /// far, each reporting member's batch share and data position (members that have not
-  /// reported in this run keep their checkpointed entries), and the stage in force (""
-  /// leaves it). Errors are io_error from the store.
-  [[nodiscard]] caf::error save(uint64_t samples, double seconds, const std::vector<wire::worker_stats>& workers,
-                                const std::string& stage);
+  /// Commits cut `cut`, which every shard has on disk, with this run's progress on top of
+  /// the earlier runs': `samples` and `seconds` as of the cut, each reporting member's
+  /// batch share and data position (members that have not reported in this run keep
+  /// their checkpointed entries), and the stage in force ("" leaves it). Errors are
+  /// io_error from the store.
+  [[nodiscard]] caf::error commit(uint64_t cut, uint64_t samples, double seconds,
+                                  const std::vector<wire::worker_stats>& workers, const std::string& stage);
 
 private:
   std::unique_ptr<kv_store> store_;
+  uint32_t keep_ = 3;
+  std::vector<job_record> candidates_; // committed cuts, newest first (a resume)
   job_record record_;
   uint64_t samples_before_ = 0;
   double seconds_before_ = 0;

@@ -459,6 +459,8 @@ void fill(schema::ShardStatus::Builder b, const shard_status& x) {
   for (size_t i = 0; i < x.live_workers.size(); ++i)
     live.set(i, x.live_workers[i]);
   b.setPendingReads(x.pending_reads);
+  b.setCut(x.cut);
+  b.setCutError(x.cut_error);
 }
 
 caf::error read(schema::ShardStatus::Reader r, shard_status& out) {
@@ -477,6 +479,8 @@ caf::error read(schema::ShardStatus::Reader r, shard_status& out) {
   for (auto w : r.getLiveWorkers())
     out.live_workers.push_back(w);
   out.pending_reads = r.getPendingReads();
+  out.cut = r.getCut();
+  out.cut_error = r.getCutError().cStr();
   return caf::none;
 }
 
@@ -690,7 +694,6 @@ words encode(const spawn_shard& x) {
   b.setK(x.k);
   b.setDataKey(x.data_key);
   b.setCheckpointDir(x.checkpoint_dir);
-  b.setCheckpointEvery(x.checkpoint_every);
   b.setCheckpointKeep(x.checkpoint_keep);
   b.setResume(x.resume);
   return to_words(mb);
@@ -717,7 +720,6 @@ caf::error decode(const uint64_t* d, size_t n, spawn_shard& out) {
     out.k = r.getK();
     out.data_key = r.getDataKey();
     out.checkpoint_dir = r.getCheckpointDir();
-    out.checkpoint_every = r.getCheckpointEvery();
     out.checkpoint_keep = r.getCheckpointKeep();
     out.resume = r.getResume();
     return caf::none;

@@ -131,7 +131,6 @@ struct spawn_shard {
   uint32_t k = 0;
   std::string data_key; // empty: this job uses no data plane
   std::string checkpoint_dir; // empty: no checkpoints
-  uint64_t checkpoint_every = 0;
   uint32_t checkpoint_keep = 3;
   bool resume = false;
 };
@@ -291,6 +290,8 @@ struct shard_status {
   uint64_t staleness_max = 0;
   std::vector<uint32_t> live_workers;
   uint32_t pending_reads = 0;
+  uint64_t cut = 0;       // the newest checkpoint cut on disk (0: none)
+  std::string cut_error;  // why the last checkpoint write failed, or ""
 };
 
 struct profile_report {

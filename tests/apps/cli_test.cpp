@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -434,7 +435,7 @@ void check_same_accuracy(const ashlar::test::temp_dir& dir, const char* what) {
 }  // namespace
 
 TEST_CASE("a training process killed (SIGKILL) at random points while checkpointing every version leaves whole "
-          "checkpoints, for several seeds") {
+          "checkpoint cuts, each of one round of the model, for several seeds") {
   uint32_t checkpointed = 0; // shards that had a checkpoint when killed, over all seeds
   for (unsigned seed = 1; seed <= 4; ++seed) {
     std::mt19937 gen{seed};
@@ -444,7 +445,7 @@ TEST_CASE("a training process killed (SIGKILL) at random points while checkpoint
     INFO("seed " << seed << ", killed " << at << " s into training");
     CHECK(kill_during_training("train " + config + " --epochs 3 --checkpoint-dir " + ck + " --checkpoint-every 1",
                                dir.file("train.log"), at));
-    checkpointed += ashlar::test::check_consistent(ck, 2);
+    checkpointed += ashlar::test::check_consistent(ck, 2, true); // BSP: one round on every shard
     auto ls = run("checkpoint list " + ck);
     CHECK(ls.code == 0);
     CHECK(ls.out.find("BAD") == std::string::npos);
@@ -453,7 +454,8 @@ TEST_CASE("a training process killed (SIGKILL) at random points while checkpoint
 }
 
 TEST_CASE("a job killed mid-run and resumed reaches the accuracy of an uninterrupted run, a damaged newest "
-          "checkpoint is passed over for the one before, and a changed config is refused naming the setting") {
+          "cut is passed over for the one before on every shard, a missing shard or job record is refused, and "
+          "a changed config is refused naming the setting") {
   ashlar::test::temp_dir dir;
   const std::string job = " --epochs 3 --set data.train_limit=30000 --set run.progress_interval=0.2";
   auto whole = run("train " + config + job + " --report " + dir.file("whole.json"));
@@ -466,33 +468,66 @@ TEST_CASE("a job killed mid-run and resumed reaches the accuracy of an uninterru
   auto changed = run("train " + config + job + " --lr 0.05 --checkpoint-dir " + ck + " --resume");
   CHECK(changed.code == 2);
   CHECK(has(changed, "train.lr = 0.05 (checkpointed job: 0.1)"));
-  // Damage shard 0's newest checkpoint on disk: the resume takes the one before, saying so.
-  uint64_t damaged = 0, before = 0;
+  // Damage shard 0's record of the job's newest cut on disk: the resume takes the cut
+  // before on every shard, saying so.
+  uint64_t newest = 0;
   {
+    auto js = ashlar::open_rocksdb_store(ck + "/job", ashlar::open_mode::existing);
+    REQUIRE(js);
+    auto cuts = ashlar::load_job_cuts(**js);
+    REQUIRE(cuts);
+    REQUIRE(cuts->size() >= 2);
+    newest = cuts->front().cut;
     auto store = ashlar::open_rocksdb_store(ck + "/shard-0", ashlar::open_mode::existing);
     REQUIRE(store);
-    auto keys = (*store)->keys("shard/0/v/");
-    REQUIRE(keys);
-    REQUIRE(keys->size() >= 2);
-    auto value = (*store)->get(keys->back());
+    const auto n = std::to_string(newest);
+    const auto key = "shard/0/c/" + std::string(20 - n.size(), '0') + n;
+    auto value = (*store)->get(key);
     REQUIRE(value);
+    REQUIRE(value->has_value());
     auto bytes = **value;
-    bytes[bytes.size() / 2] ^= 0x5a;
-    REQUIRE_FALSE((*store)->write({{{keys->back(), bytes}}, {}}));
-    damaged = std::stoull(keys->back().substr(keys->back().rfind('/') + 1));
-    const auto& prev = (*keys)[keys->size() - 2];
-    before = std::stoull(prev.substr(prev.rfind('/') + 1));
+    bytes[bytes.size() - 20] ^= 0x5a; // in the tensors
+    REQUIRE_FALSE((*store)->write({{{key, bytes}}, {}}));
   }
+  const auto before = std::to_string(newest - 1);
   auto ls = run("checkpoint list " + ck);
   CHECK(has(ls, "BAD"));
+  auto verified = run("checkpoint verify " + ck);
+  INFO(verified.out);
+  CHECK(verified.code == 1);
+  CHECK(has(verified, "DAMAGED: a resume takes cut " + before + " (2 shards"));
+  CHECK(has(verified, "passed over cut " + std::to_string(newest) + ": shard 0 lacks it intact"));
+  // A shard's directory gone, or the job's record gone: refused in one line naming what
+  // is missing, before any training; never a mix or a silent fresh start of one shard.
+  for (const auto& [gone, says] :
+       std::vector<std::pair<std::string, std::string>>{
+         {"shard-1", "no checkpoint cut is intact on every shard: shard 1 lacks cuts " + std::to_string(newest)},
+         {"job", "shard 0 holds checkpoint cuts ("}}) {
+    const auto copy = dir.file("ck-without-" + gone);
+    std::filesystem::copy(ck, copy, std::filesystem::copy_options::recursive);
+    std::filesystem::remove_all(copy + "/" + gone);
+    auto refused = run("train " + config + job + " --checkpoint-dir " + copy + " --resume");
+    INFO(refused.out);
+    CHECK(refused.code != 0);
+    CHECK(has(refused, says));
+    CHECK_FALSE(has(refused, "training starts"));
+    CHECK(run("checkpoint verify " + copy).code == 1);
+  }
   auto resumed = run("train " + config + job + " --checkpoint-dir " + ck + " --resume --report "
                      + dir.file("resumed.json"));
   INFO(resumed.out);
   REQUIRE(resumed.code == 0);
-  CHECK(has(resumed, "shard/0/v/" + std::string(20 - std::to_string(damaged).size(), '0') + std::to_string(damaged)
-                       + " is unusable"));
-  CHECK(has(resumed, "shard 0: restored version " + std::to_string(before) + " "));
+  CHECK(has(resumed, "resuming from checkpoint cut " + before + ", the newest every shard holds intact; passed over: "
+                       "cut " + std::to_string(newest) + ": shard 0 lacks it intact"));
+  CHECK(has(resumed, "shard 0: restored version "));
+  for (auto shard : {"shard 0: restored version ", "shard 1: restored version "}) {
+    auto at = resumed.out.find(shard);
+    REQUIRE(at != std::string::npos);
+    CHECK(resumed.out.substr(at, resumed.out.find('\n', at) - at).find("(checkpoint cut " + before + ")")
+          != std::string::npos);
+  }
   CHECK(has(resumed, "resuming from"));
+  CHECK(run("checkpoint verify " + ck).code == 0); // the resumed job's cuts are whole again
   check_same_accuracy(dir, "one process");
 }
 

@@ -3,36 +3,49 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
 
 #include "runtime/store/checkpoint.hpp"
 
 namespace ashlar::test {
 
-/// The newest checkpoint of shards 0 .. shards-1 in `dir`, checked the way a resume loads
-/// it: the LATEST pointer's record must decode and match its checksum (no fallback), and
-/// every stored record must be intact. A shard killed before its first checkpoint has none.
-/// Returns how many of the shards had a checkpoint.
-inline uint32_t check_consistent(const std::string& dir, uint32_t shards) {
+/// Checks shards 0 .. shards-1 of `dir` the way a resume finds them: every stored record
+/// decodes and matches its checksum, and the job record's newest cut is on every shard
+/// (a cut is committed only once every shard has it). With `same_version` (a lockstep
+/// policy), every shard holds that cut at one version: one round of the model. A job
+/// killed before its first cut has none. Returns how many of the shards had a cut.
+inline uint32_t check_consistent(const std::string& dir, uint32_t shards, bool same_version = false) {
+  auto job = open_rocksdb_store(dir + "/job", open_mode::existing);
+  REQUIRE(job);
+  auto committed = load_job_cuts(**job);
+  REQUIRE(committed);
   uint32_t found = 0;
+  std::vector<uint64_t> versions;
   for (uint32_t id = 0; id < shards; ++id) {
     auto store = open_rocksdb_store(dir + "/shard-" + std::to_string(id), open_mode::existing);
     REQUIRE(store);
-    auto latest = (*store)->get("shard/" + std::to_string(id) + "/latest");
-    REQUIRE(latest);
-    if (!*latest)
-      continue;
-    ++found;
     checkpoint_log log{**store, id, 3};
-    auto c = log.load(std::stoull(**latest));
-    INFO("shard " << id << " LATEST " << **latest);
-    REQUIRE(c);
-    CHECK(c->version == std::stoull(**latest));
     auto all = log.list();
     REQUIRE(all);
-    for (const auto& i : *all)
+    for (const auto& i : *all) {
+      INFO("shard " << id << " cut " << i.cut << ": " << i.problem);
       CHECK(i.intact);
+    }
+    auto cuts = log.intact_cuts();
+    REQUIRE(cuts);
+    found += cuts->empty() ? 0 : 1;
+    if (committed->empty())
+      continue;
+    const auto newest = committed->front().cut;
+    INFO("shard " << id << " and the job record's newest cut " << newest);
+    REQUIRE(std::find(cuts->begin(), cuts->end(), newest) != cuts->end());
+    auto c = log.load(newest);
+    REQUIRE(c);
+    versions.push_back(c->version);
   }
+  if (same_version && !versions.empty())
+    CHECK(std::count(versions.begin(), versions.end(), versions.front()) == static_cast<long>(versions.size()));
   return found;
 }
 

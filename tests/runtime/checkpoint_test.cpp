@@ -23,25 +23,31 @@ std::vector<float> ramp(size_t n, float from) {
   return v;
 }
 
-// Saves versions 1..n of shard 2 (range [100, 110)), params = ramp(version).
-void save_versions(checkpoint_log& log, uint64_t n) {
-  for (uint64_t v = 1; v <= n; ++v) {
-    auto p = ramp(10, static_cast<float>(v));
-    auto m = ramp(10, -static_cast<float>(v));
-    REQUIRE(log.save(v, 100, 110, p.data(), m.data()));
+// Saves cuts 1..n of shard 2 (range [100, 110)) at versions 10, 20, ..., params = ramp(cut).
+void save_cuts(checkpoint_log& log, uint64_t n) {
+  for (uint64_t c = 1; c <= n; ++c) {
+    auto p = ramp(10, static_cast<float>(c));
+    auto m = ramp(10, -static_cast<float>(c));
+    REQUIRE(log.save(10 * c, c, 100, 110, p.data(), m.data()));
   }
+}
+
+std::string cut_key(uint64_t cut) {
+  auto n = std::to_string(cut);
+  return "shard/2/c/" + std::string(20 - n.size(), '0') + n;
 }
 
 }  // namespace
 
-TEST_CASE("a checkpoint round-trips through its record, and a flipped byte or a cut record is refused") {
+TEST_CASE("a checkpoint round-trips through its record, and a flipped byte or a truncated record is refused") {
   auto p = ramp(10, 1.5f);
   auto m = ramp(10, -3.0f);
-  auto bytes = encode_checkpoint(4, 77, 20, 30, 123, p.data(), m.data());
+  auto bytes = encode_checkpoint(4, 77, 9, 20, 30, 123, p.data(), m.data());
   auto c = decode_checkpoint(bytes);
   REQUIRE(c);
   CHECK(c->shard_id == 4);
   CHECK(c->version == 77);
+  CHECK(c->cut == 9);
   CHECK(c->begin == 20);
   CHECK(c->end == 30);
   CHECK(c->unix_ns == 123);
@@ -60,62 +66,89 @@ TEST_CASE("a checkpoint round-trips through its record, and a flipped byte or a 
   CHECK_FALSE(decode_checkpoint(std::string(64, '\0')));
 }
 
-TEST_CASE("a checkpoint log keeps the newest N, points LATEST at the newest, and loads it") {
+TEST_CASE("a checkpoint log keeps the newest N cuts, loads each by its cut, and a stop record newer than them") {
   auto store = make_memory_store();
   checkpoint_log log{*store, 2, 3};
   auto none = log.load_latest();
   REQUIRE(none);
   CHECK_FALSE(none->has_value());
-  save_versions(log, 5);
+  save_cuts(log, 5);
   auto list = log.list();
   REQUIRE(list);
   REQUIRE(list->size() == 3);
-  CHECK((*list)[0].version == 3);
-  CHECK((*list)[2].version == 5);
+  CHECK((*list)[0].cut == 3);
+  CHECK((*list)[0].version == 30);
+  CHECK((*list)[2].cut == 5);
   for (const auto& i : *list)
     CHECK(i.intact);
-  auto latest = store->get("shard/2/latest");
-  REQUIRE(latest);
-  CHECK(**latest == "5");
+  auto cuts = log.intact_cuts();
+  REQUIRE(cuts);
+  CHECK(*cuts == std::vector<uint64_t>{3, 4, 5});
+  auto four = log.load(4);
+  REQUIRE(four);
+  CHECK(four->version == 40);
+  CHECK(four->params == ramp(10, 4.0f));
+  CHECK_FALSE(log.load(1)); // pruned
   auto c = log.load_latest();
   REQUIRE(c);
   REQUIRE(c->has_value());
-  CHECK((*c)->version == 5);
-  CHECK((*c)->params == ramp(10, 5.0f));
+  CHECK((*c)->cut == 5);
   CHECK((*c)->velocity == ramp(10, -5.0f));
+  // The node stopped the shard at version 57: its stop record is the newest state, and
+  // no cut is pruned for it.
+  auto p = ramp(10, 57.0f);
+  REQUIRE(log.save(57, 0, 100, 110, p.data(), nullptr));
+  c = log.load_latest();
+  REQUIRE(c);
+  REQUIRE(c->has_value());
+  CHECK((*c)->version == 57);
+  CHECK((*c)->cut == 0);
+  CHECK(log.intact_cuts()->size() == 3);
+  // A resume from cut 4 drops what came after it: cut 5 and the stop record.
+  REQUIRE_FALSE(log.discard_after(4));
+  CHECK(*log.intact_cuts() == std::vector<uint64_t>{3, 4});
+  c = log.load_latest();
+  REQUIRE(c->has_value());
+  CHECK((*c)->cut == 4);
   auto shards = stored_shards(*store);
   REQUIRE(shards);
   CHECK(*shards == std::vector<uint32_t>{2});
 }
 
-TEST_CASE("a corrupt or truncated newest checkpoint falls back to the one before it") {
+TEST_CASE("a corrupt or truncated cut is not intact, and the newest intact one is loaded instead") {
   auto store = make_memory_store();
   checkpoint_log log{*store, 2, 3};
-  save_versions(log, 4);
-  // Corrupt version 4 in place (as a bad disk would), then truncate version 3 too.
-  auto v4 = store->get("shard/2/v/00000000000000000004");
+  save_cuts(log, 4);
+  // Corrupt cut 4 in place (as a bad disk would), then truncate cut 3 too.
+  auto v4 = store->get(cut_key(4));
   REQUIRE(v4);
   REQUIRE(v4->has_value());
   auto bad = **v4;
-  bad[bad.size() / 2] ^= 0x01;
-  REQUIRE_FALSE(store->write({{{"shard/2/v/00000000000000000004", bad}}, {}}));
+  bad[bad.size() - 20] ^= 0x01; // in the tensors
+  REQUIRE_FALSE(store->write({{{cut_key(4), bad}}, {}}));
   auto c = log.load_latest();
   REQUIRE(c);
   REQUIRE(c->has_value());
-  CHECK((*c)->version == 3);
-  auto v3 = store->get("shard/2/v/00000000000000000003");
-  REQUIRE_FALSE(store->write({{{"shard/2/v/00000000000000000003", (**v3).substr(0, 40)}}, {}}));
+  CHECK((*c)->cut == 3);
+  auto v3 = store->get(cut_key(3));
+  REQUIRE_FALSE(store->write({{{cut_key(3), (**v3).substr(0, 40)}}, {}}));
   c = log.load_latest();
   REQUIRE(c);
   REQUIRE(c->has_value());
-  CHECK((*c)->version == 2);
+  CHECK((*c)->cut == 2);
+  CHECK(*log.intact_cuts() == std::vector<uint64_t>{2});
   auto list = log.list();
   REQUIRE(list);
   REQUIRE(list->size() == 3);
   CHECK((*list)[0].intact);
   CHECK_FALSE((*list)[1].intact);
   CHECK_FALSE((*list)[2].intact);
+  INFO((*list)[2].problem);
   CHECK((*list)[2].problem.find("checksum") != std::string::npos);
+  CHECK_FALSE(log.load(4));
+  // Another cut's record under a cut's key (a mixed-up store) is not that cut.
+  REQUIRE_FALSE(store->write({{{cut_key(4), **store->get(cut_key(2))}}, {}}));
+  CHECK(*log.intact_cuts() == std::vector<uint64_t>{2});
 }
 
 TEST_CASE("RocksDB keeps checkpoints and the job record (members' shares and data positions) on disk across a reopen, and a second opener is refused naming the directory") {
@@ -125,8 +158,9 @@ TEST_CASE("RocksDB keeps checkpoints and the job record (members' shares and dat
     auto store = open_rocksdb_store(path, open_mode::create);
     REQUIRE(store);
     checkpoint_log log{**store, 2, 2};
-    save_versions(log, 3);
+    save_cuts(log, 3);
     job_record r;
+    r.cut = 3;
     r.settings = {"train.policy=bsp", "model.hidden=256,128"};
     r.samples = 12345;
     r.seconds = 6.5;
@@ -144,7 +178,7 @@ TEST_CASE("RocksDB keeps checkpoints and the job record (members' shares and dat
   auto c = log.load_latest();
   REQUIRE(c);
   REQUIRE(c->has_value());
-  CHECK((*c)->version == 3);
+  CHECK((*c)->cut == 3);
   CHECK((*c)->params == ramp(10, 3.0f));
   auto list = log.list();
   REQUIRE(list);
@@ -152,6 +186,7 @@ TEST_CASE("RocksDB keeps checkpoints and the job record (members' shares and dat
   auto job = load_job_record(**store);
   REQUIRE(job);
   REQUIRE(job->has_value());
+  CHECK((*job)->cut == 3);
   CHECK((*job)->samples == 12345);
   CHECK((*job)->settings.size() == 2);
   CHECK((*job)->resumes == 1);
@@ -181,7 +216,7 @@ TEST_CASE("a checkpoint record with an empty parameter tensor decodes to an erro
     CHECK(c->params.size() == c->end - c->begin);
 }
 
-TEST_CASE("the job store resumes only the same configuration, and keeps earlier runs' progress under this run's") {
+TEST_CASE("the job store resumes only the same configuration, from the cut it adopts, and keeps earlier runs' progress under this run's") {
   test::temp_dir dir;
   train_config cfg;
   cfg.checkpoint_dir = dir.path() + "/ckpt";
@@ -189,29 +224,45 @@ TEST_CASE("the job store resumes only the same configuration, and keeps earlier 
     auto store = job_store::open(cfg);
     REQUIRE(store);
     REQUIRE(*store);
+    REQUIRE_FALSE((*store)->adopt(0));
     wire::worker_stats w;
     w.worker_id = 1;
     w.steps = 10;
     w.samples = 640;
     w.batch = 64;
     w.position = wire::data_position{0, 100, 7, 2, 30};
-    REQUIRE_FALSE((*store)->save(640, 3.5, {w}, "shl"));
+    REQUIRE_FALSE((*store)->commit(1, 320, 1.5, {w}, "ahl"));
+    REQUIRE_FALSE((*store)->commit(2, 640, 3.5, {w}, "shl"));
   }
   // Without --resume, a directory holding a job is refused.
   auto taken = job_store::open(cfg);
   REQUIRE_FALSE(taken);
   CHECK(describe(taken.error()).find("--resume") != std::string::npos);
   cfg.resume = true;
+  {
+    auto opened = job_store::open(cfg);
+    REQUIRE(opened);
+    REQUIRE(*opened);
+    auto& js = **opened;
+    CHECK(js.committed_cuts() == std::vector<uint64_t>{2, 1});
+    // The shards lacked cut 2: the job takes cut 1 up, and cut 2's record goes.
+    REQUIRE_FALSE(js.adopt(1));
+    CHECK(js.samples_before() == 320);
+    CHECK(js.record().stage == "ahl");
+    CHECK(js.cut() == 1);
+  }
   auto resumed = std::make_optional(job_store::open(cfg));
   auto& opened = *resumed;
   REQUIRE(opened);
   REQUIRE(*opened);
   auto& js = **opened;
-  CHECK(js.samples_before() == 640);
+  CHECK(js.committed_cuts() == std::vector<uint64_t>{1});
+  REQUIRE_FALSE(js.adopt(1));
+  CHECK(js.samples_before() == 320);
   CHECK(js.record().resumes == 1);
-  CHECK(js.record().stage == "shl");
   REQUIRE(js.record().workers.size() == 1);
   CHECK(js.record().workers[0].position.pos == 30);
+  CHECK(js.adopt(7)); // not a committed cut
   // This run's figures go on top of the earlier run's.
   wire::worker_stats w;
   w.worker_id = 1;
@@ -219,10 +270,11 @@ TEST_CASE("the job store resumes only the same configuration, and keeps earlier 
   w.samples = 320;
   w.batch = 64;
   w.position = wire::data_position{0, 100, 7, 2, 60};
-  REQUIRE_FALSE(js.save(320, 1.0, {w}, ""));
-  CHECK(js.record().samples == 960);
+  REQUIRE_FALSE(js.commit(2, 320, 1.0, {w}, ""));
+  CHECK(js.record().samples == 640);
   CHECK(js.record().workers[0].samples == 960);
-  CHECK(js.record().stage == "shl"); // "" keeps it
+  CHECK(js.record().stage == "ahl"); // "" keeps it
+  CHECK(js.record().cut == 2);
   resumed.reset(); // closes the store
   // Another configuration is refused, naming the setting and both values.
   cfg.batch_size = 32;
@@ -231,6 +283,43 @@ TEST_CASE("the job store resumes only the same configuration, and keeps earlier 
   INFO(describe(changed.error()));
   CHECK(describe(changed.error()).find("train.batch_size = 32 (checkpointed job: 64)") != std::string::npos);
   CHECK(settings_diff({"a=1", "b=2"}, {"a=1", "b=2"}).empty());
+}
+
+TEST_CASE("a resume takes the newest cut the job record names and every shard holds intact, or refuses naming the shard and what it lacks") {
+  const std::string dir = "/data/ck";
+  // Every shard holds the job's newest cut.
+  auto all = choose_cut({7, 8, 9}, {{0, {7, 8, 9}}, {1, {8, 9}}}, dir);
+  REQUIRE(all);
+  CHECK(all->cut == 9);
+  CHECK(all->passed_over.empty());
+  // Shard 1's cut 9 is damaged: both shards go back to cut 8, saying why.
+  auto back = choose_cut({7, 8, 9}, {{0, {7, 8, 9}}, {1, {7, 8}}}, dir);
+  REQUIRE(back);
+  CHECK(back->cut == 8);
+  CHECK(back->passed_over == "cut 9: shard 1 lacks it intact (holds cuts 7, 8)");
+  // A cut a shard wrote but the job never committed is not taken.
+  auto uncommitted = choose_cut({8}, {{0, {8, 9}}, {1, {8, 9}}}, dir);
+  REQUIRE(uncommitted);
+  CHECK(uncommitted->cut == 8);
+  // No cut on every shard (shard 1's directory was lost): refused, one line.
+  auto none = choose_cut({8, 9}, {{0, {8, 9}}, {1, {}}}, dir);
+  REQUIRE_FALSE(none);
+  CHECK(is(none.error(), errc::corrupt_data));
+  INFO(describe(none.error()));
+  CHECK(describe(none.error()).find("cannot resume from /data/ck: no checkpoint cut is intact on every shard: shard 1 lacks cuts 9, 8 of the job record's 9, 8 (it holds intact cuts none)") != std::string::npos);
+  // Each shard lacks another cut: the one holding fewer is named.
+  auto split = choose_cut({8, 9}, {{0, {8}}, {1, {9}}, {2, {}}}, dir);
+  REQUIRE_FALSE(split);
+  CHECK(describe(split.error()).find("shard 2 lacks cuts 9, 8") != std::string::npos);
+  CHECK(describe(none.error()).find('\n') == std::string::npos);
+  // No job record but a shard holds cuts: starting over would mix two jobs.
+  auto orphan = choose_cut({}, {{0, {}}, {1, {4, 5}}}, dir);
+  REQUIRE_FALSE(orphan);
+  CHECK(describe(orphan.error()).find("shard 1 holds checkpoint cuts (4, 5) that no job record names") != std::string::npos);
+  // Nothing anywhere: a new job.
+  auto fresh = choose_cut({}, {{0, {}}, {1, {}}}, dir);
+  REQUIRE(fresh);
+  CHECK(fresh->cut == 0);
 }
 
 namespace {

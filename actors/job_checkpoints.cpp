@@ -1,0 +1,129 @@
+#include "actors/job_checkpoints.hpp"
+
+#include <chrono>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+namespace ashlar::actors {
+
+namespace {
+constexpr auto ask_timeout = std::chrono::seconds(60);
+constexpr double poll_interval = 0.1;
+}  // namespace
+
+job_checkpoints::job_checkpoints(caf::scoped_actor& self, job_store& store, const std::string& dir, uint64_t every,
+                                 bool lockstep)
+  : self_(self), store_(store), dir_(dir), every_(every), lockstep_(lockstep) {}
+
+caf::error job_checkpoints::take_up(const std::vector<shard_actor>& shards) {
+  std::vector<shard_cuts> held;
+  caf::error err;
+  for (size_t i = 0; i < shards.size() && !err; ++i)
+    self_->request(shards[i], ask_timeout, checkpoint_atom::value, caf::get_atom::value)
+      .receive([&](std::vector<uint64_t>& cuts) { held.push_back({static_cast<uint32_t>(i), std::move(cuts)}); },
+               [&](caf::error& e) {
+                 err = make_error(errc::peer_unreachable, "shard " + std::to_string(i)
+                                                            + " did not say which checkpoints it holds: "
+                                                            + describe(e));
+               });
+  if (err)
+    return err;
+  auto choice = choose_cut(store_.committed_cuts(), held, dir_);
+  if (!choice)
+    return choice.error();
+  if (!choice->passed_over.empty())
+    spdlog::warn("job: resuming from checkpoint cut {}, the newest every shard holds intact; passed over: {}",
+                 choice->cut, choice->passed_over);
+  if (choice->cut != 0)
+    for (size_t i = 0; i < shards.size() && !err; ++i)
+      self_->request(shards[i], ask_timeout, restore_atom::value, choice->cut)
+        .receive([](uint64_t) {}, [&](caf::error& e) { err = std::move(e); });
+  if (err)
+    return err;
+  if (auto e = store_.adopt(choice->cut))
+    return e;
+  pacer_.emplace(every_, lockstep_, choice->cut);
+  return {};
+}
+
+std::optional<std::vector<shard_cut_view>> job_checkpoints::poll(const std::vector<shard_actor>& shards) {
+  std::vector<shard_cut_view> out;
+  bool ok = true;
+  for (const auto& s : shards)
+    self_->request(s, std::chrono::seconds(5), status_atom::value)
+      .receive([&](const wire::shard_status& st) { out.push_back({st.version, st.cut, st.cut_error}); },
+               [&](caf::error&) { ok = false; });
+  if (!ok)
+    return std::nullopt;
+  return out;
+}
+
+void job_checkpoints::act(const cut_action& a, const std::vector<shard_actor>& shards, const cut_progress& progress) {
+  switch (a.kind) {
+    case cut_action::none:
+      return;
+    case cut_action::start: {
+      pending_ = progress;
+      for (const auto& s : shards)
+        self_->request(s, ask_timeout, checkpoint_atom::value, a.cut, a.at_version)
+          .receive([](uint64_t) {},
+                   [&](caf::error& e) {
+                     spdlog::error("job: checkpoint cut {} could not start: {}", a.cut, describe(e));
+                   });
+      return;
+    }
+    case cut_action::commit:
+      if (auto err = store_.commit(a.cut, pending_.samples, pending_.seconds, pending_.workers, pending_.stage))
+        spdlog::error("job: committing checkpoint cut {} to {} failed: {}", a.cut, dir_, describe(err));
+      else
+        spdlog::debug("job: checkpoint cut {} committed ({} samples)", a.cut, pending_.samples);
+      return;
+    case cut_action::abandon:
+      spdlog::error("job: checkpoint cut {} abandoned ({}); the job goes on, and a resume starts from cut {}",
+                    a.cut, a.why, pacer_->last_committed());
+      return;
+  }
+}
+
+void job_checkpoints::tick(const std::vector<shard_actor>& shards, double now, const cut_progress& progress) {
+  if (!pacer_ || now - last_poll_ < poll_interval)
+    return;
+  last_poll_ = now;
+  if (auto views = poll(shards))
+    act(pacer_->on_status(*views, now), shards, progress);
+}
+
+void job_checkpoints::shard_lost() {
+  if (!pacer_)
+    return;
+  if (auto a = pacer_->shard_lost())
+    act(*a, {}, {});
+}
+
+void job_checkpoints::final_cut(const std::vector<shard_actor>& shards, double now, const cut_progress& progress) {
+  if (!pacer_)
+    return;
+  act(pacer_->final_cut(now), shards, progress);
+  // The shards write in the background: their status says when it is on disk.
+  const auto until = std::chrono::steady_clock::now() + ask_timeout;
+  double t = now;
+  while (pacer_->in_flight()) {
+    auto views = poll(shards);
+    if (views)
+      act(pacer_->on_status(*views, t), shards, progress);
+    if (!pacer_->in_flight())
+      break;
+    if (std::chrono::steady_clock::now() > until || !views) {
+      spdlog::error("job: the final checkpoint cut {} was not written by every shard{}; a resume starts from "
+                    "cut {}",
+                    *pacer_->in_flight(), views ? " within 60 s" : " (a shard did not answer)",
+                    pacer_->last_committed());
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    t += 0.01;
+  }
+}
+
+}  // namespace ashlar::actors

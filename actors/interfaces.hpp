@@ -87,7 +87,8 @@ using scheduler_actor = caf::typed_actor<
 /// local_steps_atom: from now on, commit every H steps (H >= 1; see wire::assignment).
 /// batch_atom: from step S on (S, the second argument), take this many samples per step
 /// from the part [begin, begin + count) of the training set (the third and fourth)
-/// (allocation; lockstep workers switch at the same round).
+/// (allocation; lockstep workers switch at the same round), and, when the fifth is not
+/// 0, train that many steps in all (a lost member's rounds handed over).
 /// stage_atom: a training stage begins (ASHL: "profiling", "ahl", "shl") with H local
 /// steps per commit, a learning-rate factor for local steps and the pull compression
 /// (the fraction of each range a delta read carries, 0: dense pulls); the worker changes
@@ -103,7 +104,7 @@ using scheduler_actor = caf::typed_actor<
 using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to<step_atom>,
                                       caf::reacts_to<stop_atom>, caf::reacts_to<paced_atom, uint64_t>,
                                       caf::reacts_to<local_steps_atom, uint32_t>,
-                                      caf::reacts_to<batch_atom, uint32_t, uint64_t, uint64_t, uint64_t>,
+                                      caf::reacts_to<batch_atom, uint32_t, uint64_t, uint64_t, uint64_t, uint64_t>,
                                       caf::reacts_to<stage_atom, std::string, uint32_t, float, float>,
                                       caf::reacts_to<ring_atom, uint32_t, uint32_t, caf::actor>,
                                       caf::reacts_to<wire::ring_message>,

@@ -270,10 +270,10 @@ private:
                                                 + std::to_string(cfg_.epochs)
                                                 + " epochs; raise train.epochs to train on");
     if (done_before_ > 0)
-      spdlog::info("job: resuming from {}, checkpoint cut {} ({} of {} samples trained, resume {}, {} workers' "
-                   "batch shares and data positions)",
-                   cfg_.checkpoint_dir, store_->cut(), done_before_, budget_, store_->record().resumes,
-                   store_->record().workers.size());
+      spdlog::info("job: resuming from {}, checkpoint cut {} ({} of {} samples trained, {} trained past it are "
+                   "trained again; resume {}, {} workers' batch shares and data positions)",
+                   cfg_.checkpoint_dir, store_->cut(), done_before_, budget_, store_->redone_samples(),
+                   store_->record().resumes, store_->record().workers.size());
     next_epoch_ = static_cast<uint32_t>(done_before_ / train_->n + 1);
     return {};
   }
@@ -295,6 +295,7 @@ private:
       stage_ = std::make_shared<std::atomic<int>>(-1);
       sc.stage_out = stage_;
     }
+    sc.reassigned_out = reassigned_;
     sc.contention = contention_;
     sc.observer = caf::actor_cast<caf::actor>(self_);
     sc.recorder = recorder_;
@@ -442,9 +443,14 @@ private:
     publish_metrics(stats, now);
     report_progress(stats, now);
     evaluate_if_due(stats, now);
-    // Checkpoint cuts, while every shard is there to write them.
+    // Checkpoint cuts, while every shard is there to write them; how far the job got, for
+    // a resume to count what it trains again.
     if (cuts_ && lost_since_.empty())
       cuts_->tick(shards_, now, progress_of(stats.total_samples, now, stats.workers));
+    if (store_ && now - last_noted_ >= 1.0) {
+      store_->note_progress(stats.total_samples);
+      last_noted_ = now;
+    }
     stop_if_due(stats, now);
   }
 
@@ -551,6 +557,8 @@ private:
     auto last_workers = collect_worker_figures();
     rep_.samples_per_second = rep_.seconds > 0 ? rep_.samples / rep_.seconds : 0;
     rep_.epochs_trained = epoch_of(rep_.samples);
+    rep_.redone_samples = store_ ? store_->redone_samples() : 0;
+    rep_.reassigned_samples = reassigned_->load();
     // The clean end: every shard writes the last cut; the job's record names it.
     if (cuts_ && lost_since_.empty())
       cuts_->final_cut(shards_, seconds(), progress_of(rep_.samples, rep_.seconds, last_workers));
@@ -640,6 +648,7 @@ private:
   std::vector<shard_actor> shards_;
   scheduler_actor scheduler_;
   std::shared_ptr<std::atomic<int>> stage_; // the scheduler's stage in force (ashl_stage; -1: none)
+  std::shared_ptr<std::atomic<uint64_t>> reassigned_ = std::make_shared<std::atomic<uint64_t>>(0);
   const clock_source& clock_ = system_clock();
   uint64_t start_ = 0; // steady ns when the workers started
   std::unique_ptr<job_evaluations> evals_;
@@ -650,7 +659,7 @@ private:
   uint32_t finished_ = 0, failed_ = 0;
   uint32_t next_epoch_ = 1; // the next epoch boundary to evaluate at
   uint64_t last_samples_ = 0;
-  double last_progress_ = 0, last_eval_ = 0, last_shard_poll_ = 0;
+  double last_progress_ = 0, last_eval_ = 0, last_shard_poll_ = 0, last_noted_ = 0;
   std::map<size_t, double> lost_since_; // shards lost and not served again yet: since when
   bool stop_sent_ = false;
   lr_schedule schedule_;

@@ -24,6 +24,8 @@ struct member {
   caf::strong_actor_ptr handle;
   std::string host;
   uint64_t steps = 0; // assigned
+  uint32_t batch = 0; // its batch share and part of the training set, as last sent
+  uint64_t data_begin = 0, data_count = 0;
   bool left = false;
   bool failed = false;
 };
@@ -43,6 +45,7 @@ struct scheduler_state {
   bool started = false;
   bool stopping = false; // a shutdown request stopped every worker
   float lr_factor = 1.0f; // the learning-rate schedule's, as the job driver last sent it
+  uint64_t reassigned = 0; // lost members' untrained samples handed to the others
 };
 
 using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;
@@ -97,6 +100,57 @@ void check_done(scheduler_pointer self) {
 void break_ring(scheduler_pointer self, uint32_t lost);
 void apply_plan(scheduler_pointer self, const job_plan& plan);
 
+// The live members' batch shares, parts of the training set and steps.
+std::map<uint32_t, member_part> live_parts(const scheduler_state& st) {
+  std::map<uint32_t, member_part> out;
+  for (const auto& [id, m] : st.members)
+    if (!m.left)
+      out[id] = member_part{m.batch, m.data_begin, m.data_count, m.steps};
+  return out;
+}
+
+// A member lost or removed mid-job: its untrained share goes to the live members (runtime/policy/
+// assignment.hpp: hand_over_lost), so the job's epochs still cover the training set.
+void hand_over(scheduler_pointer self, uint32_t lost) {
+  auto& st = self->state;
+  if (!st.started || st.stopping || st.done_sent || st.traits.ring)
+    return;
+  self->request(st.cfg.profiler, ack_timeout, caf::get_atom::value)
+    .then(
+      [=](const wire::cluster_stats& stats) {
+        auto& st = self->state;
+        auto m = st.members.find(lost);
+        if (st.stopping || st.done_sent || m == st.members.end())
+          return;
+        uint64_t done = 0;
+        for (const auto& w : stats.workers)
+          if (w.worker_id == lost)
+            done = w.steps;
+        if (done >= m->second.steps)
+          return; // it finished its share
+        const member_part gone{m->second.batch, m->second.data_begin, m->second.data_count, m->second.steps};
+        auto h = hand_over_lost(gone, done, live_parts(st), st.cfg.train_size, st.traits.lockstep);
+        if (h.parts.empty() && h.reassigned_samples == 0)
+          return;
+        st.reassigned += h.reassigned_samples;
+        if (st.cfg.reassigned_out)
+          st.cfg.reassigned_out->store(st.reassigned);
+        std::string text = std::to_string(h.reassigned_samples) + " untrained samples of worker "
+                           + std::to_string(lost) + " handed to " + std::to_string(live_parts(st).size())
+                           + " live workers (the set re-split over them"
+                           + (h.extra_rounds > 0 ? ", " + std::to_string(h.extra_rounds) + " more rounds each" : "")
+                           + ")";
+        spdlog::info("scheduler: {}", text);
+        record(self, "share handed over", text, lost);
+        job_plan plan;
+        plan.batches = std::move(h.parts);
+        apply_plan(self, plan);
+      },
+      [=](caf::error& err) {
+        spdlog::warn("scheduler: worker {}'s share was not handed over: {}", lost, describe(err));
+      });
+}
+
 void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::string& reason) {
   auto& st = self->state;
   auto i = st.members.find(id);
@@ -116,6 +170,7 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
   if (failed && st.started && st.traits.ring)
     break_ring(self, id);
   broadcast(self, m, [=](bool) { check_done(self); });
+  hand_over(self, id);
 }
 
 // Decentralized mode: the workers present at the start form a ring in id order; each
@@ -201,8 +256,15 @@ void apply_plan(scheduler_pointer self, const job_plan& plan) {
     if (auto w = worker(id))
       self->send(*w, local_steps_atom::value, h);
   for (const auto& [id, b] : plan.batches)
-    if (auto w = worker(id))
-      self->send(*w, batch_atom::value, b.share, b.from_step, b.data_begin, b.data_count);
+    if (auto w = worker(id)) {
+      self->send(*w, batch_atom::value, b.share, b.from_step, b.data_begin, b.data_count, b.steps);
+      auto& m = st.members[id];
+      m.batch = b.share;
+      m.data_begin = b.data_begin;
+      m.data_count = b.data_count;
+      if (b.steps > 0)
+        m.steps = b.steps;
+    }
 }
 
 // One planner tick: the profiler's figures (and shard 0's staleness counters, if the
@@ -265,7 +327,10 @@ void admit_to_running_job(scheduler_pointer self, wire::assignment a, registrati
         st.members[a.worker_id].steps = a.steps;
         spdlog::info("scheduler: worker {} joins the running job for {} steps", a.worker_id, a.steps);
         promise.deliver(a, st.cfg.shards);
+        // The newcomer takes a part of the set of its own (the others' shrink), from
+        // their next steps; the planner's own directives come after.
         job_plan plan;
+        plan.batches = hand_over_joined(live_parts(st), st.cfg.train_size).parts;
         st.planner->on_join(a.worker_id, plan);
         apply_plan(self, plan);
       },
@@ -302,6 +367,9 @@ caf::result<wire::assignment, std::vector<shard_actor>> on_register(scheduler_po
   m.handle = self->current_sender();
   m.host = req.host;
   m.steps = a.steps;
+  m.batch = a.batch_size;
+  m.data_begin = a.data_begin;
+  m.data_count = a.data_count;
   st.members[id] = m;
   if (auto sender = self->current_sender())
     self->monitor(sender);

@@ -43,6 +43,9 @@ struct scheduler_config {
   /// Where the scheduler leaves the stage in force (an ashl_stage; -1: none), read by the
   /// job driver for its resume record.
   std::shared_ptr<std::atomic<int>> stage_out;
+  /// Where the scheduler keeps the count of lost members' untrained samples it handed to
+  /// the others (for the job's report), if set.
+  std::shared_ptr<std::atomic<uint64_t>> reassigned_out;
   /// A resumed job's members as the checkpointed job left them: each id's batch share
   /// and data position. A worker registering with that id starts from them.
   std::map<uint32_t, resumed_worker> resume_workers;

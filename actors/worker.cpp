@@ -326,8 +326,8 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
     },
     [=](shard_atom, uint64_t gen) { with_machine(self, [=](step_machine& m) { m.on_shard_wait_over(gen); }); },
     [=](shard_atom, uint32_t index, shard_actor& stand_in) { stand_in_ready(self, index, std::move(stand_in)); },
-    [=](batch_atom, uint32_t b, uint64_t from_step, uint64_t data_begin, uint64_t data_count) {
-      with_machine(self, [=](step_machine& m) { m.on_batch(b, from_step, data_begin, data_count); });
+    [=](batch_atom, uint32_t b, uint64_t from_step, uint64_t data_begin, uint64_t data_count, uint64_t steps) {
+      with_machine(self, [=](step_machine& m) { m.on_batch(b, from_step, data_begin, data_count, steps); });
     },
     [=](local_steps_atom, uint32_t h) { with_machine(self, [=](step_machine& m) { m.on_local_steps(h); }); },
     [=](ring_atom, uint32_t rank, uint32_t ranks, caf::actor next) {

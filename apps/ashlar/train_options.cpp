@@ -176,6 +176,10 @@ int finish_run(const train_config& cfg, const expected<run_report>& rep, const c
   std::printf("test accuracy %.4f (loss %.4f) on %lu samples, %s%.2f of %u epochs in %.1f s (%s samples/s)\n",
               rep->test_accuracy, rep->test_loss, static_cast<unsigned long>(rep->test_samples), why,
               rep->epochs_trained, rep->epochs, rep->seconds, rate(rep->samples_per_second).c_str());
+  if (rep->redone_samples > 0 || rep->reassigned_samples > 0)
+    std::printf("work redone: %lu samples trained again after the resume, %lu samples of lost workers taken over "
+                "by the others\n",
+                static_cast<unsigned long>(rep->redone_samples), static_cast<unsigned long>(rep->reassigned_samples));
   std::fflush(stdout);
   if (!cfg.report.empty()) {
     if (auto err = write_report(*rep, cfg.report)) {

@@ -82,4 +82,60 @@ uint64_t steps_left(const std::map<uint32_t, uint64_t>& assigned, const std::map
   return left;
 }
 
+namespace {
+
+// The set [0, n) split over `live` in id order, in proportion to each batch share.
+void resplit(const std::map<uint32_t, member_part>& live, uint64_t n, handover& h) {
+  uint64_t total = 0;
+  for (const auto& [id, m] : live)
+    total += std::max<uint32_t>(1, m.batch);
+  if (total == 0 || n == 0)
+    return;
+  uint64_t begin = 0, acc = 0;
+  size_t i = 0;
+  for (const auto& [id, m] : live) {
+    acc += std::max<uint32_t>(1, m.batch);
+    const uint64_t end = ++i == live.size() ? n : n * acc / total;
+    batch_directive d;
+    d.share = m.batch;
+    d.from_step = 0; // at its next step
+    d.data_begin = std::min(begin, n - 1);
+    d.data_count = std::max<uint64_t>(1, end - begin);
+    if (d.data_begin != m.data_begin || d.data_count != m.data_count)
+      h.parts[id] = d;
+    begin = end;
+  }
+}
+
+}  // namespace
+
+handover hand_over_lost(const member_part& lost, uint64_t done_steps, const std::map<uint32_t, member_part>& live,
+                        uint64_t train_size, bool lockstep) {
+  handover h;
+  if (live.empty())
+    return h;
+  if (lockstep)
+    h.reassigned_samples = (lost.steps > done_steps ? lost.steps - done_steps : 0) * std::max<uint32_t>(1, lost.batch);
+  resplit(live, train_size, h);
+  if (lockstep && h.reassigned_samples > 0) {
+    uint64_t per_round = 0;
+    for (const auto& [id, m] : live)
+      per_round += std::max<uint32_t>(1, m.batch);
+    h.extra_rounds = (h.reassigned_samples + per_round - 1) / per_round;
+    for (const auto& [id, m] : live) {
+      auto& d = h.parts[id];
+      if (d.data_count == 0) // its part stays: only its steps change
+        d = batch_directive{m.batch, 0, m.data_begin, m.data_count};
+      d.steps = m.steps + h.extra_rounds;
+    }
+  }
+  return h;
+}
+
+handover hand_over_joined(const std::map<uint32_t, member_part>& live, uint64_t train_size) {
+  handover h;
+  resplit(live, train_size, h);
+  return h;
+}
+
 }  // namespace ashlar

@@ -56,4 +56,34 @@ wire::assignment make_assignment(const assignment_context& ctx, uint32_t id, uin
 /// most left still has (`assigned` steps per member, `done` steps per member so far).
 uint64_t steps_left(const std::map<uint32_t, uint64_t>& assigned, const std::map<uint32_t, uint64_t>& done);
 
+/// A live member as the scheduler knows it: its batch share, its part of the training
+/// set, and the steps it was told to train.
+struct member_part {
+  uint32_t batch = 0;
+  uint64_t data_begin = 0, data_count = 0;
+  uint64_t steps = 0;
+};
+
+/// How the training set is covered again after a membership change: every live member's
+/// new part (in id order, in proportion to its batch share, so one pass of the job is one
+/// pass over the set) and, under a lockstep policy, its new step count.
+struct handover {
+  std::map<uint32_t, batch_directive> parts; // only members whose part or steps change
+  uint64_t reassigned_samples = 0;           // lockstep: the lost member's untrained samples
+  uint64_t extra_rounds = 0;                 // lockstep: rounds every live member adds
+};
+
+/// A member was lost having trained `done_steps` of `lost.steps`: its untrained samples
+/// go to the `live` members. Their parts are re-split over the whole set (from their
+/// next step); a lockstep job's members each run ceil(untrained / sum of live batches)
+/// more rounds, so the job's epochs still cover the set. (Members of a policy that is
+/// not lockstep train until the job's sample budget is reached: only their parts move,
+/// and no samples count as reassigned.)
+handover hand_over_lost(const member_part& lost, uint64_t done_steps, const std::map<uint32_t, member_part>& live,
+                        uint64_t train_size, bool lockstep);
+
+/// A member joined a running job: the set is re-split over `live` (the newcomer included)
+/// so it takes a part of its own instead of doubling another's. Step counts stay.
+handover hand_over_joined(const std::map<uint32_t, member_part>& live, uint64_t train_size);
+
 }  // namespace ashlar

@@ -72,12 +72,15 @@ struct stage_directive {
   float pull_ratio = 0;
 };
 
-/// A worker's batch share from step `from_step` on, and its part of the training set.
+/// A worker's batch share from step `from_step` on, and its part of the training set;
+/// `steps`, when not 0, the steps it trains in all from now on (a lost member's rounds
+/// handed over).
 struct batch_directive {
   uint32_t share = 0;
   uint64_t from_step = 0;
   uint64_t data_begin = 0;
   uint64_t data_count = 0;
+  uint64_t steps = 0;
 };
 
 /// A job event for the run's trace and metrics.

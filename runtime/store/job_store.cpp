@@ -149,7 +149,16 @@ expected<std::optional<job_store>> job_store::open(const train_config& cfg) {
     return make_error(errc::invalid_config, "cannot resume the job in " + cfg.checkpoint_dir
                                               + ": the configuration differs: " + diff);
   js.candidates_ = std::move(*cuts);
+  if (auto noted = js.store_->get("progress"); noted && *noted)
+    js.reached_ = std::strtoull((*noted)->c_str(), nullptr, 10);
   return std::optional<job_store>{std::move(js)};
+}
+
+void job_store::note_progress(uint64_t samples) {
+  kv_batch b;
+  b.puts.emplace_back("progress", std::to_string(samples_before_ + samples));
+  if (auto err = store_->write(b))
+    spdlog::warn("job: noting progress in {} failed: {}", store_->where(), describe(err));
 }
 
 std::vector<uint64_t> job_store::committed_cuts() const {

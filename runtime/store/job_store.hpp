@@ -62,8 +62,15 @@ public:
   /// run's starting point, and records of later cuts are deleted (the next cut is
   /// cut + 1, written anew).
   [[nodiscard]] caf::error adopt(uint64_t cut);
-  /// The cut adopted, and the id of the next one.
+  /// The cut adopted.
   uint64_t cut() const { return record_.cut; }
+  /// Samples the interrupted run had trained past the adopted cut (as it last noted
+  /// them): what this run trains again.
+  uint64_t redone_samples() const { return reached_ > samples_before_ ? reached_ - samples_before_ : 0; }
+
+  /// Notes how far this run got (samples in all), about once a second: not a resume
+  /// point, only what a resume will count as redone.
+  void note_progress(uint64_t samples);
 
   /// The record as of the start (and the last commit).
   const job_record& record() const { return record_; }
@@ -83,6 +90,7 @@ private:
   std::unique_ptr<kv_store> store_;
   uint32_t keep_ = 3;
   std::vector<job_record> candidates_; // committed cuts, newest first (a resume)
+  uint64_t reached_ = 0;               // samples the interrupted run noted
   job_record record_;
   uint64_t samples_before_ = 0;
   double seconds_before_ = 0;

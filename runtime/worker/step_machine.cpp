@@ -171,9 +171,15 @@ void step_machine::on_stop() {
   stop_requested_ = true;
 }
 
-void step_machine::on_batch(uint32_t batch, uint64_t from_step, uint64_t data_begin, uint64_t data_count) {
+void step_machine::on_batch(uint32_t batch, uint64_t from_step, uint64_t data_begin, uint64_t data_count,
+                            uint64_t steps) {
   if (batch == 0)
     return;
+  if (steps > 0 && steps != job_.steps) {
+    spdlog::info("worker {}: trains {} steps in all (was {}): a lost member's share handed over", job_.worker_id,
+                 steps, job_.steps);
+    job_.steps = steps;
+  }
   next_batch_ = batch;
   next_batch_from_ = from_step;
   next_data_ = {data_begin, data_count};

@@ -155,7 +155,7 @@ public:
   /// Leave after the step in flight.
   void on_stop();
   /// A new batch share from step `from_step` on, with its part of the training set.
-  void on_batch(uint32_t batch, uint64_t from_step, uint64_t data_begin, uint64_t data_count);
+  void on_batch(uint32_t batch, uint64_t from_step, uint64_t data_begin, uint64_t data_count, uint64_t steps = 0);
   /// Local steps per commit (ADSP's plan); switches to local steps outside any stage.
   void on_local_steps(uint32_t h);
   /// A stage (ASHL): local steps per commit, learning-rate factor, pull compression.

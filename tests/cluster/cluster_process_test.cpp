@@ -384,6 +384,35 @@ TEST_CASE("a frozen (SIGSTOP) worker is removed by heartbeat timeout and BSP goe
   CHECK(json_number(slurp(dir.file("r.json")), "test_accuracy") > 0.6);
 }
 
+TEST_CASE("a worker process killed (SIGKILL) mid-job hands its untrained share to the others: BSP still trains "
+          "its epochs over the whole set, and the report counts the samples taken over") {
+  temp_dir dir;
+  const uint64_t n = 9000, epochs = 4;
+  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "3", "--servers", "1",
+                                     "--epochs", std::to_string(epochs), "--set", "data.train_limit=" + std::to_string(n),
+                                     "--set", "data.test_limit=1000", "--report", dir.file("r.json"),
+                                     "--set", "train.speeds=1", "--set", "train.sample_ms=0.3"});
+  auto server = start_nodes(dir, sched.join, "server", 1);
+  auto workers = start_nodes(dir, sched.join, "worker", 3);
+  REQUIRE(wait_for_training(dir));
+  std::this_thread::sleep_for(1s);
+  workers[2].signal(SIGKILL);
+  CHECK(sched.proc.wait(120) == 0);
+  const auto log = slurp(dir.file("scheduler.log"));
+  INFO(log);
+  std::smatch m;
+  REQUIRE(std::regex_search(log, m, std::regex{R"((\d+) untrained samples of worker (\d) handed to 2 live workers \(the set re-split over them, (\d+) more rounds each\))"}));
+  const auto report = slurp(dir.file("r.json"));
+  CHECK(json_number(report, "reassigned_samples") == std::stod(m[1]));
+  CHECK(json_number(report, "reassigned_samples") > 0);
+  // The job's samples still make its epochs (less at most the lost worker's step in flight).
+  CHECK(json_number(report, "samples") >= 0.99 * epochs * n);
+  CHECK(json_number(report, "test_accuracy") > 0.6);
+  // The survivors' parts now tile the whole set: [0, 4500) and [4500, 9000).
+  std::string worker_logs = slurp(dir.file("worker-0.log")) + slurp(dir.file("worker-1.log"));
+  CHECK(worker_logs.find("a lost member's share handed over") != std::string::npos);
+}
+
 TEST_CASE("ctl remove-worker lets a worker finish its step and leave, and SIGTERM does the same") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "3", "--servers", "1",

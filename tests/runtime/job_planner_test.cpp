@@ -297,3 +297,50 @@ TEST_CASE("assignment rules: fixed data slots, steps by policy and allocation, c
   CHECK(steps_left({{0, 100}, {1, 100}}, {{0, 90}, {1, 40}}) == 60);
   CHECK(steps_left({{0, 100}}, {{0, 120}}) == 0);
 }
+
+TEST_CASE("a lost member's untrained share goes to the live members: the set re-split over them by batch, and under "
+          "lockstep the rounds it had left spread over them") {
+  // Three members of 9000 samples, batch 50, 60 rounds each; member 2 lost after 20.
+  std::map<uint32_t, member_part> live{{0, {50, 0, 3000, 60}}, {1, {50, 3000, 3000, 60}}};
+  const member_part lost{50, 6000, 3000, 60};
+  auto h = hand_over_lost(lost, 20, live, 9000, true);
+  CHECK(h.reassigned_samples == 40 * 50);
+  CHECK(h.extra_rounds == 20); // 2000 samples over 2 x 50 per round
+  REQUIRE(h.parts.size() == 2);
+  CHECK(h.parts[0].data_begin == 0);
+  CHECK(h.parts[0].data_count == 4500);
+  CHECK(h.parts[1].data_begin == 4500);
+  CHECK(h.parts[1].data_count == 4500);
+  CHECK(h.parts[0].steps == 80);
+  CHECK(h.parts[1].share == 50);
+  CHECK(h.parts[1].from_step == 0);
+  // Batch shares of 30 and 90 (an allocation): parts in proportion, 1:3.
+  std::map<uint32_t, member_part> shares{{0, {30, 0, 3000, 60}}, {4, {90, 3000, 6000, 60}}};
+  auto p = hand_over_lost(lost, 60, shares, 8000, true);
+  CHECK(p.reassigned_samples == 0); // it had finished its rounds
+  CHECK(p.extra_rounds == 0);
+  CHECK(p.parts[0].data_count == 2000);
+  CHECK(p.parts[4].data_begin == 2000);
+  CHECK(p.parts[4].data_count == 6000);
+  CHECK(p.parts[4].steps == 0); // steps stay
+  // Not lockstep: the job runs to its sample budget, only the parts move.
+  auto a = hand_over_lost(lost, 20, live, 9000, false);
+  CHECK(a.reassigned_samples == 0);
+  CHECK(a.parts.size() == 2);
+  CHECK(a.parts[0].steps == 0);
+  // Nobody left to take it.
+  CHECK(hand_over_lost(lost, 20, {}, 9000, true).parts.empty());
+}
+
+TEST_CASE("a member joining a running job gets a part of the set of its own, and only changed parts are sent") {
+  std::map<uint32_t, member_part> live{{0, {50, 0, 4500, 80}}, {1, {50, 4500, 4500, 80}}, {5, {50, 0, 9000, 40}}};
+  auto h = hand_over_joined(live, 9000);
+  REQUIRE(h.parts.size() == 3);
+  CHECK(h.parts[0].data_count == 3000);
+  CHECK(h.parts[1].data_begin == 3000);
+  CHECK(h.parts[5].data_begin == 6000);
+  CHECK(h.parts[5].data_count == 3000);
+  CHECK(h.parts[5].steps == 0);
+  std::map<uint32_t, member_part> settled{{0, {50, 0, 4500, 80}}, {1, {50, 4500, 4500, 80}}};
+  CHECK(hand_over_joined(settled, 9000).parts.empty());
+}

@@ -59,12 +59,13 @@ std::optional<std::vector<shard_cut_view>> job_checkpoints::poll(const std::vect
   return out;
 }
 
-void job_checkpoints::act(const cut_action& a, const std::vector<shard_actor>& shards, const cut_progress& progress) {
+void job_checkpoints::act(const cut_action& a, const std::vector<shard_actor>& shards,
+                          const std::function<cut_progress()>& progress) {
   switch (a.kind) {
     case cut_action::none:
       return;
     case cut_action::start: {
-      pending_ = progress;
+      pending_ = progress();
       for (const auto& s : shards)
         self_->request(s, ask_timeout, checkpoint_atom::value, a.cut, a.at_version)
           .receive([](uint64_t) {},
@@ -86,7 +87,8 @@ void job_checkpoints::act(const cut_action& a, const std::vector<shard_actor>& s
   }
 }
 
-void job_checkpoints::tick(const std::vector<shard_actor>& shards, double now, const cut_progress& progress) {
+void job_checkpoints::tick(const std::vector<shard_actor>& shards, double now,
+                           const std::function<cut_progress()>& progress) {
   if (!pacer_ || now - last_poll_ < poll_interval)
     return;
   last_poll_ = now;
@@ -98,20 +100,21 @@ void job_checkpoints::shard_lost() {
   if (!pacer_)
     return;
   if (auto a = pacer_->shard_lost())
-    act(*a, {}, {});
+    act(*a, {}, [] { return cut_progress{}; });
 }
 
 void job_checkpoints::final_cut(const std::vector<shard_actor>& shards, double now, const cut_progress& progress) {
   if (!pacer_)
     return;
-  act(pacer_->final_cut(now), shards, progress);
+  auto last = [&] { return progress; };
+  act(pacer_->final_cut(now), shards, last);
   // The shards write in the background: their status says when it is on disk.
   const auto until = std::chrono::steady_clock::now() + ask_timeout;
   double t = now;
   while (pacer_->in_flight()) {
     auto views = poll(shards);
     if (views)
-      act(pacer_->on_status(*views, t), shards, progress);
+      act(pacer_->on_status(*views, t), shards, last);
     if (!pacer_->in_flight())
       break;
     if (std::chrono::steady_clock::now() > until || !views) {

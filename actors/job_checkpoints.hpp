@@ -4,6 +4,7 @@
 // shard has it on disk), and the last one at the end.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -34,8 +35,9 @@ public:
   [[nodiscard]] caf::error take_up(const std::vector<shard_actor>& shards);
 
   /// Every driver tick: polls the shards (at most every 100 ms) and starts, commits or
-  /// abandons a cut. `progress` is what the record of a cut started now holds.
-  void tick(const std::vector<shard_actor>& shards, double now, const cut_progress& progress);
+  /// abandons a cut. `progress` gives what the record of a cut started now holds (asked
+  /// only when one starts).
+  void tick(const std::vector<shard_actor>& shards, double now, const std::function<cut_progress()>& progress);
 
   /// A shard was lost: the cut in flight (if any) is abandoned.
   void shard_lost();
@@ -46,7 +48,8 @@ public:
 
 private:
   std::optional<std::vector<shard_cut_view>> poll(const std::vector<shard_actor>& shards);
-  void act(const cut_action& a, const std::vector<shard_actor>& shards, const cut_progress& progress);
+  void act(const cut_action& a, const std::vector<shard_actor>& shards,
+           const std::function<cut_progress()>& progress);
 
   caf::scoped_actor& self_;
   job_store& store_;

@@ -446,7 +446,7 @@ private:
     // Checkpoint cuts, while every shard is there to write them; how far the job got, for
     // a resume to count what it trains again.
     if (cuts_ && lost_since_.empty())
-      cuts_->tick(shards_, now, progress_of(stats.total_samples, now, stats.workers));
+      cuts_->tick(shards_, now, [&] { return progress_of(stats.total_samples, now, stats.workers); });
     if (store_ && now - last_noted_ >= 1.0) {
       store_->note_progress(stats.total_samples);
       last_noted_ = now;

@@ -129,14 +129,15 @@ void hand_over(scheduler_pointer self, uint32_t lost) {
         if (done >= m->second.steps)
           return; // it finished its share
         const member_part gone{m->second.batch, m->second.data_begin, m->second.data_count, m->second.steps};
-        auto h = hand_over_lost(gone, done, live_parts(st), st.cfg.train_size, st.traits.lockstep);
+        const auto live = live_parts(st);
+        auto h = hand_over_lost(gone, done, live, st.cfg.train_size, st.traits.lockstep);
         if (h.parts.empty() && h.reassigned_samples == 0)
           return;
         st.reassigned += h.reassigned_samples;
         if (st.cfg.reassigned_out)
           st.cfg.reassigned_out->store(st.reassigned);
         std::string text = std::to_string(h.reassigned_samples) + " untrained samples of worker "
-                           + std::to_string(lost) + " handed to " + std::to_string(live_parts(st).size())
+                           + std::to_string(lost) + " handed to " + std::to_string(live.size())
                            + " live workers (the set re-split over them"
                            + (h.extra_rounds > 0 ? ", " + std::to_string(h.extra_rounds) + " more rounds each" : "")
                            + ")";

@@ -216,23 +216,29 @@ def wait_progress(c, before, grace):
     return False
 
 
+def pick(procs, rng, entry):
+    """A live process of `procs` at random (named in `entry`), or None."""
+    victims = [p for p in procs if p.alive()]
+    if not victims:
+        return None
+    v = rng.choice(victims)
+    entry["target"] = v.name
+    return v
+
+
 def inject(c, kind, rng, t0, a):
     at = round(time.time() - t0, 1)
     before = c.epoch()
     entry = {"at_s": at, "kind": kind, "epoch": before}
     if kind == "worker-kill":
-        victims = c.live(c.workers)
-        if victims:
-            v = rng.choice(victims)
-            entry["target"] = v.name
+        v = pick(c.workers, rng, entry)
+        if v:
             v.signal(signal.SIGKILL)
             time.sleep(2)
             c.workers.append(c.node("worker"))
     elif kind == "worker-stop":
-        victims = c.live(c.workers)
-        if victims:
-            v = rng.choice(victims)
-            entry["target"] = v.name
+        v = pick(c.workers, rng, entry)
+        if v:
             v.signal(signal.SIGSTOP)
             time.sleep(8)
             v.signal(signal.SIGCONT)
@@ -240,22 +246,17 @@ def inject(c, kind, rng, t0, a):
             if not v.alive() or "left" in open(v.log, errors="replace").read()[-2000:]:
                 c.workers.append(c.node("worker"))
     elif kind == "server-kill":
-        victims = c.live(c.servers)
-        if victims:
-            v = rng.choice(victims)
-            text = open(v.log, errors="replace").read()
-            shard = re.findall(r"hosting shard (\d+)", text)
-            entry["target"] = v.name
+        v = pick(c.servers, rng, entry)
+        if v:
+            shard = re.findall(r"hosting shard (\d+)", open(v.log, errors="replace").read())
             v.signal(signal.SIGKILL)
             time.sleep(2)
             if shard:
                 entry["shard"] = int(shard[-1])
                 c.servers.append(c.node("server", ["--shard", shard[-1]]))
     elif kind == "server-stop":
-        victims = c.live(c.servers)
-        if victims:
-            v = rng.choice(victims)
-            entry["target"] = v.name
+        v = pick(c.servers, rng, entry)
+        if v:
             v.signal(signal.SIGSTOP)
             time.sleep(3)
             v.signal(signal.SIGCONT)

@@ -114,11 +114,14 @@ using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to
                                       caf::reacts_to<lr_atom, float>>;
 
 /// The actor every node process runs: it hosts shards and workers on the scheduler's
-/// request and carries out control requests (remove a worker, shut down).
+/// request and carries out control requests (remove a worker, shut down). stop_atom (local
+/// to the node's process, after losing its scheduler): stops every shard and worker it
+/// hosts at once and replies, once each has stopped, with how many there were.
 using node_actor = caf::typed_actor<
   caf::replies_to<wire::spawn_shard>::with<shard_actor, std::string>, // and its data endpoint, or ""
   caf::replies_to<wire::spawn_worker, scheduler_actor, profiler_actor>::with<worker_actor>,
-  caf::reacts_to<wire::ctl_request>>;
+  caf::reacts_to<wire::ctl_request>,
+  caf::replies_to<stop_atom>::with<uint32_t>>;
 
 /// A job a cluster placement started: what a node joining mid-run needs to add workers.
 struct running_job {

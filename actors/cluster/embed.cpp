@@ -7,6 +7,44 @@
 
 namespace ashlar::actors {
 
+namespace {
+
+// Says hello for `node`; on a refusal the caller decides what becomes of the node.
+expected<membership> introduce(caf::actor_system& sys, const cluster_actor& cluster, const join_options& opts,
+                               const node_actor& node) {
+  wire::hello h;
+  h.protocol = opts.protocol;
+  h.roles = opts.roles;
+  h.replace_shard = opts.replace_shard;
+  h.node = opts.name;
+  h.slots = has_role(opts.roles, wire::role::worker) ? opts.slots : 0;
+  caf::scoped_actor self{sys};
+  membership m;
+  caf::error refused;
+  self->request(cluster, std::chrono::seconds(10), h, node)
+    .receive([&](const wire::welcome& w) { m.node_id = w.node_id; },
+             [&](caf::error& err) { refused = std::move(err); });
+  if (refused)
+    return refused;
+  m.cluster = cluster;
+  m.node = node;
+  return m;
+}
+
+expected<caf::strong_actor_ptr> reach(caf::actor_system& sys, const endpoint& where, join_options& opts) {
+  auto ptr = connect(sys, where, opts.timeout);
+  if (ptr && opts.data_host.empty())
+    opts.data_host = net::local_address_toward(where.host, where.port);
+  return ptr;
+}
+
+caf::error refused_by(const endpoint& where, const caf::error& err) {
+  return make_error(errc::handshake_refused,
+                    "the scheduler at " + where.to_string() + " refused this node: " + describe(err));
+}
+
+}  // namespace
+
 expected<membership> join_cluster(caf::actor_system& sys, const cluster_actor& cluster,
                                   const join_options& opts) {
   node_config nc;
@@ -23,39 +61,33 @@ expected<membership> join_cluster(caf::actor_system& sys, const cluster_actor& c
   if (!opts.data_host.empty())
     nc.data_host = opts.data_host;
   auto node = spawn_node(sys, nc);
-  wire::hello h;
-  h.protocol = opts.protocol;
-  h.roles = opts.roles;
-  h.replace_shard = opts.replace_shard;
-  h.node = opts.name;
-  h.slots = nc.slots;
-  caf::scoped_actor self{sys};
-  membership m;
-  caf::error refused;
-  self->request(cluster, std::chrono::seconds(10), h, node)
-    .receive([&](const wire::welcome& w) { m.node_id = w.node_id; },
-             [&](caf::error& err) { refused = std::move(err); });
-  if (refused) {
+  auto m = introduce(sys, cluster, opts, node);
+  if (!m)
     caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
-    return refused;
-  }
-  m.cluster = cluster;
-  m.node = node;
   return m;
 }
 
 expected<membership> join_cluster(caf::actor_system& sys, const endpoint& where,
                                   const join_options& opts) {
-  auto ptr = connect(sys, where, opts.timeout);
+  auto with_host = opts;
+  auto ptr = reach(sys, where, with_host);
   if (!ptr)
     return ptr.error();
-  auto with_host = opts;
-  if (with_host.data_host.empty())
-    with_host.data_host = net::local_address_toward(where.host, where.port);
   auto m = join_cluster(sys, caf::actor_cast<cluster_actor>(*ptr), with_host);
   if (!m)
-    return make_error(errc::handshake_refused,
-                      "the scheduler at " + where.to_string() + " refused this node: " + describe(m.error()));
+    return refused_by(where, m.error());
+  return m;
+}
+
+expected<membership> rejoin_cluster(caf::actor_system& sys, const endpoint& where, const join_options& opts,
+                                    const node_actor& node) {
+  auto with_host = opts;
+  auto ptr = reach(sys, where, with_host);
+  if (!ptr)
+    return ptr.error();
+  auto m = introduce(sys, caf::actor_cast<cluster_actor>(*ptr), with_host, node);
+  if (!m)
+    return refused_by(where, m.error());
   return m;
 }
 

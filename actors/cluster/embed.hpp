@@ -70,4 +70,11 @@ struct membership {
 [[nodiscard]] expected<membership> join_cluster(caf::actor_system& sys, const cluster_actor& local,
                                                 const join_options& opts);
 
+/// Introduces an existing node actor (one that lost its scheduler and stopped what it
+/// hosted: see node_actor's stop_atom) to the scheduler at `where` again, for example a
+/// scheduler restarted with --resume. The node keeps the data sets it loaded.
+/// Errors: as join_cluster's.
+[[nodiscard]] expected<membership> rejoin_cluster(caf::actor_system& sys, const endpoint& where,
+                                                  const join_options& opts, const node_actor& node);
+
 }  // namespace ashlar::actors

@@ -69,6 +69,8 @@ struct node_state {
   std::map<std::string, std::shared_ptr<const dataset>> data_cache;
   bool shutting_down = false;
   size_t checkpointing = 0; // shards taking their last checkpoint before they stop
+  // Answered once every child has stopped after a (stop_atom): the count it stopped.
+  std::vector<std::pair<caf::typed_response_promise<uint32_t>, uint32_t>> dropping;
 };
 
 using node_pointer = node_actor::stateful_pointer<node_state>;
@@ -222,6 +224,25 @@ void shut_down(node_pointer self, const wire::ctl_request& req) {
   }
 }
 
+// The scheduler is gone: its job cannot go on here. Every shard and worker stops now (a
+// shard's committed checkpoint cuts are on disk; the job's next scheduler restores one),
+// and the node stays, ready to join again, once the last has stopped (its checkpoint
+// store closed).
+caf::result<uint32_t> drop_all(node_pointer self) {
+  auto& st = self->state;
+  auto n = static_cast<uint32_t>(st.children->size());
+  if (n == 0)
+    return uint32_t{0};
+  spdlog::info("node {}: stopping its {} shard(s) and {} worker(s)", st.cfg.name, st.shards.size(),
+               st.workers.size());
+  for (const auto& c : *st.children)
+    self->send_exit(c, caf::exit_reason::kill);
+  st.shards.clear();
+  auto rp = self->make_response_promise<uint32_t>();
+  st.dropping.emplace_back(rp, n);
+  return rp;
+}
+
 node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
   self->state.cfg = std::move(cfg);
   self->attach_functor([children = self->state.children](const caf::error&) {
@@ -241,6 +262,11 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
       self->state.cfg.gpus->release(g->second);
       self->state.gpu_slots.erase(g);
     }
+    if (kids.empty()) {
+      for (auto& [rp, n] : self->state.dropping)
+        rp.deliver(n);
+      self->state.dropping.clear();
+    }
     maybe_report_shutdown(self);
   });
   return {
@@ -250,6 +276,7 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
       return host_worker(self, req, scheduler, profiler);
     },
     [=](const wire::ctl_request& req) { shut_down(self, req); },
+    [=](stop_atom) -> caf::result<uint32_t> { return drop_all(self); },
   };
 }
 

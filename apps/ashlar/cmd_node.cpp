@@ -42,6 +42,7 @@ struct node_options {
   std::string data_dir;
   double connect_timeout = 30;
   double wait_timeout = 120;
+  double rejoin_timeout = 60;
   bool exit_after_job = false;
   uint32_t protocol = wire::protocol_version;
   std::string data_host;
@@ -114,10 +115,16 @@ int run_node(node_options& o) {
   // join command it prints says: no one reaches an Ashlar port without credentials.
   if (!o.security.token_file.empty() && sec->token.empty())
     return fail(2, "--token-file " + o.security.token_file + " is empty");
-  std::string generated_token_file;
+  std::string generated_token_file, reused_token_file;
   const bool generate_token = is_scheduler && sec->token.empty() && !sec->tls;
-  if (generate_token)
-    sec->token = make_token();
+  if (generate_token) {
+    // A scheduler killed on this port left its token: take it up, so its nodes (waiting
+    // for it with --rejoin-timeout) join again.
+    auto ep = actors::parse_endpoint(o.listen);
+    sec->token = ep ? left_token(ep->port, reused_token_file) : std::string{};
+    if (sec->token.empty())
+      sec->token = make_token();
+  }
   if (o.name.empty())
     o.name = default_name();
   if (auto err = init_logging(job_cfg.log_level))
@@ -170,7 +177,10 @@ int run_node(node_options& o) {
       hint += " --token-file " + *file;
     }
     std::printf("ashlar scheduler listening on %s%s\n", address.c_str(), sec->tls ? " (mutual TLS)" : "");
-    if (!generated_token_file.empty())
+    if (!reused_token_file.empty())
+      std::printf("cluster token taken up from %s (left by a scheduler on this port that did not stop "
+                  "cleanly; its nodes join again)\n", reused_token_file.c_str());
+    else if (!generated_token_file.empty())
       std::printf("cluster token written to %s (readable by this user only)\n", generated_token_file.c_str());
     std::printf("join with: ashlar node --role worker --join %s%s   (or --role server)\n", address.c_str(),
                 hint.c_str());
@@ -196,8 +206,8 @@ int run_node(node_options& o) {
 
   actors::node_actor node;
   std::shared_ptr<actors::gpu_pool> gpus; // stopped before the actor system ends
+  actors::join_options jo;
   if (hosts) {
-    actors::join_options jo;
     jo.name = o.name;
     jo.roles = *roles;
     jo.slots = o.slots;
@@ -275,6 +285,58 @@ int run_node(node_options& o) {
   }
   bool draining = false;
   auto drain_deadline = std::chrono::steady_clock::now();
+  // A server or worker node that lost its scheduler stops what it hosts and waits up to
+  // --rejoin-timeout for a scheduler at the same address (one restarted with --resume
+  // takes the job up from its checkpoints), then joins it again in the same process.
+  // Returns false when it should exit (code set).
+  auto wait_and_rejoin = [&](const std::string& reason) {
+    auto lost = [&](const std::string& why) {
+      spdlog::error("node {}: lost the scheduler at {} ({}){}", o.name, address, reason, why);
+    };
+    if (is_scheduler || o.rejoin_timeout <= 0) {
+      lost("");
+      code = 1;
+      return false;
+    }
+    spdlog::warn("node {}: lost the scheduler at {} ({}); stopping its shards and workers and waiting up to {} s "
+                 "for it to come back (--rejoin-timeout)",
+                 o.name, address, reason, o.rejoin_timeout);
+    self->request(node, 30s, actors::stop_atom::value)
+      .receive([](uint32_t) {},
+               [&](caf::error& err) {
+                 spdlog::warn("node {}: its shards and workers did not all stop: {}", o.name, describe(err));
+               });
+    auto ep = actors::parse_endpoint(address);
+    auto again = jo;
+    again.replace_shard = -1; // a new scheduler places the job's shards itself
+    auto deadline = std::chrono::steady_clock::now()
+                    + std::chrono::milliseconds(static_cast<int64_t>(o.rejoin_timeout * 1000));
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (int sig = take_stop_signal(); sig != 0) {
+        spdlog::info("node {}: {} received while waiting for the scheduler; exiting", o.name, signal_name(sig));
+        return false;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      again.timeout = std::min<std::chrono::milliseconds>(left, 2s);
+      if (again.timeout.count() <= 0)
+        break;
+      auto m = actors::rejoin_cluster(sys, *ep, again, node);
+      if (m) {
+        cluster = m->cluster;
+        self->monitor(cluster);
+        spdlog::info("node {}: joined the scheduler at {} again as node {}", o.name, address, m->node_id);
+        return true;
+      }
+      if (is(m.error(), errc::handshake_refused)) {
+        lost(": " + describe(m.error()));
+        code = 1;
+        return false;
+      }
+    }
+    lost(fmt::format(": it did not come back within {:g} s; exiting", o.rejoin_timeout));
+    code = 1;
+    return false;
+  };
   // The scheduler went away: an error, unless the node reports within a second that the
   // cluster had told it to shut down (the scheduler's exit can overtake that message).
   std::optional<std::chrono::steady_clock::time_point> scheduler_lost;
@@ -328,20 +390,15 @@ int run_node(node_options& o) {
           caf::anon_send(cluster, actors::job_atom::value, rep.error());
       },
       [&](caf::down_msg& dm) {
-        if (!node) {
-          spdlog::error("node {}: lost the scheduler at {} ({})", o.name, address, to_string(dm.reason));
-          code = 1;
-          stop = true;
-          return;
-        }
+        if (dm.source != cluster.address())
+          return; // a scheduler this node left for a newer one
         scheduler_lost = std::chrono::steady_clock::now() + 1s;
         lost_reason = to_string(dm.reason);
       },
       caf::after(100ms) >> [&] {
         if (scheduler_lost && std::chrono::steady_clock::now() > *scheduler_lost) {
-          spdlog::error("node {}: lost the scheduler at {} ({})", o.name, address, lost_reason);
-          code = 1;
-          stop = true;
+          scheduler_lost.reset();
+          stop = !wait_and_rejoin(lost_reason);
           return;
         }
         int sig = take_stop_signal();
@@ -417,6 +474,10 @@ command_fn add_node(CLI::App& app) {
   cmd->add_option("--work-dir", o->work_dir,
                   "a submitted job's files (run.trace, run.metrics, run.checkpoint_dir) must lie under "
                   "this directory; relative ones are taken from it")
+    ->capture_default_str();
+  cmd->add_option("--rejoin-timeout", o->rejoin_timeout,
+                  "server/worker: seconds to wait for a lost scheduler to come back at the same address "
+                  "(e.g. restarted with --resume) and join it again; 0: exit at once")
     ->capture_default_str();
   cmd->add_flag("--exit-after-job", o->exit_after_job, "scheduler: shut the cluster down after CONFIG's job");
   cmd->add_option("--protocol-version", o->protocol, "protocol version to announce (for testing refusals)")

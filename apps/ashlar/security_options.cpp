@@ -83,14 +83,35 @@ std::string make_token() {
   return net::random_hex(32);
 }
 
-expected<std::string> write_token_file(const std::string& token, uint16_t port) {
-  std::string dir;
+namespace {
+
+std::string token_dir() {
   if (const char* home = std::getenv("ASHLAR_HOME"); home && *home)
-    dir = home;
-  else if (const char* h = std::getenv("HOME"); h && *h)
-    dir = std::string{h} + "/.ashlar";
-  else
-    dir = "/tmp/ashlar-" + std::to_string(::getuid());
+    return home;
+  if (const char* h = std::getenv("HOME"); h && *h)
+    return std::string{h} + "/.ashlar";
+  return "/tmp/ashlar-" + std::to_string(::getuid());
+}
+
+}  // namespace
+
+std::string left_token(uint16_t port, std::string& path) {
+  if (port == 0)
+    return {};
+  auto file = token_dir() + "/cluster-" + std::to_string(port) + ".token";
+  struct stat st{};
+  if (::lstat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::getuid()
+      || (st.st_mode & 077) != 0)
+    return {};
+  auto token = actors::load_token(file, nullptr);
+  if (!token || token->size() < 32)
+    return {};
+  path = file;
+  return *token;
+}
+
+expected<std::string> write_token_file(const std::string& token, uint16_t port) {
+  std::string dir = token_dir();
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec)

@@ -45,4 +45,10 @@ std::string make_token();
 /// readable by this user only; returns the path.
 [[nodiscard]] expected<std::string> write_token_file(const std::string& token, uint16_t port);
 
+/// The token a scheduler on `port` wrote there and did not remove (it was killed): a
+/// scheduler started again on that port takes it up, so the nodes holding it join again.
+/// Only a regular file of this user's, readable by no one else, with a token of 32 or more
+/// characters counts. Sets `path` to the file when it returns a token.
+std::string left_token(uint16_t port, std::string& path);
+
 }  // namespace ashlar::cli

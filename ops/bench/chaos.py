@@ -11,8 +11,10 @@ seeded schedule injects faults, one every --every seconds, until the job ends:
   server-kill     SIGKILL a server node; `node --role server --shard ID` takes over 2 s later,
                   restoring the shard from its checkpoint cuts
   server-stop     SIGSTOP a server node for 3 s, then SIGCONT
-  scheduler-kill  SIGKILL the scheduler: every node exits naming it; the cluster is started
-                  again with --resume from the checkpoint directory
+  scheduler-kill  SIGKILL the scheduler: every node stops its shards and workers and waits
+                  for it (--rejoin-timeout); the scheduler is started again on the same port
+                  with --resume, takes the job up from its checkpoint cuts, and the same
+                  node processes join it again
 
 Faults come for as long as the undisturbed job took, each --every seconds after the
 previous one has recovered; then the job is left to finish. A fault is survived when the job's progress (the epoch in the scheduler's progress lines)
@@ -96,13 +98,10 @@ class Cluster:
         return self.start(name, ["node", "--role", role, "--name", name, "--join", self.join,
                                  "--token-file", self.a.token_file, "--work-dir", self.out, *extra])
 
-    def launch(self, resume):
-        port = os.path.join(self.out, f"{self.tag}-port")
-        if os.path.exists(port):
-            os.remove(port)
+    def scheduler(self, listen, port_file, resume):
         self.runs += 1
         a = self.a
-        argv = ["node", "--role", "scheduler", "--listen", "127.0.0.1:0", "--port-file", port,
+        argv = ["node", "--role", "scheduler", "--listen", listen, "--port-file", port_file,
                 "--token-file", a.token_file, "--work-dir", self.out, a.config,
                 "--exit-after-job", "--workers", "4", "--servers", "2", "--epochs", str(a.epochs),
                 "--checkpoint-dir", os.path.join(self.out, f"{self.tag}-ck"), "--checkpoint-every", "50",
@@ -113,12 +112,23 @@ class Cluster:
         if resume:
             argv.append("--resume")
         self.sched = self.start(f"scheduler-{self.runs}", argv)
+
+    def launch(self):
+        port = os.path.join(self.out, f"{self.tag}-port")
+        if os.path.exists(port):
+            os.remove(port)
+        self.scheduler("127.0.0.1:0", port, resume=False)
         deadline = time.time() + 30
         while time.time() < deadline and not (os.path.exists(port) and open(port).read().strip()):
             time.sleep(0.1)
         self.join = "127.0.0.1:" + open(port).read().strip()
         self.servers = [self.node("server") for _ in range(2)]
         self.workers = [self.node("worker") for _ in range(4)]
+
+    def restart_scheduler(self):
+        """The scheduler again, on its port, taking the job up from its checkpoints."""
+        port = self.join.rsplit(":", 1)[1]
+        self.scheduler("127.0.0.1:" + port, os.path.join(self.out, f"{self.tag}-port"), resume=True)
 
     def sched_log(self):
         try:
@@ -158,7 +168,7 @@ def run_job(a, out, tag, faults, window=0.0):
     c = Cluster(a, out, tag)
     rows, stop, t0 = [], threading.Event(), time.time()
     sampler = threading.Thread(target=sample_memory, args=(c, rows, stop, t0), daemon=True)
-    c.launch(resume=False)
+    c.launch()
     sampler.start()
     log = []
     rng = random.Random(a.seed)
@@ -202,6 +212,13 @@ def run_job(a, out, tag, faults, window=0.0):
                 pass
     return {"hung": hung, "rc": c.sched.p.returncode, "seconds": took, "faults": log, "reports": reports,
             "rss": rows, "runs": c.runs}
+
+
+def log_count(path, text):
+    try:
+        return open(path, errors="replace").read().count(text)
+    except OSError:
+        return 0
 
 
 def wait_progress(c, before, grace):
@@ -263,19 +280,27 @@ def inject(c, kind, rng, t0, a):
     elif kind == "scheduler-kill":
         entry["target"] = c.sched.name
         c.sched.signal(signal.SIGKILL)
-        # Every node notices and exits, naming the scheduler; then the cluster starts
-        # again from its checkpoints.
-        deadline = time.time() + 30
-        while time.time() < deadline and c.live(c.servers + c.workers):
-            time.sleep(0.5)
-        entry["nodes_exited"] = not c.live(c.servers + c.workers)
-        for p in c.live(c.servers + c.workers):
-            p.signal(signal.SIGKILL)
-        c.launch(resume=True)
+        # Every node notices, stops what it hosts and waits; the scheduler starts again
+        # on its port and the same node processes join it.
+        nodes = c.live(c.servers + c.workers)
+        joined = {p.name: log_count(p.log, "again as node") for p in nodes}
+        deadline = time.time() + 15
+        while time.time() < deadline and not all(log_count(p.log, "waiting up to") > joined[p.name] for p in nodes):
+            time.sleep(0.2)
+        c.sched.p.wait()
+        c.restart_scheduler()
         before = 0.0  # the new scheduler's log starts over
-    entry["survived"] = wait_progress(c, before, a.grace)
+        deadline = time.time() + a.grace
+        while time.time() < deadline and not all(log_count(p.log, "again as node") > joined[p.name] for p in nodes):
+            time.sleep(0.5)
+        back = [p for p in nodes if log_count(p.log, "again as node") > joined[p.name]]
+        entry["nodes_rejoined"] = f"{len(back)}/{len(nodes)}"
+        entry["rejoined_all"] = len(back) == len(nodes)
+    entry["survived"] = wait_progress(c, before, a.grace) and entry.get("rejoined_all", True)
     print(f"  [{at:7.1f}s] {kind:15s} {entry.get('target', '-'):12s} at epoch {entry['epoch']:.2f}: "
-          f"{'survived' if entry['survived'] else 'NOT SURVIVED'}", flush=True)
+          f"{'survived' if entry['survived'] else 'NOT SURVIVED'}"
+          + (f" ({entry['nodes_rejoined']} node processes joined it again)" if "nodes_rejoined" in entry else ""),
+          flush=True)
     return entry
 
 
@@ -361,7 +386,7 @@ def main():
         mem = rss_summary(r["rss"], 0)
         summary.update({"undisturbed": {"rc": base["rc"], "seconds": round(base["seconds"], 1), "accuracy": base_acc},
                         "chaos": {"rc": r["rc"], "hung": r["hung"], "seconds": round(r["seconds"], 1),
-                                  "accuracy": acc, "relaunches": r["runs"] - 1},
+                                  "accuracy": acc, "scheduler_restarts": r["runs"] - 1},
                         "faults_injected": injected, "faults_survived": survived, "faults": r["faults"],
                         "redone_samples": redone, "reassigned_samples": taken, "memory": mem})
         delta = None if acc is None or base_acc is None else acc - base_acc

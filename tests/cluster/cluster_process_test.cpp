@@ -39,11 +39,15 @@ std::vector<subprocess> start_nodes(const temp_dir& dir, const std::string& join
 
 // A server node and a worker node with `slots` worker slots, joined to the scheduler at
 // `join` (logs server.log and worker.log).
-std::vector<subprocess> start_server_and_worker(const temp_dir& dir, const std::string& join, int slots) {
+std::vector<subprocess> start_server_and_worker(const temp_dir& dir, const std::string& join, int slots,
+                                                std::vector<std::string> extra = {}) {
   std::vector<subprocess> out;
-  out.push_back(start({exe, "node", "--role", "server", "--join", join}, dir.file("server.log")));
-  out.push_back(start({exe, "node", "--role", "worker", "--slots", std::to_string(slots), "--join", join},
-                      dir.file("worker.log")));
+  std::vector<std::string> server = {exe, "node", "--role", "server", "--join", join};
+  std::vector<std::string> worker = {exe, "node", "--role", "worker", "--slots", std::to_string(slots), "--join", join};
+  server.insert(server.end(), extra.begin(), extra.end());
+  worker.insert(worker.end(), extra.begin(), extra.end());
+  out.push_back(start(server, dir.file("server.log")));
+  out.push_back(start(worker, dir.file("worker.log")));
   REQUIRE(wait_for_file(dir.file("worker.log"),
                         [](const std::string& t) { return t.find("joined the cluster") != std::string::npos; }, 15s));
   return out;
@@ -622,11 +626,11 @@ TEST_CASE("ashlar status with 20 workers lists the slowest and fastest 8 under t
   CHECK(sched.proc.wait(30) == 0);
 }
 
-TEST_CASE("server and worker nodes whose scheduler is killed (SIGKILL) mid-job exit naming it, their shards and "
-          "workers stopped, never hanging") {
+TEST_CASE("server and worker nodes whose scheduler is killed (SIGKILL) mid-job stop their shards and workers, "
+          "wait --rejoin-timeout for it, then exit naming it, never hanging") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {});
-  auto nodes = start_server_and_worker(dir, sched.join, 2);
+  auto nodes = start_server_and_worker(dir, sched.join, 2, {"--rejoin-timeout", "3"});
   auto train = start({exe, "train", config, "--join", sched.join, "--workers", "2", "--servers", "2",
                       "--epochs", "50", "--set", "train.speeds=1", "--set", "train.sample_ms=0.3"},
                      dir.file("train.log"));
@@ -634,12 +638,62 @@ TEST_CASE("server and worker nodes whose scheduler is killed (SIGKILL) mid-job e
   std::this_thread::sleep_for(1s);
   sched.proc.signal(SIGKILL);
   sched.proc.wait(10);
-  for (auto* p : {&nodes[0], &nodes[1], &train})
+  CHECK(train.wait(20) == 1);
+  auto lost = std::chrono::steady_clock::now();
+  for (auto* p : {&nodes[0], &nodes[1]})
     CHECK(p->wait(20) == 1);
+  // They waited (1 s to tell a loss from a shutdown, then --rejoin-timeout).
+  CHECK(std::chrono::steady_clock::now() - lost > 3s);
   for (auto name : {"server.log", "worker.log"}) {
-    INFO(name << ": " << slurp(dir.file(name)));
-    CHECK(slurp(dir.file(name)).find("lost the scheduler at " + sched.join) != std::string::npos);
+    auto log = slurp(dir.file(name));
+    INFO(name << ": " << log);
+    CHECK(log.find("lost the scheduler at " + sched.join) != std::string::npos);
+    CHECK(log.find("stopping its") != std::string::npos);
+    CHECK(log.find("it did not come back within 3 s; exiting") != std::string::npos);
   }
+}
+
+TEST_CASE("a scheduler killed mid-job and started again with --resume on its port takes the job up: the same "
+          "server and worker processes join it again and the job ends complete") {
+  temp_dir dir;
+  std::vector<std::string> job = {config, "--exit-after-job", "--workers", "2", "--servers", "2", "--epochs", "4",
+                                  "--checkpoint-dir", dir.file("ck"), "--checkpoint-every", "20",
+                                  "--report", dir.file("r.json"), "--set", "data.train_limit=12000",
+                                  "--set", "data.test_limit=2000", "--set", "train.speeds=1",
+                                  "--set", "train.sample_ms=0.6", "--set", "train.lr=0.05",
+                                  "--set", "run.progress_interval=1"};
+  auto sched = start_scheduler(dir, job);
+  auto servers = start_nodes(dir, sched.join, "server", 2);
+  auto workers = start_nodes(dir, sched.join, "worker", 2);
+  REQUIRE(wait_for_file(dir.file("scheduler.log"),
+                        [](const std::string& t) { return t.find("epoch 1.00: test accuracy") != std::string::npos; },
+                        90s));
+  sched.proc.signal(SIGKILL);
+  sched.proc.wait(10);
+  REQUIRE(wait_for_file(dir.file("worker-0.log"),
+                        [](const std::string& t) { return t.find("waiting up to") != std::string::npos; }, 10s));
+  // The same port, the same checkpoint directory, --resume.
+  auto port = sched.join.substr(sched.join.rfind(':') + 1);
+  std::vector<std::string> again = {exe, "node", "--role", "scheduler", "--listen", "127.0.0.1:" + port, "--resume"};
+  again.insert(again.end(), job.begin(), job.end());
+  auto resumed = start(again, dir.file("resumed.log"));
+  int code = resumed.wait(180);
+  auto log = slurp(dir.file("resumed.log"));
+  INFO(log);
+  REQUIRE(code == 0);
+  CHECK(log.find("job: resuming from " + dir.file("ck") + ", checkpoint cut ") != std::string::npos);
+  for (auto* set : {&servers, &workers})
+    for (auto& p : *set)
+      CHECK(p.wait(30) == 0); // the processes started first, shut down by the resumed job's end
+  for (auto name : {"server-0.log", "server-1.log", "worker-0.log", "worker-1.log"}) {
+    auto text = slurp(dir.file(name));
+    INFO(name << ": " << text);
+    CHECK(text.find("joined the scheduler at " + sched.join + " again") != std::string::npos);
+  }
+  auto report = slurp(dir.file("r.json"));
+  CHECK(json_number(report, "epochs_trained") == 4);
+  CHECK(json_number(report, "samples") < 4 * 12000); // this run's: it went on from a cut
+  CHECK(json_number(report, "test_accuracy") > 0.8);
 }
 
 TEST_CASE("worker processes all-reduce on a ring over CAF's network, and a killed member ends the job with an error") {

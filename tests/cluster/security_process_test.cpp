@@ -507,3 +507,55 @@ TEST_CASE("a relay between a node and the scheduler never sees the token, and wi
     CHECK(sched.proc.wait(10) == 0);
   }
 }
+
+TEST_CASE("a scheduler started again on the port of a killed one takes up the token it left, so its waiting nodes "
+          "join again; a clean stop removes the token, and a token file others can read is never taken up") {
+  temp_dir dir;
+  auto home = "ASHLAR_HOME=" + dir.path();
+  auto scheduler = [&](const std::string& listen, const std::string& log) {
+    std::remove(dir.file("port").c_str());
+    auto p = start({"/usr/bin/env", "-u", "ASHLAR_TOKEN", home, exe, "node", "--role", "scheduler", "--listen",
+                    listen, "--port-file", dir.file("port")},
+                   dir.file(log));
+    REQUIRE(wait_for_file(dir.file("port"), [](const std::string& t) { return !t.empty(); }, 20s));
+    return p;
+  };
+  auto first = scheduler("127.0.0.1:0", "first.log");
+  auto port = slurp(dir.file("port"));
+  port.erase(port.find_last_not_of("\n ") + 1);
+  const auto join = "127.0.0.1:" + port;
+  const auto token_file = dir.file("cluster-" + port + ".token");
+  REQUIRE(std::filesystem::exists(token_file));
+  auto worker = start(stranger({"node", "--role", "worker", "--join", join, "--token-file", token_file,
+                                "--rejoin-timeout", "30"}),
+                      dir.file("worker.log"));
+  REQUIRE(wait_for_file(dir.file("worker.log"),
+                        [](const std::string& t) { return t.find("joined the cluster") != std::string::npos; }, 20s));
+  first.signal(SIGKILL);
+  first.wait(10);
+  REQUIRE(wait_for_file(dir.file("worker.log"),
+                        [](const std::string& t) { return t.find("waiting up to 30 s") != std::string::npos; }, 10s));
+  auto second = scheduler(join, "second.log");
+  CHECK(wait_for_file(dir.file("worker.log"),
+                      [&](const std::string& t) {
+                        return t.find("joined the scheduler at " + join + " again") != std::string::npos;
+                      },
+                      20s));
+  CHECK(slurp(dir.file("second.log")).find("cluster token taken up from " + token_file) != std::string::npos);
+  second.signal(SIGTERM);
+  CHECK(second.wait(20) == 0);
+  CHECK_FALSE(std::filesystem::exists(token_file));
+
+  // A token file others may read is not the scheduler's own: a fresh token is made.
+  { std::ofstream{token_file} << std::string(64, 'a') << "\n"; }
+  std::filesystem::permissions(token_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write
+                                             | std::filesystem::perms::group_read | std::filesystem::perms::others_read);
+  auto third = scheduler(join, "third.log");
+  auto log = slurp(dir.file("third.log"));
+  INFO(log);
+  CHECK(log.find("taken up") == std::string::npos);
+  CHECK(log.find("cluster token written to " + token_file) != std::string::npos);
+  CHECK(slurp(token_file).find(std::string(64, 'a')) == std::string::npos);
+  third.signal(SIGTERM);
+  CHECK(third.wait(20) == 0);
+}

@@ -66,12 +66,24 @@ void job_checkpoints::act(const cut_action& a, const std::vector<shard_actor>& s
       return;
     case cut_action::start: {
       pending_ = progress();
+      // Asked all at once: the sooner every shard has it, the fewer rounds it needs ahead.
+      std::vector<decltype(self_->request(shards.front(), ask_timeout, checkpoint_atom::value, a.cut,
+                                          a.at_version))>
+        asked;
       for (const auto& s : shards)
-        self_->request(s, ask_timeout, checkpoint_atom::value, a.cut, a.at_version)
-          .receive([](uint64_t) {},
-                   [&](caf::error& e) {
-                     spdlog::error("job: checkpoint cut {} could not start: {}", a.cut, describe(e));
-                   });
+        asked.push_back(self_->request(s, ask_timeout, checkpoint_atom::value, a.cut, a.at_version));
+      std::string refused;
+      for (auto& h : asked)
+        h.receive([](uint64_t) {},
+                  [&](caf::error& e) {
+                    if (refused.empty())
+                      refused = describe(e);
+                  });
+      if (!refused.empty()) {
+        if (auto m = pacer_->missed(a.cut, refused))
+          spdlog::info("job: checkpoint cut {} not taken ({}); the next looks {} rounds ahead", a.cut, refused,
+                       pacer_->margin());
+      }
       return;
     }
     case cut_action::commit:

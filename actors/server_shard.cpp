@@ -332,6 +332,10 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
       if (cut == 0)
         return make_error(errc::invalid_argument, "checkpoint cut 0 is not a cut");
       st.due_cut.reset();
+      if (at_version != 0 && at_version < st.core->version())
+        return make_error(errc::invalid_state, "shard " + std::to_string(st.core->range().shard_id)
+                                                 + " was at version " + std::to_string(st.core->version())
+                                                 + ", past the cut's version " + std::to_string(at_version));
       if (at_version > st.core->version())
         st.due_cut.emplace(cut, at_version);
       else

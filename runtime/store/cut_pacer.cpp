@@ -55,10 +55,20 @@ cut_action cut_pacer::on_status(const std::vector<shard_cut_view>& shards, doubl
     base_ = v0;
   if (every_ == 0 || v0 < *base_ + every_)
     return {};
-  const bool level = std::all_of(shards.begin(), shards.end(), [&](const auto& s) { return s.version == v0; });
-  const uint64_t at = lockstep_ && level ? v0 + 1 : 0;
+  const uint64_t newest =
+    std::max_element(shards.begin(), shards.end(), [](const auto& a, const auto& b) { return a.version < b.version; })
+      ->version;
+  const uint64_t at = lockstep_ ? newest + margin_ : 0;
   base_ = at != 0 ? at : v0;
   return begin(at, now);
+}
+
+std::optional<cut_action> cut_pacer::missed(uint64_t cut, const std::string& why) {
+  if (!flight_ || flight_->cut != cut)
+    return std::nullopt;
+  flight_.reset();
+  margin_ = std::min<uint64_t>(margin_ * 2, 1 << 16);
+  return cut_action{cut_action::abandon, cut, 0, why};
 }
 
 cut_action cut_pacer::final_cut(double now) { return begin(0, now); }

@@ -2,9 +2,11 @@
 // shards' versions and the cuts they have on disk; it answers what to do next.
 //
 // One cut is in flight at a time. A cut starts once shard 0 has made `every` versions
-// since the last one started. Under a lockstep policy whose shards are all at the same
-// version, every shard writes the next version (the same round on every shard: an exact
-// cut of the model); otherwise each writes the version it is at when asked. The cut is
+// since the last one started. Under a lockstep policy every shard writes one version a
+// few rounds past the newest it reported (the same round on every shard: an exact cut of
+// the model); a shard already past it when asked refuses, the cut is abandoned, and the
+// next one looks twice as far ahead. Otherwise each writes the version it is at when
+// asked. The cut is
 // done (the job record may name it) when every shard reports it on disk; it is abandoned
 // when a shard reports a failed write, a shard is lost, or it takes longer than the
 // timeout. Ids are never reused within a run: a late write of an abandoned cut can never
@@ -45,6 +47,12 @@ public:
   cut_action final_cut(double now);
   /// A shard was lost: a cut in flight is abandoned (it would never complete).
   std::optional<cut_action> shard_lost();
+  /// A shard could not take cut `cut` (it was past the cut's version when asked): the
+  /// cut is abandoned and later ones look twice as many rounds ahead. Nothing when
+  /// `cut` is not in flight.
+  std::optional<cut_action> missed(uint64_t cut, const std::string& why);
+  /// How many rounds past the newest reported version a lockstep cut is taken.
+  uint64_t margin() const { return margin_; }
 
   std::optional<uint64_t> in_flight() const;
   uint64_t last_committed() const { return last_committed_; }
@@ -56,6 +64,7 @@ private:
   uint64_t last_committed_;
   uint64_t next_;
   double timeout_s_;
+  uint64_t margin_ = 2;
   std::optional<uint64_t> base_; // shard 0's version when the last cut started
   struct flight {
     uint64_t cut = 0;

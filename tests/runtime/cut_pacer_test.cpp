@@ -39,17 +39,36 @@ TEST_CASE("a cut starts every K versions of shard 0, one at a time, and is commi
   CHECK(next.cut == 2);
 }
 
-TEST_CASE("under a lockstep policy with every shard at one version, every shard writes the next version") {
+TEST_CASE("under a lockstep policy every shard writes one version a few rounds past the newest, and a cut a "
+          "shard had passed is taken again further ahead") {
   cut_pacer p{10, true, 4};
   p.on_status(at({0, 0, 0}), 0.0);
   auto a = p.on_status(at({10, 10, 10}), 1.0);
   REQUIRE(a.kind == cut_action::start);
   CHECK(a.cut == 5); // after the cut the job started from
-  CHECK(a.at_version == 11);
-  // Shards mid-round (one ahead): no shared version to wait for, each writes its own.
+  CHECK(a.at_version == 12);
+  // Shards mid-round (one ahead): still one version for all, past the newest.
   cut_pacer q{10, true, 0};
   q.on_status(at({0, 0}), 0.0);
-  CHECK(q.on_status(at({10, 11}), 1.0).at_version == 0);
+  auto b = q.on_status(at({10, 11}), 1.0);
+  REQUIRE(b.kind == cut_action::start);
+  CHECK(b.at_version == 13);
+  // A shard was past it when asked: abandoned, and the next cut looks twice as far ahead.
+  CHECK_FALSE(q.missed(b.cut + 1, "not this one"));
+  auto m = q.missed(b.cut, "shard 1 is at version 14, past 13");
+  REQUIRE(m);
+  CHECK(m->kind == cut_action::abandon);
+  CHECK(m->why.find("past 13") != std::string::npos);
+  CHECK_FALSE(q.in_flight());
+  CHECK(q.margin() == 4);
+  auto c = q.on_status(at({24, 24}), 2.0);
+  REQUIRE(c.kind == cut_action::start);
+  CHECK(c.cut == b.cut + 1);
+  CHECK(c.at_version == 28);
+  // Not lockstep: each shard writes its current version.
+  cut_pacer r{10, false, 0};
+  r.on_status(at({0, 0}), 0.0);
+  CHECK(r.on_status(at({10, 11}), 1.0).at_version == 0);
 }
 
 TEST_CASE("a cut is abandoned on a failed write, a lost shard or a timeout, and its id is never reused") {

@@ -1,5 +1,7 @@
 #include "apps/ashlar/bench_hetero.hpp"
 
+#include "runtime/config/policy_rules.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -101,7 +103,8 @@ int run_hetero_bench(const hetero_options& o) {
     std::string name = entry.substr(0, plus);
     std::string allocation = plus == std::string::npos ? "equal" : entry.substr(plus + 1);
     train_config cfg;
-    if (auto err = resolve_config(o.train, cfg)) {
+    // The policy's rules apply once the bench has set the policy and the workers.
+    if (auto err = resolve_config(o.train, cfg, false)) {
       std::fprintf(stderr, "ashlar bench hetero: %s\n", describe(err).c_str());
       return 2;
     }
@@ -118,6 +121,7 @@ int run_hetero_bench(const hetero_options& o) {
       {"run.eval_every_epoch", "false"},
       {"run.progress_interval", "0"},
     };
+    const size_t bench_settings = settings.size(); // the bench's own; --policy-set ones follow
     for (const auto& ps : o.policy_sets) {
       auto colon = ps.find(':');
       auto eq = ps.find('=');
@@ -135,9 +139,13 @@ int run_hetero_bench(const hetero_options& o) {
       }
     }
     caf::error err;
-    for (const auto& [k, v] : settings)
-      if (!err)
-        err = apply_setting(cfg, k, v);
+    for (size_t i = 0; i < settings.size() && !err; ++i)
+      err = apply_setting(cfg, settings[i].first, settings[i].second, i < bench_settings ? "" : "--policy-set");
+    if (!err)
+      err = apply_policy_rules(cfg);
+    for (const auto& [key, source] : cfg.sources)
+      if (source.rfind("rule: ", 0) == 0 && key != "train.batch_size" && key != "train.lr" && key != "train.momentum")
+        own_settings += ", " + key + "=" + setting_text(cfg, key) + " (rule)";
     if (!err)
       err = validate(cfg);
     if (err) {

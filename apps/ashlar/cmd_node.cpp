@@ -276,6 +276,7 @@ int run_node(node_options& o) {
     credential_files.push_back(std::filesystem::weakly_canonical(o.security.token_file).string());
   bool stop = false;
   if (is_scheduler && !o.train.config_file.empty()) {
+    log_rule_notes(job_cfg);
     auto rep = run_cluster_job(sys, cluster, job_cfg, o.wait_timeout, metrics.get());
     code = finish_run(job_cfg, rep, "ashlar node");
     // A job that could not run (its nodes did not come in time, ...) ends the scheduler

@@ -96,16 +96,25 @@ command_fn add_train(CLI::App& app) {
   add_train_options(cmd, *o);
   cmd->add_option("--join", *join, "submit the job to the scheduler at HOST:PORT instead");
   add_security_options(cmd, *security, false);
-  return [o, join, security] {
+  auto explain_only = std::make_shared<bool>(false);
+  cmd->add_flag("--explain", *explain_only,
+                "print every setting's effective value and where it came from (default, file:line, env, flag, "
+                "--set, the policy's rule), then exit");
+  return [o, join, security, explain_only] {
     train_config cfg;
     if (auto err = resolve_config(*o, cfg)) {
       std::fprintf(stderr, "ashlar train: %s\n", describe(err).c_str());
       return 2;
     }
+    if (*explain_only) {
+      std::fputs(explain(cfg).c_str(), stdout);
+      return 0;
+    }
     if (auto err = init_logging(cfg.log_level)) {
       std::fprintf(stderr, "ashlar train: %s\n", describe(err).c_str());
       return 2;
     }
+    log_rule_notes(cfg);
     if (!join->empty())
       return submit(cfg, *join, *security);
     // Ctrl-C (or SIGTERM) stops the job after the workers' current step, with its final

@@ -4,6 +4,9 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include <spdlog/spdlog.h>
+
+#include "runtime/config/policy_rules.hpp"
 #include "runtime/core/log.hpp"
 
 namespace ashlar::cli {
@@ -73,7 +76,9 @@ void add_train_options(CLI::App* cmd, train_options& o, bool with_config) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--workers", o.workers, "number of workers (train.workers)");
   cmd->add_option("--servers", o.servers, "number of server shards (train.servers)");
-  cmd->add_option("--policy", o.policy, "sync policy: bsp or asp (train.policy)");
+  cmd->add_option("--policy", o.policy,
+                  "sync policy (train.policy): bsp, asp, ssp, ksync, kasync, adaptive, adsp, ashl or ring; "
+                  "README's \"Which policy\" table says which to pick");
   cmd->add_option("--epochs", o.epochs, "passes over the training set (train.epochs)");
   cmd->add_option("--seed", o.seed, "seed for initial parameters and data order (train.seed)");
   cmd->add_option("--batch-size", o.batch, "mini-batch size per worker (train.batch_size)");
@@ -94,7 +99,7 @@ void add_train_options(CLI::App* cmd, train_options& o, bool with_config) {
   cmd->add_option("--set", o.sets, "override any key: --set section.key=value (repeatable)");
 }
 
-caf::error resolve_config(const train_options& o, train_config& cfg) {
+caf::error resolve_config(const train_options& o, train_config& cfg, bool rules) {
   if (!o.config_file.empty())
     if (auto err = apply_toml_file(cfg, o.config_file))
       return err;
@@ -102,7 +107,7 @@ caf::error resolve_config(const train_options& o, train_config& cfg) {
     return err;
   for (const auto& f : flag_keys)
     if (o.*f.member)
-      if (auto err = apply_setting(cfg, f.key, *(o.*f.member)))
+      if (auto err = apply_setting(cfg, f.key, *(o.*f.member), f.flag))
         return err;
   if (o.resume)
     cfg.resume = true;
@@ -110,10 +115,33 @@ caf::error resolve_config(const train_options& o, train_config& cfg) {
     auto eq = kv.find('=');
     if (eq == std::string::npos)
       return make_error(errc::invalid_argument, "--set expects section.key=value, got '" + kv + "'");
-    if (auto err = apply_setting(cfg, kv.substr(0, eq), kv.substr(eq + 1)))
+    if (auto err = apply_setting(cfg, kv.substr(0, eq), kv.substr(eq + 1), "--set"))
       return err;
   }
+  if (rules)
+    if (auto err = apply_policy_rules(cfg))
+      return err;
   return validate(cfg);
+}
+
+void log_rule_notes(const train_config& cfg) {
+  for (const auto& note : rule_notes(cfg))
+    spdlog::info("policy {}: {}", cfg.policy, note);
+}
+
+std::string explain(const train_config& cfg) {
+  size_t width = 0;
+  for (const auto& k : config_keys())
+    width = std::max(width, k.key.size() + 3 + setting_text(cfg, k.key).size());
+  std::string out;
+  for (const auto& k : config_keys()) {
+    auto line = k.key + " = " + setting_text(cfg, k.key);
+    auto it = cfg.sources.find(k.key);
+    line += std::string(width + 2 - std::min(width, line.size()), ' ');
+    line += it == cfg.sources.end() ? "default" : it->second;
+    out += line + "\n";
+  }
+  return out;
 }
 
 std::string worker_rates(const std::vector<wire::worker_stats>& workers) {

@@ -28,8 +28,17 @@ struct train_options {
 /// Adds the CONFIG positional (when `with_config`) and the training flags to `cmd`.
 void add_train_options(CLI::App* cmd, train_options& o, bool with_config = true);
 
-/// Fills `cfg` from the file, ASHLAR_* variables and flags, and validates it.
-[[nodiscard]] caf::error resolve_config(const train_options& o, train_config& cfg);
+/// Fills `cfg` from the file, ASHLAR_* variables and flags (recording where each value
+/// came from), applies the policy's rules (runtime/config/policy_rules.hpp) unless
+/// `rules` is false, and validates it.
+[[nodiscard]] caf::error resolve_config(const train_options& o, train_config& cfg, bool rules = true);
+
+/// Logs the values the policy's rules derived, one line each.
+void log_rule_notes(const train_config& cfg);
+
+/// Every key's effective value and where it came from: default, FILE:LINE, env VAR, a
+/// flag, --set, or the policy's rule (with the rule).
+std::string explain(const train_config& cfg);
 
 /// Workers a progress line lists by name; with more, it gives the spread (min, median,
 /// max) and the slowest three.

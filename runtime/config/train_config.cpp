@@ -242,7 +242,8 @@ const std::vector<field>& fields() {
          [](train_config& c) -> uint32_t& { return c.workers; }),
     bind("train.servers", "number of server shards (default 2)",
          [](train_config& c) -> uint32_t& { return c.servers; }),
-    bind("train.policy", "sync policy: bsp, asp, ssp, ksync, kasync, adsp, adaptive, ashl or ring (default bsp)",
+    bind("train.policy", "sync policy: bsp, asp, ssp, ksync, kasync, adsp, adaptive, ashl or ring; README's "
+                         "\"Which policy\" table says which to pick (default bsp)",
          [](train_config& c) -> std::string& { return c.policy; }),
     bind("train.epochs", "passes over the training set (default 10)",
          [](train_config& c) -> uint32_t& { return c.epochs; }),
@@ -269,7 +270,8 @@ const std::vector<field>& fields() {
          [](train_config& c) -> double& { return c.sample_ms; }),
     bind("train.contention", "pacing: contention profile file, lines WORKER START_S END_S FACTOR (default none)",
          [](train_config& c) -> std::string& { return c.contention; }),
-    bind("train.lr", "learning rate; under asp every push is a step, so use about lr / workers (default 0.05)",
+    bind("train.lr", "learning rate of synchronous training; other policies derive theirs from it (train.policy_rules) "
+                     "(default 0.05)",
          [](train_config& c) -> float& { return c.optimizer.lr; }),
     bind("train.lr_schedule", "learning rate over the epochs (or over run.time_limit, if that ends first): constant, "
                               "cosine (half a cosine down to 0) or step (x0.1 at half the epochs, x0.01 at three "
@@ -286,6 +288,10 @@ const std::vector<field>& fields() {
          [](train_config& c) -> allocation_mode& { return c.allocation; }),
     bind("train.data_plane", "cluster: tensors on direct worker-shard connections (default true)",
          [](train_config& c) -> bool& { return c.data_plane; }),
+    bind("train.policy_rules", "derive the policy's lr, momentum, batch and commit scaling from this config's "
+                               "(synchronous) values by its rules, for keys not set by flag, --set or environment; "
+                               "`ashlar train --explain` shows them (default true)",
+         [](train_config& c) -> bool& { return c.policy_rules; }),
     bind("train.staleness_aware_lr", "asp: divide lr by 1 + staleness (default false)",
          [](train_config& c) -> bool& { return c.policy_settings.staleness_aware_lr; }),
     bind("train.staleness_bound", "ssp: clocks a worker may run ahead of the slowest (default 3)",
@@ -460,12 +466,17 @@ std::vector<config_key_info> config_keys() {
   return out;
 }
 
-caf::error apply_setting(train_config& cfg, const std::string& key, const std::string& text) {
+caf::error apply_setting(train_config& cfg, const std::string& key, const std::string& text,
+                         const std::string& source) {
   auto f = find_field(key);
   if (!f)
     return make_error(errc::invalid_config,
                       "unknown config key '" + key + "' (known: " + known_keys() + ")");
-  return f->set(cfg, text);
+  if (auto err = f->set(cfg, text))
+    return err;
+  if (!source.empty())
+    cfg.sources[key] = source;
+  return caf::none;
 }
 
 std::string setting_text(const train_config& cfg, const std::string& key) {
@@ -506,7 +517,7 @@ caf::error apply_toml_text(train_config& cfg, const std::string& text, const std
       } else if (!toml_text(value, txt))
         return make_error(errc::invalid_config,
                           where(value) + ": config key " + key + " has an unsupported value type");
-      if (auto err = apply_setting(cfg, key, txt))
+      if (auto err = apply_setting(cfg, key, txt, where(value)))
         return make_error(errc::invalid_config, where(value) + ": " + describe(err));
     }
   }
@@ -531,7 +542,7 @@ caf::error apply_environment(train_config& cfg, const env_lookup& lookup) {
   for (const auto& f : fields()) {
     auto name = env_name(f.key);
     if (const char* v = lookup(name.c_str()))
-      if (auto err = f.set(cfg, v))
+      if (auto err = apply_setting(cfg, f.key, v, "env " + name))
         return make_error(errc::invalid_config, "environment variable " + name + ": " + describe(err));
   }
   return caf::none;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,11 @@ struct train_settings {
   double warmup_epochs = 0;
   /// Policy settings (train.staleness_aware_lr).
   policy_config policy_settings;
+  /// Derive the policy's learning rate, momentum, batch and commit scaling from the
+  /// configuration's by the rules of runtime/config/policy_rules.hpp, for every key the
+  /// user did not set on the command line or in the environment (train.policy_rules).
+  /// Default: true.
+  bool policy_rules = true;
 };
 
 /// [run]: where outputs go, checkpoints, devices, logging, evaluations and limits.
@@ -170,6 +176,9 @@ struct train_config : data_settings, train_settings, run_settings {
   model_spec model;
   /// [ashl]: ASHL's stages (see runtime/policy/ashl.hpp for each default).
   ashl_config ashl;
+  /// Where each key's value came from, for keys not at their default: "FILE:LINE",
+  /// "env ASHLAR_...", "--lr" (a flag), "--set", "rule: ..." (policy_rules.hpp). Not a key.
+  std::map<std::string, std::string> sources;
 };
 
 /// One configuration key: its TOML name ("train.workers"), environment variable
@@ -186,8 +195,9 @@ std::vector<config_key_info> config_keys();
 /// Sets `key` from its text form (numbers, true/false, comma-separated lists).
 /// Errors name the key and the bad value: invalid_config for an unknown key or a value
 /// that does not parse.
+/// A non-empty `source` is recorded in cfg.sources.
 [[nodiscard]] caf::error apply_setting(train_config& cfg, const std::string& key,
-                                       const std::string& text);
+                                       const std::string& text, const std::string& source = {});
 
 /// Reads a TOML file into `cfg`. Unknown sections or keys and mistyped values fail with
 /// invalid_config naming the file, line and key; a missing file fails with io_error.

@@ -1,0 +1,99 @@
+#include "runtime/config/policy_rules.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace ashlar {
+
+namespace {
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+bool is_async_push(const std::string& p) {
+  return p == "asp" || p == "ssp" || p == "kasync" || p == "adaptive";
+}
+
+}  // namespace
+
+bool user_set(const train_config& cfg, const std::string& key) {
+  auto it = cfg.sources.find(key);
+  if (it == cfg.sources.end())
+    return false;
+  const auto& s = it->second;
+  return s.rfind("env ", 0) == 0 || s.rfind("--", 0) == 0;
+}
+
+std::vector<rule_change> policy_rule_changes(const train_config& cfg) {
+  std::vector<rule_change> out;
+  if (!cfg.policy_rules)
+    return out;
+  const double w = std::max<uint32_t>(cfg.workers, 1);
+  const double lr = cfg.optimizer.lr;
+  const double mu = cfg.optimizer.momentum;
+  const auto& p = cfg.policy;
+  const std::string ws = num(w) + " workers";
+  auto change = [&](const std::string& key, const std::string& value, const std::string& why) {
+    if (!user_set(cfg, key) && setting_text(cfg, key) != value)
+      out.push_back({key, value, why});
+  };
+  if (is_async_push(p)) {
+    const double f = std::min(1.0, 2.0 / w);
+    change("train.lr", num(lr * f),
+           "train.lr " + num(lr) + " x min(1, 2/" + ws + "): every " + p + " push is a step of one worker's gradient");
+    const double implicit = 1.0 - 1.0 / w;
+    change("train.momentum", num(std::max(0.0, mu - implicit)),
+           "train.momentum " + num(mu) + " - (1 - 1/" + ws + "), at least 0: asynchrony acts as momentum "
+             + num(implicit));
+  } else if (p == "adsp" || p == "ashl") {
+    const double keep = std::sqrt(std::max(1e-6, 1.0 - mu));
+    if (p == "adsp") {
+      change("train.lr", num(lr / keep),
+             "train.lr " + num(lr) + " / sqrt(1 - momentum " + num(mu) + "): plain SGD local steps, between the "
+               "recipe's step and its momentum's effective step");
+    } else {
+      change("train.lr", num(lr / (2 * keep)),
+             "train.lr " + num(lr) + " / (2 sqrt(1 - momentum " + num(mu) + ")): local steps half as long as adsp's");
+      if (cfg.commit_scale == 0)
+        change("train.commit_scale", num(std::min(1.0, 2.0 / w)),
+               "min(1, 2/" + ws + "): commits twice as heavy as an average's share, to match the shorter local "
+                                  "steps");
+      const uint32_t half = std::max<uint32_t>(16, cfg.batch_size / 2);
+      if (half < cfg.batch_size)
+        change("train.batch_size", std::to_string(half),
+               "train.batch_size " + std::to_string(cfg.batch_size)
+                 + " / 2, at least 16: the slowest worker commits as often with more, smaller local steps");
+      if (cfg.ashl.max_comm_share > 0.1)
+        change("ashl.max_comm_share", "0.1",
+               "communication held to 0.1 of the slowest worker's commit period: more local steps per commit");
+    }
+    change("train.momentum", "0", "momentum on the shards would act across different workers' commits");
+  }
+  return out;
+}
+
+caf::error apply_policy_rules(train_config& cfg) {
+  // Once: the rules read the recipe, which a second pass would no longer see.
+  for (const auto& [key, source] : cfg.sources)
+    if (source.rfind("rule: ", 0) == 0)
+      return caf::none;
+  // The lr and momentum rules read the recipe's values: compute every change first.
+  for (const auto& c : policy_rule_changes(cfg))
+    if (auto err = apply_setting(cfg, c.key, c.value, "rule: " + c.why))
+      return err;
+  return caf::none;
+}
+
+std::vector<std::string> rule_notes(const train_config& cfg) {
+  std::vector<std::string> out;
+  for (const auto& [key, source] : cfg.sources)
+    if (source.rfind("rule: ", 0) == 0)
+      out.push_back(key + " " + setting_text(cfg, key) + " (" + source.substr(6) + ")");
+  return out;
+}
+
+}  // namespace ashlar

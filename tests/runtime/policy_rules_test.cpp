@@ -1,0 +1,83 @@
+// The policy rules: each policy's values derived from the configuration's, never over a
+// key the user set.
+#include <catch2/catch.hpp>
+
+#include "runtime/config/policy_rules.hpp"
+
+using namespace ashlar;
+
+namespace {
+
+train_config recipe(const std::string& policy, uint32_t workers) {
+  train_config c;
+  REQUIRE_FALSE(apply_toml_text(c, "[train]\nlr = 0.1\nmomentum = 0.9\nbatch_size = 64\n", "recipe.toml"));
+  c.policy = policy;
+  c.workers = workers;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("averaged-round policies train on the configuration's own values") {
+  for (auto p : {"bsp", "ksync", "ring"}) {
+    auto c = recipe(p, 4);
+    CHECK(policy_rule_changes(c).empty());
+  }
+}
+
+TEST_CASE("asynchronous pushes step at lr x min(1, 2/workers) with momentum lowered by asynchrony's own") {
+  auto c = recipe("asp", 4);
+  REQUIRE_FALSE(apply_policy_rules(c));
+  CHECK(c.optimizer.lr == Approx(0.05));
+  CHECK(c.optimizer.momentum == Approx(0.15));
+  CHECK(c.sources.at("train.lr").rfind("rule: train.lr 0.1 x min(1, 2/4 workers)", 0) == 0);
+  auto eight = recipe("ssp", 8);
+  REQUIRE_FALSE(apply_policy_rules(eight));
+  CHECK(eight.optimizer.lr == Approx(0.025));
+  CHECK(eight.optimizer.momentum == Approx(0.025));
+  auto two = recipe("kasync", 2);
+  REQUIRE_FALSE(apply_policy_rules(two));
+  CHECK(two.optimizer.lr == Approx(0.1));
+  CHECK(two.optimizer.momentum == Approx(0.4));
+  // Applied once: a second pass changes nothing.
+  REQUIRE_FALSE(apply_policy_rules(c));
+  CHECK(c.optimizer.lr == Approx(0.05));
+}
+
+TEST_CASE("adsp and ashl take plain SGD local steps, and ashl halves the batch, weighs commits 2/workers and holds "
+          "communication to 0.1") {
+  auto a = recipe("adsp", 4);
+  REQUIRE_FALSE(apply_policy_rules(a));
+  CHECK(a.optimizer.lr == Approx(0.1 / std::sqrt(0.1)).epsilon(1e-3));
+  CHECK(a.optimizer.momentum == 0);
+  CHECK(a.commit_scale == 0); // 1/workers
+  auto h = recipe("ashl", 4);
+  REQUIRE_FALSE(apply_policy_rules(h));
+  CHECK(h.optimizer.lr == Approx(0.1 / (2 * std::sqrt(0.1))).epsilon(1e-3));
+  CHECK(h.optimizer.momentum == 0);
+  CHECK(h.commit_scale == Approx(0.5));
+  CHECK(h.batch_size == 32);
+  CHECK(h.ashl.max_comm_share == Approx(0.1));
+  auto notes = rule_notes(h);
+  CHECK(notes.size() == 5);
+}
+
+TEST_CASE("a key set by flag, --set or environment is never changed by a rule, and policy_rules = false turns "
+          "them off") {
+  auto c = recipe("asp", 4);
+  REQUIRE_FALSE(apply_setting(c, "train.lr", "0.02", "--lr"));
+  REQUIRE_FALSE(apply_setting(c, "train.momentum", "0.7", "env ASHLAR_TRAIN_MOMENTUM"));
+  CHECK(user_set(c, "train.lr"));
+  CHECK_FALSE(user_set(c, "train.batch_size"));
+  CHECK(policy_rule_changes(c).empty());
+  REQUIRE_FALSE(apply_policy_rules(c));
+  CHECK(c.optimizer.lr == Approx(0.02));
+  CHECK(c.optimizer.momentum == Approx(0.7));
+  auto off = recipe("ashl", 4);
+  REQUIRE_FALSE(apply_setting(off, "train.policy_rules", "false", "recipe.toml:9"));
+  CHECK(policy_rule_changes(off).empty());
+  // A file's value is the recipe: the rule derives from it.
+  auto file = recipe("asp", 4);
+  CHECK(file.sources.at("train.lr") == "recipe.toml:2");
+  CHECK_FALSE(user_set(file, "train.lr"));
+}

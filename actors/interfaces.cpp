@@ -42,6 +42,7 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<std::vector<node_actor>>("ashlar.node_actors");
   cfg.add_message_type<std::vector<shard_actor>>("ashlar.shard_actors");
   cfg.add_message_type<std::vector<uint64_t>>("ashlar.u64s");
+  cfg.add_message_type<std::vector<float>>("ashlar.floats");
   cfg.add_error_category(error_category_atom::value,
                          [](uint8_t code, caf::atom_value, const caf::message& ctx) {
                            return describe(caf::error{code, error_category_atom::value, ctx});

@@ -60,6 +60,7 @@ using shard_actor = caf::typed_actor<
   caf::replies_to<checkpoint_atom, uint64_t, uint64_t>::with<uint64_t>,
   caf::replies_to<checkpoint_atom, caf::get_atom>::with<std::vector<uint64_t>>,
   caf::replies_to<restore_atom, uint64_t>::with<uint64_t>,
+  caf::replies_to<restore_atom, std::vector<float>>::with<uint64_t>,
   caf::replies_to<checkpoint_atom>::with<uint64_t>>;
 
 /// The profiler: takes per-step timing reports, answers with per-worker statistics.

@@ -24,6 +24,7 @@
 #include "runtime/metrics/prometheus.hpp"
 #include "runtime/metrics/recorder.hpp"
 #include "runtime/net/http_endpoint.hpp"
+#include "runtime/optim/divergence_guard.hpp"
 #include "runtime/optim/lr_schedule.hpp"
 #include "runtime/os/paths.hpp"
 #include "runtime/policy/ashl.hpp"
@@ -351,6 +352,16 @@ private:
     scheduled_ = schedule_.kind != lr_schedule::constant || schedule_.warmup_epochs > 0;
     if (scheduled_)
       follow_schedule(0, 0.0, true);
+    // The divergence guard starts from the parameters the job starts from. A ring's
+    // workers hold the model themselves: there, a loss that is not finite stops the job.
+    if (cfg_.divergence_guard && !traits_of(cfg_.policy).ring)
+      if (auto p = snapshot(self_, shards_, num_params_)) {
+        good_ = std::move(*p);
+        divergence_settings ds;
+        ds.patience_samples = train_->n / 2;
+        ds.start_hint = std::log(static_cast<double>(std::max<uint32_t>(cfg_.model.classes, 2)));
+        guard_.emplace(ds);
+      }
     while (!done_) {
       self_->receive(
         [&](done_atom, uint32_t f, uint32_t fl) {
@@ -376,7 +387,9 @@ private:
   // first: the epochs, or the time (its fraction spent counts as that fraction of them).
   void follow_schedule(uint64_t samples, double now, bool force) {
     const double epoch = schedule_epoch(epoch_of(samples), cfg_.epochs, now, cfg_.time_limit);
-    const auto f = static_cast<float>(lr_factor(schedule_, epoch, cfg_.epochs));
+    auto f = static_cast<float>(lr_factor(schedule_, epoch, cfg_.epochs));
+    if (guard_)
+      f *= static_cast<float>(guard_->lr_scale());
     if (!force && std::abs(f - lr_sent_) <= 0.002f * std::max(lr_sent_, 0.01f))
       return;
     lr_sent_ = f;
@@ -440,6 +453,9 @@ private:
     const double now = seconds();
     if (scheduled_)
       follow_schedule(stats.total_samples, now, false);
+    guard_divergence(stats, now);
+    if (done_)
+      return;
     publish_metrics(stats, now);
     report_progress(stats, now);
     evaluate_if_due(stats, now);
@@ -452,6 +468,59 @@ private:
       last_noted_ = now;
     }
     stop_if_due(stats, now);
+  }
+
+  // The divergence guard (runtime/optim/divergence_guard.hpp): snapshots of the model
+  // while the loss is near its best; on divergence the last one goes back on the shards
+  // and the learning rate halves; past its back-offs, or without a guard, the job stops.
+  void guard_divergence(const wire::cluster_stats& stats, double now) {
+    if (stats.total_samples == 0 || !lost_since_.empty())
+      return;
+    if (!guard_) {
+      if (!std::isfinite(stats.loss)) {
+        failure_ = make_error(errc::numerical_error, "the training loss is not finite (lr too high? "
+                                                     "run.divergence_guard backs off instead)");
+        done_ = true;
+      }
+      return;
+    }
+    switch (guard_->observe(stats.loss, now, stats.total_samples)) {
+      case divergence_guard::action::none:
+        return;
+      case divergence_guard::action::snapshot:
+        if (auto p = snapshot(self_, shards_, num_params_)) {
+          good_ = std::move(*p);
+          guard_->snapshot_taken(stats.loss, now);
+        }
+        return;
+      case divergence_guard::action::give_up:
+        failure_ = make_error(errc::numerical_error,
+                              "the training diverged again after " + std::to_string(guard_->backoffs())
+                                + " back-offs (" + guard_->why() + ", learning rate x"
+                                + std::to_string(guard_->lr_scale()).substr(0, 6) + "); lower train.lr");
+        done_ = true;
+        return;
+      case divergence_guard::action::back_off:
+        break;
+    }
+    caf::error err;
+    for (size_t i = 0; i < shards_.size() && !err; ++i) {
+      std::vector<float> part(good_.begin() + static_cast<std::ptrdiff_t>(ranges_[i].begin),
+                              good_.begin() + static_cast<std::ptrdiff_t>(ranges_[i].end));
+      self_->request(shards_[i], std::chrono::seconds(30), restore_atom::value, std::move(part))
+        .receive([](uint64_t) {}, [&](caf::error& e) { err = e; });
+    }
+    if (err)
+      spdlog::error("job: the training diverged ({}) and the snapshot could not be put back on every shard ({}); "
+                    "only the learning rate backs off",
+                    guard_->why(), describe(err));
+    guard_->backed_off(now);
+    spdlog::warn("job: {}; backing off: the parameters of the last good snapshot are back on the shards and the "
+                 "learning rate is x{} (back-off {})",
+                 guard_->why(), guard_->lr_scale(), guard_->backoffs());
+    if (recorder_)
+      recorder_->event("diverged: backed off", guard_->why());
+    follow_schedule(stats.total_samples, now, true);
   }
 
   void publish_metrics(const wire::cluster_stats& stats, double now) {
@@ -665,6 +734,8 @@ private:
   lr_schedule schedule_;
   bool scheduled_ = false;
   float lr_sent_ = 1.0f;
+  std::optional<divergence_guard> guard_; // run.divergence_guard, for jobs whose model the shards hold
+  std::vector<float> good_;               // the guard's last snapshot of the parameters
 };
 
 }  // namespace

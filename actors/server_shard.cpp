@@ -349,6 +349,17 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
       return checkpoint_log{*st.persistence.store, st.core->range().shard_id, st.persistence.keep}.intact_cuts();
     },
     [=](restore_atom, uint64_t cut) { return restore_cut(self, cut); },
+    [=](restore_atom, std::vector<float>& params) -> caf::result<uint64_t> {
+      // The divergence guard's snapshot of this range: the parameters go back, the
+      // momentum starts over, the version goes on (rounds count on it).
+      auto& st = self->state;
+      auto& core = *st.core;
+      const auto v = core.version();
+      if (auto err = core.restore(v, std::move(params), {}))
+        return err;
+      st.views.clear(); // delta reads start over from a dense pull
+      return v;
+    },
     [=](checkpoint_atom) -> uint64_t {
       // The node stops this shard mid-job: its current version as the stop record, on
       // disk before the shard answers.

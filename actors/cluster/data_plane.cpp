@@ -214,6 +214,7 @@ caf::behavior shard_proxy(proxy_pointer self, connection_ptr conn, shard_actor r
     [=](checkpoint_atom a, uint64_t cut, uint64_t at) { self->delegate(self->state.remote, a, cut, at); },
     [=](checkpoint_atom a, caf::get_atom g) { self->delegate(self->state.remote, a, g); },
     [=](restore_atom a, uint64_t cut) { self->delegate(self->state.remote, a, cut); },
+    [=](restore_atom a, std::vector<float>& p) { self->delegate(self->state.remote, a, std::move(p)); },
     [=](tune_atom a, uint32_t k, bool async) { self->send(self->state.remote, a, k, async); },
     [=](bound_atom a, uint64_t s, float lr) { self->send(self->state.remote, a, s, lr); },
     [=](lr_atom a, float f) { self->send(self->state.remote, a, f); },

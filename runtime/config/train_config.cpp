@@ -360,6 +360,10 @@ const std::vector<field>& fields() {
          [](train_config& c) -> double& { return c.eval_interval; }),
     bind("run.time_limit", "stop training after this many seconds, 0 = none (default 0)",
          [](train_config& c) -> double& { return c.time_limit; }),
+    bind("run.divergence_guard", "on a loss that is not finite or rises far above its start, put the last good "
+                                 "snapshot back and halve the lr (up to 6 times); off: such a loss stops the job "
+                                 "(default true)",
+         [](train_config& c) -> bool& { return c.divergence_guard; }),
     bind("run.eval_every_epoch", "evaluate test accuracy at each epoch boundary (default true)",
          [](train_config& c) -> bool& { return c.eval_every_epoch; }),
   };

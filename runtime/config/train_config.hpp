@@ -163,6 +163,12 @@ struct run_settings {
   /// Stop the job after this many seconds of training, evaluating what it reached
   /// (run.time_limit); 0 = no limit. Default: 0.
   double time_limit = 0;
+  /// When the training loss becomes non-finite or rises far above its start, put the
+  /// last good snapshot of the parameters back and halve the learning rate, up to 6
+  /// times, instead of training on at chance accuracy (run.divergence_guard;
+  /// runtime/optim/divergence_guard.hpp). Without it, a non-finite loss stops the job.
+  /// Default: true.
+  bool divergence_guard = true;
 };
 
 /// The whole configuration: one section per module (data loading takes data_settings,

@@ -62,7 +62,8 @@ void cluster_profile::observe(const wire::profile_report& r) {
       s.compute_per_sample = ema(s.compute_per_sample, static_cast<double>(r.compute_ns) * 1e-9 / r.samples, alpha_,
                                  seed || s.compute_per_sample <= 0);
   }
-  s.loss = ema(s.loss, r.loss, alpha_, first);
+  // A non-finite loss shows at once; the next finite one starts the average over.
+  s.loss = ema(s.loss, r.loss, alpha_, first || !std::isfinite(s.loss) || !std::isfinite(r.loss));
   s.total_compute_seconds += static_cast<double>(r.compute_ns) * 1e-9;
   s.total_wait_seconds += static_cast<double>(r.wait_ns) * 1e-9;
   s.bytes += r.bytes;
@@ -78,7 +79,7 @@ void cluster_profile::observe(const wire::profile_report& r) {
   t.window_compute += static_cast<double>(r.compute_ns) * 1e-9;
   close_window(t, now);
   total_samples_ += r.samples;
-  loss_ = ema(loss_, r.loss, alpha_ / 2, !loss_seen_);
+  loss_ = ema(loss_, r.loss, alpha_ / 2, !loss_seen_ || !std::isfinite(loss_) || !std::isfinite(r.loss));
   loss_seen_ = true;
 }
 

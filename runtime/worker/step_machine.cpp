@@ -1,5 +1,7 @@
 #include "runtime/worker/step_machine.hpp"
 
+#include <limits>
+
 #include <algorithm>
 
 #include <spdlog/spdlog.h>
@@ -398,10 +400,21 @@ void step_machine::compute_step() {
 void step_machine::on_computed(const expected<batch_stats>& stats) {
   if (stopped_)
     return;
-  if (!stats)
+  if (!stats && !is(stats.error(), errc::numerical_error))
     return fail("step " + std::to_string(step_) + ": " + describe(stats.error()));
   compute_ns_ = since(compute_t0_);
-  loss_ = stats->mean_loss();
+  if (!stats) {
+    // A loss that is not finite: the step pushes nothing (a zero gradient, so rounds go
+    // on) and reports the loss, for the job's divergence guard to back off; a job without
+    // one stops on it.
+    loss_ = std::numeric_limits<double>::quiet_NaN();
+    std::fill(grad_.begin(), grad_.end(), 0.0f);
+    // Paused a tenth of a second, the job's tick: the guard backs off before the run
+    // races through its budget on steps that train nothing.
+    return emit(step::pace{100'000'000, gen_});
+  } else {
+    loss_ = stats->mean_loss();
+  }
   uint64_t budget = job_.pace_ns_per_sample * batch_n_;
   if (budget > 0 && !job_.contention.empty()) {
     double t = static_cast<double>(since(started_ns_)) / 1e9;

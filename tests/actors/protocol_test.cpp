@@ -167,6 +167,7 @@ shard_actor recording_shard(caf::actor_system& sys, std::shared_ptr<script> s) {
       [](checkpoint_atom, uint64_t, uint64_t) -> uint64_t { return 0; },
       [](checkpoint_atom, caf::get_atom) { return std::vector<uint64_t>{}; },
       [](restore_atom, uint64_t) -> uint64_t { return 0; },
+      [](restore_atom, const std::vector<float>&) -> uint64_t { return 0; },
       [](checkpoint_atom) -> uint64_t { return 0; },
     };
   });

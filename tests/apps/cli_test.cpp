@@ -645,3 +645,43 @@ TEST_CASE("ashlar launch refuses GPUs this machine does not have before starting
   CHECK(has(r, "ashlar launch: invalid_argument: --gpus 0,7: "));
   CHECK_FALSE(has(r, "[scheduler]"));
 }
+
+TEST_CASE("a run whose learning rate diverges backs off to the last good parameters at a halved rate and ends "
+          "well above chance, and without the guard it stops naming the cause") {
+  ashlar::test::temp_dir dir;
+  const std::string job = "train " + config + " --epochs 5 --set train.lr=0.5 --set data.train_limit=12000 "
+                          "--set data.test_limit=2000 --set train.speeds=1 --set train.sample_ms=0.5 --report "
+                          + dir.file("r.json");
+  auto r = run(job);
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(has(r, "backing off: the parameters of the last good snapshot are back on the shards and the learning "
+               "rate is x0.5 (back-off 1)"));
+  auto json = slurp(dir.file("r.json"));
+  auto at = json.find("\"test_accuracy\": ");
+  REQUIRE(at != std::string::npos);
+  CHECK(std::stod(json.substr(at + 17)) > 0.75);
+  auto off = run(job + " --set run.divergence_guard=false");
+  CHECK(off.code != 0);
+  CHECK(has(off, "numerical_error: the training loss is not finite (lr too high?"));
+}
+
+TEST_CASE("a policy's rules derive its values from the config's and name themselves, --explain says where every "
+          "value came from, and a value on the command line is kept") {
+  auto r = run("train " + config + " --policy asp --explain");
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(has(r, "train.lr = 0.05"));
+  CHECK(has(r, "rule: train.lr 0.1 x min(1, 2/4 workers)"));
+  CHECK(has(r, "train.policy = asp"));
+  CHECK(has(r, "--policy"));
+  CHECK(has(r, "train.epochs = 10"));
+  CHECK(has(r, "fmnist-mlp.toml:15"));
+  CHECK(has(r, "run.report = "));
+  auto kept = run("train " + config + " --policy asp --lr 0.02 --set train.momentum=0.3 --explain");
+  CHECK(has(kept, "train.lr = 0.02"));
+  CHECK(has(kept, "train.momentum = 0.3"));
+  auto off = run("train " + config + " --policy ashl --set train.policy_rules=false --explain");
+  CHECK(has(off, "train.batch_size = 64"));
+  CHECK_FALSE(has(off, "rule:"));
+}

@@ -19,6 +19,7 @@
 #include "actors/local_job.hpp"
 #include "runtime/core/log.hpp"
 #include "runtime/pacing/contention.hpp"
+#include "runtime/pacing/random_profiles.hpp"
 
 namespace ashlar::cli {
 
@@ -78,11 +79,17 @@ void add_hetero_options(CLI::App* cmd, hetero_options& o) {
                                         "median time to target, its range, and means of the rest")
     ->capture_default_str()
     ->check(CLI::Range(1u, 100u));
+  cmd->add_option("--profiles", o.profiles,
+                  "random:N: run every policy on N seeded random heterogeneity profiles (4-8 workers, speeds 1-8, "
+                  "some with contention; --seed picks them) instead of --speeds, with a table per profile and a "
+                  "summary of each policy's median and worst time ratio to adsp and bsp over them");
   cmd->add_option("--out", o.out, "directory for results.md, results.csv, series.csv, accuracy.png")
     ->capture_default_str();
 }
 
-int run_hetero_bench(const hetero_options& o) {
+namespace {
+
+int run_profile(const hetero_options& o, std::vector<policy_result>* collected) {
   auto speeds = split(o.speeds, ',');
   if (speeds.empty()) {
     std::fprintf(stderr, "ashlar bench hetero: --speeds needs at least one speed\n");
@@ -314,7 +321,132 @@ int run_hetero_bench(const hetero_options& o) {
   }
   std::printf("wrote %s/results.md, results.csv, series.csv, bench.json; plot them with: ops/plot %s/series.csv\n",
               o.out.c_str(), o.out.c_str());
+  if (collected)
+    *collected = std::move(results);
   return 0;
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  if (v.empty())
+    return std::numeric_limits<double>::quiet_NaN();
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// Every policy on N random profiles; a summary of their times against adsp's and bsp's.
+int run_profiles(const hetero_options& o, uint32_t n) {
+  uint64_t seed = 1;
+  if (o.train.seed) {
+    char* end = nullptr;
+    seed = std::strtoull(o.train.seed->c_str(), &end, 10);
+    if (end == o.train.seed->c_str() || *end != '\0') {
+      std::fprintf(stderr, "ashlar bench hetero: --seed '%s' is not a non-negative integer\n", o.train.seed->c_str());
+      return 2;
+    }
+  }
+  auto profiles = random_profiles(n, seed);
+  std::vector<std::vector<policy_result>> all;
+  for (uint32_t k = 0; k < n; ++k) {
+    const auto& p = profiles[k];
+    auto ok = o;
+    ok.profiles.clear();
+    ok.speeds = p.speeds_text();
+    ok.out = o.out + "/profile-" + std::to_string(k + 1);
+    std::error_code ec;
+    std::filesystem::create_directories(ok.out, ec);
+    if (!p.contention.empty()) {
+      ok.contention = ok.out + "/contention.txt";
+      std::ofstream{ok.contention} << "# worker start_s end_s factor\n" << p.contention_text();
+    }
+    std::printf("=== profile %u of %u: speeds %s%s\n", k + 1, n, ok.speeds.c_str(),
+                p.contention.empty() ? "" : (", contention " + std::to_string(p.contention.size()) + " interval(s)").c_str());
+    std::fflush(stdout);
+    std::vector<policy_result> res;
+    if (int code = run_profile(ok, &res); code != 0)
+      return code;
+    all.push_back(std::move(res));
+  }
+  // The summary: per profile, each policy's time; per policy, its median time and its
+  // median and worst ratio to adsp's and bsp's (a miss counts as the time cap).
+  std::vector<std::string> names;
+  for (const auto& r : all.front())
+    names.push_back(r.policy);
+  auto time_of = [&](const std::vector<policy_result>& res, const std::string& name) -> std::optional<double> {
+    for (const auto& r : res)
+      if (r.policy == name)
+        return r.time_to_target ? *r.time_to_target : o.time_cap;
+    return std::nullopt;
+  };
+  std::ofstream md{o.out + "/summary.md"};
+  md << "# Every policy on " << n << " random heterogeneity profiles (seed " << seed << ")\n\n"
+     << "Time to " << o.target << " test accuracy (s), median over " << o.repeat << " run(s) per policy; a policy "
+     << "that misses counts as the time cap (" << o.time_cap << " s). Each profile's own table is in profile-K/.\n\n"
+     << "| profile | speeds | contention |";
+  for (const auto& name : names)
+    md << " " << name << " |";
+  md << "\n|---|---|---|";
+  for (size_t i = 0; i < names.size(); ++i)
+    md << "---|";
+  md << "\n";
+  for (uint32_t k = 0; k < n; ++k) {
+    md << "| " << k + 1 << " | " << profiles[k].speeds_text() << " | "
+       << (profiles[k].contention.empty() ? "none" : std::to_string(profiles[k].contention.size()) + " interval(s)")
+       << " |";
+    for (const auto& name : names) {
+      auto t = time_of(all[k], name);
+      bool missed = false;
+      for (const auto& r : all[k])
+        if (r.policy == name && !r.time_to_target)
+          missed = true;
+      md << " " << (missed ? "missed" : t ? fmt(*t, 1) : "-") << " |";
+    }
+    md << "\n";
+  }
+  md << "\n| policy | reached (profiles) | median time (s) | / adsp median | / adsp worst | / bsp median | / bsp worst |\n"
+     << "|---|---|---|---|---|---|---|\n";
+  for (const auto& name : names) {
+    std::vector<double> times, to_adsp, to_bsp;
+    uint32_t reached = 0;
+    for (const auto& res : all) {
+      for (const auto& r : res)
+        if (r.policy == name && r.time_to_target)
+          ++reached;
+      auto t = time_of(res, name);
+      if (!t)
+        continue;
+      times.push_back(*t);
+      if (auto a = time_of(res, "adsp"))
+        to_adsp.push_back(*t / *a);
+      if (auto b = time_of(res, "bsp"))
+        to_bsp.push_back(*t / *b);
+    }
+    auto worst = [](const std::vector<double>& v) {
+      return v.empty() ? std::string{"-"} : fmt(*std::max_element(v.begin(), v.end()), 2);
+    };
+    md << "| " << name << " | " << reached << "/" << n << " | " << fmt(median_of(times), 1) << " | "
+       << (to_adsp.empty() ? "-" : fmt(median_of(to_adsp), 2)) << " | " << worst(to_adsp) << " | "
+       << (to_bsp.empty() ? "-" : fmt(median_of(to_bsp), 2)) << " | " << worst(to_bsp) << " |\n";
+  }
+  md.close();
+  std::ifstream in{o.out + "/summary.md"};
+  std::printf("\n%s", std::string{std::istreambuf_iterator<char>{in}, {}}.c_str());
+  std::printf("wrote %s/summary.md and profile-1 .. profile-%u/\n", o.out.c_str(), n);
+  return 0;
+}
+
+}  // namespace
+
+int run_hetero_bench(const hetero_options& o) {
+  if (o.profiles.empty())
+    return run_profile(o, nullptr);
+  auto n = parse_profiles_spec(o.profiles);
+  if (!n) {
+    std::fprintf(stderr, "ashlar bench hetero: %s\n", describe(n.error()).c_str());
+    return 2;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(o.out, ec);
+  return run_profiles(o, *n);
 }
 
 }  // namespace ashlar::cli

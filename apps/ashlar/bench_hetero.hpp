@@ -24,6 +24,7 @@ struct hetero_options {
   double eval_interval = 1;
   uint32_t repeat = 1;        // runs per policy (seeds seed, seed + 1, ...); medians reported
   std::string out = "hetero-results";
+  std::string profiles;       // "random:N": N seeded random profiles (seed: --seed) instead of --speeds
 };
 
 void add_hetero_options(CLI::App* cmd, hetero_options& o);

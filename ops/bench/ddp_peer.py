@@ -12,6 +12,15 @@ Prints one JSON line per seed: time to target, samples/s, final accuracy.
 
 With --config, the network is the config's [model] built by ops/ashlar_torch.py (the
 same layers, shapes and parameter layout Ashlar trains); without, the MLP of --hidden.
+
+--controller omnilearn: the stronger peer. Per-worker batch sizes set by OmniLearn's BSP
+controller (TPDS 2025): at every adjustment each worker's batch b_i changes by
+-(b_i / t_i)(t_i - mean t), t_i its iteration time without waiting, unless every t_i is
+within the dead band (--dead-band, 5%) of the mean; the global batch (--batch x workers)
+stays fixed, and the gradients are averaged weighted by batch (each worker's loss is
+scaled by b_i x workers / global batch before DDP's equal average). OmniLearn adjusts
+once an epoch; these runs reach the target within about one, so the same rule runs every
+--adjust-steps steps (default 20).
 """
 import argparse
 import gzip
@@ -90,7 +99,8 @@ def worker(rank, args, port, result_path):
     model = DDP(make_net(args))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
     loss_fn = torch.nn.CrossEntropyLoss()
-    budget = args.batch * args.sample_ms * 1e-3 / args.speeds[rank]
+    batch = args.batch  # this worker's; the controller changes it
+    global_batch = args.batch * world
     gen = torch.Generator().manual_seed(args.seed)
     # The local computation of one step (forward and backward, no all-reduce), measured
     # once, so that sleeping budget - compute leaves each step as long as its budget.
@@ -102,6 +112,7 @@ def worker(rank, args, port, result_path):
             out = model(x[:args.batch])
             loss_fn(out, y[:args.batch]).backward()
         compute = (time.perf_counter() - t0) / 5
+    per_sample = compute / args.batch  # the controller's measure of this worker's compute
     opt.zero_grad()
     dist.barrier()
     train_time, eval_time, samples, history = 0.0, 0.0, 0, []
@@ -111,19 +122,42 @@ def worker(rank, args, port, result_path):
     step = 0
     epoch = 0
     done = False
+    omni = args.controller == "omnilearn"
     while not done:
         perm = torch.randperm(x.shape[0], generator=gen)
         mine = perm[rank::world]
-        for b in range(0, mine.shape[0] - args.batch + 1, args.batch):
-            idx = mine[b:b + args.batch]
-            if budget > compute:
-                time.sleep(budget - compute)
+        b = 0
+        while b + batch <= mine.shape[0]:
+            idx = mine[b:b + batch]
+            b += batch
+            budget = batch * args.sample_ms * 1e-3 / args.speeds[rank]
+            step_compute = per_sample * batch
+            if budget > step_compute:
+                time.sleep(budget - step_compute)
             opt.zero_grad()
             loss = loss_fn(model(x[idx]), y[idx])
+            if omni:  # DDP averages equally: weigh each worker's gradient by its batch
+                loss = loss * (batch * world / global_batch)
             loss.backward()  # DDP all-reduces the gradients here
             opt.step()
-            samples += args.batch
+            samples += batch
             step += 1
+            if omni and step % args.adjust_steps == 0:
+                # Iteration time without waiting, as a controller on each worker measures it.
+                t = torch.tensor([max(budget, step_compute)])
+                ts = [torch.zeros(1) for _ in range(world)]
+                dist.all_gather(ts, t)
+                bs = [torch.zeros(1) for _ in range(world)]
+                dist.all_gather(bs, torch.tensor([float(batch)]))
+                ts = [v.item() for v in ts]
+                bs = [v.item() for v in bs]
+                mean = sum(ts) / world
+                if any(abs(ti - mean) > args.dead_band * mean for ti in ts):
+                    new = [max(1.0, bi - (bi / ti) * (ti - mean)) for bi, ti in zip(bs, ts)]
+                    scale = global_batch / sum(new)  # the global batch stays fixed
+                    ints = [max(1, int(round(v * scale))) for v in new]
+                    ints[ints.index(max(ints))] += global_batch - sum(ints)
+                    batch = ints[rank]
             if rank == 0:
                 train_time = time.perf_counter() - start - eval_time
                 if train_time >= next_eval:
@@ -143,10 +177,13 @@ def worker(rank, args, port, result_path):
         epoch += 1
     total = torch.tensor([float(samples)])
     dist.all_reduce(total)
+    batches = [torch.zeros(1) for _ in range(world)]
+    dist.all_gather(batches, torch.tensor([float(batch)]))
+    batch = [int(v.item()) for v in batches]
     if rank == 0:
         t85 = next((t for t, a in history if a >= args.target), None)
         with open(result_path, "w") as f:
-            json.dump({"seed": args.seed, "t_target": t85, "accuracy": history[-1][1] if history else 0.0,
+            json.dump({"seed": args.seed, "controller": args.controller, "final_batches": batch, "t_target": t85, "accuracy": history[-1][1] if history else 0.0,
                        "seconds": train_time, "samples_per_second": total.item() / max(train_time, 1e-9),
                        "compute_ms": compute * 1e3}, f)
     dist.destroy_process_group()
@@ -168,6 +205,11 @@ def main():
     p.add_argument("--seeds", default="1")
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--port", type=int, default=29531)
+    p.add_argument("--controller", choices=["none", "omnilearn"], default="none",
+                   help="omnilearn: per-worker batches by OmniLearn's proportional controller, batch-weighted average")
+    p.add_argument("--adjust-steps", type=int, default=20, help="omnilearn: steps between adjustments")
+    p.add_argument("--dead-band", type=float, default=0.05, help="omnilearn: no change while every t_i is this close "
+                   "to the mean (relative)")
     args = p.parse_args()
     args.speeds = [float(s) for s in args.speeds.split(",")]
     args.hidden = [int(h) for h in args.hidden.split(",") if h]

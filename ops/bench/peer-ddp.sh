@@ -3,8 +3,10 @@
 # the same MLP on the same Fashion-MNIST data, 4 processes paced at speeds 1,1,2,4
 # (0.5 ms per sample at speed 1), time to 85% test accuracy and samples/s, 3 seeds each,
 # medians. Ashlar runs bsp (what DDP does), bsp with speed-proportional batches, asp,
-# adsp and ashl with the settings of ops/bench/hetero.sh (ashl: batch 32, lr 0.15, commit
-# scale 0.5). About 8 minutes.
+# adsp and ashl, each with its defaults (the policy rules of runtime/config/policy_rules.hpp,
+# no per-policy settings). Beside plain DDP runs the stronger peer: DDP with per-worker
+# batches from OmniLearn's proportional controller and a batch-weighted average
+# (ddp_peer.py --controller omnilearn). About 10 minutes.
 #   [SEEDS=3] [POLICIES=bsp,bsp+proportional,asp,adsp,ashl] bash ops/bench/peer-ddp.sh [out-dir (default docs/bench/peer)]
 # Another network: CONFIG=ops/configs/fmnist-cnn.toml TARGET=0.9 SAMPLE_MS=6 CAP=900 (the
 # pace must leave the fastest worker time for the real compute: with 4 workers sharing
@@ -31,26 +33,20 @@ cap="${CAP:-30}"
 config="${CONFIG:-ops/configs/fmnist-mlp.toml}"
 target="${TARGET:-0.85}"
 sample_ms="${SAMPLE_MS:-0.5}"
-# The MLP's per-policy settings (ops/bench/hetero.sh says how they were picked); another
-# network gets the rules they follow, from its config's lr: asp at lr / 4 workers with
-# momentum 0.5, the commit-based policies without momentum.
+# Every policy with its defaults; DDP trains the config's [model] at the config's lr.
 ddp_model=()
-sets=(--policy-set asp:train.lr=0.05 --policy-set asp:train.momentum=0.5
-      --policy-set adsp:train.lr=0.3 --policy-set adsp:train.momentum=0
-      --policy-set ashl:train.lr=0.15 --policy-set ashl:train.commit_scale=0.5 --policy-set ashl:train.momentum=0
-      --policy-set ashl:train.batch_size=32 --policy-set ashl:ashl.max_comm_share=0.1)
 if [[ "$config" != ops/configs/fmnist-mlp.toml ]]; then
   lr=$(/usr/bin/python3 -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb')).get('train', {}).get('lr', 0.05))" "$config")
   ddp_model=(--config "$config" --lr "$lr")
-  sets=(--policy-set "asp:train.lr=$(/usr/bin/python3 -c "print($lr / 4)")" --policy-set asp:train.momentum=0.5
-        --policy-set adsp:train.momentum=0 --policy-set ashl:train.momentum=0)
 fi
 "$ashlar" bench hetero "$config" --speeds 1,1,2,4 --time-cap "$cap" --repeat "$seeds" --target "$target" \
-  --sample-ms "$sample_ms" --policies "$policies" "${sets[@]}" --eval-interval "$eval" --out "$out/ashlar"
+  --sample-ms "$sample_ms" --policies "$policies" --eval-interval "$eval" --out "$out/ashlar"
 ops/plot "$out/ashlar/series.csv"
 # DDP: the config's lr 0.1, momentum 0.9, weight decay 1e-4, batch 64 per process.
 /usr/bin/python3 ops/bench/ddp_peer.py --speeds 1,1,2,4 --sample-ms "$sample_ms" --time-cap "$cap" --eval-interval "$eval" \
   --target "$target" "${ddp_model[@]}" --seeds "$(seq -s, 1 "$seeds")" | tee "$out/ddp.jsonl"
+/usr/bin/python3 ops/bench/ddp_peer.py --speeds 1,1,2,4 --sample-ms "$sample_ms" --time-cap "$cap" --eval-interval "$eval" \
+  --target "$target" "${ddp_model[@]}" --seeds "$(seq -s, 1 "$seeds")" --controller omnilearn | tee "$out/omnilearn.jsonl"
 /usr/bin/python3 - "$out" "$eval" "$target" "$config" "$sample_ms" <<'PY'
 import csv, json, statistics, sys
 out = sys.argv[1]
@@ -63,6 +59,12 @@ ddp_t = times[len(times) // 2]
 ddp_rate = statistics.median(d["samples_per_second"] for d in ddp)
 lines = [f"| system | time to {pct} (s), median | range | samples/s | vs DDP |", "|---|---|---|---|---|"]
 lines.append(f"| PyTorch DDP (gloo) | {ddp_t:.1f} | {times[0]:.1f}-{times[-1]:.1f} | {ddp_rate:.0f} | 1.00 |")
+omni = [json.loads(l) for l in open(out + "/omnilearn.jsonl") if l.strip()]
+otimes = sorted(d["t_target"] if d["t_target"] is not None else float("inf") for d in omni)
+omni_t = otimes[len(otimes) // 2]
+omni_rate = statistics.median(d["samples_per_second"] for d in omni)
+lines.append(f"| PyTorch DDP + OmniLearn controller | {omni_t:.1f} | {otimes[0]:.1f}-{otimes[-1]:.1f} | {omni_rate:.0f} | "
+             f"{omni_t / ddp_t:.2f} |")
 best = None
 for r in rows:
     t = float(r["time_to_target_s"]) if r["time_to_target_s"] else None
@@ -74,15 +76,16 @@ for r in rows:
                  f"{float(r['samples_per_second']):.0f} | {ratio} |")
 bsp = next((float(r["time_to_target_s"]) for r in rows if r["policy"] == "bsp" and r["time_to_target_s"]), None)
 lines += ["", f"Ashlar's best ({best[0]}) / DDP: {best[1] / ddp_t:.2f} (goal <= 0.5)" if best else f"Ashlar: no policy reached {pct}",
+          f"Ashlar's best ({best[0]}) / DDP + OmniLearn: {best[1] / omni_t:.2f} (goal <= 0.8); its batches at the end: "
+          f"{omni[0].get('final_batches')}" if best else "",
           f"Ashlar bsp / DDP: {bsp / ddp_t:.2f}" if bsp else ""]
 text = "\n".join(lines) + "\n"
 print(text)
 with open(out + "/results.md", "w") as f:
     f.write("# Ashlar against PyTorch DDP\n\nSpeeds 1,1,2,4 paced (" + sample_ms + " ms per sample at speed 1), 4 processes, "
             + ("MLP 784-256-128-10" if config.endswith("fmnist-mlp.toml") else "the network of " + config) + ", batch 64 per worker ("
-            + ("Ashlar's ashl: 32, lr 0.15, commit scale 0.5; adsp: lr 0.3" if config.endswith("fmnist-mlp.toml")
-               else "the config's lr; Ashlar's asp at lr / 4 with momentum 0.5, adsp and ashl without momentum")
-            + "), Fashion-MNIST; evaluations every " + sys.argv[2] + " s; "
+            + "every Ashlar policy with its defaults, the policy rules; the OmniLearn peer moves batches between "
+              "workers, the global batch fixed), Fashion-MNIST; evaluations every " + sys.argv[2] + " s; "
             f"{len(ddp)} seeds each, medians.\n\n" + text)
 PY
 {

@@ -36,7 +36,10 @@ divergence_guard::action divergence_guard::observe(double loss, double now, uint
     return action::none;
   }
   best_ = std::min(best_, loss);
-  if (s_.patience_samples > 0 && best_ > 0.9 * start_ && samples >= since_ + s_.patience_samples)
+  // Stuck near an untrained model's loss (a network that died): only a run that started
+  // there, not a resumed one that starts low.
+  const bool from_scratch = s_.start_hint > 0 && start_ >= 0.5 * s_.start_hint;
+  if (s_.patience_samples > 0 && from_scratch && best_ > 0.9 * start_ && samples >= since_ + s_.patience_samples)
     return diverged("the training loss has not fallen below 0.9x its start " + num(start_) + " in "
                     + std::to_string(s_.patience_samples) + " samples");
   // Far above the start: 1.5x it and a nat more (a resumed job starts at a small loss,

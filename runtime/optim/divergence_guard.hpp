@@ -22,7 +22,8 @@ struct divergence_settings {
   double settle_s = 1.0;
   uint32_t max_backoffs = 6;
   /// Samples trained without the loss falling below 0.9x its start before that counts as
-  /// divergence (0: never). The job driver uses half an epoch.
+  /// divergence (0: never), for a run that starts near start_hint (not a resumed one
+  /// that starts low). The job driver uses half an epoch.
   uint64_t patience_samples = 0;
   /// The loss an untrained model starts from (a classifier over C classes: ln C); the
   /// start is the lower of it and the first reading, which may already be diverging.

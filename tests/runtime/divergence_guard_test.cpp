@@ -76,6 +76,7 @@ TEST_CASE("after max_backoffs the guard gives up, with the reason") {
 TEST_CASE("a loss that never falls below 0.9x its start within the patience counts as divergence") {
   divergence_settings s;
   s.patience_samples = 1000;
+  s.start_hint = 2.3026;
   divergence_guard g{s};
   g.observe(2.30, 0.0, 0);
   CHECK(g.observe(2.25, 0.5, 600) != act::back_off);
@@ -100,4 +101,14 @@ TEST_CASE("the start is the lower of the first reading and the untrained model's
   // Dead at chance after the back-off: no progress from 2.3, so the patience runs out.
   CHECK(g.observe(2.30, 1.5, 800) != act::back_off);
   CHECK(g.observe(2.30, 2.0, 1300) == act::back_off);
+}
+
+TEST_CASE("a resumed run starting at a small loss is never held to the patience rule") {
+  divergence_settings s;
+  s.patience_samples = 1000;
+  s.start_hint = 2.3026;
+  divergence_guard g{s};
+  g.observe(0.04, 0.0, 0);
+  for (int i = 1; i < 20; ++i)
+    CHECK(g.observe(i % 2 ? 0.09 : 0.04, 0.5 * i, 500u * i) != act::back_off);
 }

@@ -2,6 +2,8 @@
 // computed gradients by hand, on a manual clock, asserting what it asks to send next.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "runtime/worker/step_machine.hpp"
@@ -374,4 +376,42 @@ TEST_CASE("step machine: delta reads update the view the shard keeps, and a ring
   auto pushes = all<step::send_push>(acts);
   REQUIRE(pushes.size() == 2);
   CHECK(pushes[0].msg.grad[0] == Approx(0.25f));
+}
+
+TEST_CASE("step machine: a step whose loss is not finite waits a tenth of a second, pushes a zero gradient and "
+          "reports the loss, and the worker goes on") {
+  rig r;
+  r.m->begin();
+  r.actions();
+  r.m->on_step();
+  r.answer_pulls(r.actions(), 1.0f);
+  REQUIRE(count<step::compute>(r.actions()) == 1);
+  std::fill(r.m->grad().begin(), r.m->grad().end(), 1e30f);
+  r.m->on_computed(make_error(errc::numerical_error, "training loss is not finite (lr too high?)"));
+  auto acts = r.actions();
+  auto paces = all<step::pace>(acts);
+  REQUIRE(paces.size() == 1);
+  CHECK(paces[0].ns == 100'000'000);
+  CHECK(count<step::send_push>(acts) == 0);
+  r.m->on_paced(paces[0].gen);
+  auto pushes = all<step::send_push>(r.actions());
+  REQUIRE(pushes.size() == 2);
+  for (const auto& p : pushes) {
+    CHECK(std::all_of(p.msg.grad.begin(), p.msg.grad.end(), [](float g) { return g == 0.0f; }));
+    r.m->on_push_ack(p.shard, p.gen, p.floats, {});
+  }
+  acts = r.actions();
+  auto reports = all<step::report>(acts);
+  REQUIRE(reports.size() == 1);
+  CHECK(std::isnan(reports[0].rep.loss));
+  CHECK(count<step::next_step>(acts) == 1);
+  // Any other failure of the computation still ends the worker.
+  rig other;
+  other.m->begin();
+  other.actions();
+  other.m->on_step();
+  other.answer_pulls(other.actions(), 1.0f);
+  other.actions();
+  other.m->on_computed(make_error(errc::device_error, "cudaMemcpy failed"));
+  CHECK(count<step::fail>(other.actions()) == 1);
 }

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -32,6 +33,8 @@ struct cluster_state {
   std::string waiting_for; // what a submitted job still lacks, as its wait last said
   caf::typed_response_promise<wire::job_result> job_promise;
   bool have_promise = false;
+  std::set<uint32_t> lost_shards;     // the running job's shards (ids) whose actor went down
+  std::set<uint32_t> rehosting;       // of those, the ones a node is restoring now
 };
 
 using cluster_pointer = cluster_actor::stateful_pointer<cluster_state>;
@@ -69,6 +72,7 @@ void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
                  node_id, shard_id);
     return;
   }
+  st.rehosting.insert(shard_id);
   auto req = st.job.shard_templates[index];
   req.resume = true;
   spdlog::info("cluster: node {} serves shard {} again, from its checkpoints", node_id, shard_id);
@@ -76,12 +80,16 @@ void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
     .then(
       [=](const shard_actor& shard, const std::string& endpoint) {
         auto& st = self->state;
+        st.lost_shards.erase(shard_id);
+        st.rehosting.erase(shard_id);
+        self->monitor(shard);
         if (index < st.job.shards.size())
           st.job.shards[index] = shard;
         if (st.job.driver)
           caf::anon_send(st.job.driver, shard_atom::value, static_cast<uint32_t>(index), shard, endpoint);
       },
       [=](caf::error& err) {
+        self->state.rehosting.erase(shard_id);
         spdlog::error("cluster: node {} could not serve shard {} again: {}", node_id, shard_id, describe(err));
       });
 }
@@ -164,8 +172,18 @@ caf::result<wire::welcome> on_hello(cluster_pointer self, const wire::hello& h, 
   if (st.job_running && e.info.slots > 0)
     for (uint32_t k = 0; k < e.info.slots; ++k)
       add_worker_on(self, id);
-  if (h.replace_shard >= 0)
+  if (h.replace_shard >= 0) {
     rehost_shard(self, id, static_cast<uint32_t>(h.replace_shard));
+  } else if (st.job_running && has_role(h.roles, wire::role::server)) {
+    // A server node joining a job that lost shards (a node that rejoined after losing
+    // its scheduler, or a fresh one): it serves them again, from their checkpoints.
+    std::vector<uint32_t> todo;
+    for (auto s : st.lost_shards)
+      if (st.rehosting.count(s) == 0)
+        todo.push_back(s);
+    for (auto s : todo)
+      rehost_shard(self, id, s);
+  }
   return wire::welcome{id, st.cfg.address};
 }
 
@@ -240,6 +258,11 @@ caf::result<std::string> on_ctl(cluster_pointer self, const wire::ctl_request& r
 cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_config cfg) {
   self->state.cfg = std::move(cfg);
   self->set_down_handler([=](caf::down_msg& dm) {
+    auto& st = self->state;
+    if (st.job_running)
+      for (size_t i = 0; i < st.job.shards.size() && i < st.job.shard_templates.size(); ++i)
+        if (st.job.shards[i].address() == dm.source)
+          st.lost_shards.insert(st.job.shard_templates[i].range.shard_id);
     for (auto& [id, n] : self->state.nodes)
       if (n.handle.address() == dm.source && n.info.alive) {
         n.info.alive = false;
@@ -278,6 +301,10 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
       auto& st = self->state;
       st.job = job;
       st.job_running = true;
+      st.lost_shards.clear();
+      st.rehosting.clear();
+      for (const auto& s : job.shards)
+        self->monitor(s);
       st.job_text = std::to_string(job.shards.size()) + " shards";
       st.waiting_for.clear();
     },
@@ -300,6 +327,8 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
       auto& st = self->state;
       st.job_running = false;
       st.job = running_job{};
+      st.lost_shards.clear();
+      st.rehosting.clear();
       st.job_text.clear();
     },
   };

@@ -291,6 +291,43 @@ TEST_CASE("a server process killed (SIGKILL) mid-run and started again with --sh
   again.wait(10);
 }
 
+TEST_CASE("a server node that joins while a shard is lost serves it again from its checkpoints without being "
+          "told which, and the job finishes") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "2", "--servers", "2", "--epochs", "3",
+                                     "--set", "data.train_limit=24000", "--set", "data.test_limit=2000",
+                                     "--set", "train.speeds=1,1", "--set", "train.sample_ms=0.2",
+                                     "--checkpoint-dir", dir.file("ck"), "--checkpoint-every", "10",
+                                     "--report", dir.file("r.json")});
+  auto servers = start_nodes(dir, sched.join, "server", 2);
+  auto workers = start_nodes(dir, sched.join, "worker", 2);
+  REQUIRE(wait_for_training(dir));
+  std::this_thread::sleep_for(1500ms);
+  const int victim = slurp(dir.file("server-1.log")).find("hosting shard 1") != std::string::npos ? 1 : 0;
+  REQUIRE(slurp(dir.file("server-" + std::to_string(victim) + ".log")).find("hosting shard 1") != std::string::npos);
+  servers[victim].signal(SIGKILL);
+  REQUIRE(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
+    return t.find("server shard 1 was lost") != std::string::npos;
+  }, 10s));
+  auto again = start({exe, "node", "--role", "server", "--name", "server-again", "--join", sched.join,
+                      "--work-dir", dir.path()},
+                     dir.file("again.log"));
+  int code = sched.proc.wait(120);
+  auto log = slurp(dir.file("scheduler.log"));
+  INFO(log);
+  INFO(slurp(dir.file("again.log")));
+  CHECK(code == 0);
+  CHECK(log.find("scheduler: shard 1 is served again; 2 workers go on") != std::string::npos);
+  CHECK(log.find("serves shard 1 again, from its checkpoints") != std::string::npos);
+  CHECK(slurp(dir.file("again.log")).find("shard 1: restored version") != std::string::npos);
+  CHECK(log.find("(2 finished, 0 failed)") != std::string::npos);
+  CHECK(json_number(slurp(dir.file("r.json")), "test_accuracy") > 0.75);
+  for (auto& w : workers)
+    w.wait(10);
+  again.signal(SIGTERM);
+  again.wait(10);
+}
+
 TEST_CASE("a server process killed (SIGKILL) at random points while checkpointing every version reopens at a "
           "whole version, for several seeds") {
   uint32_t checkpointed = 0;

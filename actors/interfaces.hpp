@@ -150,7 +150,8 @@ using cluster_actor = caf::typed_actor<
   caf::reacts_to<job_atom, wire::job_result>,
   caf::reacts_to<job_atom, std::string>,
   caf::reacts_to<caf::publish_atom, std::string>,
-  caf::reacts_to<job_atom>>;
+  caf::reacts_to<job_atom>,
+  caf::reacts_to<shard_atom>>; // (to itself) re-host the running job's lost shards
 
 /// Registers every Ashlar message type with `cfg` under names shared by all nodes.
 void register_types(caf::actor_system_config& cfg);

@@ -433,7 +433,11 @@ expected<shard_persistence> open_shard_persistence(const std::string& dir, uint3
     if (!c)
       return c.error();
     if (!*c) {
-      spdlog::warn("shard {}: no checkpoint in {}; starting from the initial parameters", id, path);
+      // Serving a lost shard again from nothing would mix a fresh range into a trained
+      // model: refused (this node cannot see the shard's checkpoints).
+      return make_error(errc::invalid_state, "shard " + std::to_string(id) + ": no checkpoint in " + path
+                                               + " to serve it again from (is the job's checkpoint directory "
+                                                 "reachable from this node?)");
     } else {
       auto& ck = **c;
       if (ck.begin != core.range().begin || ck.end != core.range().end)

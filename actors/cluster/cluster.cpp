@@ -67,6 +67,11 @@ void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
     spdlog::warn("cluster: node {} offers to serve shard {}, but no running job has that shard", node_id, shard_id);
     return;
   }
+  if (st.lost_shards.count(shard_id) == 0 || st.rehosting.count(shard_id) > 0) {
+    spdlog::info("cluster: node {} offers to serve shard {}, which is {}; nothing to do", node_id, shard_id,
+                 st.lost_shards.count(shard_id) == 0 ? "served" : "being served again by another node");
+    return;
+  }
   if (st.job.shard_templates[index].checkpoint_dir.empty()) {
     spdlog::warn("cluster: node {} offers to serve shard {}, but the job keeps no checkpoints to restore it from",
                  node_id, shard_id);
@@ -89,9 +94,35 @@ void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
           caf::anon_send(st.job.driver, shard_atom::value, static_cast<uint32_t>(index), shard, endpoint);
       },
       [=](caf::error& err) {
-        self->state.rehosting.erase(shard_id);
+        auto& st = self->state;
+        st.rehosting.erase(shard_id);
         spdlog::error("cluster: node {} could not serve shard {} again: {}", node_id, shard_id, describe(err));
+        // A node that went down meanwhile: the next live one is asked.
+        auto n = st.nodes.find(node_id);
+        if (n == st.nodes.end() || !n->second.info.alive)
+          self->delayed_send(self, std::chrono::milliseconds(500), shard_atom::value);
       });
+}
+
+// Every lost shard of the running job that no node restores yet goes to the server node
+// that joined last (a node that rejoined after losing the scheduler, a fresh one, or one
+// that hosts shards already: a node hosts several).
+void rehost_lost(cluster_pointer self) {
+  auto& st = self->state;
+  if (!st.job_running || st.lost_shards.empty())
+    return;
+  uint32_t target = 0;
+  for (const auto& [id, n] : st.nodes)
+    if (n.info.alive && has_role(n.info.roles, wire::role::server))
+      target = id;
+  if (target == 0)
+    return; // the next server node to join takes them
+  std::vector<uint32_t> todo;
+  for (auto s : st.lost_shards)
+    if (st.rehosting.count(s) == 0)
+      todo.push_back(s);
+  for (auto s : todo)
+    rehost_shard(self, target, s);
 }
 
 // An add-worker request in progress: the worker nodes still to ask, and how many
@@ -174,15 +205,10 @@ caf::result<wire::welcome> on_hello(cluster_pointer self, const wire::hello& h, 
       add_worker_on(self, id);
   if (h.replace_shard >= 0) {
     rehost_shard(self, id, static_cast<uint32_t>(h.replace_shard));
-  } else if (st.job_running && has_role(h.roles, wire::role::server)) {
-    // A server node joining a job that lost shards (a node that rejoined after losing
-    // its scheduler, or a fresh one): it serves them again, from their checkpoints.
-    std::vector<uint32_t> todo;
-    for (auto s : st.lost_shards)
-      if (st.rehosting.count(s) == 0)
-        todo.push_back(s);
-    for (auto s : todo)
-      rehost_shard(self, id, s);
+  } else if (has_role(h.roles, wire::role::server)) {
+    // A server node joining a job that lost shards serves them again, from their
+    // checkpoints.
+    rehost_lost(self);
   }
   return wire::welcome{id, st.cfg.address};
 }
@@ -259,15 +285,21 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
   self->state.cfg = std::move(cfg);
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
+    bool shard_lost = false;
     if (st.job_running)
       for (size_t i = 0; i < st.job.shards.size() && i < st.job.shard_templates.size(); ++i)
-        if (st.job.shards[i].address() == dm.source)
+        if (st.job.shards[i].address() == dm.source && !st.job.shard_templates[i].checkpoint_dir.empty()) {
           st.lost_shards.insert(st.job.shard_templates[i].range.shard_id);
+          shard_lost = true;
+        }
     for (auto& [id, n] : self->state.nodes)
       if (n.handle.address() == dm.source && n.info.alive) {
         n.info.alive = false;
         spdlog::warn("cluster: node {} ({}) lost: {}", id, n.info.name, to_string(dm.reason));
       }
+    // The shard's own node may be going down too: its loss comes first or soon after.
+    if (shard_lost)
+      self->delayed_send(self, std::chrono::milliseconds(500), shard_atom::value);
   });
   return {
     [=](const wire::hello& h, const node_actor& node) -> caf::result<wire::welcome> {
@@ -323,6 +355,7 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
         st.job_promise.deliver(err);
       st.have_promise = false;
     },
+    [=](shard_atom) { rehost_lost(self); },
     [=](job_atom) {
       auto& st = self->state;
       st.job_running = false;

@@ -255,8 +255,8 @@ TEST_CASE("during a paced job, ashlar status shows the stragglers and predicted 
   CHECK(node.wait(10) == 0);
 }
 
-TEST_CASE("a server process killed (SIGKILL) mid-run and started again with --shard restores its range from "
-          "RocksDB, and the workers wait for it and finish the job") {
+TEST_CASE("a server process killed (SIGKILL) mid-run: the other server node serves its shard again from RocksDB, "
+          "the workers wait for it and finish the job, and a late --shard offer is told it is served") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "2", "--servers", "2", "--epochs", "3",
                                      "--set", "data.train_limit=24000", "--set", "data.test_limit=2000",
@@ -271,8 +271,8 @@ TEST_CASE("a server process killed (SIGKILL) mid-run and started again with --sh
   REQUIRE(slurp(dir.file("server-" + std::to_string(victim) + ".log")).find("hosting shard 1") != std::string::npos);
   servers[victim].signal(SIGKILL);
   REQUIRE(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
-    return t.find("server shard 1 was lost") != std::string::npos;
-  }, 10s));
+    return t.find("scheduler: shard 1 is served again") != std::string::npos;
+  }, 20s));
   auto again = start({exe, "node", "--role", "server", "--name", "server-again", "--shard", "1", "--join", sched.join,
                       "--work-dir", dir.path()},
                      dir.file("again.log"));
@@ -282,7 +282,9 @@ TEST_CASE("a server process killed (SIGKILL) mid-run and started again with --sh
   INFO(slurp(dir.file("again.log")));
   CHECK(code == 0);
   CHECK(log.find("scheduler: shard 1 is served again; 2 workers go on") != std::string::npos);
-  CHECK(slurp(dir.file("again.log")).find("shard 1: restored version") != std::string::npos);
+  const auto survivor = "server-" + std::to_string(1 - victim) + ".log";
+  CHECK(slurp(dir.file(survivor)).find("shard 1: restored version") != std::string::npos);
+  CHECK(log.find("offers to serve shard 1, which is served; nothing to do") != std::string::npos);
   CHECK(log.find("(2 finished, 0 failed)") != std::string::npos);
   CHECK(json_number(slurp(dir.file("r.json")), "test_accuracy") > 0.75);
   for (auto& w : workers)
@@ -291,20 +293,20 @@ TEST_CASE("a server process killed (SIGKILL) mid-run and started again with --sh
   again.wait(10);
 }
 
-TEST_CASE("a server node that joins while a shard is lost serves it again from its checkpoints without being "
-          "told which, and the job finishes") {
+TEST_CASE("when the only server node is lost, a server node that joins serves its shards again from their "
+          "checkpoints without being told which, and the job finishes") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "2", "--servers", "2", "--epochs", "3",
                                      "--set", "data.train_limit=24000", "--set", "data.test_limit=2000",
                                      "--set", "train.speeds=1,1", "--set", "train.sample_ms=0.2",
                                      "--checkpoint-dir", dir.file("ck"), "--checkpoint-every", "10",
                                      "--report", dir.file("r.json")});
-  auto servers = start_nodes(dir, sched.join, "server", 2);
+  auto servers = start_nodes(dir, sched.join, "server", 1); // hosts both shards
   auto workers = start_nodes(dir, sched.join, "worker", 2);
   REQUIRE(wait_for_training(dir));
   std::this_thread::sleep_for(1500ms);
-  const int victim = slurp(dir.file("server-1.log")).find("hosting shard 1") != std::string::npos ? 1 : 0;
-  REQUIRE(slurp(dir.file("server-" + std::to_string(victim) + ".log")).find("hosting shard 1") != std::string::npos);
+  const int victim = 0;
+  REQUIRE(slurp(dir.file("server-0.log")).find("hosting shard 1") != std::string::npos);
   servers[victim].signal(SIGKILL);
   REQUIRE(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
     return t.find("server shard 1 was lost") != std::string::npos;
@@ -319,6 +321,7 @@ TEST_CASE("a server node that joins while a shard is lost serves it again from i
   CHECK(code == 0);
   CHECK(log.find("scheduler: shard 1 is served again; 2 workers go on") != std::string::npos);
   CHECK(log.find("serves shard 1 again, from its checkpoints") != std::string::npos);
+  CHECK(slurp(dir.file("again.log")).find("shard 0: restored version") != std::string::npos);
   CHECK(slurp(dir.file("again.log")).find("shard 1: restored version") != std::string::npos);
   CHECK(log.find("(2 finished, 0 failed)") != std::string::npos);
   CHECK(json_number(slurp(dir.file("r.json")), "test_accuracy") > 0.75);

@@ -357,8 +357,10 @@ private:
     if (cfg_.divergence_guard && !traits_of(cfg_.policy).ring)
       if (auto p = snapshot(self_, shards_, num_params_)) {
         good_ = std::move(*p);
+        // The no-progress rule stays off: on small slices and slow starters (a residual
+        // network under kasync, 2400 samples an epoch) it backed off runs that were
+        // learning. Divergence is a loss that is not finite or rises far above its start.
         divergence_settings ds;
-        ds.patience_samples = train_->n / 2;
         ds.start_hint = std::log(static_cast<double>(std::max<uint32_t>(cfg_.model.classes, 2)));
         guard_.emplace(ds);
       }

@@ -31,7 +31,7 @@ divergence_guard::action divergence_guard::observe(double loss, double now, uint
     return diverged("the training loss is not finite");
   if (!started_) {
     started_ = true;
-    start_ = best_ = s_.start_hint > 0 ? std::min(loss, s_.start_hint) : loss;
+    start_ = best_ = loss;
     since_ = samples;
     return action::none;
   }
@@ -39,8 +39,9 @@ divergence_guard::action divergence_guard::observe(double loss, double now, uint
   // Stuck near an untrained model's loss (a network that died): only a run that started
   // there, not a resumed one that starts low.
   const bool from_scratch = s_.start_hint > 0 && start_ >= 0.5 * s_.start_hint;
-  if (s_.patience_samples > 0 && from_scratch && best_ > 0.9 * start_ && samples >= since_ + s_.patience_samples)
-    return diverged("the training loss has not fallen below 0.9x its start " + num(start_) + " in "
+  const double untrained = std::min(start_, s_.start_hint);
+  if (s_.patience_samples > 0 && from_scratch && best_ > 0.9 * untrained && samples >= since_ + s_.patience_samples)
+    return diverged("the training loss has not fallen below 0.9x an untrained model's " + num(untrained) + " in "
                     + std::to_string(s_.patience_samples) + " samples");
   // Far above the start: 1.5x it and a nat more (a resumed job starts at a small loss,
   // whose noise is large against it). Most of the progress lost: only once it was real.

@@ -23,11 +23,11 @@ struct divergence_settings {
   uint32_t max_backoffs = 6;
   /// Samples trained without the loss falling below 0.9x its start before that counts as
   /// divergence (0: never), for a run that starts near start_hint (not a resumed one
-  /// that starts low). The job driver uses half an epoch.
+  /// that starts low). The job driver uses an epoch past the warmup.
   uint64_t patience_samples = 0;
-  /// The loss an untrained model starts from (a classifier over C classes: ln C); the
-  /// start is the lower of it and the first reading, which may already be diverging.
-  /// 0: the first reading.
+  /// The loss of an untrained model (a classifier over C classes: ln C): the no-progress
+  /// rule measures against the lower of it and the first reading (which may already be
+  /// diverging). 0: no such rule.
   double start_hint = 0;
 };
 

@@ -81,7 +81,7 @@ TEST_CASE("a loss that never falls below 0.9x its start within the patience coun
   g.observe(2.30, 0.0, 0);
   CHECK(g.observe(2.25, 0.5, 600) != act::back_off);
   CHECK(g.observe(2.31, 1.0, 1100) == act::back_off);
-  CHECK(g.why().find("has not fallen below 0.9x its start 2.3 in 1000 samples") != std::string::npos);
+  CHECK(g.why().find("has not fallen below 0.9x an untrained model's 2.3 in 1000 samples") != std::string::npos);
   g.backed_off(1.0);
   // The patience starts over with the back-off; progress ends it.
   CHECK(g.observe(2.30, 2.5, 1500) == act::none);
@@ -89,7 +89,7 @@ TEST_CASE("a loss that never falls below 0.9x its start within the patience coun
   CHECK(g.observe(1.40, 4.0, 5000) != act::back_off);
 }
 
-TEST_CASE("the start is the lower of the first reading and the untrained model's loss") {
+TEST_CASE("the no-progress rule measures against the lower of the first reading and the untrained model's loss") {
   divergence_settings s;
   s.start_hint = 2.3026;
   s.patience_samples = 1000;
@@ -111,4 +111,14 @@ TEST_CASE("a resumed run starting at a small loss is never held to the patience 
   g.observe(0.04, 0.0, 0);
   for (int i = 1; i < 20; ++i)
     CHECK(g.observe(i % 2 ? 0.09 : 0.04, 0.5 * i, 500u * i) != act::back_off);
+}
+
+TEST_CASE("a model whose first loss is above ln classes is judged against its own start") {
+  divergence_settings s;
+  s.start_hint = 2.3026;
+  divergence_guard g{s};
+  g.observe(3.65, 0.0, 0);
+  CHECK(g.observe(3.7, 0.1, 100) != act::back_off);
+  CHECK(g.observe(3.6, 0.2, 200) != act::back_off);
+  CHECK(g.observe(2.8, 0.3, 300) != act::back_off);
 }

@@ -42,7 +42,7 @@ TEST_CASE("random profiles are seeded, have 4-8 workers at speeds 1-8 with a slo
   CHECK(with_contention < 35);
 }
 
-TEST_CASE("--profiles takes random:N and names the form otherwise") {
+TEST_CASE("the bench's profiles option takes random:N and names the form otherwise") {
   CHECK(*parse_profiles_spec("random:8") == 8);
   for (auto bad : {"random:", "random:0", "random:x", "8", "random:1000", "fixed:3"}) {
     auto r = parse_profiles_spec(bad);

@@ -10,6 +10,7 @@ namespace ashlar::actors {
 namespace {
 constexpr auto ask_timeout = std::chrono::seconds(60);
 constexpr double poll_interval = 0.1;
+constexpr auto poll_timeout = std::chrono::seconds(2);
 }  // namespace
 
 job_checkpoints::job_checkpoints(caf::scoped_actor& self, job_store& store, const std::string& dir, uint64_t every,
@@ -35,8 +36,15 @@ caf::error job_checkpoints::take_up(const std::vector<shard_actor>& shards) {
   if (!choice->passed_over.empty())
     spdlog::warn("job: resuming from checkpoint cut {}, the newest every shard holds intact; passed over: {}",
                  choice->cut, choice->passed_over);
-  if (choice->cut != 0)
-    for (size_t i = 0; i < shards.size() && !err; ++i)
+  if (choice->cut == 0)
+    for (const auto& h : held)
+      if (!h.intact.empty())
+        spdlog::warn("job: {} names no committed checkpoint cut yet: the job starts from the beginning and shard "
+                     "{} drops the {} uncommitted cut(s) it holds",
+                     dir_, h.shard_id, h.intact.size());
+  // Cut 0 (from the beginning) asks a shard holding cuts to drop them.
+  for (size_t i = 0; i < shards.size() && !err; ++i)
+    if (choice->cut != 0 || !held[i].intact.empty())
       self_->request(shards[i], ask_timeout, restore_atom::value, choice->cut)
         .receive([](uint64_t) {}, [&](caf::error& e) { err = std::move(e); });
   if (err)
@@ -50,10 +58,14 @@ caf::error job_checkpoints::take_up(const std::vector<shard_actor>& shards) {
 std::optional<std::vector<shard_cut_view>> job_checkpoints::poll(const std::vector<shard_actor>& shards) {
   std::vector<shard_cut_view> out;
   bool ok = true;
+  // Asked all at once, with a short timeout: a request to a shard whose node just died
+  // ends only at its timeout, and the driver notices the loss only after this returns.
+  std::vector<decltype(self_->request(shards.front(), poll_timeout, status_atom::value))> asked;
   for (const auto& s : shards)
-    self_->request(s, std::chrono::seconds(5), status_atom::value)
-      .receive([&](const wire::shard_status& st) { out.push_back({st.version, st.cut, st.cut_error}); },
-               [&](caf::error&) { ok = false; });
+    asked.push_back(self_->request(s, poll_timeout, status_atom::value));
+  for (auto& h : asked)
+    h.receive([&](const wire::shard_status& st) { out.push_back({st.version, st.cut, st.cut_error}); },
+              [&](caf::error&) { ok = false; });
   if (!ok)
     return std::nullopt;
   return out;

@@ -179,6 +179,12 @@ caf::result<uint64_t> restore_cut(shard_pointer self, uint64_t cut) {
   if (!st.persistence.store)
     return make_error(errc::invalid_state, "shard " + std::to_string(id) + " keeps no checkpoints");
   checkpoint_log log{*st.persistence.store, id, st.persistence.keep};
+  if (cut == 0) {
+    // From the beginning: the initial parameters stay, every cut this store holds goes.
+    if (auto err = log.discard_after(0))
+      return err;
+    return core.version();
+  }
   auto c = log.load(cut);
   if (!c)
     return make_error(errc::corrupt_data, "shard " + std::to_string(id) + ": " + describe(c.error()));

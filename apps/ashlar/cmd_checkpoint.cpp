@@ -122,7 +122,8 @@ expected<std::vector<shard_checkpoint>> chosen(const std::string& dir,
 std::string cuts_text(const std::vector<uint64_t>& cuts) {
   std::string out;
   for (auto c : cuts)
-    out += (out.empty() ? "" : ", ") + std::to_string(c);
+    if (c != 0) // 0: the job's start record, not a cut
+      out += (out.empty() ? "" : ", ") + std::to_string(c);
   return out.empty() ? "none" : out;
 }
 
@@ -168,6 +169,8 @@ int list(const checkpoint_options& o) {
   else if (view->choice->cut != 0)
     std::printf("a resume takes cut %" PRIu64 "%s%s\n", view->choice->cut,
                 view->choice->passed_over.empty() ? "" : ", passing over ", view->choice->passed_over.c_str());
+  else if (view->job)
+    std::printf("a resume starts the job from the beginning: no cut is committed yet\n");
   return 0;
 }
 

@@ -64,6 +64,7 @@ expected<cut_choice> choose_cut(const std::vector<uint64_t>& committed, const st
     return std::find(s.intact.begin(), s.intact.end(), c) != s.intact.end();
   };
   if (committed.empty()) {
+    // No record at all (a job's start record is written before its shards write any cut).
     for (const auto& s : shards)
       if (!s.intact.empty())
         return make_error(errc::corrupt_data,
@@ -77,6 +78,13 @@ expected<cut_choice> choose_cut(const std::vector<uint64_t>& committed, const st
   std::vector<uint64_t> newest_first = committed;
   std::sort(newest_first.rbegin(), newest_first.rend());
   cut_choice choice;
+  // The job's start record (cut 0) alone: nothing was committed before the run stopped.
+  // The shards' cuts are that run's uncommitted rounds; the job starts over and they are
+  // dropped. Once a cut was committed, the start record is no fallback: going back to the
+  // beginning would silently lose the committed progress.
+  newest_first.erase(std::remove(newest_first.begin(), newest_first.end(), 0), newest_first.end());
+  if (newest_first.empty())
+    return choice;
   for (auto c : newest_first) {
     const shard_cuts* lacking = nullptr;
     for (const auto& s : shards)
@@ -185,7 +193,14 @@ caf::error job_store::adopt(uint64_t cut) {
     for (const auto& w : r.workers)
       worker_samples_before_[w.id] = w.samples;
   }
-  return discard_job_cuts_after(*store_, cut);
+  if (auto err = discard_job_cuts_after(*store_, cut))
+    return err;
+  if (cut != 0)
+    return {};
+  // Starting from the beginning: the start record (cut 0, this job's settings) goes in
+  // before any shard writes a cut, so that a run stopped before its first commit is
+  // still known as this job's and resumes from the beginning.
+  return save_job_record(*store_, r, keep_);
 }
 
 caf::error job_store::commit(uint64_t cut, uint64_t samples, double seconds,

@@ -41,7 +41,9 @@ struct cut_choice {
 };
 
 /// Which cut a job starts from: the newest of `committed` (the cuts the job record names)
-/// that every shard holds intact; 0 when nothing is committed and no shard holds a cut.
+/// that every shard holds intact; 0 when nothing is committed and no shard holds a cut,
+/// or when the newest such is the job's start record (cut 0, always held: the shards'
+/// cuts are then uncommitted rounds of the same job, dropped).
 /// Fails with corrupt_data, in one line naming the shard and what it lacks, when no
 /// committed cut is intact everywhere, or when shards hold cuts the job record does not
 /// name (its record was lost: starting over would mix two jobs). `where` names the
@@ -60,7 +62,8 @@ public:
   std::vector<uint64_t> committed_cuts() const;
   /// Starts from committed cut `cut` (0: from the beginning): its record becomes this
   /// run's starting point, and records of later cuts are deleted (the next cut is
-  /// cut + 1, written anew).
+  /// cut + 1, written anew). From the beginning, the job's start record (cut 0, its
+  /// settings) is written, so that a run stopped before its first commit resumes.
   [[nodiscard]] caf::error adopt(uint64_t cut);
   /// The cut adopted.
   uint64_t cut() const { return record_.cut; }

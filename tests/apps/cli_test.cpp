@@ -7,6 +7,7 @@
 #include <random>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <regex>
 #include <sstream>
 #include <sys/wait.h>
@@ -257,7 +258,8 @@ std::string slurp(const std::string& path) {
 // takes a machine-dependent while. `from` is the log line that starts the count. Returns whether the process was still running (killed,
 // not finished); the log is in the failure message.
 bool kill_during_training(const std::string& args, const std::string& log, double seconds,
-                          const std::string& from = "training starts") {
+                          const std::string& from = "training starts",
+                          const std::function<bool()>& ready = nullptr) {
   auto started = shell(std::string{ASHLAR_BINARY} + " " + args + " > " + log + " 2>&1 & echo $!");
   REQUIRE(started.code == 0);
   const std::string pid = started.out.substr(0, started.out.find('\n'));
@@ -269,6 +271,14 @@ bool kill_during_training(const std::string& args, const std::string& log, doubl
   }
   INFO(slurp(log));
   REQUIRE(training);
+  // Then until `ready` holds (polled for up to 60 s), however loaded the machine is.
+  bool is_ready = !ready;
+  for (int i = 0; i < 600 && !is_ready; ++i) {
+    is_ready = ready();
+    if (!is_ready)
+      shell("sleep 0.1");
+  }
+  REQUIRE(is_ready);
   shell("sleep " + std::to_string(seconds));
   const bool alive = shell("kill -KILL " + pid).code == 0;
   for (int i = 0; i < 100 && shell("kill -0 " + pid + " 2>/dev/null").code == 0; ++i)
@@ -568,8 +578,9 @@ TEST_CASE("a resumed job starts from the checkpointed job's batch shares and dat
   auto ck = dir.file("ck");
   const std::string job = "train " + config + paced_run + " --epochs 6 --set train.allocation=proportional"
                           + " --checkpoint-dir " + ck;
-  // Killed 2 s after the shares were profiled: the job record (saved every second) has them.
-  REQUIRE(kill_during_training(job, dir.file("killed.log"), 2.0, "batch shares from profiled speed"));
+  // Killed once a committed cut's job record holds the profiled shares.
+  REQUIRE(kill_during_training(job, dir.file("killed.log"), 0.0, "batch shares from profiled speed",
+                               [&] { return has(run("checkpoint list " + ck), "  worker 3: batch "); }));
   const auto killed = slurp(dir.file("killed.log"));
   auto at = killed.find("batch shares from profiled speed: ");
   REQUIRE(at != std::string::npos);

@@ -308,9 +308,11 @@ TEST_CASE("when the only server node is lost, a server node that joins serves it
   const int victim = 0;
   REQUIRE(slurp(dir.file("server-0.log")).find("hosting shard 1") != std::string::npos);
   servers[victim].signal(SIGKILL);
-  REQUIRE(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
+  const bool noticed = wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
     return t.find("server shard 1 was lost") != std::string::npos;
-  }, 10s));
+  }, 10s);
+  INFO(slurp(dir.file("scheduler.log")));
+  REQUIRE(noticed);
   auto again = start({exe, "node", "--role", "server", "--name", "server-again", "--join", sched.join,
                       "--work-dir", dir.path()},
                      dir.file("again.log"));

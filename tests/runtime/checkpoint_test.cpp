@@ -244,7 +244,7 @@ TEST_CASE("the job store resumes only the same configuration, from the cut it ad
     REQUIRE(opened);
     REQUIRE(*opened);
     auto& js = **opened;
-    CHECK(js.committed_cuts() == std::vector<uint64_t>{2, 1});
+    CHECK(js.committed_cuts() == std::vector<uint64_t>{2, 1, 0}); // 0: the job's start record
     // The shards lacked cut 2: the job takes cut 1 up, and cut 2's record goes.
     REQUIRE_FALSE(js.adopt(1));
     CHECK(js.samples_before() == 320);
@@ -256,7 +256,7 @@ TEST_CASE("the job store resumes only the same configuration, from the cut it ad
   REQUIRE(opened);
   REQUIRE(*opened);
   auto& js = **opened;
-  CHECK(js.committed_cuts() == std::vector<uint64_t>{1});
+  CHECK(js.committed_cuts() == std::vector<uint64_t>{1, 0});
   REQUIRE_FALSE(js.adopt(1));
   CHECK(js.samples_before() == 320);
   CHECK(js.record().resumes == 1);
@@ -283,6 +283,32 @@ TEST_CASE("the job store resumes only the same configuration, from the cut it ad
   INFO(describe(changed.error()));
   CHECK(describe(changed.error()).find("train.batch_size = 32 (checkpointed job: 64)") != std::string::npos);
   CHECK(settings_diff({"a=1", "b=2"}, {"a=1", "b=2"}).empty());
+}
+
+TEST_CASE("a job stopped before its first commit is still known by its start record and resumes from the beginning") {
+  test::temp_dir dir;
+  train_config cfg;
+  cfg.checkpoint_dir = dir.path() + "/ckpt";
+  {
+    auto store = job_store::open(cfg);
+    REQUIRE(store);
+    REQUIRE(*store);
+    REQUIRE_FALSE((*store)->adopt(0)); // a new job: its start record goes in
+  }
+  // Without --resume the directory is this job's ...
+  auto taken = job_store::open(cfg);
+  REQUIRE_FALSE(taken);
+  CHECK(describe(taken.error()).find("0 samples trained") != std::string::npos);
+  // ... and a resume finds the start record (cut 0) with the same settings.
+  cfg.resume = true;
+  auto resumed = job_store::open(cfg);
+  REQUIRE(resumed);
+  REQUIRE(*resumed);
+  CHECK((*resumed)->committed_cuts() == std::vector<uint64_t>{0});
+  auto choice = choose_cut((*resumed)->committed_cuts(), {{0, {1}}, {1, {1}}}, cfg.checkpoint_dir);
+  REQUIRE(choice);
+  CHECK(choice->cut == 0);
+  CHECK((*resumed)->samples_before() == 0);
 }
 
 TEST_CASE("a resume takes the newest cut the job record names and every shard holds intact, or refuses naming the shard and what it lacks") {
@@ -316,6 +342,16 @@ TEST_CASE("a resume takes the newest cut the job record names and every shard ho
   auto orphan = choose_cut({}, {{0, {}}, {1, {4, 5}}}, dir);
   REQUIRE_FALSE(orphan);
   CHECK(describe(orphan.error()).find("shard 1 holds checkpoint cuts (4, 5) that no job record names") != std::string::npos);
+  // Only the job's start record: a run stopped before its first commit starts over (its
+  // shards' uncommitted cuts are dropped) ...
+  auto started = choose_cut({0}, {{0, {1}}, {1, {1, 2}}}, dir);
+  REQUIRE(started);
+  CHECK(started->cut == 0);
+  // ... but once a cut was committed, the start record is no way back to the beginning.
+  auto lost = choose_cut({2, 1, 0}, {{0, {1, 2}}, {1, {}}}, dir);
+  REQUIRE_FALSE(lost);
+  CHECK(describe(lost.error()).find("shard 1 lacks cuts 2, 1 of the job record's 2, 1 (it holds intact cuts none)")
+        != std::string::npos);
   // Nothing anywhere: a new job.
   auto fresh = choose_cut({}, {{0, {}}, {1, {}}}, dir);
   REQUIRE(fresh);

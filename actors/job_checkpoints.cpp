@@ -11,6 +11,7 @@ namespace {
 constexpr auto ask_timeout = std::chrono::seconds(60);
 constexpr double poll_interval = 0.1;
 constexpr auto poll_timeout = std::chrono::seconds(2);
+constexpr auto order_timeout = std::chrono::seconds(5);
 }  // namespace
 
 job_checkpoints::job_checkpoints(caf::scoped_actor& self, job_store& store, const std::string& dir, uint64_t every,
@@ -79,11 +80,13 @@ void job_checkpoints::act(const cut_action& a, const std::vector<shard_actor>& s
     case cut_action::start: {
       pending_ = progress();
       // Asked all at once: the sooner every shard has it, the fewer rounds it needs ahead.
-      std::vector<decltype(self_->request(shards.front(), ask_timeout, checkpoint_atom::value, a.cut,
+      // A shard only takes the order here (it writes in the background): a short timeout,
+      // so that a shard whose node just died holds the driver up only briefly.
+      std::vector<decltype(self_->request(shards.front(), order_timeout, checkpoint_atom::value, a.cut,
                                           a.at_version))>
         asked;
       for (const auto& s : shards)
-        asked.push_back(self_->request(s, ask_timeout, checkpoint_atom::value, a.cut, a.at_version));
+        asked.push_back(self_->request(s, order_timeout, checkpoint_atom::value, a.cut, a.at_version));
       std::string refused;
       for (auto& h : asked)
         h.receive([](uint64_t) {},

@@ -83,14 +83,20 @@ expected<job_data> load_job_data(const data_settings& cfg, const model_spec& mod
 
 namespace {
 
+constexpr auto snapshot_timeout = std::chrono::seconds(10);
+
 // Reads every shard's range now, outside the sync policy, into one flat vector.
 expected<std::vector<float>> snapshot(caf::scoped_actor& self, const std::vector<shard_actor>& shards,
                                       uint64_t num_params) {
   std::vector<float> params(num_params);
   caf::error failure;
-  for (const auto& s : shards) {
-    self->request(s, std::chrono::seconds(30), wire::pull_request{0, 0, true})
-      .receive(
+  // Asked all at once, with a timeout short enough that a shard whose node just died
+  // (its loss not yet noticed) holds the driver up only briefly.
+  std::vector<decltype(self->request(shards.front(), snapshot_timeout, wire::pull_request{0, 0, true}))> asked;
+  for (const auto& s : shards)
+    asked.push_back(self->request(s, snapshot_timeout, wire::pull_request{0, 0, true}));
+  for (auto& h : asked) {
+    h.receive(
         [&](const wire::pull_reply& r) {
           if (r.begin + r.params.size() > num_params) {
             failure = make_error(errc::shape_mismatch, "shard snapshot exceeds the model");
@@ -533,9 +539,11 @@ private:
     // The shards' counters, once a second (each asks every shard).
     if (live_.shards.empty() || now - last_shard_poll_ >= 1.0) {
       live_.shards.clear();
+      std::vector<decltype(self_->request(shards_.front(), std::chrono::seconds(2), status_atom::value))> asked;
       for (const auto& s : shards_)
-        self_->request(s, std::chrono::seconds(5), status_atom::value)
-          .receive([&](const wire::shard_status& st) { live_.shards.push_back(st); }, [](caf::error&) {});
+        asked.push_back(self_->request(s, std::chrono::seconds(2), status_atom::value));
+      for (auto& h : asked)
+        h.receive([&](const wire::shard_status& st) { live_.shards.push_back(st); }, [](caf::error&) {});
       last_shard_poll_ = now;
     }
     live_.stats = stats;

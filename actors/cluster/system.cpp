@@ -6,6 +6,12 @@
 #include <thread>
 
 #include <caf/io/all.hpp>
+#include <caf/io/network/default_multiplexer.hpp>
+#include <caf/io/network/native_socket.hpp>
+#include <unistd.h>
+
+#include "runtime/net/handshake.hpp"
+#include "runtime/net/socket.hpp"
 
 namespace ashlar::actors {
 
@@ -30,8 +36,8 @@ cluster_system_config::cluster_system_config() {
   register_types(*this);
   set_fair_scheduling(*this);
   load<caf::io::middleman>();
-  set("middleman.heartbeat-interval", caf::timespan{std::chrono::seconds(1)});
-  set("middleman.connection-timeout", caf::timespan{std::chrono::seconds(3)});
+  set("middleman.heartbeat-interval", caf::timespan{heartbeat_interval});
+  set("middleman.connection-timeout", caf::timespan{connection_timeout});
   // Nodes log through spdlog; keep CAF's own console output quiet.
   set("logger.console-verbosity", caf::atom("quiet"));
   // Several node processes often share a few cores: the work-sharing scheduler sleeps on a
@@ -42,6 +48,30 @@ cluster_system_config::cluster_system_config() {
   // CAF's automatic direct connections advertise every interface address of a node, which
   // is not what a user who gave loopback or one cluster address expects.
   set("middleman.enable-automatic-connections", false);
+}
+
+caf::error probe_admission(caf::actor_system& sys, const endpoint& where, std::chrono::milliseconds timeout) {
+  auto net = network_of(sys);
+  if (!net)
+    return make_error(errc::invalid_state, "no cluster network is set up in this process "
+                                           "(cluster_network::start)");
+  // A frozen process's full listen backlog would block a plain connect for minutes.
+  auto sock = net::connect_tcp(where.host, where.port, timeout);
+  if (!sock)
+    return sock.error();
+  const int fd = sock->fd();
+  caf::io::network::nonblocking(fd, true);
+  caf::error out;
+  {
+    net::handshake hs{fd, false, net->security()}; // frees its TLS session
+    if (net::run_handshake(hs, timeout) != net::handshake::result::admitted)
+      // Refused only when it said so (a wrong token); a connection dropped or not answered
+      // is worth another try.
+      out = hs.status() != net::gate_status::ok
+              ? make_error(errc::handshake_refused, where.to_string() + ": " + hs.why())
+              : make_error(errc::peer_unreachable, where.to_string() + " did not admit a connection: " + hs.why());
+  }
+  return out;
 }
 
 expected<caf::strong_actor_ptr> connect(caf::actor_system& sys, const endpoint& where,

@@ -21,6 +21,11 @@ struct endpoint {
 /// naming the text.
 [[nodiscard]] expected<endpoint> parse_endpoint(const std::string& text);
 
+/// CAF's heartbeats between nodes: every `heartbeat_interval` a node checks its
+/// connections, and drops one silent for `connection_timeout`.
+inline constexpr std::chrono::seconds heartbeat_interval{1};
+inline constexpr std::chrono::seconds connection_timeout{3};
+
 /// An actor_system_config with Ashlar's message types, CAF's network layer, and
 /// heartbeats (interval 1 s, connection timeout 3 s): a killed or frozen peer is noticed
 /// within about 4 s.
@@ -35,6 +40,14 @@ public:
 /// peer_unreachable naming the address.
 [[nodiscard]] expected<caf::strong_actor_ptr> connect(caf::actor_system& sys, const endpoint& where,
                                                       std::chrono::milliseconds timeout);
+
+/// Whether the node at `where` admits a connection now: a TCP connection and the
+/// admission handshake (TLS, token) with this system's security, nothing of CAF's, closed
+/// at once. None when admitted; handshake_refused when it refused the token;
+/// peer_unreachable when it cannot be reached, drops the connection or does not answer
+/// within `timeout` (a frozen process's kernel accepts TCP connections it never answers).
+[[nodiscard]] caf::error probe_admission(caf::actor_system& sys, const endpoint& where,
+                                         std::chrono::milliseconds timeout);
 
 /// The cluster token: the first line of `file` when given, else $ASHLAR_TOKEN through
 /// `env_token` (may be null), else empty (no authentication).

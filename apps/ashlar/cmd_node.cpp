@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <thread>
 #include <unistd.h>
 
 #include <caf/io/all.hpp>
@@ -312,6 +313,33 @@ int run_node(node_options& o) {
     again.replace_shard = -1; // a new scheduler places the job's shards itself
     auto deadline = std::chrono::steady_clock::now()
                     + std::chrono::milliseconds(static_cast<int64_t>(o.rejoin_timeout * 1000));
+    // A scheduler that was frozen (stopped, a stalled machine) past the heartbeat timeout
+    // still holds its connection to this node until its own heartbeat check drops it, and
+    // takes a new connection from the same node before that for a repeat: messages back
+    // to this node would go nowhere. So: first wait until the scheduler admits a probe
+    // connection, then for its heartbeat check to have dropped the old one, then join.
+    bool answered = false;
+    while (!answered && std::chrono::steady_clock::now() < deadline) {
+      if (int sig = take_stop_signal(); sig != 0) {
+        spdlog::info("node {}: {} received while waiting for the scheduler; exiting", o.name, signal_name(sig));
+        return false;
+      }
+      auto probed = actors::probe_admission(sys, *ep, 1s);
+      answered = !probed;
+      if (is(probed, errc::handshake_refused)) {
+        lost(": " + describe(probed));
+        code = 1;
+        return false;
+      }
+      if (!answered)
+        std::this_thread::sleep_for(500ms);
+    }
+    if (answered) {
+      const auto settle = actors::heartbeat_interval + actors::connection_timeout + 500ms;
+      spdlog::info("node {}: the scheduler at {} answers; joining it again in {:.1f} s, once it has dropped "
+                   "its connections of before", o.name, address, std::chrono::duration<double>(settle).count());
+      std::this_thread::sleep_for(settle);
+    }
     while (std::chrono::steady_clock::now() < deadline) {
       if (int sig = take_stop_signal(); sig != 0) {
         spdlog::info("node {}: {} received while waiting for the scheduler; exiting", o.name, signal_name(sig));

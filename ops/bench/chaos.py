@@ -11,6 +11,13 @@ seeded schedule injects faults, one every --every seconds, until the job ends:
   server-kill     SIGKILL a server node; `node --role server --shard ID` takes over 2 s later,
                   restoring the shard from its checkpoint cuts
   server-stop     SIGSTOP a server node for 3 s, then SIGCONT
+  scheduler-stop  SIGSTOP the scheduler for 2 s (a stall within the heartbeat timeout), then
+                  SIGCONT: the job goes on
+  scheduler-freeze  (not in the default kinds) SIGSTOP the scheduler for 8 s, past the heartbeat
+                  timeout: every node notices it lost, stops its shards and workers and joins
+                  the same scheduler again when it answers, which serves the job's shards
+                  again from their checkpoint cuts. Known to fail: a second freeze of the same
+                  scheduler leaves the rejoined workers' registrations unanswered
   scheduler-kill  SIGKILL the scheduler: every node stops its shards and workers and waits
                   for it (--rejoin-timeout); the scheduler is started again on the same port
                   with --resume, takes the job up from its checkpoint cuts, and the same
@@ -277,6 +284,24 @@ def inject(c, kind, rng, t0, a):
             v.signal(signal.SIGSTOP)
             time.sleep(3)
             v.signal(signal.SIGCONT)
+    elif kind == "scheduler-stop":
+        entry["target"] = c.sched.name
+        c.sched.signal(signal.SIGSTOP)
+        time.sleep(2)
+        c.sched.signal(signal.SIGCONT)
+    elif kind == "scheduler-freeze":
+        entry["target"] = c.sched.name
+        nodes = c.live(c.servers + c.workers)
+        joined = {p.name: log_count(p.log, "again as node") for p in nodes}
+        c.sched.signal(signal.SIGSTOP)
+        time.sleep(8)
+        c.sched.signal(signal.SIGCONT)
+        deadline = time.time() + a.grace
+        while time.time() < deadline and not all(log_count(p.log, "again as node") > joined[p.name] for p in nodes):
+            time.sleep(0.5)
+        back = [p for p in nodes if log_count(p.log, "again as node") > joined[p.name]]
+        entry["nodes_rejoined"] = f"{len(back)}/{len(nodes)}"
+        entry["rejoined_all"] = len(back) == len(nodes)
     elif kind == "scheduler-kill":
         entry["target"] = c.sched.name
         c.sched.signal(signal.SIGKILL)
@@ -335,7 +360,7 @@ def main():
     ap.add_argument("--train-limit", type=int, default=12000)
     ap.add_argument("--sample-ms", type=float, default=0.5, help="paced ms per sample per worker")
     ap.add_argument("--grace", type=float, default=90, help="seconds a fault may take to recover from")
-    ap.add_argument("--kinds", default="worker-kill,worker-stop,server-kill,server-stop,scheduler-kill")
+    ap.add_argument("--kinds", default="worker-kill,worker-stop,server-kill,server-stop,scheduler-kill,scheduler-stop")
     ap.add_argument("--smoke", action="store_true",
                     help="a short run: judged on faults survived, no hang and a clean end; the accuracy of a job "
                          "this short is printed, not judged")

@@ -30,7 +30,8 @@ caf::error make_error(errc code, std::string context) {
 }
 
 bool is(const caf::error& err, errc code) {
-  return err.category() == error_category_atom::value
+  // An empty error has no category to read (CAF 0.17 dereferences null there).
+  return err && err.category() == error_category_atom::value
          && err.code() == static_cast<uint8_t>(code);
 }
 

@@ -28,6 +28,7 @@ public:
   tcp_socket& operator=(const tcp_socket&) = delete;
 
   bool valid() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
   /// "host:port" of the other end, for messages.
   const std::string& peer() const { return peer_; }
 

@@ -6,6 +6,7 @@
 
 #include "actors/cluster/network.hpp"
 #include "actors/cluster/system.hpp"
+#include "runtime/net/socket.hpp"
 
 using namespace ashlar;
 using namespace ashlar::actors;
@@ -132,4 +133,41 @@ TEST_CASE("every message type crosses the network between two actor systems and 
   CHECK(st2.shards.size() == 1);
   CHECK(st2.stage == "training");
   self->send_exit(server, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a probe tells a node that admits connections from one that refuses the token and one that never "
+          "answers (a frozen process), within its timeout") {
+  cluster_system_config cfg_a, cfg_b, cfg_c;
+  caf::actor_system a{cfg_a};
+  caf::actor_system b{cfg_b};
+  caf::actor_system c{cfg_c};
+  net::net_security sec;
+  sec.token = "probe-token";
+  net::net_security other = sec;
+  other.token = "another-token";
+  auto net_a = cluster_network::start(a, sec);
+  auto net_b = cluster_network::start(b, sec);
+  auto net_c = cluster_network::start(c, other);
+  REQUIRE(net_a);
+  REQUIRE(net_b);
+  REQUIRE(net_c);
+  auto server = a.spawn(echo);
+  auto port = (*net_a)->publish(a, server, endpoint{"127.0.0.1", 0});
+  REQUIRE(port);
+  const endpoint where{"127.0.0.1", *port};
+  auto admitted = probe_admission(b, where, 2s);
+  INFO(describe(admitted));
+  CHECK_FALSE(admitted);
+  auto refused = probe_admission(c, where, 2s);
+  CHECK(is(refused, errc::handshake_refused));
+  // A listening socket nobody accepts from: the kernel completes the TCP connection, no
+  // handshake ever comes.
+  auto silent = net::tcp_listener::open("127.0.0.1", 0);
+  REQUIRE(silent);
+  const auto start = std::chrono::steady_clock::now();
+  auto frozen = probe_admission(b, endpoint{"127.0.0.1", silent->port()}, 500ms);
+  CHECK(is(frozen, errc::peer_unreachable));
+  CHECK(std::chrono::steady_clock::now() - start < 3s);
+  CHECK(is(probe_admission(b, endpoint{"127.0.0.1", 1}, 500ms), errc::peer_unreachable));
+  caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
 }

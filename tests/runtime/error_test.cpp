@@ -10,4 +10,5 @@ TEST_CASE("an Ashlar error renders its code and context for users") {
   CHECK_FALSE(is(err, errc::corrupt_data));
   CHECK(describe(err) == "io_error: cannot open /x: No such file");
   CHECK(describe(caf::error{}) == "no error");
+  CHECK_FALSE(is(caf::error{}, errc::io_error)); // no error is no Ashlar error, and no crash
 }

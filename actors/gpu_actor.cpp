@@ -151,10 +151,11 @@ expected<gpu_selection> select_gpus(const std::string& spec) {
   }
   auto found = gpu::list_devices();
   if (spec == "auto") {
-    if (!found)
-      out.why_none = describe(found.error());
-    else if (found->empty())
-      out.why_none = "no CUDA device";
+    // None found is no error under "auto": the details only for a debug log.
+    if (!found || found->empty()) {
+      out.why_none = "no GPU found";
+      spdlog::debug("GPUs: {}", found ? std::string{"no CUDA device"} : describe(found.error()));
+    }
     else
       for (const auto& d : *found) {
         out.devices.push_back(d.index);
@@ -260,7 +261,12 @@ backend_factory gpu_pool::next_worker(uint32_t* slot) {
   std::string why = impl_->devices.empty() ? impl_->why_none
                                            : "every GPU of this process (" + std::to_string(impl_->devices.size())
                                                + ") is taken by another worker";
-  return [why](const model_spec& spec) { return cpu_choice(spec, "on the CPU: " + why); };
+  const bool quiet = impl_->devices.empty(); // not one taken by another worker: nothing to say per worker
+  return [why, quiet](const model_spec& spec) {
+    auto c = cpu_choice(spec, "on the CPU: " + why);
+    c.quiet = quiet && c.backend != nullptr;
+    return c;
+  };
 }
 
 const gpu_actor* device_of(const compute_backend& backend) {

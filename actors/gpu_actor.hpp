@@ -21,7 +21,8 @@ namespace ashlar::actors {
 /// A worker's compute backend and the one log line that says where it computes.
 struct backend_choice {
   std::unique_ptr<compute_backend> backend;
-  std::string note; // e.g. "on cuda:0 (NVIDIA H100 80GB HBM3)" or "on the CPU: no usable CUDA device ..."
+  std::string note; // e.g. "on cuda:0 (NVIDIA H100 80GB HBM3)" or "on the CPU: no GPU found"
+  bool quiet = false; // the plain outcome (no GPU asked for or found): the note is a debug line
 };
 /// Makes a worker's backend once the model is known. A null backend means none could be
 /// made; the note then says why (the worker fails with it).

@@ -3,6 +3,9 @@
 #include "actors/job_driver.hpp"
 #include "actors/server_shard.hpp"
 #include "actors/worker.hpp"
+
+#include <spdlog/spdlog.h>
+
 #include "runtime/os/memory.hpp"
 #include "runtime/policy/ring.hpp"
 
@@ -61,6 +64,8 @@ public:
       if (!pool)
         return pool.error();
       gpus_ = std::move(*pool);
+      if (gpus_->labels().empty() && cfg.gpus == "auto")
+        spdlog::info("job: {}; computing on the CPU", gpus_->why_none());
     }
     for (uint32_t i = 0; i < cfg.workers; ++i) {
       worker_config wc;

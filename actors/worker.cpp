@@ -249,7 +249,9 @@ void take_assignment(worker_pointer self, const wire::assignment& a, const std::
   if (!choice.backend)
     return fail(self, "no compute backend for model " + a.model.to_string() + ": " + choice.note);
   st.backend = std::move(choice.backend);
-  if (!choice.note.empty())
+  if (!choice.note.empty() && choice.quiet)
+    spdlog::debug("worker {}: computing {}", a.worker_id, choice.note);
+  else if (!choice.note.empty())
     spdlog::info("worker {}: computing {}", a.worker_id, choice.note);
   if (auto err = step_machine::check(a, st.backend->spec(), *st.cfg.data))
     return fail(self, describe(err));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -18,5 +19,8 @@ command_fn add_ctl(CLI::App& app);
 command_fn add_launch(CLI::App& app);
 command_fn add_checkpoint(CLI::App& app);
 command_fn add_cert(CLI::App& app);
+
+/// "ashlar 0.1.0 (commit ..., CUDA on|off, CAF 0.17.6, ..., Release build, compiler)".
+std::string version_text();
 
 }  // namespace ashlar::cli

@@ -1,9 +1,11 @@
 // ashlar: train data-parallel models on heterogeneous workers.
+#include <algorithm>
 #include <cstdio>
 #include <csignal>
 #include <malloc.h>
 
 #include "apps/ashlar/commands.hpp"
+#include "runtime/core/suggest.hpp"
 
 int main(int argc, char** argv) {
   // Tensor messages are large and come and go every step: keep such blocks in the heap
@@ -14,7 +16,8 @@ int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"ashlar: heterogeneity-aware data-parallel training on an actor runtime"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "ashlar 0.1.0");
+  const std::string version = ashlar::cli::version_text();
+  app.set_version_flag("--version", version);
   auto train = ashlar::cli::add_train(app);
   auto bench = ashlar::cli::add_bench(app);
   auto node = ashlar::cli::add_node(app);
@@ -23,6 +26,37 @@ int main(int argc, char** argv) {
   auto ctl = ashlar::cli::add_ctl(app);
   auto checkpoint = ashlar::cli::add_checkpoint(app);
   auto cert = ashlar::cli::add_cert(app);
+  // `ashlar help [CMD]`, `ashlar version`, and a mistyped command named as such.
+  if (argc >= 2 && argv[1][0] != '-') {
+    const std::string word = argv[1];
+    std::vector<std::string> names;
+    for (auto* sub : app.get_subcommands([](CLI::App*) { return true; }))
+      names.push_back(sub->get_name());
+    if (word == "version") {
+      std::printf("%s\n", version.c_str());
+      return 0;
+    }
+    if (word == "help") {
+      if (argc < 3) {
+        std::printf("%s", app.help().c_str());
+        return 0;
+      }
+      const std::string what = argv[2];
+      for (auto* sub : app.get_subcommands([](CLI::App*) { return true; }))
+        if (sub->get_name() == what) {
+          std::printf("%s", sub->help().c_str());
+          return 0;
+        }
+      std::fprintf(stderr, "ashlar help: unknown command '%s'%s; commands: %s\n", what.c_str(),
+                   ashlar::did_you_mean(what, names).c_str(), CLI::detail::join(names, ", ").c_str());
+      return 2;
+    }
+    if (std::find(names.begin(), names.end(), word) == names.end()) {
+      std::fprintf(stderr, "ashlar: unknown command '%s'%s; commands: %s (`ashlar help CMD` for one)\n",
+                   word.c_str(), ashlar::did_you_mean(word, names).c_str(), CLI::detail::join(names, ", ").c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

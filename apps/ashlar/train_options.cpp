@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
@@ -105,6 +107,13 @@ caf::error resolve_config(const train_options& o, train_config& cfg, bool rules)
       return err;
   if (auto err = apply_environment(cfg, [](const char* n) { return std::getenv(n); }))
     return err;
+  {
+    std::vector<std::string> names;
+    for (char** e = environ; e && *e; ++e)
+      names.emplace_back(*e, std::strcspn(*e, "="));
+    for (const auto& w : environment_warnings(names))
+      spdlog::warn("{}", w);
+  }
   for (const auto& f : flag_keys)
     if (o.*f.member)
       if (auto err = apply_setting(cfg, f.key, *(o.*f.member), f.flag))

@@ -1,5 +1,7 @@
 #include "runtime/config/train_config.hpp"
 
+#include "runtime/core/suggest.hpp"
+
 #include "runtime/optim/lr_schedule.hpp"
 #include "runtime/net/http_endpoint.hpp"
 
@@ -384,11 +386,17 @@ std::string env_name(const std::string& key) {
   return s;
 }
 
-std::string known_keys() {
-  std::string s;
+std::vector<std::string> key_names() {
+  std::vector<std::string> out;
   for (const auto& f : fields())
-    s += (s.empty() ? "" : ", ") + f.key;
-  return s;
+    out.push_back(f.key);
+  return out;
+}
+
+// "unknown config key 'train.lrr' (did you mean 'train.lr'?); ..." without the whole list.
+std::string unknown_key(const std::string& key) {
+  return "unknown config key '" + key + "'" + did_you_mean(key, key_names())
+         + "; `ashlar train --help` lists every key";
 }
 
 // The text form of a TOML value, for the shared text parsers.
@@ -474,8 +482,7 @@ caf::error apply_setting(train_config& cfg, const std::string& key, const std::s
                          const std::string& source) {
   auto f = find_field(key);
   if (!f)
-    return make_error(errc::invalid_config,
-                      "unknown config key '" + key + "' (known: " + known_keys() + ")");
+    return make_error(errc::invalid_config, unknown_key(key));
   if (auto err = f->set(cfg, text))
     return err;
   if (!source.empty())
@@ -510,8 +517,7 @@ caf::error apply_toml_text(train_config& cfg, const std::string& text, const std
     for (const auto& [name, value] : *tbl) {
       std::string key = std::string{section.str()} + "." + std::string{name.str()};
       if (!find_field(key))
-        return make_error(errc::invalid_config, where(value) + ": unknown config key '" + key
-                                                  + "' (known: " + known_keys() + ")");
+        return make_error(errc::invalid_config, where(value) + ": " + unknown_key(key));
       std::string txt;
       if (key == "model.layers") {
         auto layers = toml_layers(value);
@@ -550,6 +556,23 @@ caf::error apply_environment(train_config& cfg, const env_lookup& lookup) {
         return make_error(errc::invalid_config, "environment variable " + name + ": " + describe(err));
   }
   return caf::none;
+}
+
+std::vector<std::string> environment_warnings(const std::vector<std::string>& names) {
+  // ASHLAR_* variables that are not a key's: the cluster's and the test harness's own.
+  static const std::vector<std::string> others{"ASHLAR_TOKEN", "ASHLAR_HOME", "ASHLAR_TLS_DIR"};
+  std::vector<std::string> known = others;
+  for (const auto& f : fields())
+    known.push_back(env_name(f.key));
+  std::vector<std::string> out;
+  for (const auto& n : names) {
+    if (n.rfind("ASHLAR_", 0) != 0 || n.rfind("ASHLAR_TEST_", 0) == 0)
+      continue;
+    if (std::find(known.begin(), known.end(), n) == known.end())
+      out.push_back("environment variable " + n + " is not one Ashlar reads" + did_you_mean(n, known)
+                    + "; it is ignored");
+  }
+  return out;
 }
 
 caf::error validate_gpu_list(const std::string& devices) {

@@ -217,6 +217,11 @@ std::vector<config_key_info> config_keys();
 using env_lookup = std::function<const char*(const char*)>;
 [[nodiscard]] caf::error apply_environment(train_config& cfg, const env_lookup& lookup);
 
+/// A warning for each of `names` (the environment's variable names) that starts with
+/// ASHLAR_ but is no variable Ashlar reads (a key's, ASHLAR_TOKEN, ASHLAR_HOME,
+/// ASHLAR_TLS_DIR; ASHLAR_TEST_* are the tests'), with the closest one it may have meant.
+std::vector<std::string> environment_warnings(const std::vector<std::string>& names);
+
 /// Most parameters a model may have: ranges and sparse indices are 32-bit.
 constexpr uint64_t max_model_params = (uint64_t{1} << 31) - 1;
 

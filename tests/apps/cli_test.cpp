@@ -76,6 +76,36 @@ TEST_CASE("an unknown config key exits non-zero naming the key and file") {
   CHECK(has(r, "train.nope"));
 }
 
+TEST_CASE("a mistyped command is named with the one meant, help and version work as words, and the version "
+          "names the build") {
+  auto typo = run("trian");
+  CHECK(typo.code == 2);
+  CHECK(has(typo, "unknown command 'trian' (did you mean 'train'?)"));
+  auto help = run("help train");
+  CHECK(help.code == 0);
+  CHECK(has(help, "Usage: train"));
+  auto all = run("help");
+  CHECK(all.code == 0);
+  CHECK(has(all, "checkpoint"));
+  auto bad_help = run("help lanch");
+  CHECK(bad_help.code == 2);
+  CHECK(has(bad_help, "did you mean 'launch'?"));
+  for (auto cmd : {"version", "--version"}) {
+    auto v = run(cmd);
+    CHECK(v.code == 0);
+    CHECK(has(v, "ashlar 0."));
+    CHECK(has(v, "commit "));
+    CHECK(has(v, "CAF 0.17.6"));
+    CHECK(has(v, "CUDA o"));
+  }
+}
+
+TEST_CASE("an environment variable like Ashlar's but not one it reads is warned about, with the one meant") {
+  auto r = shell("ASHLAR_TRAIN_EPOCH=1 " + std::string{ASHLAR_BINARY} + " train " + config + " --explain 2>&1");
+  CHECK(r.code == 0);
+  CHECK(has(r, "ASHLAR_TRAIN_EPOCH is not one Ashlar reads (did you mean 'ASHLAR_TRAIN_EPOCHS'?)"));
+}
+
 TEST_CASE("a missing data set exits non-zero naming the directory") {
   auto r = run("train " + config + " --data-dir /nonexistent/fmnist --log-level error");
   CHECK(r.code == 1);

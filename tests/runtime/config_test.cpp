@@ -50,7 +50,8 @@ TEST_CASE("an unknown config key is refused, naming the key, file and line") {
   REQUIRE(err);
   auto msg = describe(err);
   CHECK(msg.find("job.toml:3") != std::string::npos);
-  CHECK(msg.find("unknown config key 'train.wrokers'") != std::string::npos);
+  CHECK(msg.find("unknown config key 'train.wrokers' (did you mean 'train.workers'?)") != std::string::npos);
+  CHECK(msg.find("train.batch_size") == std::string::npos); // no dump of every key
   CHECK(is(apply_setting(cfg, "nope.x", "1"), errc::invalid_config));
 }
 
@@ -176,4 +177,13 @@ TEST_CASE("an output file is checked before any work: its directory must exist a
   auto dir = check_output_file("/tmp", "run.report");
   REQUIRE(dir);
   CHECK(describe(dir).find("it is a directory") != std::string::npos);
+}
+
+TEST_CASE("an environment variable that looks like Ashlar's but is none is named with the one it may mean") {
+  auto w = environment_warnings({"PATH", "ASHLAR_TRAIN_EPOCH", "ASHLAR_TRAIN_EPOCHS", "ASHLAR_TOKEN", "ASHLAR_TEST_BINARY",
+                                 "ASHLAR_ZZZ"});
+  REQUIRE(w.size() == 2);
+  CHECK(w[0] == "environment variable ASHLAR_TRAIN_EPOCH is not one Ashlar reads (did you mean "
+                "'ASHLAR_TRAIN_EPOCHS'?); it is ignored");
+  CHECK(w[1] == "environment variable ASHLAR_ZZZ is not one Ashlar reads; it is ignored");
 }

@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include "runtime/core/error.hpp"
+#include "runtime/core/suggest.hpp"
 
 using namespace ashlar;
 
@@ -11,4 +12,19 @@ TEST_CASE("an Ashlar error renders its code and context for users") {
   CHECK(describe(err) == "io_error: cannot open /x: No such file");
   CHECK(describe(caf::error{}) == "no error");
   CHECK_FALSE(is(caf::error{}, errc::io_error)); // no error is no Ashlar error, and no crash
+}
+
+TEST_CASE("a mistyped name gets the one it is close to, and nothing when none is close or two are") {
+  const std::vector<std::string> commands{"train", "bench", "node", "launch", "status", "ctl", "checkpoint", "cert"};
+  CHECK(edit_distance("trian", "train") == 1); // a swap of neighbours is one edit
+  CHECK(edit_distance("Train", "train") == 0);
+  CHECK(closest("trian", commands) == "train");
+  CHECK(closest("checkpiont", commands) == "checkpoint");
+  CHECK(closest("lanch", commands) == "launch");
+  CHECK(closest("stat", commands) == "status"); // a prefix of one
+  CHECK(closest("xyz", commands).empty());
+  CHECK(closest("cet", {"cert", "cat"}).empty()); // two as close: no guess
+  CHECK(closest("", commands).empty());
+  CHECK(did_you_mean("nod", commands) == " (did you mean 'node'?)");
+  CHECK(did_you_mean("zzzzzz", commands).empty());
 }

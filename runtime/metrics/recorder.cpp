@@ -1,5 +1,7 @@
 #include "runtime/metrics/recorder.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 
@@ -17,9 +19,18 @@ uint64_t wall_ns() { return static_cast<uint64_t>(unix_ns()); }
 // The trace's track for a worker (tid 0 is the job's own track).
 int64_t track(int64_t worker) { return worker < 0 ? 0 : worker + 1; }
 
-std::string span(const char* name, double ts_us, double dur_us, int64_t tid, const std::string& args) {
-  return "{\"name\":\"" + std::string(name) + "\",\"cat\":\"step\",\"ph\":\"X\",\"ts\":" + json_number(ts_us)
-         + ",\"dur\":" + json_number(dur_us) + ",\"pid\":1,\"tid\":" + std::to_string(tid) + ",\"args\":{" + args
+// Whole microseconds; the end is rounded, not the duration, so that a span starting where
+// another ends never overlaps it. A span that would start before the track's last one
+// ended (a step's parts overlap when its pull and computation run in a pipeline, or its
+// push runs on while the next step begins) starts at that end instead: one track shows
+// one thing at a time, each for as long as it took.
+std::string span(const char* name, double ts_us, double dur_us, int64_t tid, const std::string& args,
+                 long long& track_end) {
+  const long long start = std::max(std::llround(ts_us), track_end);
+  const long long end = start + std::max(0LL, std::llround(ts_us + dur_us) - std::llround(ts_us));
+  track_end = end;
+  return "{\"name\":\"" + std::string(name) + "\",\"cat\":\"step\",\"ph\":\"X\",\"ts\":" + std::to_string(start)
+         + ",\"dur\":" + std::to_string(end - start) + ",\"pid\":1,\"tid\":" + std::to_string(tid) + ",\"args\":{" + args
          + "}}";
 }
 
@@ -106,26 +117,27 @@ void run_recorder::step(const wire::profile_report& r) {
     // all-reduce (wait), then any push.
     if (r.pull_ns > 0) {
       if (r.wait_ns > 0)
-        trace_line(span("wait", t, r.wait_ns * us, tid, args));
+        trace_line(span("wait", t, r.wait_ns * us, tid, args, track_end_us_[tid]));
       t += r.wait_ns * us;
-      trace_line(span("pull", t, r.pull_ns * us, tid, args));
+      trace_line(span("pull", t, r.pull_ns * us, tid, args, track_end_us_[tid]));
       t = begin * 1e6 + std::max<double>(r.compute_offset_ns * us, (r.wait_ns + r.pull_ns) * us);
-      trace_line(span("compute", t, r.compute_ns * us, tid, args));
+      trace_line(span("compute", t, r.compute_ns * us, tid, args, track_end_us_[tid]));
       t += r.compute_ns * us;
     } else {
       t += r.compute_offset_ns * us;
-      trace_line(span("compute", t, r.compute_ns * us, tid, args));
+      trace_line(span("compute", t, r.compute_ns * us, tid, args, track_end_us_[tid]));
       t += r.compute_ns * us;
       if (r.wait_ns > 0)
-        trace_line(span("wait", t, r.wait_ns * us, tid, args));
+        trace_line(span("wait", t, r.wait_ns * us, tid, args, track_end_us_[tid]));
       t += r.wait_ns * us;
     }
     if (r.push_ns > 0)
-      trace_line(span("push", t, r.push_ns * us, tid, args + ",\"staleness\":" + std::to_string(r.staleness)));
+      trace_line(span("push", t, r.push_ns * us, tid, args + ",\"staleness\":" + std::to_string(r.staleness),
+                      track_end_us_[tid]));
   }
   if (metrics_) {
     const double s = 1e-9;
-    metrics_line("{\"type\":\"step\",\"t\":" + json_number(begin + step_ns * s) + ",\"worker\":"
+    metrics_line("{\"type\":\"step\",\"t\":" + json_seconds(begin + step_ns * s) + ",\"worker\":"
                  + std::to_string(r.worker_id) + ",\"step\":" + std::to_string(r.step) + ",\"samples\":"
                  + std::to_string(r.samples) + ",\"step_seconds\":" + json_number(step_ns * s)
                  + ",\"compute_seconds\":" + json_number(r.compute_ns * s) + ",\"pull_seconds\":"
@@ -144,18 +156,18 @@ void run_recorder::event(const std::string& name, const std::string& detail, int
     const int64_t tid = track(worker);
     name_thread(tid, worker < 0 ? "job" : "worker " + std::to_string(worker));
     trace_line("{\"name\":" + json_string(name) + ",\"cat\":\"event\",\"ph\":\"i\",\"s\":\""
-               + std::string(worker < 0 ? "g" : "t") + "\",\"ts\":" + json_number(t * 1e6)
+               + std::string(worker < 0 ? "g" : "t") + "\",\"ts\":" + json_micros(t * 1e6)
                + ",\"pid\":1,\"tid\":" + std::to_string(tid) + ",\"args\":{\"detail\":" + json_string(detail) + "}}");
   }
-  metrics_line("{\"type\":\"event\",\"t\":" + json_number(t) + ",\"name\":" + json_string(name)
+  metrics_line("{\"type\":\"event\",\"t\":" + json_seconds(t) + ",\"name\":" + json_string(name)
                + ",\"worker\":" + std::to_string(worker) + ",\"detail\":" + json_string(detail) + "}");
 }
 
 void run_recorder::evaluation(double at, double epoch, double accuracy, double train_loss) {
   std::lock_guard<std::mutex> lock{mu_};
-  trace_line("{\"name\":\"test accuracy\",\"ph\":\"C\",\"ts\":" + json_number(at * 1e6)
+  trace_line("{\"name\":\"test accuracy\",\"ph\":\"C\",\"ts\":" + json_micros(at * 1e6)
              + ",\"pid\":1,\"tid\":0,\"args\":{\"accuracy\":" + json_number(accuracy) + "}}");
-  metrics_line("{\"type\":\"eval\",\"t\":" + json_number(at) + ",\"epoch\":" + json_number(epoch)
+  metrics_line("{\"type\":\"eval\",\"t\":" + json_seconds(at) + ",\"epoch\":" + json_number(epoch)
                + ",\"test_accuracy\":" + json_number(accuracy) + ",\"train_loss\":" + json_number(train_loss) + "}");
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -57,6 +58,7 @@ private:
   void name_thread(int64_t tid, const std::string& name);
 
   std::mutex mu_;
+  std::map<int64_t, long long> track_end_us_; // where each track's last span ended
   std::FILE* trace_ = nullptr;
   std::FILE* metrics_ = nullptr;
   std::string trace_path_, metrics_path_;

@@ -24,6 +24,20 @@ std::string json_number(double v) {
   return buf;
 }
 
+std::string json_micros(double us) {
+  if (!std::isfinite(us))
+    return "null";
+  return std::to_string(std::llround(us));
+}
+
+std::string json_seconds(double seconds) {
+  if (!std::isfinite(seconds))
+    return "null";
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%.6f", seconds);
+  return buf;
+}
+
 std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {

@@ -16,6 +16,7 @@ if not isinstance(events, list) or not events:
 names = {}
 spans = collections.defaultdict(lambda: collections.defaultdict(float))
 counts = collections.Counter()
+track_spans = collections.defaultdict(list)
 for e in events:
     for key in ("ph", "pid", "name"):
         if key not in e:
@@ -26,13 +27,23 @@ for e in events:
     elif ph == "X":
         if e["dur"] < 0 or e["ts"] < 0:
             problems.append(f"negative time: {e}")
+        if not isinstance(e["ts"], int) or not isinstance(e["dur"], int):
+            problems.append(f"time not in whole microseconds: {e}")
         spans[e["tid"]][e["name"]] += e["dur"]
         counts[(e["tid"], e["name"])] += 1
+        track_spans[e["tid"]].append((e["ts"], e["dur"], e["name"]))
     elif ph in ("i", "C"):
         if "ts" not in e:
             problems.append(f"event without ts: {e}")
     elif ph != "M":
         problems.append(f"unexpected phase {ph}: {e}")
+# The spans of one track never overlap: a worker does one thing at a time.
+for tid, ss in track_spans.items():
+    ss.sort()
+    for (t0, d0, n0), (t1, _, n1) in zip(ss, ss[1:]):
+        if t0 + d0 > t1:
+            problems.append(f"track {tid}: {n0} at {t0} us for {d0} us overlaps {n1} at {t1} us")
+            break
 workers = {tid: int(n.split()[1]) for tid, n in names.items() if n.startswith("worker ")}
 if sorted(workers.values()) != [0, 1, 2, 3]:
     problems.append(f"worker tracks: {sorted(workers.values())}, expected 0..3")

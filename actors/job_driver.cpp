@@ -482,6 +482,8 @@ private:
   // while the loss is near its best; on divergence the last one goes back on the shards
   // and the learning rate halves; past its back-offs, or without a guard, the job stops.
   void guard_divergence(const wire::cluster_stats& stats, double now) {
+    if (stats.total_samples > 0 && std::isfinite(stats.loss) && stats.loss > 0)
+      last_train_loss_ = stats.loss; // the final evaluation's entry in the history
     if (stats.total_samples == 0 || !lost_since_.empty())
       return;
     if (!guard_) {
@@ -657,9 +659,9 @@ private:
     rep_.test_accuracy = ev->accuracy();
     rep_.test_loss = ev->mean_loss();
     rep_.history.push_back(epoch_point{static_cast<double>(rep_.samples) / static_cast<double>(train_->n), rep_.seconds,
-                                       rep_.test_accuracy, 0.0});
+                                       rep_.test_accuracy, last_train_loss_});
     if (recorder_)
-      recorder_->evaluation(rep_.seconds, rep_.history.back().epoch, rep_.test_accuracy, rep_.test_loss);
+      recorder_->evaluation(rep_.seconds, rep_.history.back().epoch, rep_.test_accuracy, last_train_loss_);
     if (final_params)
       *final_params = std::move(*params);
     return std::move(rep_);
@@ -744,6 +746,7 @@ private:
   lr_schedule schedule_;
   bool scheduled_ = false;
   float lr_sent_ = 1.0f;
+  double last_train_loss_ = 0; // the newest finite training loss the profiler reported
   std::optional<divergence_guard> guard_; // run.divergence_guard, for jobs whose model the shards hold
   std::vector<float> good_;               // the guard's last snapshot of the parameters
 };

@@ -108,6 +108,7 @@ TEST_CASE("progress and epoch hooks are called while a job runs") {
   CHECK(epochs.size() >= 1);
   CHECK(rep->history.size() == epochs.size() + 1);
   CHECK(rep->history.back().test_accuracy == rep->test_accuracy);
+  CHECK(rep->history.back().train_loss > 0); // the last training loss, not a placeholder
 }
 
 TEST_CASE("a missing data set fails the job with io_error naming the directory") {

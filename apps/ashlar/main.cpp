@@ -7,6 +7,41 @@
 #include "apps/ashlar/commands.hpp"
 #include "runtime/core/suggest.hpp"
 
+namespace {
+
+// What a TEXT option takes, by its name, for --help (the values are read as text and
+// checked by the configuration, so CLI11 sees strings).
+const char* value_kind(const std::string& name) {
+  static const std::pair<const char*, const char*> kinds[] = {
+    {"--workers", "N"}, {"--servers", "N"}, {"--epochs", "N"}, {"--seed", "N"}, {"--batch-size", "N"},
+    {"--checkpoint-every", "ROUNDS"}, {"--lr", "FLOAT"}, {"--policy", "POLICY"}, {"--log-level", "LEVEL"},
+    {"--gpus", "auto|none|IDS"}, {"--set", "KEY=VALUE"}, {"--join", "HOST:PORT"}, {"--listen", "HOST:PORT"},
+    {"--metrics-listen", "HOST:PORT"}, {"--data-host", "HOST"}, {"--role", "ROLES"}, {"--name", "NAME"},
+    {"--report", "FILE"}, {"--trace", "FILE"}, {"--metrics", "FILE"}, {"--token-file", "FILE"},
+    {"--port-file", "FILE"}, {"--ca", "DIR"}, {"--tls", "DIR"}, {"--out", "PATH"}, {"--data-dir", "DIR"},
+    {"--node-data-dir", "DIR"}, {"--checkpoint-dir", "DIR"}, {"--work-dir", "DIR"},
+  };
+  for (const auto& [n, k] : kinds)
+    if (name == n)
+      return k;
+  return nullptr;
+}
+
+void name_value_kinds(CLI::App& app) {
+  for (auto* opt : app.get_options()) {
+    if (opt->get_type_name() == "TEXT:FILE")
+      opt->type_name("FILE"); // a positional CONFIG that must exist
+    if (opt->get_type_name() == "TEXT")
+      for (const auto& n : opt->get_lnames())
+        if (auto* k = value_kind("--" + n))
+          opt->type_name(k);
+  }
+  for (auto* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    name_value_kinds(*sub);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // Tensor messages are large and come and go every step: keep such blocks in the heap
   // instead of mapping and unmapping (and page-faulting) them each time.
@@ -26,6 +61,7 @@ int main(int argc, char** argv) {
   auto ctl = ashlar::cli::add_ctl(app);
   auto checkpoint = ashlar::cli::add_checkpoint(app);
   auto cert = ashlar::cli::add_cert(app);
+  name_value_kinds(app);
   // `ashlar help [CMD]`, `ashlar version`, and a mistyped command named as such.
   if (argc >= 2 && argv[1][0] != '-') {
     const std::string word = argv[1];

@@ -30,7 +30,7 @@ const char* value_kind(const std::string& name) {
 void name_value_kinds(CLI::App& app) {
   for (auto* opt : app.get_options()) {
     if (opt->get_type_name() == "TEXT:FILE")
-      opt->type_name("FILE"); // a positional CONFIG that must exist
+      opt->type_name("TOML"); // a positional CONFIG that must exist: "TOML:FILE"
     if (opt->get_type_name() == "TEXT")
       for (const auto& n : opt->get_lnames())
         if (auto* k = value_kind("--" + n))

@@ -559,10 +559,18 @@ private:
     ev.seconds = now;
     ev.samples = stats.total_samples;
     ev.epoch = epoch_of(stats.total_samples);
-    ev.samples_per_second = static_cast<double>(stats.total_samples - last_samples_) / (now - last_progress_);
+    const double window = now - last_progress_;
+    ev.samples_per_second = static_cast<double>(stats.total_samples - last_samples_) / window;
     ev.loss = stats.loss;
     ev.lr = cfg_.optimizer.lr * lr_sent_;
     ev.workers = stats.workers;
+    // Each worker's rate over the same window as the aggregate's (the profiler's own is a
+    // smoothed per-step rate, which does not add up to it).
+    for (auto& w : ev.workers) {
+      const uint64_t before = last_worker_samples_.count(w.worker_id) ? last_worker_samples_[w.worker_id] : 0;
+      w.samples_per_second = w.samples >= before ? static_cast<double>(w.samples - before) / window : 0.0;
+      last_worker_samples_[w.worker_id] = w.samples;
+    }
     hooks_.on_progress(ev);
     last_samples_ = stats.total_samples;
     last_progress_ = now;
@@ -746,6 +754,7 @@ private:
   lr_schedule schedule_;
   bool scheduled_ = false;
   float lr_sent_ = 1.0f;
+  std::map<uint32_t, uint64_t> last_worker_samples_; // each worker's samples at the last progress line
   double last_train_loss_ = 0; // the newest finite training loss the profiler reported
   std::optional<divergence_guard> guard_; // run.divergence_guard, for jobs whose model the shards hold
   std::vector<float> good_;               // the guard's last snapshot of the parameters

@@ -87,6 +87,25 @@ int submit(const train_config& cfg, const std::string& join, const security_opti
 
 }  // namespace
 
+command_fn add_config(CLI::App& app) {
+  auto o = std::make_shared<train_options>();
+  auto* cmd = app.add_subcommand("config", "Show a configuration: every key's effective value and its source");
+  cmd->require_subcommand(1);
+  auto* show = cmd->add_subcommand("show", "every key's effective value and where it came from (default, file:line, "
+                                           "env, flag, --set, the policy's rule), as `train` would run it");
+  show->footer(key_help());
+  add_train_options(show, *o);
+  return [o] {
+    train_config cfg;
+    if (auto err = resolve_config(*o, cfg)) {
+      std::fprintf(stderr, "ashlar config show: %s\n", describe(err).c_str());
+      return 2;
+    }
+    std::fputs(explain(cfg).c_str(), stdout);
+    return 0;
+  };
+}
+
 command_fn add_train(CLI::App& app) {
   auto o = std::make_shared<train_options>();
   auto join = std::make_shared<std::string>();

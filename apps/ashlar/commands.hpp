@@ -19,6 +19,7 @@ command_fn add_ctl(CLI::App& app);
 command_fn add_launch(CLI::App& app);
 command_fn add_checkpoint(CLI::App& app);
 command_fn add_cert(CLI::App& app);
+command_fn add_config(CLI::App& app);
 
 /// "ashlar 0.1.0 (commit ..., CUDA on|off, CAF 0.17.6, ..., Release build, compiler)".
 std::string version_text();

@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
   auto ctl = ashlar::cli::add_ctl(app);
   auto checkpoint = ashlar::cli::add_checkpoint(app);
   auto cert = ashlar::cli::add_cert(app);
+  auto config = ashlar::cli::add_config(app);
   name_value_kinds(app);
   // `ashlar help [CMD]`, `ashlar version`, and a mistyped command named as such.
   if (argc >= 2 && argv[1][0] != '-') {
@@ -114,5 +115,7 @@ int main(int argc, char** argv) {
     return checkpoint();
   if (app.got_subcommand("cert"))
     return cert();
+  if (app.got_subcommand("config"))
+    return config();
   return 2;
 }

@@ -100,6 +100,20 @@ TEST_CASE("a mistyped command is named with the one meant, help and version work
   }
 }
 
+TEST_CASE("config show prints every key's effective value and its source, a policy's rule included") {
+  auto r = shell("ASHLAR_TRAIN_SEED=7 " + std::string{ASHLAR_BINARY} + " config show " + config
+                 + " --policy asp --workers 4 --set train.batch_size=32 2>&1");
+  CHECK(r.code == 0);
+  CHECK(has(r, "train.workers = 4"));
+  CHECK(has(r, "--workers"));
+  CHECK(has(r, "env ASHLAR_TRAIN_SEED"));
+  CHECK(has(r, "train.batch_size = 32"));
+  CHECK(has(r, "rule: train.lr"));
+  CHECK(has(r, "fmnist-mlp.toml:"));
+  CHECK(has(r, "default"));
+  CHECK(run("config show " + config + " --set train.nope=1").code == 2);
+}
+
 TEST_CASE("an environment variable like Ashlar's but not one it reads is warned about, with the one meant") {
   auto r = shell("ASHLAR_TRAIN_EPOCH=1 " + std::string{ASHLAR_BINARY} + " train " + config + " --explain 2>&1");
   CHECK(r.code == 0);

@@ -1,5 +1,6 @@
 // `ashlar train CONFIG`: one training job, all actors in this process; with --join, the job
 // is submitted to a running cluster's scheduler instead.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <future>
@@ -42,13 +43,14 @@ int submit(const train_config& cfg, const std::string& join, const security_opti
   wire::job_request req;
   for (const auto& k : config_keys())
     req.settings.emplace_back(k.key, setting_text(cfg, k.key));
-  std::printf("submitted the job to %s; progress is in the scheduler's log\n", join.c_str());
+  std::printf("submitted the job to %s; its progress follows (the scheduler's log has the rest)\n", join.c_str());
   std::fflush(stdout);
+  const double every = cfg.progress_interval;
   // The job may run for hours, so the request has no timeout; a helper actor watches the
   // scheduler meanwhile, so that losing it ends the wait with an error instead of a hang.
   std::promise<expected<wire::job_result>> outcome;
   auto answer = outcome.get_future();
-  sys.spawn([cluster, req, join, &outcome](caf::event_based_actor* self) {
+  sys.spawn([cluster, req, join, every, &outcome](caf::event_based_actor* self) -> caf::behavior {
     self->monitor(cluster);
     self->set_down_handler([self, join, &outcome](caf::down_msg& dm) {
       outcome.set_value(make_error(errc::peer_unreachable, "lost the scheduler at " + join + " ("
@@ -65,11 +67,57 @@ int submit(const train_config& cfg, const std::string& join, const security_opti
           outcome.set_value(std::move(err));
           self->quit();
         });
+    // The job's progress, as the scheduler's status shows it, every run.progress_interval.
+    auto last = std::make_shared<std::pair<double, uint64_t>>(0.0, 0);
+    if (every > 0)
+      self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(every * 1000)),
+                         actors::status_atom::value);
+    return {
+      [=](actors::status_atom) {
+        self->request(cluster, std::chrono::seconds(5), actors::status_atom::value)
+          .then(
+            [=](const wire::cluster_status& st) {
+              if (!st.stats.workers.empty() && st.stats.elapsed_seconds > last->first) {
+                const double rate = static_cast<double>(st.stats.total_samples - std::min(last->second, st.stats.total_samples))
+                                    / (st.stats.elapsed_seconds - last->first);
+                size_t training = 0;
+                for (const auto& w : st.stats.workers)
+                  training += w.done ? 0 : 1;
+                std::printf("[%7.1fs] %10llu samples %8.0f samples/s  loss %.4f  %zu workers training%s%s\n",
+                            st.stats.elapsed_seconds, static_cast<unsigned long long>(st.stats.total_samples), rate,
+                            st.stats.loss, training, st.stage.empty() ? "" : "  stage ", st.stage.c_str());
+                std::fflush(stdout);
+                *last = {st.stats.elapsed_seconds, st.stats.total_samples};
+              }
+            },
+            [](caf::error&) {});
+        self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(every * 1000)),
+                           actors::status_atom::value);
+      },
+    };
   });
   auto res = answer.get();
   int code = 1;
   if (res) {
-    std::printf("%s", res->report_json.c_str());
+    // The summary `ashlar train` prints locally, from the job's report.
+    const auto& j = res->report_json;
+    auto field = [&](const char* key) -> std::string {
+      auto at = j.find(std::string{"\""} + key + "\": ");
+      if (at == std::string::npos)
+        return "?";
+      at = j.find(": ", at) + 2;
+      auto end = j.find_first_of(",\n}", at);
+      auto v = j.substr(at, end - at);
+      if (v.size() >= 2 && v.front() == '"')
+        v = v.substr(1, v.size() - 2);
+      return v;
+    };
+    std::printf("done: policy %s, %s workers, %s shards, model %s\n", field("policy").c_str(), field("workers").c_str(),
+                field("servers").c_str(), field("model").c_str());
+    std::printf("test accuracy %s (loss %s) on %s samples, after %s of %s epochs in %s s (%s samples/s)\n",
+                field("test_accuracy").c_str(), field("test_loss").c_str(), field("test_samples").c_str(),
+                field("epochs_trained").c_str(), field("epochs").c_str(), field("seconds").c_str(),
+                field("samples_per_second").c_str());
     if (!cfg.report.empty()) {
       std::FILE* f = std::fopen(cfg.report.c_str(), "wb");
       if (f) {

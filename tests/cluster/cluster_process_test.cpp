@@ -538,6 +538,11 @@ TEST_CASE("ashlar train --join runs a job on a standing cluster (two shards on i
   REQUIRE(code == 0);
   auto report = slurp(dir.file("r.json"));
   CHECK(json_number(report, "test_accuracy") > 0.6);
+  // The submitter streamed the job's progress and ends with the summary train prints.
+  const auto submitted = slurp(dir.file("train.log"));
+  CHECK(std::regex_search(submitted, std::regex{"samples/s  loss [0-9.]+  [0-9]+ workers training"}));
+  CHECK(submitted.find("done: policy bsp, 1 workers, 2 shards") != std::string::npos);
+  CHECK(submitted.find("test accuracy 0.") != std::string::npos);
   std::smatch m;
   REQUIRE(std::regex_search(report, m, std::regex{"\"worker\": 1, \"steps\": ([0-9]+), \"samples\": ([0-9]+)"}));
   CHECK(std::stoul(m[2]) > 0);

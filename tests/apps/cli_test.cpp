@@ -348,7 +348,7 @@ TEST_CASE("the trace and metrics files of a 4-worker run at speeds 1,1,2,4: vali
                      + metrics);
   INFO(check.out);
   CHECK(check.code == 0);
-  auto plot = shell(std::string{ASHLAR_SOURCE_DIR} + "/ops/plot " + metrics + " " + dir.file("png"));
+  auto plot = shell(std::string{ASHLAR_SOURCE_DIR} + "/ops/plot " + metrics + " " + dir.file("png") + " --report");
   INFO(plot.out);
   REQUIRE(plot.code == 0);
   for (auto name : {"accuracy.png", "throughput.png", "staleness.png", "timeline.png"}) {
@@ -357,6 +357,11 @@ TEST_CASE("the trace and metrics files of a 4-worker run at speeds 1,1,2,4: vali
     CHECK(png.size() > 1000);
     CHECK(png.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0);
   }
+  // One page with the run's facts and the four plots inline.
+  const auto page = slurp(dir.file("png/report.html"));
+  CHECK(page.find("final test accuracy") != std::string::npos);
+  CHECK(page.find("data:image/png;base64,") != std::string::npos);
+
   // A run still writing its file: the unfinished last line is left out, with a note.
   const auto text = slurp(metrics);
   const auto cut = text.find('\n', text.size() / 2) + 20;

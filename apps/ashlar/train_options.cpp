@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -177,16 +178,25 @@ std::string worker_rates(const std::vector<wire::worker_stats>& workers) {
 
 actors::job_hooks print_hooks(uint32_t epochs) {
   actors::job_hooks hooks;
-  hooks.on_progress = [epochs](const actors::progress_event& ev) {
+  // Lines come out in time order: an evaluation runs in the background on a snapshot, and
+  // its line, printed when it ends, may follow a progress line stamped later than the
+  // snapshot; it then carries the later stamp and says when its model was taken.
+  auto last = std::make_shared<double>(0.0);
+  hooks.on_progress = [epochs, last](const actors::progress_event& ev) {
     const std::string per = worker_rates(ev.workers);
+    *last = std::max(*last, ev.seconds);
     std::printf("[%6.1fs] epoch %5.2f/%u  %8s samples/s  loss %.4f  lr %.3g  per-worker samples/s:%s\n",
-                ev.seconds, ev.epoch, epochs, rate(ev.samples_per_second).c_str(), ev.loss, ev.lr,
-                per.c_str());
+                *last, ev.epoch, epochs, rate(ev.samples_per_second).c_str(), ev.loss, ev.lr, per.c_str());
     std::fflush(stdout);
   };
-  hooks.on_epoch = [](const epoch_point& p) {
-    std::printf("[%6.1fs] epoch %.2f: test accuracy %.4f, train loss %.4f\n", p.seconds, p.epoch,
-                p.test_accuracy, p.train_loss);
+  hooks.on_epoch = [last](const epoch_point& p) {
+    const bool later = *last > p.seconds + 0.05;
+    *last = std::max(*last, p.seconds);
+    std::printf("[%6.1fs] epoch %.2f: test accuracy %.4f, train loss %.4f", *last, p.epoch, p.test_accuracy,
+                p.train_loss);
+    if (later)
+      std::printf(" (the model as of %.1f s)", p.seconds);
+    std::printf("\n");
     std::fflush(stdout);
   };
   return hooks;

@@ -40,6 +40,44 @@ void name_value_kinds(CLI::App& app) {
     name_value_kinds(*sub);
 }
 
+// A bash completion script for every command and option of `app`:
+//   source <(ashlar completion bash)
+std::string bash_completion(CLI::App& app) {
+  std::string subs, cases;
+  auto opts_of = [](CLI::App* a) {
+    std::string out;
+    for (auto* o : a->get_options())
+      for (const auto& n : o->get_lnames())
+        out += (out.empty() ? "--" : " --") + n;
+    return out;
+  };
+  for (auto* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    subs += (subs.empty() ? "" : " ") + sub->get_name();
+    std::string words = opts_of(sub);
+    for (auto* inner : sub->get_subcommands([](CLI::App*) { return true; }))
+      words += " " + inner->get_name();
+    cases += "    " + sub->get_name() + ") words=\"" + words + "\" ;;\n";
+  }
+  return "# bash completion for ashlar: source <(ashlar completion bash)\n"
+         "_ashlar() {\n"
+         "  local cur=${COMP_WORDS[COMP_CWORD]} words\n"
+         "  if [ \"$COMP_CWORD\" -eq 1 ]; then\n"
+         "    COMPREPLY=($(compgen -W \"" + subs + " help version --help --version\" -- \"$cur\"))\n"
+         "    return\n"
+         "  fi\n"
+         "  case ${COMP_WORDS[1]} in\n" + cases +
+         "    help) words=\"" + subs + "\" ;;\n"
+         "    *) words=\"\" ;;\n"
+         "  esac\n"
+         "  if [[ $cur == -* || -z $cur && -n $words && ${COMP_WORDS[COMP_CWORD-1]} != --* ]]; then\n"
+         "    COMPREPLY=($(compgen -W \"$words\" -- \"$cur\"))\n"
+         "  else\n"
+         "    COMPREPLY=($(compgen -f -- \"$cur\"))\n"
+         "  fi\n"
+         "}\n"
+         "complete -F _ashlar ashlar\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -69,6 +107,14 @@ int main(int argc, char** argv) {
     std::vector<std::string> names;
     for (auto* sub : app.get_subcommands([](CLI::App*) { return true; }))
       names.push_back(sub->get_name());
+    if (word == "completion") {
+      if (argc < 3 || std::string{argv[2]} != "bash") {
+        std::fprintf(stderr, "ashlar completion: only bash is supported: source <(ashlar completion bash)\n");
+        return 2;
+      }
+      std::printf("%s", bash_completion(app).c_str());
+      return 0;
+    }
     if (word == "version") {
       std::printf("%s\n", version.c_str());
       return 0;
@@ -89,6 +135,8 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (std::find(names.begin(), names.end(), word) == names.end()) {
+      for (auto w : {"help", "version", "completion"})
+        names.push_back(w);
       std::fprintf(stderr, "ashlar: unknown command '%s'%s; commands: %s (`ashlar help CMD` for one)\n",
                    word.c_str(), ashlar::did_you_mean(word, names).c_str(), CLI::detail::join(names, ", ").c_str());
       return 2;

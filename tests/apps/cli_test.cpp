@@ -100,6 +100,18 @@ TEST_CASE("a mistyped command is named with the one meant, help and version work
   }
 }
 
+TEST_CASE("bash completion completes commands and a command's options") {
+  auto r = shell("bash -c 'source <(" + std::string{ASHLAR_BINARY} + " completion bash); COMP_WORDS=(ashlar chec); "
+                 "COMP_CWORD=1; _ashlar; echo \"1:${COMPREPLY[*]}\"; COMP_WORDS=(ashlar train --pol); COMP_CWORD=2; "
+                 "_ashlar; echo \"2:${COMPREPLY[*]}\"; COMP_WORDS=(ashlar node --rejoin); COMP_CWORD=2; _ashlar; "
+                 "echo \"3:${COMPREPLY[*]}\"'");
+  CHECK(r.code == 0);
+  CHECK(has(r, "1:checkpoint"));
+  CHECK(has(r, "2:--policy"));
+  CHECK(has(r, "3:--rejoin-timeout"));
+  CHECK(run("completion zsh").code == 2);
+}
+
 TEST_CASE("config show prints every key's effective value and its source, a policy's rule included") {
   auto r = shell("ASHLAR_TRAIN_SEED=7 " + std::string{ASHLAR_BINARY} + " config show " + config
                  + " --policy asp --workers 4 --set train.batch_size=32 2>&1");

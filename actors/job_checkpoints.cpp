@@ -43,9 +43,11 @@ caf::error job_checkpoints::take_up(const std::vector<shard_actor>& shards) {
         spdlog::warn("job: {} names no committed checkpoint cut yet: the job starts from the beginning and shard "
                      "{} drops the {} uncommitted cut(s) it holds",
                      dir_, h.shard_id, h.intact.size());
-  // Cut 0 (from the beginning) asks a shard holding cuts to drop them.
+  // Cut 0 on a resume (the job's start record alone) asks every shard to drop what it
+  // holds: uncommitted cuts, and a stop record of the run that was stopped.
+  const bool resumed = !store_.committed_cuts().empty();
   for (size_t i = 0; i < shards.size() && !err; ++i)
-    if (choice->cut != 0 || !held[i].intact.empty())
+    if (choice->cut != 0 || resumed || !held[i].intact.empty())
       self_->request(shards[i], ask_timeout, restore_atom::value, choice->cut)
         .receive([](uint64_t) {}, [&](caf::error& e) { err = std::move(e); });
   if (err)
@@ -144,10 +146,10 @@ void job_checkpoints::final_cut(const std::vector<shard_actor>& shards, double n
       act(pacer_->on_status(*views, t), shards, last);
     if (!pacer_->in_flight())
       break;
-    if (std::chrono::steady_clock::now() > until || !views) {
+    if (std::chrono::steady_clock::now() > until) {
       spdlog::error("job: the final checkpoint cut {} was not written by every shard{}; a resume starts from "
                     "cut {}",
-                    *pacer_->in_flight(), views ? " within 60 s" : " (a shard did not answer)",
+                    *pacer_->in_flight(), views ? " within 60 s" : " (a shard did not answer within 60 s)",
                     pacer_->last_committed());
       return;
     }

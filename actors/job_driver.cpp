@@ -83,11 +83,13 @@ expected<job_data> load_job_data(const data_settings& cfg, const model_spec& mod
 
 namespace {
 
-constexpr auto snapshot_timeout = std::chrono::seconds(10);
+// Mid-run snapshots (evaluations, the divergence guard) wait briefly; the final one long.
+constexpr caf::timespan mid_run_timeout = std::chrono::seconds(10);
+constexpr caf::timespan final_timeout = std::chrono::seconds(60);
 
 // Reads every shard's range now, outside the sync policy, into one flat vector.
 expected<std::vector<float>> snapshot(caf::scoped_actor& self, const std::vector<shard_actor>& shards,
-                                      uint64_t num_params) {
+                                      uint64_t num_params, caf::timespan snapshot_timeout = mid_run_timeout) {
   std::vector<float> params(num_params);
   caf::error failure;
   // Asked all at once, with a timeout short enough that a shard whose node just died
@@ -639,7 +641,7 @@ private:
 
   // -- finish: the final figures, the last checkpoint round, the report.
   expected<run_report> finish(std::vector<float>* final_params) {
-    auto params = snapshot(self_, shards_, num_params_);
+    auto params = snapshot(self_, shards_, num_params_, final_timeout);
     if (!params)
       failure_ = params.error();
     collect_shard_counters();

@@ -319,6 +319,7 @@ int run_node(node_options& o) {
     // to this node would go nowhere. So: first wait until the scheduler admits a probe
     // connection, then for its heartbeat check to have dropped the old one, then join.
     bool answered = false;
+    caf::error last_probe;
     while (!answered && std::chrono::steady_clock::now() < deadline) {
       if (int sig = take_stop_signal(); sig != 0) {
         spdlog::info("node {}: {} received while waiting for the scheduler; exiting", o.name, signal_name(sig));
@@ -326,6 +327,7 @@ int run_node(node_options& o) {
       }
       auto probed = actors::probe_admission(sys, *ep, 1s);
       answered = !probed;
+      last_probe = probed;
       if (is(probed, errc::handshake_refused)) {
         lost(": " + describe(probed));
         code = 1;
@@ -338,7 +340,19 @@ int run_node(node_options& o) {
       const auto settle = actors::heartbeat_interval + actors::connection_timeout + 500ms;
       spdlog::info("node {}: the scheduler at {} answers; joining it again in {:.1f} s, once it has dropped "
                    "its connections of before", o.name, address, std::chrono::duration<double>(settle).count());
-      std::this_thread::sleep_for(settle);
+      const auto until = std::min(deadline + 2s, std::chrono::steady_clock::now() + settle);
+      while (std::chrono::steady_clock::now() < until) {
+        if (int sig = take_stop_signal(); sig != 0) {
+          spdlog::info("node {}: {} received while waiting for the scheduler; exiting", o.name, signal_name(sig));
+          return false;
+        }
+        std::this_thread::sleep_for(100ms);
+      }
+      deadline = std::max(deadline, std::chrono::steady_clock::now() + 2s); // one join attempt at least
+    } else if (last_probe) {
+      lost(fmt::format(": it did not come back within {:g} s ({}); exiting", o.rejoin_timeout, describe(last_probe)));
+      code = 1;
+      return false;
     }
     while (std::chrono::steady_clock::now() < deadline) {
       if (int sig = take_stop_signal(); sig != 0) {

@@ -69,14 +69,20 @@ int submit(const train_config& cfg, const std::string& join, const security_opti
         });
     // The job's progress, as the scheduler's status shows it, every run.progress_interval.
     auto last = std::make_shared<std::pair<double, uint64_t>>(0.0, 0);
+    auto asking = std::make_shared<bool>(false); // one status request at a time
+    const auto period = std::chrono::milliseconds(std::max<int64_t>(100, static_cast<int64_t>(every * 1000)));
     if (every > 0)
-      self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(every * 1000)),
-                         actors::status_atom::value);
+      self->delayed_send(self, period, actors::status_atom::value);
     return {
       [=](actors::status_atom) {
+        self->delayed_send(self, period, actors::status_atom::value);
+        if (*asking)
+          return;
+        *asking = true;
         self->request(cluster, std::chrono::seconds(5), actors::status_atom::value)
           .then(
             [=](const wire::cluster_status& st) {
+              *asking = false;
               if (!st.stats.workers.empty() && st.stats.elapsed_seconds > last->first) {
                 const double rate = static_cast<double>(st.stats.total_samples - std::min(last->second, st.stats.total_samples))
                                     / (st.stats.elapsed_seconds - last->first);
@@ -90,9 +96,7 @@ int submit(const train_config& cfg, const std::string& join, const security_opti
                 *last = {st.stats.elapsed_seconds, st.stats.total_samples};
               }
             },
-            [](caf::error&) {});
-        self->delayed_send(self, std::chrono::milliseconds(static_cast<int64_t>(every * 1000)),
-                           actors::status_atom::value);
+            [=](caf::error&) { *asking = false; });
       },
     };
   });

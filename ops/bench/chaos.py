@@ -11,8 +11,8 @@ seeded schedule injects faults, one every --every seconds, until the job ends:
   server-kill     SIGKILL a server node; `node --role server --shard ID` takes over 2 s later,
                   restoring the shard from its checkpoint cuts
   server-stop     SIGSTOP a server node for 3 s, then SIGCONT
-  scheduler-stop  SIGSTOP the scheduler for 2 s (a stall within the heartbeat timeout), then
-                  SIGCONT: the job goes on
+  scheduler-stop  SIGSTOP the scheduler for 1 s (a stall well within the 3 s heartbeat
+                  timeout), then SIGCONT: the job goes on
   scheduler-freeze  (not in the default kinds) SIGSTOP the scheduler for 8 s, past the heartbeat
                   timeout: every node notices it lost, stops its shards and workers and joins
                   the same scheduler again when it answers, which serves the job's shards
@@ -287,7 +287,7 @@ def inject(c, kind, rng, t0, a):
     elif kind == "scheduler-stop":
         entry["target"] = c.sched.name
         c.sched.signal(signal.SIGSTOP)
-        time.sleep(2)
+        time.sleep(1)
         c.sched.signal(signal.SIGCONT)
     elif kind == "scheduler-freeze":
         entry["target"] = c.sched.name

@@ -22,12 +22,12 @@ int64_t track(int64_t worker) { return worker < 0 ? 0 : worker + 1; }
 // Whole microseconds; the end is rounded, not the duration, so that a span starting where
 // another ends never overlaps it. A span that would start before the track's last one
 // ended (a step's parts overlap when its pull and computation run in a pipeline, or its
-// push runs on while the next step begins) starts at that end instead: one track shows
-// one thing at a time, each for as long as it took.
+// push runs on while the next step begins) is clipped to start at that end: one track
+// shows one thing at a time, and stays on wall time.
 std::string span(const char* name, double ts_us, double dur_us, int64_t tid, const std::string& args,
                  long long& track_end) {
   const long long start = std::max(std::llround(ts_us), track_end);
-  const long long end = start + std::max(0LL, std::llround(ts_us + dur_us) - std::llround(ts_us));
+  const long long end = std::max(start, std::llround(ts_us + dur_us));
   track_end = end;
   return "{\"name\":\"" + std::string(name) + "\",\"cat\":\"step\",\"ph\":\"X\",\"ts\":" + std::to_string(start)
          + ",\"dur\":" + std::to_string(end - start) + ",\"pid\":1,\"tid\":" + std::to_string(tid) + ",\"args\":{" + args

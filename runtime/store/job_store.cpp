@@ -157,6 +157,12 @@ expected<std::optional<job_store>> job_store::open(const train_config& cfg) {
     return make_error(errc::invalid_config, "cannot resume the job in " + cfg.checkpoint_dir
                                               + ": the configuration differs: " + diff);
   js.candidates_ = std::move(*cuts);
+  // Records that did not load (damaged) may be committed cuts: then the start record is
+  // no way back to the beginning (choose_cut would drop the shards' intact cuts).
+  if (auto keys = js.store_->keys("cut/"); keys && keys->size() > js.candidates_.size())
+    js.candidates_.erase(std::remove_if(js.candidates_.begin(), js.candidates_.end(),
+                                        [](const job_record& r) { return r.cut == 0; }),
+                         js.candidates_.end());
   if (auto noted = js.store_->get("progress"); noted && *noted)
     js.reached_ = std::strtoull((*noted)->c_str(), nullptr, 10);
   return std::optional<job_store>{std::move(js)};

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "actors/interfaces.hpp"
 #include "actors/server_shard.hpp"
+#include "../runtime/temp_dir.hpp"
+#include "runtime/store/checkpoint.hpp"
 
 using namespace ashlar;
 using namespace ashlar::actors;
@@ -256,5 +259,39 @@ TEST_CASE("only the job's members get a delta view: reads under invented worker 
     REQUIRE_FALSE(r.sparse);
   }
   CHECK(pull(0).view_seq != 0); // the member does get one
+  f.self->send_exit(s, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a shard told to start from the beginning (restore of cut 0) drops every cut and stop record it holds "
+          "and keeps its initial parameters") {
+  fixture f;
+  test::temp_dir dir;
+  auto p = make_policy("bsp", {});
+  REQUIRE(p);
+  sgd_config opt;
+  auto core = std::make_unique<shard_core>(shard_range{0, 0, 4}, std::vector<float>(4, 0.5f), opt, std::move(*p));
+  auto persistence = open_shard_persistence(dir.path(), 3, false, *core);
+  REQUIRE(persistence);
+  auto store = persistence->store;
+  auto s = spawn_shard(f.sys, std::move(core), *persistence);
+  // A cut written now (in the background: wait until it is on disk).
+  f.self->request(s, 5s, checkpoint_atom::value, uint64_t{1}, uint64_t{0})
+    .receive([](uint64_t) {}, [](caf::error& e) { FAIL(describe(e)); });
+  std::vector<uint64_t> held;
+  for (int i = 0; i < 100 && held.empty(); ++i) {
+    f.self->request(s, 5s, checkpoint_atom::value, caf::get_atom::value)
+      .receive([&](std::vector<uint64_t>& c) { held = c; }, [](caf::error& e) { FAIL(describe(e)); });
+    if (held.empty())
+      std::this_thread::sleep_for(20ms);
+  }
+  REQUIRE(held == std::vector<uint64_t>{1});
+  f.self->request(s, 5s, restore_atom::value, uint64_t{0})
+    .receive([](uint64_t v) { CHECK(v == 0); }, [](caf::error& e) { FAIL(describe(e)); });
+  f.self->request(s, 5s, checkpoint_atom::value, caf::get_atom::value)
+    .receive([&](std::vector<uint64_t>& c) { held = c; }, [](caf::error& e) { FAIL(describe(e)); });
+  CHECK(held.empty());
+  auto stored = store->keys("");
+  REQUIRE(stored);
+  CHECK(std::none_of(stored->begin(), stored->end(), [](const std::string& k) { return k.find("/c/") != std::string::npos; }));
   f.self->send_exit(s, caf::exit_reason::user_shutdown);
 }

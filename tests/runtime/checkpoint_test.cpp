@@ -311,6 +311,34 @@ TEST_CASE("a job stopped before its first commit is still known by its start rec
   CHECK((*resumed)->samples_before() == 0);
 }
 
+TEST_CASE("a job whose committed records are damaged does not fall back to its start record") {
+  test::temp_dir dir;
+  train_config cfg;
+  cfg.checkpoint_dir = dir.path() + "/ckpt";
+  {
+    auto store = job_store::open(cfg);
+    REQUIRE(store);
+    REQUIRE(*store);
+    REQUIRE_FALSE((*store)->adopt(0));
+    REQUIRE_FALSE((*store)->commit(1, 320, 1.5, {}, ""));
+  }
+  {
+    // Cut 1's record is damaged on disk: only the start record still loads.
+    auto raw = open_rocksdb_store(cfg.checkpoint_dir + "/job", open_mode::existing);
+    REQUIRE(raw);
+    kv_batch b;
+    b.puts.emplace_back("cut/00000000000000000001", "not a record");
+    REQUIRE_FALSE((*raw)->write(b));
+  }
+  cfg.resume = true;
+  auto opened = job_store::open(cfg);
+  REQUIRE(opened);
+  REQUIRE(*opened);
+  // Not {0}: starting over would drop the shards' intact cut 1; a resume is refused instead.
+  CHECK((*opened)->committed_cuts().empty());
+  CHECK_FALSE(choose_cut((*opened)->committed_cuts(), {{0, {1}}}, cfg.checkpoint_dir));
+}
+
 TEST_CASE("a resume takes the newest cut the job record names and every shard holds intact, or refuses naming the shard and what it lacks") {
   const std::string dir = "/data/ck";
   // Every shard holds the job's newest cut.

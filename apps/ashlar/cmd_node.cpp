@@ -350,7 +350,8 @@ int run_node(node_options& o) {
       }
       deadline = std::max(deadline, std::chrono::steady_clock::now() + 2s); // one join attempt at least
     } else if (last_probe) {
-      lost(fmt::format(": it did not come back within {:g} s ({}); exiting", o.rejoin_timeout, describe(last_probe)));
+      lost(fmt::format(": it did not come back within {:g} s; exiting (the last try: {})", o.rejoin_timeout,
+                       describe(last_probe)));
       code = 1;
       return false;
     }

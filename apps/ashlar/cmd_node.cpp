@@ -308,6 +308,13 @@ int run_node(node_options& o) {
                [&](caf::error& err) {
                  spdlog::warn("node {}: its shards and workers did not all stop: {}", o.name, describe(err));
                });
+    // A stop signal while waiting ends the wait (and the node).
+    auto signalled = [&] {
+      int sig = take_stop_signal();
+      if (sig != 0)
+        spdlog::info("node {}: {} received while waiting for the scheduler; exiting", o.name, signal_name(sig));
+      return sig != 0;
+    };
     auto ep = actors::parse_endpoint(address);
     auto again = jo;
     again.replace_shard = -1; // a new scheduler places the job's shards itself
@@ -321,10 +328,8 @@ int run_node(node_options& o) {
     bool answered = false;
     caf::error last_probe;
     while (!answered && std::chrono::steady_clock::now() < deadline) {
-      if (int sig = take_stop_signal(); sig != 0) {
-        spdlog::info("node {}: {} received while waiting for the scheduler; exiting", o.name, signal_name(sig));
+      if (signalled())
         return false;
-      }
       auto probed = actors::probe_admission(sys, *ep, 1s);
       answered = !probed;
       last_probe = probed;
@@ -342,10 +347,8 @@ int run_node(node_options& o) {
                    "its connections of before", o.name, address, std::chrono::duration<double>(settle).count());
       const auto until = std::min(deadline + 2s, std::chrono::steady_clock::now() + settle);
       while (std::chrono::steady_clock::now() < until) {
-        if (int sig = take_stop_signal(); sig != 0) {
-          spdlog::info("node {}: {} received while waiting for the scheduler; exiting", o.name, signal_name(sig));
+        if (signalled())
           return false;
-        }
         std::this_thread::sleep_for(100ms);
       }
       deadline = std::max(deadline, std::chrono::steady_clock::now() + 2s); // one join attempt at least
@@ -356,10 +359,8 @@ int run_node(node_options& o) {
       return false;
     }
     while (std::chrono::steady_clock::now() < deadline) {
-      if (int sig = take_stop_signal(); sig != 0) {
-        spdlog::info("node {}: {} received while waiting for the scheduler; exiting", o.name, signal_name(sig));
+      if (signalled())
         return false;
-      }
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       again.timeout = std::min<std::chrono::milliseconds>(left, 2s);
       if (again.timeout.count() <= 0)

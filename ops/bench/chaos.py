@@ -240,6 +240,17 @@ def wait_progress(c, before, grace):
     return False
 
 
+def wait_rejoined(nodes, joined, entry, grace):
+    """Waits up to `grace` s until every node of `nodes` logs one more rejoin than `joined`
+    counted; notes in `entry` how many did."""
+    deadline = time.time() + grace
+    while time.time() < deadline and not all(log_count(p.log, "again as node") > joined[p.name] for p in nodes):
+        time.sleep(0.5)
+    back = [p for p in nodes if log_count(p.log, "again as node") > joined[p.name]]
+    entry["nodes_rejoined"] = f"{len(back)}/{len(nodes)}"
+    entry["rejoined_all"] = len(back) == len(nodes)
+
+
 def pick(procs, rng, entry):
     """A live process of `procs` at random (named in `entry`), or None."""
     victims = [p for p in procs if p.alive()]
@@ -296,12 +307,7 @@ def inject(c, kind, rng, t0, a):
         c.sched.signal(signal.SIGSTOP)
         time.sleep(8)
         c.sched.signal(signal.SIGCONT)
-        deadline = time.time() + a.grace
-        while time.time() < deadline and not all(log_count(p.log, "again as node") > joined[p.name] for p in nodes):
-            time.sleep(0.5)
-        back = [p for p in nodes if log_count(p.log, "again as node") > joined[p.name]]
-        entry["nodes_rejoined"] = f"{len(back)}/{len(nodes)}"
-        entry["rejoined_all"] = len(back) == len(nodes)
+        wait_rejoined(nodes, joined, entry, a.grace)
     elif kind == "scheduler-kill":
         entry["target"] = c.sched.name
         c.sched.signal(signal.SIGKILL)
@@ -315,12 +321,7 @@ def inject(c, kind, rng, t0, a):
         c.sched.p.wait()
         c.restart_scheduler()
         before = 0.0  # the new scheduler's log starts over
-        deadline = time.time() + a.grace
-        while time.time() < deadline and not all(log_count(p.log, "again as node") > joined[p.name] for p in nodes):
-            time.sleep(0.5)
-        back = [p for p in nodes if log_count(p.log, "again as node") > joined[p.name]]
-        entry["nodes_rejoined"] = f"{len(back)}/{len(nodes)}"
-        entry["rejoined_all"] = len(back) == len(nodes)
+        wait_rejoined(nodes, joined, entry, a.grace)
     entry["survived"] = wait_progress(c, before, a.grace) and entry.get("rejoined_all", True)
     print(f"  [{at:7.1f}s] {kind:15s} {entry.get('target', '-'):12s} at epoch {entry['epoch']:.2f}: "
           f"{'survived' if entry['survived'] else 'NOT SURVIVED'}"

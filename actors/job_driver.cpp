@@ -306,6 +306,10 @@ private:
     }
     sc.reassigned_out = reassigned_;
     sc.contention = contention_;
+    // Where workers can join while the job runs (nodes of a cluster), a job whose workers
+    // were all lost at once waits for one as long as for a lost shard.
+    if (where_.takes_joiners())
+      sc.worker_wait = std::chrono::milliseconds(static_cast<int64_t>(cfg_.shard_wait * 1000));
     sc.observer = caf::actor_cast<caf::actor>(self_);
     sc.recorder = recorder_;
     return sc;
@@ -372,18 +376,23 @@ private:
         ds.start_hint = std::log(static_cast<double>(std::max<uint32_t>(cfg_.model.classes, 2)));
         guard_.emplace(ds);
       }
+    auto on_done = [&](done_atom, uint32_t f, uint32_t fl) {
+      done_ = true;
+      finished_ = f;
+      failed_ = fl;
+    };
+    auto on_down = [&](caf::down_msg& dm) { on_shard_down(dm); };
+    auto on_back = [&](shard_atom, uint32_t index, shard_actor& shard, std::string& endpoint) {
+      on_shard_back(index, std::move(shard), std::move(endpoint));
+    };
     while (!done_) {
-      self_->receive(
-        [&](done_atom, uint32_t f, uint32_t fl) {
-          done_ = true;
-          finished_ = f;
-          failed_ = fl;
-        },
-        [&](caf::down_msg& dm) { on_shard_down(dm); },
-        [&](shard_atom, uint32_t index, shard_actor& shard, std::string& endpoint) {
-          on_shard_back(index, std::move(shard), std::move(endpoint));
-        },
-        caf::after(std::chrono::milliseconds(tick_ms)) >> [] {});
+      bool empty = false;
+      self_->receive(on_done, on_down, on_back,
+                     caf::after(std::chrono::milliseconds(tick_ms)) >> [&] { empty = true; });
+      // Everything else queued too, before the tick: a node lost and back (its shards'
+      // losses, then their restores) is taken in at once, not one message per tick.
+      while (!empty && !done_)
+        self_->receive(on_done, on_down, on_back, caf::after(std::chrono::milliseconds(0)) >> [&] { empty = true; });
       if (!done_)
         check_lost_shards();
       if (!done_)
@@ -496,6 +505,8 @@ private:
       }
       return;
     }
+    if (!lost_since_.empty())
+      return; // no snapshot nor back-off while a shard is being served again
     switch (guard_->observe(stats.loss, now, stats.total_samples)) {
       case divergence_guard::action::none:
         return;
@@ -641,8 +652,22 @@ private:
 
   // -- finish: the final figures, the last checkpoint round, the report.
   expected<run_report> finish(std::vector<float>* final_params) {
-    auto params = snapshot(self_, shards_, num_params_, final_timeout);
-    if (!params)
+    // A shard lost near the end (its node gone, to come back): the final snapshot waits
+    // for it to be served again, as long as the run would have.
+    while (!lost_since_.empty() && !failure_) {
+      self_->receive([&](caf::down_msg& dm) { on_shard_down(dm); },
+                     [&](shard_atom, uint32_t index, shard_actor& shard, std::string& endpoint) {
+                       on_shard_back(index, std::move(shard), std::move(endpoint));
+                     },
+                     caf::after(std::chrono::milliseconds(200)) >> [] {});
+      check_lost_shards();
+    }
+    expected<std::vector<float>> params = std::vector<float>{};
+    if (failure_)
+      params = failure_;
+    else
+      params = snapshot(self_, shards_, num_params_, final_timeout);
+    if (!params && !failure_)
       failure_ = params.error();
     collect_shard_counters();
     auto last_workers = collect_worker_figures();

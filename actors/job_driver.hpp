@@ -34,6 +34,10 @@ public:
   virtual std::vector<std::string> data_endpoints() const { return {}; }
   virtual std::string data_key() const { return {}; }
 
+  /// Whether workers can join the job while it runs (a cluster's nodes): then a job whose
+  /// workers were all lost waits for newcomers (run.shard_wait) instead of ending.
+  virtual bool takes_joiners() const { return false; }
+
   /// The job ended (done or failed): stop what start_workers started.
   virtual void on_job_end() {}
 

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include <optional>
+#include <set>
 
 #include <spdlog/spdlog.h>
 
@@ -28,6 +29,7 @@ struct member {
   uint64_t data_begin = 0, data_count = 0;
   bool left = false;
   bool failed = false;
+  bool admitted = false; // training: it started with the job or was admitted to it
 };
 
 struct scheduler_state {
@@ -46,6 +48,13 @@ struct scheduler_state {
   bool stopping = false; // a shutdown request stopped every worker
   float lr_factor = 1.0f; // the learning-rate schedule's, as the job driver last sent it
   uint64_t reassigned = 0; // lost members' untrained samples handed to the others
+  // Membership changes a shard has not answered yet, by request: the shard, and what runs
+  // once it answers, fails or is lost (see ask_shard).
+  uint64_t next_wait = 0;
+  std::map<uint64_t, std::pair<caf::actor_addr, std::function<void()>>> shard_waits;
+  std::set<caf::actor_addr> lost_shards; // down, not served again yet
+  // Since when every worker is lost with steps left, waiting for one to join (worker_wait).
+  std::optional<std::chrono::steady_clock::time_point> all_lost_since;
 };
 
 using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;
@@ -59,6 +68,51 @@ void record(scheduler_pointer self, const std::string& name, const std::string& 
 constexpr auto ack_timeout = std::chrono::seconds(30);
 constexpr auto tick_interval = std::chrono::milliseconds(planner_tick_ms);
 
+// Asks a shard to take membership change `m`; `done(acknowledged)` runs once. A shard that
+// is lost (its node down: requests to it go nowhere until they time out) counts as having
+// acknowledged: it learns the live members when it is served again (on_shard_restored), so
+// a worker that registers while a shard is down is not held up for it.
+void ask_shard(scheduler_pointer self, const shard_actor& shard, const wire::membership_change& m,
+               std::function<void(bool)> done) {
+  auto& st = self->state;
+  if (st.lost_shards.count(shard.address()) > 0)
+    return done(true);
+  const auto wait = st.next_wait++;
+  auto fired = std::make_shared<bool>(false);
+  auto once = [=](bool ok) {
+    if (*fired)
+      return;
+    *fired = true;
+    self->state.shard_waits.erase(wait);
+    done(ok);
+  };
+  st.shard_waits[wait] = {shard.address(), [=] { once(true); }};
+  self->request(shard, ack_timeout, m).then([=](caf::ok_atom) { once(true); },
+                                            [=](caf::error& err) {
+                                              spdlog::error("scheduler: membership change for worker {} not "
+                                                            "acknowledged: {}", m.worker_id, describe(err));
+                                              once(false);
+                                            });
+}
+
+// A shard of the job went down: what waits for its answer goes on without it.
+bool on_shard_down(scheduler_pointer self, const caf::actor_addr& source) {
+  auto& st = self->state;
+  bool ours = false;
+  for (const auto& shard : st.cfg.shards)
+    ours = ours || shard.address() == source;
+  if (!ours)
+    return false;
+  st.lost_shards.insert(source);
+  std::vector<std::function<void()>> go_on;
+  for (const auto& [id, w] : st.shard_waits)
+    if (w.first == source)
+      go_on.push_back(w.second);
+  for (auto& f : go_on)
+    f();
+  return true;
+}
+
 // Sends `m` to every shard and the profiler; calls `then(ok)` once all have answered.
 void broadcast(scheduler_pointer self, const wire::membership_change& m,
                std::function<void(bool)> then_fn) {
@@ -66,19 +120,40 @@ void broadcast(scheduler_pointer self, const wire::membership_change& m,
   auto& cfg = self->state.cfg;
   auto pending = std::make_shared<size_t>(cfg.shards.size() + 1);
   auto ok = std::make_shared<bool>(true);
-  auto one = [=] {
+  auto one = [=](bool acknowledged) {
+    *ok = *ok && acknowledged;
     if (--*pending == 0)
       (*then)(*ok);
   };
-  auto fail = [=](caf::error& err) {
-    spdlog::error("scheduler: membership change for worker {} not acknowledged: {}", m.worker_id,
-                  describe(err));
-    *ok = false;
-    one();
-  };
   for (auto& shard : cfg.shards)
-    self->request(shard, ack_timeout, m).then([=](caf::ok_atom) { one(); }, fail);
-  self->request(cfg.profiler, ack_timeout, m).then([=](caf::ok_atom) { one(); }, fail);
+    ask_shard(self, shard, m, one);
+  self->request(cfg.profiler, ack_timeout, m)
+    .then([=](caf::ok_atom) { one(true); },
+          [=](caf::error& err) {
+            spdlog::error("scheduler: membership change for worker {} not acknowledged by the profiler: {}",
+                          m.worker_id, describe(err));
+            one(false);
+          });
+}
+
+void end_job(scheduler_pointer self, uint32_t finished, uint32_t failed) {
+  auto& st = self->state;
+  st.done_sent = true;
+  st.all_lost_since.reset();
+  spdlog::info("scheduler: all workers done ({} finished, {} failed)", finished, failed);
+  if (st.cfg.observer)
+    caf::anon_send(st.cfg.observer, done_atom::value, finished, failed);
+}
+
+// The steps lost members left untrained and nobody took over: the most any one left.
+uint64_t untaken_steps(const scheduler_state& st, const wire::cluster_stats& stats) {
+  std::map<uint32_t, uint64_t> assigned, done;
+  for (const auto& [id, m] : st.members)
+    if (m.left && m.failed)
+      assigned[id] = m.steps;
+  for (const auto& w : stats.workers)
+    done[w.worker_id] = w.steps;
+  return steps_left(assigned, done);
 }
 
 void check_done(scheduler_pointer self) {
@@ -91,20 +166,53 @@ void check_done(scheduler_pointer self) {
       return;
     (m.failed ? failed : finished) += 1;
   }
-  st.done_sent = true;
-  spdlog::info("scheduler: all workers done ({} finished, {} failed)", finished, failed);
-  if (st.cfg.observer)
-    caf::anon_send(st.cfg.observer, done_atom::value, finished, failed);
+  if (failed == 0 || !st.started || st.stopping || st.cfg.worker_wait.count() <= 0 || st.traits.ring)
+    return end_job(self, finished, failed);
+  // Every worker is gone, some lost: if they left steps untrained, a worker that joins
+  // (a node that comes back, `ctl add-worker`) takes them up; the job waits for one.
+  self->request(st.cfg.profiler, ack_timeout, caf::get_atom::value)
+    .then(
+      [=](const wire::cluster_stats& stats) {
+        auto& st = self->state;
+        if (st.done_sent || st.all_lost_since)
+          return;
+        for (const auto& [id, m] : st.members)
+          if (!m.left)
+            return; // one joined meanwhile
+        const auto left = untaken_steps(st, stats);
+        if (left == 0)
+          return end_job(self, finished, failed);
+        st.all_lost_since = std::chrono::steady_clock::now();
+        self->delayed_send(self, st.cfg.worker_wait, start_atom::value);
+        spdlog::warn("scheduler: every worker is lost with {} steps left; waiting up to {:g} s for a worker to join "
+                     "and take them up", left, std::chrono::duration<double>(st.cfg.worker_wait).count());
+        record(self, "every worker lost", std::to_string(left) + " steps left");
+      },
+      [=](caf::error&) { end_job(self, finished, failed); });
+}
+
+// The wait for a worker to join ran out (a start_atom check_done sent itself): the job ends.
+void check_worker_wait(scheduler_pointer self) {
+  auto& st = self->state;
+  if (!st.all_lost_since || std::chrono::steady_clock::now() - *st.all_lost_since < st.cfg.worker_wait)
+    return;
+  uint32_t finished = 0, failed = 0;
+  for (const auto& [id, m] : st.members)
+    (m.failed ? failed : finished) += 1;
+  spdlog::error("scheduler: every worker was lost and none joined within {:g} s",
+                std::chrono::duration<double>(st.cfg.worker_wait).count());
+  end_job(self, finished, failed);
 }
 
 void break_ring(scheduler_pointer self, uint32_t lost);
 void apply_plan(scheduler_pointer self, const job_plan& plan);
 
-// The live members' batch shares, parts of the training set and steps.
+// The live members' batch shares, parts of the training set and steps (those admitted:
+// a worker still registering gets its part when it is).
 std::map<uint32_t, member_part> live_parts(const scheduler_state& st) {
   std::map<uint32_t, member_part> out;
   for (const auto& [id, m] : st.members)
-    if (!m.left)
+    if (!m.left && m.admitted)
       out[id] = member_part{m.batch, m.data_begin, m.data_count, m.steps};
   return out;
 }
@@ -131,6 +239,10 @@ void hand_over(scheduler_pointer self, uint32_t lost) {
         const member_part gone{m->second.batch, m->second.data_begin, m->second.data_count, m->second.steps};
         const auto live = live_parts(st);
         auto h = hand_over_lost(gone, done, live, st.cfg.train_size, st.traits.lockstep);
+        // The live workers cover its steps from now on; with none live they wait for a
+        // newcomer (check_done, admit_to_running_job).
+        if (!live.empty())
+          m->second.steps = done;
         if (h.parts.empty() && h.reassigned_samples == 0)
           return;
         st.reassigned += h.reassigned_samples;
@@ -201,6 +313,8 @@ void start_training(scheduler_pointer self) {
   if (st.started)
     return;
   st.started = true;
+  for (auto& [id, m] : st.members)
+    m.admitted = !m.left;
   if (st.start_barrier.size() < st.cfg.job.workers)
     spdlog::warn("scheduler: only {} of {} workers joined within the start timeout; training "
                  "starts with them",
@@ -294,7 +408,8 @@ void tick(scheduler_pointer self) {
                                                   w.wait_seconds, w.compute_per_sample});
         for (const auto& [id, m] : st.members)
           view.live_members += m.left ? 0 : 1;
-        if (!st.planner->wants_staleness() || st.cfg.shards.empty())
+        if (!st.planner->wants_staleness() || st.cfg.shards.empty()
+            || st.lost_shards.count(st.cfg.shards.front().address()) > 0)
           return plan_from(std::move(view));
         self->request(st.cfg.shards.front(), ack_timeout, status_atom::value)
           .then(
@@ -318,20 +433,41 @@ void admit_to_running_job(scheduler_pointer self, wire::assignment a, registrati
     .then(
       [=](const wire::cluster_stats& stats) mutable {
         auto& st = self->state;
-        std::map<uint32_t, uint64_t> assigned, done;
-        for (const auto& [id, m] : st.members)
-          if (!m.left && id != a.worker_id)
-            assigned[id] = m.steps;
+        std::map<uint32_t, uint64_t> done;
         for (const auto& w : stats.workers)
           done[w.worker_id] = w.steps;
-        a.steps = steps_left(assigned, done);
+        st.members[a.worker_id].admitted = true;
+        // Steps lost workers left that nobody took over (every worker was lost at once).
+        std::map<uint32_t, member_part> lost;
+        std::map<uint32_t, uint64_t> assigned;
+        for (const auto& [id, m] : st.members) {
+          if (m.left && m.failed && m.steps > done[id])
+            lost[id] = member_part{m.batch, m.data_begin, m.data_count, m.steps};
+          if (!m.left && m.admitted && id != a.worker_id)
+            assigned[id] = m.steps;
+        }
+        job_plan plan;
+        if (st.traits.lockstep) {
+          // What is owed is trained once over every live batch: the others' rounds shrink.
+          auto j = hand_over_joined_lockstep(live_parts(st), lost, done, a.worker_id, st.cfg.train_size);
+          a.steps = j.rounds;
+          plan.batches = std::move(j.h.parts);
+        } else {
+          // Workers at their own pace train until the job's sample budget is reached.
+          a.steps = assigned.empty() ? untaken_steps(st, stats) : steps_left(assigned, done);
+          plan.batches = hand_over_joined(live_parts(st), st.cfg.train_size).parts;
+        }
+        if (!lost.empty()) {
+          spdlog::info("scheduler: worker {} takes up the steps {} lost worker(s) left", a.worker_id, lost.size());
+          for (auto& [id, m] : st.members)
+            if (lost.count(id) > 0)
+              m.steps = std::min(m.steps, done[id]);
+        }
         st.members[a.worker_id].steps = a.steps;
         spdlog::info("scheduler: worker {} joins the running job for {} steps", a.worker_id, a.steps);
         promise.deliver(a, st.cfg.shards);
         // The newcomer takes a part of the set of its own (the others' shrink), from
         // their next steps; the planner's own directives come after.
-        job_plan plan;
-        plan.batches = hand_over_joined(live_parts(st), st.cfg.train_size).parts;
         st.planner->on_join(a.worker_id, plan);
         apply_plan(self, plan);
       },
@@ -372,6 +508,7 @@ caf::result<wire::assignment, std::vector<shard_actor>> on_register(scheduler_po
   m.data_begin = a.data_begin;
   m.data_count = a.data_count;
   st.members[id] = m;
+  st.all_lost_since.reset(); // a worker to take up what lost ones left
   if (auto sender = self->current_sender())
     self->monitor(sender);
   if (st.lr_factor != 1.0f)
@@ -411,7 +548,9 @@ void on_shard_restored(scheduler_pointer self, uint32_t index, const shard_actor
   auto& st = self->state;
   if (index >= st.cfg.shards.size())
     return;
+  st.lost_shards.erase(st.cfg.shards[index].address());
   st.cfg.shards[index] = shard;
+  self->monitor(shard);
   if (index < st.cfg.data_endpoints.size())
     st.cfg.data_endpoints[index] = endpoint;
   send_shard_settings(self, shard, st.planner->shard_state());
@@ -435,17 +574,10 @@ void on_shard_restored(scheduler_pointer self, uint32_t index, const shard_actor
     wire::membership_change join;
     join.kind = wire::membership_change::join;
     join.worker_id = id;
-    self->request(shard, ack_timeout, join)
-      .then(
-        [=](caf::ok_atom) {
-          if (--*pending == 0)
-            tell_workers();
-        },
-        [=](caf::error& err) {
-          spdlog::error("scheduler: the restored shard did not take worker {}: {}", id, describe(err));
-          if (--*pending == 0)
-            tell_workers();
-        });
+    ask_shard(self, shard, join, [=](bool) {
+      if (--*pending == 0)
+        tell_workers();
+    });
   }
 }
 
@@ -484,7 +616,12 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
   for (const auto& [id, r] : st.cfg.resume_workers)
     ctx.resume_batches[id] = r.batch;
   st.planner = make_job_planner(ctx);
+  // The shards are watched so that a lost one holds up no membership change (ask_shard).
+  for (const auto& shard : st.cfg.shards)
+    self->monitor(shard);
   self->set_down_handler([=](caf::down_msg& dm) {
+    if (on_shard_down(self, dm.source))
+      return;
     for (auto& [id, m] : self->state.members)
       if (m.addr == dm.source && !m.left)
         on_leave(self, id, true, "worker actor terminated: " + to_string(dm.reason));
@@ -493,7 +630,11 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
     [=](const wire::register_worker& req) -> caf::result<wire::assignment, std::vector<shard_actor>> {
       return on_register(self, req);
     },
-    [=](start_atom) { start_training(self); },
+    // A wait ran out: the start barrier's, or the wait for a worker to join (check_done).
+    [=](start_atom) {
+      start_training(self);
+      check_worker_wait(self);
+    },
     [=](lr_atom, float factor) {
       auto& st = self->state;
       st.lr_factor = factor;

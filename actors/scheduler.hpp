@@ -54,8 +54,13 @@ struct scheduler_config {
   /// Longest the first registered worker waits for the others before training starts
   /// with the workers present. Default: 120 s.
   std::chrono::milliseconds start_timeout{120000};
+  /// Every worker lost with steps still to train (their nodes lost, all at once): how
+  /// long to wait for a worker to join and take their steps up before the job ends with
+  /// them failed. 0 (a job in one process, where none can join): it ends at once.
+  std::chrono::milliseconds worker_wait{0};
   /// Receives (done_atom, uint32_t finished, uint32_t failed) once every registered
-  /// worker has left and at least expected_workers have registered.
+  /// worker has left and at least expected_workers have registered (and, with
+  /// worker_wait, no lost worker's steps wait for a newcomer).
   caf::actor observer;
   /// Where stage changes, policy retunes, joins and leaves are recorded (the run's
   /// trace and metrics files), if anywhere.

@@ -41,6 +41,8 @@ public:
   std::vector<std::string> data_endpoints() const override { return endpoints_; }
   std::string data_key() const override { return key_; }
 
+  bool takes_joiners() const override { return true; }
+
   void on_job_end() override;
 
 private:

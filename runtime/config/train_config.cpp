@@ -341,7 +341,8 @@ const std::vector<field>& fields() {
          [](train_config& c) -> uint32_t& { return c.checkpoint_keep; }),
     bind("run.resume", "continue from the checkpoints in run.checkpoint_dir (default false)",
          [](train_config& c) -> bool& { return c.resume; }),
-    bind("run.shard_wait", "with checkpoints: seconds to wait for a lost shard to be served again (default 60)",
+    bind("run.shard_wait", "with checkpoints: seconds to wait for a lost shard to be served again; on a cluster, also "
+         "for a worker to join when every worker was lost (default 60)",
          [](train_config& c) -> double& { return c.shard_wait; }),
     bind("run.gpus", "GPUs for this process's workers: auto (every visible one), none, or indices such as 0,1; "
                      "one worker per GPU, the others on the CPU (default auto)",

@@ -138,4 +138,41 @@ handover hand_over_joined(const std::map<uint32_t, member_part>& live, uint64_t 
   return h;
 }
 
+lockstep_join hand_over_joined_lockstep(const std::map<uint32_t, member_part>& live,
+                                        const std::map<uint32_t, member_part>& lost,
+                                        const std::map<uint32_t, uint64_t>& done, uint32_t newcomer,
+                                        uint64_t train_size) {
+  lockstep_join j;
+  auto owed_by = [&](uint32_t id, const member_part& m) -> uint64_t {
+    auto d = done.find(id);
+    const uint64_t n = d == done.end() ? 0 : d->second;
+    return (m.steps > n ? m.steps - n : 0) * std::max<uint32_t>(1, m.batch);
+  };
+  uint64_t batches = 0;
+  for (const auto& [id, m] : live) {
+    batches += std::max<uint32_t>(1, m.batch);
+    if (id != newcomer)
+      j.owed_samples += owed_by(id, m);
+  }
+  for (const auto& [id, m] : lost)
+    j.owed_samples += owed_by(id, m);
+  if (batches == 0)
+    return j;
+  j.rounds = (j.owed_samples + batches - 1) / batches;
+  resplit(live, train_size, j.h);
+  for (const auto& [id, m] : live) {
+    if (id == newcomer)
+      continue;
+    auto d = done.find(id);
+    const uint64_t steps = (d == done.end() ? 0 : d->second) + j.rounds;
+    if (steps == m.steps)
+      continue;
+    auto& dir = j.h.parts[id];
+    if (dir.data_count == 0) // its part stays: only its steps change
+      dir = batch_directive{m.batch, 0, m.data_begin, m.data_count};
+    dir.steps = steps;
+  }
+  return j;
+}
+
 }  // namespace ashlar

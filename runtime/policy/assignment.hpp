@@ -86,4 +86,22 @@ handover hand_over_lost(const member_part& lost, uint64_t done_steps, const std:
 /// so it takes a part of its own instead of doubling another's. Step counts stay.
 handover hand_over_joined(const std::map<uint32_t, member_part>& live, uint64_t train_size);
 
+/// A member joins a running lockstep job (every live member trains the same rounds): the
+/// samples still owed are trained once over the live batches, the newcomer's included,
+/// instead of the newcomer adding rounds of its own to the job. Owed: each live member's
+/// steps left (`steps` - `done`) times its batch, plus the same for `lost` members whose
+/// steps nobody took over (every worker was lost at once). Every live member then trains
+/// `rounds` = ceil(owed / sum of live batches) more steps (the directives in `h`, with the
+/// set re-split as in hand_over_joined); the newcomer (`live[newcomer]`, steps 0) trains
+/// `rounds` steps.
+struct lockstep_join {
+  handover h;
+  uint64_t rounds = 0;
+  uint64_t owed_samples = 0;
+};
+lockstep_join hand_over_joined_lockstep(const std::map<uint32_t, member_part>& live,
+                                        const std::map<uint32_t, member_part>& lost,
+                                        const std::map<uint32_t, uint64_t>& done, uint32_t newcomer,
+                                        uint64_t train_size);
+
 }  // namespace ashlar

@@ -5,7 +5,10 @@
 // stand in for the scheduler's peers.
 #include <catch2/catch.hpp>
 
+#include <functional>
 #include <map>
+#include <optional>
+#include <thread>
 #include <vector>
 
 #include <caf/scheduler/test_coordinator.hpp>
@@ -173,6 +176,29 @@ shard_actor recording_shard(caf::actor_system& sys, std::shared_ptr<script> s) {
   });
 }
 
+// A shard whose node stopped answering (frozen, or its connection gone): it takes every
+// membership change and never acknowledges one.
+shard_actor silent_shard(caf::actor_system& sys) {
+  return sys.spawn([](shard_actor::pointer self) -> shard_actor::behavior_type {
+    return {
+      [](const wire::pull_request&) -> wire::pull_reply { return {}; },
+      [](const wire::push&) -> wire::push_ack { return {}; },
+      [self](const wire::membership_change&) -> caf::result<caf::ok_atom> {
+        return self->make_response_promise<caf::ok_atom>(); // never delivered
+      },
+      [](status_atom) -> wire::shard_status { return {}; },
+      [](tune_atom, uint32_t, bool) {},
+      [](bound_atom, uint64_t, float) {},
+      [](lr_atom, float) {},
+      [](checkpoint_atom, uint64_t, uint64_t) -> uint64_t { return 0; },
+      [](checkpoint_atom, caf::get_atom) { return std::vector<uint64_t>{}; },
+      [](restore_atom, uint64_t) -> uint64_t { return 0; },
+      [](restore_atom, const std::vector<float>&) -> uint64_t { return 0; },
+      [](checkpoint_atom) -> uint64_t { return 0; },
+    };
+  });
+}
+
 profiler_actor scripted_profiler(caf::actor_system& sys, std::shared_ptr<script> s) {
   return sys.spawn([s](profiler_actor::pointer) -> profiler_actor::behavior_type {
     return {
@@ -180,6 +206,13 @@ profiler_actor scripted_profiler(caf::actor_system& sys, std::shared_ptr<script>
       [](const wire::membership_change&) -> caf::ok_atom { return caf::ok_atom::value; },
       [s](caf::get_atom) -> wire::cluster_stats { return s->stats; },
     };
+  });
+}
+
+// Records each (finished, failed) the scheduler reports when the job is done.
+caf::actor done_observer(caf::actor_system& sys, std::shared_ptr<std::vector<std::pair<uint32_t, uint32_t>>> ended) {
+  return sys.spawn([ended](caf::event_based_actor*) -> caf::behavior {
+    return {[ended](done_atom, uint32_t finished, uint32_t failed) { ended->emplace_back(finished, failed); }};
   });
 }
 
@@ -192,7 +225,10 @@ struct scheduler_rig {
   profiler_actor profiler;
   scheduler_actor scheduler;
 
-  scheduler_rig(const std::string& policy, uint32_t n) {
+  // silent_second: shard 1 never acknowledges a membership change (see silent_shard).
+  // tweak: changes to the scheduler's configuration (observer, worker_wait).
+  scheduler_rig(const std::string& policy, uint32_t n, bool silent_second = false,
+                const std::function<void(scheduler_config&)>& tweak = {}) {
     scheduler_config sc;
     sc.job.policy = policy;
     sc.job.workers = n;
@@ -200,10 +236,12 @@ struct scheduler_rig {
     sc.job.epochs = 1;
     sc.train_size = 1000;
     sc.ranges = {shard_range{0, 0, 50}, shard_range{1, 50, 100}};
-    shards = {recording_shard(t.sys, s), recording_shard(t.sys, s)};
+    shards = {recording_shard(t.sys, s), silent_second ? silent_shard(t.sys) : recording_shard(t.sys, s)};
     sc.shards = shards;
     sc.profiler = scripted_profiler(t.sys, s);
     profiler = sc.profiler;
+    if (tweak)
+      tweak(sc);
     scheduler = spawn_scheduler(t.sys, sc);
   }
 
@@ -335,6 +373,102 @@ TEST_CASE("protocol: a shard served again learns the live workers before they le
       caf::after(std::chrono::seconds(0)) >> [] {});
     CHECK(told);
   }
+}
+
+TEST_CASE("protocol: a lost shard holds up no registration, and learns the worker when it is served again") {
+  scheduler_rig rig("bsp", 1, true);
+  caf::scoped_actor w0{rig.t.sys};
+  w0->send(rig.scheduler, wire::register_worker{});
+  rig.t.run();
+  // Shard 1 has not acknowledged the worker: the registration waits for it.
+  CHECK(idle(w0));
+  CHECK(rig.s->joins == std::vector<uint32_t>{0});
+  // Its node is lost: the registration goes on without it (before, it waited for the
+  // acknowledgement's 30 s timeout and then failed the worker).
+  caf::anon_send_exit(rig.shards[1], caf::exit_reason::kill);
+  rig.t.run();
+  bool assigned = false;
+  w0->receive([&](const wire::assignment&, const std::vector<shard_actor>&) { assigned = true; },
+              [&](caf::error& err) { FAIL("registration failed: " << describe(err)); },
+              caf::after(std::chrono::seconds(0)) >> [] {});
+  CHECK(assigned);
+  // A second worker registering while the shard is still lost is not held up either.
+  caf::scoped_actor w1{rig.t.sys};
+  w1->send(rig.scheduler, wire::register_worker{});
+  rig.t.run();
+  CHECK(rig.s->joins == std::vector<uint32_t>{0, 1});
+  bool second = false;
+  w1->receive([&](const wire::assignment&, const std::vector<shard_actor>&) { second = true; },
+              [&](caf::error& err) { FAIL("registration failed: " << describe(err)); },
+              caf::after(std::chrono::seconds(0)) >> [] {});
+  CHECK(second);
+  // Served again: the replacement learns both live workers.
+  auto replacement = recording_shard(rig.t.sys, rig.s);
+  caf::scoped_actor driver{rig.t.sys};
+  driver->send(rig.scheduler, shard_atom::value, uint32_t{1}, replacement, std::string{"10.0.0.9:7000"});
+  rig.t.run();
+  CHECK(rig.s->joins == std::vector<uint32_t>{0, 1, 0, 1});
+}
+
+TEST_CASE("protocol: with every worker lost at once, the job waits for a newcomer, which takes up what they left") {
+  auto ended = std::make_shared<std::vector<std::pair<uint32_t, uint32_t>>>();
+  scheduler_rig rig("bsp", 2, false, [&](scheduler_config& sc) {
+    sc.worker_wait = std::chrono::seconds(60);
+    sc.observer = done_observer(sc.profiler->home_system(), ended);
+  });
+  std::vector<wire::assignment> as;
+  {
+    caf::scoped_actor w0{rig.t.sys}, w1{rig.t.sys};
+    as = rig.register_all({&w0, &w1});
+    REQUIRE(as.size() == 2);
+    REQUIRE(as[0].steps > 10);
+    rig.s->stats.workers = {wire::worker_stats{}, wire::worker_stats{}};
+    rig.s->stats.workers[0].worker_id = 0;
+    rig.s->stats.workers[0].steps = 4;
+    rig.s->stats.workers[1].worker_id = 1;
+    rig.s->stats.workers[1].steps = 6;
+  } // both workers' actors end: their nodes are lost
+  rig.t.run();
+  CHECK(ended->empty()); // not done: their steps wait for a newcomer
+  caf::scoped_actor w2{rig.t.sys};
+  auto more = rig.register_all({&w2});
+  REQUIRE(more.size() == 1);
+  // Lockstep: it trains what both left, once: their untrained samples over its batch.
+  const uint64_t owed = (as[0].steps - 4) * as[0].batch_size + (as[1].steps - 6) * as[1].batch_size;
+  CHECK(more[0].steps == (owed + more[0].batch_size - 1) / more[0].batch_size);
+  // It trains them and leaves: the job is done, the lost workers' steps taken up.
+  rig.s->stats.workers.push_back(wire::worker_stats{});
+  rig.s->stats.workers.back().worker_id = more[0].worker_id;
+  rig.s->stats.workers.back().steps = more[0].steps;
+  wire::membership_change leave;
+  leave.kind = wire::membership_change::leave;
+  leave.worker_id = more[0].worker_id;
+  w2->send(rig.scheduler, leave);
+  rig.t.run();
+  using ends = std::vector<std::pair<uint32_t, uint32_t>>;
+  CHECK(*ended == ends{{1, 2}}); // 1 finished, 2 failed
+}
+
+TEST_CASE("protocol: with every worker lost and none joining within the wait, the job ends") {
+  auto ended = std::make_shared<std::vector<std::pair<uint32_t, uint32_t>>>();
+  scheduler_rig rig("bsp", 1, false, [&](scheduler_config& sc) {
+    sc.worker_wait = std::chrono::milliseconds(1);
+    sc.observer = done_observer(sc.profiler->home_system(), ended);
+  });
+  {
+    caf::scoped_actor w0{rig.t.sys};
+    rig.register_all({&w0});
+    rig.s->stats.workers = {wire::worker_stats{}}; // worker 0 trained none of its steps
+  }
+  rig.t.run();
+  CHECK(ended->empty());
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 5 && ended->empty(); ++i) { // the next ticks see the wait run out
+    rig.t.sched.trigger_timeout();
+    rig.t.run();
+  }
+  using ends = std::vector<std::pair<uint32_t, uint32_t>>;
+  CHECK(*ended == ends{{0, 1}});
 }
 
 namespace {

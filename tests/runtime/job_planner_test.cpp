@@ -344,3 +344,25 @@ TEST_CASE("a member joining a running job gets a part of the set of its own, and
   std::map<uint32_t, member_part> settled{{0, {50, 0, 4500, 80}}, {1, {50, 4500, 4500, 80}}};
   CHECK(hand_over_joined(settled, 9000).parts.empty());
 }
+
+TEST_CASE("a member joining a running lockstep job trains what is owed once over every live batch: the others' "
+          "rounds shrink, and steps lost workers left are taken up") {
+  // Two members of batch 50, 80 steps each, 20 done: 2 x 60 x 50 = 6000 samples owed.
+  std::map<uint32_t, member_part> live{{0, {50, 0, 4500, 80}}, {1, {50, 4500, 4500, 80}}, {5, {100, 0, 9000, 0}}};
+  std::map<uint32_t, uint64_t> done{{0, 20}, {1, 20}};
+  auto j = hand_over_joined_lockstep(live, {}, done, 5, 9000);
+  CHECK(j.owed_samples == 6000);
+  CHECK(j.rounds == 30); // 6000 over 50 + 50 + 100 a round
+  CHECK(j.h.parts[0].steps == 50); // 20 done + 30
+  CHECK(j.h.parts[1].steps == 50);
+  CHECK(j.h.parts[5].data_count == 4500); // the newcomer's part, in proportion to its batch
+  // Every worker lost at once (2 and 3, with 40 and 45 steps left): a lone newcomer trains it all.
+  std::map<uint32_t, member_part> lost{{2, {50, 0, 4500, 80}}, {3, {50, 4500, 4500, 80}}};
+  std::map<uint32_t, member_part> alone{{7, {64, 0, 9000, 0}}};
+  auto k = hand_over_joined_lockstep(alone, lost, {{2, 40}, {3, 35}}, 7, 9000);
+  CHECK(k.owed_samples == (40 + 45) * 50);
+  CHECK(k.rounds == (4250 + 63) / 64);
+  // Nothing owed: the newcomer trains nothing.
+  auto none = hand_over_joined_lockstep(alone, {}, {}, 7, 9000);
+  CHECK(none.rounds == 0);
+}

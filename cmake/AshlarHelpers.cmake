@@ -3,9 +3,16 @@
 function(ashlar_library name)
   cmake_parse_arguments(A "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
   add_library(${name} STATIC ${A_SOURCES})
-  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR} ${PROJECT_BINARY_DIR})
+  ashlar_public_includes(${name})
   target_link_libraries(${name} PUBLIC ${A_DEPS} PRIVATE ${A_PRIVATE_DEPS})
   target_compile_options(${name} PRIVATE -Wall -Wextra)
+endfunction()
+
+# The include root for "runtime/...", "actors/...", "gpu/...", "schema/...": the source and
+# build trees in the build, include/ashlar once installed (see ashlar_install).
+function(ashlar_public_includes name)
+  target_include_directories(${name} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
+                             $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}> $<INSTALL_INTERFACE:include/ashlar>)
 endfunction()
 
 # ashlar_test(NAME SOURCES ... DEPS ... [LABELS ...] [SKIP_REGEX RE]): a Catch2 executable whose test cases ctest discovers.

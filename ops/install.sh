@@ -10,4 +10,4 @@ if [ ! -x build/apps/ashlar ]; then
   exit 1
 fi
 cmake --install build --prefix "$prefix"
-echo "installed: $prefix/bin/ashlar ($("$prefix/bin/ashlar" --version))"
+echo "installed: $prefix/bin/ashlar ($("$prefix/bin/ashlar" --version)); for a host application: find_package(Ashlar) with CMAKE_PREFIX_PATH=$prefix"

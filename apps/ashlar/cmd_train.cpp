@@ -116,12 +116,19 @@ int submit(const train_config& cfg, const std::string& join, const security_opti
         v = v.substr(1, v.size() - 2);
       return v;
     };
+    auto num = [&](const char* key) { return std::strtod(field(key).c_str(), nullptr); };
+    // In the same words and precision as a local run's summary (finish_run).
     std::printf("done: policy %s, %s workers, %s shards, model %s\n", field("policy").c_str(), field("workers").c_str(),
                 field("servers").c_str(), field("model").c_str());
-    std::printf("test accuracy %s (loss %s) on %s samples, after %s of %s epochs in %s s (%s samples/s)\n",
-                field("test_accuracy").c_str(), field("test_loss").c_str(), field("test_samples").c_str(),
-                field("epochs_trained").c_str(), field("epochs").c_str(), field("seconds").c_str(),
-                field("samples_per_second").c_str());
+    const char* why = field("stopped_early") == "true"   ? "stopped on request after "
+                      : field("time_limited") == "true" ? "stopped at the time limit after "
+                                                        : "after ";
+    std::printf("test accuracy %.4f (loss %.4f) on %s samples, %s%.2f of %s epochs in %.1f s (%.0f samples/s)\n",
+                num("test_accuracy"), num("test_loss"), field("test_samples").c_str(), why, num("epochs_trained"),
+                field("epochs").c_str(), num("seconds"), num("samples_per_second"));
+    if (num("redone_samples") > 0 || num("reassigned_samples") > 0)
+      std::printf("work redone: %.0f samples trained again after the resume, %.0f samples of lost workers taken over "
+                  "by the others\n", num("redone_samples"), num("reassigned_samples"));
     if (!cfg.report.empty()) {
       std::FILE* f = std::fopen(cfg.report.c_str(), "wb");
       if (f) {

@@ -53,14 +53,20 @@ std::string bash_completion(CLI::App& app) {
   };
   for (auto* sub : app.get_subcommands([](CLI::App*) { return true; })) {
     subs += (subs.empty() ? "" : " ") + sub->get_name();
-    std::string words = opts_of(sub);
-    for (auto* inner : sub->get_subcommands([](CLI::App*) { return true; }))
-      words += " " + inner->get_name();
-    cases += "    " + sub->get_name() + ") words=\"" + words + "\" ;;\n";
+    std::string words = opts_of(sub), names, inner_cases;
+    for (auto* inner : sub->get_subcommands([](CLI::App*) { return true; })) {
+      names += " " + inner->get_name();
+      inner_cases += inner->get_name() + ") words=\"" + opts_of(inner) + "\" ;; ";
+    }
+    if (names.empty())
+      cases += "    " + sub->get_name() + ") words=\"" + words + "\" ;;\n";
+    else // `ashlar config show --<TAB>`: show's options; `ashlar config <TAB>`: its commands
+      cases += "    " + sub->get_name() + ") inner=1; case ${COMP_WORDS[2]} in " + inner_cases + "*) words=\""
+               + words + names + "\" ;; esac ;;\n";
   }
   return "# bash completion for ashlar: source <(ashlar completion bash)\n"
          "_ashlar() {\n"
-         "  local cur=${COMP_WORDS[COMP_CWORD]} words\n"
+         "  local cur=${COMP_WORDS[COMP_CWORD]} words inner=0\n"
          "  if [ \"$COMP_CWORD\" -eq 1 ]; then\n"
          "    COMPREPLY=($(compgen -W \"" + subs + " help version completion --help --version\" -- \"$cur\"))\n"
          "    return\n"
@@ -69,13 +75,58 @@ std::string bash_completion(CLI::App& app) {
          "    help) words=\"" + subs + "\" ;;\n"
          "    *) words=\"\" ;;\n"
          "  esac\n"
-         "  if [[ $cur == -* || ( ${COMP_WORDS[1]} == help && $COMP_CWORD -eq 2 ) ]]; then\n"
+         "  if [[ $cur == -* || ( ( ${COMP_WORDS[1]} == help || $inner == 1 ) && $COMP_CWORD -eq 2 ) ]]; then\n"
          "    COMPREPLY=($(compgen -W \"$words\" -- \"$cur\"))\n"
          "  else\n"
          "    COMPREPLY=($(compgen -f -- \"$cur\"))\n"
          "  fi\n"
          "}\n"
          "complete -F _ashlar ashlar\n";
+}
+
+// A command that takes a command of its own (`ashlar`, `ashlar config`, `ashlar ctl`, ...)
+// given none or an unknown one: what to say instead of CLI11's error ("A subcommand is
+// required", "--join is required", "arguments were not expected"). Empty where a command
+// without commands of its own failed to parse: CLI11's error names what.
+std::string missing_subcommand(CLI::App& app, int argc, char** argv) {
+  CLI::App* at = &app;
+  for (bool deeper = true; deeper;) {
+    deeper = false;
+    for (auto* sub : at->get_subcommands([](CLI::App*) { return true; }))
+      if (sub->parsed()) {
+        at = sub;
+        deeper = true;
+        break;
+      }
+  }
+  auto subs = at->get_subcommands([](CLI::App*) { return true; });
+  if (subs.empty())
+    return ""; // a command without commands of its own: CLI11's error stands
+  std::string path = at == &app ? "ashlar" : "ashlar " + at->get_name();
+  if (at != &app && at->get_parent() != &app)
+    path = "ashlar " + at->get_parent()->get_name() + " " + at->get_name();
+  std::vector<std::string> names;
+  std::string list;
+  for (auto* sub : subs) {
+    names.push_back(sub->get_name());
+    const auto& n = sub->get_name();
+    list += "  " + n + std::string(n.size() < 15 ? 15 - n.size() : 1, ' ') + sub->get_description() + "\n";
+  }
+  if (at == &app)
+    list += "  help CMD       one command's options\n  version        the build's facts\n"
+            "  completion     bash completion: source <(ashlar completion bash)\n";
+  // The word given where the command was expected, if any.
+  std::string word;
+  for (int i = 1; i + 1 < argc && at != &app; ++i)
+    if (argv[i] == at->get_name()) {
+      for (int j = i + 1; j < argc && word.empty(); ++j)
+        if (argv[j][0] != '-')
+          word = argv[j];
+      break;
+    }
+  if (!word.empty())
+    return path + ": unknown command '" + word + "'" + ashlar::did_you_mean(word, names) + "; commands:\n" + list;
+  return path + ": which one? (`" + path + " CMD --help` for one)\n" + list;
 }
 
 }  // namespace
@@ -145,6 +196,13 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // --help and --version end the parse as "errors" too, with exit code 0.
+    if (e.get_exit_code() == 0)
+      return app.exit(e);
+    if (auto why = missing_subcommand(app, argc, argv); !why.empty()) {
+      std::fprintf(stderr, "%s", why.c_str());
+      return 2;
+    }
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (app.got_subcommand("train"))

@@ -13,11 +13,10 @@ seeded schedule injects faults, one every --every seconds, until the job ends:
   server-stop     SIGSTOP a server node for 3 s, then SIGCONT
   scheduler-stop  SIGSTOP the scheduler for 1 s (a stall well within the 3 s heartbeat
                   timeout), then SIGCONT: the job goes on
-  scheduler-freeze  (not in the default kinds) SIGSTOP the scheduler for 8 s, past the heartbeat
-                  timeout: every node notices it lost, stops its shards and workers and joins
-                  the same scheduler again when it answers, which serves the job's shards
-                  again from their checkpoint cuts. Known to fail: a second freeze of the same
-                  scheduler leaves the rejoined workers' registrations unanswered
+  scheduler-freeze  SIGSTOP the scheduler for 8 s, past the heartbeat timeout: every node
+                  notices it lost, stops its shards and workers and joins the same scheduler
+                  again when it answers; the scheduler serves the job's shards again from their
+                  checkpoint cuts, and the rejoined workers take up the steps the lost ones left
   scheduler-kill  SIGKILL the scheduler: every node stops its shards and workers and waits
                   for it (--rejoin-timeout); the scheduler is started again on the same port
                   with --resume, takes the job up from its checkpoint cuts, and the same
@@ -361,7 +360,7 @@ def main():
     ap.add_argument("--train-limit", type=int, default=12000)
     ap.add_argument("--sample-ms", type=float, default=0.5, help="paced ms per sample per worker")
     ap.add_argument("--grace", type=float, default=90, help="seconds a fault may take to recover from")
-    ap.add_argument("--kinds", default="worker-kill,worker-stop,server-kill,server-stop,scheduler-kill,scheduler-stop")
+    ap.add_argument("--kinds", default="worker-kill,worker-stop,server-kill,server-stop,scheduler-kill,scheduler-stop,scheduler-freeze")
     ap.add_argument("--smoke", action="store_true",
                     help="a short run: judged on faults survived, no hang and a clean end; the accuracy of a job "
                          "this short is printed, not judged")

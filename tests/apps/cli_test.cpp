@@ -100,15 +100,38 @@ TEST_CASE("a mistyped command is named with the one meant, help and version work
   }
 }
 
+TEST_CASE("a command given none or a mistyped one of its commands lists them, naming the one meant") {
+  auto none = run("config");
+  CHECK(none.code == 2);
+  CHECK(has(none, "ashlar config: which one?"));
+  CHECK(has(none, "show"));
+  CHECK_FALSE(has(none, "A subcommand is required"));
+  auto typo = run("checkpoint verfy /tmp");
+  CHECK(typo.code == 2);
+  CHECK(has(typo, "ashlar checkpoint: unknown command 'verfy' (did you mean 'verify'?)"));
+  auto ctl = run("ctl"); // its own required --join does not hide that a command is missing
+  CHECK(ctl.code == 2);
+  CHECK(has(ctl, "ashlar ctl: which one?"));
+  CHECK(has(ctl, "add-worker"));
+  auto bare = run("");
+  CHECK(bare.code == 2);
+  CHECK(has(bare, "ashlar: which one?"));
+  CHECK(has(bare, "train"));
+}
+
 TEST_CASE("bash completion completes commands and a command's options") {
   auto r = shell("bash -c 'source <(" + std::string{ASHLAR_BINARY} + " completion bash); COMP_WORDS=(ashlar chec); "
                  "COMP_CWORD=1; _ashlar; echo \"1:${COMPREPLY[*]}\"; COMP_WORDS=(ashlar train --pol); COMP_CWORD=2; "
                  "_ashlar; echo \"2:${COMPREPLY[*]}\"; COMP_WORDS=(ashlar node --rejoin); COMP_CWORD=2; _ashlar; "
-                 "echo \"3:${COMPREPLY[*]}\"'");
+                 "echo \"3:${COMPREPLY[*]}\"; COMP_WORDS=(ashlar checkpoint ver); COMP_CWORD=2; _ashlar; "
+                 "echo \"4:${COMPREPLY[*]}\"; COMP_WORDS=(ashlar checkpoint export --o); COMP_CWORD=3; _ashlar; "
+                 "echo \"5:${COMPREPLY[*]}\"'");
   CHECK(r.code == 0);
   CHECK(has(r, "1:checkpoint"));
   CHECK(has(r, "2:--policy"));
   CHECK(has(r, "3:--rejoin-timeout"));
+  CHECK(has(r, "4:verify")); // a command's own commands
+  CHECK(has(r, "5:--out"));  // and their options
   CHECK(run("completion zsh").code == 2);
 }
 

@@ -1,0 +1,54 @@
+# The packages Ashlar's libraries link, as targets: included by the build
+# (AshlarDependencies.cmake) and by the installed package config (AshlarConfig.cmake), so a
+# host application that calls find_package(Ashlar) gets the same targets. Each imported
+# target is defined once, whoever includes this first.
+find_package(Threads REQUIRED)
+find_package(ZLIB REQUIRED)
+find_package(CapnProto REQUIRED)
+find_package(RocksDB REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(tomlplusplus REQUIRED)
+# OpenSSL: TLS between nodes, HMAC for the token handshake, certificates (`ashlar cert`).
+find_package(OpenSSL 3 REQUIRED)
+
+# cpp-httplib serves /metrics. Debian builds it as a shared library; its .pc file carries
+# the feature macros (TLS, zlib, brotli) the header must be compiled with.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+
+# CAF 0.17 ships neither a CMake config nor a .pc file: wrap it as imported targets.
+find_path(CAF_INCLUDE_DIR caf/all.hpp REQUIRED)
+foreach(_lib core io)
+  find_library(CAF_${_lib}_LIBRARY caf_${_lib} REQUIRED)
+  if(NOT TARGET caf::${_lib})
+    add_library(caf::${_lib} SHARED IMPORTED)
+    set_target_properties(caf::${_lib} PROPERTIES
+      IMPORTED_LOCATION "${CAF_${_lib}_LIBRARY}"
+      INTERFACE_INCLUDE_DIRECTORIES "${CAF_INCLUDE_DIR}")
+  endif()
+endforeach()
+set_property(TARGET caf::core PROPERTY INTERFACE_LINK_LIBRARIES Threads::Threads)
+set_property(TARGET caf::io PROPERTY INTERFACE_LINK_LIBRARIES caf::core)
+
+# OpenBLAS: the CBLAS interface and openblas_set_num_threads.
+find_path(OPENBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas-pthread openblas REQUIRED)
+find_library(OPENBLAS_LIBRARY openblas REQUIRED)
+if(NOT TARGET openblas::openblas)
+  add_library(openblas::openblas SHARED IMPORTED)
+  set_target_properties(openblas::openblas PROPERTIES
+    IMPORTED_LOCATION "${OPENBLAS_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${OPENBLAS_INCLUDE_DIR}")
+endif()
+
+# oneDNN (Debian's libdnnl-dev, OpenMP threading): CPU convolutions, chosen per layer
+# against im2col + OpenBLAS by measurement. OpenMP for the team size of its kernels.
+# (Its CMake package drags in OpenCL for a GPU runtime Ashlar does not use.)
+find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp REQUIRED)
+find_library(DNNL_LIBRARY dnnl REQUIRED)
+if(NOT TARGET DNNL::dnnl)
+  add_library(DNNL::dnnl SHARED IMPORTED)
+  set_target_properties(DNNL::dnnl PROPERTIES
+    IMPORTED_LOCATION "${DNNL_LIBRARY}"
+    INTERFACE_INCLUDE_DIRECTORIES "${DNNL_INCLUDE_DIR}")
+endif()
+find_package(OpenMP REQUIRED COMPONENTS CXX)

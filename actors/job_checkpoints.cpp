@@ -132,6 +132,18 @@ void job_checkpoints::shard_lost() {
     act(*a, {}, [] { return cut_progress{}; });
 }
 
+caf::error job_checkpoints::realign(const shard_actor& shard, uint32_t shard_id) {
+  if (!pacer_ || pacer_->last_committed() == 0)
+    return {};
+  const auto cut = pacer_->last_committed();
+  caf::error err;
+  self_->request(shard, ask_timeout, restore_atom::value, cut)
+    .receive([](uint64_t) {}, [&](caf::error& e) { err = std::move(e); });
+  if (!err)
+    spdlog::info("job: shard {} is back at checkpoint cut {}, the last the job committed", shard_id, cut);
+  return err;
+}
+
 void job_checkpoints::final_cut(const std::vector<shard_actor>& shards, double now, const cut_progress& progress) {
   if (!pacer_)
     return;

@@ -42,6 +42,12 @@ public:
   /// A shard was lost: the cut in flight (if any) is abandoned.
   void shard_lost();
 
+  /// A lost shard is served again, restored from its own newest intact cut, which may be
+  /// one the job record never committed (the cut in flight when its node was lost): it goes
+  /// back to the last committed cut, so shards lost together (a frozen scheduler loses every
+  /// node) hold one cut again, never a mix. Nothing when no cut is committed yet.
+  [[nodiscard]] caf::error realign(const shard_actor& shard, uint32_t shard_id);
+
   /// The job ends: the last cut at every shard's current version, waited for (up to 60 s)
   /// and committed with `progress`. Errors are logged: the cuts before it stand.
   void final_cut(const std::vector<shard_actor>& shards, double now, const cut_progress& progress);

@@ -446,6 +446,10 @@ private:
     if (index >= shards_.size())
       return;
     spdlog::info("job: server shard {} is served again", ranges_[index].shard_id);
+    if (cuts_)
+      if (auto err = cuts_->realign(shard, ranges_[index].shard_id))
+        spdlog::warn("job: shard {} could not go back to the last committed cut: {}", ranges_[index].shard_id,
+                     describe(err));
     shards_[index] = shard;
     self_->monitor(shards_[index]);
     if (lr_sent_ != 1.0f)

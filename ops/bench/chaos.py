@@ -423,7 +423,14 @@ def main():
         print(f"{'process':14s} {'peak MB':>8s}")
         for name, m in mem.items():
             print(f"{name:14s} {m['peak_mb']:8.1f}")
-        ok = r["rc"] == 0 and not r["hung"] and survived == injected and injected > 0
+        # The job trains its epochs once: faults neither cut it short nor make it train on
+        # (a lost worker's rounds spread over the others, newcomers taking up what is owed).
+        last = r["reports"][-1] if r["reports"] else {}
+        epochs, trained = last.get("epochs"), last.get("epochs_trained")
+        once = epochs is not None and trained is not None and 0.98 * epochs <= trained <= 1.05 * epochs
+        print(f"epochs trained: {trained} of {epochs}" + ("" if once else " (NOT within 0.98-1.05x)"))
+        summary["epochs_trained"] = trained
+        ok = r["rc"] == 0 and not r["hung"] and survived == injected and injected > 0 and once
         if not a.smoke:
             ok = ok and delta is not None and abs(delta) <= 0.01
         write_rows(a.out, r["rss"])

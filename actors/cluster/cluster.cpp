@@ -1,5 +1,9 @@
 #include "actors/cluster/cluster.hpp"
 
+#include <algorithm>
+
+#include "runtime/core/natural_order.hpp"
+
 #include <map>
 #include <memory>
 #include <set>
@@ -472,8 +476,17 @@ caf::error cluster_placement::start_workers(const train_config& cfg, const sched
   tmpl.hflip = cfg.hflip;
   // Tell the cluster first, so a node joining from now on is given workers too.
   caf::anon_send(cluster_, job_atom::value, running_job{scheduler, profiler, shards_, tmpl, templates_, driver_});
+  // Worker ids go to the nodes' slots in the order of the nodes' names ("worker-0" before
+  // "worker-1", "worker-10"), not of their joining: a launched cluster's node worker-i hosts worker i.
+  std::vector<size_t> order(nodes->infos.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t x, size_t y) { return natural_less(nodes->infos[x].name, nodes->infos[y].name); });
   uint32_t next = 0;
-  for (size_t i = 0; i < nodes->infos.size() && next < cfg.workers; ++i) {
+  for (size_t i : order) {
+    if (next >= cfg.workers)
+      break;
     for (uint32_t slot = 0; slot < nodes->infos[i].slots && next < cfg.workers; ++slot) {
       auto req = tmpl;
       req.requested_id = next;

@@ -1,6 +1,7 @@
 #include <catch2/catch.hpp>
 
 #include "runtime/core/error.hpp"
+#include "runtime/core/natural_order.hpp"
 #include "runtime/core/suggest.hpp"
 
 using namespace ashlar;
@@ -27,4 +28,16 @@ TEST_CASE("a mistyped name gets the one it is close to, and nothing when none is
   CHECK(closest("", commands).empty());
   CHECK(did_you_mean("nod", commands) == " (did you mean 'node'?)");
   CHECK(did_you_mean("zzzzzz", commands).empty());
+}
+
+TEST_CASE("natural order reads digit runs as numbers") {
+  CHECK(ashlar::natural_less("worker-2", "worker-10"));
+  CHECK_FALSE(ashlar::natural_less("worker-10", "worker-2"));
+  CHECK(ashlar::natural_less("worker-0", "worker-1"));
+  CHECK(ashlar::natural_less("vm:999", "vm:1000"));
+  CHECK(ashlar::natural_less("a", "b"));
+  CHECK(ashlar::natural_less("node", "node-1"));
+  CHECK_FALSE(ashlar::natural_less("x7", "x007")); // equal as numbers
+  CHECK_FALSE(ashlar::natural_less("x007", "x7"));
+  CHECK_FALSE(ashlar::natural_less("same", "same"));
 }

@@ -49,7 +49,7 @@ __pids=()
 __wait_port_free() {  # HOST:PORT: until nothing listens there (a scheduler of before exits)
   local port=${1##*:}
   for _ in $(seq 1 300); do
-    ss -Hltn "sport = :$port" 2>/dev/null | grep -q . || return 0
+    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || return 0
     sleep 0.1
   done
   echo "readme-run: port $port still in use after 30 s" >&2; return 1

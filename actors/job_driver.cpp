@@ -376,23 +376,12 @@ private:
         ds.start_hint = std::log(static_cast<double>(std::max<uint32_t>(cfg_.model.classes, 2)));
         guard_.emplace(ds);
       }
-    auto on_done = [&](done_atom, uint32_t f, uint32_t fl) {
-      done_ = true;
-      finished_ = f;
-      failed_ = fl;
-    };
-    auto on_down = [&](caf::down_msg& dm) { on_shard_down(dm); };
-    auto on_back = [&](shard_atom, uint32_t index, shard_actor& shard, std::string& endpoint) {
-      on_shard_back(index, std::move(shard), std::move(endpoint));
-    };
     while (!done_) {
-      bool empty = false;
-      self_->receive(on_done, on_down, on_back,
-                     caf::after(std::chrono::milliseconds(tick_ms)) >> [&] { empty = true; });
-      // Everything else queued too, before the tick: a node lost and back (its shards'
-      // losses, then their restores) is taken in at once, not one message per tick.
-      while (!empty && !done_)
-        self_->receive(on_done, on_down, on_back, caf::after(std::chrono::milliseconds(0)) >> [&] { empty = true; });
+      // Everything queued, before the tick: a node lost and back (its shards' losses,
+      // then their restores) is taken in at once, not one message per tick.
+      if (take_message(std::chrono::milliseconds(tick_ms)))
+        while (!done_ && take_message(std::chrono::milliseconds(0))) {
+        }
       if (!done_)
         check_lost_shards();
       if (!done_)
@@ -415,6 +404,24 @@ private:
     for (const auto& s : shards_)
       self_->send(s, lr_atom::value, f);
     self_->send(scheduler_, lr_atom::value, f);
+  }
+
+  // One message the driver waits for (the scheduler's done, a shard lost or served
+  // again); false when none came within `wait`.
+  bool take_message(caf::timespan wait) {
+    bool got = true;
+    self_->receive(
+      [&](done_atom, uint32_t f, uint32_t fl) {
+        done_ = true;
+        finished_ = f;
+        failed_ = fl;
+      },
+      [&](caf::down_msg& dm) { on_shard_down(dm); },
+      [&](shard_atom, uint32_t index, shard_actor& shard, std::string& endpoint) {
+        on_shard_back(index, std::move(shard), std::move(endpoint));
+      },
+      caf::after(wait) >> [&] { got = false; });
+    return got;
   }
 
   void on_shard_down(const caf::down_msg& dm) {
@@ -659,11 +666,7 @@ private:
     // A shard lost near the end (its node gone, to come back): the final snapshot waits
     // for it to be served again, as long as the run would have.
     while (!lost_since_.empty() && !failure_) {
-      self_->receive([&](caf::down_msg& dm) { on_shard_down(dm); },
-                     [&](shard_atom, uint32_t index, shard_actor& shard, std::string& endpoint) {
-                       on_shard_back(index, std::move(shard), std::move(endpoint));
-                     },
-                     caf::after(std::chrono::milliseconds(200)) >> [] {});
+      take_message(std::chrono::milliseconds(200));
       check_lost_shards();
     }
     expected<std::vector<float>> params = std::vector<float>{};

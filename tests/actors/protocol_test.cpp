@@ -153,12 +153,16 @@ struct script {
   wire::cluster_stats stats;                     // the profiler's answer to get
 };
 
-shard_actor recording_shard(caf::actor_system& sys, std::shared_ptr<script> s) {
-  return sys.spawn([s](shard_actor::pointer) -> shard_actor::behavior_type {
+// silent: a shard whose node stopped answering (frozen, or its connection gone): it takes
+// every membership change and never acknowledges one.
+shard_actor recording_shard(caf::actor_system& sys, std::shared_ptr<script> s, bool silent = false) {
+  return sys.spawn([s, silent](shard_actor::pointer self) -> shard_actor::behavior_type {
     return {
       [](const wire::pull_request&) -> wire::pull_reply { return {}; },
       [](const wire::push&) -> wire::push_ack { return {}; },
-      [s](const wire::membership_change& m) -> caf::ok_atom {
+      [s, silent, self](const wire::membership_change& m) -> caf::result<caf::ok_atom> {
+        if (silent)
+          return self->make_response_promise<caf::ok_atom>(); // never delivered
         if (m.kind == wire::membership_change::join)
           s->joins.push_back(m.worker_id);
         return caf::ok_atom::value;
@@ -166,29 +170,6 @@ shard_actor recording_shard(caf::actor_system& sys, std::shared_ptr<script> s) {
       [](status_atom) -> wire::shard_status { return {}; },
       [](tune_atom, uint32_t, bool) {},
       [s](bound_atom, uint64_t gap, float lr) { s->bounds.emplace_back(gap, lr); },
-      [](lr_atom, float) {},
-      [](checkpoint_atom, uint64_t, uint64_t) -> uint64_t { return 0; },
-      [](checkpoint_atom, caf::get_atom) { return std::vector<uint64_t>{}; },
-      [](restore_atom, uint64_t) -> uint64_t { return 0; },
-      [](restore_atom, const std::vector<float>&) -> uint64_t { return 0; },
-      [](checkpoint_atom) -> uint64_t { return 0; },
-    };
-  });
-}
-
-// A shard whose node stopped answering (frozen, or its connection gone): it takes every
-// membership change and never acknowledges one.
-shard_actor silent_shard(caf::actor_system& sys) {
-  return sys.spawn([](shard_actor::pointer self) -> shard_actor::behavior_type {
-    return {
-      [](const wire::pull_request&) -> wire::pull_reply { return {}; },
-      [](const wire::push&) -> wire::push_ack { return {}; },
-      [self](const wire::membership_change&) -> caf::result<caf::ok_atom> {
-        return self->make_response_promise<caf::ok_atom>(); // never delivered
-      },
-      [](status_atom) -> wire::shard_status { return {}; },
-      [](tune_atom, uint32_t, bool) {},
-      [](bound_atom, uint64_t, float) {},
       [](lr_atom, float) {},
       [](checkpoint_atom, uint64_t, uint64_t) -> uint64_t { return 0; },
       [](checkpoint_atom, caf::get_atom) { return std::vector<uint64_t>{}; },
@@ -225,7 +206,7 @@ struct scheduler_rig {
   profiler_actor profiler;
   scheduler_actor scheduler;
 
-  // silent_second: shard 1 never acknowledges a membership change (see silent_shard).
+  // silent_second: shard 1 never acknowledges a membership change (recording_shard).
   // tweak: changes to the scheduler's configuration (observer, worker_wait).
   scheduler_rig(const std::string& policy, uint32_t n, bool silent_second = false,
                 const std::function<void(scheduler_config&)>& tweak = {}) {
@@ -236,7 +217,7 @@ struct scheduler_rig {
     sc.job.epochs = 1;
     sc.train_size = 1000;
     sc.ranges = {shard_range{0, 0, 50}, shard_range{1, 50, 100}};
-    shards = {recording_shard(t.sys, s), silent_second ? silent_shard(t.sys) : recording_shard(t.sys, s)};
+    shards = {recording_shard(t.sys, s), recording_shard(t.sys, s, silent_second)};
     sc.shards = shards;
     sc.profiler = scripted_profiler(t.sys, s);
     profiler = sc.profiler;

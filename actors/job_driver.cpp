@@ -609,8 +609,12 @@ private:
     record_point(evals_->settle(false));
     if (!(epoch_due || interval_due) || evals_->busy() || !lost_since_.empty())
       return;
-    if (auto p = snapshot(self_, shards_, num_params_))
-      evals_->start(std::move(*p), epoch_of(stats.total_samples), now, stats.loss);
+    if (auto p = snapshot(self_, shards_, num_params_)) {
+      uint64_t bytes = 0;
+      for (const auto& w : stats.workers)
+        bytes += w.bytes;
+      evals_->start(std::move(*p), epoch_of(stats.total_samples), now, stats.loss, bytes);
+    }
     // Interval evaluations keep to their grid (0.25, 0.5, ... s for 0.25), unless one
     // still running made them fall behind by more than an interval.
     last_eval_ = interval_due ? std::max(last_eval_ + cfg_.eval_interval, now - cfg_.eval_interval) : now;

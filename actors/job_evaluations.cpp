@@ -46,8 +46,8 @@ expected<batch_stats> job_evaluations::evaluate(const std::vector<float>& params
   return backend_->evaluate(params.data(), test_.all());
 }
 
-void job_evaluations::start(std::vector<float> params, double epoch, double at, double loss) {
-  pending p{{}, epoch, at, loss};
+void job_evaluations::start(std::vector<float> params, double epoch, double at, double loss, uint64_t bytes) {
+  pending p{{}, epoch, at, loss, bytes};
   p.result = std::async(std::launch::async, [this, params = std::move(params)] {
     lower_thread_priority();
     return evaluate(params);
@@ -63,7 +63,7 @@ std::optional<epoch_point> job_evaluations::settle(bool wait) {
   pending_.reset();
   if (!ev)
     return std::nullopt;
-  return epoch_point{p.epoch, p.at, ev->accuracy(), p.loss};
+  return epoch_point{p.epoch, p.at, ev->accuracy(), p.loss, p.bytes};
 }
 
 }  // namespace ashlar::actors

@@ -30,8 +30,9 @@ public:
   bool busy() const { return pending_.has_value(); }
 
   /// Starts evaluating `params` in the background; its point will carry `epoch`, `at`
-  /// (seconds) and `loss` (the training loss when the snapshot was taken).
-  void start(std::vector<float> params, double epoch, double at, double loss);
+  /// (seconds), `loss` (the training loss when the snapshot was taken) and `bytes` (the
+  /// tensor bytes moved by then).
+  void start(std::vector<float> params, double epoch, double at, double loss, uint64_t bytes);
 
   /// The background evaluation's point once it has finished (`wait`: waits for it);
   /// nothing while it runs, when none runs, or when it failed.
@@ -41,6 +42,7 @@ private:
   struct pending {
     std::future<expected<batch_stats>> result;
     double epoch = 0, at = 0, loss = 0;
+    uint64_t bytes = 0;
   };
   const dataset& test_;
   std::unique_ptr<compute_backend> backend_;

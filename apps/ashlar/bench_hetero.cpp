@@ -36,6 +36,7 @@ struct policy_result {
   double ideal_fraction = 0;
   double mean_staleness = 0;
   uint64_t bytes = 0;
+  std::optional<double> bytes_to_target; // median over the runs that reached the target
   double seconds = 0;
   std::vector<epoch_point> history;
   std::string error;
@@ -50,6 +51,13 @@ std::vector<std::string> split(const std::string& s, char sep) {
     if (!item.empty())
       out.push_back(item);
   return out;
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  if (v.empty())
+    return std::numeric_limits<double>::quiet_NaN();
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 std::string fmt(double x, int prec = 3) {
@@ -186,6 +194,7 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
       r.settings = buf + own_settings;
     }
     std::vector<double> times; // per run; a miss is +inf
+    std::vector<double> target_bytes; // per run that reached the target: bytes moved by then
     const uint64_t seed = cfg.seed;
     for (uint32_t run = 0; run < o.repeat && r.error.empty(); ++run) {
       cfg.seed = seed + run;
@@ -198,8 +207,10 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
       double best = 0;
       for (const auto& p : rep->history) {
         best = std::max(best, p.test_accuracy);
-        if (!t && p.test_accuracy >= o.target)
+        if (!t && p.test_accuracy >= o.target) {
           t = p.seconds;
+          target_bytes.push_back(static_cast<double>(p.bytes));
+        }
       }
       if (run == 0)
         r.history = rep->history;
@@ -245,6 +256,8 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
                                           : (times[times.size() / 2 - 1] + times[times.size() / 2]) / 2;
     if (std::isfinite(median))
       r.time_to_target = median;
+    if (!target_bytes.empty())
+      r.bytes_to_target = median_of(target_bytes);
     std::printf("   %s; final accuracy %.4f; %.0f samples/s = %.3f of ideal; mean staleness %.2f\n",
                 r.time_to_target ? ("target " + fmt(o.target, 2) + " at " + fmt(*r.time_to_target, 1) + " s").c_str()
                                  : ("target " + fmt(o.target, 2) + " NOT reached").c_str(),
@@ -257,14 +270,14 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
   {
     std::ofstream csv{o.out + "/results.csv"};
     csv << "policy,time_to_target_s,time_min_s,time_max_s,runs_reached,runs,final_accuracy,best_accuracy,"
-           "samples_per_second,ideal_fraction,mean_staleness,bytes_sent,seconds,error\n";
+           "samples_per_second,ideal_fraction,mean_staleness,bytes_sent,bytes_to_target,seconds,error\n";
     for (const auto& r : results)
       csv << r.policy << "," << (r.time_to_target ? fmt(*r.time_to_target, 2) : "") << ","
           << (r.reached ? fmt(r.time_min, 2) : "") << "," << (r.reached ? fmt(r.time_max, 2) : "") << ","
           << r.reached << "," << r.runs << ","
           << fmt(r.final_accuracy, 4) << "," << fmt(r.best_accuracy, 4) << "," << fmt(r.samples_per_second, 0)
           << "," << fmt(r.ideal_fraction, 3) << "," << fmt(r.mean_staleness, 3) << "," << r.bytes << ","
-          << fmt(r.seconds, 1) << "," << r.error << "\n";
+          << (r.bytes_to_target ? fmt(*r.bytes_to_target, 0) : "") << "," << fmt(r.seconds, 1) << "," << r.error << "\n";
   }
   // series.csv
   {
@@ -292,10 +305,10 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
                                  : std::string{})
        << "\n\n"
        << "| policy | time to " << o.target << " (s) | final accuracy | best accuracy | samples/s | ideal fraction "
-       << "| mean staleness | bytes sent | settings |\n|---|---|---|---|---|---|---|---|---|\n";
+       << "| mean staleness | MB sent | MB to target | settings |\n|---|---|---|---|---|---|---|---|---|---|\n";
     for (const auto& r : results) {
       if (!r.error.empty()) {
-        md << "| " << r.policy << " | failed: " << r.error << " | | | | | | | " << r.settings << " |\n";
+        md << "| " << r.policy << " | failed: " << r.error << " | | | | | | | | " << r.settings << " |\n";
         continue;
       }
       std::string range = o.repeat > 1 && r.reached > 0
@@ -305,8 +318,8 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
       md << "| " << r.policy << " | " << (r.time_to_target ? fmt(*r.time_to_target, 1) : "not reached") << range
          << " | "
          << fmt(r.final_accuracy, 4) << " | " << fmt(r.best_accuracy, 4) << " | " << fmt(r.samples_per_second, 0)
-         << " | " << fmt(r.ideal_fraction, 3) << " | " << fmt(r.mean_staleness, 2) << " | " << r.bytes << " | "
-         << r.settings << " |\n";
+         << " | " << fmt(r.ideal_fraction, 3) << " | " << fmt(r.mean_staleness, 2) << " | " << fmt(r.bytes / 1e6, 0)
+         << " | " << (r.bytes_to_target ? fmt(*r.bytes_to_target / 1e6, 0) : "-") << " | " << r.settings << " |\n";
     }
     md << "\n";
     for (const auto& r : results)
@@ -324,13 +337,6 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
   if (collected)
     *collected = std::move(results);
   return 0;
-}
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  if (v.empty())
-    return std::numeric_limits<double>::quiet_NaN();
-  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 // Every policy on N random profiles; a summary of their times against adsp's and bsp's.
@@ -402,10 +408,17 @@ int run_profiles(const hetero_options& o, uint32_t n) {
     }
     md << "\n";
   }
-  md << "\n| policy | reached (profiles) | median time (s) | / adsp median | / adsp worst | / bsp median | / bsp worst |\n"
-     << "|---|---|---|---|---|---|---|\n";
+  md << "\n| policy | reached (profiles) | median time (s) | / adsp median | / adsp worst | / bsp median | / bsp worst "
+     << "| MB to target / adsp median | / adsp worst |\n"
+     << "|---|---|---|---|---|---|---|---|---|\n";
+  auto bytes_of = [&](const std::vector<policy_result>& res, const std::string& name) -> std::optional<double> {
+    for (const auto& r : res)
+      if (r.policy == name)
+        return r.bytes_to_target;
+    return std::nullopt;
+  };
   for (const auto& name : names) {
-    std::vector<double> times, to_adsp, to_bsp;
+    std::vector<double> times, to_adsp, to_bsp, bytes_to_adsp;
     uint32_t reached = 0;
     for (const auto& res : all) {
       for (const auto& r : res)
@@ -419,13 +432,19 @@ int run_profiles(const hetero_options& o, uint32_t n) {
         to_adsp.push_back(*t / *a);
       if (auto b = time_of(res, "bsp"))
         to_bsp.push_back(*t / *b);
+      // Bytes moved until the target, on the profiles where both reached it.
+      auto mine = bytes_of(res, name), theirs = bytes_of(res, "adsp");
+      if (mine && theirs && *theirs > 0)
+        bytes_to_adsp.push_back(*mine / *theirs);
     }
     auto worst = [](const std::vector<double>& v) {
       return v.empty() ? std::string{"-"} : fmt(*std::max_element(v.begin(), v.end()), 2);
     };
     md << "| " << name << " | " << reached << "/" << n << " | " << fmt(median_of(times), 1) << " | "
        << (to_adsp.empty() ? "-" : fmt(median_of(to_adsp), 2)) << " | " << worst(to_adsp) << " | "
-       << (to_bsp.empty() ? "-" : fmt(median_of(to_bsp), 2)) << " | " << worst(to_bsp) << " |\n";
+       << (to_bsp.empty() ? "-" : fmt(median_of(to_bsp), 2)) << " | " << worst(to_bsp) << " | "
+       << (bytes_to_adsp.empty() ? "-" : fmt(median_of(bytes_to_adsp), 2)) << " | " << worst(bytes_to_adsp)
+       << " |\n";
   }
   md.close();
   std::ifstream in{o.out + "/summary.md"};

@@ -324,7 +324,7 @@ const std::vector<field>& fields() {
                                  "is at least ashl.pull_compress_above of the slowest step's compute; 0 = dense (default 0.1)",
          [](train_config& c) -> double& { return c.ashl.pull_topk_ratio; }),
     bind("ashl.pull_compress_above", "ashl: profiled communication per commit, as a fraction of the slowest "
-                                     "worker's compute per step, from which pulls are compressed (default 0.25)",
+                                     "worker's compute per step, from which pulls are compressed (default 0: always)",
          [](train_config& c) -> double& { return c.ashl.pull_compress_above; }),
     bind("ashl.max_comm_share", "ashl: communication's largest share of the slowest worker's commit period; "
                                 "past it that worker takes more local steps than its stage's (default 0.25; 1 = no limit)",

@@ -92,7 +92,7 @@ std::string to_json(const run_report& r) {
     const auto& h = r.history[i];
     o << (i ? ",\n    " : "\n    ") << "{\"epoch\": " << num(h.epoch) << ", \"seconds\": "
       << num(h.seconds) << ", \"test_accuracy\": " << num(h.test_accuracy)
-      << ", \"train_loss\": " << num(h.train_loss) << "}";
+      << ", \"train_loss\": " << num(h.train_loss) << ", \"bytes\": " << h.bytes << "}";
   }
   o << (r.history.empty() ? "],\n" : "\n  ],\n") << "  \"per_worker\": [";
   for (size_t i = 0; i < r.per_worker.size(); ++i) {

@@ -13,6 +13,7 @@ struct epoch_point {
   double seconds = 0;
   double test_accuracy = 0;
   double train_loss = 0;
+  uint64_t bytes = 0; // tensor bytes the workers had pulled and pushed by then
 };
 
 struct worker_summary {

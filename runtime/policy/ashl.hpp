@@ -76,14 +76,18 @@ struct ashl_config {
   /// Pushes in both stages carry this fraction of the gradient (top-k with error
   /// feedback); 0 = dense. train.topk_ratio, when set, wins. Default: 0.1.
   double topk_ratio = 0.1;
-  /// Pull compression where it pays: after profiling, if communication takes at least
+  /// Pull compression: after profiling, if communication takes at least
   /// pull_compress_above of the slowest worker's compute per step (measured while every
   /// step commits), pulls in AHL and SHL are delta reads of this fraction of each range
   /// (the entries that changed most, the rest sent later: error feedback); otherwise
   /// they stay dense. 0 = always dense. train.pull_topk_ratio, when set, wins. Default: 0.1.
   double pull_topk_ratio = 0.1;
-  /// Default: 0.25.
-  double pull_compress_above = 0.25;
+  /// Default: 0 (pulls are compressed in both stages whatever the network, as pushes
+  /// are: a dense pull carries 5 times a compressed push, so without it ASHL's frequent
+  /// commits move more bytes than ADSP's rare dense ones. On a fast local network dense
+  /// pulls reach a target about 10% sooner: 0.25 keeps them dense unless communication
+  /// is a quarter of the slowest step's compute).
+  double pull_compress_above = 0;
 };
 
 /// What the planner needs of one live worker: seconds per local step (compute), seconds

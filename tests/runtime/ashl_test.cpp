@@ -158,17 +158,26 @@ TEST_CASE("the ashl policy is in the registry and moves its staleness bound at r
   CHECK(pol.may_read(0, 1));
 }
 
-TEST_CASE("ASHL compresses pulls only where profiling found communication costly") {
+TEST_CASE("ASHL compresses pulls by default and, with a threshold, only where profiling found communication costly") {
+  // By default pulls are compressed however cheap communication is.
+  auto always = make_planner();
+  CHECK(always.pull_ratio() == 0.0f); // dense while profiling
+  auto first = always.observe(0.7, 2.0, hetero(5));
+  REQUIRE(first);
+  CHECK(always.pull_ratio() == Approx(0.1f));
+  CHECK(first->why.find("pulls are delta reads of 10.0% (communication 50.0 ms per commit, 0.125 of") != std::string::npos);
   // Communication per commit against the slowest worker's compute per step (0.4 s):
-  // 0.05 s is 0.125 of it, below the default 0.25, so pulls stay dense.
-  auto cheap = make_planner();
+  // 0.05 s is 0.125 of it, below a threshold of 0.25, so pulls stay dense.
+  ashl_config threshold;
+  threshold.pull_compress_above = 0.25;
+  auto cheap = make_planner(threshold);
   CHECK(cheap.pull_ratio() == 0.0f);
   auto change = cheap.observe(0.7, 2.0, hetero(5));
   REQUIRE(change);
   CHECK(cheap.pull_ratio() == 0.0f);
   CHECK(change->why.find("pulls stay dense (communication 50.0 ms per commit, 0.125 of") != std::string::npos);
   // A slow link: 0.3 s per commit is 0.75 of the slowest step: delta reads of 10%.
-  auto costly = make_planner();
+  auto costly = make_planner(threshold);
   auto slow = hetero(5);
   for (auto& w : slow)
     w.comm_s = 0.3;

@@ -411,10 +411,11 @@ private:
   bool take_message(caf::timespan wait) {
     bool got = true;
     self_->receive(
-      [&](done_atom, uint32_t f, uint32_t fl) {
+      [&](done_atom, uint32_t f, uint32_t fl, std::string& first_failure) {
         done_ = true;
         finished_ = f;
         failed_ = fl;
+        first_failure_ = std::move(first_failure);
       },
       [&](caf::down_msg& dm) { on_shard_down(dm); },
       [&](shard_atom, uint32_t index, shard_actor& shard, std::string& endpoint) {
@@ -695,8 +696,10 @@ private:
     if (failure_)
       return failure_;
     if (finished_ == 0)
-      return make_error(errc::invalid_state, "all " + std::to_string(failed_)
-                                               + " workers failed; the log above says why");
+      return make_error(errc::invalid_state, (failed_ == 1 ? std::string{"the job's one worker failed"}
+                                                            : "all " + std::to_string(failed_) + " workers failed")
+                                               + (first_failure_.empty() ? std::string{"; the log above says why"}
+                                                                         : " (the first, " + first_failure_ + ")"));
     if (failed_ > 0)
       spdlog::warn("job: {} of {} workers failed during training", failed_, finished_ + failed_);
     auto ev = evals_->evaluate(*params);
@@ -784,6 +787,7 @@ private:
   bool done_ = false;
   caf::error failure_;
   uint32_t finished_ = 0, failed_ = 0;
+  std::string first_failure_; // the scheduler's "worker ID: why" of the first that failed
   uint32_t next_epoch_ = 1; // the next epoch boundary to evaluate at
   uint64_t last_samples_ = 0;
   double last_progress_ = 0, last_eval_ = 0, last_shard_poll_ = 0, last_noted_ = 0;

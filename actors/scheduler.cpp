@@ -41,6 +41,7 @@ struct scheduler_state {
   uint32_t next_id = 0;
   uint32_t registered = 0;
   bool done_sent = false;
+  std::string first_failure; // "worker ID: why" of the first worker that failed
   // Registrations answered only once expected_workers have joined, so every worker of
   // the first round starts from version 0 with the full membership in place.
   std::vector<std::function<void()>> start_barrier;
@@ -142,7 +143,7 @@ void end_job(scheduler_pointer self, uint32_t finished, uint32_t failed) {
   st.all_lost_since.reset();
   spdlog::info("scheduler: all workers done ({} finished, {} failed)", finished, failed);
   if (st.cfg.observer)
-    caf::anon_send(st.cfg.observer, done_atom::value, finished, failed);
+    caf::anon_send(st.cfg.observer, done_atom::value, finished, failed, st.first_failure);
 }
 
 // The steps lost members left untrained and nobody took over: the most any one left.
@@ -273,6 +274,8 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
   i->second.failed = failed;
   if (failed)
     spdlog::warn("scheduler: worker {} removed: {}", id, reason);
+  if (failed && st.first_failure.empty())
+    st.first_failure = "worker " + std::to_string(id) + ": " + reason;
   else
     spdlog::info("scheduler: worker {} left: {}", id, reason);
   record(self, failed ? "worker failed" : "worker left", reason, id);

@@ -58,7 +58,8 @@ struct scheduler_config {
   /// long to wait for a worker to join and take their steps up before the job ends with
   /// them failed. 0 (a job in one process, where none can join): it ends at once.
   std::chrono::milliseconds worker_wait{0};
-  /// Receives (done_atom, uint32_t finished, uint32_t failed) once every registered
+  /// Receives (done_atom, uint32_t finished, uint32_t failed, std::string first_failure:
+  /// "worker ID: why", empty when none failed) once every registered
   /// worker has left and at least expected_workers have registered (and, with
   /// worker_wait, no lost worker's steps wait for a newcomer).
   caf::actor observer;

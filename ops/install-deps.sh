@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs Ashlar's build and run dependencies from Debian bookworm's packages.
 #   bash ops/install-deps.sh          # build, test and run
-#   bash ops/install-deps.sh --bench  # also python3-torch, iperf3 (benchmarks)
+#   bash ops/install-deps.sh --bench  # also iperf3 (benchmarks)
 set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
@@ -9,9 +9,10 @@ packages=(
   libopenblas-dev libdnnl-dev libcli11-dev libtomlplusplus-dev zlib1g-dev libssl-dev libcpp-httplib-dev
   dataset-fashion-mnist python3 python3-matplotlib python3-numpy curl
   clang-14 libfuzzer-14-dev libclang-rt-14-dev
+  python3-dev pybind11-dev python3-pytest python3-torch
 )
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch iperf3)
+  packages+=(iperf3)
 fi
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fcntl.h>
+#include <filesystem>
 #include <fstream>
 #include <poll.h>
 #include <thread>
@@ -26,7 +27,22 @@ struct launch_options {
   train_options train;
   std::string token_file;
   uint32_t slots = 1;
+  std::string python;     // a Python script each worker process runs instead of `ashlar node`
+  std::string python_exe; // its interpreter
 };
+
+// Where the Python package lies beside this executable: BUILD/python for a build tree
+// (BUILD/apps/ashlar), PREFIX/lib/python3/dist-packages for an install (PREFIX/bin/ashlar).
+std::string python_package_dir(const std::string& exe) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path{exe}.parent_path();
+  for (const auto& cand : {dir / ".." / "python", dir / ".." / "lib" / "python3" / "dist-packages"}) {
+    std::error_code ec;
+    if (fs::exists(cand / "ashlar" / "__init__.py", ec))
+      return fs::weakly_canonical(cand, ec).string();
+  }
+  return "";
+}
 
 struct child {
   std::string prefix;
@@ -193,11 +209,34 @@ int run_launch(const launch_options& o) {
   }
   std::printf("[launch] %s\n", plan.c_str());
   std::fflush(stdout);
+  // --python: each worker process is the user's script, which joins through the Python
+  // package (ashlar.init() reads the ASHLAR_* variables set here).
+  std::string pythonpath;
+  if (!o.python.empty()) {
+    pythonpath = python_package_dir(exe);
+    if (const char* old = std::getenv("PYTHONPATH"); old && *old)
+      pythonpath += (pythonpath.empty() ? "" : ":") + std::string{old};
+    std::printf("[launch] worker processes run %s %s%s\n", o.python_exe.c_str(), o.python.c_str(),
+                pythonpath.empty() ? "" : (" (PYTHONPATH=" + pythonpath + ")").c_str());
+  }
   for (uint32_t i = 0; i < cfg.workers; ++i) {
     std::vector<std::string> a = {exe, "node", "--role", "worker", "--join", join, "--name",
                                   "worker-" + std::to_string(i), "--log-level", cfg.log_level,
                                   "--gpus", (*gpus)[i]};
     a.insert(a.end(), common.begin(), common.end());
+    if (!o.python.empty()) {
+      std::string token;
+      for (size_t k = 0; k + 1 < common.size(); ++k)
+        if (common[k] == "--token-file")
+          token = common[k + 1];
+      a = {"env", "ASHLAR_JOIN=" + join, "ASHLAR_NAME=worker-" + std::to_string(i),
+           "ASHLAR_CONFIG=" + o.train.config_file};
+      if (!token.empty())
+        a.push_back("ASHLAR_TOKEN_FILE=" + token);
+      if (!pythonpath.empty())
+        a.push_back("PYTHONPATH=" + pythonpath);
+      a.insert(a.end(), {o.python_exe, o.python});
+    }
     if (!start("[worker " + std::to_string(i) + "]", a))
       return (stop_all(SIGKILL), 1);
   }
@@ -272,6 +311,12 @@ command_fn add_launch(CLI::App& app) {
   cmd->footer(key_help());
   add_train_options(cmd, o->train);
   cmd->add_option("--token-file", o->token_file, "cluster token file passed to every node");
+  cmd->add_option("--python", o->python,
+                  "each worker process runs this Python script, which joins with ashlar.init() (the Python "
+                  "package; ASHLAR_JOIN, ASHLAR_TOKEN_FILE, ASHLAR_NAME, ASHLAR_CONFIG are set for it)")
+    ->check(CLI::ExistingFile);
+  o->python_exe = ASHLAR_PYTHON_EXE;
+  cmd->add_option("--python-exe", o->python_exe, "the interpreter for --python")->capture_default_str();
   return [o] { return run_launch(*o); };
 }
 

@@ -18,6 +18,7 @@
 #include "actors/cluster/system.hpp"
 #include "apps/ashlar/commands.hpp"
 #include "apps/ashlar/security_options.hpp"
+#include "apps/ashlar/host.hpp"
 #include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
 #include "runtime/core/log.hpp"
@@ -220,6 +221,7 @@ int run_node(node_options& o) {
     jo.checkpoint_dir = job_cfg.checkpoint_dir;
     jo.work_dir = o.work_dir;
     jo.replace_shard = o.replace_shard;
+    jo.make_backend = host_backend(); // a host process's own (the Python package's), if any
     if (actors::has_role(*roles, wire::role::worker)) {
       // A GPU actor per device (--gpus); a worker takes one while it lasts, else the CPU.
       auto pool = actors::gpu_pool::start(sys, job_cfg.gpus, job_cfg.tf32);

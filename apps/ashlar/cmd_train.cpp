@@ -8,6 +8,7 @@
 #include "actors/cluster/system.hpp"
 #include "apps/ashlar/commands.hpp"
 #include "apps/ashlar/security_options.hpp"
+#include "apps/ashlar/host.hpp"
 #include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
 #include "runtime/core/log.hpp"
@@ -200,6 +201,7 @@ command_fn add_train(CLI::App& app) {
     catch_stop_signals(true);
     auto hooks = print_hooks(cfg.epochs);
     hooks.stop_requested = [] { return stop_signal() != 0; };
+    hooks.make_backend = host_backend();
     auto rep = actors::run_local_job(cfg, hooks);
     const int code = finish_run(cfg, rep, "ashlar train");
     const int sig = stop_signal();

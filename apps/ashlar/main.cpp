@@ -1,10 +1,11 @@
-// ashlar: train data-parallel models on heterogeneous workers.
+// The `ashlar` command line: its commands, help, completion and errors (run_cli).
 #include <algorithm>
 #include <cstdio>
 #include <csignal>
 #include <malloc.h>
 
 #include "apps/ashlar/commands.hpp"
+#include "apps/ashlar/host.hpp"
 #include "runtime/core/suggest.hpp"
 
 namespace {
@@ -131,7 +132,7 @@ std::string missing_subcommand(CLI::App& app, int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int ashlar::cli::run_cli(int argc, char** argv) {
   // Tensor messages are large and come and go every step: keep such blocks in the heap
   // instead of mapping and unmapping (and page-faulting) them each time.
   mallopt(M_MMAP_THRESHOLD, 512 * 1024 * 1024);

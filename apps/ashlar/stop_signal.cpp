@@ -1,4 +1,5 @@
 #include "apps/ashlar/stop_signal.hpp"
+#include "apps/ashlar/host.hpp"
 
 #include <atomic>
 #include <csignal>
@@ -10,6 +11,12 @@ namespace {
 std::atomic<int> g_signal{0};
 std::atomic<bool> g_second_aborts{false};
 std::atomic<bool> g_seen{false};
+std::atomic<bool> g_host_signals{false};
+
+actors::backend_factory& host_factory() {
+  static actors::backend_factory f;
+  return f;
+}
 
 extern "C" void on_stop_signal(int sig) {
   if (g_second_aborts.load() && g_seen.exchange(true)) {
@@ -23,6 +30,8 @@ extern "C" void on_stop_signal(int sig) {
 }  // namespace
 
 void catch_stop_signals(bool second_aborts) {
+  if (g_host_signals.load())
+    return; // the host takes them and calls request_stop
   g_second_aborts.store(second_aborts);
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
@@ -34,6 +43,22 @@ int stop_signal() {
 
 int take_stop_signal() {
   return g_signal.exchange(0);
+}
+
+void leave_signals_to_host() {
+  g_host_signals.store(true);
+}
+
+void request_stop(int sig) {
+  g_signal.store(sig);
+}
+
+void set_host_backend(actors::backend_factory make) {
+  host_factory() = std::move(make);
+}
+
+const actors::backend_factory& host_backend() {
+  return host_factory();
 }
 
 const char* signal_name(int sig) {

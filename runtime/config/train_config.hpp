@@ -219,7 +219,8 @@ using env_lookup = std::function<const char*(const char*)>;
 
 /// A warning for each of `names` (the environment's variable names) that starts with
 /// ASHLAR_ but is no variable Ashlar reads (a key's, ASHLAR_TOKEN, ASHLAR_HOME,
-/// ASHLAR_TLS_DIR; ASHLAR_TEST_* are the tests'), with the closest one it may have meant.
+/// ASHLAR_TLS_DIR, the Python package's ASHLAR_JOIN, ASHLAR_TOKEN_FILE, ASHLAR_NAME,
+/// ASHLAR_CONFIG; ASHLAR_TEST_* are the tests'), with the closest one it may have meant.
 std::vector<std::string> environment_warnings(const std::vector<std::string>& names);
 
 /// Most parameters a model may have: ranges and sparse indices are 32-bit.

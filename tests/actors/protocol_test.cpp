@@ -193,7 +193,9 @@ profiler_actor scripted_profiler(caf::actor_system& sys, std::shared_ptr<script>
 // Records each (finished, failed) the scheduler reports when the job is done.
 caf::actor done_observer(caf::actor_system& sys, std::shared_ptr<std::vector<std::pair<uint32_t, uint32_t>>> ended) {
   return sys.spawn([ended](caf::event_based_actor*) -> caf::behavior {
-    return {[ended](done_atom, uint32_t finished, uint32_t failed) { ended->emplace_back(finished, failed); }};
+    return {[ended](done_atom, uint32_t finished, uint32_t failed, const std::string&) {
+      ended->emplace_back(finished, failed);
+    }};
   });
 }
 

@@ -1,0 +1,157 @@
+// The Python package's native part: runs the `ashlar` command line in the Python process
+// (a local job, a worker node that joins a cluster, any other command) with a compute
+// backend written in Python, so that a PyTorch model is what Ashlar's workers train.
+//
+// A backend is a Python object with two methods, called on Ashlar's worker threads with
+// the GIL held:
+//   train_step(params, x, y, grad) -> (loss_sum, correct)
+//   evaluate(params, x, y) -> (loss_sum, correct)
+// params (float32, the model's flat parameters), x (float32 [n, C, H, W] for a model whose
+// input has a shape, else [n, dim]), y (uint8 [n]) and
+// grad (float32, written by train_step: the mean gradient over the batch) are NumPy arrays
+// over Ashlar's own buffers, no copy; they are valid for the call only. The layout of
+// params and grad is Ashlar's (each layer's weight, then its bias, as PyTorch stores
+// them; see ops/ashlar_torch.py).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <csignal>
+#include <string>
+#include <vector>
+
+#include "apps/ashlar/host.hpp"
+#include "runtime/backend/compute_backend.hpp"
+
+namespace py = pybind11;
+
+namespace ashlar {
+namespace {
+
+// A NumPy array over `p`, without a copy and without ownership (its base, a capsule,
+// frees nothing).
+template <class T>
+py::array_t<T> view(const T* p, std::vector<py::ssize_t> shape, bool writable) {
+  static int anchor = 0;
+  py::capsule base(&anchor, [](void*) {});
+  py::array_t<T> a(shape, const_cast<T*>(p), base);
+  if (!writable)
+    py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return a;
+}
+
+class python_backend final : public compute_backend {
+public:
+  // Made and dropped with the GIL held; tells the Python object (worker_started,
+  // worker_done, where it has them) so that a script's loop ends with its worker.
+  python_backend(py::object impl, model_spec spec, std::string name)
+    : impl_(std::move(impl)), spec_(std::move(spec)), name_(std::move(name)) {
+    notify("worker_started");
+  }
+
+  ~python_backend() override {
+    py::gil_scoped_acquire gil;
+    notify("worker_done");
+    impl_ = py::object{};
+  }
+
+  const char* name() const override { return name_.c_str(); }
+  const model_spec& spec() const override { return spec_; }
+
+  expected<batch_stats> train_step(const float* params, batch_view b, float* grad) override {
+    return call("train_step", params, b, grad);
+  }
+  expected<batch_stats> evaluate(const float* params, batch_view b) override {
+    return call("evaluate", params, b, nullptr);
+  }
+
+private:
+  void notify(const char* method) {
+    try {
+      if (py::hasattr(impl_, method))
+        impl_.attr(method)();
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable(method);
+    }
+  }
+
+  expected<batch_stats> call(const char* method, const float* params, batch_view b, float* grad) {
+    if (auto err = check_batch(spec_, b))
+      return err;
+    const auto n = static_cast<py::ssize_t>(spec_.num_params());
+    py::gil_scoped_acquire gil;
+    try {
+      auto p = view(params, {n}, false);
+      // Samples shaped as the model's input ([n, C, H, W]) where it has a shape, else [n, dim].
+      const auto rows = static_cast<py::ssize_t>(b.n);
+      const auto& in = spec_.input;
+      auto x = !in.flat() && in.size() == b.dim
+                 ? view(b.x, {rows, py::ssize_t{in.c}, py::ssize_t{in.h}, py::ssize_t{in.w}}, false)
+                 : view(b.x, {rows, static_cast<py::ssize_t>(b.dim)}, false);
+      auto y = view(b.y, {static_cast<py::ssize_t>(b.n)}, false);
+      py::object out = grad ? impl_.attr(method)(p, x, y, view(grad, {n}, true)) : impl_.attr(method)(p, x, y);
+      auto pair = out.cast<std::pair<double, long long>>();
+      batch_stats s;
+      s.n = b.n;
+      s.loss_sum = pair.first;
+      s.correct = pair.second < 0 ? 0 : static_cast<size_t>(pair.second);
+      if (!std::isfinite(s.loss_sum))
+        return make_error(errc::numerical_error, name_ + "." + method + ": the loss is not finite");
+      return s;
+    } catch (py::error_already_set& e) {
+      return make_error(errc::invalid_state, name_ + "." + method + " raised " + e.what());
+    } catch (const py::cast_error&) {
+      return make_error(errc::invalid_state, name_ + "." + method
+                                               + " must return (loss_sum, correct): a float and an int");
+    }
+  }
+
+  py::object impl_;
+  model_spec spec_;
+  std::string name_;
+};
+
+// ashlar <args...> with `backend` (None: Ashlar's own) for the workers it starts here.
+int run(const std::vector<std::string>& args, py::object backend) {
+  if (backend.is_none()) {
+    cli::set_host_backend({});
+  } else {
+    for (const char* m : {"train_step", "evaluate"})
+      if (!py::hasattr(backend, m))
+        throw py::type_error(std::string{"ashlar: the backend has no "} + m + " method");
+    std::string name = "python:" + py::str(backend.attr("__class__").attr("__name__")).cast<std::string>();
+    cli::set_host_backend([backend, name](const model_spec& spec) {
+      py::gil_scoped_acquire gil;
+      return actors::backend_choice{std::make_unique<python_backend>(backend, spec, name), "on " + name};
+    });
+  }
+  std::vector<std::string> argv{"ashlar"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> ptrs;
+  for (auto& a : argv)
+    ptrs.push_back(a.data());
+  ptrs.push_back(nullptr);
+  cli::request_stop(0);
+  // The factory holds `backend`: dropped here, with the GIL, however the command ends.
+  struct reset {
+    ~reset() { cli::set_host_backend({}); }
+  } reset_backend;
+  py::gil_scoped_release release;
+  return cli::run_cli(static_cast<int>(argv.size()), ptrs.data());
+}
+
+}  // namespace
+}  // namespace ashlar
+
+PYBIND11_MODULE(_ashlar, m) {
+  m.doc() = "Ashlar's command line and workers in a Python process (see the ashlar package)";
+  ashlar::cli::leave_signals_to_host();
+  m.def("run", &ashlar::run, py::arg("args"), py::arg("backend") = py::none(),
+        "Runs `ashlar ARGS...` in this process and returns its exit code; the workers it starts here "
+        "compute with `backend` (an object with train_step and evaluate), or Ashlar's own when None. "
+        "Releases the GIL while it runs.");
+  m.def("request_stop", [] { ashlar::cli::request_stop(SIGTERM); },
+        "Asks the running command to stop as SIGTERM would: a job stops its workers after their step and "
+        "reports; a worker node leaves the cluster.");
+}

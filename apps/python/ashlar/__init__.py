@@ -1,0 +1,186 @@
+"""Ashlar in a Python process: a training script becomes an Ashlar worker.
+
+Ashlar's scheduler, server shards and sync policies (bsp, asp, ssp, ksync, kasync,
+adaptive, adsp, ashl, ring) move the parameters; this process computes the gradients with
+its own model (PyTorch, through ashlar.torch). Two ways to use it:
+
+A script that drives its own loop, as with horovod.torch (one worker per process):
+
+    import ashlar, ashlar.torch
+    ashlar.init(join="10.0.0.1:7000", token_file="cluster.token")   # or from ASHLAR_* variables
+    opt = ashlar.torch.DistributedOptimizer(model)
+    for x, y in opt.batches():          # this worker's batches, its size from the scheduler
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()                      # the gradient goes to Ashlar's shards, as the policy says
+    ashlar.shutdown()
+
+A whole job in this process whose workers compute with the model:
+
+    report = ashlar.train("ops/configs/fmnist-mlp.toml", backend=ashlar.torch.ModelBackend(model),
+                          settings={"train.policy": "ashl", "train.workers": 3})
+
+Any `ashlar` command runs in-process with ashlar.run(["status", "--join", ...]).
+"""
+import json
+import os
+import tempfile
+import threading
+
+from . import _ashlar
+
+__all__ = ["Error", "run", "train", "init", "shutdown", "is_running", "batch_size"]
+
+
+class Error(RuntimeError):
+    """An Ashlar command failed: `code` is its exit code (1 failure, 2 bad usage or config);
+    the message says what, as the command's own error did on stderr."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+def run(args, backend=None):
+    """Runs `ashlar ARGS...` in this process and returns its exit code. Workers it starts
+    here compute with `backend` (see ashlar.torch.ModelBackend), or with Ashlar's own
+    (the CPU, GPUs) when None. Blocks until the command ends; a KeyboardInterrupt stops
+    it as Ctrl-C stops `ashlar` (a job after its workers' current step)."""
+    args = [str(a) for a in args]
+    result = {}
+
+    def target():
+        try:
+            result["code"] = _ashlar.run(args, backend)
+        except BaseException as e:  # raised again in the caller's thread
+            result["error"] = e
+
+    t = threading.Thread(target=target, name="ashlar " + " ".join(args[:1]), daemon=True)
+    t.start()
+    try:
+        while t.is_alive():
+            t.join(0.2)
+    except KeyboardInterrupt:
+        _ashlar.request_stop()
+        t.join()
+    if "error" in result:
+        raise result["error"]
+    return result.get("code", 1)
+
+
+def _setting_args(settings):
+    out = []
+    for key, value in (settings or {}).items():
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        elif isinstance(value, (list, tuple)):
+            value = ",".join(str(v) for v in value)
+        out += ["--set", f"{key}={value}"]
+    return out
+
+
+def train(config=None, backend=None, settings=None, args=()):
+    """Trains a job in this process (`ashlar train CONFIG`) and returns its report (a dict:
+    test_accuracy, history, per_worker, bytes, ...). `settings` are config keys
+    ({"train.policy": "ashl", "train.epochs": 3}); `args` further command-line flags.
+    Raises ashlar.Error when the job fails or the configuration is refused."""
+    with tempfile.TemporaryDirectory(prefix="ashlar-") as tmp:
+        report = os.path.join(tmp, "report.json")
+        argv = ["train"] + ([str(config)] if config else []) + _setting_args(settings) + list(args)
+        argv += ["--report", report]
+        code = run(argv, backend)
+        data = None
+        if os.path.exists(report):
+            with open(report) as f:
+                data = json.load(f)
+        if code != 0:
+            why = (data or {}).get("error") or "see the messages above"
+            raise Error(code, f"ashlar train failed (exit code {code}): {why}")
+        return data
+
+
+# The worker node this process runs (init .. shutdown).
+_node = {"thread": None, "code": None, "bridge": None}
+
+
+def init(join=None, token_file=None, name=None, tls=None, config=None, settings=None, args=()):
+    """Makes this process an Ashlar worker, in the background, and returns at once.
+
+    join="HOST:PORT": joins the cluster whose scheduler listens there as a worker node
+    (`ashlar node --role worker --join HOST:PORT`), with the cluster's token file (or
+    `tls`, the directory `ashlar cert` wrote; or $ASHLAR_TOKEN, $ASHLAR_TLS_DIR as for
+    `ashlar node`). Without `join`, the ASHLAR_JOIN, ASHLAR_TOKEN_FILE and ASHLAR_NAME
+    variables are read (ashlar launch --python sets them); without those either, `config` runs a local job in this process
+    (`ashlar train CONFIG`) whose workers all take their steps from this script.
+
+    The script then takes its steps through ashlar.torch.DistributedOptimizer."""
+    from . import bridge as _bridge
+
+    if _node["thread"] is not None and _node["thread"].is_alive():
+        raise Error(2, "ashlar.init: this process already runs an Ashlar worker (ashlar.shutdown() first)")
+    join = join or os.environ.get("ASHLAR_JOIN")
+    token_file = token_file or os.environ.get("ASHLAR_TOKEN_FILE")
+    name = name or os.environ.get("ASHLAR_NAME")
+    if join:
+        argv = ["node", "--role", "worker", "--join", join]
+        if token_file:
+            argv += ["--token-file", token_file]
+        if tls:
+            argv += ["--tls", tls]
+        if name:
+            argv += ["--name", name]
+        argv += list(args)
+    elif config:
+        argv = ["train", str(config)] + _setting_args(settings) + list(args)
+    else:
+        raise Error(2, "ashlar.init: give join='HOST:PORT' (a cluster's scheduler) or config=FILE (a local job); "
+                       "ASHLAR_JOIN is not set either")
+    bridge = _bridge.Bridge()
+    _node["bridge"] = bridge
+    _node["code"] = None
+
+    def target():
+        try:
+            _node["code"] = _ashlar.run([str(a) for a in argv], bridge)
+        finally:
+            bridge.close()
+
+    t = threading.Thread(target=target, name="ashlar worker", daemon=True)
+    _node["thread"] = t
+    t.start()
+    return bridge
+
+
+def is_running():
+    """Whether the worker ashlar.init started is still in the cluster (or its job runs)."""
+    return _node["thread"] is not None and _node["thread"].is_alive()
+
+
+def shutdown(timeout=60):
+    """Leaves the cluster (a local job stops after its workers' current step) and waits
+    for the worker to end. Returns its exit code (0: it ended cleanly)."""
+    t = _node["thread"]
+    if t is None:
+        return 0
+    if t.is_alive():
+        _ashlar.request_stop()
+        if _node["bridge"] is not None:
+            _node["bridge"].close()
+        t.join(timeout)
+    _node["thread"] = None
+    return _node["code"] if _node["code"] is not None else 1
+
+
+def _bridge_or_fail(what):
+    b = _node["bridge"]
+    if b is None:
+        raise Error(2, f"ashlar.{what}: call ashlar.init() first")
+    return b
+
+
+def batch_size():
+    """The batch size of this worker's latest step: the share the scheduler allocates
+    (train.allocation: equal, proportional to speed, adaptive, predicted). 0 before the
+    first step."""
+    return _bridge_or_fail("batch_size").batch_size
+

@@ -1,0 +1,253 @@
+"""The Python package: PyTorch models trained by Ashlar's workers, in a local job and as
+worker processes of a cluster beside Ashlar's own workers. Real processes on loopback,
+real Fashion-MNIST (a slice), real token handshakes.
+
+Run from ctest (which sets ASHLAR_TEST_BIN, ASHLAR_TEST_SRC and PYTHONPATH to the build's package)."""
+import json
+import os
+import pathlib
+import secrets
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import ashlar
+import ashlar.torch as at
+from ashlar import ashlar_torch
+
+BIN = os.environ["ASHLAR_TEST_BIN"]
+SRC = pathlib.Path(os.environ["ASHLAR_TEST_SRC"])
+MLP = SRC / "ops/configs/fmnist-mlp.toml"
+SLICE = {"data.train_limit": 6000, "data.test_limit": 2000, "run.log_level": "warn", "run.progress_interval": 0}
+
+
+def mlp():
+    return ashlar_torch.build(ashlar_torch.read_config(MLP))
+
+
+class Counting(at.ModelBackend):
+    def __init__(self, model):
+        super().__init__(model)
+        self.steps = 0
+
+    def train_step(self, params, x, y, grad):
+        self.steps += 1
+        return super().train_step(params, x, y, grad)
+
+
+def test_a_local_job_trains_a_pytorch_model_in_ashlars_workers_and_ashlar_evaluates_it():
+    backend = Counting(mlp())
+    rep = ashlar.train(MLP, backend=backend,
+                       settings=dict(SLICE, **{"train.workers": 2, "train.policy": "asp", "train.epochs": 2}))
+    # Ashlar's own CPU backend evaluates the parameters the PyTorch gradients trained: the
+    # layouts agree or this accuracy would be chance.
+    assert rep["test_accuracy"] >= 0.7
+    assert backend.steps > 0
+    assert backend.steps == sum(w["steps"] for w in rep["per_worker"])
+
+
+def test_a_backend_that_raises_fails_the_job_naming_its_exception():
+    class Broken(at.ModelBackend):
+        def train_step(self, params, x, y, grad):
+            raise ValueError("a bug in the user's step")
+
+    with pytest.raises(ashlar.Error) as err:
+        ashlar.train(MLP, backend=Broken(mlp()), settings=dict(SLICE, **{"train.workers": 1, "train.epochs": 1}))
+    assert "a bug in the user's step" in str(err.value)
+    assert "train_step" in str(err.value)
+
+
+def test_a_model_of_another_size_is_refused_naming_both_parameter_counts():
+    small = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
+    with pytest.raises(ashlar.Error) as err:
+        ashlar.train(MLP, backend=at.ModelBackend(small), settings=dict(SLICE, **{"train.workers": 1, "train.epochs": 1}))
+    assert "7850 parameters" in str(err.value)
+    assert "235146" in str(err.value)
+
+
+def test_a_backend_without_the_methods_is_refused_before_anything_runs():
+    with pytest.raises(TypeError, match="no train_step"):
+        ashlar.run(["version"], backend=object())
+
+
+def test_a_bad_setting_is_refused_naming_the_key():
+    with pytest.raises(ashlar.Error) as err:
+        ashlar.train(MLP, backend=at.ModelBackend(mlp()), settings={"train.polcy": "ashl"})
+    assert err.value.code == 2
+
+
+WORKER_SCRIPT = r"""
+import json, sys
+import torch.nn.functional as F
+import ashlar, ashlar.torch as at
+from ashlar import ashlar_torch
+
+ashlar.init()  # ASHLAR_JOIN, ASHLAR_TOKEN_FILE, ASHLAR_NAME
+model = ashlar_torch.build(ashlar_torch.read_config(sys.argv[1]))
+opt = at.DistributedOptimizer(model)
+steps, sizes = 0, set()
+for x, y in opt.batches():
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    steps += 1
+    sizes.add(ashlar.batch_size())
+print(json.dumps({"steps": steps, "sizes": sorted(sizes), "code": ashlar.shutdown()}), flush=True)
+"""
+
+
+def start_scheduler(tmp, settings):
+    token = tmp / "cluster.token"
+    token.write_text(secrets.token_hex(32) + "\n")
+    token.chmod(0o600)
+    port_file, report = tmp / "port", tmp / "report.json"
+    args = [BIN, "node", "--role", "scheduler,server", "--listen", "127.0.0.1:0", "--port-file", str(port_file),
+            "--token-file", str(token), "--exit-after-job", str(MLP), "--report", str(report)]
+    for k, v in settings.items():
+        args += ["--set", f"{k}={v}"]
+    sched = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 30
+    while not port_file.exists():
+        assert sched.poll() is None, sched.stdout.read()
+        assert time.time() < deadline, "the scheduler wrote no port file"
+        time.sleep(0.1)
+    return sched, f"127.0.0.1:{port_file.read_text().strip()}", token, report
+
+
+def python_worker(tmp, address, token, name):
+    script = tmp / "worker.py"
+    script.write_text(WORKER_SCRIPT)
+    env = dict(os.environ, ASHLAR_JOIN=address, ASHLAR_TOKEN_FILE=str(token), ASHLAR_NAME=name)
+    return subprocess.Popen([sys.executable, str(script), str(MLP)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def last_json(text):
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise AssertionError("no result line in:\n" + text)
+
+
+def test_python_workers_and_an_ashlar_worker_train_one_ashl_job_in_a_cluster(tmp_path):
+    sched, address, token, report = start_scheduler(
+        tmp_path, dict(SLICE, **{"train.workers": 3, "train.policy": "ashl", "train.epochs": 3,
+                                 "train.speeds": "1,1,2", "train.sample_ms": 0.2}))
+    procs = [python_worker(tmp_path, address, token, f"py-{i}") for i in range(2)]
+    native = subprocess.Popen([BIN, "node", "--role", "worker", "--join", address, "--token-file", str(token),
+                               "--name", "native-0", "--rejoin-timeout", "0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = sched.communicate(timeout=240)
+        assert sched.returncode == 0, out
+        results = [last_json(p.communicate(timeout=60)[0]) for p in procs]
+    finally:
+        for p in procs + [native, sched]:
+            if p.poll() is None:
+                p.kill()
+    rep = json.loads(report.read_text())
+    assert rep["test_accuracy"] >= 0.7, rep
+    assert len(rep["per_worker"]) == 3
+    assert all(w["steps"] > 0 for w in rep["per_worker"])
+    for r in results:
+        assert r["steps"] > 0, results
+        assert r["code"] == 0, results
+    # ASHL's stages reached the Python workers as well: they took local steps (the report
+    # counts every worker's stage changes).
+    assert all(w["stage_changes"] >= 1 for w in rep["per_worker"]), rep["per_worker"]
+
+
+ELASTIC_SCRIPT = r"""
+import json, sys
+import torch.nn.functional as F
+import ashlar, ashlar.torch as at
+from ashlar import ashlar_torch
+
+ashlar.init()
+model = ashlar_torch.build(ashlar_torch.read_config(sys.argv[1]))
+opt = at.DistributedOptimizer(model)
+steps = 0
+try:
+    for x, y in opt.batches():
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        steps += 1
+        if steps == 1:
+            print("first step", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+print(json.dumps({"steps": steps, "code": ashlar.shutdown()}), flush=True)
+"""
+
+
+class Lines:
+    """A process's output lines as they come (a reader thread)."""
+
+    def __init__(self, proc):
+        import threading
+        self.proc, self.lines = proc, []
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, text, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if any(text in line for line in self.lines):
+                return
+            assert self.proc.poll() is None or any(text in line for line in self.lines), "\n".join(self.lines)
+            time.sleep(0.1)
+        raise AssertionError(f"no '{text}' within {timeout} s:\n" + "\n".join(self.lines))
+
+    def text(self):
+        self.thread.join(30)
+        return "\n".join(self.lines)
+
+
+def test_a_script_started_mid_job_joins_it_and_one_interrupted_leaves_it_while_the_job_goes_on(tmp_path):
+    sched, address, token, report = start_scheduler(
+        tmp_path, dict(SLICE, **{"train.workers": 2, "train.policy": "asp", "train.epochs": 20,
+                                 "train.speeds": "1,1", "train.sample_ms": 0.5}))
+    script = tmp_path / "elastic.py"
+    script.write_text(ELASTIC_SCRIPT)
+
+    def start(name):
+        env = dict(os.environ, ASHLAR_JOIN=address, ASHLAR_TOKEN_FILE=str(token), ASHLAR_NAME=name)
+        return Lines(subprocess.Popen([sys.executable, str(script), str(MLP)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+
+    first = [start("py-0"), start("py-1")]
+    procs = [w.proc for w in first]
+    sched_out = Lines(sched)
+    try:
+        for w in first:
+            w.wait_for("first step", 60)
+        late = start("py-late")
+        procs.append(late.proc)
+        late.wait_for("first step", 60)
+        import signal
+        first[1].proc.send_signal(signal.SIGINT)
+        first[1].wait_for('"steps"', 60)
+        sched.wait(timeout=240)
+        assert sched.returncode == 0, sched_out.text()
+        results = {name: last_json(w.text()) for name, w in (("py-0", first[0]), ("py-1", first[1]), ("late", late))}
+    finally:
+        for p in procs + [sched]:
+            if p.poll() is None:
+                p.kill()
+    rep = json.loads(report.read_text())
+    assert results["late"]["steps"] > 0, results
+    assert results["py-1"]["steps"] > 0, results
+    assert results["py-0"]["code"] == 0 and results["late"]["code"] == 0, results
+    # Three workers trained in the one job; the one interrupted left it, the others went on
+    # without a restart, and the job trained its epochs.
+    assert len(rep["per_worker"]) == 3, rep["per_worker"]
+    assert rep["epochs_trained"] >= 19.9, rep
+    assert rep["test_accuracy"] >= 0.7, rep

@@ -49,6 +49,7 @@ struct child {
   subprocess proc;
   std::string pending; // partial line
   bool open = true;
+  bool script = false; // a --python worker: it ends by itself once its job is over
 };
 
 // Forwards complete lines from every child's output; returns false when nothing was read.
@@ -239,11 +240,13 @@ int run_launch(const launch_options& o) {
     }
     if (!start("[worker " + std::to_string(i) + "]", a))
       return (stop_all(SIGKILL), 1);
+    children.back().script = !o.python.empty();
   }
 
   int code = 0;
   bool stopping = false;    // the job is over: the other processes are stopping
   bool interrupted = false; // a signal asked the scheduler to stop the job
+  bool scripts_waiting = false; // the job is over; --python workers are given time to end
   auto stop_deadline = std::chrono::steady_clock::now();
   for (;;) {
     pump(children, 100);
@@ -269,13 +272,17 @@ int run_launch(const launch_options& o) {
     }
     int sc;
     if (!stopping && children[0].proc.poll_exit(sc)) {
-      // The job is over: the others get a polite stop, then a hard one.
+      // The job is over: the others get a polite stop, then a hard one. A worker script
+      // ends by itself when its loop does (it may save its model after): it gets the
+      // polite stop only if it has not ended 10 s later.
       if (!interrupted)
         code = sc;
       stopping = true;
       stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
       for (size_t i = 1; i < children.size(); ++i)
-        children[i].proc.signal(SIGTERM);
+        if (!children[i].script || interrupted)
+          children[i].proc.signal(SIGTERM);
+      scripts_waiting = !interrupted && !o.python.empty();
     }
     if (interrupted && !stopping && std::chrono::steady_clock::now() > stop_deadline) {
       // The scheduler did not stop the job in time.
@@ -291,8 +298,17 @@ int run_launch(const launch_options& o) {
     }
     if (all_done)
       break;
-    if (stopping && std::chrono::steady_clock::now() > stop_deadline)
-      stop_all(SIGKILL);
+    if (stopping && std::chrono::steady_clock::now() > stop_deadline) {
+      if (scripts_waiting) {
+        scripts_waiting = false; // the scripts had their time: now the polite stop, then the hard one
+        for (auto& c : children)
+          if (c.script)
+            c.proc.signal(SIGTERM);
+        stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      } else {
+        stop_all(SIGKILL);
+      }
+    }
   }
   while (pump(children, 0)) {
   }

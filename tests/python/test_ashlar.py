@@ -251,3 +251,18 @@ def test_a_script_started_mid_job_joins_it_and_one_interrupted_leaves_it_while_t
     assert len(rep["per_worker"]) == 3, rep["per_worker"]
     assert rep["epochs_trained"] >= 19.9, rep
     assert rep["test_accuracy"] >= 0.7, rep
+
+
+def test_ashlar_launch_python_runs_the_script_as_every_worker_process_and_lets_it_finish(tmp_path):
+    report = tmp_path / "report.json"
+    out = subprocess.run([BIN, "launch", str(MLP), "--python", str(SRC / "apps/python/examples/fmnist_torch.py"),
+                          "--set", "train.workers=2", "--set", "train.policy=adsp", "--set", "data.train_limit=6000",
+                          "--set", "data.test_limit=2000", "--epochs", "2", "--report", str(report)],
+                         cwd=SRC, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout
+    # Each script's loop ended with the job and it printed its last line on its own
+    # (launch waits for a worker script before stopping it).
+    assert out.stdout.count("the job is over (exit code 0)") == 2, out.stdout
+    rep = json.loads(report.read_text())
+    assert rep["test_accuracy"] >= 0.7, rep
+    assert len(rep["per_worker"]) == 2

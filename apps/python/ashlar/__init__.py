@@ -22,6 +22,7 @@ A whole job in this process whose workers compute with the model:
 
 Any `ashlar` command runs in-process with ashlar.run(["status", "--join", ...]).
 """
+import atexit
 import json
 import os
 import tempfile
@@ -169,6 +170,14 @@ def shutdown(timeout=60):
         t.join(timeout)
     _node["thread"] = None
     return _node["code"] if _node["code"] is not None else 1
+
+
+@atexit.register
+def _leave_at_exit():
+    # A script that ends without ashlar.shutdown() leaves the cluster before the
+    # interpreter goes (Ashlar's threads still call into it until then).
+    if is_running():
+        shutdown(timeout=30)
 
 
 def _bridge_or_fail(what):

@@ -66,14 +66,21 @@ def flat_grad(model, out):
         o += n
 
 
+def _device(model):
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
 @torch.no_grad()
 def _evaluate(model, params, x, y):
     load_flat(model, params)
     was = model.training
     model.eval()
-    out = model(_tensor(x))
+    dev = _device(model)
+    out = model(_tensor(x).to(dev))
     model.train(was)
-    target = _tensor(y).long()
+    target = _tensor(y).to(dev).long()
     return float(F.cross_entropy(out, target, reduction="sum")), int((out.argmax(1) == target).sum())
 
 
@@ -81,7 +88,8 @@ class ModelBackend:
     """Ashlar's worker loop computes its steps with `model`: each train_step loads the
     parameters Ashlar gives it, runs forward and backward on the batch with `loss`
     (default cross entropy, mean over the batch) and hands the gradient back. Workers in
-    one process each get their own copy of the model."""
+    one process each get their own copy of the model; a model on a GPU computes there (the
+    batch goes to it, the gradient comes back to Ashlar's buffer)."""
 
     def __init__(self, model, loss=F.cross_entropy):
         self.model = model
@@ -101,8 +109,9 @@ class ModelBackend:
         model = self._model()
         load_flat(model, params)
         model.zero_grad(set_to_none=False)
-        out = model(_tensor(x))
-        target = _tensor(y).long()
+        dev = _device(model)  # a model on a GPU gets the batch there; its gradient comes back
+        out = model(_tensor(x).to(dev))
+        target = _tensor(y).to(dev).long()
         loss = self.loss(out, target)
         loss.backward()
         flat_grad(model, grad)
@@ -179,7 +188,7 @@ class DistributedOptimizer:
             self._step = step
             self._out = None
             self._target = _tensor(step.y).long()
-            yield _tensor(step.x), self._target
+            yield _tensor(step.x), self._target  # CPU tensors: x.to(device) as with any DataLoader
 
     def zero_grad(self, set_to_none=False):
         self.model.zero_grad(set_to_none=set_to_none)
@@ -198,11 +207,12 @@ class DistributedOptimizer:
         n = len(step.y)
         with torch.no_grad():
             out = self._out
-            correct = int((out.argmax(1) == self._target).sum()) if out is not None else 0
+            target = self._target.to(out.device) if out is not None else None
+            correct = int((out.argmax(1) == target).sum()) if out is not None else 0
             if loss is not None:
                 loss_sum = float(loss) * n
             elif out is not None:
-                loss_sum = float(F.cross_entropy(out, self._target, reduction="sum"))
+                loss_sum = float(F.cross_entropy(out, target, reduction="sum"))
             else:
                 step.fail(Error(2, "step(): the model was not run on the batch; pass step(loss=...)"))
                 raise Error(2, "ashlar.torch.DistributedOptimizer.step: the model was not run on the batch")

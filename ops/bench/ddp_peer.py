@@ -60,6 +60,26 @@ def load(data_dir, split):
     return torch.from_numpy(x), torch.from_numpy(y)
 
 
+def load_contention(path):
+    """Ashlar's contention file: lines WORKER START_S END_S FACTOR (`*`: every worker)."""
+    out = []
+    if not path:
+        return out
+    for line in open(path):
+        words = line.split("#")[0].split()
+        if len(words) == 4:
+            out.append((None if words[0] == "*" else int(words[0]), float(words[1]), float(words[2]), float(words[3])))
+    return out
+
+
+def slowdown(contention, rank, t):
+    f = 1.0
+    for w, a, b, factor in contention:
+        if (w is None or w == rank) and a <= t < b:
+            f *= factor
+    return f
+
+
 def make_model(hidden, seed):
     torch.manual_seed(seed)
     sizes = [784] + hidden + [10]
@@ -131,6 +151,7 @@ def worker(rank, args, port, result_path):
             idx = mine[b:b + batch]
             b += batch
             budget = batch * args.sample_ms * 1e-3 / args.speeds[rank]
+            budget *= slowdown(args.contention, rank, time.perf_counter() - start)
             step_compute = per_sample * batch
             if budget > step_compute:
                 time.sleep(budget - step_compute)
@@ -202,6 +223,8 @@ def main():
     p.add_argument("--target", type=float, default=0.85)
     p.add_argument("--time-cap", type=float, default=60)
     p.add_argument("--eval-interval", type=float, default=1.0)
+    p.add_argument("--contention", default="", help="Ashlar's contention file (WORKER START_S END_S FACTOR): "
+                   "a worker's pace is slowed by FACTOR in that interval of the run's wall time")
     p.add_argument("--seeds", default="1")
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--port", type=int, default=29531)
@@ -213,6 +236,7 @@ def main():
     args = p.parse_args()
     args.speeds = [float(s) for s in args.speeds.split(",")]
     args.hidden = [int(h) for h in args.hidden.split(",") if h]
+    args.contention = load_contention(args.contention)
     for i, seed in enumerate(int(s) for s in args.seeds.split(",")):
         args.seed = seed
         result = f"/tmp/ashlar-ddp-{os.getpid()}-{seed}.json"

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Ashlar against PyTorch DDP and the stronger OmniLearn-controller peer on the random
+# heterogeneity profiles of an `ashlar bench hetero --profiles random:N` run: for each of
+# its profile-K directories, DDP (ops/bench/ddp_peer.py) and DDP with OmniLearn's batch
+# controller (--controller omnilearn) run at the profile's speeds and contention, with the
+# same cap and evaluation interval; the table puts their time to 85% beside Ashlar's best
+# policy's on that profile (each Ashlar policy with its defaults).
+#   [SEEDS=1] [CAP=12] [EVAL=0.25] bash ops/bench/peer-random.sh [ashlar-dir (default docs/bench/random)] [out-dir (default ASHLAR-DIR/peer)]
+# Make the Ashlar side first (about 20 minutes), e.g.:
+#   ./build/apps/ashlar bench hetero ops/configs/fmnist-mlp.toml --profiles random:8 --seed 1 --time-cap 12 \
+#     --eval-interval 0.25 --policies bsp,ssp,ksync,kasync,adaptive,ring,asp,adsp,ashl --out docs/bench/random
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+dir="${1:-docs/bench/random}"
+out="${2:-$dir/peer}"
+seeds="${SEEDS:-1}"
+cap="${CAP:-12}"
+eval="${EVAL:-0.25}"
+/usr/bin/python3 -c "import torch" 2>/dev/null || { echo "PyTorch missing: bash ops/install-deps.sh" >&2; exit 1; }
+ls -d "$dir"/profile-* > /dev/null 2>&1 || { echo "no $dir/profile-K: run ashlar bench hetero --profiles random:N --out $dir first" >&2; exit 1; }
+mkdir -p "$out"
+: > "$out/peers.jsonl"
+for p in $(ls -d "$dir"/profile-* | sort -V); do
+  k=${p##*-}
+  speeds=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['speeds'])" "$p/bench.json")
+  contention=()
+  [[ -f "$p/contention.txt" ]] && contention=(--contention "$p/contention.txt")
+  for controller in none omnilearn; do
+    echo "== profile $k: speeds $speeds, DDP controller $controller"
+    /usr/bin/python3 ops/bench/ddp_peer.py --speeds "$speeds" --time-cap "$cap" --eval-interval "$eval" \
+      --seeds "$(seq -s, 1 "$seeds")" --controller "$controller" "${contention[@]}" \
+      | /usr/bin/python3 -c "import json, sys
+for l in sys.stdin:
+    if l.strip():
+        d = json.loads(l); d['profile'] = int(sys.argv[1]); print(json.dumps(d), flush=True)" "$k" \
+      | tee -a "$out/peers.jsonl"
+  done
+done
+/usr/bin/python3 - "$dir" "$out" "$cap" <<'PY'
+import csv, glob, json, os, statistics, sys
+d, out, cap = sys.argv[1], sys.argv[2], float(sys.argv[3])
+peers = [json.loads(l) for l in open(out + "/peers.jsonl") if l.strip()]
+def med(v):
+    v = sorted(v)
+    return v[len(v) // 2] if v else None
+def t(x):
+    return x if x is not None else cap  # a miss counts as the cap
+rows, r_ddp, r_omni = [], [], []
+for p in sorted(glob.glob(d + "/profile-*"), key=lambda s: int(s.rsplit("-", 1)[1])):
+    k = int(p.rsplit("-", 1)[1])
+    speeds = json.load(open(p + "/bench.json"))["speeds"]
+    ash = {r["policy"]: t(float(r["time_to_target_s"]) if r["time_to_target_s"] else None)
+           for r in csv.DictReader(open(p + "/results.csv"))}
+    best = min(ash, key=ash.get)
+    ddp = med([t(x["t_target"]) for x in peers if x["profile"] == k and x["controller"] == "none"])
+    omni = med([t(x["t_target"]) for x in peers if x["profile"] == k and x["controller"] == "omnilearn"])
+    if ddp is None or omni is None:
+        continue
+    r_ddp.append(ash[best] / ddp)
+    r_omni.append(ash[best] / omni)
+    rows.append(f"| {k} | {speeds} | {ddp:.2f} | {omni:.2f} | {best} {ash[best]:.2f} | ashl {ash.get('ashl', cap):.2f} "
+                f"| {r_ddp[-1]:.2f} | {r_omni[-1]:.2f} |")
+lines = ["# Ashlar against DDP and the OmniLearn-controller peer on random heterogeneity profiles", "",
+         f"Time to 85% (s; a miss counts as the {cap:g} s cap). Ashlar: every policy with its defaults, from "
+         f"{d}/profile-K/results.csv; its best policy per profile. DDP and DDP with OmniLearn's controller: "
+         "ops/bench/ddp_peer.py at the profile's speeds and contention (lr 0.1, momentum 0.9, batch 64).", "",
+         "| profile | speeds | DDP | OmniLearn | Ashlar best | Ashlar ashl | best / DDP | best / OmniLearn |",
+         "|---|---|---|---|---|---|---|---|"] + rows
+if r_ddp:
+    lines += ["", f"Median best / DDP: {statistics.median(r_ddp):.2f} (goal <= 0.5); worst {max(r_ddp):.2f}.",
+              f"Median best / OmniLearn: {statistics.median(r_omni):.2f} (goal <= 0.8); worst {max(r_omni):.2f}."]
+text = "\n".join(lines) + "\n"
+open(out + "/results.md", "w").write(text)
+print(text)
+PY

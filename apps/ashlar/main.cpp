@@ -1,8 +1,6 @@
 // The `ashlar` command line: its commands, help, completion and errors (run_cli).
 #include <algorithm>
 #include <cstdio>
-#include <csignal>
-#include <malloc.h>
 
 #include "apps/ashlar/commands.hpp"
 #include "apps/ashlar/host.hpp"
@@ -133,12 +131,6 @@ std::string missing_subcommand(CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 int ashlar::cli::run_cli(int argc, char** argv) {
-  // Tensor messages are large and come and go every step: keep such blocks in the heap
-  // instead of mapping and unmapping (and page-faulting) them each time.
-  mallopt(M_MMAP_THRESHOLD, 512 * 1024 * 1024);
-  mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024);
-  // A peer closing a TLS connection must not end the process with SIGPIPE.
-  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"ashlar: heterogeneity-aware data-parallel training on an actor runtime"};
   app.require_subcommand(1);
   const std::string version = ashlar::cli::version_text();

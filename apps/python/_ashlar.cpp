@@ -121,9 +121,15 @@ int run(const std::vector<std::string>& args, py::object backend) {
       if (!py::hasattr(backend, m))
         throw py::type_error(std::string{"ashlar: the backend has no "} + m + " method");
     std::string name = "python:" + py::str(backend.attr("__class__").attr("__name__")).cast<std::string>();
-    cli::set_host_backend([backend, name](const model_spec& spec) {
+    // The factory is copied and dropped on Ashlar's threads without the GIL: it holds the
+    // Python object through a shared pointer whose last owner takes the GIL to let it go.
+    std::shared_ptr<py::object> impl(new py::object(backend), [](py::object* o) {
       py::gil_scoped_acquire gil;
-      return actors::backend_choice{std::make_unique<python_backend>(backend, spec, name), "on " + name};
+      delete o;
+    });
+    cli::set_host_backend([impl, name](const model_spec& spec) {
+      py::gil_scoped_acquire gil;
+      return actors::backend_choice{std::make_unique<python_backend>(*impl, spec, name), "on " + name};
     });
   }
   std::vector<std::string> argv{"ashlar"};
@@ -132,7 +138,6 @@ int run(const std::vector<std::string>& args, py::object backend) {
   for (auto& a : argv)
     ptrs.push_back(a.data());
   ptrs.push_back(nullptr);
-  cli::request_stop(0);
   // The factory holds `backend`: dropped here, with the GIL, however the command ends.
   struct reset {
     ~reset() { cli::set_host_backend({}); }
@@ -151,6 +156,8 @@ PYBIND11_MODULE(_ashlar, m) {
         "Runs `ashlar ARGS...` in this process and returns its exit code; the workers it starts here "
         "compute with `backend` (an object with train_step and evaluate), or Ashlar's own when None. "
         "Releases the GIL while it runs.");
+  m.def("reset_stop", [] { ashlar::cli::request_stop(0); },
+        "Clears a stop request: called before a command starts (one of an earlier command must not stop it).");
   m.def("request_stop", [] { ashlar::cli::request_stop(SIGTERM); },
         "Asks the running command to stop as SIGTERM would: a job stops its workers after their step and "
         "reports; a worker node leaves the cluster.");

@@ -73,7 +73,7 @@ def test_a_backend_without_the_methods_is_refused_before_anything_runs():
         ashlar.run(["version"], backend=object())
 
 
-def test_a_bad_setting_is_refused_naming_the_key():
+def test_a_bad_setting_is_refused_with_the_usage_exit_code():
     with pytest.raises(ashlar.Error) as err:
         ashlar.train(MLP, backend=at.ModelBackend(mlp()), settings={"train.polcy": "ashl"})
     assert err.value.code == 2
@@ -266,3 +266,32 @@ def test_ashlar_launch_python_runs_the_script_as_every_worker_process_and_lets_i
     rep = json.loads(report.read_text())
     assert rep["test_accuracy"] >= 0.7, rep
     assert len(rep["per_worker"]) == 2
+
+
+def test_a_local_job_of_a_model_ashlar_does_not_describe_trains_and_evaluates_through_the_script(tmp_path):
+    # An `external` model: the script's loop computes every step, the job's evaluations go
+    # through the optimizer's own copy of the model.
+    report = tmp_path / "report.json"
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
+    ashlar.init(config=MLP, settings=dict(SLICE, **{"train.workers": 1, "train.epochs": 2,
+                                                    "model.layers": "external name=host params=7850"}),
+                args=["--report", str(report)])
+    opt = at.DistributedOptimizer(model)
+    steps = 0
+    for x, y in opt.batches():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        steps += 1
+    assert ashlar.shutdown() == 0
+    rep = json.loads(report.read_text())
+    assert steps == sum(w["steps"] for w in rep["per_worker"]) and steps > 0
+    assert rep["test_accuracy"] >= 0.7, rep
+
+
+def test_a_shutdown_right_after_init_stops_the_worker():
+    ashlar.init(config=MLP, settings=dict(SLICE, **{"train.workers": 1, "train.epochs": 50}))
+    start = time.time()
+    assert ashlar.shutdown(timeout=60) in (0, 1)
+    assert not ashlar.is_running()
+    assert time.time() - start < 30

@@ -57,6 +57,7 @@ def run(args, backend=None):
             result["error"] = e
 
     t = threading.Thread(target=target, name="ashlar " + " ".join(args[:1]), daemon=True)
+    _ashlar.reset_stop()  # before the thread: a KeyboardInterrupt from now on stops the command
     t.start()
     try:
         while t.is_alive():
@@ -148,8 +149,27 @@ def init(join=None, token_file=None, name=None, tls=None, config=None, settings=
 
     t = threading.Thread(target=target, name="ashlar worker", daemon=True)
     _node["thread"] = t
+    _ashlar.reset_stop()  # before the thread: a shutdown() from now on stops the worker
+    _stop_on_sigterm(bridge)
     t.start()
     return bridge
+
+
+def _stop_on_sigterm(bridge):
+    # SIGTERM (ashlar launch's polite stop, a scheduler's kill) ends the script's loop as
+    # the job's end would: the worker leaves, the loop returns, the code after it runs.
+    # Only the main thread may set a handler; a script that set its own keeps it.
+    import signal
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return
+
+    def on_sigterm(signum, frame):
+        _ashlar.request_stop()
+        bridge.close()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def is_running():
@@ -168,6 +188,8 @@ def shutdown(timeout=60):
         if _node["bridge"] is not None:
             _node["bridge"].close()
         t.join(timeout)
+    if t.is_alive():
+        return 1  # still leaving: a later init() is refused until it has
     _node["thread"] = None
     return _node["code"] if _node["code"] is not None else 1
 

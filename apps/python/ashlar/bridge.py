@@ -78,10 +78,16 @@ class Bridge:
 
     # --- called by Ashlar's worker threads -------------------------------------------
     def train_step(self, params, x, y, grad):
-        if self._closed.is_set():
-            raise Closed("the script stopped taking steps (ashlar.shutdown)")
         step = Step(params, x, y, grad)
-        self._steps.put(step)
+        with self._lock:  # against close(): a step put after it drained would wait for ever
+            if self._closed.is_set():
+                raise Closed("the script stopped taking steps (ashlar.shutdown)")
+            self._steps.put(step)
+        # A step the script lost (an interrupt between taking it and holding it) must not
+        # keep this worker's thread: closing the bridge ends the wait.
+        while not step._done.wait(0.2):
+            if self._closed.is_set():
+                raise Closed("ashlar: shut down while the step waited for the script")
         return step.wait()
 
     def evaluate(self, params, x, y):
@@ -109,12 +115,13 @@ class Bridge:
     def close(self):
         """No more steps: a step waiting for the script, or held by it, fails (its worker
         leaves)."""
-        self._closed.set()
-        current = self._current
-        if current is not None and not current._done.is_set():
-            current.fail(Closed("ashlar: shut down while the script held the step"))
-        while True:
-            try:
-                self._steps.get_nowait().fail(Closed("ashlar: shut down while the step waited for the script"))
-            except queue.Empty:
-                break
+        with self._lock:
+            self._closed.set()
+            current = self._current
+            if current is not None and not current._done.is_set():
+                current.fail(Closed("ashlar: shut down while the script held the step"))
+            while True:
+                try:
+                    self._steps.get_nowait().fail(Closed("ashlar: shut down while the step waited for the script"))
+                except queue.Empty:
+                    break

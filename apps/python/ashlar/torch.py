@@ -12,6 +12,7 @@ parameter count; then every worker must be a Python one.
     DistributedOptimizer(model)   for a script's own loop, after ashlar.init()
 """
 import copy
+import threading
 import warnings
 
 import numpy as np
@@ -24,12 +25,14 @@ from .bridge import Closed
 __all__ = ["ModelBackend", "DistributedOptimizer", "load_flat", "flat_grad"]
 
 
+# Ashlar's arrays are read-only views of its buffers: PyTorch shares them (no copy) and
+# warns that it could write to them; it does not here. (One filter for the process:
+# warnings.catch_warnings is not safe across Ashlar's worker threads.)
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+
+
 def _tensor(a):
-    # Ashlar's arrays are read-only views of its buffers: PyTorch shares them (no copy)
-    # and warns that it could write to them; it does not here.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(a)
+    return torch.from_numpy(a)
 
 
 def _check_count(model, n):
@@ -94,19 +97,27 @@ class ModelBackend:
     def __init__(self, model, loss=F.cross_entropy):
         self.model = model
         self.loss = loss
-        self._copies = {}
+        self._lock = threading.Lock()
+        self._free = [model]  # models no call is using; a call takes one (or a new copy)
 
-    def _model(self):
-        import threading
-        key = threading.get_ident()
-        m = self._copies.get(key)
-        if m is None:
-            m = self.model if not self._copies else copy.deepcopy(self.model)
-            self._copies[key] = m
-        return m
+    def _take(self):
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return copy.deepcopy(self.model)
+
+    def _give(self, m):
+        with self._lock:
+            self._free.append(m)
 
     def train_step(self, params, x, y, grad):
-        model = self._model()
+        model = self._take()
+        try:
+            return self._train_step(model, params, x, y, grad)
+        finally:
+            self._give(model)
+
+    def _train_step(self, model, params, x, y, grad):
         load_flat(model, params)
         model.zero_grad(set_to_none=False)
         dev = _device(model)  # a model on a GPU gets the batch there; its gradient comes back
@@ -119,7 +130,11 @@ class ModelBackend:
             return float(loss) * len(target), int((out.argmax(1) == target).sum())
 
     def evaluate(self, params, x, y):
-        return _evaluate(self._model(), params, x, y)
+        model = self._take()
+        try:
+            return _evaluate(model, params, x, y)
+        finally:
+            self._give(model)
 
 
 class DistributedOptimizer:
@@ -149,14 +164,15 @@ class DistributedOptimizer:
         self._step = None
         self._out = None
         self._target = None
+        # The evaluations' own copy, made before the hook below (a copy would take the hook,
+        # and with it this optimizer and its bridge, along).
+        eval_model = copy.deepcopy(model)
+        eval_lock = threading.Lock()
         self._hook = model.register_forward_hook(self._keep_output)
-        eval_model = None
 
         def evaluator(params, x, y):
-            nonlocal eval_model
-            if eval_model is None:
-                eval_model = copy.deepcopy(model)
-            return _evaluate(eval_model, params, x, y)
+            with eval_lock:
+                return _evaluate(eval_model, params, x, y)
 
         bridge.evaluator = evaluator
 
@@ -164,8 +180,9 @@ class DistributedOptimizer:
         self._out = output
 
     def batches(self):
-        """This worker's batches as (x, y) tensors over Ashlar's buffers, until the job
-        ends or the worker leaves."""
+        """This worker's batches as (x, y) tensors, until the job ends or the worker
+        leaves. x is a view of Ashlar's buffer, valid until step() (copy what you keep);
+        y is the batch's own."""
         alive = lambda: _node["thread"] is not None and _node["thread"].is_alive()
         taken = 0
         while True:
@@ -187,7 +204,7 @@ class DistributedOptimizer:
                 raise
             self._step = step
             self._out = None
-            self._target = _tensor(step.y).long()
+            self._target = _tensor(step.y).long()  # a copy: valid after step()
             yield _tensor(step.x), self._target  # CPU tensors: x.to(device) as with any DataLoader
 
     def zero_grad(self, set_to_none=False):

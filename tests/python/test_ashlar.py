@@ -134,7 +134,7 @@ def last_json(text):
 
 def test_python_workers_and_an_ashlar_worker_train_one_ashl_job_in_a_cluster(tmp_path):
     sched, address, token, report = start_scheduler(
-        tmp_path, dict(SLICE, **{"train.workers": 3, "train.policy": "ashl", "train.epochs": 3,
+        tmp_path, dict(SLICE, **{"train.workers": 3, "train.policy": "ashl", "train.epochs": 6,
                                  "train.speeds": "1,1,2", "train.sample_ms": 0.2}))
     procs = [python_worker(tmp_path, address, token, f"py-{i}") for i in range(2)]
     native = subprocess.Popen([BIN, "node", "--role", "worker", "--join", address, "--token-file", str(token),

@@ -377,11 +377,15 @@ int run_profiles(const hetero_options& o, uint32_t n) {
   std::vector<std::string> names;
   for (const auto& r : all.front())
     names.push_back(r.policy);
-  auto time_of = [&](const std::vector<policy_result>& res, const std::string& name) -> std::optional<double> {
+  auto result_of = [](const std::vector<policy_result>& res, const std::string& name) -> const policy_result* {
     for (const auto& r : res)
       if (r.policy == name)
-        return r.time_to_target ? *r.time_to_target : o.time_cap;
-    return std::nullopt;
+        return &r;
+    return nullptr;
+  };
+  auto time_of = [&](const std::vector<policy_result>& res, const std::string& name) -> std::optional<double> {
+    const auto* r = result_of(res, name);
+    return r ? std::optional<double>{r->time_to_target ? *r->time_to_target : o.time_cap} : std::nullopt;
   };
   std::ofstream md{o.out + "/summary.md"};
   md << "# Every policy on " << n << " random heterogeneity profiles (seed " << seed << ")\n\n"
@@ -399,24 +403,14 @@ int run_profiles(const hetero_options& o, uint32_t n) {
        << (profiles[k].contention.empty() ? "none" : std::to_string(profiles[k].contention.size()) + " interval(s)")
        << " |";
     for (const auto& name : names) {
-      auto t = time_of(all[k], name);
-      bool missed = false;
-      for (const auto& r : all[k])
-        if (r.policy == name && !r.time_to_target)
-          missed = true;
-      md << " " << (missed ? "missed" : t ? fmt(*t, 1) : "-") << " |";
+      const auto* r = result_of(all[k], name);
+      md << " " << (!r ? "-" : r->time_to_target ? fmt(*r->time_to_target, 1) : "missed") << " |";
     }
     md << "\n";
   }
   md << "\n| policy | reached (profiles) | median time (s) | / adsp median | / adsp worst | / bsp median | / bsp worst "
      << "| MB to target / adsp median | / adsp worst |\n"
      << "|---|---|---|---|---|---|---|---|---|\n";
-  auto bytes_of = [&](const std::vector<policy_result>& res, const std::string& name) -> std::optional<double> {
-    for (const auto& r : res)
-      if (r.policy == name)
-        return r.bytes_to_target;
-    return std::nullopt;
-  };
   for (const auto& name : names) {
     std::vector<double> times, to_adsp, to_bsp, bytes_to_adsp;
     uint32_t reached = 0;
@@ -433,9 +427,9 @@ int run_profiles(const hetero_options& o, uint32_t n) {
       if (auto b = time_of(res, "bsp"))
         to_bsp.push_back(*t / *b);
       // Bytes moved until the target, on the profiles where both reached it.
-      auto mine = bytes_of(res, name), theirs = bytes_of(res, "adsp");
-      if (mine && theirs && *theirs > 0)
-        bytes_to_adsp.push_back(*mine / *theirs);
+      const auto *mine = result_of(res, name), *theirs = result_of(res, "adsp");
+      if (mine && theirs && mine->bytes_to_target && theirs->bytes_to_target && *theirs->bytes_to_target > 0)
+        bytes_to_adsp.push_back(*mine->bytes_to_target / *theirs->bytes_to_target);
     }
     auto worst = [](const std::vector<double>& v) {
       return v.empty() ? std::string{"-"} : fmt(*std::max_element(v.begin(), v.end()), 2);

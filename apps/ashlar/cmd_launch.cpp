@@ -132,13 +132,11 @@ int run_launch(const launch_options& o) {
   char tmpl[] = "/tmp/ashlar-launch-XXXXXX";
   std::string dir = ::mkdtemp(tmpl);
   const std::string port_file = dir + "/port";
-  std::vector<std::string> common;
-  if (!o.token_file.empty()) {
-    common = {"--token-file", o.token_file};
-  } else if (!std::getenv("ASHLAR_TOKEN")) {
+  std::string token_file = o.token_file; // every node's (and worker script's) token file, if any
+  if (token_file.empty() && !std::getenv("ASHLAR_TOKEN")) {
     // A token of this launch's own, in its private directory: only its processes (and
     // this user) can reach the cluster it starts.
-    const std::string token_file = dir + "/token";
+    token_file = dir + "/token";
     int fd = ::open(token_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     auto line = make_token() + "\n";
     bool ok = fd >= 0 && ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
@@ -148,8 +146,10 @@ int run_launch(const launch_options& o) {
       std::fprintf(stderr, "ashlar launch: cannot write %s\n", token_file.c_str());
       return 1;
     }
-    common = {"--token-file", token_file};
   }
+  std::vector<std::string> common;
+  if (!token_file.empty())
+    common = {"--token-file", token_file};
   // The job is the user's own, from this command line: its files go where it names them.
   common.insert(common.end(), {"--work-dir", "/"});
 
@@ -226,14 +226,10 @@ int run_launch(const launch_options& o) {
                                   "--gpus", (*gpus)[i]};
     a.insert(a.end(), common.begin(), common.end());
     if (!o.python.empty()) {
-      std::string token;
-      for (size_t k = 0; k + 1 < common.size(); ++k)
-        if (common[k] == "--token-file")
-          token = common[k + 1];
       a = {"env", "ASHLAR_JOIN=" + join, "ASHLAR_NAME=worker-" + std::to_string(i),
            "ASHLAR_CONFIG=" + o.train.config_file};
-      if (!token.empty())
-        a.push_back("ASHLAR_TOKEN_FILE=" + token);
+      if (!token_file.empty())
+        a.push_back("ASHLAR_TOKEN_FILE=" + token_file);
       if (!pythonpath.empty())
         a.push_back("PYTHONPATH=" + pythonpath);
       a.insert(a.end(), {o.python_exe, o.python});

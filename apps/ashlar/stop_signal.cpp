@@ -13,11 +13,6 @@ std::atomic<bool> g_second_aborts{false};
 std::atomic<bool> g_seen{false};
 std::atomic<bool> g_host_signals{false};
 
-actors::backend_factory& host_factory() {
-  static actors::backend_factory f;
-  return f;
-}
-
 extern "C" void on_stop_signal(int sig) {
   if (g_second_aborts.load() && g_seen.exchange(true)) {
     std::signal(sig, SIG_DFL); // the second one: the default action, now
@@ -51,14 +46,6 @@ void leave_signals_to_host() {
 
 void request_stop(int sig) {
   g_signal.store(sig);
-}
-
-void set_host_backend(actors::backend_factory make) {
-  host_factory() = std::move(make);
-}
-
-const actors::backend_factory& host_backend() {
-  return host_factory();
 }
 
 const char* signal_name(int sig) {

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import _node, Error
+from . import _node, Error, is_running
 from .bridge import Closed
 
 __all__ = ["ModelBackend", "DistributedOptimizer", "load_flat", "flat_grad"]
@@ -183,13 +183,12 @@ class DistributedOptimizer:
         """This worker's batches as (x, y) tensors, until the job ends or the worker
         leaves. x is a view of Ashlar's buffer, valid until step() (copy what you keep);
         y is the batch's own."""
-        alive = lambda: _node["thread"] is not None and _node["thread"].is_alive()
         taken = 0
         while True:
             if self._step is not None:
                 raise Error(2, "ashlar.torch.DistributedOptimizer: the last batch's step() was not called")
             try:
-                step = self._bridge.next_step(alive)
+                step = self._bridge.next_step(is_running)
             except Closed:
                 code = _node["code"]
                 if taken == 0 and code not in (None, 0):

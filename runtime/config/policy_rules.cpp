@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "runtime/policy/k_sync.hpp"
+
 namespace ashlar {
 
 namespace {
@@ -41,7 +43,13 @@ std::vector<rule_change> policy_rule_changes(const train_config& cfg) {
     if (!user_set(cfg, key) && setting_text(cfg, key) != value)
       out.push_back({key, value, why});
   };
-  if (is_async_push(p)) {
+  if (p == "ksync") {
+    const auto k = effective_k(cfg.policy_settings.k, static_cast<size_t>(w));
+    if (k < w)
+      change("train.lr", num(lr * k / w),
+             "train.lr " + num(lr) + " x k/W = " + std::to_string(k) + "/" + ws
+               + ": a round averages k of the W gradients the recipe's batch has (linear scaling)");
+  } else if (is_async_push(p)) {
     const double f = std::min(1.0, 2.0 / w);
     change("train.lr", num(lr * f),
            "train.lr " + num(lr) + " x min(1, 2/" + ws + "): every " + p + " push is a step of one worker's gradient");

@@ -6,7 +6,12 @@
 // synchronous training (BSP: one step per round over every worker's averaged gradient).
 // A policy that applies gradients otherwise adapts them:
 //
-//   bsp, ksync, ring          averaged rounds: the recipe as it is.
+//   bsp, ring                 averaged rounds: the recipe as it is.
+//   ksync                     a round averages k of the W workers' gradients, k/W of the
+//                               recipe's batch: lr x k/W (the linear scaling rule, Goyal
+//                               et al. 2017); without it the noisier rounds of a
+//                               heterogeneous cluster keep k-sync below the accuracy
+//                               BSP reaches.
 //   asp, ssp, kasync,         every push is a step of one worker's gradient:
 //   adaptive                    lr x min(1, 2 / workers) (W pushes per round of W workers
 //                               would move the model W times as far as one averaged

@@ -5,14 +5,10 @@
 
 namespace ashlar {
 
-namespace {
-
 size_t effective_k(uint32_t k, size_t live) {
   size_t want = k == 0 ? (live + 1) / 2 : k;
   return std::max<size_t>(1, std::min(want, live));
 }
-
-}  // namespace
 
 size_t k_sync_policy::k() const {
   return effective_k(cfg_.k, live_.size());

@@ -4,6 +4,10 @@
 
 namespace ashlar {
 
+/// The k of k-sync and k-async with `live` workers: k capped at them, 0 meaning half of
+/// them rounded up; at least 1.
+size_t effective_k(uint32_t k, size_t live);
+
 /// k-sync SGD (Dutta et al., 2018): every worker computes from the current version; the
 /// round is applied as soon as the first k of them have pushed, and the gradients that
 /// arrive later for the old version are dropped. A worker that has pushed waits for the

@@ -19,10 +19,29 @@ train_config recipe(const std::string& policy, uint32_t workers) {
 }  // namespace
 
 TEST_CASE("averaged-round policies train on the configuration's own values") {
-  for (auto p : {"bsp", "ksync", "ring"}) {
+  for (auto p : {"bsp", "ring"}) {
     auto c = recipe(p, 4);
     CHECK(policy_rule_changes(c).empty());
   }
+}
+
+TEST_CASE("k-sync scales the learning rate by k/workers, the share of the recipe's batch a round averages") {
+  auto c = recipe("ksync", 4); // k = 0: half the workers
+  REQUIRE_FALSE(apply_policy_rules(c));
+  CHECK(c.optimizer.lr == Approx(0.05));
+  CHECK(c.optimizer.momentum == Approx(0.9));
+  CHECK(c.sources.at("train.lr").rfind("rule: train.lr 0.1 x k/W = 2/4 workers", 0) == 0);
+  auto five = recipe("ksync", 5); // half of 5, rounded up
+  REQUIRE_FALSE(apply_policy_rules(five));
+  CHECK(five.optimizer.lr == Approx(0.06));
+  auto k1 = recipe("ksync", 8);
+  k1.policy_settings.k = 1;
+  REQUIRE_FALSE(apply_policy_rules(k1));
+  CHECK(k1.optimizer.lr == Approx(0.0125));
+  // k = every worker is BSP: the recipe as it is.
+  auto all = recipe("ksync", 4);
+  all.policy_settings.k = 4;
+  CHECK(policy_rule_changes(all).empty());
 }
 
 TEST_CASE("asynchronous pushes step at lr x min(1, 2/workers) with momentum lowered by asynchrony's own") {

@@ -627,6 +627,13 @@ private:
     if (!pt)
       return;
     rep_.history.push_back(*pt);
+    if (cfg_.target_accuracy > 0 && pt->test_accuracy >= cfg_.target_accuracy && !rep_.target_reached) {
+      rep_.target_reached = true;
+      spdlog::info("job: test accuracy {:.4f} at {:.2f} s reached run.target_accuracy {}; stopping the workers",
+                   pt->test_accuracy, pt->seconds, cfg_.target_accuracy);
+      if (recorder_)
+        recorder_->event("target reached", fmt::format("test accuracy {:.4f}", pt->test_accuracy));
+    }
     live_.test_accuracy = pt->test_accuracy;
     if (recorder_)
       recorder_->evaluation(pt->seconds, pt->epoch, pt->test_accuracy, pt->train_loss);
@@ -650,7 +657,7 @@ private:
     bool out_of_budget = !lockstep_ && done_before_ + stats.total_samples >= budget_;
     bool out_of_time = cfg_.time_limit > 0 && now >= cfg_.time_limit;
     bool asked = hooks_.stop_requested && hooks_.stop_requested();
-    if (!(out_of_budget || out_of_time || asked))
+    if (!(out_of_budget || out_of_time || asked || rep_.target_reached))
       return;
     stop_sent_ = true;
     if (asked) {
@@ -658,7 +665,7 @@ private:
       spdlog::info("job: asked to stop; stopping the workers after their current step");
       if (recorder_)
         recorder_->event("stop requested", "");
-    } else if (out_of_time) {
+    } else if (out_of_time && !rep_.target_reached) {
       rep_.time_limited = done_before_ + stats.total_samples < budget_;
       spdlog::info("job: time limit of {} s reached; stopping the workers", cfg_.time_limit);
     }

@@ -82,6 +82,9 @@ void add_hetero_options(CLI::App* cmd, hetero_options& o) {
   cmd->add_option("--sample-ms", o.sample_ms, "wall time per sample at speed 1, ms")->capture_default_str();
   cmd->add_option("--target", o.target, "target test accuracy")->capture_default_str();
   cmd->add_option("--time-cap", o.time_cap, "seconds each policy may train")->capture_default_str();
+  cmd->add_flag("--stop-at-target", o.stop_at_target,
+                "end each run once an evaluation reaches --target (run.target_accuracy) instead of training to "
+                "--time-cap: for long runs; final and best accuracy are then those at the stop");
   cmd->add_option("--eval-interval", o.eval_interval, "seconds between test evaluations")->capture_default_str();
   cmd->add_option("--repeat", o.repeat, "runs per policy, seeds seed .. seed + N - 1; the table gives the "
                                         "median time to target, its range, and means of the rest")
@@ -133,6 +136,7 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
       {"train.contention", o.contention},
       {"run.eval_interval", fmt(o.eval_interval, 6)},
       {"run.time_limit", fmt(o.time_cap, 6)},
+      {"run.target_accuracy", o.stop_at_target ? fmt(o.target, 6) : "0"},
       {"run.eval_every_epoch", "false"},
       {"run.progress_interval", "0"},
     };

@@ -22,6 +22,7 @@ struct hetero_options {
   double target = 0.85;
   double time_cap = 60;
   double eval_interval = 1;
+  bool stop_at_target = false; // each run ends once an evaluation reaches the target
   uint32_t repeat = 1;        // runs per policy (seeds seed, seed + 1, ...); medians reported
   std::string out = "hetero-results";
   std::string profiles;       // "random:N": N seeded random profiles (seed: --seed) instead of --speeds

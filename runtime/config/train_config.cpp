@@ -363,6 +363,9 @@ const std::vector<field>& fields() {
          [](train_config& c) -> double& { return c.eval_interval; }),
     bind("run.time_limit", "stop training after this many seconds, 0 = none (default 0)",
          [](train_config& c) -> double& { return c.time_limit; }),
+    bind("run.target_accuracy", "stop once a test evaluation reaches this accuracy (time to accuracy), 0 = train on "
+                                "(default 0)",
+         [](train_config& c) -> double& { return c.target_accuracy; }),
     bind("run.divergence_guard", "on a loss that is not finite or rises far above its start, put the last good "
                                  "snapshot back and halve the lr (up to 6 times); off: such a loss stops the job "
                                  "(default true)",
@@ -647,6 +650,10 @@ caf::error validate(const train_config& c) {
   }
   if (c.time_limit < 0)
     return bad("run.time_limit must be >= 0");
+  if (!(c.target_accuracy >= 0 && c.target_accuracy <= 1))
+    return bad("run.target_accuracy must be in [0, 1] (a test accuracy; 0 = train on)");
+  if (c.target_accuracy > 0 && c.eval_interval <= 0 && !c.eval_every_epoch)
+    return bad("run.target_accuracy needs test evaluations: set run.eval_interval or run.eval_every_epoch");
   if (c.crop_padding > 64)
     return bad("data.crop_padding must be at most 64 pixels");
   static const std::vector<std::string> levels = {"trace", "debug", "info", "warn", "error", "off"};

@@ -163,6 +163,11 @@ struct run_settings {
   /// Stop the job after this many seconds of training, evaluating what it reached
   /// (run.time_limit); 0 = no limit. Default: 0.
   double time_limit = 0;
+  /// Stop the job once a test evaluation reaches this accuracy, as time-to-accuracy
+  /// runs do (run.target_accuracy; needs evaluations: run.eval_interval or epoch
+  /// boundaries); 0 = train on. The evaluation that reaches it is of a snapshot, so the
+  /// workers stop a little after the time it records. Default: 0.
+  double target_accuracy = 0;
   /// When the training loss becomes non-finite or rises far above its start, put the
   /// last good snapshot of the parameters back and halve the learning rate, up to 6
   /// times, instead of training on at chance accuracy (run.divergence_guard;

@@ -80,6 +80,7 @@ std::string to_json(const run_report& r) {
     << "  \"compression_ratio\": "
     << num(r.bytes > 0 ? static_cast<double>(r.dense_bytes) / static_cast<double>(r.bytes) : 1.0) << ",\n"
     << "  \"stopped_early\": " << (r.stopped_early ? "true" : "false") << ",\n"
+    << "  \"target_reached\": " << (r.target_reached ? "true" : "false") << ",\n"
     << "  \"time_limited\": " << (r.time_limited ? "true" : "false") << ",\n"
     << "  \"epochs_trained\": " << num(r.epochs_trained) << ",\n"
     << "  \"redone_samples\": " << r.redone_samples << ",\n"

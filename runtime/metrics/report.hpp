@@ -48,6 +48,7 @@ struct run_report {
   uint64_t bytes = 0;             // tensor bytes the workers pulled and pushed
   uint64_t dense_bytes = 0;       // what those pulls and pushes would have moved uncompressed
   bool stopped_early = false;     // asked to stop (a signal) before its epochs were done
+  bool target_reached = false;    // stopped when an evaluation reached run.target_accuracy
   bool time_limited = false;      // stopped at run.time_limit before its epochs were done
   double epochs_trained = 0;      // the job's samples so far over the training set (a resumed job's included)
   uint64_t redone_samples = 0;     // a resume: samples the interrupted run trained past its last cut, trained again

@@ -571,3 +571,25 @@ TEST_CASE("delta pulls move a fraction of the dense bytes, both ways compressed,
   // The workers train on parameters that lag the shards' by what is not sent yet.
   CHECK(sparse->test_accuracy >= 0.72);
 }
+
+TEST_CASE("a job with run.target_accuracy stops at the first evaluation that reaches it") {
+  auto cfg = small_job("bsp");
+  cfg.epochs = 200; // far more than the target needs: the target, not the epochs, ends it
+  cfg.eval_interval = 0.25;
+  cfg.target_accuracy = 0.7;
+  cfg.time_limit = 120;
+  auto rep = actors::run_local_job(cfg);
+  REQUIRE(rep);
+  CHECK(rep->target_reached);
+  CHECK_FALSE(rep->time_limited);
+  CHECK(rep->epochs_trained < 200);
+  // Mid-run evaluations below the target, then the one that reached it; the final
+  // evaluation of the stopped model comes after.
+  REQUIRE(rep->history.size() >= 2);
+  size_t first = 0;
+  while (first < rep->history.size() && rep->history[first].test_accuracy < 0.7)
+    ++first;
+  REQUIRE(first < rep->history.size());
+  CHECK(rep->history.size() <= first + 3); // it stopped within a couple of evaluations
+  CHECK(rep->seconds < 60);
+}

@@ -102,6 +102,16 @@ TEST_CASE("validation names the inconsistent key") {
   cfg = train_config{};
   cfg.commit_scale = 2;
   CHECK(describe(validate(cfg)).find("train.commit_scale") != std::string::npos);
+  // A target accuracy is a fraction, and needs evaluations to be seen.
+  cfg = train_config{};
+  cfg.target_accuracy = 85;
+  CHECK(describe(validate(cfg)).find("run.target_accuracy must be in [0, 1]") != std::string::npos);
+  cfg = train_config{};
+  cfg.target_accuracy = 0.85;
+  cfg.eval_every_epoch = false;
+  CHECK(describe(validate(cfg)).find("run.target_accuracy needs test evaluations") != std::string::npos);
+  cfg.eval_interval = 0.5;
+  CHECK_FALSE(validate(cfg));
 }
 
 TEST_CASE("every config key documents its default") {

@@ -3,7 +3,8 @@
 // backend written in Python, so that a PyTorch model is what Ashlar's workers train.
 //
 // A backend is a Python object with two methods, called on Ashlar's worker threads with
-// the GIL held:
+// the GIL held (a train_step that raises ashlar.bridge.Closed ends its worker without
+// failing the job: the script stopped taking steps):
 //   train_step(params, x, y, grad) -> (loss_sum, correct)
 //   evaluate(params, x, y) -> (loss_sum, correct)
 // params (float32, the model's flat parameters), x (float32 [n, C, H, W] for a model whose
@@ -100,6 +101,10 @@ private:
         return make_error(errc::numerical_error, name_ + "." + method + ": the loss is not finite");
       return s;
     } catch (py::error_already_set& e) {
+      // ashlar.bridge.Closed: the script stopped taking steps (it left its loop, or
+      // shut down); the worker leaves without failing the job.
+      if (e.matches(py::module_::import("ashlar.bridge").attr("Closed")))
+        return make_error(errc::cancelled, name_ + "." + method + ": " + py::str(e.value()).cast<std::string>());
       return make_error(errc::invalid_state, name_ + "." + method + " raised " + e.what());
     } catch (const py::cast_error&) {
       return make_error(errc::invalid_state, name_ + "." + method

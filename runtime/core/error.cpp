@@ -20,6 +20,7 @@ const char* to_string(errc x) {
     case errc::unknown_name: return "unknown_name";
     case errc::handshake_refused: return "handshake_refused";
     case errc::device_error: return "device_error";
+    case errc::cancelled: return "cancelled";
   }
   return "unknown_error";
 }

@@ -39,6 +39,9 @@ enum class errc : uint8_t {
   handshake_refused = 11,
   /// A GPU device, driver or library call failed (names the call, file and line).
   device_error = 12,
+  /// A computation its owner gave up (a host application's backend that stops taking
+  /// steps): not a failure; the worker leaves as if removed.
+  cancelled = 13,
 };
 
 /// The atom that marks Ashlar's error category.

@@ -73,7 +73,7 @@ void step_machine::fail(const std::string& why) {
   emit(step::fail{why});
 }
 
-void step_machine::finish() {
+void step_machine::finish(std::string reason) {
   stopped_ = true;
   spdlog::debug("worker {}: finished {} steps", job_.worker_id, step_);
   if (!compressors_.empty()) {
@@ -89,8 +89,10 @@ void step_machine::finish() {
     spdlog::info("worker {}: delta pulls received {:.1f} MB for {:.1f} MB of parameters (compression ratio {:.1f})",
                  job_.worker_id, pull_sent_bytes_ / 1e6, pull_dense_bytes_ / 1e6,
                  static_cast<double>(pull_dense_bytes_) / static_cast<double>(pull_sent_bytes_));
-  emit(step::finish{stop_requested_ ? "removed on request after " + std::to_string(step_) + " steps"
-                                    : "finished " + std::to_string(step_) + " steps"});
+  if (reason.empty())
+    reason = stop_requested_ ? "removed on request after " + std::to_string(step_) + " steps"
+                             : "finished " + std::to_string(step_) + " steps";
+  emit(step::finish{std::move(reason)});
 }
 
 void step_machine::begin() {
@@ -400,6 +402,9 @@ void step_machine::compute_step() {
 void step_machine::on_computed(const expected<batch_stats>& stats) {
   if (stopped_)
     return;
+  if (!stats && is(stats.error(), errc::cancelled)) // the backend's owner stopped: leave, the step untaken
+    return finish("its compute backend stopped taking steps after " + std::to_string(step_) + " steps ("
+                  + describe(stats.error()) + ")");
   if (!stats && !is(stats.error(), errc::numerical_error))
     return fail("step " + std::to_string(step_) + ": " + describe(stats.error()));
   compute_ns_ = since(compute_t0_);

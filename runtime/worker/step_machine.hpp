@@ -179,7 +179,7 @@ private:
 
   void emit(step_action a) { actions_.push_back(std::move(a)); }
   void fail(const std::string& why);
-  void finish();
+  void finish(std::string reason = {});
   void shard_trouble(size_t i, const std::string& why);
   bool current(uint64_t gen) const { return !stopped_ && !suspended_ && gen_ == gen; }
   uint64_t chunk_size(uint64_t total) const;

@@ -178,12 +178,15 @@ def is_running():
 
 
 def shutdown(timeout=60):
-    """Leaves the cluster (a local job stops after its workers' current step) and waits
-    for the worker to end. Returns its exit code (0: it ended cleanly)."""
+    """Leaves the cluster (a local job stops after its workers' current step: a script
+    may leave its loop early and call this) and waits for the worker to end. Returns its
+    exit code (0: it ended cleanly, a local job stopped by this call included)."""
     t = _node["thread"]
     if t is None:
         return 0
+    stopped_here = False
     if t.is_alive():
+        stopped_here = True
         _ashlar.request_stop()
         if _node["bridge"] is not None:
             _node["bridge"].close()
@@ -191,7 +194,11 @@ def shutdown(timeout=60):
     if t.is_alive():
         return 1  # still leaving: a later init() is refused until it has
     _node["thread"] = None
-    return _node["code"] if _node["code"] is not None else 1
+    code = _node["code"] if _node["code"] is not None else 1
+    # A local job stopped on request exits as `ashlar train` does on a signal (130 for
+    # SIGINT, 143 for SIGTERM, which request_stop stands for); here the stop is what the
+    # caller asked for.
+    return 0 if stopped_here and code in (130, 143) else code
 
 
 @atexit.register

@@ -8,7 +8,7 @@
 # batches from OmniLearn's proportional controller and a batch-weighted average
 # (ddp_peer.py --controller omnilearn). About 10 minutes.
 #   [SEEDS=3] [POLICIES=bsp,bsp+proportional,asp,adsp,ashl] bash ops/bench/peer-ddp.sh [out-dir (default docs/bench/peer)]
-# Another network: CONFIG=ops/configs/fmnist-cnn.toml TARGET=0.9 SAMPLE_MS=6 CAP=900 (the
+# Another network: CONFIG=ops/configs/fmnist-cnn.toml TARGET=0.9 SAMPLE_MS=6 CAP=900 EVAL=5 (the
 # pace must leave the fastest worker time for the real compute: with 4 workers sharing
 # this machine's cores, about 1.5 ms per CNN sample). DDP trains the config's [model]
 # (ops/ashlar_torch.py) at the config's learning rate.
@@ -39,8 +39,9 @@ if [[ "$config" != ops/configs/fmnist-mlp.toml ]]; then
   lr=$(/usr/bin/python3 -c "import sys, tomllib; print(tomllib.load(open(sys.argv[1], 'rb')).get('train', {}).get('lr', 0.05))" "$config")
   ddp_model=(--config "$config" --lr "$lr")
 fi
+# Each Ashlar run ends at the target, as each DDP run does (--stop-at-target).
 "$ashlar" bench hetero "$config" --speeds 1,1,2,4 --time-cap "$cap" --repeat "$seeds" --target "$target" \
-  --sample-ms "$sample_ms" --policies "$policies" --eval-interval "$eval" --out "$out/ashlar"
+  --sample-ms "$sample_ms" --policies "$policies" --eval-interval "$eval" --stop-at-target --out "$out/ashlar"
 ops/plot "$out/ashlar/series.csv"
 # DDP: the config's lr 0.1, momentum 0.9, weight decay 1e-4, batch 64 per process.
 /usr/bin/python3 ops/bench/ddp_peer.py --speeds 1,1,2,4 --sample-ms "$sample_ms" --time-cap "$cap" --eval-interval "$eval" \

@@ -59,8 +59,8 @@ expected<ashl_planner> ashl_planner::make(ashl_config cfg) {
   if (cfg.max_local_steps < std::max(cfg.ahl_local_steps, cfg.shl_local_steps))
     return bad("max_local_steps (" + std::to_string(cfg.max_local_steps)
                + ") is below a stage's local steps");
-  if (!(cfg.plateau_window_s > 0) || !(cfg.plateau_drop >= 0 && cfg.plateau_drop < 1))
-    return bad("plateau_window_s must be > 0 and plateau_drop in [0, 1)");
+  if (!(cfg.plateau_window_s >= 0) || !(cfg.plateau_drop >= 0 && cfg.plateau_drop < 1))
+    return bad("plateau_window_s must be >= 0 and plateau_drop in [0, 1)");
   if (!(cfg.shl_lr_scale > 0 && cfg.shl_lr_scale <= 1))
     return bad("shl_lr_scale must be in (0, 1]");
   if (!(cfg.pull_topk_ratio >= 0 && cfg.pull_topk_ratio < 0.5))
@@ -108,22 +108,26 @@ std::optional<ashl_event> ashl_planner::observe(double t_s, double loss, const s
         change = ashl_event{t_s, ashl_stage::shl,
                             "training loss " + fixed3(loss) + " <= " + fixed3(cfg_.switch_loss)};
     } else {
-      // The loss a window ago: the latest observation at least plateau_window_s old.
+      // The loss a window ago: the latest observation at least a window old.
+      const double window =
+        cfg_.plateau_window_s > 0 ? cfg_.plateau_window_s : std::max(0.5, (t_s - ahl_start_s_) / 2);
       const std::pair<double, double>* then = nullptr;
       for (const auto& o : losses_)
-        if (o.first <= t_s - cfg_.plateau_window_s)
+        if (o.first <= t_s - window)
           then = &o;
       if (then && then->second > 0) {
         double drop = (then->second - loss) / then->second;
         if (drop < cfg_.plateau_drop)
           change = ashl_event{t_s, ashl_stage::shl,
                               "training loss fell " + fixed(100 * drop) + "% in the last "
-                                + fixed(cfg_.plateau_window_s) + " s (plateau below "
+                                + fixed(window) + " s (plateau below "
                                 + fixed(100 * cfg_.plateau_drop) + "%)"};
       }
     }
   }
   if (change) {
+    if (change->to == ashl_stage::ahl)
+      ahl_start_s_ = t_s;
     stage_ = change->to;
     events_.push_back(*change);
   }

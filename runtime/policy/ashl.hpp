@@ -60,7 +60,11 @@ struct ashl_config {
   /// relatively, over the last plateau_window_s seconds) or "loss" (the training loss
   /// is at most switch_loss). Default: "plateau".
   ashl_rule rule = ashl_rule::plateau;
-  /// Default: 1.5 s.
+  /// The plateau rule's window, seconds; 0 = half the time spent in AHL so far, at least
+  /// 0.5 s: the window grows with the stage, so a job whose loss falls over minutes is
+  /// read as one whose loss falls over seconds. (Measured, it did not beat the fixed
+  /// window: 3-seed medians over 8 random MLP profiles summed 27.5 s against 26.2 s, and
+  /// the CNN at 1,1,2,4 reached 90% in 145 s against 125 s, one run each.) Default: 1.5.
   double plateau_window_s = 1.5;
   /// Default: 0.1 (10%).
   double plateau_drop = 0.1;
@@ -151,6 +155,7 @@ private:
   float pull_ratio_ = 0;
   std::vector<ashl_event> events_;
   std::vector<std::pair<double, double>> losses_; // (t, loss) seen in AHL
+  double ahl_start_s_ = 0;                         // when AHL began
 };
 
 /// ASHL's job planner: feeds the stage machine the profiler's numbers. A stage change

@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "runtime/policy/ashl.hpp"
 
 using namespace ashlar;
@@ -79,6 +81,39 @@ TEST_CASE("the ASHL stage machine moves AHL -> SHL on a loss plateau, not while 
   CHECK(p.lr_scale() == Approx(cfg.shl_lr_scale)); // the fine stage takes smaller steps
   // SHL is the last stage.
   CHECK_FALSE(p.observe(10.0, 0.5, hetero(40)));
+}
+
+TEST_CASE("ASHL's plateau window 0 is half the time spent in AHL, so a job of minutes is read as one of seconds") {
+  // A loss that falls 20% every doubling of the time: over any fixed window of a few
+  // seconds it barely moves once minutes have passed, yet it has not levelled off.
+  ashl_config half;
+  half.plateau_window_s = 0; // half the AHL time, at least 0.5 s
+  auto p = make_planner(half);
+  REQUIRE(p.observe(1.0, 2.0, hetero(10)));
+  REQUIRE(p.stage() == ashl_stage::ahl);
+  auto loss_at = [](double t) { return 2.0 * std::pow(0.8, std::log2(t)); };
+  for (double t = 2.0; t <= 300.0; t += 1.0)
+    REQUIRE_FALSE(p.observe(t, loss_at(t), hetero(20)));
+  CHECK(p.stage() == ashl_stage::ahl);
+  // Level from 300 s on: once the latter half of AHL holds a drop under 10%, SHL.
+  std::optional<ashl_event> change;
+  double t = 300;
+  for (; t <= 900 && !change; t += 1.0)
+    change = p.observe(t, loss_at(300) * 0.999, hetero(30));
+  REQUIRE(change);
+  CHECK(change->to == ashl_stage::shl);
+  CHECK(t > 350); // the drop of the window's older part still counted for a while
+  CHECK(change->why.find("training loss fell") != std::string::npos);
+  // A fixed window of 1.5 s would have ended AHL at once on the same loss.
+  ashl_config fixed;
+  fixed.plateau_window_s = 1.5;
+  auto q = make_planner(fixed);
+  REQUIRE(q.observe(1.0, 2.0, hetero(10)));
+  std::optional<ashl_event> early;
+  for (double u = 2.0; u <= 300.0 && !early; u += 1.0)
+    early = q.observe(u, loss_at(u), hetero(20));
+  REQUIRE(early);
+  CHECK(early->t_s < 10);
 }
 
 TEST_CASE("the ASHL loss rule switches to SHL at the target loss") {

@@ -8,10 +8,12 @@ is not counted) and the run stops at --target accuracy or --time-cap seconds.
 Prints one JSON line per seed: time to target, samples/s, final accuracy.
 
   /usr/bin/python3 ops/bench/ddp_peer.py --speeds 1,1,2,4 --seeds 1,2,3
-  /usr/bin/python3 ops/bench/ddp_peer.py --config ops/configs/fmnist-cnn.toml --lr 0.05 --sample-ms 6 --target 0.9
+  /usr/bin/python3 ops/bench/ddp_peer.py --config ops/configs/fmnist-cnn.toml --lr 0.1 --sample-ms 6 --target 0.9
 
 With --config, the network is the config's [model] built by ops/ashlar_torch.py (the
 same layers, shapes and parameter layout Ashlar trains); without, the MLP of --hidden.
+The learning rate follows the config's schedule (train.lr_schedule, train.warmup_epochs,
+train.epochs) as Ashlar's does: over the epochs or the time cap, whichever is further.
 
 --controller omnilearn: the stronger peer. Per-worker batch sizes set by OmniLearn's BSP
 controller (TPDS 2025): at every adjustment each worker's batch b_i changes by
@@ -25,6 +27,7 @@ once an epoch; these runs reach the target within about one, so the same rule ru
 import argparse
 import gzip
 import json
+import math
 import os
 import struct
 import sys
@@ -103,6 +106,21 @@ def make_net(args):
     return ashlar_torch.build(ashlar_torch.read_config(args.config))
 
 
+def lr_factor(schedule, warmup, epoch, epochs):
+    """Ashlar's learning-rate factor (runtime/optim/lr_schedule.cpp): constant, cosine or
+    step over `epochs`, times a linear warmup over the first `warmup` epochs."""
+    t = min(max(epoch / epochs, 0.0), 1.0) if epochs > 0 else 0.0
+    f = 1.0
+    if schedule == "cosine":
+        f = 0.5 * (1.0 + math.cos(math.pi * t))
+    elif schedule == "step":
+        f = 0.01 if t >= 0.75 else 0.1 if t >= 0.5 else 1.0
+    warmup = min(warmup, epochs / 2)
+    if warmup > 0 and epoch < warmup:
+        f *= max(0.01, max(epoch, 0.0) / warmup)
+    return f
+
+
 def worker(rank, args, port, result_path):
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -138,8 +156,11 @@ def worker(rank, args, port, result_path):
     train_time, eval_time, samples, history = 0.0, 0.0, 0, []
     start = time.perf_counter()
     next_eval = args.eval_interval
-    stop = torch.zeros(1)
+    # stop[0]: agreed to stop; stop[1]: rank 0's share of the time cap spent, which every
+    # rank's learning-rate schedule reads alike (set at the same steps everywhere).
+    stop = torch.zeros(2)
     step = 0
+    time_share = 0.0
     epoch = 0
     done = False
     omni = args.controller == "omnilearn"
@@ -155,6 +176,11 @@ def worker(rank, args, port, result_path):
             step_compute = per_sample * batch
             if budget > step_compute:
                 time.sleep(budget - step_compute)
+            # The schedule as Ashlar runs it: over the epochs (of the global batch) or the
+            # time cap, whichever is further along (runtime/optim/lr_schedule.cpp).
+            progress = max(step * global_batch / x.shape[0], args.epochs * time_share)
+            for g in opt.param_groups:
+                g["lr"] = args.lr * lr_factor(args.schedule, args.warmup_epochs, progress, args.epochs)
             opt.zero_grad()
             loss = loss_fn(model(x[idx]), y[idx])
             if omni:  # DDP averages equally: weigh each worker's gradient by its batch
@@ -190,8 +216,13 @@ def worker(rank, args, port, result_path):
                     next_eval = train_time + args.eval_interval
                     if acc >= args.target or train_time >= args.time_cap:
                         stop[0] = 1
-            if step % 10 == 0:  # agree on stopping, every 10 steps
+            if step % 10 == 0:  # agree on stopping and on the time spent, every 10 steps
+                if rank == 0:
+                    stop[1] = min(1.0, train_time / args.time_cap) if args.time_cap > 0 else 0.0
+                else:
+                    stop[1] = 0.0
                 dist.all_reduce(stop)
+                time_share = stop[1].item()
                 if stop[0] > 0:
                     done = True
                     break
@@ -219,6 +250,12 @@ def main():
     p.add_argument("--config", default="", help="an Ashlar config whose [model] to train instead of the MLP")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--schedule", choices=["constant", "cosine", "step"], default=None,
+                   help="learning-rate schedule (default: the config's train.lr_schedule, else constant), over "
+                        "--epochs or the time cap, whichever is further along, as Ashlar runs it")
+    p.add_argument("--warmup-epochs", type=float, default=None, help="linear warmup (default: the config's)")
+    p.add_argument("--epochs", type=float, default=None, help="the schedule's length (default: the config's "
+                   "train.epochs, else 10)")
     p.add_argument("--weight-decay", type=float, default=1e-4)
     p.add_argument("--target", type=float, default=0.85)
     p.add_argument("--time-cap", type=float, default=60)
@@ -234,6 +271,17 @@ def main():
     p.add_argument("--dead-band", type=float, default=0.05, help="omnilearn: no change while every t_i is this close "
                    "to the mean (relative)")
     args = p.parse_args()
+    train = {}
+    if args.config:
+        import tomllib
+        with open(args.config, "rb") as f:
+            train = tomllib.load(f).get("train", {})
+    if args.schedule is None:
+        args.schedule = train.get("lr_schedule", "constant")
+    if args.warmup_epochs is None:
+        args.warmup_epochs = float(train.get("warmup_epochs", 0))
+    if args.epochs is None:
+        args.epochs = float(train.get("epochs", 10))
     args.speeds = [float(s) for s in args.speeds.split(",")]
     args.hidden = [int(h) for h in args.hidden.split(",") if h]
     args.contention = load_contention(args.contention)

@@ -28,6 +28,20 @@ def mlp():
     return ashlar_torch.build(ashlar_torch.read_config(MLP))
 
 
+def script_loop(opt, model, stop_after=None):
+    """A training script's loop over a DistributedOptimizer; leaves it after `stop_after`
+    steps when given. Returns the steps taken."""
+    steps = 0
+    for x, y in opt.batches():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        steps += 1
+        if steps == stop_after:
+            break
+    return steps
+
+
 class Counting(at.ModelBackend):
     def __init__(self, model):
         super().__init__(model)
@@ -276,13 +290,7 @@ def test_a_local_job_of_a_model_ashlar_does_not_describe_trains_and_evaluates_th
     ashlar.init(config=MLP, settings=dict(SLICE, **{"train.workers": 1, "train.epochs": 2,
                                                     "model.layers": "external name=host params=7850"}),
                 args=["--report", str(report)])
-    opt = at.DistributedOptimizer(model)
-    steps = 0
-    for x, y in opt.batches():
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        steps += 1
+    steps = script_loop(at.DistributedOptimizer(model), model)
     assert ashlar.shutdown() == 0
     rep = json.loads(report.read_text())
     assert steps == sum(w["steps"] for w in rep["per_worker"]) and steps > 0
@@ -305,15 +313,7 @@ def test_a_local_job_whose_script_leaves_its_loop_early_stops_cleanly_with_its_r
     model = mlp()
     ashlar.init(config=MLP, settings=dict(SLICE, **{"train.workers": 3, "train.epochs": 50, "train.policy": "asp"}),
                 args=["--report", str(report)])
-    opt = at.DistributedOptimizer(model)
-    steps = 0
-    for x, y in opt.batches():
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        steps += 1
-        if steps == 30:
-            break
+    assert script_loop(at.DistributedOptimizer(model), model, stop_after=30) == 30
     assert ashlar.shutdown(timeout=60) == 0
     rep = json.loads(report.read_text())
     assert "error" not in rep, rep

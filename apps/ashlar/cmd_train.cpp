@@ -121,10 +121,8 @@ int submit(const train_config& cfg, const std::string& join, const security_opti
     // In the same words and precision as a local run's summary (finish_run).
     std::printf("done: policy %s, %s workers, %s shards, model %s\n", field("policy").c_str(), field("workers").c_str(),
                 field("servers").c_str(), field("model").c_str());
-    const char* why = field("stopped_early") == "true"    ? "stopped on request after "
-                      : field("target_reached") == "true" ? "stopped at the target accuracy after "
-                      : field("time_limited") == "true"   ? "stopped at the time limit after "
-                                                          : "after ";
+    const char* why = ending_words(field("stopped_early") == "true", field("target_reached") == "true",
+                                   field("time_limited") == "true");
     std::printf("test accuracy %.4f (loss %.4f) on %s samples, %s%.2f of %s epochs in %.1f s (%.0f samples/s)\n",
                 num("test_accuracy"), num("test_loss"), field("test_samples").c_str(), why, num("epochs_trained"),
                 field("epochs").c_str(), num("seconds"), num("samples_per_second"));

@@ -202,6 +202,13 @@ actors::job_hooks print_hooks(uint32_t epochs) {
   return hooks;
 }
 
+const char* ending_words(bool stopped_early, bool target_reached, bool time_limited) {
+  return stopped_early    ? "stopped on request after "
+         : target_reached ? "stopped at the target accuracy after "
+         : time_limited   ? "stopped at the time limit after "
+                          : "after ";
+}
+
 int finish_run(const train_config& cfg, const expected<run_report>& rep, const char* who) {
   if (!rep) {
     std::fprintf(stderr, "%s: %s\n", who, describe(rep.error()).c_str());
@@ -219,10 +226,7 @@ int finish_run(const train_config& cfg, const expected<run_report>& rep, const c
   // The epochs the job trained, as counted by its samples: a stop on request or at the
   // time limit says so; a run that trained past its budget (workers at their own pace
   // finish the step in flight) says how far.
-  const char* why = rep->stopped_early    ? "stopped on request after "
-                    : rep->target_reached ? "stopped at the target accuracy after "
-                    : rep->time_limited   ? "stopped at the time limit after "
-                                          : "after ";
+  const char* why = ending_words(rep->stopped_early, rep->target_reached, rep->time_limited);
   std::printf("test accuracy %.4f (loss %.4f) on %lu samples, %s%.2f of %u epochs in %.1f s (%s samples/s)\n",
               rep->test_accuracy, rep->test_loss, static_cast<unsigned long>(rep->test_samples), why,
               rep->epochs_trained, rep->epochs, rep->seconds, rate(rep->samples_per_second).c_str());

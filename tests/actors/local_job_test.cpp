@@ -254,25 +254,27 @@ TEST_CASE("test evaluations come every run.eval_interval seconds while a job run
 TEST_CASE("k-sync and k-async jobs train to a working model") {
   for (const char* policy : {"ksync", "kasync"}) {
     auto cfg = small_job(policy);
-    cfg.epochs = 2;
+    cfg.epochs = 3;
     cfg.policy_settings.k = 2;
+    // Paced at one speed, the workers arrive in no fixed order: k-sync's dropped gradients
+    // come from every share of the data, and k-async's staleness stays near k whatever
+    // else loads the machine (unpaced on a loaded machine one worker can stay last, its
+    // share never reaching a k-sync model and its gradients growing stale under k-async).
+    cfg.speeds = {1.0};
+    cfg.sample_ms = 0.2;
     if (std::string{policy} == "kasync") {
       // Updates without waiting, like ASP: a smaller step keeps stale gradients stable.
       cfg.optimizer.lr = 0.02f;
       cfg.optimizer.momentum = 0.5f;
-    } else {
-      // k-sync drops the slowest workers' gradients every round. Paced at one speed, the
-      // workers arrive in no fixed order, so every share of the data reaches the model;
-      // unpaced on a loaded machine one worker can stay last and its share never does.
-      cfg.speeds = {1.0};
-      cfg.sample_ms = 0.2;
     }
     auto rep = actors::run_local_job(cfg);
     INFO(policy);
     REQUIRE(rep);
-    // k-sync applies 2 of 4 gradients a round: its 2 epochs of samples are about one
-    // epoch of updates (0.72-0.76 on a loaded 2-core machine, 0.78+ idle).
-    CHECK(rep->test_accuracy >= (std::string{policy} == "ksync" ? 0.70 : 0.75));
+    // k-sync applies 2 of 4 gradients a round: its 3 epochs of samples are about 1.5
+    // epochs of updates. Measured 0.79-0.83 for both idle; with four busy loops beside
+    // them on 2 cores 0.79-0.83 (k-sync) and 0.73-0.85 (k-async, whose last iterate is
+    // noisier); an untrained model scores 0.1.
+    CHECK(rep->test_accuracy >= 0.70);
     if (std::string{policy} == "kasync")
       CHECK(rep->dropped == 0);
   }

@@ -417,12 +417,35 @@ private:
         failed_ = fl;
         first_failure_ = std::move(first_failure);
       },
+      [&](start_atom, uint32_t workers) { on_training_start(workers); },
       [&](caf::down_msg& dm) { on_shard_down(dm); },
       [&](shard_atom, uint32_t index, shard_actor& shard, std::string& endpoint) {
         on_shard_back(index, std::move(shard), std::move(endpoint));
       },
       caf::after(wait) >> [&] { got = false; });
     return got;
+  }
+
+  // The job's clock (its report's seconds, evaluations, progress, the time limit and the
+  // run's files) restarts when training does: the time workers took to join (processes
+  // starting, a data set loading, a script importing its framework) is reported apart,
+  // as startup_seconds, and is not training time.
+  void on_training_start(uint32_t workers) {
+    if (training_)
+      return;
+    training_ = true;
+    const uint64_t now = clock_.steady_ns();
+    rep_.startup_seconds = static_cast<double>(now - start_) * 1e-9;
+    start_ = now;
+    last_progress_ = last_eval_ = last_shard_poll_ = last_noted_ = 0;
+    for (auto& [index, since] : lost_since_)
+      since -= rep_.startup_seconds;
+    if (recorder_)
+      recorder_->mark_start();
+    if (rep_.startup_seconds >= 0.5)
+      spdlog::info("job: training starts with {} workers, {:.1f} s after the job did (workers joining); its "
+                   "times count from here",
+                   workers, rep_.startup_seconds);
   }
 
   void on_shard_down(const caf::down_msg& dm) {
@@ -488,8 +511,10 @@ private:
     if (done_)
       return;
     publish_metrics(stats, now);
-    report_progress(stats, now);
-    evaluate_if_due(stats, now);
+    if (training_) { // nothing to show before: the parameters are the initial ones
+      report_progress(stats, now);
+      evaluate_if_due(stats, now);
+    }
     // Checkpoint cuts, while every shard is there to write them; how far the job got, for
     // a resume to count what it trains again.
     if (cuts_ && lost_since_.empty())
@@ -787,7 +812,8 @@ private:
   std::shared_ptr<std::atomic<int>> stage_; // the scheduler's stage in force (ashl_stage; -1: none)
   std::shared_ptr<std::atomic<uint64_t>> reassigned_ = std::make_shared<std::atomic<uint64_t>>(0);
   const clock_source& clock_ = system_clock();
-  uint64_t start_ = 0; // steady ns when the workers started
+  uint64_t start_ = 0;    // steady ns when the job started, then when training did
+  bool training_ = false; // the scheduler said training starts
   std::unique_ptr<job_evaluations> evals_;
   run_report rep_;
   // watch

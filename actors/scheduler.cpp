@@ -325,6 +325,8 @@ void start_training(scheduler_pointer self) {
   else
     spdlog::info("scheduler: {} workers joined, training starts", st.start_barrier.size());
   record(self, "training starts", std::to_string(st.start_barrier.size()) + " workers");
+  if (st.cfg.observer) // the job's clock starts here: the time workers took to join is not training
+    caf::anon_send(st.cfg.observer, start_atom::value, static_cast<uint32_t>(st.start_barrier.size()));
   for (auto& f : st.start_barrier)
     f();
   st.start_barrier.clear();

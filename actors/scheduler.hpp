@@ -61,7 +61,8 @@ struct scheduler_config {
   /// Receives (done_atom, uint32_t finished, uint32_t failed, std::string first_failure:
   /// "worker ID: why", empty when none failed) once every registered
   /// worker has left and at least expected_workers have registered (and, with
-  /// worker_wait, no lost worker's steps wait for a newcomer).
+  /// worker_wait, no lost worker's steps wait for a newcomer); and (start_atom, uint32_t
+  /// workers) when training starts.
   caf::actor observer;
   /// Where stage changes, policy retunes, joins and leaves are recorded (the run's
   /// trace and metrics files), if anywhere.

@@ -483,6 +483,14 @@ caf::error cluster_placement::start_workers(const train_config& cfg, const sched
     order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t x, size_t y) { return natural_less(nodes->infos[x].name, nodes->infos[y].name); });
+  // Every node is asked at once, then every answer awaited: each node loads its data set
+  // for its worker, and one after another they would keep training waiting for the sum.
+  struct asked_worker {
+    size_t node;
+    uint32_t id;
+    decltype(self->request(nodes->handles[0], 60s, tmpl, scheduler, profiler)) answer;
+  };
+  std::vector<asked_worker> asked;
   uint32_t next = 0;
   for (size_t i : order) {
     if (next >= cfg.workers)
@@ -490,17 +498,21 @@ caf::error cluster_placement::start_workers(const train_config& cfg, const sched
     for (uint32_t slot = 0; slot < nodes->infos[i].slots && next < cfg.workers; ++slot) {
       auto req = tmpl;
       req.requested_id = next;
-      caf::error err;
-      self->request(nodes->handles[i], 60s, req, scheduler, profiler)
-        .receive([&](worker_actor& w) { workers_.push_back(std::move(w)); },
-                 [&](caf::error& e) { err = std::move(e); });
-      if (err)
-        return make_error(errc::peer_unreachable, "node " + nodes->infos[i].name
-                                                    + " could not start worker "
-                                                    + std::to_string(next) + ": " + describe(err));
+      asked.push_back({i, next, self->request(nodes->handles[i], 60s, req, scheduler, profiler)});
       ++next;
     }
   }
+  caf::error first;
+  for (auto& a : asked) {
+    caf::error err;
+    a.answer.receive([&](worker_actor& w) { workers_.push_back(std::move(w)); },
+                     [&](caf::error& e) { err = std::move(e); });
+    if (err && !first)
+      first = make_error(errc::peer_unreachable, "node " + nodes->infos[a.node].name + " could not start worker "
+                                                   + std::to_string(a.id) + ": " + describe(err));
+  }
+  if (first)
+    return first;
   if (next < cfg.workers)
     spdlog::warn("cluster: only {} worker slots for {} workers; training starts when the "
                  "scheduler's start timeout passes or more worker nodes join",

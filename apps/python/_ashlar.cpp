@@ -17,13 +17,21 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "apps/ashlar/host.hpp"
 #include "runtime/backend/compute_backend.hpp"
+#include "runtime/model/model.hpp"
 
 namespace py = pybind11;
 
@@ -48,6 +56,13 @@ public:
   // worker_done, where it has them) so that a script's loop ends with its worker.
   python_backend(py::object impl, model_spec spec, std::string name)
     : impl_(std::move(impl)), spec_(std::move(spec)), name_(std::move(name)) {
+    // The job's model, as the config's [model] table would give it (input [C, H, W],
+    // classes, the layers' text form): what the script builds its network from.
+    py::dict model;
+    model["input"] = py::make_tuple(spec_.input.c, spec_.input.h, spec_.input.w);
+    model["classes"] = spec_.classes;
+    model["layers"] = layers_text(spec_.resolved());
+    notify("model_given", model);
     notify("worker_started");
   }
 
@@ -68,10 +83,11 @@ public:
   }
 
 private:
-  void notify(const char* method) {
+  template <class... Args>
+  void notify(const char* method, Args&&... args) {
     try {
       if (py::hasattr(impl_, method))
-        impl_.attr(method)();
+        impl_.attr(method)(std::forward<Args>(args)...);
     } catch (py::error_already_set& e) {
       e.discard_as_unraisable(method);
     }
@@ -117,6 +133,102 @@ private:
   std::string name_;
 };
 
+// What a command writes to stderr still goes there, and its own messages ("ashlar train:
+// invalid_config: ...", the lines the command line starts with its name) are kept, so that
+// the Python caller can raise them: in a notebook, stderr of the process is not shown. One
+// command at a time is watched (a second one running meanwhile, such as a status query
+// beside a worker node, is not); the watch ends with the command.
+class stderr_watch {
+public:
+  stderr_watch() {
+    if (active_.exchange(true))
+      return;
+    int p[2];
+    std::fflush(stderr);
+    if (::pipe(p) != 0) {
+      active_ = false;
+      return;
+    }
+    saved_ = ::dup(2);
+    if (saved_ < 0 || ::dup2(p[1], 2) < 0) {
+      ::close(p[0]);
+      ::close(p[1]);
+      if (saved_ >= 0)
+        ::close(saved_);
+      saved_ = -1;
+      active_ = false;
+      return;
+    }
+    ::close(p[1]);
+    {
+      std::lock_guard<std::mutex> lock{mu_};
+      lines_.clear();
+    }
+    reader_ = std::thread([fd = p[0], out = saved_] {
+      char buf[4096];
+      std::string line;
+      for (;;) {
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+          continue;
+        if (n <= 0)
+          break;
+        for (ssize_t off = 0; off < n;) { // passed on whole
+          const ssize_t w = ::write(out, buf + off, static_cast<size_t>(n - off));
+          if (w < 0 && errno == EINTR)
+            continue;
+          if (w <= 0)
+            break;
+          off += w;
+        }
+        for (ssize_t i = 0; i < n; ++i) {
+          if (buf[i] != '\n') {
+            if (line.size() < 4096)
+              line += buf[i];
+            continue;
+          }
+          keep(line);
+          line.clear();
+        }
+      }
+      keep(line);
+      ::close(fd);
+    });
+  }
+
+  ~stderr_watch() {
+    if (saved_ < 0)
+      return;
+    std::fflush(stderr);
+    ::dup2(saved_, 2); // the pipe's last writer gone: the reader sees its end
+    reader_.join();
+    ::close(saved_);
+    active_ = false;
+  }
+
+  /// The command line's own messages of the last watched command.
+  static std::vector<std::string> lines() {
+    std::lock_guard<std::mutex> lock{mu_};
+    return lines_;
+  }
+
+private:
+  static void keep(const std::string& line) {
+    if (line.rfind("ashlar", 0) != 0)
+      return;
+    std::lock_guard<std::mutex> lock{mu_};
+    if (lines_.size() >= 20)
+      lines_.erase(lines_.begin());
+    lines_.push_back(line);
+  }
+
+  int saved_ = -1;
+  std::thread reader_;
+  static inline std::atomic<bool> active_{false};
+  static inline std::mutex mu_;
+  static inline std::vector<std::string> lines_;
+};
+
 // ashlar <args...> with `backend` (None: Ashlar's own) for the workers it starts here.
 int run(const std::vector<std::string>& args, py::object backend) {
   if (backend.is_none()) {
@@ -148,6 +260,7 @@ int run(const std::vector<std::string>& args, py::object backend) {
     ~reset() { cli::set_host_backend({}); }
   } reset_backend;
   py::gil_scoped_release release;
+  stderr_watch watch;
   return cli::run_cli(static_cast<int>(argv.size()), ptrs.data());
 }
 
@@ -161,6 +274,9 @@ PYBIND11_MODULE(_ashlar, m) {
         "Runs `ashlar ARGS...` in this process and returns its exit code; the workers it starts here "
         "compute with `backend` (an object with train_step and evaluate), or Ashlar's own when None. "
         "Releases the GIL while it runs.");
+  m.def("messages", &ashlar::stderr_watch::lines,
+        "The command line's own messages (the lines it wrote to stderr starting with 'ashlar', such as "
+        "'ashlar train: invalid_config: ...') of the last command run, at most 20.");
   m.def("reset_stop", [] { ashlar::cli::request_stop(0); },
         "Clears a stop request: called before a command starts (one of an earlier command must not stop it).");
   m.def("request_stop", [] { ashlar::cli::request_stop(SIGTERM); },

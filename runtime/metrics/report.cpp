@@ -70,6 +70,7 @@ std::string to_json(const run_report& r) {
     << "  \"test_accuracy\": " << num(r.test_accuracy) << ",\n"
     << "  \"test_loss\": " << num(r.test_loss) << ",\n"
     << "  \"seconds\": " << num(r.seconds) << ",\n"
+    << "  \"startup_seconds\": " << num(r.startup_seconds) << ",\n"
     << "  \"samples\": " << r.samples << ",\n"
     << "  \"samples_per_second\": " << num(r.samples_per_second) << ",\n"
     << "  \"versions\": " << r.versions << ",\n"

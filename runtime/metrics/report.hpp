@@ -39,7 +39,8 @@ struct run_report {
   uint64_t test_samples = 0;
   double test_accuracy = 0;
   double test_loss = 0;
-  double seconds = 0;
+  double seconds = 0;         // of training: from when it started (every worker joined) to its end
+  double startup_seconds = 0; // from the job's start until training started (workers joining, data loading)
   double samples_per_second = 0;
   uint64_t samples = 0;
   uint64_t versions = 0;          // summed over shards

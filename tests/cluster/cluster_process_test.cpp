@@ -79,7 +79,7 @@ TEST_CASE("a 2-server, 3-worker process cluster trains Fashion-MNIST to the sing
   temp_dir dir;
   std::vector<std::string> job = {"--workers", "3", "--servers", "2", "--epochs", "2",
                                   "--set", "data.train_limit=12000", "--set", "data.test_limit=2000",
-                                  "--set", "run.progress_interval=1"};
+                                  "--set", "run.progress_interval=1", "--set", "run.eval_interval=0.25"};
   std::vector<std::string> argv = {exe, "launch", config, "--report", dir.file("cluster.json")};
   argv.insert(argv.end(), job.begin(), job.end());
   auto launch = start(argv, dir.file("launch.log"));
@@ -108,6 +108,14 @@ TEST_CASE("a 2-server, 3-worker process cluster trains Fashion-MNIST to the sing
   CHECK(json_number(cluster_json, "test_accuracy") == Approx(local->test_accuracy).margin(1e-9));
   CHECK(json_number(cluster_json, "samples") == 2 * 12000);
   CHECK(json_number(cluster_json, "dropped") == 0);
+  // The job's clock starts with training: the worker processes loading their data is
+  // startup, and the first evaluation comes an interval into training, on a trained model.
+  CHECK(json_number(cluster_json, "startup_seconds") > 0);
+  std::smatch m;
+  REQUIRE(std::regex_search(cluster_json, m,
+                            std::regex{R"re("history": \[\s*\{"epoch": ([0-9.e+-]+), "seconds": ([0-9.e+-]+))re"}));
+  CHECK(std::stod(m[1]) > 0);
+  CHECK(std::stod(m[2]) == Approx(0.25).margin(0.15));
 }
 
 TEST_CASE("a SIGKILLed worker is removed within 5 s, the run completes, and a late worker is used") {

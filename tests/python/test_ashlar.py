@@ -87,10 +87,30 @@ def test_a_backend_without_the_methods_is_refused_before_anything_runs():
         ashlar.run(["version"], backend=object())
 
 
-def test_a_bad_setting_is_refused_with_the_usage_exit_code():
+def test_a_bad_setting_is_refused_with_the_usage_exit_code_and_the_commands_message():
     with pytest.raises(ashlar.Error) as err:
         ashlar.train(MLP, backend=at.ModelBackend(mlp()), settings={"train.polcy": "ashl"})
     assert err.value.code == 2
+    # The message the command wrote to stderr is the exception's too (a notebook shows no stderr).
+    assert "unknown config key 'train.polcy'" in str(err.value), str(err.value)
+    assert "train.policy" in str(err.value), str(err.value)
+
+
+def test_job_model_is_the_jobs_model_with_its_overrides(tmp_path):
+    ashlar.init(config=MLP, settings=dict(SLICE, **{"train.workers": 1, "train.epochs": 1, "model.hidden": "32"}))
+    spec = ashlar.job_model(timeout=60)
+    model = ashlar_torch.build(spec)
+    assert sum(p.numel() for p in model.parameters()) == 784 * 32 + 32 + 32 * 10 + 10
+    assert spec["input"] == [1, 28, 28] and spec["classes"] == 10
+    script_loop(at.DistributedOptimizer(model), model)
+    assert ashlar.shutdown() == 0
+
+
+def test_job_model_raises_when_the_worker_ends_before_it_came():
+    ashlar.init(join="127.0.0.1:1", args=["--connect-timeout", "1"])
+    with pytest.raises(ashlar.Error, match="before the job's model came"):
+        ashlar.job_model(timeout=60)
+    ashlar.shutdown()
 
 
 WORKER_SCRIPT = r"""
@@ -270,7 +290,8 @@ def test_a_script_started_mid_job_joins_it_and_one_interrupted_leaves_it_while_t
 def test_ashlar_launch_python_runs_the_script_as_every_worker_process_and_lets_it_finish(tmp_path):
     report = tmp_path / "report.json"
     out = subprocess.run([BIN, "launch", str(MLP), "--python", str(SRC / "apps/python/examples/fmnist_torch.py"),
-                          "--set", "train.workers=2", "--set", "train.policy=adsp", "--set", "data.train_limit=6000",
+                          "--set", "train.workers=2", "--set", "train.policy=adsp", "--set", "model.hidden=64",
+                          "--set", "data.train_limit=6000",
                           "--set", "data.test_limit=2000", "--epochs", "2", "--report", str(report)],
                          cwd=SRC, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert out.returncode == 0, out.stdout
@@ -280,6 +301,9 @@ def test_ashlar_launch_python_runs_the_script_as_every_worker_process_and_lets_i
     rep = json.loads(report.read_text())
     assert rep["test_accuracy"] >= 0.7, rep
     assert len(rep["per_worker"]) == 2
+    # The scripts built the job's model, --set included (ashlar.job_model()): a model of
+    # the config file's size would have been refused naming both parameter counts.
+    assert rep["model"] == "784-64-10", rep["model"]
 
 
 def test_a_local_job_of_a_model_ashlar_does_not_describe_trains_and_evaluates_through_the_script(tmp_path):

@@ -30,7 +30,7 @@ import threading
 
 from . import _ashlar
 
-__all__ = ["Error", "run", "train", "init", "shutdown", "is_running", "batch_size"]
+__all__ = ["Error", "run", "train", "init", "shutdown", "is_running", "batch_size", "job_model"]
 
 
 class Error(RuntimeError):
@@ -70,6 +70,11 @@ def run(args, backend=None):
     return result.get("code", 1)
 
 
+def _messages():
+    """The last command's own error lines ("ashlar train: invalid_config: ..."), joined."""
+    return "; ".join(_ashlar.messages())
+
+
 def _setting_args(settings):
     out = []
     for key, value in (settings or {}).items():
@@ -96,7 +101,7 @@ def train(config=None, backend=None, settings=None, args=()):
             with open(report) as f:
                 data = json.load(f)
         if code != 0:
-            why = (data or {}).get("error") or "see the messages above"
+            why = (data or {}).get("error") or _messages() or "see the messages above"
             raise Error(code, f"ashlar train failed (exit code {code}): {why}")
         return data
 
@@ -222,3 +227,21 @@ def batch_size():
     first step."""
     return _bridge_or_fail("batch_size").batch_size
 
+
+def job_model(timeout=None):
+    """The model of the job this process works for, as its scheduler has it (the config's
+    [model] with every --set applied): a dict with `input` [C, H, W], `classes` and
+    `layers` (Ashlar's text form), which ashlar.ashlar_torch.build() turns into a
+    torch.nn.Module of the same parameter layout. Waits until the scheduler has given this
+    process its worker (the job started, or it was admitted to a running one); raises
+    ashlar.Error if the worker ended first or `timeout` seconds passed."""
+    b = _bridge_or_fail("job_model")
+    model = b.wait_model(is_running, timeout)
+    if model is None:
+        code = _node["code"]
+        why = f"the worker node ended (exit code {code})" if code is not None else \
+            f"no worker within {timeout} s" if timeout is not None else "the worker ended"
+        said = _messages() if code else ""
+        raise Error(1, f"ashlar.job_model: {why} before the job's model came" + (f": {said}" if said else ""))
+    from . import ashlar_torch
+    return ashlar_torch.model_of(model)

@@ -59,8 +59,14 @@ class Bridge:
         self._lock = threading.Lock()
         self._workers = 0      # Ashlar workers of this process computing through the bridge
         self._started = False  # whether one ever did
+        self.model = None      # the job's model (a dict: input, classes, layers) once a worker starts
+        self._model_given = threading.Event()
 
     # --- called by Ashlar as its workers start and end --------------------------------
+    def model_given(self, model):
+        self.model = dict(model)
+        self._model_given.set()
+
     def worker_started(self):
         with self._lock:
             self._workers += 1
@@ -96,6 +102,16 @@ class Bridge:
         return self.evaluator(params, x, y)
 
     # --- called by the script --------------------------------------------------------
+    def wait_model(self, alive, timeout=None):
+        """The job's model, once a worker of this process has started; None if the
+        worker ended first, the bridge was closed or `timeout` seconds passed."""
+        waited = 0.0
+        while not self._model_given.wait(0.2):
+            waited += 0.2
+            if self._closed.is_set() or not alive() or (timeout is not None and waited >= timeout):
+                return None
+        return self.model
+
     def next_step(self, alive):
         """The next step of a worker of this process; raises Closed once the worker
         ended (`alive()` false) or the bridge was closed."""

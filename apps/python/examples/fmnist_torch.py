@@ -9,10 +9,12 @@ Three such workers at paced speeds 1, 2 and 4 under ASHL, the CNN on Fashion-MNI
 By hand, each worker joins a running scheduler:
 
     ASHLAR_JOIN=127.0.0.1:7400 ASHLAR_TOKEN_FILE=~/.ashlar/cluster-7400.token \
-      python3 apps/python/examples/fmnist_torch.py ops/configs/fmnist-cnn.toml
+      python3 apps/python/examples/fmnist_torch.py
 
-The network here is built from the job's config (ops/ashlar_torch.py), so Ashlar's own
-workers can train beside these; any nn.Module with the same layers in the same order works.
+The network is built from the job's model as the scheduler has it (ashlar.job_model():
+the config's [model] with every --set applied; ops/ashlar_torch.py builds it), so Ashlar's
+own workers can train beside these; any nn.Module with the same layers in the same order
+works.
 """
 import os
 import sys
@@ -24,10 +26,9 @@ import ashlar
 import ashlar.torch
 from ashlar import ashlar_torch
 
-config = os.environ.get("ASHLAR_CONFIG") or (sys.argv[1] if len(sys.argv) > 1 else "ops/configs/fmnist-mlp.toml")
 name = os.environ.get("ASHLAR_NAME", "python worker")
 ashlar.init()  # joins the cluster ASHLAR_JOIN names (set by ashlar launch --python)
-model = ashlar_torch.build(ashlar_torch.read_config(config))
+model = ashlar_torch.build(ashlar.job_model())  # waits for the job to give this process its worker
 opt = ashlar.torch.DistributedOptimizer(model)
 
 steps, start, last = 0, time.time(), time.time()

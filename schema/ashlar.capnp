@@ -151,6 +151,7 @@ struct Assignment {
   modelClasses @27 :UInt32;
   modelHidden @28 :List(UInt32);   # the MLP short form, when modelLayers is empty
   modelLayers @29 :Text;           # the layers' text form; empty: the MLP of modelHidden
+  localMomentum @30 :Float32;      # commits (ADSP, ASHL): the worker's momentum over its own gradients; 0: none
   struct Slowdown {
     startS @0 :Float64;
     endS @1 :Float64;

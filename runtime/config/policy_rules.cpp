@@ -64,8 +64,15 @@ std::vector<rule_change> policy_rule_changes(const train_config& cfg) {
              "train.lr " + num(lr) + " / sqrt(1 - momentum " + num(mu) + "): plain SGD local steps, between the "
                "recipe's step and its momentum's effective step");
     } else {
-      change("train.lr", num(lr / (2 * keep)),
-             "train.lr " + num(lr) + " / (2 sqrt(1 - momentum " + num(mu) + ")): local steps half as long as adsp's");
+      // Each worker's own momentum (Polyak's, over its gradients only): with it, one
+      // process needs fewer samples to a level (ops/bench/sequential_sgd.py); the step's
+      // effective length lr / (1 - local momentum) stays the rule's.
+      const double lm = user_set(cfg, "train.local_momentum") ? cfg.local_momentum : 0.5;
+      change("train.local_momentum", num(lm),
+             "each worker's momentum over its own gradients, in its local steps and commits");
+      change("train.lr", num(lr / (2 * keep) * (1 - lm)),
+             "train.lr " + num(lr) + " / (2 sqrt(1 - momentum " + num(mu) + ")) x (1 - local momentum " + num(lm)
+               + "): local steps half as long as adsp's, their velocity's included");
       if (cfg.commit_scale == 0)
         change("train.commit_scale", num(std::min(1.0, 2.0 / w)),
                "min(1, 2/" + ws + "): commits twice as heavy as an average's share, to match the shorter local "

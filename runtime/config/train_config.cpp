@@ -264,6 +264,9 @@ const std::vector<field>& fields() {
          [](train_config& c) -> double& { return c.pull_topk_ratio; }),
     bind("train.commit_scale", "adsp/ashl: a commit pushes its summed local gradients times this; 0 = 1/workers (default 0)",
          [](train_config& c) -> double& { return c.commit_scale; }),
+    bind("train.local_momentum", "adsp/ashl: each worker's momentum over its own gradients, in its local steps and "
+                                 "commits (default 0; ashl's rule: 0.5)",
+         [](train_config& c) -> double& { return c.local_momentum; }),
     bind("train.overlap_commits", "adsp/ashl: a commit's push and pull run while the next local steps compute (default false)",
          [](train_config& c) -> bool& { return c.overlap_commits; }),
     bind("train.speeds", "pacing: relative worker speeds, e.g. 1,1,2,4; empty = unpaced (default empty)",
@@ -619,6 +622,8 @@ caf::error validate(const train_config& c) {
   // push is no smaller than a dense one.
   if (!(c.commit_scale >= 0 && c.commit_scale <= 1))
     return bad("train.commit_scale must be in [0, 1] (0: 1 / workers)");
+  if (!(c.local_momentum >= 0 && c.local_momentum < 1))
+    return bad("train.local_momentum must be in [0, 1)");
   if (!(c.topk_ratio >= 0 && c.topk_ratio < 0.5))
     return bad("train.topk_ratio must be in [0, 0.5): from 0.5 on a sparse push is no smaller than a dense one");
   if (!(c.pull_topk_ratio >= 0 && c.pull_topk_ratio < 0.5))

@@ -77,6 +77,11 @@ struct train_settings {
   /// Local steps (ADSP, ASHL): a commit pushes its summed gradients times this; 0 means
   /// 1 / workers (a commit counts as one worker's share of a model average). Default: 0.
   double commit_scale = 0;
+  /// Local steps (ADSP, ASHL): each worker's momentum over its own gradients: a step
+  /// moves the local model by lr x its velocity (velocity = this x velocity + gradient),
+  /// and a commit carries the summed velocities. The shards' train.momentum would act
+  /// across different workers' commits; this acts within one worker's. Default: 0.
+  double local_momentum = 0;
   /// Local steps (ADSP, ASHL): a commit's push and the pull after it run while the next
   /// local steps compute; the pulled model then takes those steps along (pull minus local
   /// lr x their summed gradients). A worker waits only if its next commit is due before

@@ -44,6 +44,7 @@ wire::assignment make_assignment(const assignment_context& ctx, uint32_t id, uin
   a.pull_topk_ratio = static_cast<float>(job.pull_topk_ratio);
   a.overlap_commits = job.overlap_commits;
   a.momentum = job.optimizer.momentum;
+  a.local_momentum = ctx.traits.commits ? static_cast<float>(job.local_momentum) : 0.0f;
   a.weight_decay = job.optimizer.weight_decay;
   a.chunks_in_flight = job.chunks_in_flight;
   // A lost shard can come back from its checkpoints: workers wait for it, bounded.

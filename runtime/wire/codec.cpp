@@ -175,6 +175,7 @@ words encode(const assignment& x) {
   b.setCursorPos(x.cursor_pos);
   b.setMomentum(x.momentum);
   b.setWeightDecay(x.weight_decay);
+  b.setLocalMomentum(x.local_momentum);
   return to_words(mb);
 }
 
@@ -238,6 +239,9 @@ caf::error decode(const uint64_t* d, size_t n, assignment& out) {
     out.cursor_pos = r.getCursorPos();
     out.momentum = r.getMomentum();
     out.weight_decay = r.getWeightDecay();
+    out.local_momentum = r.getLocalMomentum();
+    if (!(out.local_momentum >= 0.0f && out.local_momentum < 1.0f))
+      return malformed("Assignment", "local momentum " + std::to_string(out.local_momentum) + " is not in [0, 1)");
     return caf::none;
   });
 }

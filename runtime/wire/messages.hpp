@@ -202,6 +202,7 @@ struct assignment {
   float pull_topk_ratio = 0; // pulls are delta reads of this fraction of each range; 0: dense
   bool overlap_commits = false; // local steps: a commit's push and pull run behind the next steps
   float momentum = 0;       // ring mode: the workers apply updates themselves (lr: local_lr)
+  float local_momentum = 0; // commits: the worker's momentum over its own gradients (local steps and commits)
   float weight_decay = 0;
   double shard_wait_s = 0;  // a lost shard may be replaced within this long; 0: fail at once
   uint64_t cursor_epoch = 0; // a resumed worker's data position in [data_begin, +data_count)

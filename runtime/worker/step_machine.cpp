@@ -468,13 +468,21 @@ void step_machine::take_commit(std::vector<float>& out) {
   local_done_ = 0;
 }
 
-// With local steps in force, a step's gradient is applied locally and added to the
-// commit; the commit (the summed gradients) is pushed after local_steps steps, or at the
+// With local steps in force, a step's gradient (its velocity, with local_momentum) is
+// applied locally and added to the commit; the commit (the summed gradients) is pushed after local_steps steps, or at the
 // last step. Otherwise the gradient is pushed at once (with a commit still open from local
 // steps, as its last step).
 void step_machine::after_compute() {
   if (mode_ == step_mode::ring)
     return ring_begin(); // (waits if the ring is not formed yet)
+  if (job_.local_momentum > 0) {
+    // The worker's own momentum: from here on the step's update is its velocity.
+    if (local_velocity_.size() != grad_.size())
+      local_velocity_.assign(grad_.size(), 0.0f);
+    const float beta = job_.local_momentum;
+    for (size_t j = 0; j < grad_.size(); ++j)
+      grad_[j] = local_velocity_[j] = beta * local_velocity_[j] + grad_[j];
+  }
   const uint32_t h = mode_ == step_mode::local_steps ? local_steps_ : 1;
   const bool overlap = job_.overlap_commits && mode_ == step_mode::local_steps;
   if (!overlap && h <= 1 && local_done_ == 0) {

@@ -249,6 +249,7 @@ private:
   uint64_t step_dense_ = 0; // what they would have been uncompressed
   // Local steps: gradients of the steps since the last commit, summed.
   uint32_t local_steps_ = 1;
+  std::vector<float> local_velocity_; // local_momentum: the worker's velocity over its gradients
   uint32_t local_done_ = 0;
   std::vector<float> acc_;
   uint32_t acc_samples_ = 0;

@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "runtime/wire/codec.hpp"
 
 using namespace ashlar;
@@ -30,9 +32,11 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   a.cursor_epoch = 4;
   a.cursor_pos = 320;
   a.overlap_commits = true;
+  a.local_momentum = 0.5f;
   assignment a2;
   REQUIRE_FALSE(decode(encode(a), a2));
   CHECK(a2.overlap_commits);
+  CHECK(a2.local_momentum == 0.5f);
   CHECK(a2.cursor_epoch == 4);
   CHECK(a2.cursor_pos == 320);
   CHECK(a2.worker_id == 3);
@@ -183,6 +187,18 @@ TEST_CASE("an assignment whose shard ranges overlap is refused") {
   auto err = decode(encode(a), out);
   REQUIRE(err);
   CHECK(describe(err).find("not contiguous") != std::string::npos);
+}
+
+TEST_CASE("an assignment whose local momentum is not in [0, 1) is refused, naming it") {
+  for (float bad : {1.0f, -0.1f, std::nanf("")}) {
+    assignment a;
+    a.shards = {{0, 0, 10}};
+    a.local_momentum = bad;
+    assignment out;
+    auto err = decode(encode(a), out);
+    REQUIRE(is(err, errc::malformed_message));
+    CHECK(describe(err).find("local momentum") != std::string::npos);
+  }
 }
 
 TEST_CASE("a pull reply whose chunk runs past its range is refused") {

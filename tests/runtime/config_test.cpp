@@ -102,6 +102,9 @@ TEST_CASE("validation names the inconsistent key") {
   cfg = train_config{};
   cfg.commit_scale = 2;
   CHECK(describe(validate(cfg)).find("train.commit_scale") != std::string::npos);
+  cfg = train_config{};
+  cfg.local_momentum = 1;
+  CHECK(describe(validate(cfg)).find("train.local_momentum must be in [0, 1)") != std::string::npos);
   // A target accuracy is a fraction, and needs evaluations to be seen.
   cfg = train_config{};
   cfg.target_accuracy = 85;

@@ -70,15 +70,25 @@ TEST_CASE("adsp and ashl take plain SGD local steps, and ashl halves the batch, 
   CHECK(a.optimizer.lr == Approx(0.1 / std::sqrt(0.1)).epsilon(1e-3));
   CHECK(a.optimizer.momentum == 0);
   CHECK(a.commit_scale == 0); // 1/workers
+  CHECK(a.local_momentum == 0);
   auto h = recipe("ashl", 4);
   REQUIRE_FALSE(apply_policy_rules(h));
-  CHECK(h.optimizer.lr == Approx(0.1 / (2 * std::sqrt(0.1))).epsilon(1e-3));
+  // Its workers' own momentum 0.5, the step lr x (1 - 0.5) so that its effective length
+  // lr / (1 - 0.5) is the half of adsp's the rule gives.
+  CHECK(h.local_momentum == Approx(0.5));
+  CHECK(h.optimizer.lr == Approx(0.1 / (2 * std::sqrt(0.1)) * 0.5).epsilon(1e-3));
   CHECK(h.optimizer.momentum == 0);
   CHECK(h.commit_scale == Approx(0.5));
   CHECK(h.batch_size == 32);
   CHECK(h.ashl.max_comm_share == Approx(0.1));
   auto notes = rule_notes(h);
-  CHECK(notes.size() == 5);
+  CHECK(notes.size() == 6);
+  // A local momentum the user set is kept, and the lr follows it.
+  auto own = recipe("ashl", 4);
+  REQUIRE_FALSE(apply_setting(own, "train.local_momentum", "0", "--set"));
+  REQUIRE_FALSE(apply_policy_rules(own));
+  CHECK(own.local_momentum == 0);
+  CHECK(own.optimizer.lr == Approx(0.1 / (2 * std::sqrt(0.1))).epsilon(1e-3));
 }
 
 TEST_CASE("a key set by flag, --set or environment is never changed by a rule, and policy_rules = false turns "

@@ -201,6 +201,43 @@ TEST_CASE("step machine: local steps move the local model and commit their summe
   CHECK(pushes[0].msg.batch_size == 12); // the commit's samples
 }
 
+TEST_CASE("step machine: with local momentum a step moves the local model by its velocity, and the commit carries "
+          "the summed velocities") {
+  rig r([](wire::assignment& a) {
+    a.local_steps = 3;
+    a.commit_scale = 0.5f;
+    a.local_momentum = 0.5f;
+  });
+  r.m->begin();
+  r.actions();
+  r.m->on_step();
+  r.answer_pulls(r.actions(), 1.0f);
+  r.actions();
+  r.compute(0.5f); // velocity 0.5: params 1 - 0.5 x 0.5
+  r.actions();
+  CHECK(r.m->params()[0] == Approx(0.75f));
+  r.m->on_step();
+  r.actions();
+  r.compute(0.5f); // velocity 0.5 x 0.5 + 0.5 = 0.75: params 0.75 - 0.5 x 0.75
+  r.actions();
+  CHECK(r.m->params()[0] == Approx(0.375f));
+  r.m->on_step();
+  r.actions();
+  r.compute(1.0f); // velocity 0.375 + 1 = 1.375; the commit (0.5 + 0.75 + 1.375) x 0.5
+  auto pushes = all<step::send_push>(r.actions());
+  REQUIRE(pushes.size() == 2);
+  CHECK(pushes[0].msg.grad[0] == Approx(1.3125f));
+  // The velocity outlives the commit: the next step after the pull starts from it.
+  for (const auto& p : pushes)
+    r.m->on_push_ack(p.shard, p.gen, p.floats, {});
+  r.m->on_step();
+  r.answer_pulls(r.actions(), 1.0f);
+  r.actions();
+  r.compute(0.0f); // velocity 1.375 x 0.5 = 0.6875: params 1 - 0.5 x 0.6875
+  r.actions();
+  CHECK(r.m->params()[0] == Approx(0.65625f));
+}
+
 TEST_CASE("step machine: an overlapped commit's push and pull run behind the next local step") {
   rig r([](wire::assignment& a) {
     a.local_steps = 1;

@@ -226,8 +226,12 @@ int run_launch(const launch_options& o) {
                                   "--gpus", (*gpus)[i]};
     a.insert(a.end(), common.begin(), common.end());
     if (!o.python.empty()) {
+      // The script's device, as torchrun pins a local rank: CUDA_VISIBLE_DEVICES holds
+      // this worker's GPU (none: empty, the CPU), so that ashlar.device() is "cuda" there.
+      const auto& gpu = (*gpus)[i];
       a = {"env", "ASHLAR_JOIN=" + join, "ASHLAR_NAME=worker-" + std::to_string(i),
-           "ASHLAR_CONFIG=" + o.train.config_file};
+           "ASHLAR_CONFIG=" + o.train.config_file, "ASHLAR_LOCAL_RANK=" + std::to_string(i),
+           "ASHLAR_GPU=" + gpu, "CUDA_VISIBLE_DEVICES=" + (gpu == "none" ? std::string{} : gpu)};
       if (!token_file.empty())
         a.push_back("ASHLAR_TOKEN_FILE=" + token_file);
       if (!pythonpath.empty())
@@ -325,7 +329,8 @@ command_fn add_launch(CLI::App& app) {
   cmd->add_option("--token-file", o->token_file, "cluster token file passed to every node");
   cmd->add_option("--python", o->python,
                   "each worker process runs this Python script, which joins with ashlar.init() (the Python "
-                  "package; ASHLAR_JOIN, ASHLAR_TOKEN_FILE, ASHLAR_NAME, ASHLAR_CONFIG are set for it)")
+                  "package; ASHLAR_JOIN, ASHLAR_TOKEN_FILE, ASHLAR_NAME, ASHLAR_CONFIG, ASHLAR_LOCAL_RANK, ASHLAR_GPU and "
+                  "CUDA_VISIBLE_DEVICES (the worker's GPU, empty for none) are set for it)")
     ->check(CLI::ExistingFile);
   o->python_exe = ASHLAR_PYTHON_EXE;
   cmd->add_option("--python-exe", o->python_exe, "the interpreter for --python")->capture_default_str();

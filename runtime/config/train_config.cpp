@@ -570,7 +570,8 @@ std::vector<std::string> environment_warnings(const std::vector<std::string>& na
   // ASHLAR_* variables that are not a key's: the cluster's, the Python package's (what
   // ashlar launch --python sets for a worker script) and the test harness's own.
   static const std::vector<std::string> others{"ASHLAR_TOKEN",     "ASHLAR_HOME", "ASHLAR_TLS_DIR", "ASHLAR_JOIN",
-                                               "ASHLAR_TOKEN_FILE", "ASHLAR_NAME", "ASHLAR_CONFIG"};
+                                               "ASHLAR_TOKEN_FILE", "ASHLAR_NAME", "ASHLAR_CONFIG",
+                                               "ASHLAR_LOCAL_RANK", "ASHLAR_GPU"};
   std::vector<std::string> known = others;
   for (const auto& f : fields())
     known.push_back(env_name(f.key));

@@ -298,6 +298,11 @@ def test_ashlar_launch_python_runs_the_script_as_every_worker_process_and_lets_i
     # Each script's loop ended with the job and it printed its last line on its own
     # (launch waits for a worker script before stopping it).
     assert out.stdout.count("the job is over (exit code 0)") == 2, out.stdout
+    # Each process knows its local rank and device (no GPU here, or none given it: the CPU).
+    for rank in (0, 1):
+        assert f"worker-{rank}: local rank {rank}, computing on " in out.stdout, out.stdout
+    if not torch.cuda.is_available():
+        assert out.stdout.count("computing on cpu") == 2, out.stdout
     rep = json.loads(report.read_text())
     assert rep["test_accuracy"] >= 0.7, rep
     assert len(rep["per_worker"]) == 2

@@ -30,7 +30,8 @@ import threading
 
 from . import _ashlar
 
-__all__ = ["Error", "run", "train", "init", "shutdown", "is_running", "batch_size", "job_model"]
+__all__ = ["Error", "run", "train", "init", "shutdown", "is_running", "batch_size", "job_model", "device",
+           "local_rank"]
 
 
 class Error(RuntimeError):
@@ -245,3 +246,17 @@ def job_model(timeout=None):
         raise Error(1, f"ashlar.job_model: {why} before the job's model came" + (f": {said}" if said else ""))
     from . import ashlar_torch
     return ashlar_torch.model_of(model)
+
+
+def local_rank():
+    """This worker process's index on its machine (ashlar launch --python sets
+    ASHLAR_LOCAL_RANK, as torchrun sets LOCAL_RANK); 0 when started by hand."""
+    return int(os.environ.get("ASHLAR_LOCAL_RANK", "0"))
+
+
+def device():
+    """The torch.device this worker computes on: "cuda" when PyTorch sees a GPU (ashlar
+    launch leaves each worker process only its own in CUDA_VISIBLE_DEVICES, empty when it
+    has none), else "cpu". Move the model there; ashlar.torch moves each batch to it."""
+    import torch
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -29,6 +29,8 @@ from ashlar import ashlar_torch
 name = os.environ.get("ASHLAR_NAME", "python worker")
 ashlar.init()  # joins the cluster ASHLAR_JOIN names (set by ashlar launch --python)
 model = ashlar_torch.build(ashlar.job_model())  # waits for the job to give this process its worker
+model.to(ashlar.device())  # this worker's GPU (ashlar launch pins one per process), else the CPU
+print(f"{name}: local rank {ashlar.local_rank()}, computing on {ashlar.device()}", flush=True)
 opt = ashlar.torch.DistributedOptimizer(model)
 
 steps, start, last = 0, time.time(), time.time()

@@ -414,6 +414,7 @@ void step_machine::on_computed(const expected<batch_stats>& stats) {
     // one stops on it.
     loss_ = std::numeric_limits<double>::quiet_NaN();
     std::fill(grad_.begin(), grad_.end(), 0.0f);
+    std::fill(local_velocity_.begin(), local_velocity_.end(), 0.0f); // nor does the worker's momentum
     // Paused a tenth of a second, the job's tick: the guard backs off before the run
     // races through its budget on steps that train nothing.
     return emit(step::pace{100'000'000, gen_});
@@ -469,9 +470,9 @@ void step_machine::take_commit(std::vector<float>& out) {
 }
 
 // With local steps in force, a step's gradient (its velocity, with local_momentum) is
-// applied locally and added to the commit; the commit (the summed gradients) is pushed after local_steps steps, or at the
-// last step. Otherwise the gradient is pushed at once (with a commit still open from local
-// steps, as its last step).
+// applied locally and added to the commit; the commit (the summed gradients) is pushed
+// after local_steps steps, or at the last step. Otherwise the gradient is pushed at once
+// (with a commit still open from local steps, as its last step).
 void step_machine::after_compute() {
   if (mode_ == step_mode::ring)
     return ring_begin(); // (waits if the ring is not formed yet)

@@ -189,7 +189,7 @@ TEST_CASE("an assignment whose shard ranges overlap is refused") {
   CHECK(describe(err).find("not contiguous") != std::string::npos);
 }
 
-TEST_CASE("an assignment whose local momentum is not in [0, 1) is refused, naming it") {
+TEST_CASE("an assignment whose local momentum is below 0, 1 or more, or not a number is refused, naming it") {
   for (float bad : {1.0f, -0.1f, std::nanf("")}) {
     assignment a;
     a.shards = {{0, 0, 10}};

@@ -415,6 +415,33 @@ TEST_CASE("step machine: delta reads update the view the shard keeps, and a ring
   CHECK(pushes[0].msg.grad[0] == Approx(0.25f));
 }
 
+TEST_CASE("step machine: a step whose loss is not finite drops the worker's momentum, so it pushes zero") {
+  rig r([](wire::assignment& a) { a.local_momentum = 0.5f; });
+  r.m->begin();
+  r.actions();
+  r.m->on_step();
+  r.answer_pulls(r.actions(), 1.0f);
+  r.actions();
+  r.compute(1.0f); // velocity 1, pushed
+  auto pushes = all<step::send_push>(r.actions());
+  REQUIRE(pushes.size() == 2);
+  CHECK(pushes[0].msg.grad[0] == Approx(1.0f));
+  for (const auto& p : pushes)
+    r.m->on_push_ack(p.shard, p.gen, p.floats, {});
+  r.actions();
+  r.m->on_step();
+  r.answer_pulls(r.actions(), 1.0f);
+  r.actions();
+  r.m->on_computed(make_error(errc::numerical_error, "training loss is not finite"));
+  auto paces = all<step::pace>(r.actions());
+  REQUIRE(paces.size() == 1);
+  r.m->on_paced(paces[0].gen);
+  pushes = all<step::send_push>(r.actions());
+  REQUIRE(pushes.size() == 2);
+  for (const auto& p : pushes)
+    CHECK(std::all_of(p.msg.grad.begin(), p.msg.grad.end(), [](float g) { return g == 0.0f; }));
+}
+
 TEST_CASE("step machine: a step whose loss is not finite waits a tenth of a second, pushes a zero gradient and "
           "reports the loss, and the worker goes on") {
   rig r;

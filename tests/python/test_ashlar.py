@@ -290,9 +290,9 @@ def test_a_script_started_mid_job_joins_it_and_one_interrupted_leaves_it_while_t
 def test_ashlar_launch_python_runs_the_script_as_every_worker_process_and_lets_it_finish(tmp_path):
     report = tmp_path / "report.json"
     out = subprocess.run([BIN, "launch", str(MLP), "--python", str(SRC / "apps/python/examples/fmnist_torch.py"),
-                          "--set", "train.workers=2", "--set", "train.policy=adsp", "--set", "model.hidden=64",
+                          "--set", "train.workers=2", "--set", "train.policy=adsp", "--set", "model.hidden=128",
                           "--set", "data.train_limit=6000",
-                          "--set", "data.test_limit=2000", "--epochs", "2", "--report", str(report)],
+                          "--set", "data.test_limit=2000", "--epochs", "3", "--report", str(report)],
                          cwd=SRC, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert out.returncode == 0, out.stdout
     # Each script's loop ended with the job and it printed its last line on its own
@@ -308,7 +308,7 @@ def test_ashlar_launch_python_runs_the_script_as_every_worker_process_and_lets_i
     assert len(rep["per_worker"]) == 2
     # The scripts built the job's model, --set included (ashlar.job_model()): a model of
     # the config file's size would have been refused naming both parameter counts.
-    assert rep["model"] == "784-64-10", rep["model"]
+    assert rep["model"] == "784-128-10", rep["model"]
 
 
 def test_a_local_job_of_a_model_ashlar_does_not_describe_trains_and_evaluates_through_the_script(tmp_path):

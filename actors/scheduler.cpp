@@ -67,7 +67,6 @@ void record(scheduler_pointer self, const std::string& name, const std::string& 
 }
 
 constexpr auto ack_timeout = std::chrono::seconds(30);
-constexpr auto tick_interval = std::chrono::milliseconds(planner_tick_ms);
 
 // Asks a shard to take membership change `m`; `done(acknowledged)` runs once. A shard that
 // is lost (its node down: requests to it go nowhere until they time out) counts as having
@@ -407,6 +406,7 @@ void tick(scheduler_pointer self) {
         planner_view view;
         view.t_s = stats.elapsed_seconds;
         view.loss = stats.loss;
+        view.samples = stats.total_samples;
         for (const auto& w : stats.workers)
           if (auto m = st.members.find(w.worker_id); m != st.members.end() && !m->second.left)
             view.workers.push_back(planner_worker{w.worker_id, w.steps, w.step_seconds, w.compute_seconds,
@@ -652,7 +652,7 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       if (st.done_sent || st.stopping)
         return;
       tick(self);
-      self->delayed_send(self, tick_interval, tick_atom::value);
+      self->delayed_send(self, std::chrono::milliseconds(st.planner->tick_ms()), tick_atom::value);
     },
     [=](shard_atom, uint32_t index, const shard_actor& shard, const std::string& endpoint) {
       on_shard_restored(self, index, shard, endpoint);

@@ -26,6 +26,12 @@ function(ashlar_test name)
     if(_bad)
       message(FATAL_ERROR "${_src}: a test case name with ';' would never run under ctest: ${_bad}")
     endif()
+    # A '[' in a name opens a Catch tag: the test list that discovery parses goes wrong
+    # from that case on, and every later case of the binary silently drops out of ctest.
+    file(STRINGS ${_src} _bad REGEX "TEST_CASE\\(\"[^\"]*\\[")
+    if(_bad)
+      message(FATAL_ERROR "${_src}: a test case name with '[' would cut ctest's discovery: ${_bad}")
+    endif()
   endforeach()
   add_executable(${name} ${A_SOURCES})
   target_link_libraries(${name} PRIVATE ${A_DEPS} ashlar_test_main)

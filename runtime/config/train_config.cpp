@@ -317,8 +317,10 @@ const std::vector<field>& fields() {
          [](train_config& c) -> double& { return c.ashl.shl_lr_scale; }),
     bind("ashl.rule", "ashl: AHL -> SHL on a loss plateau or at a target loss: plateau or loss (default plateau)",
          [](train_config& c) -> ashl_rule& { return c.ashl.rule; }),
-    bind("ashl.plateau_window_s", "ashl: plateau rule window, seconds; 0 = half the time spent in AHL, at least "
-                                  "0.5 s (default 1.5)",
+    bind("ashl.plateau_window_epochs", "ashl: plateau rule window, epochs of training samples, all workers' "
+                                       "together (default 0.25)",
+         [](train_config& c) -> double& { return c.ashl.plateau_window_epochs; }),
+    bind("ashl.plateau_window_s", "ashl: plateau rule window in seconds instead, when above 0 (default 0)",
          [](train_config& c) -> double& { return c.ashl.plateau_window_s; }),
     bind("ashl.plateau_drop", "ashl: plateau when the loss fell by less than this fraction in the window (default 0.1)",
          [](train_config& c) -> double& { return c.ashl.plateau_drop; }),

@@ -52,7 +52,7 @@ const char* to_string(ashl_rule r) {
   return r == ashl_rule::loss ? "loss" : "plateau";
 }
 
-expected<ashl_planner> ashl_planner::make(ashl_config cfg) {
+expected<ashl_planner> ashl_planner::make(ashl_config cfg, uint64_t epoch_samples) {
   auto bad = [](const std::string& what) { return make_error(errc::invalid_config, "ashl." + what); };
   if (cfg.ahl_local_steps == 0 || cfg.shl_local_steps == 0)
     return bad("ahl_local_steps and shl_local_steps must be at least 1");
@@ -61,6 +61,8 @@ expected<ashl_planner> ashl_planner::make(ashl_config cfg) {
                + ") is below a stage's local steps");
   if (!(cfg.plateau_window_s >= 0) || !(cfg.plateau_drop >= 0 && cfg.plateau_drop < 1))
     return bad("plateau_window_s must be >= 0 and plateau_drop in [0, 1)");
+  if (!(cfg.plateau_window_epochs > 0) || !std::isfinite(cfg.plateau_window_epochs))
+    return bad("plateau_window_epochs must be above 0");
   if (!(cfg.shl_lr_scale > 0 && cfg.shl_lr_scale <= 1))
     return bad("shl_lr_scale must be in (0, 1]");
   if (!(cfg.pull_topk_ratio >= 0 && cfg.pull_topk_ratio < 0.5))
@@ -69,10 +71,11 @@ expected<ashl_planner> ashl_planner::make(ashl_config cfg) {
     return bad("max_comm_share must be in (0, 1]");
   if (!(cfg.pull_compress_above >= 0))
     return bad("pull_compress_above must be >= 0");
-  return ashl_planner{std::move(cfg)};
+  return ashl_planner{std::move(cfg), std::max<uint64_t>(1, epoch_samples)};
 }
 
-std::optional<ashl_event> ashl_planner::observe(double t_s, double loss, const std::vector<ashl_worker>& live) {
+std::optional<ashl_event> ashl_planner::observe(double t_s, double loss, const std::vector<ashl_worker>& live,
+                                                uint64_t samples) {
   std::optional<ashl_event> change;
   if (stage_ == ashl_stage::profiling) {
     bool profiled = !live.empty();
@@ -102,32 +105,36 @@ std::optional<ashl_event> ashl_planner::observe(double t_s, double loss, const s
                             + pulls};
     }
   } else if (stage_ == ashl_stage::ahl && std::isfinite(loss)) {
-    losses_.emplace_back(t_s, loss);
+    losses_.push_back({t_s, samples, loss});
     if (cfg_.rule == ashl_rule::loss) {
       if (loss <= cfg_.switch_loss)
         change = ashl_event{t_s, ashl_stage::shl,
                             "training loss " + fixed3(loss) + " <= " + fixed3(cfg_.switch_loss)};
     } else {
-      // The loss a window ago: the latest observation at least a window old.
-      const double window =
-        cfg_.plateau_window_s > 0 ? cfg_.plateau_window_s : std::max(0.5, (t_s - ahl_start_s_) / 2);
-      const std::pair<double, double>* then = nullptr;
+      // The loss a window ago: the latest observation at least a window old, in seconds
+      // or in samples trained.
+      const bool seconds = cfg_.plateau_window_s > 0;
+      const double window_samples = cfg_.plateau_window_epochs * static_cast<double>(epoch_samples_);
+      const loss_seen* then = nullptr;
       for (const auto& o : losses_)
-        if (o.first <= t_s - window)
+        if (seconds ? o.t_s <= t_s - cfg_.plateau_window_s
+                    : static_cast<double>(o.samples) <= static_cast<double>(samples) - window_samples)
           then = &o;
-      if (then && then->second > 0) {
-        double drop = (then->second - loss) / then->second;
-        if (drop < cfg_.plateau_drop)
+      if (then && then->loss > 0) {
+        double drop = (then->loss - loss) / then->loss;
+        if (drop < cfg_.plateau_drop) {
+          const std::string over =
+            seconds ? "the last " + fixed(cfg_.plateau_window_s) + " s"
+                    : std::to_string(samples - then->samples) + " samples (" + fixed(t_s - then->t_s)
+                        + " s; window " + fixed3(cfg_.plateau_window_epochs) + " epochs)";
           change = ashl_event{t_s, ashl_stage::shl,
-                              "training loss fell " + fixed(100 * drop) + "% in the last "
-                                + fixed(window) + " s (plateau below "
+                              "training loss fell " + fixed(100 * drop) + "% over " + over + " (plateau below "
                                 + fixed(100 * cfg_.plateau_drop) + "%)"};
+        }
       }
     }
   }
   if (change) {
-    if (change->to == ashl_stage::ahl)
-      ahl_start_s_ = t_s;
     stage_ = change->to;
     events_.push_back(*change);
   }
@@ -168,13 +175,17 @@ float ashl_planner::lr_scale() const {
 }
 
 expected<std::unique_ptr<ashl_job_planner>> ashl_job_planner::make(const planner_context& ctx) {
-  auto p = ashl_planner::make(ctx.job->ashl);
+  auto p = ashl_planner::make(ctx.job->ashl, ctx.train_size);
   if (!p)
     return p.error();
   if (ctx.resume_stage == "shl")
     p->resume_in(ashl_stage::shl);
   return std::unique_ptr<ashl_job_planner>(
     new ashl_job_planner(std::move(*p), push_topk_ratio(*ctx.job), ctx.job->pull_topk_ratio));
+}
+
+int ashl_job_planner::tick_ms() const {
+  return ashl_tick_ms;
 }
 
 float ashl_job_planner::pull_ratio() const {
@@ -218,7 +229,7 @@ void ashl_job_planner::on_tick(const planner_view& view, job_plan& out) {
     live.push_back(ashl_worker{w.id, w.compute_s, comm_[w.id], w.steps});
   }
   const bool profiling = planner_.stage() == ashl_stage::profiling;
-  auto change = planner_.observe(view.t_s, view.loss, live);
+  auto change = planner_.observe(view.t_s, view.loss, live, view.samples);
   if (profiling && change && pull_ratio_set_ <= 0 && planner_.pull_ratio() > 0) {
     // Pulls are compressed from now on: until measured again, a commit's communication
     // is taken to shrink with its bytes (a delta read moves 8 bytes for each of

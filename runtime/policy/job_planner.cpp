@@ -1,5 +1,7 @@
 #include "runtime/policy/job_planner.hpp"
 
+#include <algorithm>
+
 namespace ashlar {
 
 job_planner::~job_planner() = default;
@@ -23,6 +25,17 @@ bool combined_planner::plans() const {
     if (p->plans())
       return true;
   return false;
+}
+
+int job_planner::tick_ms() const {
+  return planner_tick_ms;
+}
+
+int combined_planner::tick_ms() const {
+  int ms = planner_tick_ms;
+  for (const auto& p : parts_)
+    ms = std::min(ms, p->tick_ms());
+  return ms;
 }
 
 bool combined_planner::wants_staleness() const {

@@ -43,6 +43,8 @@ struct planner_view {
   /// Seconds since training began, and the smoothed training loss.
   double t_s = 0;
   double loss = 0;
+  /// Training samples every worker together has trained so far.
+  uint64_t samples = 0;
   /// Live workers the profiler has figures for, in its order.
   std::vector<planner_worker> workers;
   /// Live members, whether measured yet or not.
@@ -128,6 +130,9 @@ public:
   /// True if on_tick needs shard 0's staleness counters in its view.
   virtual bool wants_staleness() const { return false; }
 
+  /// Milliseconds between two ticks. Default: planner_tick_ms.
+  virtual int tick_ms() const;
+
   /// Training starts: the shards' first settings.
   virtual void on_start(job_plan& out) { (void) out; }
 
@@ -155,7 +160,7 @@ public:
 void plan_local_steps(std::map<worker_id, uint32_t>& sent, const std::map<worker_id, uint32_t>& plan,
                       job_plan& out);
 
-/// Milliseconds between two planner ticks.
+/// Milliseconds between two planner ticks, unless a planner asks for others.
 constexpr int planner_tick_ms = 500;
 
 /// The job's planner: its policy's (the registry row's), combined with the batch
@@ -169,6 +174,8 @@ public:
   explicit combined_planner(std::vector<std::unique_ptr<job_planner>> parts);
   bool plans() const override;
   bool wants_staleness() const override;
+  /// The shortest of the parts'.
+  int tick_ms() const override;
   void on_start(job_plan& out) override;
   void on_tick(const planner_view& view, job_plan& out) override;
   void on_join(worker_id w, job_plan& out) override;

@@ -83,37 +83,51 @@ TEST_CASE("the ASHL stage machine moves AHL -> SHL on a loss plateau, not while 
   CHECK_FALSE(p.observe(10.0, 0.5, hetero(40)));
 }
 
-TEST_CASE("ASHL's plateau window 0 is half the time spent in AHL, so a job of minutes is read as one of seconds") {
-  // A loss that falls 20% every doubling of the time: over any fixed window of a few
-  // seconds it barely moves once minutes have passed, yet it has not levelled off.
-  ashl_config half;
-  half.plateau_window_s = 0; // half the AHL time, at least 0.5 s
-  auto p = make_planner(half);
-  REQUIRE(p.observe(1.0, 2.0, hetero(10)));
-  REQUIRE(p.stage() == ashl_stage::ahl);
-  auto loss_at = [](double t) { return 2.0 * std::pow(0.8, std::log2(t)); };
-  for (double t = 2.0; t <= 300.0; t += 1.0)
-    REQUIRE_FALSE(p.observe(t, loss_at(t), hetero(20)));
-  CHECK(p.stage() == ashl_stage::ahl);
-  // Level from 300 s on: once the latter half of AHL holds a drop under 10%, SHL.
-  std::optional<ashl_event> change;
-  double t = 300;
-  for (; t <= 900 && !change; t += 1.0)
-    change = p.observe(t, loss_at(300) * 0.999, hetero(30));
-  REQUIRE(change);
-  CHECK(change->to == ashl_stage::shl);
-  CHECK(t > 350); // the drop of the window's older part still counted for a while
-  CHECK(change->why.find("training loss fell") != std::string::npos);
-  // A fixed window of 1.5 s would have ended AHL at once on the same loss.
-  ashl_config fixed;
-  fixed.plateau_window_s = 1.5;
-  auto q = make_planner(fixed);
-  REQUIRE(q.observe(1.0, 2.0, hetero(10)));
-  std::optional<ashl_event> early;
-  for (double u = 2.0; u <= 300.0 && !early; u += 1.0)
-    early = q.observe(u, loss_at(u), hetero(20));
-  REQUIRE(early);
-  CHECK(early->t_s < 10);
+TEST_CASE("ASHL's plateau window counts training samples, so a faster cluster is judged over fewer seconds") {
+  // The same loss curve in samples (it falls 10% per 10K samples for 60K samples, then
+  // levels off) on two clusters, one four times the other's throughput.
+  auto loss_at = [](double samples) { return 2.0 * std::pow(0.9, std::min(samples, 60000.0) / 10000.0); };
+  auto switch_at = [&](double samples_per_s, ashl_config cfg) {
+    auto p = make_planner(cfg);
+    REQUIRE(p.observe(0.25, 2.0, hetero(10), 0));
+    for (double t = 0.5; t <= 60; t += 0.25) {
+      const double n = samples_per_s * (t - 0.25);
+      if (auto change = p.observe(t, loss_at(n), hetero(20), static_cast<uint64_t>(n))) {
+        CHECK(change->to == ashl_stage::shl);
+        return std::make_pair(t, n);
+      }
+    }
+    FAIL("no plateau found");
+    return std::make_pair(0.0, 0.0);
+  };
+  ashl_config cfg;
+  cfg.plateau_window_epochs = 0.25; // 15K of 60K samples
+  const auto [slow_t, slow_n] = switch_at(10000, cfg);
+  const auto [fast_t, fast_n] = switch_at(40000, cfg);
+  // Neither switched while the loss still fell 10% per window: only past 60K samples.
+  CHECK(slow_n > 60000);
+  CHECK(fast_n > 60000);
+  // The same samples (within a window's worth), a quarter of the seconds.
+  CHECK(std::abs(slow_n - fast_n) <= 15000 + 40000 * 0.25);
+  CHECK(fast_t < slow_t / 2);
+  // A window of fixed seconds, sized for the slow cluster (1.5 s = 15K samples there),
+  // holds the fast one in AHL over 4 x the samples: it sees the plateau 40K samples late.
+  ashl_config seconds;
+  seconds.plateau_window_s = 1.5;
+  const auto [slow_ts, slow_ns] = switch_at(10000, seconds);
+  const auto [fast_ts, fast_ns] = switch_at(40000, seconds);
+  CHECK(slow_ns < 60000 + 25000);
+  CHECK(fast_ns > 60000 + 35000);
+  (void) slow_ts;
+  (void) fast_ts;
+}
+
+TEST_CASE("ASHL's plateau window must be above 0 epochs") {
+  ashl_config cfg;
+  cfg.plateau_window_epochs = 0;
+  auto p = ashl_planner::make(cfg);
+  REQUIRE_FALSE(p);
+  CHECK(describe(p.error()).find("ashl.plateau_window_epochs") != std::string::npos);
 }
 
 TEST_CASE("the ASHL loss rule switches to SHL at the target loss") {

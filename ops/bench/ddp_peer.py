@@ -121,7 +121,21 @@ def lr_factor(schedule, warmup, epoch, epochs):
     return f
 
 
+def die_with_parent():
+    """A spawned process ends when its parent does (Linux's PR_SET_PDEATHSIG), so a peer
+    run stopped by a signal leaves no DDP processes behind."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent ended before the call
+            os._exit(1)
+    except OSError:
+        pass
+
+
 def worker(rank, args, port, result_path):
+    die_with_parent()
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)

@@ -73,6 +73,14 @@ TEST_CASE("each policy's job planner comes from its registry row, the batch allo
   CHECK(plan.batches.size() == 4); // shares follow speed
 }
 
+TEST_CASE("ASHL's planner ticks every 0.25 s, the others every 0.5 s, and a combination at its shortest part's") {
+  CHECK(make_job_planner(fixture("adsp").ctx)->tick_ms() == planner_tick_ms);
+  CHECK(make_job_planner(fixture("bsp", "proportional").ctx)->tick_ms() == planner_tick_ms);
+  CHECK(make_job_planner(fixture("ashl").ctx)->tick_ms() == ashl_tick_ms);
+  CHECK(make_job_planner(fixture("ashl", "adaptive").ctx)->tick_ms() == ashl_tick_ms);
+  CHECK(ashl_tick_ms < planner_tick_ms);
+}
+
 TEST_CASE("policy traits: commits for adsp and ashl, a ring for ring, lockstep where workers wait for rounds") {
   CHECK(traits_of("adsp").commits);
   CHECK(traits_of("ashl").commits);

@@ -91,6 +91,29 @@ TEST_CASE("adsp and ashl take plain SGD local steps, and ashl halves the batch, 
   CHECK(own.optimizer.lr == Approx(0.1 / (2 * std::sqrt(0.1))).epsilon(1e-3));
 }
 
+TEST_CASE("ashl's fine stage keeps the learning rate of a recipe with a schedule, and halves a constant one") {
+  auto constant = recipe("ashl", 4);
+  REQUIRE_FALSE(apply_policy_rules(constant));
+  CHECK(constant.ashl.shl_lr_scale == Approx(0.5));
+  CHECK(constant.sources.count("ashl.shl_lr_scale") == 0);
+  auto cosine = recipe("ashl", 4);
+  REQUIRE_FALSE(apply_setting(cosine, "train.lr_schedule", "cosine", "recipe.toml:5"));
+  REQUIRE_FALSE(apply_policy_rules(cosine));
+  CHECK(cosine.ashl.shl_lr_scale == Approx(1.0));
+  CHECK(cosine.sources.at("ashl.shl_lr_scale").find("train.lr_schedule cosine anneals") != std::string::npos);
+  // A factor the recipe or the user names is kept.
+  auto named = recipe("ashl", 4);
+  REQUIRE_FALSE(apply_setting(named, "train.lr_schedule", "step", "recipe.toml:5"));
+  REQUIRE_FALSE(apply_setting(named, "ashl.shl_lr_scale", "0.5", "recipe.toml:9"));
+  REQUIRE_FALSE(apply_policy_rules(named));
+  CHECK(named.ashl.shl_lr_scale == Approx(0.5));
+  // adsp has no fine stage: nothing to keep.
+  auto adsp = recipe("adsp", 4);
+  REQUIRE_FALSE(apply_setting(adsp, "train.lr_schedule", "cosine", "recipe.toml:5"));
+  REQUIRE_FALSE(apply_policy_rules(adsp));
+  CHECK(adsp.sources.count("ashl.shl_lr_scale") == 0);
+}
+
 TEST_CASE("a key set by flag, --set or environment is never changed by a rule, and policy_rules = false turns "
           "them off") {
   auto c = recipe("asp", 4);

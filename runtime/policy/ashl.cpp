@@ -115,11 +115,17 @@ std::optional<ashl_event> ashl_planner::observe(double t_s, double loss, const s
       // or in samples trained.
       const bool seconds = cfg_.plateau_window_s > 0;
       const double window_samples = cfg_.plateau_window_epochs * static_cast<double>(epoch_samples_);
-      const loss_seen* then = nullptr;
-      for (const auto& o : losses_)
-        if (seconds ? o.t_s <= t_s - cfg_.plateau_window_s
-                    : static_cast<double>(o.samples) <= static_cast<double>(samples) - window_samples)
-          then = &o;
+      // Observations older than the latest one a window old are never "then" again:
+      // dropped, so the scan stays a window long however long AHL lasts.
+      auto old_enough = [&](const loss_seen& o) {
+        return seconds ? o.t_s <= t_s - cfg_.plateau_window_s
+                       : static_cast<double>(o.samples) <= static_cast<double>(samples) - window_samples;
+      };
+      size_t latest = 0;
+      while (latest + 1 < losses_.size() && old_enough(losses_[latest + 1]))
+        ++latest;
+      losses_.erase(losses_.begin(), losses_.begin() + static_cast<std::ptrdiff_t>(latest));
+      const loss_seen* then = old_enough(losses_.front()) ? &losses_.front() : nullptr;
       if (then && then->loss > 0) {
         double drop = (then->loss - loss) / then->loss;
         if (drop < cfg_.plateau_drop) {

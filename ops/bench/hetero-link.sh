@@ -3,11 +3,18 @@
 # network namespace, the paced workers (speeds 1,1,2,4) in another, joined by a veth pair
 # shaped with tc (token bucket, RATE). What compression is for: on loopback in one process
 # top-k costs CPU and saves nothing; here every dense pull and push crosses the link.
-# Needs root and iproute2. Prints time to 85% test accuracy, samples/s and bytes per policy.
+# Needs root and iproute2. Prints time to the target test accuracy, samples/s and bytes per
+# policy, each policy with its defaults (the policy rules).
 #   bash ops/bench/hetero-link.sh [RATE (default 1gbit)] [policies (default bsp,asp,adsp,ashl)] [OUT.md]
-# ASHL_SETTINGS="--set ashl.shl_local_steps=2 ..." adds settings to the ashl run; the table
-# is also appended to OUT.md when given. SEEDS="1 2 3" runs each policy once per seed and
-# prints each run and the median; LIMIT=60 caps each run at 60 s (default 20).
+# The table is also appended to OUT.md when given. SEEDS="1 2 3" runs each policy once per
+# seed and prints each run and the median; LIMIT=60 caps each run at 60 s (default 20).
+# CONFIG=ops/configs/fmnist-cnn.toml trains another recipe (default the MLP's), TARGET=0.9
+# sets the accuracy (default 0.85), SAMPLE_MS=6 the pacing per sample at speed 1 (default
+# the recipe's, 0.5 ms unless it says), EVAL=5 the seconds between evaluations (default 1).
+# ASHL_SETTINGS="--set ashl.shl_local_steps=2 ..." adds settings to the ashl run.
+# LEGACY=1 runs without the policy rules (train.policy_rules=false) and gives
+# asp/ssp/kasync/adaptive lr 0.05 and momentum 0.5, adsp and ashl lr 0.3 and no momentum,
+# as the tables of 2026-11-22 were run (before the policy rules).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rate="${1:-1gbit}"
@@ -15,8 +22,12 @@ policies="${2:-bsp,asp,adsp,ashl}"
 out="${3:-/dev/null}"
 seeds="${SEEDS:-1}"
 limit="${LIMIT:-20}"
+target="${TARGET:-0.85}"
+eval_s="${EVAL:-1}"
 exe=$PWD/build/apps/ashlar
-config=$PWD/ops/configs/fmnist-mlp.toml
+config=$(realpath "${CONFIG:-ops/configs/fmnist-mlp.toml}")
+pacing=()
+[[ -n "${SAMPLE_MS:-}" ]] && pacing=(--set train.sample_ms="$SAMPLE_MS")
 [[ -x "$exe" ]] || { echo "no $exe: build first (bash ops/build.sh)" >&2; exit 1; }
 [[ $(id -u) -eq 0 ]] || { echo "network namespaces need root" >&2; exit 1; }
 id=$$
@@ -49,17 +60,22 @@ ip netns exec "$b" tc qdisc add dev "$vb" root tbf rate "$rate" burst 256kb late
 
 # Table lines go to the terminal and, indented (a code block in Markdown), to OUT.md.
 row() { tee /dev/stderr | sed 's/^/    /' >> "$out"; }
-printf "\nLink %s, speeds 1,1,2,4, 1 shard, at most %s s per run, seeds %s, %s%s:\n\n" "$rate" "$limit" \
-  "$seeds" "$(date -u +%Y-%m-%d)" "${ASHL_SETTINGS:+; ashl with $ASHL_SETTINGS}" | tee -a "$out"
-printf "%-10s %5s %10s %10s %12s %14s\n" policy seed "t85 (s)" accuracy "samples/s" "bytes" | row
+printf "\nLink %s, %s, speeds 1,1,2,4%s, 1 shard, target %s, at most %s s per run, seeds %s, %s%s%s:\n\n" \
+  "$rate" "$(basename "$config")" "${SAMPLE_MS:+ at $SAMPLE_MS ms per sample}" "$target" "$limit" "$seeds" \
+  "$(date -u +%Y-%m-%d)" "${ASHL_SETTINGS:+; ashl with $ASHL_SETTINGS}" "${LEGACY:+; legacy per-policy settings}" \
+  | tee -a "$out"
+printf "%-10s %5s %10s %10s %12s %14s\n" policy seed "time (s)" accuracy "samples/s" "bytes" | row
 for policy in ${policies//,/ }; do
   times=()
   for seed in $seeds; do
     extra=()
-    case "$policy" in
-      asp|ssp|kasync|adaptive) extra=(--set train.lr=0.05 --set train.momentum=0.5) ;;
-      adsp|ashl) extra=(--set train.lr=0.3 --set train.momentum=0) ;;
-    esac
+    if [[ -n "${LEGACY:-}" ]]; then
+      extra=(--set train.policy_rules=false)
+      case "$policy" in
+        asp|ssp|kasync|adaptive) extra+=(--set train.lr=0.05 --set train.momentum=0.5) ;;
+        adsp|ashl) extra+=(--set train.lr=0.3 --set train.momentum=0) ;;
+      esac
+    fi
     case "$policy" in
       ashl) extra+=(${ASHL_SETTINGS:-}) ;;
     esac
@@ -69,7 +85,8 @@ for policy in ${policies//,/ }; do
     export ASHLAR_TOKEN=${ASHLAR_TOKEN:-hetero-link-$$}
     ip netns exec "$a" "$exe" node --role scheduler,server --listen 10.231.8.1:0 --port-file "$dir/port" --insecure \
       "$config" --exit-after-job --policy "$policy" --workers 4 --servers 1 \
-      --set train.speeds=1,1,2,4 --set run.eval_interval=1 --set run.eval_every_epoch=false \
+      --set train.speeds=1,1,2,4 "${pacing[@]}" --set run.eval_interval="$eval_s" --set run.eval_every_epoch=false \
+      --set run.target_accuracy="$target" \
       --set run.time_limit="$limit" --set run.progress_interval=0 --set train.seed="$seed" "${extra[@]}" \
       --report "$dir/r.json" \
       >"$dir/sched-$policy.log" 2>&1 &
@@ -81,10 +98,10 @@ for policy in ${policies//,/ }; do
       >"$dir/workers-$policy.log" 2>&1 &
     pids+=("$!")
     wait "$sched" || { echo "$policy: the job failed"; tail -5 "$dir/sched-$policy.log"; continue; }
-    line=$(python3 - "$dir/r.json" "$policy" "$seed" <<'PY'
+    line=$(python3 - "$dir/r.json" "$policy" "$seed" "$target" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-t = next((h["seconds"] for h in r["history"] if h["test_accuracy"] >= 0.85), None)
+t = next((h["seconds"] for h in r["history"] if h["test_accuracy"] >= float(sys.argv[4])), None)
 print(f"{sys.argv[2]:<10} {sys.argv[3]:>5} {('%.1f' % t) if t else 'not reached':>10} "
       f"{r['test_accuracy']:>10.4f} {r['samples_per_second']:>12.0f} {r['bytes']:>14}")
 PY
@@ -92,7 +109,7 @@ PY
     echo "$line" | row
     times+=("$(echo "$line" | awk '{print $3}')")
   done
-  # Median over seeds; a run that did not reach 85% counts as longer than the cap.
+  # Median over seeds; a run that did not reach the target counts as longer than the cap.
   printf "%s\n" "${times[@]}" | python3 -c "
 import sys
 ts = sorted(float(t) if t[0].isdigit() else float('inf') for t in sys.stdin.read().split())

@@ -1,11 +1,16 @@
 #!/usr/bin/python3
 """Samples to a target test accuracy for plain sequential SGD (one process, PyTorch) on
-the MLP and Fashion-MNIST data of ops/configs/fmnist-mlp.toml: the sample-efficiency
-reference for the distributed policies (how many samples a policy needs to 85%, against
-how many one process needs). Each SPEC is BATCH,LR,MOMENTUM; prints one line per spec
-with the samples each seed needed (None: not within --cap samples).
+Fashion-MNIST: the sample-efficiency reference for the distributed policies (how many
+samples a policy needs to a target, against how many one process needs). The model is
+the MLP of ops/configs/fmnist-mlp.toml, or a recipe's [model] with --config (built as
+ops/ashlar_torch.py builds it, Ashlar's initialization). --schedule cosine --warmup 1
+--epochs 15 applies a recipe's learning-rate schedule (as ops/bench/ddp_peer.py does).
+Each SPEC is BATCH,LR,MOMENTUM; prints one line per spec with the samples each seed needed
+(None: not within --cap samples).
 
   /usr/bin/python3 ops/bench/sequential_sgd.py 32,0.15,0 32,0.3,0 256,0.1,0.9
+  /usr/bin/python3 ops/bench/sequential_sgd.py --config ops/configs/fmnist-cnn.toml \
+      --target 0.9 --cap 240000 --every 4096 64,0.05,0.9
 """
 import argparse
 import os
@@ -14,24 +19,38 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_peer import load, make_model  # noqa: E402  (same reader and initialization)
+from ddp_peer import load, lr_factor, make_model  # noqa: E402  (same reader, initialization, schedule)
 
 
-def samples_to_target(x, y, xte, yte, batch, lr, momentum, seed, target, every, cap, wd):
-    m = make_model([256, 128], seed)
-    opt = torch.optim.SGD(m.parameters(), lr=lr, momentum=momentum, weight_decay=wd)
+def make(config, seed):
+    if not config:
+        return make_model([256, 128], seed)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import ashlar_torch
+    torch.manual_seed(seed)
+    return ashlar_torch.build(ashlar_torch.read_config(config))
+
+
+def samples_to_target(x, y, xte, yte, batch, lr, momentum, seed, a):
+    target, every, cap = a.target, a.every, a.cap
+    m = make(a.config, seed)
+    opt = torch.optim.SGD(m.parameters(), lr=lr, momentum=momentum, weight_decay=a.weight_decay)
     g = torch.Generator().manual_seed(seed)
     seen, next_eval = 0, every
     while seen < cap:
         perm = torch.randperm(x.shape[0], generator=g)
         for i in range(0, x.shape[0] - batch + 1, batch):
             idx = perm[i:i + batch]
+            for group in opt.param_groups:
+                group["lr"] = lr * lr_factor(a.schedule, a.warmup, seen / x.shape[0], a.epochs)
+            m.train()
             opt.zero_grad()
             torch.nn.functional.cross_entropy(m(x[idx]), y[idx]).backward()
             opt.step()
             seen += batch
             if seen >= next_eval:
                 next_eval += every
+                m.eval()
                 with torch.no_grad():
                     if (m(xte).argmax(1) == yte).float().mean().item() >= target:
                         return seen
@@ -49,6 +68,10 @@ def main():
     ap.add_argument("--every", type=int, default=2048, help="samples between test evaluations")
     ap.add_argument("--cap", type=int, default=150000, help="samples before giving up")
     ap.add_argument("--weight-decay", type=float, default=1e-4)
+    ap.add_argument("--config", help="a recipe whose [model] to train (default: the MLP)")
+    ap.add_argument("--schedule", default="constant", choices=["constant", "cosine", "step"])
+    ap.add_argument("--warmup", type=float, default=0.0, help="epochs of linear warmup")
+    ap.add_argument("--epochs", type=float, default=15.0, help="the schedule's length in epochs")
     a = ap.parse_args()
     torch.set_num_threads(2)
     x, y = load(a.data_dir, "train")
@@ -60,8 +83,10 @@ def main():
             b, lr, mom = int(b), float(lr), float(mom)
         except ValueError:
             sys.exit(f"sequential_sgd: spec '{spec}' is not BATCH,LR,MOMENTUM")
-        r = [samples_to_target(x, y, xte, yte, b, lr, mom, s, a.target, a.every, a.cap, a.weight_decay) for s in seeds]
-        print(f"batch {b}, lr {lr}, momentum {mom}: samples to {a.target} per seed {r}", flush=True)
+        r = [samples_to_target(x, y, xte, yte, b, lr, mom, s, a) for s in seeds]
+        sched = "" if a.schedule == "constant" and not a.warmup else \
+            f", {a.schedule} over {a.epochs:g} epochs, warmup {a.warmup:g}"
+        print(f"batch {b}, lr {lr}, momentum {mom}{sched}: samples to {a.target} per seed {r}", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,10 @@
 # asp/ssp/kasync/adaptive lr 0.05 and momentum 0.5, adsp and ashl lr 0.3 and no momentum,
 # as the tables of 2026-11-22 were run (before the policy rules).
 set -euo pipefail
+# CONFIG and OUT.md as given, from the caller's directory.
+config=$(realpath -e "${CONFIG:-$(dirname "$0")/../configs/fmnist-mlp.toml}" 2>/dev/null) ||
+  { echo "hetero-link: no config file ${CONFIG:-}" >&2; exit 1; }
+[[ -z "${3:-}" || "$3" == /* ]] || set -- "$1" "$2" "$PWD/$3"
 cd "$(dirname "$0")/../.."
 rate="${1:-1gbit}"
 policies="${2:-bsp,asp,adsp,ashl}"
@@ -25,7 +29,6 @@ limit="${LIMIT:-20}"
 target="${TARGET:-0.85}"
 eval_s="${EVAL:-1}"
 exe=$PWD/build/apps/ashlar
-config=$(realpath "${CONFIG:-ops/configs/fmnist-mlp.toml}")
 pacing=()
 [[ -n "${SAMPLE_MS:-}" ]] && pacing=(--set train.sample_ms="$SAMPLE_MS")
 [[ -x "$exe" ]] || { echo "no $exe: build first (bash ops/build.sh)" >&2; exit 1; }

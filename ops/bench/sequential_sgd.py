@@ -19,21 +19,13 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddp_peer import load, lr_factor, make_model  # noqa: E402  (same reader, initialization, schedule)
-
-
-def make(config, seed):
-    if not config:
-        return make_model([256, 128], seed)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    import ashlar_torch
-    torch.manual_seed(seed)
-    return ashlar_torch.build(ashlar_torch.read_config(config))
+from ddp_peer import load, lr_factor, make_net  # noqa: E402  (same reader, model, schedule)
 
 
 def samples_to_target(x, y, xte, yte, batch, lr, momentum, seed, a):
     target, every, cap = a.target, a.every, a.cap
-    m = make(a.config, seed)
+    m = make_net(argparse.Namespace(config=a.config, hidden=[256, 128], seed=seed))
+    m.train()
     opt = torch.optim.SGD(m.parameters(), lr=lr, momentum=momentum, weight_decay=a.weight_decay)
     g = torch.Generator().manual_seed(seed)
     seen, next_eval = 0, every
@@ -43,7 +35,6 @@ def samples_to_target(x, y, xte, yte, batch, lr, momentum, seed, a):
             idx = perm[i:i + batch]
             for group in opt.param_groups:
                 group["lr"] = lr * lr_factor(a.schedule, a.warmup, seen / x.shape[0], a.epochs)
-            m.train()
             opt.zero_grad()
             torch.nn.functional.cross_entropy(m(x[idx]), y[idx]).backward()
             opt.step()
@@ -54,6 +45,7 @@ def samples_to_target(x, y, xte, yte, batch, lr, momentum, seed, a):
                 with torch.no_grad():
                     if (m(xte).argmax(1) == yte).float().mean().item() >= target:
                         return seen
+                m.train()
             if seen >= cap:
                 return None
     return None

@@ -19,15 +19,17 @@ namespace {
 struct gpu_state {
   std::string device_name;
   gpu_pool::backend_maker make;
+  bool keep_models = true; // let backends that can keep workers' local models
   std::map<std::string, std::unique_ptr<compute_backend>> backends; // per model
   static constexpr const char* name = "ashlar.gpu";
 };
 
 // Owns one device; runs on a thread of its own (spawned detached), one call at a time.
 gpu_actor::behavior_type gpu_behavior(gpu_actor::stateful_pointer<gpu_state> self, std::string name,
-                                      gpu_pool::backend_maker make) {
+                                      gpu_pool::backend_maker make, bool keep_models) {
   self->state.device_name = std::move(name);
   self->state.make = std::move(make);
+  self->state.keep_models = keep_models;
   return {
     [=](const gpu_call& c) {
       auto& st = self->state;
@@ -46,9 +48,27 @@ gpu_actor::behavior_type gpu_behavior(gpu_actor::stateful_pointer<gpu_state> sel
         spdlog::debug("gpu {}: model {} ready", st.device_name, key);
       }
       r.name = std::string{b->name()} + " (" + st.device_name + ")";
-      if (c.kind == gpu_call::prepare)
-        return r;
-      auto s = c.kind == gpu_call::train ? b->train_step(c.params, c.batch, c.grad) : b->evaluate(c.params, c.batch);
+      r.keeps_model = st.keep_models && b->keeps_local_model();
+      expected<batch_stats> s = batch_stats{};
+      switch (c.kind) {
+        case gpu_call::prepare:
+          return r;
+        case gpu_call::train:
+          s = b->train_step(c.params, c.batch, c.grad);
+          break;
+        case gpu_call::evaluate:
+          s = b->evaluate(c.params, c.batch);
+          break;
+        case gpu_call::local_step:
+          s = b->local_step(c.params, c.velocity, c.batch, c.lr, c.momentum);
+          break;
+        case gpu_call::take_commit:
+          r.err = b->take_commit(c.grad, c.scale, c.velocity_out);
+          return r;
+        case gpu_call::rebase:
+          r.err = b->rebase(c.params, c.lr);
+          return r;
+      }
       if (s)
         r.stats = *s;
       else
@@ -67,7 +87,9 @@ public:
   }
 
   caf::error prepare() {
-    auto r = call(gpu_call::prepare, nullptr, {}, nullptr);
+    gpu_call c;
+    c.kind = gpu_call::prepare;
+    auto r = call(std::move(c));
     return r ? caf::error{} : r.error();
   }
 
@@ -78,10 +100,50 @@ public:
     return spec_;
   }
   expected<batch_stats> train_step(const float* params, batch_view batch, float* grad) override {
-    return call(gpu_call::train, params, batch, grad);
+    gpu_call c;
+    c.kind = gpu_call::train;
+    c.params = params;
+    c.batch = batch;
+    c.grad = grad;
+    return call(std::move(c));
   }
   expected<batch_stats> evaluate(const float* params, batch_view batch) override {
-    return call(gpu_call::evaluate, params, batch, nullptr);
+    gpu_call c;
+    c.kind = gpu_call::evaluate;
+    c.params = params;
+    c.batch = batch;
+    return call(std::move(c));
+  }
+  bool keeps_local_model() const override {
+    return keeps_model_;
+  }
+  expected<batch_stats> local_step(const float* load, const float* velocity, batch_view batch, float lr,
+                                   float momentum) override {
+    gpu_call c;
+    c.kind = gpu_call::local_step;
+    c.params = load;
+    c.velocity = velocity;
+    c.batch = batch;
+    c.lr = lr;
+    c.momentum = momentum;
+    return call(std::move(c));
+  }
+  caf::error take_commit(float* out, float scale, float* velocity_out) override {
+    gpu_call c;
+    c.kind = gpu_call::take_commit;
+    c.grad = out;
+    c.scale = scale;
+    c.velocity_out = velocity_out;
+    auto r = call(std::move(c));
+    return r ? caf::error{} : r.error();
+  }
+  caf::error rebase(const float* pulled, float lr) override {
+    gpu_call c;
+    c.kind = gpu_call::rebase;
+    c.params = pulled;
+    c.lr = lr;
+    auto r = call(std::move(c));
+    return r ? caf::error{} : r.error();
   }
   // Locking host memory is a CUDA runtime call that any thread may make.
   std::shared_ptr<void> lock_host_memory(void* p, size_t bytes) override {
@@ -91,13 +153,8 @@ public:
   const gpu_actor& device() const { return gpu_; }
 
 private:
-  expected<batch_stats> call(gpu_call::kind_t kind, const float* params, batch_view batch, float* grad) {
-    gpu_call c;
-    c.kind = kind;
+  expected<batch_stats> call(gpu_call c) {
     c.spec = spec_;
-    c.params = params;
-    c.batch = batch;
-    c.grad = grad;
     expected<batch_stats> out = batch_stats{};
     // One blocking actor for the proxy's life, not one per call (creating it cost a step
     // of a small model). Hidden: the actor system's end does not wait for it.
@@ -109,6 +166,7 @@ private:
         [&](gpu_reply& r) {
           if (!r.name.empty())
             name_ = r.name;
+          keeps_model_ = r.keeps_model;
           if (r.err)
             out = std::move(r.err);
           else
@@ -124,6 +182,7 @@ private:
   gpu_actor gpu_;
   model_spec spec_;
   std::string name_ = "cuda";
+  bool keeps_model_ = false;
   std::unique_ptr<caf::scoped_actor> self_;
 };
 
@@ -178,7 +237,8 @@ expected<gpu_selection> select_gpus(const std::string& spec) {
   return out;
 }
 
-expected<std::shared_ptr<gpu_pool>> gpu_pool::start(caf::actor_system& sys, const std::string& devices, bool tf32) {
+expected<std::shared_ptr<gpu_pool>> gpu_pool::start(caf::actor_system& sys, const std::string& devices, bool tf32,
+                                                    bool keep_models) {
   auto selected = select_gpus(devices);
   if (!selected)
     return selected.error();
@@ -193,24 +253,21 @@ expected<std::shared_ptr<gpu_pool>> gpu_pool::start(caf::actor_system& sys, cons
     impl::device dev;
     dev.actor = sys.spawn<caf::detached>(gpu_behavior, name, [i, options](const model_spec& spec)
                                            -> expected<std::unique_ptr<compute_backend>> {
-      auto mlp = spec.as_mlp();
-      if (!mlp)
-        return make_error(errc::device_error, "the CUDA backend computes dense and relu layers (MLPs) only so far, "
-                                                "and model " + spec.to_string() + " has others");
-      return gpu::make_cuda_backend(*mlp, i, options);
-    });
+      return gpu::make_cuda_backend(spec, i, options);
+    }, keep_models);
     dev.label = "cuda:" + std::to_string(i) + " (" + name + ")";
     p->devices.push_back(std::move(dev));
   }
   return std::shared_ptr<gpu_pool>{new gpu_pool(std::move(p))};
 }
 
-std::shared_ptr<gpu_pool> gpu_pool::start_emulated(caf::actor_system& sys, uint32_t devices, backend_maker make) {
+std::shared_ptr<gpu_pool> gpu_pool::start_emulated(caf::actor_system& sys, uint32_t devices, backend_maker make,
+                                                   bool keep_models) {
   auto p = std::make_unique<impl>();
   p->sys = &sys;
   for (uint32_t i = 0; i < devices; ++i) {
     impl::device dev;
-    dev.actor = sys.spawn<caf::detached>(gpu_behavior, "emulated", make);
+    dev.actor = sys.spawn<caf::detached>(gpu_behavior, "emulated", make, keep_models);
     dev.label = "emulated:" + std::to_string(i);
     p->devices.push_back(std::move(dev));
   }

@@ -48,13 +48,17 @@ struct gpu_selection {
 class gpu_pool {
 public:
   /// `devices`: as select_gpus takes them. `tf32`: let cuBLAS use TF32 tensor cores.
+  /// `keep_models`: under local steps a worker's model, velocity and open commit stay on
+  /// its device between commits (compute_backend::keeps_local_model), instead of the
+  /// parameters going in and the gradient out every step.
   [[nodiscard]] static expected<std::shared_ptr<gpu_pool>> start(caf::actor_system& sys, const std::string& devices,
-                                                                bool tf32);
+                                                                bool tf32, bool keep_models = true);
   /// A backend for one model on a device; the GPU actor calls it once per model.
   using backend_maker = std::function<expected<std::unique_ptr<compute_backend>>(const model_spec&)>;
   /// `devices` GPU actors whose backends come from `make` instead of CUDA (tests check
   /// the actors, the blocking calls and the hand-out on machines without a GPU).
-  static std::shared_ptr<gpu_pool> start_emulated(caf::actor_system& sys, uint32_t devices, backend_maker make);
+  static std::shared_ptr<gpu_pool> start_emulated(caf::actor_system& sys, uint32_t devices, backend_maker make,
+                                                  bool keep_models = true);
 
   /// Stops the GPU actors and lets go of them (their actor system waits for them before
   /// it ends). Workers still holding a device get an error from their next call; later

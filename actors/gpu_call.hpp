@@ -14,19 +14,25 @@ namespace ashlar::actors {
 
 // A compute call to a GPU actor. Local only: it carries the caller's pointers, which stay
 // valid because the caller waits for the reply before it touches them again.
+// local_step, take_commit and rebase are compute_backend's calls of the same names
+// (params: the model to load, or the pulled one; grad: the commit's output).
 struct gpu_call {
-  enum kind_t : uint8_t { prepare, train, evaluate };
+  enum kind_t : uint8_t { prepare, train, evaluate, local_step, take_commit, rebase };
   kind_t kind = prepare;
   model_spec spec;
   const float* params = nullptr;
   batch_view batch;
   float* grad = nullptr;
+  const float* velocity = nullptr;
+  float* velocity_out = nullptr;
+  float lr = 0, momentum = 0, scale = 1;
 };
 
 struct gpu_reply {
   batch_stats stats;
   caf::error err;
   std::string name; // the backend's, with the device's name
+  bool keeps_model = false; // the backend keeps local models (and the pool lets it)
 };
 
 }  // namespace ashlar::actors

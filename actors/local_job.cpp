@@ -60,7 +60,7 @@ public:
     if (hooks_.gpus) {
       gpus_ = hooks_.gpus(sys_);
     } else {
-      auto pool = gpu_pool::start(sys_, cfg.gpus, cfg.tf32);
+      auto pool = gpu_pool::start(sys_, cfg.gpus, cfg.tf32, cfg.gpu_local_model);
       if (!pool)
         return pool.error();
       gpus_ = std::move(*pool);

@@ -104,6 +104,14 @@ struct executor {
     auto& m = *st.machine;
     if (const gpu_actor* device = device_of(*st.backend)) {
       gpu_call c{gpu_call::train, st.backend->spec(), m.params().data(), a.batch, m.grad().data()};
+      if (a.held) { // a local step on the model the GPU keeps
+        c.kind = gpu_call::local_step;
+        c.params = a.load;
+        c.velocity = a.velocity;
+        c.grad = nullptr;
+        c.lr = a.lr;
+        c.momentum = a.momentum;
+      }
       self->request(*device, caf::infinite, std::move(c))
         .await(
           [s = self](gpu_reply& r) {
@@ -120,7 +128,21 @@ struct executor {
           });
       return;
     }
-    computed(self, st.backend->train_step(m.params().data(), a.batch, m.grad().data())); // run() goes on
+    computed(self, a.held ? st.backend->local_step(a.load, a.velocity, a.batch, a.lr, a.momentum)
+                          : st.backend->train_step(m.params().data(), a.batch, m.grad().data())); // run() goes on
+  }
+
+  // The commit's sum from the backend that keeps the model: a blocking call (a GPU's
+  // copy of it out), after which the machine sends the pushes.
+  void operator()(step::take_commit& a) const {
+    auto& st = self->state;
+    st.machine->on_commit_taken(st.backend->take_commit(a.out, a.scale, a.velocity_out));
+  }
+
+  void operator()(step::rebase& a) const {
+    auto& st = self->state;
+    if (auto err = st.backend->rebase(a.pulled, a.lr))
+      actors::fail(self, "the overlapped commit's pull could not reach the kept model: " + describe(err));
   }
 
   static void computed(worker_pointer s, const expected<batch_stats>& stats) {
@@ -258,6 +280,10 @@ void take_assignment(worker_pointer self, const wire::assignment& a, const std::
   st.host_locks.clear(); // before the buffers go
   st.machine = std::make_unique<step_machine>(a, *st.cfg.data, plan->num_params, system_clock());
   st.machine->on_lr(st.lr_factor);
+  st.machine->set_model_held(st.backend->keeps_local_model());
+  if (st.machine->model_held())
+    spdlog::debug("worker {}: {} keeps the model between commits under local steps", a.worker_id,
+                  st.backend->name());
   st.shards = shards;
   for (auto* v : {&st.machine->params(), &st.machine->grad()})
     st.host_locks.push_back(st.backend->lock_host_memory(v->data(), v->size() * sizeof(float)));

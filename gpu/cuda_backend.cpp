@@ -22,42 +22,14 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "gpu/cuda_model.hpp"
+#include "gpu/cuda_util.hpp"
 #include "gpu/kernels.hpp"
+#include "gpu/local_model.hpp"
 
 namespace ashlar::gpu {
 
-namespace {
-
-std::string where(const char* file, int line) {
-  const char* base = std::strrchr(file, '/');
-  return std::string{base ? base + 1 : file} + ":" + std::to_string(line);
-}
-
-caf::error cuda_error(cudaError_t e, const char* call, const char* file, int line) {
-  return make_error(errc::device_error, std::string{call} + " failed at " + where(file, line) + ": "
-                                          + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
-}
-
-caf::error cublas_error(cublasStatus_t s, const char* call, const char* file, int line) {
-  return make_error(errc::device_error, std::string{call} + " failed at " + where(file, line) + ": "
-                                          + cublasGetStatusName(s) + " (" + cublasGetStatusString(s) + ")");
-}
-
-}  // namespace
-
-// A CUDA or cuBLAS call whose failure returns an Ashlar error naming the call, file and line.
-#define ASHLAR_CUDA(call)                                                                                   \
-  do {                                                                                                      \
-    if (cudaError_t ashlar_e_ = (call); ashlar_e_ != cudaSuccess)                                           \
-      return cuda_error(ashlar_e_, #call, __FILE__, __LINE__);                                              \
-  } while (false)
-#define ASHLAR_CUBLAS(call)                                                                                 \
-  do {                                                                                                      \
-    if (cublasStatus_t ashlar_s_ = (call); ashlar_s_ != CUBLAS_STATUS_SUCCESS)                              \
-      return cublas_error(ashlar_s_, #call, __FILE__, __LINE__);                                            \
-  } while (false)
-// After a kernel launch: a bad configuration shows here, a fault at the next sync.
-#define ASHLAR_LAUNCHED() ASHLAR_CUDA(cudaGetLastError())
+using namespace detail;
 
 namespace {
 
@@ -116,73 +88,6 @@ expected<std::vector<device_info>> list_devices() {
 }
 
 namespace {
-
-// Memory that grows on demand and frees itself: on the device (cudaMalloc) or page-locked
-// on the host (cudaMallocHost), for transfers that need no staging copy by the driver.
-enum class memory { device, pinned };
-
-template <class T, memory Where>
-struct cuda_buffer {
-  T* p = nullptr;
-  size_t n = 0;
-  cuda_buffer() = default;
-  cuda_buffer(const cuda_buffer&) = delete;
-  cuda_buffer& operator=(const cuda_buffer&) = delete;
-  cuda_buffer(cuda_buffer&& o) noexcept : p(o.p), n(o.n) {
-    o.p = nullptr;
-    o.n = 0;
-  }
-  ~cuda_buffer() {
-    release();
-  }
-  void release() {
-    if (p)
-      Where == memory::device ? cudaFree(p) : cudaFreeHost(p);
-    p = nullptr;
-    n = 0;
-  }
-  caf::error resize(size_t count) {
-    if (count <= n)
-      return caf::none;
-    release();
-    auto** out = reinterpret_cast<void**>(&p);
-    if (Where == memory::device)
-      ASHLAR_CUDA(cudaMalloc(out, count * sizeof(T)));
-    else
-      ASHLAR_CUDA(cudaMallocHost(out, count * sizeof(T)));
-    n = count;
-    return caf::none;
-  }
-};
-
-template <class T>
-using device_buffer = cuda_buffer<T, memory::device>;
-template <class T>
-using pinned_buffer = cuda_buffer<T, memory::pinned>;
-
-// Whether `p` is page-locked host memory (cudaMallocHost, or registered by lock_host), from
-// which a transfer is a DMA with no staging copy.
-bool page_locked(const void* p) {
-  cudaPointerAttributes attr{};
-  const bool locked = cudaPointerGetAttributes(&attr, p) == cudaSuccess && attr.type == cudaMemoryTypeHost;
-  cudaGetLastError(); // pageable memory is no error
-  return locked;
-}
-
-// A CUDA event without timing, for ordering work between the two streams.
-struct sync_event {
-  cudaEvent_t e = nullptr;
-  sync_event() = default;
-  sync_event(const sync_event&) = delete;
-  sync_event& operator=(const sync_event&) = delete;
-  sync_event(sync_event&& o) noexcept : e(o.e) {
-    o.e = nullptr;
-  }
-  ~sync_event() {
-    if (e)
-      cudaEventDestroy(e);
-  }
-};
 
 // Two streams: `copy_` moves the batch and the parameters in and the gradient out,
 // `stream_` computes. The parameters travel in pieces (a layer's rows of output units,
@@ -322,6 +227,72 @@ public:
       total.n += s.n;
     }
     return total;
+  }
+
+  bool keeps_local_model() const override {
+    return true;
+  }
+
+  // A local step: the parameters go in only with `load` (after a pull), the gradient
+  // stays on the device and moves the kept model there.
+  expected<batch_stats> local_step(const float* load, const float* velocity, batch_view b, float lr,
+                                   float momentum) override {
+    if (auto err = check_batch(model_, b))
+      return err;
+    ASHLAR_CUDA(cudaSetDevice(device_));
+    if (auto err = finish())
+      return err;
+    if (auto err = reserve(b.n))
+      return err;
+    if (auto err = local_.reserve(spec_.num_params(), stream_))
+      return err;
+    if (load) {
+      if (auto err = upload(load, &b))
+        return err;
+      if (auto err = local_.load_velocity(velocity, stream_))
+        return err;
+    } else if (auto err = upload_batch(b)) {
+      return err;
+    }
+    if (auto err = forward(b.n))
+      return err;
+    if (auto err = enqueue_loss(b.n, true))
+      return err;
+    if (auto err = backward(b.n, nullptr))
+      return err;
+    if (auto err = finish())
+      return err;
+    auto stats = read_loss(b.n);
+    if (!std::isfinite(stats.loss_sum)) {
+      if (auto err = local_.zero_velocity(stream_))
+        return err;
+      return make_error(errc::numerical_error, "training loss is not finite on " + name_ + " (lr too high?)");
+    }
+    if (auto err = local_.update(params_.p, grad_.p, lr, momentum, stream_))
+      return err;
+    return stats;
+  }
+
+  caf::error take_commit(float* out, float scale, float* velocity_out) override {
+    ASHLAR_CUDA(cudaSetDevice(device_));
+    if (auto err = finish())
+      return err;
+    if (auto err = local_.reserve(spec_.num_params(), stream_))
+      return err;
+    return local_.take(out, scale, velocity_out, grad_.p, stream_);
+  }
+
+  caf::error rebase(const float* pulled, float lr) override {
+    ASHLAR_CUDA(cudaSetDevice(device_));
+    if (auto err = finish())
+      return err;
+    if (auto err = local_.reserve(spec_.num_params(), stream_))
+      return err;
+    if (auto err = copy_to_device(params_.p, pulled, spec_.num_params(), host_params_, stream_))
+      return err;
+    if (auto err = local_.rebase(params_.p, lr, stream_))
+      return err;
+    return finish();
   }
 
   /// Seconds one step's compute takes on the device (forward, loss, backward; no
@@ -537,6 +508,7 @@ private:
   sync_event batch_in_;
   std::vector<piece> pieces_; // in layer order, rows ascending
   std::vector<sync_event> piece_in_, piece_grad_;
+  device_local_model local_;
 };
 
 }  // namespace
@@ -676,6 +648,17 @@ expected<std::unique_ptr<compute_backend>> make_cuda_backend(const mlp_spec& spe
   if (auto err = b->init())
     return err;
   return std::unique_ptr<compute_backend>{std::move(b)};
+}
+
+expected<std::unique_ptr<compute_backend>> make_cuda_backend(const model_spec& spec, int device,
+                                                             cuda_options options) {
+  if (auto mlp = spec.as_mlp())
+    return make_cuda_backend(*mlp, device, options);
+  if (auto err = validate(spec))
+    return err;
+  if (auto err = select_device(device))
+    return err;
+  return make_cuda_model_backend(spec, device, options);
 }
 
 }  // namespace ashlar::gpu

@@ -4,15 +4,10 @@
 
 #include <cfloat>
 
+#include "gpu/launch.cuh"
+
 namespace ashlar::gpu {
 namespace {
-
-constexpr int threads = 256;
-
-unsigned blocks_for(size_t count) {
-  size_t b = (count + threads - 1) / threads;
-  return static_cast<unsigned>(b < 65535u * 32u ? (b == 0 ? 1 : b) : 65535u * 32u);
-}
 
 __global__ void bias_act(float* __restrict__ out, const float* __restrict__ bias, size_t n, size_t cols,
                          bool relu) {
@@ -94,7 +89,45 @@ __global__ void fill_random(float* x, uint64_t seed, size_t count) {
   }
 }
 
+__global__ void local_update(float* __restrict__ params, float* __restrict__ velocity, float* __restrict__ acc,
+                             const float* __restrict__ grad, size_t count, float lr, float momentum) {
+  ASHLAR_GRID_LOOP(i, count) {
+    float u = grad[i];
+    if (momentum > 0.0f) {
+      u = momentum * velocity[i] + u;
+      velocity[i] = u;
+    }
+    acc[i] += u;
+    params[i] -= lr * u;
+  }
+}
+
+__global__ void take(float* __restrict__ out, float* __restrict__ acc, float scale, size_t count) {
+  ASHLAR_GRID_LOOP(i, count) {
+    out[i] = acc[i] * scale;
+    acc[i] = 0.0f;
+  }
+}
+
+__global__ void rebase(float* __restrict__ params, const float* __restrict__ acc, float lr, size_t count) {
+  ASHLAR_GRID_LOOP(i, count)
+  params[i] -= lr * acc[i];
+}
+
 }  // namespace
+
+void launch_local_update(float* params, float* velocity, float* acc, const float* grad, size_t count, float lr,
+                         float momentum, cudaStream_t stream) {
+  local_update<<<blocks_for(count), threads, 0, stream>>>(params, velocity, acc, grad, count, lr, momentum);
+}
+
+void launch_take(float* out, float* acc, float scale, size_t count, cudaStream_t stream) {
+  take<<<blocks_for(count), threads, 0, stream>>>(out, acc, scale, count);
+}
+
+void launch_rebase(float* params, const float* acc, float lr, size_t count, cudaStream_t stream) {
+  rebase<<<blocks_for(count), threads, 0, stream>>>(params, acc, lr, count);
+}
 
 void launch_fill_random(float* x, uint64_t seed, size_t count, cudaStream_t stream) {
   fill_random<<<blocks_for(count), threads, 0, stream>>>(x, seed, count);

@@ -28,3 +28,19 @@ void launch_fill_random(float* x, uint64_t seed, size_t count, cudaStream_t stre
 void launch_fill(float* x, float value, size_t count, cudaStream_t stream);
 
 }  // namespace ashlar::gpu
+
+namespace ashlar::gpu {
+
+/// A local step on a kept model (runtime/optim/local_steps.hpp's arithmetic): with
+/// momentum > 0, velocity = momentum * velocity + grad and the update is the velocity,
+/// else the gradient; acc += update; params -= lr * update. `count` entries.
+void launch_local_update(float* params, float* velocity, float* acc, const float* grad, size_t count, float lr,
+                         float momentum, cudaStream_t stream);
+
+/// out = acc * scale, then acc = 0.
+void launch_take(float* out, float* acc, float scale, size_t count, cudaStream_t stream);
+
+/// params -= lr * acc (params holding the pulled model: pulled - lr * acc).
+void launch_rebase(float* params, const float* acc, float lr, size_t count, cudaStream_t stream);
+
+}  // namespace ashlar::gpu

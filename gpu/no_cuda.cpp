@@ -17,6 +17,10 @@ expected<std::unique_ptr<compute_backend>> make_cuda_backend(const mlp_spec&, in
   return list_devices().error(); // as the CUDA build says when it finds no device
 }
 
+expected<std::unique_ptr<compute_backend>> make_cuda_backend(const model_spec&, int, cuda_options) {
+  return list_devices().error();
+}
+
 expected<double> time_gemms(const std::vector<gemm_shape>&, int, bool, int) {
   return list_devices().error();
 }

@@ -5,6 +5,11 @@
 #   bash ops/gpu.sh pack        here, after `bash ops/build.sh` with the CUDA toolkit:
 #                               copies the binaries, their non-CUDA shared libraries and
 #                               Fashion-MNIST into .device/ (in .gitignore)
+#   bash ops/gpu.sh test [OUT]  there: the GPU tests alone (gpu_tests' log in OUT)
+#   bash ops/gpu.sh job [OUT]   there: one GPU worker inside an ashl job against its rate
+#                               alone, the model kept on the device or sent every step,
+#                               on the wide MLP and the CNN (OUT/gpu-job.md; JOB_SECONDS
+#                               per run, default 20)
 #   bash ops/gpu.sh run [OUT]   there, from the repository root with .device/ beside it:
 #                               the GPU tests, then ROUNDS (default 3) rounds of
 #                               `ashlar bench gpu` and PyTorch on the same models (FP32
@@ -14,6 +19,58 @@
 # there with carry [".device"].
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# One GPU worker alone (ashlar bench gpu, batch 256) and inside an ashl job of one worker
+# and the config's shards (its progress lines' samples/s over the run's second half),
+# the model kept on the device under local steps (run.gpu_local_model, the default) or
+# sent every step.
+job_bench() {
+  local bin=$1 out=$2 secs=${JOB_SECONDS:-20}
+  rm -f "$out/job-bench.jsonl"
+  "$bin/ashlar" bench gpu --hidden 4096,4096 --config ops/configs/fmnist-cnn.toml --batch 256 \
+    --json "$out/job-bench.jsonl" || return 1
+  local name args keep
+  for name in mlp-4096 cnn; do
+    if [[ $name == mlp-4096 ]]; then
+      args="ops/configs/fmnist-mlp.toml --set model.hidden=4096,4096"
+    else
+      args="ops/configs/fmnist-cnn.toml"
+    fi
+    for keep in false true; do
+      echo "== $name in an ashl job, run.gpu_local_model=$keep"
+      # shellcheck disable=SC2086
+      "$bin/ashlar" train $args --workers 1 --gpus 0 --policy ashl --set run.time_limit="$secs" \
+        --set run.gpu_local_model=$keep --data-dir "$ASHLAR_DATA_DIR" > "$out/job-$name-$keep.log" 2>&1 || return 1
+      grep -E "samples/s|stage" "$out/job-$name-$keep.log" | tail -4
+    done
+  done
+  python3 - "$out" "$secs" > "$out/gpu-job.md" <<'PY'
+import json, re, statistics, sys
+out, secs = sys.argv[1], float(sys.argv[2])
+alone = {}
+for line in open(f"{out}/job-bench.jsonl"):
+    r = json.loads(line)
+    alone["mlp-4096" if r["model"].startswith("784-") else "cnn"] = r
+def job_rate(path):
+    rates = []
+    for line in open(path):
+        m = re.match(r"\[\s*([\d.]+)s\] epoch .*?(\d+) samples/s", line)
+        if m and float(m.group(1)) >= secs / 2:
+            rates.append(float(m.group(2)))
+    return statistics.median(rates) if rates else float("nan")
+print(f"One GPU worker, batch 256 alone; inside an ashl job of one worker with the config's shards, "
+      f"{secs:.0f} s, its progress lines' samples/s over the second half (median).\n")
+print("| model | alone: step (params in, gradient out) | alone: local steps, model kept | in the job: model sent "
+      "every step | in the job: model kept | kept / alone step | kept / alone local steps |")
+print("|---|---|---|---|---|---|---|")
+for name in ("mlp-4096", "cnn"):
+    a = alone[name]
+    sent, kept = job_rate(f"{out}/job-{name}-false.log"), job_rate(f"{out}/job-{name}-true.log")
+    print(f"| {a['model']} | {a['samples_per_second']:.0f} | {a['kept_samples_per_second']:.0f} | {sent:.0f} | "
+          f"{kept:.0f} | {kept / a['samples_per_second']:.2f} | {kept / a['kept_samples_per_second']:.2f} |")
+PY
+  cat "$out/gpu-job.md"
+}
 
 mode=${1:-}
 case "$mode" in
@@ -46,7 +103,7 @@ pack)
   du -sh .device
   echo "packed: now run 'bash ops/gpu.sh run OUT' on the GPU machine with .device/ carried"
   ;;
-run)
+run|test|job)
   out=${2:-gpu-results}
   mkdir -p "$out"
   [[ -f .device/bin.tar.xz ]] || { echo "ops/gpu.sh: .device/ is missing: run 'bash ops/gpu.sh pack' first" >&2; exit 1; }
@@ -67,8 +124,13 @@ run)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt" \
     || echo "ops/gpu.sh: nvidia-smi found no GPU" | tee "$out/gpu.txt"
   status=0
+  if [[ $mode == job ]]; then
+    job_bench "$bin" "$out"
+    exit $?
+  fi
   echo "== GPU tests"
   (cd "$out" && "$bin/gpu_tests" --durations yes) 2>&1 | tee "$out/gpu-tests.log" || status=1
+  [[ $mode == test ]] && exit $status
   rm -f "$out/bench.jsonl" "$out/bench.log"
   # Rounds of Ashlar then PyTorch, each precision in turn: the table gives medians over
   # rounds and each ratio's range (the machine's figures move by several percent).
@@ -78,7 +140,8 @@ run)
       flag=""
       [[ $precision == tf32 ]] && flag="--tf32"
       echo "== round $round: ashlar bench gpu ($precision)"
-      "$bin/ashlar" bench gpu --hidden 256,128 --hidden 4096,4096 --batch 256 --json "$out/bench.jsonl" $flag \
+      "$bin/ashlar" bench gpu --hidden 256,128 --hidden 4096,4096 --config ops/configs/fmnist-cnn.toml --batch 256 \
+        --json "$out/bench.jsonl" $flag \
         | tee -a "$out/bench.log" || status=1
       echo "== round $round: PyTorch on the same models ($precision)"
       python3 ops/bench/gpu_peer.py --hidden 256,128 --hidden 4096,4096 --batch 256 --json "$out/bench.jsonl" $flag \
@@ -97,10 +160,15 @@ for r in rows:
 med = statistics.median
 print(f"GPU: {sys.argv[2]}; batch 256; medians of {sys.argv[3]} rounds (Ashlar, then PyTorch, per precision).\n")
 print("| model | precision | ashlar samples/s | pytorch same work | ratio (range) | pytorch device only | ratio | "
-      "step ms | transfer floor ms | compute ms | GEMM TFLOP/s in compute | cuBLAS alone | fraction |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+      "step ms | transfer floor ms | compute ms | GEMM TFLOP/s in compute | cuBLAS alone | fraction | model kept: local steps/s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for (system, _, model, tf32), a in series.items():
     if system != "ashlar":
+        continue
+    kept = med(x.get("kept_samples_per_second", float("nan")) for x in a)
+    if "gemm_tflops" not in a[0]:  # a layered model: its rates alone
+        print(f"| {model} | {'tf32' if tf32 else 'fp32'} | {med(x['samples_per_second'] for x in a):.0f} | - | - | - | - | "
+              f"{med(256 / x['samples_per_second'] * 1e3 for x in a):.3f} | - | - | - | - | - | {kept:.0f} |")
         continue
     same = series.get(("pytorch", "same_work", model, tf32), [])
     dev = series.get(("pytorch", "device_only", model, tf32), [])
@@ -113,13 +181,14 @@ for (system, _, model, tf32), a in series.items():
     print(f"| {model} | {'tf32' if tf32 else 'fp32'} | {rate:.0f} | {same_rate:.0f} | "
           f"{med(ratios) if ratios else float('nan'):.2f}{span} | {dev_rate:.0f} | {rate / dev_rate:.2f} | "
           f"{med(x['step_ms'] for x in a):.3f} | {med(x['floor_ms'] for x in a):.3f} | "
-          f"{med(x['compute_ms'] for x in a):.3f} | {gemm:.2f} | {alone:.2f} | {gemm / alone:.2f} |")
+          f"{med(x['compute_ms'] for x in a):.3f} | {gemm:.2f} | {alone:.2f} | {gemm / alone:.2f} | {kept:.0f} |")
 PY
   cat "$out/gpu-bench.md"
+  job_bench "$bin" "$out" || status=1
   exit $status
   ;;
 *)
-  echo "usage: bash ops/gpu.sh pack | run [OUT]" >&2
+  echo "usage: bash ops/gpu.sh pack | test [OUT] | job [OUT] | run [OUT]" >&2
   exit 2
   ;;
 esac

@@ -45,10 +45,29 @@ expected<double> samples_per_second(compute_backend& backend, const dataset& dat
   return static_cast<double>(o.steps) * o.batch / secs;
 }
 
+// Samples/s of local steps on the model `backend` keeps (sent once, as after a pull),
+// over `steps` steps after `warmup`.
+expected<double> kept_samples_per_second(compute_backend& backend, const dataset& data, const gpu_bench_options& o) {
+  auto params = init_params(backend.spec(), 1);
+  batch_cursor cursor{data, 0, data.n, 3};
+  using clock = std::chrono::steady_clock;
+  clock::time_point start;
+  for (uint32_t i = 0; i < o.warmup + o.steps; ++i) {
+    if (i == o.warmup)
+      start = clock::now();
+    auto s = backend.local_step(i == 0 ? params.data() : nullptr, nullptr, cursor.next(o.batch), 1e-4f, 0.5f);
+    if (!s)
+      return s.error();
+  }
+  const double secs = std::chrono::duration<double>(clock::now() - start).count();
+  return static_cast<double>(o.steps) * o.batch / secs;
+}
+
 }  // namespace
 
 void add_gpu_bench_options(CLI::App* cmd, gpu_bench_options& o) {
   cmd->add_option("--hidden", o.hidden, "hidden widths of each model to time (repeatable)")->capture_default_str();
+  cmd->add_option("--config", o.configs, "also time the model of this config file (repeatable; any layers)");
   cmd->add_option("--batch", o.batch, "samples per step")->capture_default_str();
   cmd->add_option("--steps", o.steps, "timed steps per model")->capture_default_str();
   cmd->add_option("--warmup", o.warmup, "untimed steps first")->capture_default_str();
@@ -76,21 +95,32 @@ int run_gpu_bench(const gpu_bench_options& o) {
   };
   gpu::cuda_options copt;
   copt.tf32 = o.tf32;
-  std::printf("%-22s %6s %13s %13s %8s %8s %10s %12s %12s %8s %13s\n", "model", "batch", "gpu samples/s",
-              "direct", "step ms", "floor ms", "compute ms", "gemm TFLOP/s", "cuBLAS alone", "fraction",
+  std::printf("%-22s %6s %13s %13s %13s %8s %8s %10s %12s %12s %8s %13s\n", "model", "batch", "gpu samples/s",
+              "direct", "kept", "step ms", "floor ms", "compute ms", "gemm TFLOP/s", "cuBLAS alone", "fraction",
               "cpu samples/s");
+  std::vector<model_spec> models;
   for (const auto& hidden : o.hidden) {
     train_config tc;
     if (auto err = apply_setting(tc, "model.hidden", hidden)) {
       std::fprintf(stderr, "ashlar bench gpu: --hidden %s: %s\n", hidden.c_str(), describe(err).c_str());
       return 2;
     }
-    const auto spec = *tc.model.as_mlp();
-    auto data = make_synthetic(size_t{o.batch} * 8, spec.input, spec.classes, 7);
+    models.push_back(tc.model);
+  }
+  for (const auto& path : o.configs) {
+    train_config tc;
+    if (auto err = apply_toml_file(tc, path)) {
+      std::fprintf(stderr, "ashlar bench gpu: --config %s: %s\n", path.c_str(), describe(err).c_str());
+      return 2;
+    }
+    models.push_back(tc.model);
+  }
+  for (const auto& model : models) {
+    auto data = make_synthetic(size_t{o.batch} * 8, static_cast<uint32_t>(model.input.size()), model.classes, 7);
     // The worker's path: a backend whose calls the device's GPU actor runs.
-    auto choice = (*pool)->next_worker()(tc.model);
+    auto choice = (*pool)->next_worker()(model);
     if (!choice.backend || std::string{choice.backend->name()} == "cpu") {
-      std::fprintf(stderr, "ashlar bench gpu: %s: computing %s\n", spec.to_string().c_str(), choice.note.c_str());
+      std::fprintf(stderr, "ashlar bench gpu: %s: computing %s\n", model.to_string().c_str(), choice.note.c_str());
       return 1;
     }
     auto gpu_rate = samples_per_second(*choice.backend, data, o);
@@ -98,14 +128,33 @@ int run_gpu_bench(const gpu_bench_options& o) {
     if (!gpu_rate)
       return fail(gpu_rate.error());
     (*pool)->release(0);
-    // The same backend called directly: what the GPU actor's messages cost per step.
-    auto direct = gpu::make_cuda_backend(spec, o.device, copt);
+    // The same backend called directly: what the GPU actor's messages cost per step;
+    // and its local steps with the model kept on the device.
+    auto direct = gpu::make_cuda_backend(model, o.device, copt);
     if (!direct)
       return fail(direct.error());
     auto direct_rate = samples_per_second(**direct, data, o);
-    direct->reset();
     if (!direct_rate)
       return fail(direct_rate.error());
+    auto kept_rate = kept_samples_per_second(**direct, data, o);
+    direct->reset();
+    if (!kept_rate)
+      return fail(kept_rate.error());
+    const auto mlp = model.as_mlp();
+    if (!mlp) { // a layered model: the rates alone
+      std::printf("%-22s %6u %13.0f %13.0f %13.0f %8.3f %8s %10s %12s %12s %8s %13s\n", model.to_string().c_str(),
+                  o.batch, *gpu_rate, *direct_rate, *kept_rate, o.batch / *gpu_rate * 1e3, "-", "-", "-", "-", "-",
+                  "-");
+      if (!o.json.empty()) {
+        std::ofstream out{o.json, std::ios::app};
+        out << "{\"system\": \"ashlar\", \"model\": \"" << model.to_string() << "\", \"batch\": " << o.batch
+            << ", \"tf32\": " << (o.tf32 ? "true" : "false") << ", \"samples_per_second\": " << *gpu_rate
+            << ", \"direct_samples_per_second\": " << *direct_rate << ", \"kept_samples_per_second\": " << *kept_rate
+            << "}\n";
+      }
+      continue;
+    }
+    const auto& spec = *mlp;
     // The step's floor: every parameter in and every gradient out (no gradient can
     // leave before the forward pass has all the parameters), at the rates this machine
     // moves the worker's page-locked memory.
@@ -135,8 +184,8 @@ int run_gpu_bench(const gpu_bench_options& o) {
       if (r)
         cpu_rate = *r;
     }
-    std::printf("%-22s %6u %13.0f %13.0f %8.3f %8.3f %10.3f %12.2f %12.2f %8.2f %13.0f\n", spec.to_string().c_str(),
-                o.batch, *gpu_rate, *direct_rate, step_s * 1e3, floor_s * 1e3, *compute * 1e3, gemm_tflops,
+    std::printf("%-22s %6u %13.0f %13.0f %13.0f %8.3f %8.3f %10.3f %12.2f %12.2f %8.2f %13.0f\n",
+                spec.to_string().c_str(), o.batch, *gpu_rate, *direct_rate, *kept_rate, step_s * 1e3, floor_s * 1e3, *compute * 1e3, gemm_tflops,
                 alone_tflops, gemm_tflops / alone_tflops, cpu_rate);
     std::printf("  %.1f MB of parameters; host to device %.1f GB/s (locked) %.1f (pinned), device to host %.1f "
                 "(locked) %.1f (pinned)\n",
@@ -145,7 +194,8 @@ int run_gpu_bench(const gpu_bench_options& o) {
       std::ofstream out{o.json, std::ios::app};
       out << "{\"system\": \"ashlar\", \"model\": \"" << spec.to_string() << "\", \"batch\": " << o.batch
           << ", \"tf32\": " << (o.tf32 ? "true" : "false") << ", \"samples_per_second\": " << *gpu_rate
-          << ", \"direct_samples_per_second\": " << *direct_rate << ", \"step_ms\": " << step_s * 1e3
+          << ", \"direct_samples_per_second\": " << *direct_rate << ", \"kept_samples_per_second\": " << *kept_rate
+          << ", \"step_ms\": " << step_s * 1e3
           << ", \"floor_ms\": " << floor_s * 1e3 << ", \"compute_ms\": " << *compute * 1e3
           << ", \"step_tflops\": " << flops / step_s * 1e-12 << ", \"gemm_tflops\": " << gemm_tflops
           << ", \"cublas_alone_tflops\": " << alone_tflops << ", \"h2d_locked_gbps\": " << rates->h2d_locked

@@ -1,6 +1,7 @@
 // `ashlar bench gpu`: one GPU worker's training step (through its GPU actor, parameters
 // in and gradient out as a worker uses it) in samples/s, per model, and its matrix
-// products' FLOP rate against what cuBLAS reaches alone on the same shapes.
+// products' FLOP rate against what cuBLAS reaches alone on the same shapes, and its
+// local steps with the model kept on the device (as under adsp and ashl).
 #pragma once
 
 #include <string>
@@ -12,6 +13,7 @@ namespace ashlar::cli {
 
 struct gpu_bench_options {
   std::vector<std::string> hidden = {"256,128", "4096,4096"};
+  std::vector<std::string> configs; // models of these config files too (any layers)
   uint32_t batch = 256;
   uint32_t steps = 200;
   uint32_t warmup = 20;

@@ -224,7 +224,7 @@ int run_node(node_options& o) {
     jo.make_backend = host_backend(); // a host process's own (the Python package's), if any
     if (actors::has_role(*roles, wire::role::worker)) {
       // A GPU actor per device (--gpus); a worker takes one while it lasts, else the CPU.
-      auto pool = actors::gpu_pool::start(sys, job_cfg.gpus, job_cfg.tf32);
+      auto pool = actors::gpu_pool::start(sys, job_cfg.gpus, job_cfg.tf32, job_cfg.gpu_local_model);
       if (!pool)
         return fail(2, describe(pool.error()));
       jo.gpus = gpus = *pool;

@@ -64,6 +64,33 @@ public:
   /// that gains nothing (the CPU) or the memory cannot be locked; calls work either way.
   /// `p` must outlive the handle.
   virtual std::shared_ptr<void> lock_host_memory(void* p, size_t bytes);
+
+  // -- a local model the backend keeps --------------------------------------------------
+  // Under local steps (adsp, ashl) a worker's model moves by each step's update between
+  // commits. A backend that keeps that model itself (a GPU, in its memory) takes no
+  // parameters in and gives no gradient out between commits: the worker sends the model
+  // after each pull and takes the commit's sum at each commit. The arithmetic is
+  // runtime/optim/local_steps.hpp's. Backends that do not keep a model (the default)
+  // answer invalid_state to these calls.
+
+  /// Whether local_step, take_commit and rebase work here.
+  virtual bool keeps_local_model() const;
+
+  /// One local step on the kept model. With `load`, the model becomes `load` first, and
+  /// the velocity `velocity` if given (else the kept velocity, zero at first, stays). The gradient of `batch` at the kept model gives
+  /// the update (with `momentum` > 0: velocity = momentum * velocity + gradient), which is
+  /// added to the open commit and moves the model by -lr * update. A loss that is not
+  /// finite fails with numerical_error, zeroes the velocity and changes nothing else.
+  [[nodiscard]] virtual expected<batch_stats> local_step(const float* load, const float* velocity,
+                                                         batch_view batch, float lr, float momentum);
+
+  /// Closes the open commit: `out` (spec().num_params() floats) = its sum * scale, and the
+  /// next commit starts empty. With `velocity_out`, the velocity is copied there too.
+  [[nodiscard]] virtual caf::error take_commit(float* out, float scale, float* velocity_out);
+
+  /// An overlapped commit's pull has landed: the kept model becomes `pulled` - lr * (the
+  /// open commit, the local steps made since the commit was taken).
+  [[nodiscard]] virtual caf::error rebase(const float* pulled, float lr);
 };
 
 /// Checks a batch against a model: width, non-empty, labels in range.

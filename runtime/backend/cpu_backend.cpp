@@ -27,6 +27,28 @@ std::shared_ptr<void> compute_backend::lock_host_memory(void*, size_t) {
   return nullptr;
 }
 
+bool compute_backend::keeps_local_model() const {
+  return false;
+}
+
+namespace {
+caf::error keeps_none(const compute_backend& b) {
+  return make_error(errc::invalid_state, std::string{"backend "} + b.name() + " keeps no local model");
+}
+}  // namespace
+
+expected<batch_stats> compute_backend::local_step(const float*, const float*, batch_view, float, float) {
+  return keeps_none(*this);
+}
+
+caf::error compute_backend::take_commit(float*, float, float*) {
+  return keeps_none(*this);
+}
+
+caf::error compute_backend::rebase(const float*, float) {
+  return keeps_none(*this);
+}
+
 caf::error check_batch(const model_spec& spec, batch_view b) {
   if (b.n == 0)
     return make_error(errc::shape_mismatch, "empty batch");
@@ -68,8 +90,9 @@ double seconds_of(const std::function<void()>& f) {
 // and added into by the others.
 class cpu_backend final : public compute_backend {
 public:
-  cpu_backend(model_spec spec, model_plan plan, cpu_conv conv)
-    : spec_(std::move(spec)), plan_(std::move(plan)), conv_(conv), seed_(0x5eed0000ULL + backend_instances++) {
+  cpu_backend(model_spec spec, model_plan plan, cpu_conv conv, uint64_t seed)
+    : spec_(std::move(spec)), plan_(std::move(plan)), conv_(conv),
+      seed_(seed ? seed : 0x5eed0000ULL + backend_instances++) {
     const auto count = plan_.nodes.size();
     acts_.resize(count);
     grads_.resize(count);
@@ -428,7 +451,7 @@ private:
 
 }  // namespace
 
-expected<std::unique_ptr<compute_backend>> make_cpu_backend(const model_spec& spec, cpu_conv conv) {
+expected<std::unique_ptr<compute_backend>> make_cpu_backend(const model_spec& spec, cpu_conv conv, uint64_t seed) {
   auto plan = compile(spec);
   if (!plan)
     return plan.error();
@@ -437,7 +460,7 @@ expected<std::unique_ptr<compute_backend>> make_cpu_backend(const model_spec& sp
       return make_error(errc::unknown_name, "model.layers[" + std::to_string(i) + "] '" + plan->nodes[i].spec.name
                                               + "' is an external layer: only a host application's own backend "
                                                 "computes it (worker_config::make_backend), the CPU backend cannot");
-  return std::unique_ptr<compute_backend>{std::make_unique<cpu_backend>(spec, std::move(*plan), conv)};
+  return std::unique_ptr<compute_backend>{std::make_unique<cpu_backend>(spec, std::move(*plan), conv, seed)};
 }
 
 std::unique_ptr<compute_backend> make_cpu_backend(const mlp_spec& spec) {

@@ -355,6 +355,9 @@ const std::vector<field>& fields() {
          [](train_config& c) -> std::string& { return c.gpus; }),
     bind("run.tf32", "let cuBLAS use TF32 tensor cores for the GPU workers' float32 products (default false)",
          [](train_config& c) -> bool& { return c.tf32; }),
+    bind("run.gpu_local_model", "under local steps (adsp, ashl) a GPU worker keeps its model on the device between "
+                                "commits; false: parameters in and gradient out every step (default true)",
+         [](train_config& c) -> bool& { return c.gpu_local_model; }),
     bind("run.trace", "write a Chrome trace-event JSON (Perfetto) of the run to this file (default none)",
          [](train_config& c) -> std::string& { return c.trace; }),
     bind("run.metrics", "write per-step metrics as JSON lines to this file (default none)",

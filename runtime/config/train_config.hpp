@@ -152,6 +152,10 @@ struct run_settings {
   std::string gpus = "auto";
   /// Let cuBLAS use TF32 tensor cores for the GPU workers' products (run.tf32). Default: false.
   bool tf32 = false;
+  /// Under local steps (adsp, ashl) a GPU worker keeps its model, velocity and open
+  /// commit on the device between commits (run.gpu_local_model); false: the parameters
+  /// go in and the gradient out every step. Default: true.
+  bool gpu_local_model = true;
   /// Serve Prometheus metrics at http://HOST:PORT/metrics while the job runs
   /// (run.metrics_listen, e.g. "0.0.0.0:9400"); empty = none. Default: "".
   std::string metrics_listen;

@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/optim/local_steps.hpp"
 #include "runtime/optim/sgd.hpp"
 #include "runtime/pacing/contention.hpp"
 
@@ -280,6 +281,8 @@ void step_machine::pull_received() {
 }
 
 void step_machine::pull_all() {
+  if (!commit_inflight_)
+    held_current_ = false; // the pull replaces the model: the next held step sends it
   phase_start_ = clock_.steady_ns();
   wait_ns_ = 0;
   pending_ = job_.shards.size();
@@ -394,7 +397,22 @@ void step_machine::compute_step() {
   compute_offset_ns_ = compute_t0_ > step_begin_ ? compute_t0_ - step_begin_ : 0;
   auto batch = cursor_->next(job_.batch_size);
   batch_n_ = static_cast<uint32_t>(batch.n);
-  emit(step::compute{batch});
+  // A step on the local model (local steps, or a commit open or in flight) runs where
+  // the model is kept.
+  held_step_ = held_ && (mode_ == step_mode::local_steps || local_done_ > 0 || commit_inflight_);
+  if (!held_step_)
+    return emit(step::compute{batch});
+  step::compute c{batch, true};
+  if (!held_current_) {
+    c.load = params_.data();
+    if (velocity_on_host_ && local_velocity_.size() == params_.size())
+      c.velocity = local_velocity_.data(); // steps on this side moved it last
+    held_current_ = true;
+  }
+  velocity_on_host_ = false;
+  c.lr = local_lr();
+  c.momentum = job_.local_momentum;
+  emit(c);
 }
 
 // A paced worker waits out the rest of its budget (batch x pace, slowed by contention)
@@ -448,25 +466,45 @@ float step_machine::local_lr() const {
   return job_.local_lr * local_lr_scale_ * schedule_lr_scale_;
 }
 
-// A local step: the step's gradient moves the local model.
+// A local step: the step's gradient moves the local model (where the backend keeps the
+// model, the step did).
 void step_machine::step_local_model() {
-  const float lr = local_lr();
-  for (size_t j = 0; j < params_.size(); ++j)
-    params_[j] -= lr * grad_[j];
+  if (!held_step_)
+    local_steps::move(params_.data(), grad_.data(), local_lr(), params_.size());
 }
 
 // Closes the open commit: its summed gradients times commit_scale go into `out` (the
-// buffer its push reads), and the next commit starts empty.
-void step_machine::take_commit(std::vector<float>& out) {
+// buffer its push reads), and the next commit starts empty. Where the backend keeps the
+// model, it holds the sum: the commit is taken from it (with the velocity, when local
+// steps end here, so steps on the worker's side go on from it), and the pushes wait for
+// on_commit_taken. Returns whether `out` holds the commit now.
+bool step_machine::take_commit(std::vector<float>& out) {
   const float scale = job_.commit_scale;
-  out.resize(acc_.size());
-  for (size_t j = 0; j < acc_.size(); ++j) {
-    out[j] = acc_[j] * scale;
-    acc_[j] = 0.0f;
-  }
   push_samples_ = acc_samples_;
   acc_samples_ = 0;
   local_done_ = 0;
+  if (!held_) {
+    out.resize(acc_.size());
+    local_steps::take(out.data(), acc_.data(), scale, acc_.size());
+    return true;
+  }
+  out.resize(params_.size());
+  step::take_commit t{out.data(), scale};
+  if (mode_ != step_mode::local_steps && job_.local_momentum > 0) {
+    local_velocity_.resize(params_.size());
+    t.velocity_out = local_velocity_.data();
+    velocity_on_host_ = true;
+  }
+  emit(t);
+  return false;
+}
+
+void step_machine::on_commit_taken(const caf::error& err) {
+  if (stopped_)
+    return;
+  if (err)
+    return fail("taking the commit from the compute backend: " + describe(err));
+  send_pushes();
 }
 
 // With local steps in force, a step's gradient (its velocity, with local_momentum) is
@@ -476,27 +514,27 @@ void step_machine::take_commit(std::vector<float>& out) {
 void step_machine::after_compute() {
   if (mode_ == step_mode::ring)
     return ring_begin(); // (waits if the ring is not formed yet)
-  if (job_.local_momentum > 0) {
+  if (job_.local_momentum > 0 && !held_step_) {
     // The worker's own momentum: from here on the step's update is its velocity.
     if (local_velocity_.size() != grad_.size())
       local_velocity_.assign(grad_.size(), 0.0f);
-    const float beta = job_.local_momentum;
-    for (size_t j = 0; j < grad_.size(); ++j)
-      grad_[j] = local_velocity_[j] = beta * local_velocity_[j] + grad_[j];
+    local_steps::apply_momentum(grad_.data(), local_velocity_.data(), job_.local_momentum, grad_.size());
   }
   const uint32_t h = mode_ == step_mode::local_steps ? local_steps_ : 1;
   const bool overlap = job_.overlap_commits && mode_ == step_mode::local_steps;
-  if (!overlap && h <= 1 && local_done_ == 0) {
+  // (A step where the backend keeps the model added its update to the commit there.)
+  if (!overlap && h <= 1 && local_done_ == 0 && !held_step_) {
     push_samples_ = batch_n_;
     if (job_.commit_scale != 1.0f)
       for (auto& g : grad_)
         g *= job_.commit_scale;
     return send_pushes();
   }
-  if (acc_.size() != grad_.size())
-    acc_.assign(grad_.size(), 0.0f);
-  for (size_t j = 0; j < grad_.size(); ++j)
-    acc_[j] += grad_[j];
+  if (!held_step_) {
+    if (acc_.size() != grad_.size())
+      acc_.assign(grad_.size(), 0.0f);
+    local_steps::accumulate(acc_.data(), grad_.data(), grad_.size());
+  }
   acc_samples_ += batch_n_;
   ++local_done_;
   bool last = step_ + 1 >= job_.steps || stop_requested_;
@@ -516,8 +554,9 @@ void step_machine::after_compute() {
     return end_local_step();
   }
   if (local_done_ >= h || last) {
-    take_commit(grad_);
-    return send_pushes();
+    if (take_commit(grad_))
+      send_pushes();
+    return;
   }
   // A local step: move the local model and go on without talking to the shards.
   step_local_model();
@@ -529,11 +568,11 @@ void step_machine::after_compute() {
 // goes on computing; the push's acknowledgements start the pull (phase_done), and the
 // pull lands in commit_landed.
 void step_machine::begin_commit() {
-  take_commit(commit_);
   commit_inflight_ = true;
   model_local_ = true;
   pulled_.resize(params_.size());
-  send_pushes();
+  if (take_commit(commit_))
+    send_pushes();
 }
 
 // The step is done; time spent waiting for a commit in flight counts as its push time.
@@ -547,9 +586,10 @@ void step_machine::end_local_step() {
 // the local steps taken since the commit (lr x their summed gradients, in acc). A step
 // that waited for it (its commit due, a change of mode, or the finish) goes on.
 void step_machine::commit_landed() {
-  const float lr = local_lr();
-  for (size_t j = 0; j < params_.size(); ++j)
-    params_[j] = pulled_[j] - lr * acc_[j];
+  if (held_)
+    emit(step::rebase{pulled_.data(), local_lr()});
+  else
+    local_steps::rebase(params_.data(), pulled_.data(), acc_.data(), local_lr(), params_.size());
   commit_inflight_ = false;
   if (commit_due_) {
     commit_due_ = false;

@@ -61,8 +61,30 @@ struct send_push {
 };
 
 /// Compute the gradient of `batch` at params() into grad(), then call on_computed.
+/// With `held`, a local step on the model the backend keeps instead
+/// (compute_backend::local_step with load, velocity, lr and momentum): grad() is not
+/// written.
 struct compute {
   batch_view batch;
+  bool held = false;
+  const float* load = nullptr;     // the model to load first (the step pulled), or null
+  const float* velocity = nullptr; // with load: the velocity to start from (null: the kept one)
+  float lr = 0, momentum = 0;
+};
+
+/// Take the open commit from the backend that keeps the model (compute_backend::
+/// take_commit) into `out`, then call on_commit_taken (its pushes follow).
+struct take_commit {
+  float* out = nullptr;
+  float scale = 1.0f;
+  float* velocity_out = nullptr;
+};
+
+/// An overlapped commit's pull landed: the kept model becomes `pulled` - lr x the open
+/// commit (compute_backend::rebase).
+struct rebase {
+  const float* pulled = nullptr;
+  float lr = 0;
 };
 
 /// Wait `ns` (pacing), then call on_paced(gen).
@@ -102,8 +124,9 @@ struct finish {
 
 }  // namespace step
 
-using step_action = std::variant<step::send_pull, step::send_push, step::compute, step::pace, step::report,
-                                 step::next_step, step::ring_send, step::await_shard, step::fail, step::finish>;
+using step_action = std::variant<step::send_pull, step::send_push, step::compute, step::take_commit, step::rebase,
+                                 step::pace, step::report, step::next_step, step::ring_send, step::await_shard,
+                                 step::fail, step::finish>;
 
 class step_machine {
 public:
@@ -115,6 +138,12 @@ public:
   /// covers the model, the data part fits, samples have the model's input shape, the
   /// batch is not empty.
   [[nodiscard]] static caf::error check(const wire::assignment& a, const model_spec& spec, const dataset& data);
+
+  /// The backend keeps the local model (compute_backend::keeps_local_model): local steps
+  /// then run there, and the machine sends the model after each pull and takes commits
+  /// from it (compute, take_commit and rebase actions). Call before begin().
+  void set_model_held(bool held) { held_ = held; }
+  bool model_held() const { return held_; }
 
   /// The buffers the compute reads and writes (they never move: a backend may lock them).
   std::vector<float>& params() { return params_; }
@@ -146,6 +175,8 @@ public:
   void on_shard_down(size_t i, const std::string& why);
   /// The compute's result (after a step::compute).
   void on_computed(const expected<batch_stats>& stats);
+  /// The commit is taken from the backend (after a step::take_commit), or failed.
+  void on_commit_taken(const caf::error& err);
   /// A pacing wait of generation `gen` is over.
   void on_paced(uint64_t gen);
   /// The wait for a lost shard (of generation `gen`) is over.
@@ -202,7 +233,7 @@ private:
 
   float local_lr() const;
   void step_local_model();
-  void take_commit(std::vector<float>& out);
+  bool take_commit(std::vector<float>& out);
   void begin_commit();
   void end_local_step();
   void commit_landed();
@@ -283,6 +314,12 @@ private:
   uint64_t due_since_ = 0;
   uint64_t exposed_ns_ = 0; // time spent waiting for a commit in flight
   std::vector<float> commit_, pulled_;
+  // The backend keeps the local model: whether its copy is current (no pull since it was
+  // sent), and whether the step in flight ran there.
+  bool held_ = false;
+  bool held_current_ = false;
+  bool held_step_ = false;
+  bool velocity_on_host_ = true; // local_velocity_ is the latest (else the backend's is)
   // A lost shard: the step in flight is abandoned; replies of older generations ignored.
   uint64_t gen_ = 0;
   bool suspended_ = false;

@@ -3,6 +3,7 @@
 // tests/CMakeLists.txt). The cases without that line run everywhere.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -18,6 +19,8 @@
 #include "gpu/bench_timers.hpp"
 #include "gpu/cuda_backend.hpp"
 #include "runtime/backend/cpu_backend.hpp"
+#include "runtime/backend/held_model.hpp"
+#include "runtime/config/train_config.hpp"
 #include "runtime/data/dataset.hpp"
 
 using namespace ashlar;
@@ -95,7 +98,99 @@ double compare(const mlp_spec& spec, size_t offset, size_t n, bool tf32) {
   return err;
 }
 
+// The model of a shipped config file.
+model_spec config_model(const std::string& name) {
+  train_config tc;
+  const auto path = env_or("ASHLAR_TEST_SOURCE", ASHLAR_SOURCE_DIR) + "/ops/configs/" + name;
+  auto err = apply_toml_file(tc, path);
+  INFO(path << ": " << describe(err));
+  REQUIRE(!err);
+  return tc.model;
+}
+
+// The CPU and GPU gradients of a layered model on `n` Fashion-MNIST samples from
+// `offset`, both backends drawing the same dropout masks (seed 99): over `steps` steps on
+// the same batch (the masks change from step to step), the largest relative error.
+// The CPU computes its convolutions by im2col, as the GPU does: a max pool's winner
+// among near-equal inputs follows the convolution's rounding, so oneDNN's convolutions
+// route a few gradients elsewhere (on the CNN at batch 64, oneDNN's gradient and
+// im2col's, both on the CPU, differ by 1.4e-4).
+double compare_model(const model_spec& spec, size_t offset, size_t n, int steps = 2) {
+  const auto& d = fmnist();
+  batch_view b{d.x.data() + offset * d.dim, d.y.data() + offset, n, d.dim};
+  auto params = init_params(spec, 23 + n);
+  auto cpu = make_cpu_backend(spec, cpu_conv::im2col, 99);
+  REQUIRE(cpu);
+  gpu::cuda_options o;
+  o.seed = 99;
+  auto cuda = gpu::make_cuda_backend(spec, 0, o);
+  REQUIRE(cuda);
+  CHECK(std::string{(*cuda)->name()} == "cuda:0");
+  double worst = 0;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<float> g_cpu(spec.num_params()), g_gpu(spec.num_params(), std::nanf(""));
+    auto s_cpu = (*cpu)->train_step(params.data(), b, g_cpu.data());
+    auto s_gpu = (*cuda)->train_step(params.data(), b, g_gpu.data());
+    REQUIRE(s_cpu);
+    REQUIRE(s_gpu);
+    for (float g : g_gpu)
+      REQUIRE(std::isfinite(g)); // every entry written
+    CHECK(s_gpu->n == n);
+    CHECK(std::abs(s_gpu->loss_sum - s_cpu->loss_sum) / s_cpu->loss_sum < 1e-4);
+    CHECK(static_cast<double>(s_gpu->correct) == Approx(static_cast<double>(s_cpu->correct)).margin(1));
+    worst = std::max(worst, rel_error(g_gpu, g_cpu));
+  }
+  auto e_cpu = (*cpu)->evaluate(params.data(), b), e_gpu = (*cuda)->evaluate(params.data(), b);
+  REQUIRE(e_cpu);
+  REQUIRE(e_gpu);
+  CHECK(std::abs(e_gpu->loss_sum - e_cpu->loss_sum) / e_cpu->loss_sum < 1e-4);
+  std::printf("%s batch %zu: gradient relative error %.2e\n", spec.to_string().c_str(), n, worst);
+  return worst;
+}
+
 }  // namespace
+
+TEST_CASE("the CUDA backend's gradients match the CPU backend's on the CNN, the residual network and a model "
+          "with every layer kind (FP32 relative error < 1e-4, dropout masks alike)") {
+  REQUIRE_GPU_OR_SKIP();
+  const auto cnn = config_model("fmnist-cnn.toml");
+  for (size_t n : {1u, 64u, 300u})
+    CHECK(compare_model(cnn, 11 * n, n) < 1e-4);
+  CHECK(compare_model(config_model("fmnist-resnet.toml"), 7, 48) < 1e-4);
+  // Strided and padded convolutions, overlapping and padded pools, group and layer
+  // norm, a residual add whose operand is read twice, dropout.
+  model_spec every;
+  every.input = {1, 28, 28};
+  every.classes = 10;
+  auto layers = parse_layers("conv2d name=c1 out=6 kernel=3 stride=2 padding=1; groupnorm groups=2; relu;"
+                             "maxpool name=pool1 kernel=3 stride=2 padding=1; conv2d out=6 kernel=3 padding=1;"
+                             "layernorm; add from=pool1; relu; avgpool kernel=2 padding=1; flatten; dropout p=0.3;"
+                             "dense out=24; relu; dense out=10");
+  REQUIRE(layers);
+  every.layers = *layers;
+  for (size_t n : {1u, 33u, 200u})
+    CHECK(compare_model(every, 3 * n, n, 3) < 1e-4);
+}
+
+TEST_CASE("the CUDA backend refuses a model with an external layer, naming it, and a layered model's bad batch") {
+  REQUIRE_GPU_OR_SKIP();
+  model_spec ext;
+  ext.input = {784, 1, 1};
+  auto layers = parse_layers("external name=host params=100 out=10");
+  REQUIRE(layers);
+  ext.layers = *layers;
+  auto b = gpu::make_cuda_backend(ext, 0);
+  REQUIRE_FALSE(b);
+  CHECK(describe(b.error()).find("'host' is an external layer") != std::string::npos);
+  const auto cnn = config_model("fmnist-cnn.toml");
+  auto cuda = gpu::make_cuda_backend(cnn, 0);
+  REQUIRE(cuda);
+  std::vector<float> x(100, 0.0f), params = init_params(cnn, 1), grad(params.size());
+  std::vector<uint8_t> y(1, 3);
+  auto s = (*cuda)->train_step(params.data(), batch_view{x.data(), y.data(), 1, 100}, grad.data());
+  REQUIRE_FALSE(s);
+  CHECK(describe(s.error()).find("expects 784 (1x28x28)") != std::string::npos);
+}
 
 TEST_CASE("the CUDA backend's gradients match the CPU backend's on the same batches (FP32 relative error < 1e-4)") {
   REQUIRE_GPU_OR_SKIP();
@@ -347,6 +442,109 @@ TEST_CASE("a BSP job whose workers compute through (emulated) GPU actors gives t
   CHECK(cpu == through_actors);
 }
 
+namespace {
+
+// Counts the calls that reach a backend (through a GPU actor).
+struct call_counts {
+  std::atomic<int> train{0}, local{0}, loads{0}, commits{0}, rebases{0};
+};
+
+class counting_backend final : public compute_backend {
+public:
+  counting_backend(std::unique_ptr<compute_backend> inner, call_counts& n) : inner_(std::move(inner)), n_(n) {}
+  const char* name() const override { return inner_->name(); }
+  const model_spec& spec() const override { return inner_->spec(); }
+  expected<batch_stats> train_step(const float* p, batch_view b, float* g) override {
+    ++n_.train;
+    return inner_->train_step(p, b, g);
+  }
+  expected<batch_stats> evaluate(const float* p, batch_view b) override { return inner_->evaluate(p, b); }
+  bool keeps_local_model() const override { return inner_->keeps_local_model(); }
+  expected<batch_stats> local_step(const float* load, const float* v, batch_view b, float lr, float m) override {
+    ++n_.local;
+    n_.loads += load != nullptr;
+    return inner_->local_step(load, v, b, lr, m);
+  }
+  caf::error take_commit(float* out, float scale, float* v) override {
+    ++n_.commits;
+    return inner_->take_commit(out, scale, v);
+  }
+  caf::error rebase(const float* pulled, float lr) override {
+    ++n_.rebases;
+    return inner_->rebase(pulled, lr);
+  }
+
+private:
+  std::unique_ptr<compute_backend> inner_;
+  call_counts& n_;
+};
+
+}  // namespace
+
+TEST_CASE("a worker whose (emulated) GPU actor keeps its local model trains adsp and ashl jobs there: local steps "
+          "on the device, the model sent only after pulls, commits taken from it, and the accuracy of the worker "
+          "whose device does not keep it") {
+  train_config cfg;
+  cfg.data_dir = data_dir;
+  cfg.train_limit = 16000;
+  cfg.test_limit = 2000;
+  cfg.workers = 1;
+  cfg.servers = 2;
+  cfg.epochs = 3;
+  cfg.progress_interval = 0;
+  cfg.eval_every_epoch = false;
+  cfg.log_level = "warn";
+  cfg.gpus = "none";
+  for (const char* policy : {"adsp", "ashl"}) {
+    INFO(policy);
+    REQUIRE_FALSE(apply_setting(cfg, "train.policy", policy));
+    for (bool overlap : {false, true}) {
+      INFO("overlapped commits: " << overlap);
+      auto c = cfg;
+      c.overlap_commits = overlap;
+      double accuracy[2] = {0, 0};
+      for (bool keep : {false, true}) {
+        call_counts n;
+        actors::job_hooks hooks;
+        std::shared_ptr<actors::gpu_pool> pool;
+        hooks.gpus = [&](caf::actor_system& sys) {
+          pool = actors::gpu_pool::start_emulated(
+            sys, 1,
+            [&n](const model_spec& s) -> expected<std::unique_ptr<compute_backend>> {
+              auto b = make_cpu_backend(s);
+              if (!b)
+                return b.error();
+              return std::unique_ptr<compute_backend>{
+                std::make_unique<counting_backend>(hold_local_model(std::move(*b)), n)};
+            },
+            keep);
+          return pool;
+        };
+        auto report = actors::run_local_job(c, hooks);
+        REQUIRE(report);
+        accuracy[keep] = report->test_accuracy;
+        std::printf("%s%s, model %s: accuracy %.4f; device calls: %d training steps, %d local steps (%d with the "
+                    "model sent), %d commits taken, %d rebases\n",
+                    policy, overlap ? " (overlapped commits)" : "", keep ? "kept by the device" : "sent every step",
+                    report->test_accuracy, n.train.load(), n.local.load(), n.loads.load(), n.commits.load(),
+                    n.rebases.load());
+        if (!keep) {
+          CHECK(n.local == 0); // the pool told the worker its device keeps nothing
+          continue;
+        }
+        CHECK(n.local > 0);
+        CHECK(n.commits > 0);
+        CHECK(n.loads < n.local); // not every local step carries the model
+        CHECK((n.rebases > 0) == overlap);
+      }
+      // Asynchronous jobs: their commit plans follow measured times, so two runs differ by a
+      // few points (the step machine's test shows the arithmetic equal bit for bit).
+      CHECK(accuracy[1] == Approx(accuracy[0]).margin(0.05));
+      CHECK(accuracy[1] > 0.75);
+    }
+  }
+}
+
 TEST_CASE("a GPU pool gives each worker one GPU actor's device while there are some, then the CPU") {
   REQUIRE_GPU_OR_SKIP();
   system_config cfg;
@@ -380,41 +578,86 @@ TEST_CASE("a GPU pool gives each worker one GPU actor's device while there are s
 
 // ---- a mixed cluster ----
 
-TEST_CASE("a mixed cluster (one GPU worker, two CPU workers) trains Fashion-MNIST to 85% with the GPU worker "
-          "given the largest batch share") {
-  REQUIRE_GPU_OR_SKIP();
-  const std::string log = "gpu-mixed.log";
+namespace {
+
+// Runs `ashlar train CONFIG ARGS` (config under ops/configs), its output into `log`;
+// returns the exit status and the output.
+std::pair<int, std::string> train(const std::string& config, const std::string& args, const std::string& log) {
   const std::string cmd = env_or("ASHLAR_TEST_BINARY", ASHLAR_BINARY) + " train "
-                          + env_or("ASHLAR_TEST_SOURCE", ASHLAR_SOURCE_DIR)
-                          + "/ops/configs/fmnist-mlp.toml --workers 3 --gpus 0 --policy bsp --epochs 4"
-                            " --set train.allocation=proportional --set run.progress_interval=0 --data-dir "
-                          + data_dir + " > " + log + " 2>&1";
+                          + env_or("ASHLAR_TEST_SOURCE", ASHLAR_SOURCE_DIR) + "/ops/configs/" + config + " " + args
+                          + " --set run.progress_interval=0 --data-dir " + data_dir + " > " + log + " 2>&1";
   const int rc = std::system(cmd.c_str());
   std::string out;
-  {
-    std::FILE* f = std::fopen(log.c_str(), "r");
-    REQUIRE(f);
+  std::FILE* f = std::fopen(log.c_str(), "r");
+  if (f) {
     char buf[4096];
     size_t n;
     while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0)
       out.append(buf, n);
     std::fclose(f);
   }
+  return {rc, out};
+}
+
+// The final evaluation's accuracy: "test accuracy A (loss L) on 10000 samples after ...".
+double final_accuracy(const std::string& out) {
+  const auto at = out.rfind("test accuracy 0.");
+  REQUIRE(at != std::string::npos);
+  REQUIRE(out.find(" on 10000 samples", at) != std::string::npos);
+  return std::stod(out.substr(at + 14));
+}
+
+// "batch shares from profiled speed: 0:S0 [...), 1:S1 [...), 2:S2 [...)"
+std::vector<unsigned> profiled_shares(const std::string& out) {
+  const auto at = out.find("batch shares from profiled speed: ");
+  REQUIRE(at != std::string::npos);
+  unsigned s0 = 0, s1 = 0, s2 = 0;
+  REQUIRE(std::sscanf(out.c_str() + at + 34, "0:%u [%*u, %*u), 1:%u [%*u, %*u), 2:%u", &s0, &s1, &s2) == 3);
+  return {s0, s1, s2};
+}
+
+}  // namespace
+
+TEST_CASE("a mixed cluster (one GPU worker, two CPU workers) trains Fashion-MNIST to 85% with the GPU worker "
+          "given the largest batch share") {
+  REQUIRE_GPU_OR_SKIP();
+  auto [rc, out] = train("fmnist-mlp.toml", "--workers 3 --gpus 0 --policy bsp --epochs 4"
+                                            " --set train.allocation=proportional", "gpu-mixed.log");
   INFO(out);
   REQUIRE(rc == 0);
   CHECK(out.find("worker 0: computing on cuda:0") != std::string::npos);
   CHECK(out.find("worker 1: computing on the CPU") != std::string::npos);
-  // "batch shares from profiled speed: 0:S0 [...), 1:S1 [...), 2:S2 [...)"
-  auto at = out.find("batch shares from profiled speed: ");
-  REQUIRE(at != std::string::npos);
-  unsigned s0 = 0, s1 = 0, s2 = 0;
-  REQUIRE(std::sscanf(out.c_str() + at + 34, "0:%u [%*u, %*u), 1:%u [%*u, %*u), 2:%u", &s0, &s1, &s2) == 3);
-  std::printf("mixed cluster shares: GPU worker %u, CPU workers %u and %u\n", s0, s1, s2);
-  CHECK(s0 > s1);
-  CHECK(s0 > s2);
-  // The final evaluation: "test accuracy A (loss L) on N samples after ..."
-  at = out.rfind("test accuracy 0.");
-  REQUIRE(at != std::string::npos);
-  REQUIRE(out.find(" on 10000 samples", at) != std::string::npos);
-  CHECK(std::stod(out.substr(at + 14)) >= 0.85);
+  const auto s = profiled_shares(out);
+  std::printf("mixed cluster shares: GPU worker %u, CPU workers %u and %u\n", s[0], s[1], s[2]);
+  CHECK(s[0] > s[1]);
+  CHECK(s[0] > s[2]);
+  CHECK(final_accuracy(out) >= 0.85);
+}
+
+TEST_CASE("the CNN config trains with a GPU worker beside CPU workers: under BSP with the GPU worker given the "
+          "largest share, and under ashl's local steps") {
+  REQUIRE_GPU_OR_SKIP();
+  {
+    auto [rc, out] = train("fmnist-cnn.toml", "--workers 3 --gpus 0 --policy bsp --epochs 2"
+                                              " --set train.allocation=proportional", "gpu-cnn-bsp.log");
+    INFO(out);
+    REQUIRE(rc == 0);
+    CHECK(out.find("worker 0: computing on cuda:0") != std::string::npos);
+    const auto s = profiled_shares(out);
+    const double acc = final_accuracy(out);
+    std::printf("CNN, bsp: shares GPU worker %u, CPU workers %u and %u; test accuracy %.4f\n", s[0], s[1], s[2],
+                acc);
+    CHECK(s[0] > s[1]);
+    CHECK(s[0] > s[2]);
+    CHECK(acc >= 0.85);
+  }
+  {
+    auto [rc, out] = train("fmnist-cnn.toml", "--workers 3 --gpus 0 --policy ashl --epochs 3", "gpu-cnn-ashl.log");
+    INFO(out);
+    REQUIRE(rc == 0);
+    CHECK(out.find("worker 0: computing on cuda:0") != std::string::npos);
+    const double acc = final_accuracy(out);
+    std::printf("CNN, ashl: test accuracy %.4f\n", acc);
+    CHECK(acc >= 0.85);
+  }
 }

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "runtime/backend/cpu_backend.hpp"
+#include "runtime/backend/held_model.hpp"
 #include "runtime/worker/step_machine.hpp"
 
 using namespace ashlar;
@@ -478,4 +480,130 @@ TEST_CASE("step machine: a step whose loss is not finite waits a tenth of a seco
   other.actions();
   other.m->on_computed(make_error(errc::device_error, "cudaMemcpy failed"));
   CHECK(count<step::fail>(other.actions()) == 1);
+}
+
+namespace {
+
+// Runs machine `m` to its end with backend `b`: pulls answered at once (the k-th pull's
+// every parameter 0.1 x k, the same sequence for any machine), pushes acknowledged at
+// once, pacing over at once, the next step once the actions before it are done (as the
+// worker's mailbox orders them). Computes as the worker does: a held step through
+// local_step, a commit taken through take_commit, a landed pull through rebase.
+struct drive_result {
+  std::vector<wire::tensor> pushes;
+  size_t loads = 0, held_steps = 0, host_steps = 0, pulls = 0;
+};
+
+drive_result drive(rig& r, compute_backend& b) {
+  drive_result out;
+  size_t pull_rounds = 0;
+  r.m->begin();
+  bool done = false, step_due = false;
+  for (int guard = 0; !done && guard < 100000; ++guard) {
+    auto acts = r.actions();
+    if (acts.empty()) {
+      if (!step_due)
+        break;
+      step_due = false; // the next step comes through the mailbox, after the actions before it
+      r.m->on_step();
+      continue;
+    }
+    bool new_round = true;
+    for (auto& act : acts) {
+      if (auto* p = std::get_if<step::send_pull>(&act)) {
+        if (new_round) {
+          ++pull_rounds;
+          new_round = false;
+        }
+        ++out.pulls;
+        r.m->on_pull_reply(p->shard, p->gen, r.whole(p->shard, 0.1f * static_cast<float>(pull_rounds)));
+      } else if (auto* s = std::get_if<step::send_push>(&act)) {
+        out.pushes.push_back(s->msg.grad);
+        r.m->on_push_ack(s->shard, s->gen, s->floats, {});
+      } else if (auto* c = std::get_if<step::compute>(&act)) {
+        if (c->held) {
+          ++out.held_steps;
+          out.loads += c->load != nullptr;
+          r.m->on_computed(b.local_step(c->load, c->velocity, c->batch, c->lr, c->momentum));
+        } else {
+          ++out.host_steps;
+          r.m->on_computed(b.train_step(r.m->params().data(), c->batch, r.m->grad().data()));
+        }
+      } else if (auto* t = std::get_if<step::take_commit>(&act)) {
+        r.m->on_commit_taken(b.take_commit(t->out, t->scale, t->velocity_out));
+      } else if (auto* rb = std::get_if<step::rebase>(&act)) {
+        REQUIRE_FALSE(b.rebase(rb->pulled, rb->lr));
+      } else if (auto* pc = std::get_if<step::pace>(&act)) {
+        r.m->on_paced(pc->gen);
+      } else if (std::holds_alternative<step::next_step>(act)) {
+        step_due = true;
+      } else if (auto* f = std::get_if<step::fail>(&act)) {
+        FAIL(f->why);
+      } else if (std::holds_alternative<step::finish>(act)) {
+        done = true;
+      }
+    }
+  }
+  REQUIRE(done);
+  return out;
+}
+
+// The rig's model: 3 inputs, 2 classes, one dense layer (8 parameters).
+model_spec rig_model() {
+  mlp_spec m;
+  m.input = 3;
+  m.hidden = {};
+  m.classes = 2;
+  return from_mlp(m);
+}
+
+}  // namespace
+
+TEST_CASE("step machine: where the backend keeps the local model, it gets the model after each pull and gives each "
+          "commit, and the pushes are those of local steps on the worker's side, bit for bit") {
+  for (bool overlap : {false, true}) {
+    auto tune = overlap ? +[](wire::assignment& a) {
+      a.local_steps = 3;
+      a.commit_scale = 0.5f;
+      a.local_momentum = 0.5f;
+      a.overlap_commits = true;
+      a.steps = 11;
+    }
+                        : +[](wire::assignment& a) {
+                            a.local_steps = 3;
+                            a.commit_scale = 0.5f;
+                            a.local_momentum = 0.5f;
+                            a.steps = 11;
+                          };
+    INFO("overlapped commits: " << overlap);
+    auto cpu = make_cpu_backend(rig_model());
+    REQUIRE(cpu);
+    rig host(tune);
+    const auto on_host = drive(host, **cpu);
+    CHECK(on_host.held_steps == 0);
+    auto kept = hold_local_model(std::move(*cpu));
+    rig held(tune);
+    held.m->set_model_held(true);
+    const auto on_device = drive(held, *kept);
+    CHECK(on_device.host_steps == 0);
+    CHECK(on_device.held_steps == 11);
+    // The model goes to the backend once per pull into the working model: not between
+    // local steps (and, with overlapped commits, not after the commit's pull either,
+    // which the backend applies itself).
+    CHECK(on_device.loads == (overlap ? 1u : 4u));
+    REQUIRE(on_host.pushes.size() == on_device.pushes.size());
+    CHECK(on_host.pushes.size() == 8); // 4 commits of 2 shards
+    for (size_t i = 0; i < on_host.pushes.size(); ++i)
+      CHECK(on_host.pushes[i] == on_device.pushes[i]);
+  }
+}
+
+TEST_CASE("a backend that keeps no local model refuses the calls, naming itself") {
+  auto cpu = make_cpu_backend(rig_model());
+  REQUIRE(cpu);
+  CHECK_FALSE((*cpu)->keeps_local_model());
+  std::vector<float> out(8);
+  auto err = (*cpu)->take_commit(out.data(), 1.0f, nullptr);
+  REQUIRE(err);
+  CHECK(describe(err).find("backend cpu keeps no local model") != std::string::npos);
 }

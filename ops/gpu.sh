@@ -20,29 +20,45 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# One GPU worker alone (ashlar bench gpu, batch 256) and inside an ashl job of one worker
-# and the config's shards (its progress lines' samples/s over the run's second half),
-# the model kept on the device under local steps (run.gpu_local_model, the default) or
-# sent every step.
+# One GPU worker inside an ashl job of one worker and the config's shards (its progress
+# lines' samples/s over the run's second half), with its model kept on the device under
+# local steps (run.gpu_local_model, the default) or sent every step; at batch 256 and at
+# the batch ashl's rules give it; against the same worker alone at that batch (ashlar
+# bench gpu: training steps with parameters in and gradient out, and local steps with
+# the model kept).
 job_bench() {
   local bin=$1 out=$2 secs=${JOB_SECONDS:-20}
-  rm -f "$out/job-bench.jsonl"
-  "$bin/ashlar" bench gpu --hidden 4096,4096 --config ops/configs/fmnist-cnn.toml --batch 256 \
-    --json "$out/job-bench.jsonl" || return 1
-  local name args keep
+  rm -f "$out/job-bench.jsonl" "$out/job-runs.txt"
+  local name args keep batch flag
   for name in mlp-4096 cnn; do
     if [[ $name == mlp-4096 ]]; then
       args="ops/configs/fmnist-mlp.toml --set model.hidden=4096,4096"
     else
       args="ops/configs/fmnist-cnn.toml"
     fi
-    for keep in false true; do
-      echo "== $name in an ashl job, run.gpu_local_model=$keep"
-      # shellcheck disable=SC2086
-      "$bin/ashlar" train $args --workers 1 --gpus 0 --policy ashl --set run.time_limit="$secs" \
-        --set run.gpu_local_model=$keep --data-dir "$ASHLAR_DATA_DIR" > "$out/job-$name-$keep.log" 2>&1 || return 1
-      grep -E "samples/s|stage" "$out/job-$name-$keep.log" | tail -4
+    for batch in 256 rule; do
+      flag=""
+      [[ $batch == rule ]] || flag="--set train.batch_size=$batch"
+      for keep in false true; do
+        local log="$out/job-$name-$batch-$keep.log"
+        echo "== $name in an ashl job, batch $batch, run.gpu_local_model=$keep"
+        # shellcheck disable=SC2086
+        # (2000 test samples: the evaluations of the wide model run on the CPU, and the
+        # full test set's final one took 30 s.)
+        "$bin/ashlar" train $args $flag --workers 1 --gpus 0 --policy ashl --set run.time_limit="$secs" \
+          --set run.gpu_local_model=$keep --set data.test_limit=2000 --data-dir "$ASHLAR_DATA_DIR" > "$log" 2>&1 \
+          || return 1
+        grep -E "ASHL stage|local steps per commit|samples/s \(" "$log" | cut -c1-220
+        echo "$name $batch $keep $log" >> "$out/job-runs.txt"
+      done
     done
+  done
+  # The worker alone, at each batch the jobs ran.
+  local batches
+  batches=$(grep -ho "policy ashl, batch [0-9]* per worker" "$out"/job-*.log | awk '{print $4}' | sort -un)
+  for batch in $batches; do
+    "$bin/ashlar" bench gpu --hidden 4096,4096 --config ops/configs/fmnist-cnn.toml --batch "$batch" \
+      --json "$out/job-bench.jsonl" || return 1
   done
   python3 - "$out" "$secs" > "$out/gpu-job.md" <<'PY'
 import json, re, statistics, sys
@@ -50,24 +66,37 @@ out, secs = sys.argv[1], float(sys.argv[2])
 alone = {}
 for line in open(f"{out}/job-bench.jsonl"):
     r = json.loads(line)
-    alone["mlp-4096" if r["model"].startswith("784-") else "cnn"] = r
-def job_rate(path):
-    rates = []
+    alone[("mlp-4096" if r["model"].startswith("784-") else "cnn", r["batch"])] = r
+def job(path):
+    rates, batch = [], None
     for line in open(path):
+        m = re.search(r"policy ashl, batch (\d+) per worker", line)
+        if m:
+            batch = int(m.group(1))
         m = re.match(r"\[\s*([\d.]+)s\] epoch .*?(\d+) samples/s", line)
         if m and float(m.group(1)) >= secs / 2:
             rates.append(float(m.group(2)))
-    return statistics.median(rates) if rates else float("nan")
-print(f"One GPU worker, batch 256 alone; inside an ashl job of one worker with the config's shards, "
-      f"{secs:.0f} s, its progress lines' samples/s over the second half (median).\n")
-print("| model | alone: step (params in, gradient out) | alone: local steps, model kept | in the job: model sent "
-      "every step | in the job: model kept | kept / alone step | kept / alone local steps |")
-print("|---|---|---|---|---|---|---|")
+    return (statistics.median(rates) if rates else float("nan")), batch
+runs = {}
+for line in open(f"{out}/job-runs.txt"):
+    name, b, keep, path = line.split()
+    runs[(name, b, keep)] = job(path)
+print(f"One GPU worker inside an ashl job of one worker and the config's shards, {secs:.0f} s a run: its progress "
+      f"lines' samples/s over the second half (median); alone: ashlar bench gpu at the same batch.\n")
+print("| model | batch | alone: steps (params in, gradient out) | alone: local steps, model kept | in the job: model "
+      "sent every step | in the job: model kept | kept in the job / alone steps | / alone local steps |")
+print("|---|---|---|---|---|---|---|---|")
 for name in ("mlp-4096", "cnn"):
-    a = alone[name]
-    sent, kept = job_rate(f"{out}/job-{name}-false.log"), job_rate(f"{out}/job-{name}-true.log")
-    print(f"| {a['model']} | {a['samples_per_second']:.0f} | {a['kept_samples_per_second']:.0f} | {sent:.0f} | "
-          f"{kept:.0f} | {kept / a['samples_per_second']:.2f} | {kept / a['kept_samples_per_second']:.2f} |")
+    for b in ("256", "rule"):
+        sent, batch = runs[(name, b, "false")]
+        kept, _ = runs[(name, b, "true")]
+        a = alone.get((name, batch))
+        if not a:
+            continue
+        label = f"{batch}" + (" (ashl's rule)" if b == "rule" else "")
+        print(f"| {a['model'][:40]} | {label} | {a['samples_per_second']:.0f} | {a['kept_samples_per_second']:.0f} | "
+              f"{sent:.0f} | {kept:.0f} | {kept / a['samples_per_second']:.2f} | "
+              f"{kept / a['kept_samples_per_second']:.2f} |")
 PY
   cat "$out/gpu-job.md"
 }

@@ -24,20 +24,16 @@ struct bench_system_config : caf::actor_system_config {
   }
 };
 
-// Samples/s of `backend` over `steps` steps after `warmup`, on synthetic batches.
-expected<double> samples_per_second(compute_backend& backend, const dataset& data, const gpu_bench_options& o) {
-  auto params = init_params(backend.spec(), 1);
-  std::vector<float> grad(params.size());
-  // As a worker does: its parameter and gradient buffers locked for the backend's DMA.
-  auto lock_params = backend.lock_host_memory(params.data(), params.size() * sizeof(float));
-  auto lock_grad = backend.lock_host_memory(grad.data(), grad.size() * sizeof(float));
+// Samples/s of `step(i, batch)` over o.steps steps after o.warmup, on batches of `data`.
+template <class Step>
+expected<double> timed_steps(const dataset& data, const gpu_bench_options& o, Step&& step) {
   batch_cursor cursor{data, 0, data.n, 3};
   using clock = std::chrono::steady_clock;
   clock::time_point start;
   for (uint32_t i = 0; i < o.warmup + o.steps; ++i) {
     if (i == o.warmup)
       start = clock::now();
-    auto s = backend.train_step(params.data(), cursor.next(o.batch), grad.data());
+    auto s = step(i, cursor.next(o.batch));
     if (!s)
       return s.error();
   }
@@ -45,22 +41,23 @@ expected<double> samples_per_second(compute_backend& backend, const dataset& dat
   return static_cast<double>(o.steps) * o.batch / secs;
 }
 
+// Training steps of `backend`: parameters in, gradient out.
+expected<double> samples_per_second(compute_backend& backend, const dataset& data, const gpu_bench_options& o) {
+  auto params = init_params(backend.spec(), 1);
+  std::vector<float> grad(params.size());
+  // As a worker does: its parameter and gradient buffers locked for the backend's DMA.
+  auto lock_params = backend.lock_host_memory(params.data(), params.size() * sizeof(float));
+  auto lock_grad = backend.lock_host_memory(grad.data(), grad.size() * sizeof(float));
+  return timed_steps(data, o, [&](uint32_t, batch_view b) { return backend.train_step(params.data(), b, grad.data()); });
+}
+
 // Samples/s of local steps on the model `backend` keeps (sent once, as after a pull),
 // over `steps` steps after `warmup`.
 expected<double> kept_samples_per_second(compute_backend& backend, const dataset& data, const gpu_bench_options& o) {
   auto params = init_params(backend.spec(), 1);
-  batch_cursor cursor{data, 0, data.n, 3};
-  using clock = std::chrono::steady_clock;
-  clock::time_point start;
-  for (uint32_t i = 0; i < o.warmup + o.steps; ++i) {
-    if (i == o.warmup)
-      start = clock::now();
-    auto s = backend.local_step(i == 0 ? params.data() : nullptr, nullptr, cursor.next(o.batch), 1e-4f, 0.5f);
-    if (!s)
-      return s.error();
-  }
-  const double secs = std::chrono::duration<double>(clock::now() - start).count();
-  return static_cast<double>(o.steps) * o.batch / secs;
+  return timed_steps(data, o, [&](uint32_t i, batch_view b) {
+    return backend.local_step(i == 0 ? params.data() : nullptr, nullptr, b, 1e-4f, 0.5f);
+  });
 }
 
 }  // namespace

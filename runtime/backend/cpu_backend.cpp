@@ -98,18 +98,9 @@ public:
     grads_.resize(count);
     aux_.resize(count);
     argmax_.resize(count);
-    buffer_.resize(count);
     onednn_.resize(count);
-    // A node's output gradient is needed only if parameters lie upstream of it.
-    needs_grad_.assign(count, false);
-    for (size_t i = 0; i < count; ++i) {
-      const auto& n = plan_.nodes[i];
-      needs_grad_[i] = n.param_count() > 0 || (n.input >= 0 && needs_grad_[static_cast<size_t>(n.input)])
-                       || (n.from >= 0 && needs_grad_[static_cast<size_t>(n.from)]);
-      const bool identity = n.spec.kind == layer_kind::flatten || (n.spec.kind == layer_kind::dropout && n.spec.p == 0);
-      buffer_[i] = identity && i + 1 < count ? (n.input < 0 ? -1 : buffer_[static_cast<size_t>(n.input)])
-                                              : static_cast<int>(i);
-    }
+    buffer_ = plan_.output_owners();
+    needs_grad_ = plan_.gradients_needed();
   }
 
   const char* name() const override {

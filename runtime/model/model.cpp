@@ -285,6 +285,27 @@ bool model_plan::has_external() const {
   return false;
 }
 
+std::vector<int> model_plan::output_owners() const {
+  std::vector<int> owner(nodes.size());
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const auto& n = nodes[i];
+    const bool identity = n.spec.kind == layer_kind::flatten || (n.spec.kind == layer_kind::dropout && n.spec.p == 0);
+    owner[i] = identity && i + 1 < nodes.size() ? (n.input < 0 ? -1 : owner[static_cast<size_t>(n.input)])
+                                                : static_cast<int>(i);
+  }
+  return owner;
+}
+
+std::vector<bool> model_plan::gradients_needed() const {
+  std::vector<bool> needed(nodes.size(), false);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const auto& n = nodes[i];
+    needed[i] = n.param_count() > 0 || (n.input >= 0 && needed[static_cast<size_t>(n.input)])
+                || (n.from >= 0 && needed[static_cast<size_t>(n.from)]);
+  }
+  return needed;
+}
+
 expected<model_plan> compile(const model_spec& spec) {
   if (spec.input.size() == 0)
     return bad("model.input " + spec.input.to_string() + " has a zero dimension");

@@ -159,6 +159,12 @@ struct model_plan {
   /// Sum of every node's per-sample output, in floats.
   uint64_t activation_floats = 0;
   bool has_external() const;
+  /// For a backend that runs the nodes in order and keeps every node's output for the
+  /// backward pass: the node whose buffers hold node i's output (a flatten, or a dropout
+  /// with p = 0, shares its input's unless it is the last node; -1: the batch itself).
+  std::vector<int> output_owners() const;
+  /// Whether node i's output gradient is needed: parameters lie upstream of it.
+  std::vector<bool> gradients_needed() const;
 };
 
 /// Compiles a model: resolves names and inputs, infers every shape and lays the

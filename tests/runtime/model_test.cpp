@@ -329,3 +329,16 @@ TEST_CASE("a CNN trains on the CPU: the loss falls over a few steps of SGD") {
   REQUIRE(last);
   CHECK(last->mean_loss() < 0.5 * first->mean_loss());
 }
+
+TEST_CASE("a compiled model says which nodes share their input's buffers and which need output gradients") {
+  // 0 relu (no parameters upstream), 1 flatten (shares relu's), 2 dense, 3 dropout p=0
+  // (shares dense's), 4 dense, 5 flatten (the last node: its own buffers)
+  auto plan = compile(model_of({1, 4, 4}, 10, "relu; flatten; dense out=8; dropout p=0; dense out=10; flatten"));
+  REQUIRE(plan);
+  CHECK(plan->output_owners() == std::vector<int>{0, 0, 2, 2, 4, 5});
+  CHECK(plan->gradients_needed() == std::vector<bool>{false, false, true, true, true, true});
+  // A flatten straight on the input shares the batch itself.
+  auto direct = compile(model_of({1, 4, 4}, 10, "flatten; dense out=10"));
+  REQUIRE(direct);
+  CHECK(direct->output_owners() == std::vector<int>{-1, 1});
+}

@@ -60,7 +60,7 @@ gpu_actor::behavior_type gpu_behavior(gpu_actor::stateful_pointer<gpu_state> sel
           s = b->evaluate(c.params, c.batch);
           break;
         case gpu_call::local_step:
-          s = b->local_step(c.params, c.velocity, c.batch, c.lr, c.momentum);
+          s = b->local_step(c.params, c.velocity, c.commit, c.batch, c.lr, c.momentum);
           break;
         case gpu_call::take_commit:
           r.err = b->take_commit(c.grad, c.scale, c.velocity_out);
@@ -117,12 +117,13 @@ public:
   bool keeps_local_model() const override {
     return keeps_model_;
   }
-  expected<batch_stats> local_step(const float* load, const float* velocity, batch_view batch, float lr,
-                                   float momentum) override {
+  expected<batch_stats> local_step(const float* load, const float* velocity, const float* commit, batch_view batch,
+                                   float lr, float momentum) override {
     gpu_call c;
     c.kind = gpu_call::local_step;
     c.params = load;
     c.velocity = velocity;
+    c.commit = commit;
     c.batch = batch;
     c.lr = lr;
     c.momentum = momentum;

@@ -24,6 +24,7 @@ struct gpu_call {
   batch_view batch;
   float* grad = nullptr;
   const float* velocity = nullptr;
+  const float* commit = nullptr;
   float* velocity_out = nullptr;
   float lr = 0, momentum = 0, scale = 1;
 };

@@ -102,12 +102,16 @@ struct executor {
   void operator()(step::compute& a) const {
     auto& st = self->state;
     auto& m = *st.machine;
+    if (a.fetch_velocity) // a step on this side after steps on the backend's: their velocity first
+      if (auto err = st.backend->take_commit(nullptr, 1.0f, a.fetch_velocity))
+        return computed(self, err);
     if (const gpu_actor* device = device_of(*st.backend)) {
       gpu_call c{gpu_call::train, st.backend->spec(), m.params().data(), a.batch, m.grad().data()};
       if (a.held) { // a local step on the model the GPU keeps
         c.kind = gpu_call::local_step;
         c.params = a.load;
         c.velocity = a.velocity;
+        c.commit = a.commit;
         c.grad = nullptr;
         c.lr = a.lr;
         c.momentum = a.momentum;
@@ -128,7 +132,7 @@ struct executor {
           });
       return;
     }
-    computed(self, a.held ? st.backend->local_step(a.load, a.velocity, a.batch, a.lr, a.momentum)
+    computed(self, a.held ? st.backend->local_step(a.load, a.velocity, a.commit, a.batch, a.lr, a.momentum)
                           : st.backend->train_step(m.params().data(), a.batch, m.grad().data())); // run() goes on
   }
 
@@ -285,8 +289,10 @@ void take_assignment(worker_pointer self, const wire::assignment& a, const std::
     spdlog::debug("worker {}: {} keeps the model between commits under local steps", a.worker_id,
                   st.backend->name());
   st.shards = shards;
-  for (auto* v : {&st.machine->params(), &st.machine->grad()})
-    st.host_locks.push_back(st.backend->lock_host_memory(v->data(), v->size() * sizeof(float)));
+  for (auto* v : {&st.machine->params(), &st.machine->grad(), &st.machine->commit_buffer(),
+                  &st.machine->pulled_buffer(), &st.machine->velocity_buffer()})
+    if (!v->empty())
+      st.host_locks.push_back(st.backend->lock_host_memory(v->data(), v->size() * sizeof(float)));
   spdlog::debug("worker {}: {} backend, {} steps", a.worker_id, st.backend->name(), a.steps);
   if (a.data_endpoints.size() == shards.size())
     for (uint32_t i = 0; i < shards.size(); ++i)

@@ -235,8 +235,8 @@ public:
 
   // A local step: the parameters go in only with `load` (after a pull), the gradient
   // stays on the device and moves the kept model there.
-  expected<batch_stats> local_step(const float* load, const float* velocity, batch_view b, float lr,
-                                   float momentum) override {
+  expected<batch_stats> local_step(const float* load, const float* velocity, const float* commit, batch_view b,
+                                   float lr, float momentum) override {
     if (auto err = check_batch(model_, b))
       return err;
     ASHLAR_CUDA(cudaSetDevice(device_));
@@ -249,7 +249,7 @@ public:
     if (load) {
       if (auto err = upload(load, &b))
         return err;
-      if (auto err = local_.load_velocity(velocity, stream_))
+      if (auto err = local_.load(velocity, commit, stream_))
         return err;
     } else if (auto err = upload_batch(b)) {
       return err;

@@ -185,8 +185,8 @@ public:
     return true;
   }
 
-  expected<batch_stats> local_step(const float* load, const float* velocity, batch_view b, float lr,
-                                   float momentum) override {
+  expected<batch_stats> local_step(const float* load, const float* velocity, const float* commit, batch_view b,
+                                   float lr, float momentum) override {
     if (auto err = check_batch(spec_, b))
       return err;
     ASHLAR_CUDA(cudaSetDevice(device_));
@@ -199,7 +199,7 @@ public:
     if (load) {
       if (auto err = upload_params(load))
         return err;
-      if (auto err = local_.load_velocity(velocity, stream_))
+      if (auto err = local_.load(velocity, commit, stream_))
         return err;
     }
     if (auto err = upload_batch(b))

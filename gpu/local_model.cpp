@@ -46,12 +46,19 @@ caf::error device_local_model::reserve(size_t count, cudaStream_t stream) {
   return caf::none;
 }
 
-caf::error device_local_model::load_velocity(const float* velocity, cudaStream_t stream) {
-  if (!velocity)
-    return caf::none; // the kept one stays
-  if (auto err = copy_to_device(velocity_.p, velocity, count_, staging_, stream))
-    return err;
-  ASHLAR_CUDA(cudaStreamSynchronize(stream)); // the staging buffer is free again
+caf::error device_local_model::load(const float* velocity, const float* commit, cudaStream_t stream) {
+  if (velocity) {
+    if (auto err = copy_to_device(velocity_.p, velocity, count_, staging_, stream))
+      return err;
+    ASHLAR_CUDA(cudaStreamSynchronize(stream)); // the staging buffer is free again
+  }
+  if (commit) {
+    if (auto err = copy_to_device(acc_.p, commit, count_, staging_, stream))
+      return err;
+    ASHLAR_CUDA(cudaStreamSynchronize(stream));
+  } else {
+    ASHLAR_CUDA(cudaMemsetAsync(acc_.p, 0, count_ * sizeof(float), stream));
+  }
   return caf::none;
 }
 
@@ -69,10 +76,12 @@ caf::error device_local_model::update(float* params, const float* grad, float lr
 
 caf::error device_local_model::take(float* out, float scale, float* velocity_out, float* scratch,
                                     cudaStream_t stream) {
-  launch_take(scratch, acc_.p, scale, count_, stream);
-  ASHLAR_LAUNCHED();
-  if (auto err = copy_to_host(out, scratch, count_, staging_, stream))
-    return err;
+  if (out) {
+    launch_take(scratch, acc_.p, scale, count_, stream);
+    ASHLAR_LAUNCHED();
+    if (auto err = copy_to_host(out, scratch, count_, staging_, stream))
+      return err;
+  }
   if (velocity_out)
     return copy_to_host(velocity_out, velocity_.p, count_, staging_, stream);
   return caf::none;

@@ -23,13 +23,15 @@ class device_local_model {
 public:
   /// Makes the velocity and the open commit for `count` parameters (zero), once.
   caf::error reserve(size_t count, cudaStream_t stream);
-  /// The velocity becomes `velocity` (host memory; null: the kept one stays).
-  caf::error load_velocity(const float* velocity, cudaStream_t stream);
+  /// With a model loaded: the velocity becomes `velocity` (host memory; null: the kept one
+  /// stays) and the open commit `commit` (null: empty). Waits.
+  caf::error load(const float* velocity, const float* commit, cudaStream_t stream);
   caf::error zero_velocity(cudaStream_t stream);
   /// The step's update from `grad` moves `params` and adds to the open commit.
   caf::error update(float* params, const float* grad, float lr, float momentum, cudaStream_t stream);
   /// out (host) = the open commit * scale, through `scratch` (a device buffer of
-  /// `count`); the commit starts empty. With velocity_out, the velocity too. Waits.
+  /// `count`); the commit starts empty. With velocity_out, the velocity too; with `out`
+  /// null, only that. Waits.
   caf::error take(float* out, float scale, float* velocity_out, float* scratch, cudaStream_t stream);
   /// params (holding the pulled model) -= lr * the open commit.
   caf::error rebase(float* params, float lr, cudaStream_t stream);

@@ -56,7 +56,7 @@ expected<double> samples_per_second(compute_backend& backend, const dataset& dat
 expected<double> kept_samples_per_second(compute_backend& backend, const dataset& data, const gpu_bench_options& o) {
   auto params = init_params(backend.spec(), 1);
   return timed_steps(data, o, [&](uint32_t i, batch_view b) {
-    return backend.local_step(i == 0 ? params.data() : nullptr, nullptr, b, 1e-4f, 0.5f);
+    return backend.local_step(i == 0 ? params.data() : nullptr, nullptr, nullptr, b, 1e-4f, 0.5f);
   });
 }
 

@@ -76,16 +76,20 @@ public:
   /// Whether local_step, take_commit and rebase work here.
   virtual bool keeps_local_model() const;
 
-  /// One local step on the kept model. With `load`, the model becomes `load` first, and
-  /// the velocity `velocity` if given (else the kept velocity, zero at first, stays). The gradient of `batch` at the kept model gives
-  /// the update (with `momentum` > 0: velocity = momentum * velocity + gradient), which is
-  /// added to the open commit and moves the model by -lr * update. A loss that is not
-  /// finite fails with numerical_error, zeroes the velocity and changes nothing else.
+  /// One local step on the kept model. With `load` (a worker's first step, or its first
+  /// after a pull), the model becomes `load` first, the open commit `commit` (null:
+  /// empty) and the velocity `velocity` (null: the kept one stays). The gradient of
+  /// `batch` at the kept model gives the update (with `momentum` > 0: velocity = momentum
+  /// * velocity + gradient), which is added to the open commit and moves the model by
+  /// -lr * update. A loss that is not finite fails with numerical_error, zeroes the
+  /// velocity and changes nothing else.
   [[nodiscard]] virtual expected<batch_stats> local_step(const float* load, const float* velocity,
-                                                         batch_view batch, float lr, float momentum);
+                                                         const float* commit, batch_view batch, float lr,
+                                                         float momentum);
 
   /// Closes the open commit: `out` (spec().num_params() floats) = its sum * scale, and the
-  /// next commit starts empty. With `velocity_out`, the velocity is copied there too.
+  /// next commit starts empty. With `velocity_out`, the velocity is copied there too. With
+  /// `out` null, only the velocity is copied (the open commit stays).
   [[nodiscard]] virtual caf::error take_commit(float* out, float scale, float* velocity_out);
 
   /// An overlapped commit's pull has landed: the kept model becomes `pulled` - lr * (the

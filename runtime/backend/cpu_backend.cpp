@@ -37,7 +37,8 @@ caf::error keeps_none(const compute_backend& b) {
 }
 }  // namespace
 
-expected<batch_stats> compute_backend::local_step(const float*, const float*, batch_view, float, float) {
+expected<batch_stats> compute_backend::local_step(const float*, const float*, const float*, batch_view, float,
+                                                  float) {
   return keeps_none(*this);
 }
 

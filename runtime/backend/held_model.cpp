@@ -32,13 +32,17 @@ public:
 
   bool keeps_local_model() const override { return true; }
 
-  expected<batch_stats> local_step(const float* load, const float* velocity, batch_view batch, float lr,
-                                   float momentum) override {
+  expected<batch_stats> local_step(const float* load, const float* velocity, const float* commit, batch_view batch,
+                                   float lr, float momentum) override {
     const size_t n = params_.size();
     if (load) {
       std::copy(load, load + n, params_.begin());
       if (velocity)
         std::copy(velocity, velocity + n, velocity_.begin());
+      if (commit)
+        std::copy(commit, commit + n, acc_.begin());
+      else
+        std::fill(acc_.begin(), acc_.end(), 0.0f);
     }
     auto stats = inner_->train_step(params_.data(), batch, grad_.data());
     if (!stats) {
@@ -53,7 +57,8 @@ public:
   }
 
   caf::error take_commit(float* out, float scale, float* velocity_out) override {
-    local_steps::take(out, acc_.data(), scale, acc_.size());
+    if (out)
+      local_steps::take(out, acc_.data(), scale, acc_.size());
     if (velocity_out)
       std::copy(velocity_.begin(), velocity_.end(), velocity_out);
     return caf::none;

@@ -399,20 +399,43 @@ void step_machine::compute_step() {
   batch_n_ = static_cast<uint32_t>(batch.n);
   // A step on the local model (local steps, or a commit open or in flight) runs where
   // the model is kept.
-  held_step_ = held_ && (mode_ == step_mode::local_steps || local_done_ > 0 || commit_inflight_);
-  if (!held_step_)
-    return emit(step::compute{batch});
+  // (A commit opened by a step on this side, when local steps began while that step
+  // waited out its pacing, goes to the backend with the model: that step pulled.)
+  held_step_ = held_ && (mode_ == step_mode::local_steps || local_done_ > 0 || commit_inflight_)
+               && (!commit_on_host_ || !held_current_);
+  if (!held_step_) {
+    step::compute c{batch};
+    if (held_ && !velocity_on_host_ && job_.local_momentum > 0) {
+      c.fetch_velocity = local_velocity_.data(); // the backend moved it last
+      velocity_on_host_ = true;
+    }
+    return emit(c);
+  }
   step::compute c{batch, true};
   if (!held_current_) {
     c.load = params_.data();
-    if (velocity_on_host_ && local_velocity_.size() == params_.size())
-      c.velocity = local_velocity_.data(); // steps on this side moved it last
+    if (velocity_on_host_)
+      c.velocity = local_velocity_.data(); // steps on this side moved it last (or none: zero)
+    if (commit_on_host_) {
+      c.commit = acc_.data();
+      commit_handed_ = true;
+      commit_on_host_ = false;
+    }
     held_current_ = true;
   }
   velocity_on_host_ = false;
   c.lr = local_lr();
   c.momentum = job_.local_momentum;
   emit(c);
+}
+
+void step_machine::set_model_held(bool held) {
+  held_ = held;
+  if (held) { // the buffers the backend reads and writes, sized once (the worker may lock them)
+    commit_.resize(params_.size());
+    pulled_.resize(params_.size());
+    local_velocity_.assign(params_.size(), 0.0f);
+  }
 }
 
 // A paced worker waits out the rest of its budget (batch x pace, slowed by contention)
@@ -483,9 +506,10 @@ bool step_machine::take_commit(std::vector<float>& out) {
   push_samples_ = acc_samples_;
   acc_samples_ = 0;
   local_done_ = 0;
-  if (!held_) {
+  if (!held_ || commit_on_host_) {
     out.resize(acc_.size());
     local_steps::take(out.data(), acc_.data(), scale, acc_.size());
+    commit_on_host_ = false;
     return true;
   }
   out.resize(params_.size());
@@ -505,6 +529,10 @@ void step_machine::on_commit_taken(const caf::error& err) {
   if (err)
     return fail("taking the commit from the compute backend: " + describe(err));
   send_pushes();
+  if (end_on_take_) { // an overlapped commit: its step ends once its pushes are out
+    end_on_take_ = false;
+    end_local_step();
+  }
 }
 
 // With local steps in force, a step's gradient (its velocity, with local_momentum) is
@@ -534,6 +562,10 @@ void step_machine::after_compute() {
     if (acc_.size() != grad_.size())
       acc_.assign(grad_.size(), 0.0f);
     local_steps::accumulate(acc_.data(), grad_.data(), grad_.size());
+    commit_on_host_ = held_; // (where the backend keeps the model: its next step takes this along)
+  } else if (commit_handed_) {
+    std::fill(acc_.begin(), acc_.end(), 0.0f); // the backend has it now
+    commit_handed_ = false;
   }
   acc_samples_ += batch_n_;
   ++local_done_;
@@ -549,7 +581,10 @@ void step_machine::after_compute() {
         due_since_ = clock_.steady_ns();
         return;
       }
-      begin_commit();
+      if (!begin_commit()) {
+        end_on_take_ = true; // on_commit_taken ends the step
+        return;
+      }
     }
     return end_local_step();
   }
@@ -567,12 +602,14 @@ void step_machine::after_compute() {
 // Overlapped commits: sends the summed gradients of the steps since the last commit and
 // goes on computing; the push's acknowledgements start the pull (phase_done), and the
 // pull lands in commit_landed.
-void step_machine::begin_commit() {
+bool step_machine::begin_commit() {
   commit_inflight_ = true;
   model_local_ = true;
   pulled_.resize(params_.size());
-  if (take_commit(commit_))
-    send_pushes();
+  if (!take_commit(commit_))
+    return false; // on_commit_taken sends them
+  send_pushes();
+  return true;
 }
 
 // The step is done; time spent waiting for a commit in flight counts as its push time.
@@ -586,15 +623,20 @@ void step_machine::end_local_step() {
 // the local steps taken since the commit (lr x their summed gradients, in acc). A step
 // that waited for it (its commit due, a change of mode, or the finish) goes on.
 void step_machine::commit_landed() {
-  if (held_)
+  if (held_ && !commit_on_host_) {
     emit(step::rebase{pulled_.data(), local_lr()});
-  else
+  } else {
     local_steps::rebase(params_.data(), pulled_.data(), acc_.data(), local_lr(), params_.size());
+    held_current_ = false;
+  }
   commit_inflight_ = false;
   if (commit_due_) {
     commit_due_ = false;
     exposed_ns_ += since(due_since_);
-    begin_commit();
+    if (!begin_commit()) {
+      end_on_take_ = true;
+      return;
+    }
     return end_local_step();
   }
   if (deferred_step_) {

@@ -60,16 +60,19 @@ struct send_push {
   wire::push msg;
 };
 
-/// Compute the gradient of `batch` at params() into grad(), then call on_computed.
-/// With `held`, a local step on the model the backend keeps instead
-/// (compute_backend::local_step with load, velocity, lr and momentum): grad() is not
-/// written.
+/// Compute the gradient of `batch` at params() into grad(), then call on_computed (with
+/// `fetch_velocity`, first the backend's velocity into it: compute_backend::take_commit
+/// with no output). With `held`, a local step on the model the backend keeps instead
+/// (compute_backend::local_step with load, velocity, commit, lr and momentum): grad()
+/// is not written. A held step's learning rate is the one in force when it starts.
 struct compute {
   batch_view batch;
   bool held = false;
   const float* load = nullptr;     // the model to load first (the step pulled), or null
   const float* velocity = nullptr; // with load: the velocity to start from (null: the kept one)
+  const float* commit = nullptr;   // with load: the open commit's sum so far (null: empty)
   float lr = 0, momentum = 0;
+  float* fetch_velocity = nullptr;
 };
 
 /// Take the open commit from the backend that keeps the model (compute_backend::
@@ -142,8 +145,13 @@ public:
   /// The backend keeps the local model (compute_backend::keeps_local_model): local steps
   /// then run there, and the machine sends the model after each pull and takes commits
   /// from it (compute, take_commit and rebase actions). Call before begin().
-  void set_model_held(bool held) { held_ = held; }
+  void set_model_held(bool held);
   bool model_held() const { return held_; }
+  /// The buffers of commits taken from the backend and of overlapped commits' pulls;
+  /// sized once the model is held (a backend may lock them).
+  std::vector<float>& commit_buffer() { return commit_; }
+  std::vector<float>& pulled_buffer() { return pulled_; }
+  std::vector<float>& velocity_buffer() { return local_velocity_; }
 
   /// The buffers the compute reads and writes (they never move: a backend may lock them).
   std::vector<float>& params() { return params_; }
@@ -234,7 +242,7 @@ private:
   float local_lr() const;
   void step_local_model();
   bool take_commit(std::vector<float>& out);
-  void begin_commit();
+  bool begin_commit();
   void end_local_step();
   void commit_landed();
   caf::error take_data_part();
@@ -320,6 +328,9 @@ private:
   bool held_current_ = false;
   bool held_step_ = false;
   bool velocity_on_host_ = true; // local_velocity_ is the latest (else the backend's is)
+  bool commit_on_host_ = false;  // the open commit's sum is in acc_ (a step on this side opened it)
+  bool commit_handed_ = false;   // acc_ went to the backend with the step in flight
+  bool end_on_take_ = false;     // an overlapped commit's step ends when the commit is taken
   // A lost shard: the step in flight is abandoned; replies of older generations ignored.
   uint64_t gen_ = 0;
   bool suspended_ = false;

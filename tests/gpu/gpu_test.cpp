@@ -3,7 +3,9 @@
 // tests/CMakeLists.txt). The cases without that line run everywhere.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <limits>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -170,6 +172,76 @@ TEST_CASE("the CUDA backend's gradients match the CPU backend's on the CNN, the 
   every.layers = *layers;
   for (size_t n : {1u, 33u, 200u})
     CHECK(compare_model(every, 3 * n, n, 3) < 1e-4);
+}
+
+TEST_CASE("the CUDA backends keep a local model as the host reference does: local steps with momentum, a commit "
+          "taken, an overlapped pull rebased, a velocity fetched, a non-finite loss dropping the velocity") {
+  REQUIRE_GPU_OR_SKIP();
+  const auto& d = fmnist();
+  mlp_spec mlp;
+  mlp.hidden = {256, 128};
+  for (const auto& spec : {from_mlp(mlp), config_model("fmnist-cnn.toml")}) {
+    INFO(spec.to_string());
+    auto cpu = make_cpu_backend(spec, cpu_conv::im2col, 99);
+    REQUIRE(cpu);
+    auto host = hold_local_model(std::move(*cpu));
+    gpu::cuda_options o;
+    o.seed = 99;
+    auto cuda = gpu::make_cuda_backend(spec, 0, o);
+    REQUIRE(cuda);
+    auto& dev = **cuda;
+    REQUIRE(dev.keeps_local_model());
+    const size_t n = spec.num_params();
+    auto params = init_params(spec, 5);
+    std::vector<float> velocity(n, 0.01f), commit(n, 0.02f), pulled = init_params(spec, 6);
+    auto batch = [&](size_t k) { return batch_view{d.x.data() + 64 * k * d.dim, d.y.data() + 64 * k, 64, d.dim}; };
+    auto both = [&](auto&& call) {
+      auto a = call(*host);
+      auto b = call(dev);
+      return std::pair{a, b};
+    };
+    std::vector<float> out_host(n), out_dev(n), v_host(n), v_dev(n);
+    // A load with a velocity and an open commit, then local steps.
+    for (size_t k = 0; k < 4; ++k) {
+      auto [a, b] = both([&](compute_backend& be) {
+        return be.local_step(k == 0 ? params.data() : nullptr, k == 0 ? velocity.data() : nullptr,
+                             k == 0 ? commit.data() : nullptr, batch(k), 0.05f, 0.5f);
+      });
+      REQUIRE(a);
+      REQUIRE(b);
+      CHECK(b->loss_sum == Approx(a->loss_sum).epsilon(1e-4));
+    }
+    REQUIRE_FALSE(host->take_commit(out_host.data(), 0.5f, v_host.data()));
+    REQUIRE_FALSE(dev.take_commit(out_dev.data(), 0.5f, v_dev.data()));
+    CHECK(rel_error(out_dev, out_host) < 1e-4);
+    CHECK(rel_error(v_dev, v_host) < 1e-4);
+    // Two steps behind the commit, then its pull lands: the model is the pulled one less them.
+    for (size_t k = 4; k < 6; ++k) {
+      auto [a, b] = both([&](compute_backend& be) { return be.local_step(nullptr, nullptr, nullptr, batch(k), 0.05f, 0.5f); });
+      REQUIRE(a);
+      REQUIRE(b);
+    }
+    REQUIRE_FALSE(host->rebase(pulled.data(), 0.05f));
+    REQUIRE_FALSE(dev.rebase(pulled.data(), 0.05f));
+    auto [a, b] = both([&](compute_backend& be) { return be.local_step(nullptr, nullptr, nullptr, batch(6), 0.05f, 0.5f); });
+    REQUIRE(a);
+    REQUIRE(b);
+    CHECK(b->loss_sum == Approx(a->loss_sum).epsilon(1e-4)); // the same rebased model
+    REQUIRE_FALSE(host->take_commit(out_host.data(), 1.0f, nullptr));
+    REQUIRE_FALSE(dev.take_commit(out_dev.data(), 1.0f, nullptr));
+    CHECK(rel_error(out_dev, out_host) < 1e-4);
+    // The velocity alone: the open commit stays.
+    REQUIRE_FALSE(dev.take_commit(nullptr, 1.0f, v_dev.data()));
+    REQUIRE_FALSE(host->take_commit(nullptr, 1.0f, v_host.data()));
+    CHECK(rel_error(v_dev, v_host) < 1e-4);
+    // A model that gives a loss that is not finite: numerical_error, the velocity dropped.
+    std::vector<float> broken(n, std::numeric_limits<float>::infinity());
+    auto bad = dev.local_step(broken.data(), nullptr, nullptr, batch(7), 0.05f, 0.5f);
+    REQUIRE_FALSE(bad);
+    CHECK(is(bad.error(), errc::numerical_error));
+    REQUIRE_FALSE(dev.take_commit(nullptr, 1.0f, v_dev.data()));
+    CHECK(std::all_of(v_dev.begin(), v_dev.end(), [](float v) { return v == 0.0f; }));
+  }
 }
 
 TEST_CASE("the CUDA backend refuses a model with an external layer, naming it, and a layered model's bad batch") {
@@ -460,10 +532,11 @@ public:
   }
   expected<batch_stats> evaluate(const float* p, batch_view b) override { return inner_->evaluate(p, b); }
   bool keeps_local_model() const override { return inner_->keeps_local_model(); }
-  expected<batch_stats> local_step(const float* load, const float* v, batch_view b, float lr, float m) override {
+  expected<batch_stats> local_step(const float* load, const float* v, const float* c, batch_view b, float lr,
+                                   float m) override {
     ++n_.local;
     n_.loads += load != nullptr;
-    return inner_->local_step(load, v, b, lr, m);
+    return inner_->local_step(load, v, c, b, lr, m);
   }
   caf::error take_commit(float* out, float scale, float* v) override {
     ++n_.commits;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
 
 #include "runtime/backend/cpu_backend.hpp"
@@ -494,8 +495,13 @@ struct drive_result {
   size_t loads = 0, held_steps = 0, host_steps = 0, pulls = 0;
 };
 
-drive_result drive(rig& r, compute_backend& b) {
+// `script(m, event, computes)` runs at each pacing wait ("pace", before it ends) and before
+// each step ("step"), with the steps computed so far: a test's plans arrive there.
+using drive_script = std::function<void(step_machine&, const char*, size_t)>;
+
+drive_result drive(rig& r, compute_backend& b, const drive_script& script = {}) {
   drive_result out;
+  size_t computes = 0;
   size_t pull_rounds = 0;
   r.m->begin();
   bool done = false, step_due = false;
@@ -505,6 +511,8 @@ drive_result drive(rig& r, compute_backend& b) {
       if (!step_due)
         break;
       step_due = false; // the next step comes through the mailbox, after the actions before it
+      if (script)
+        script(*r.m, "step", computes);
       r.m->on_step();
       continue;
     }
@@ -521,10 +529,13 @@ drive_result drive(rig& r, compute_backend& b) {
         out.pushes.push_back(s->msg.grad);
         r.m->on_push_ack(s->shard, s->gen, s->floats, {});
       } else if (auto* c = std::get_if<step::compute>(&act)) {
+        ++computes;
+        if (c->fetch_velocity)
+          REQUIRE_FALSE(b.take_commit(nullptr, 1.0f, c->fetch_velocity));
         if (c->held) {
           ++out.held_steps;
           out.loads += c->load != nullptr;
-          r.m->on_computed(b.local_step(c->load, c->velocity, c->batch, c->lr, c->momentum));
+          r.m->on_computed(b.local_step(c->load, c->velocity, c->commit, c->batch, c->lr, c->momentum));
         } else {
           ++out.host_steps;
           r.m->on_computed(b.train_step(r.m->params().data(), c->batch, r.m->grad().data()));
@@ -534,6 +545,8 @@ drive_result drive(rig& r, compute_backend& b) {
       } else if (auto* rb = std::get_if<step::rebase>(&act)) {
         REQUIRE_FALSE(b.rebase(rb->pulled, rb->lr));
       } else if (auto* pc = std::get_if<step::pace>(&act)) {
+        if (script)
+          script(*r.m, "pace", computes);
         r.m->on_paced(pc->gen);
       } else if (std::holds_alternative<step::next_step>(act)) {
         step_due = true;
@@ -606,4 +619,122 @@ TEST_CASE("a backend that keeps no local model refuses the calls, naming itself"
   auto err = (*cpu)->take_commit(out.data(), 1.0f, nullptr);
   REQUIRE(err);
   CHECK(describe(err).find("backend cpu keeps no local model") != std::string::npos);
+}
+
+namespace {
+
+// The pushes of a machine tuned by `tune` and driven by `script`, on the worker's side and
+// with a backend that keeps the model (a fresh one, or `kept` if given); both must match
+// bit for bit. Returns the held run's counts.
+drive_result same_pushes(void (*tune)(wire::assignment&), const drive_script& script,
+                         compute_backend* kept = nullptr) {
+  auto cpu = make_cpu_backend(rig_model());
+  REQUIRE(cpu);
+  rig host(tune);
+  const auto on_host = drive(host, **cpu, script);
+  auto fresh = hold_local_model(std::move(*cpu));
+  rig held(tune);
+  held.m->set_model_held(true);
+  const auto on_device = drive(held, kept ? *kept : *fresh, script);
+  REQUIRE(on_host.pushes.size() == on_device.pushes.size());
+  CHECK_FALSE(on_host.pushes.empty());
+  for (size_t i = 0; i < on_host.pushes.size(); ++i)
+    CHECK(on_host.pushes[i] == on_device.pushes[i]);
+  return on_device;
+}
+
+void paced_local_steps(wire::assignment& a) {
+  a.local_steps = 1; // every step a commit, until the plan below
+  a.commit_scale = 0.5f;
+  a.local_momentum = 0.5f;
+  a.pace_ns_per_sample = 1000000;
+  a.steps = 12;
+}
+
+}  // namespace
+
+TEST_CASE("step machine: a backend that keeps the model gets a new worker's model, velocity and commit afresh: "
+          "what an earlier worker left there (a velocity, a commit dropped by a stop) does not leak") {
+  auto tune = +[](wire::assignment& a) {
+    a.local_steps = 3;
+    a.commit_scale = 0.5f;
+    a.local_momentum = 0.5f;
+    a.steps = 8;
+  };
+  auto cpu = make_cpu_backend(rig_model());
+  REQUIRE(cpu);
+  auto shared = hold_local_model(std::move(*cpu));
+  // An earlier worker on the same backend: stopped between steps with 2 local steps of an
+  // open commit (and a velocity) left in the backend.
+  rig earlier(tune);
+  earlier.m->set_model_held(true);
+  drive(earlier, *shared, [](step_machine& m, const char* event, size_t computes) {
+    if (std::string{event} == "step" && computes == 5)
+      m.on_stop();
+  });
+  same_pushes(tune, {}, shared.get());
+}
+
+TEST_CASE("step machine: local steps that begin while a step on the worker's side waits out its pacing take that "
+          "step's update along to the backend, and the pushes stay those of the worker's side") {
+  auto r = same_pushes(&paced_local_steps, [](step_machine& m, const char* event, size_t computes) {
+    if (std::string{event} == "pace" && computes == 3)
+      m.on_local_steps(3); // ADSP's plan arrives during step 3's pacing
+  });
+  CHECK(r.host_steps == 3);
+  CHECK(r.held_steps == 9);
+}
+
+TEST_CASE("step machine: steps on the worker's side after steps on the backend's go on from the backend's "
+          "velocity") {
+  auto r = same_pushes(
+    +[](wire::assignment& a) {
+      a.local_steps = 3;
+      a.commit_scale = 0.5f;
+      a.local_momentum = 0.5f;
+      a.steps = 12;
+    },
+    [](step_machine& m, const char* event, size_t computes) {
+      if (std::string{event} == "step" && computes == 6) // right after the second commit
+        m.on_stage("profiling", 1, 1.0f, 0.0f);
+    });
+  CHECK(r.held_steps == 6);
+  CHECK(r.host_steps == 6);
+}
+
+TEST_CASE("step machine: with overlapped commits where the backend keeps the model, a committing step is reported "
+          "once its pushes are out, with their bytes") {
+  auto tune = +[](wire::assignment& a) {
+    a.local_steps = 2;
+    a.overlap_commits = true;
+    a.steps = 2;
+  };
+  auto cpu = make_cpu_backend(rig_model());
+  REQUIRE(cpu);
+  auto kept = hold_local_model(std::move(*cpu));
+  rig r(tune);
+  r.m->set_model_held(true);
+  r.m->begin();
+  r.actions();
+  r.m->on_step();
+  r.answer_pulls(r.actions(), 1.0f);
+  auto step1 = all<step::compute>(r.actions());
+  REQUIRE(step1.size() == 1);
+  r.m->on_computed(kept->local_step(step1[0].load, step1[0].velocity, step1[0].commit, step1[0].batch, step1[0].lr,
+                                    step1[0].momentum));
+  r.actions();
+  r.m->on_step();
+  auto step2 = all<step::compute>(r.actions());
+  REQUIRE(step2.size() == 1);
+  r.m->on_computed(kept->local_step(nullptr, nullptr, nullptr, step2[0].batch, step2[0].lr, step2[0].momentum));
+  auto acts = r.actions(); // the commit is due: taken first, the step not yet reported
+  auto takes = all<step::take_commit>(acts);
+  REQUIRE(takes.size() == 1);
+  CHECK(count<step::report>(acts) == 0);
+  r.m->on_commit_taken(kept->take_commit(takes[0].out, takes[0].scale, takes[0].velocity_out));
+  acts = r.actions();
+  CHECK(count<step::send_push>(acts) == 2);
+  auto reports = all<step::report>(acts);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].rep.bytes == 8 * sizeof(float)); // the commit's pushes, dense
 }

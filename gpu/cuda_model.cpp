@@ -308,14 +308,7 @@ private:
   }
 
   caf::error upload_params(const float* params) {
-    const size_t bytes = plan_.num_params * sizeof(float);
-    const float* src = params;
-    if (!page_locked(params)) {
-      std::memcpy(host_params_.p, params, bytes);
-      src = host_params_.p;
-    }
-    ASHLAR_CUDA(cudaMemcpyAsync(params_.p, src, bytes, cudaMemcpyHostToDevice, stream_));
-    return caf::none;
+    return copy_to_device(params_.p, params, plan_.num_params, host_params_, stream_);
   }
 
   // The staging buffers are free: every call ends with the stream drained (finish).

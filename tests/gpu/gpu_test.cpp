@@ -100,6 +100,22 @@ double compare(const mlp_spec& spec, size_t offset, size_t n, bool tf32) {
   return err;
 }
 
+// A quiet in-process job on part of Fashion-MNIST: `workers` CPU workers, 2 shards.
+train_config small_job(uint64_t train, uint64_t test, uint32_t workers, uint32_t epochs) {
+  train_config cfg;
+  cfg.data_dir = data_dir;
+  cfg.train_limit = train;
+  cfg.test_limit = test;
+  cfg.workers = workers;
+  cfg.servers = 2;
+  cfg.epochs = epochs;
+  cfg.progress_interval = 0;
+  cfg.eval_every_epoch = false;
+  cfg.log_level = "warn";
+  cfg.gpus = "none";
+  return cfg;
+}
+
 // The model of a shipped config file.
 model_spec config_model(const std::string& name) {
   train_config tc;
@@ -485,18 +501,8 @@ TEST_CASE("GPU actors (emulated by CPU backends) serve their workers' steps thro
 
 TEST_CASE("a BSP job whose workers compute through (emulated) GPU actors gives the same parameters, bit for bit, "
           "as one on the CPU") {
-  train_config cfg;
-  cfg.data_dir = data_dir;
-  cfg.train_limit = 4000;
-  cfg.test_limit = 1000;
-  cfg.workers = 3;
-  cfg.servers = 2;
-  cfg.epochs = 1;
+  auto cfg = small_job(4000, 1000, 3, 1);
   cfg.batch_size = 32;
-  cfg.progress_interval = 0;
-  cfg.eval_every_epoch = false;
-  cfg.log_level = "warn";
-  cfg.gpus = "none";
   std::vector<float> cpu, through_actors;
   REQUIRE(actors::run_local_job(cfg, {}, &cpu));
   actors::job_hooks hooks;
@@ -557,17 +563,7 @@ private:
 TEST_CASE("a worker whose (emulated) GPU actor keeps its local model trains adsp and ashl jobs there: local steps "
           "on the device, the model sent only after pulls, commits taken from it, and both it and a worker "
           "whose device keeps nothing train") {
-  train_config cfg;
-  cfg.data_dir = data_dir;
-  cfg.train_limit = 16000;
-  cfg.test_limit = 2000;
-  cfg.workers = 1;
-  cfg.servers = 2;
-  cfg.epochs = 3;
-  cfg.progress_interval = 0;
-  cfg.eval_every_epoch = false;
-  cfg.log_level = "warn";
-  cfg.gpus = "none";
+  auto cfg = small_job(16000, 2000, 1, 3);
   for (const char* policy : {"adsp", "ashl"}) {
     INFO(policy);
     REQUIRE_FALSE(apply_setting(cfg, "train.policy", policy));

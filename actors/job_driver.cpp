@@ -87,16 +87,21 @@ namespace {
 constexpr caf::timespan mid_run_timeout = std::chrono::seconds(10);
 constexpr caf::timespan final_timeout = std::chrono::seconds(60);
 
-// Reads every shard's range now, outside the sync policy, into one flat vector.
+// Reads every shard's range now, outside the sync policy, into one flat vector: the
+// parameters, or with `average` the running averages of shards that keep one
+// (train.average_epochs; what evaluations and the job's final model are).
 expected<std::vector<float>> snapshot(caf::scoped_actor& self, const std::vector<shard_actor>& shards,
-                                      uint64_t num_params, caf::timespan snapshot_timeout = mid_run_timeout) {
+                                      uint64_t num_params, caf::timespan snapshot_timeout = mid_run_timeout,
+                                      bool average = false) {
   std::vector<float> params(num_params);
   caf::error failure;
   // Asked all at once, with a timeout short enough that a shard whose node just died
   // (its loss not yet noticed) holds the driver up only briefly.
-  std::vector<decltype(self->request(shards.front(), snapshot_timeout, wire::pull_request{0, 0, true}))> asked;
+  wire::pull_request req{0, 0, true};
+  req.average = average;
+  std::vector<decltype(self->request(shards.front(), snapshot_timeout, req))> asked;
   for (const auto& s : shards)
-    asked.push_back(self->request(s, snapshot_timeout, wire::pull_request{0, 0, true}));
+    asked.push_back(self->request(s, snapshot_timeout, req));
   for (auto& h : asked) {
     h.receive(
         [&](const wire::pull_reply& r) {
@@ -237,7 +242,8 @@ private:
     live_.policy = cfg_.policy;
     where_.set_driver(caf::actor_cast<caf::actor>(self_));
     profiler_ = spawn_profiler(sys_, 0.1, recorder_);
-    auto shards = where_.make_shards(ranges_, init_params(cfg_.model, cfg_.seed), cfg_);
+    auto shards = where_.make_shards(ranges_, init_params(cfg_.model, cfg_.seed), cfg_,
+                                     cfg_.average_epochs * static_cast<double>(train_->n));
     if (!shards) {
       self_->send_exit(profiler_, caf::exit_reason::user_shutdown);
       return shards.error();
@@ -635,7 +641,7 @@ private:
     record_point(evals_->settle(false));
     if (!(epoch_due || interval_due) || evals_->busy() || !lost_since_.empty())
       return;
-    if (auto p = snapshot(self_, shards_, num_params_)) {
+    if (auto p = snapshot(self_, shards_, num_params_, mid_run_timeout, true)) {
       uint64_t bytes = 0;
       for (const auto& w : stats.workers)
         bytes += w.bytes;
@@ -710,7 +716,7 @@ private:
     if (failure_)
       params = failure_;
     else
-      params = snapshot(self_, shards_, num_params_, final_timeout);
+      params = snapshot(self_, shards_, num_params_, final_timeout, true);
     if (!params && !failure_)
       failure_ = params.error();
     collect_shard_counters();

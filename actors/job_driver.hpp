@@ -16,11 +16,13 @@ class job_placement {
 public:
   virtual ~job_placement();
 
-  /// Creates one shard per range, holding init[range.begin, range.end). Blocks until
-  /// every shard exists or one fails.
+  /// Creates one shard per range, holding init[range.begin, range.end), each keeping a
+  /// running average of its parameters with this half-life in samples where
+  /// `average_samples` > 0 (train.average_epochs). Blocks until every shard exists or one
+  /// fails.
   [[nodiscard]] virtual expected<std::vector<shard_actor>>
-  make_shards(const std::vector<shard_range>& ranges, const std::vector<float>& init,
-              const train_config& cfg) = 0;
+  make_shards(const std::vector<shard_range>& ranges, const std::vector<float>& init, const train_config& cfg,
+              double average_samples) = 0;
 
   /// Starts cfg.workers workers; they register with `scheduler` themselves. `train` is
   /// the training set as the driver loaded it (local workers share it).

@@ -27,8 +27,8 @@ public:
   local_placement(caf::actor_system& sys, const job_hooks& hooks) : sys_(sys), hooks_(hooks) {}
 
   expected<std::vector<shard_actor>> make_shards(const std::vector<shard_range>& ranges,
-                                                 const std::vector<float>& init,
-                                                 const train_config& cfg) override {
+                                                 const std::vector<float>& init, const train_config& cfg,
+                                                 double average_samples) override {
     std::vector<shard_actor> out;
     for (const auto& r : ranges) {
       auto policy = make_policy(cfg.policy, cfg.policy_settings);
@@ -37,6 +37,7 @@ public:
       std::vector<float> slice(init.begin() + r.begin, init.begin() + r.end);
       auto core = std::make_unique<shard_core>(r, std::move(slice), shard_optimizer(cfg.policy, cfg.optimizer),
                                                std::move(*policy));
+      core->keep_average(average_samples);
       shard_persistence persistence;
       if (!cfg.checkpoint_dir.empty()) {
         // A resume's shards are restored by the job driver, from the cut they all hold.

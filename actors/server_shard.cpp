@@ -122,10 +122,12 @@ wire::pull_reply begin_read(shard_state& st, const wire::pull_request& req, uint
     view->seq = st.next_view_seq++;
   }
   wire::pull_reply r;
+  // An evaluation's snapshot reads the running average where the shard keeps one.
+  auto data = req.snapshot && req.average ? core.average_copy() : core.shared_params();
   if (req.max_floats == 0 || req.max_floats >= total) {
-    r = chunk_of(core, core.shared_params(), core.version(), 0, total);
+    r = chunk_of(core, data, core.version(), 0, total);
   } else {
-    frozen_read f{st.next_read++, core.shared_params(), core.version()};
+    frozen_read f{st.next_read++, std::move(data), core.version()};
     r = chunk_of(core, f.data, f.version, 0, req.max_floats);
     r.read_id = f.id;
     st.reads[req.worker_id] = std::move(f);

@@ -48,6 +48,8 @@ struct SpawnShard {
   checkpointEvery @11 :UInt64; # unused: the job driver paces checkpoint cuts
   checkpointKeep @12 :UInt32;
   resume @13 :Bool;            # restore the newest intact checkpoint before serving
+  averageSamples @14 :Float64; # > 0: keep a running average of the parameters, this half-life
+                               # in samples (train.average_epochs); 0: none
 }
 
 # Scheduler -> worker node: start a worker that loads its own copy of the data.
@@ -181,6 +183,8 @@ struct PullRequest {
   readId @5 :UInt64;       # 0 starts a read; later chunks name the read the first reply began
   topkRatio @6 :Float32;   # > 0: a delta read of this fraction of the range (pull compression)
   viewSeq @7 :UInt64;      # the last delta or dense read the worker applied (0: none)
+  average @8 :Bool;        # with snapshot: the shard's running average of its parameters
+                           # where it keeps one (train.average_epochs), its parameters otherwise
 }
 
 struct PullReply {

@@ -407,7 +407,7 @@ cluster_placement::cluster_placement(caf::actor_system& sys, cluster_actor clust
 
 expected<std::vector<shard_actor>>
 cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std::vector<float>& init,
-                               const train_config& cfg) {
+                               const train_config& cfg, double average_samples) {
   caf::scoped_actor self{sys_};
   auto nodes = list_nodes(self, cluster_);
   if (!nodes)
@@ -439,6 +439,7 @@ cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std
     req.checkpoint_dir = cfg.checkpoint_dir;
     req.checkpoint_keep = cfg.checkpoint_keep;
     req.resume = false; // a resume's shards are restored by the job driver, from the cut they all hold
+    req.average_samples = average_samples;
     templates_.push_back(req);
     caf::error err;
     self->request(nodes->handles[n], 60s, req)

@@ -31,8 +31,8 @@ public:
   cluster_placement(caf::actor_system& sys, cluster_actor cluster);
 
   expected<std::vector<shard_actor>> make_shards(const std::vector<shard_range>& ranges,
-                                                 const std::vector<float>& init,
-                                                 const train_config& cfg) override;
+                                                 const std::vector<float>& init, const train_config& cfg,
+                                                 double average_samples) override;
 
   caf::error start_workers(const train_config& cfg, const scheduler_actor& scheduler,
                            const profiler_actor& profiler,

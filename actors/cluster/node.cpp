@@ -99,6 +99,7 @@ caf::result<shard_actor, std::string> host_shard(node_pointer self, const wire::
   opt.momentum = req.momentum;
   opt.weight_decay = req.weight_decay;
   auto core = std::make_unique<shard_core>(req.range, req.params, opt, std::move(*policy));
+  core->keep_average(req.average_samples);
   shard_persistence persistence;
   std::string dir = !st.cfg.checkpoint_dir.empty() ? st.cfg.checkpoint_dir : req.checkpoint_dir;
   if (st.cfg.checkpoint_dir.empty() && !req.checkpoint_dir.empty() && !st.cfg.work_dir.empty()) {

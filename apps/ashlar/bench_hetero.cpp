@@ -80,6 +80,11 @@ void add_hetero_options(CLI::App* cmd, hetero_options& o) {
   cmd->add_option("--policy-set", o.policy_sets,
                   "POLICY:KEY=VALUE, a setting for one policy only (repeatable), e.g. asp:train.lr=0.02");
   cmd->add_option("--sample-ms", o.sample_ms, "wall time per sample at speed 1, ms")->capture_default_str();
+  cmd->add_option("--ideal-rate", o.ideal_rate,
+                  "samples/s the workers together could train, every one busy at its pace: sets --sample-ms to "
+                  "1000 x (sum of the speeds) / RATE, so profiles of any size ask the same of the machine "
+                  "(for a model whose compute, not the pacing, would otherwise set the rate)")
+    ->check(CLI::PositiveNumber);
   cmd->add_option("--target", o.target, "target test accuracy")->capture_default_str();
   cmd->add_option("--time-cap", o.time_cap, "seconds each policy may train")->capture_default_str();
   cmd->add_flag("--stop-at-target", o.stop_at_target,
@@ -113,6 +118,13 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
                  ec ? ec.message().c_str() : "not a directory");
     return 1;
   }
+  double sample_ms = o.sample_ms;
+  if (o.ideal_rate > 0) {
+    double sum = 0;
+    for (const auto& v : speeds)
+      sum += std::strtod(v.c_str(), nullptr);
+    sample_ms = 1000.0 * sum / o.ideal_rate;
+  }
   std::vector<policy_result> results;
   double ideal = 0;
   for (const auto& entry : split(o.policies, ',')) {
@@ -132,7 +144,7 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
       {"train.allocation", allocation},
       {"train.speeds", o.speeds},
       {"train.workers", std::to_string(speeds.size())},
-      {"train.sample_ms", fmt(o.sample_ms, 6)},
+      {"train.sample_ms", fmt(sample_ms, 6)},
       {"train.contention", o.contention},
       {"run.eval_interval", fmt(o.eval_interval, 6)},
       {"run.time_limit", fmt(o.time_cap, 6)},
@@ -296,7 +308,7 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
   {
     std::ofstream md{o.out + "/results.md"};
     md << "# Sync policies on heterogeneous workers\n\n"
-       << "Speeds " << o.speeds << " (relative), " << o.sample_ms << " ms per sample at speed 1"
+       << "Speeds " << o.speeds << " (relative), " << sample_ms << " ms per sample at speed 1"
        << (o.contention.empty() ? "" : ", contention profile " + o.contention) << "; target test accuracy "
        << o.target << "; each policy trains at most " << o.time_cap << " s. Ideal throughput (every worker "
        << "busy at its paced rate): " << fmt(ideal, 0) << " samples/s"
@@ -394,7 +406,12 @@ int run_profiles(const hetero_options& o, uint32_t n) {
   std::ofstream md{o.out + "/summary.md"};
   md << "# Every policy on " << n << " random heterogeneity profiles (seed " << seed << ")\n\n"
      << "Time to " << o.target << " test accuracy (s), median over " << o.repeat << " run(s) per policy; a policy "
-     << "that misses counts as the time cap (" << o.time_cap << " s). Each profile's own table is in profile-K/.\n\n"
+     << "that misses counts as the time cap (" << o.time_cap << " s). Each profile's own table is in profile-K/."
+     << (o.ideal_rate > 0 ? " Pacing per profile: " + fmt(o.ideal_rate, 0)
+                              + " samples/s with every worker busy (--ideal-rate; ms per sample at speed 1 = 1000 x "
+                                "the sum of the speeds / that rate)."
+                          : std::string{})
+     << "\n\n"
      << "| profile | speeds | contention |";
   for (const auto& name : names)
     md << " " << name << " |";

@@ -19,6 +19,7 @@ struct hetero_options {
   std::string policies = "bsp,ssp,ksync,kasync,asp,adsp";
   std::vector<std::string> policy_sets; // POLICY:KEY=VALUE, applied to that policy only
   double sample_ms = 0.5;
+  double ideal_rate = 0;      // > 0: each profile's sample_ms set so its workers together could train this many samples/s
   double target = 0.85;
   double time_cap = 60;
   double eval_interval = 1;

@@ -267,6 +267,10 @@ const std::vector<field>& fields() {
     bind("train.local_momentum", "adsp/ashl: each worker's momentum over its own gradients, in its local steps and "
                                  "commits (default 0; ashl's rule: 0.5)",
          [](train_config& c) -> double& { return c.local_momentum; }),
+    bind("train.average_epochs", "the shards keep a running average of the parameters with this half-life in epochs; "
+                                 "evaluations and the final model are the average; 0 = none (default 0; adsp's and "
+                                 "ashl's rule: 0.0625)",
+         [](train_config& c) -> double& { return c.average_epochs; }),
     bind("train.overlap_commits", "adsp/ashl: a commit's push and pull run while the next local steps compute (default false)",
          [](train_config& c) -> bool& { return c.overlap_commits; }),
     bind("train.speeds", "pacing: relative worker speeds, e.g. 1,1,2,4; empty = unpaced (default empty)",
@@ -630,6 +634,8 @@ caf::error validate(const train_config& c) {
     return bad("train.commit_scale must be in [0, 1] (0: 1 / workers)");
   if (!(c.local_momentum >= 0 && c.local_momentum < 1))
     return bad("train.local_momentum must be in [0, 1)");
+  if (!(c.average_epochs >= 0 && c.average_epochs <= 100))
+    return bad("train.average_epochs must be in [0, 100] epochs (0: no running average)");
   if (!(c.topk_ratio >= 0 && c.topk_ratio < 0.5))
     return bad("train.topk_ratio must be in [0, 0.5): from 0.5 on a sparse push is no smaller than a dense one");
   if (!(c.pull_topk_ratio >= 0 && c.pull_topk_ratio < 0.5))

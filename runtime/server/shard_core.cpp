@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <string>
 
 namespace ashlar {
@@ -27,7 +28,37 @@ caf::error shard_core::restore(uint64_t version, std::vector<float> params, std:
     velocity.assign(range_.size(), 0.0f);
   velocity_ = std::move(velocity);
   version_ = version;
+  if (keeps_average()) { // the average starts again from the restored parameters
+    average_ = *params_;
+    average_seen_ = 0;
+  }
   return caf::none;
+}
+
+void shard_core::keep_average(double half_life_samples) {
+  average_half_life_ = half_life_samples > 0 && std::isfinite(half_life_samples) ? half_life_samples : 0;
+  average_seen_ = 0;
+  if (keeps_average())
+    average_ = *params_;
+  else
+    average_ = {};
+}
+
+std::shared_ptr<const std::vector<float>> shard_core::average_copy() const {
+  if (!keeps_average())
+    return params_;
+  return std::make_shared<const std::vector<float>>(average_);
+}
+
+void shard_core::note_update(uint64_t samples) {
+  if (!keeps_average() || samples == 0)
+    return;
+  average_seen_ += samples;
+  const double h = std::min(average_half_life_, 0.1 * static_cast<double>(average_seen_));
+  const float step = static_cast<float>(1.0 - std::exp2(-static_cast<double>(samples) / h));
+  const float* p = params_->data();
+  for (size_t i = 0; i < average_.size(); ++i)
+    average_[i] += step * (p[i] - average_[i]);
 }
 
 float* shard_core::writable_params() {
@@ -150,6 +181,7 @@ bool shard_core::end_push(worker_id w) {
       --applying_;
       ++version_;
       ++counters_.applied;
+      note_update(f.slot.batch);
       maybe_apply_round(); // a round may have waited for this apply
       return true;
     case push_decision::buffer:
@@ -182,6 +214,7 @@ bool shard_core::maybe_apply_round() {
       free_buffers_.push_back(std::move(only.grad));
     round_.clear();
     ++version_;
+    note_update(static_cast<uint64_t>(total));
     policy_->on_round_applied();
     return true;
   }
@@ -204,6 +237,7 @@ bool shard_core::maybe_apply_round() {
       free_buffers_.push_back(std::move(p.grad));
   round_.clear();
   ++version_;
+  note_update(static_cast<uint64_t>(total));
   policy_->on_round_applied();
   return true;
 }

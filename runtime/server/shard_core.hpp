@@ -46,6 +46,17 @@ public:
   /// copies first), so a held version stays exactly as it was read.
   std::shared_ptr<const std::vector<float>> shared_params() const { return params_; }
   const std::vector<float>& velocity() const { return velocity_; }
+
+  /// Keeps a running average of the parameters (train.average_epochs): after each
+  /// update of `samples` training samples the average moves toward the new parameters by
+  /// 1 - 0.5^(samples / h), h = min(half_life_samples, a tenth of the samples this shard
+  /// has applied), so that early on, while the model moves fast, it does not lag. 0 (the
+  /// default) keeps none. The average is what evaluations read (see average_copy); the
+  /// workers train the parameters themselves.
+  void keep_average(double half_life_samples);
+  bool keeps_average() const { return average_half_life_ > 0; }
+  /// A copy of the running average, or of the parameters where the shard keeps none.
+  std::shared_ptr<const std::vector<float>> average_copy() const;
   const sync_policy& policy() const { return *policy_; }
   const shard_counters& counters() const { return counters_; }
 
@@ -103,6 +114,8 @@ public:
 
 private:
   bool maybe_apply_round();
+  // The running average's step after a version of `samples` samples (keep_average).
+  void note_update(uint64_t samples);
   // The parameters, ready to be updated in place: a copy in a buffer nobody else holds
   // if a reader still references the current one.
   float* writable_params();
@@ -125,6 +138,9 @@ private:
   std::shared_ptr<std::vector<float>> params_;
   std::shared_ptr<std::vector<float>> spare_; // the previous version, reused once unreferenced
   std::vector<float> velocity_;
+  double average_half_life_ = 0; // samples; 0: no running average
+  uint64_t average_seen_ = 0;    // samples applied since the average (re)started
+  std::vector<float> average_;
   sgd_config opt_;
   float stage_lr_scale_ = 1.0f;
   float schedule_lr_scale_ = 1.0f;

@@ -280,6 +280,7 @@ words encode(const pull_request& x) {
   b.setReadId(x.read_id);
   b.setTopkRatio(x.topk_ratio);
   b.setViewSeq(x.view_seq);
+  b.setAverage(x.average);
   return to_words(mb);
 }
 
@@ -293,6 +294,7 @@ caf::error decode(const uint64_t* d, size_t n, pull_request& out) {
     out.read_id = r.getReadId();
     out.topk_ratio = r.getTopkRatio();
     out.view_seq = r.getViewSeq();
+    out.average = r.getAverage();
     return caf::error{};
   });
 }
@@ -700,6 +702,7 @@ words encode(const spawn_shard& x) {
   b.setCheckpointDir(x.checkpoint_dir);
   b.setCheckpointKeep(x.checkpoint_keep);
   b.setResume(x.resume);
+  b.setAverageSamples(x.average_samples);
   return to_words(mb);
 }
 
@@ -726,6 +729,7 @@ caf::error decode(const uint64_t* d, size_t n, spawn_shard& out) {
     out.checkpoint_dir = r.getCheckpointDir();
     out.checkpoint_keep = r.getCheckpointKeep();
     out.resume = r.getResume();
+    out.average_samples = r.getAverageSamples();
     return caf::none;
   });
 }

@@ -133,6 +133,7 @@ struct spawn_shard {
   std::string checkpoint_dir; // empty: no checkpoints
   uint32_t checkpoint_keep = 3;
   bool resume = false;
+  double average_samples = 0; // > 0: a running average of the parameters, this half-life in samples
 };
 
 struct spawn_worker {
@@ -230,6 +231,9 @@ struct pull_request {
   /// a dense read that starts the view again.
   float topk_ratio = 0;
   uint64_t view_seq = 0;
+  /// With snapshot: the shard's running average of its parameters where it keeps one
+  /// (train.average_epochs; what evaluations read), its parameters otherwise.
+  bool average = false;
 };
 
 struct pull_reply {

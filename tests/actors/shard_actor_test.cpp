@@ -26,16 +26,23 @@ struct fixture {
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
 
-  shard_actor make(const std::string& policy, size_t n) {
+  shard_actor make(const std::string& policy, size_t n, double average_samples = 0) {
     auto p = make_policy(policy, {});
     REQUIRE(p);
     sgd_config opt;
     opt.lr = 1.0f;
     opt.momentum = 0.0f;
     opt.weight_decay = 0.0f;
-    return spawn_shard(sys, std::make_unique<shard_core>(shard_range{0, 0, n},
-                                                         std::vector<float>(n, 0.0f), opt,
-                                                         std::move(*p)));
+    auto core = std::make_unique<shard_core>(shard_range{0, 0, n}, std::vector<float>(n, 0.0f), opt, std::move(*p));
+    core->keep_average(average_samples);
+    return spawn_shard(sys, std::move(core));
+  }
+
+  wire::pull_reply read(const shard_actor& s, wire::pull_request req) {
+    wire::pull_reply out;
+    self->request(s, 5s, req).receive([&](const wire::pull_reply& r) { out = r; },
+                                      [](caf::error& e) { FAIL(describe(e)); });
+    return out;
   }
 
   void join(const shard_actor& s, uint32_t w) {
@@ -293,5 +300,43 @@ TEST_CASE("a shard told to start from the beginning (restore of cut 0) drops eve
   auto stored = store->keys("");
   REQUIRE(stored);
   CHECK(std::none_of(stored->begin(), stored->end(), [](const std::string& k) { return k.find("/c/") != std::string::npos; }));
+  f.self->send_exit(s, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("an evaluation's snapshot reads the shard's running average, workers and other snapshots read the "
+          "parameters") {
+  fixture f;
+  auto s = f.make("asp", 2, 1e9); // a half-life far beyond the samples: the average lags
+  f.join(s, 0);
+  for (uint64_t v = 0; v < 30; ++v)
+    f.push(s, 0, v, {-1, 1}); // batch 1 each: the parameters walk to (30, -30)
+  wire::pull_request worker{0, 0, false};
+  CHECK(f.read(s, worker).params == wire::tensor{30, -30});
+  wire::pull_request snap{0, 0, true};
+  CHECK(f.read(s, snap).params == wire::tensor{30, -30});
+  wire::pull_request eval{0, 0, true};
+  eval.average = true;
+  auto avg = f.read(s, eval);
+  CHECK(avg.version == 30);
+  REQUIRE(avg.params.size() == 2);
+  // The half-life is a tenth of the samples applied: the average trails the parameters.
+  CHECK(avg.params[0] > 15.0f);
+  CHECK(avg.params[0] < 30.0f);
+  CHECK(avg.params[1] == Approx(-avg.params[0]));
+  // In chunks as well: one frozen copy of the average.
+  eval.max_floats = 1;
+  auto first = f.read(s, eval);
+  CHECK(first.params == wire::tensor{avg.params[0]});
+  f.self->send_exit(s, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a shard without a running average answers an average snapshot with its parameters") {
+  fixture f;
+  auto s = f.make("asp", 2);
+  f.join(s, 0);
+  f.push(s, 0, 0, {-1, 1});
+  wire::pull_request eval{0, 0, true};
+  eval.average = true;
+  CHECK(f.read(s, eval).params == wire::tensor{1, -1});
   f.self->send_exit(s, caf::exit_reason::user_shutdown);
 }

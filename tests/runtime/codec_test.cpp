@@ -136,6 +136,16 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   pull_request q2;
   REQUIRE_FALSE(decode(encode(q), q2));
   CHECK(q2.snapshot);
+  CHECK_FALSE(q2.average);
+  q.average = true;
+  REQUIRE_FALSE(decode(encode(q), q2));
+  CHECK(q2.average);
+
+  spawn_shard sp;
+  sp.average_samples = 3750;
+  spawn_shard sp2;
+  REQUIRE_FALSE(decode(encode(sp), sp2));
+  CHECK(sp2.average_samples == 3750);
 }
 
 TEST_CASE("a truncated message is refused with malformed_message, never read past its end") {

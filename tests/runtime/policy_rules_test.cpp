@@ -82,7 +82,7 @@ TEST_CASE("adsp and ashl take plain SGD local steps, and ashl halves the batch, 
   CHECK(h.batch_size == 32);
   CHECK(h.ashl.max_comm_share == Approx(0.1));
   auto notes = rule_notes(h);
-  CHECK(notes.size() == 6);
+  CHECK(notes.size() == 7);
   // A local momentum the user set is kept, and the lr follows it.
   auto own = recipe("ashl", 4);
   REQUIRE_FALSE(apply_setting(own, "train.local_momentum", "0", "--set"));
@@ -132,4 +132,27 @@ TEST_CASE("a key set by flag, --set or environment is never changed by a rule, a
   auto file = recipe("asp", 4);
   CHECK(file.sources.at("train.lr") == "recipe.toml:2");
   CHECK_FALSE(user_set(file, "train.lr"));
+}
+
+TEST_CASE("adsp and ashl evaluate the shards' running average (half-life 1/16 epoch) unless the recipe or the user "
+          "names one; other policies keep none") {
+  for (auto p : {"adsp", "ashl"}) {
+    auto c = recipe(p, 4);
+    REQUIRE_FALSE(apply_policy_rules(c));
+    CHECK(c.average_epochs == Approx(0.0625));
+    CHECK(c.sources.at("train.average_epochs").find("running average") != std::string::npos);
+  }
+  for (auto p : {"bsp", "asp", "ksync", "ring"}) {
+    auto c = recipe(p, 4);
+    REQUIRE_FALSE(apply_policy_rules(c));
+    CHECK(c.average_epochs == 0);
+  }
+  auto off = recipe("ashl", 4);
+  REQUIRE_FALSE(apply_setting(off, "train.average_epochs", "0", "recipe.toml:7"));
+  REQUIRE_FALSE(apply_policy_rules(off));
+  CHECK(off.average_epochs == 0);
+  auto mine = recipe("adsp", 4);
+  REQUIRE_FALSE(apply_setting(mine, "train.average_epochs", "0.25", "--set"));
+  REQUIRE_FALSE(apply_policy_rules(mine));
+  CHECK(mine.average_epochs == Approx(0.25));
 }

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 
 #include "runtime/server/shard_core.hpp"
@@ -228,4 +229,62 @@ TEST_CASE("a BSP round does not apply a gradient whose worker left halfway throu
   CHECK(s.leave(1));
   CHECK(s.version() == 1);
   CHECK(s.params() == std::vector<float>(4, 0.5f)); // worker 0's gradient alone
+}
+
+TEST_CASE("a shard keeping a running average moves it toward each version by the samples it applied") {
+  // lr 0.5, no momentum or decay: a push of gradient g moves the parameters by -0.5 g.
+  auto s = make_shard("asp", 2);
+  s.join(0);
+  const double h = 100; // half-life in samples
+  s.keep_average(h);
+  REQUIRE(s.keeps_average());
+  CHECK(*s.average_copy() == std::vector<float>{1, 1});
+  std::vector<float> g{2, -2};
+  // First push, 1000 samples: the half-life is at most a tenth of the samples applied
+  // (100 here), so the average moves by 1 - 0.5^10 toward the parameters (0, 2).
+  REQUIRE(s.push(0, 0, 1000, g.data(), 2));
+  CHECK(s.params() == std::vector<float>{0, 2});
+  double a0 = 1 + (1 - std::exp2(-10.0)) * (0 - 1), a1 = 1 + (1 - std::exp2(-10.0)) * (2 - 1);
+  auto avg = s.average_copy();
+  CHECK((*avg)[0] == Approx(a0).epsilon(1e-6));
+  CHECK((*avg)[1] == Approx(a1).epsilon(1e-6));
+  // Second push, 100 samples (1100 applied: the half-life is the configured 100): the
+  // average moves half way toward the new parameters (-1, 3).
+  REQUIRE(s.push(0, 1, 100, g.data(), 2));
+  a0 += 0.5 * (-1 - a0);
+  a1 += 0.5 * (3 - a1);
+  avg = s.average_copy();
+  CHECK((*avg)[0] == Approx(a0).epsilon(1e-6));
+  CHECK((*avg)[1] == Approx(a1).epsilon(1e-6));
+  // A copy stays as it was read while the shard moves on; the parameters are unaveraged.
+  REQUIRE(s.push(0, 2, 100, g.data(), 2));
+  CHECK((*avg)[0] == Approx(a0).epsilon(1e-6));
+  CHECK(s.params() == std::vector<float>{-2, 4});
+  CHECK((*s.average_copy())[0] > -2.0f);
+}
+
+TEST_CASE("a BSP round moves a shard's running average by the round's samples, and a restore restarts it") {
+  auto s = make_shard("bsp", 1);
+  s.join(0);
+  s.join(1);
+  s.keep_average(10);
+  std::vector<float> g{2};
+  REQUIRE(s.push(0, 0, 600, g.data(), 1));
+  CHECK(*s.average_copy() == std::vector<float>{1}); // no version yet: unchanged
+  REQUIRE(s.push(1, 0, 400, g.data(), 1));
+  // 1000 samples at a half-life of min(10, 100): the average all but reaches 0.
+  CHECK((*s.average_copy())[0] == Approx(1.0 - (1 - std::exp2(-100.0))).margin(1e-6));
+  REQUIRE_FALSE(s.restore(7, std::vector<float>{5}, {}));
+  CHECK(*s.average_copy() == std::vector<float>{5});
+}
+
+TEST_CASE("a shard without a running average hands out its parameters as the average") {
+  auto s = make_shard("asp", 2);
+  s.join(0);
+  CHECK_FALSE(s.keeps_average());
+  std::vector<float> g{2, -2};
+  REQUIRE(s.push(0, 0, 10, g.data(), 2));
+  CHECK(*s.average_copy() == s.params());
+  s.keep_average(0);
+  CHECK_FALSE(s.keeps_average());
 }

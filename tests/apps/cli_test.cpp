@@ -315,6 +315,21 @@ TEST_CASE("ashlar bench hetero runs each policy and writes the results table wit
   CHECK(points >= 2); // timed evaluations along the run
 }
 
+TEST_CASE("ashlar bench hetero --ideal-rate paces the workers so that together they could train that many samples/s") {
+  ashlar::test::temp_dir dir;
+  // Speeds 1 and 3 at 2000 samples/s together: 1000 x 4 / 2000 = 2 ms per sample at speed 1.
+  auto r = run("bench hetero " + config + " --speeds 1,3 --ideal-rate 2000 --policies bsp --time-cap 1"
+               " --eval-interval 0.5 --set data.train_limit=2000 --set data.test_limit=200 --out " + dir.file("h"));
+  REQUIRE(r.code == 0);
+  CHECK(has(r, "== bsp: 2 workers at speeds 1,3, 2.00 ms/sample"));
+  std::ifstream md{dir.file("h") + "/results.md"};
+  std::stringstream text;
+  text << md.rdbuf();
+  CHECK(text.str().find("Ideal throughput (every worker busy at its paced rate): 2000 samples/s") != std::string::npos);
+  auto zero = run("bench hetero " + config + " --ideal-rate 0 --policies bsp --out " + dir.file("z"));
+  CHECK(zero.code != 0);
+}
+
 TEST_CASE("ashlar bench hetero refuses a malformed --policy-set") {
   ashlar::test::temp_dir dir;
   auto r = run("bench hetero " + config + " --policies bsp --policy-set asp-lr-0.1 --out " + dir.file("h"));

@@ -142,6 +142,9 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   CHECK(q2.average);
 
   spawn_shard sp;
+  sp.range = shard_range{0, 0, 2};
+  sp.params = {1.0f, 2.0f};
+  sp.policy = "ashl";
   sp.average_samples = 3750;
   spawn_shard sp2;
   REQUIRE_FALSE(decode(encode(sp), sp2));

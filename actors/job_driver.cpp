@@ -89,7 +89,7 @@ constexpr caf::timespan final_timeout = std::chrono::seconds(60);
 
 // Reads every shard's range now, outside the sync policy, into one flat vector: the
 // parameters, or with `average` the running averages of shards that keep one
-// (train.average_epochs; what evaluations and the job's final model are).
+// (train.average_epochs; what evaluations and the final accuracy read).
 expected<std::vector<float>> snapshot(caf::scoped_actor& self, const std::vector<shard_actor>& shards,
                                       uint64_t num_params, caf::timespan snapshot_timeout = mid_run_timeout,
                                       bool average = false) {

@@ -79,12 +79,14 @@ void add_hetero_options(CLI::App* cmd, hetero_options& o) {
     ->capture_default_str();
   cmd->add_option("--policy-set", o.policy_sets,
                   "POLICY:KEY=VALUE, a setting for one policy only (repeatable), e.g. asp:train.lr=0.02");
-  cmd->add_option("--sample-ms", o.sample_ms, "wall time per sample at speed 1, ms")->capture_default_str();
+  auto* sample_ms = cmd->add_option("--sample-ms", o.sample_ms, "wall time per sample at speed 1, ms")
+                      ->capture_default_str();
   cmd->add_option("--ideal-rate", o.ideal_rate,
                   "samples/s the workers together could train, every one busy at its pace: sets --sample-ms to "
                   "1000 x (sum of the speeds) / RATE, so profiles of any size ask the same of the machine "
                   "(for a model whose compute, not the pacing, would otherwise set the rate)")
-    ->check(CLI::PositiveNumber);
+    ->check(CLI::PositiveNumber)
+    ->excludes(sample_ms);
   cmd->add_option("--target", o.target, "target test accuracy")->capture_default_str();
   cmd->add_option("--time-cap", o.time_cap, "seconds each policy may train")->capture_default_str();
   cmd->add_flag("--stop-at-target", o.stop_at_target,
@@ -121,8 +123,15 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
   double sample_ms = o.sample_ms;
   if (o.ideal_rate > 0) {
     double sum = 0;
-    for (const auto& v : speeds)
-      sum += std::strtod(v.c_str(), nullptr);
+    for (const auto& v : speeds) {
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || !(x > 0)) {
+        std::fprintf(stderr, "ashlar bench hetero: --speeds: '%s' is not a positive number\n", v.c_str());
+        return 2;
+      }
+      sum += x;
+    }
     sample_ms = 1000.0 * sum / o.ideal_rate;
   }
   std::vector<policy_result> results;

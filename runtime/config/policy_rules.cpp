@@ -96,7 +96,7 @@ std::vector<rule_change> policy_rule_changes(const train_config& cfg) {
     change("train.momentum", "0", "momentum on the shards would act across different workers' commits");
     if (cfg.sources.count("train.average_epochs") == 0) // the recipe's or the user's own value stands
       change("train.average_epochs", "0.0625",
-             "commits of many local steps leave the shards' parameters noisy: evaluations and the final model read "
+             "commits of many local steps leave the shards' parameters noisy: evaluations and the final accuracy read "
              "their running average, half-life 1/16 epoch");
   }
   return out;

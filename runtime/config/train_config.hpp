@@ -84,9 +84,9 @@ struct train_settings {
   double local_momentum = 0;
   /// The shards keep a running average of the parameters, with this half-life in epochs
   /// of samples applied (shorter at first: at most a tenth of what was applied); mid-run
-  /// evaluations, the final accuracy and the final model are the average, while the
-  /// workers train the parameters themselves. 0: none. Default: 0 (adsp's and ashl's
-  /// rule: 1/16).
+  /// evaluations and the final accuracy are the average's, while the workers train the
+  /// parameters themselves; checkpoints (export, resume) hold the parameters. 0: none.
+  /// Default: 0 (adsp's and ashl's rule: 1/16).
   double average_epochs = 0;
   /// Local steps (ADSP, ASHL): a commit's push and the pull after it run while the next
   /// local steps compute; the pulled model then takes those steps along (pull minus local

@@ -181,7 +181,9 @@ bool shard_core::end_push(worker_id w) {
       --applying_;
       ++version_;
       ++counters_.applied;
-      note_update(f.slot.batch);
+      // A push cut short counts for the share of the range it reached.
+      note_update(f.received == range_.size() ? f.slot.batch
+                                              : f.slot.batch * f.received / std::max<uint64_t>(1, range_.size()));
       maybe_apply_round(); // a round may have waited for this apply
       return true;
     case push_decision::buffer:

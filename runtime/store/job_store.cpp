@@ -13,7 +13,8 @@ std::vector<std::string> job_settings(const train_config& cfg) {
   std::vector<std::string> out;
   for (const auto& k : config_keys()) {
     if (k.key.rfind("run.", 0) == 0 || k.key == "data.dir" || k.key == "train.epochs" || k.key == "train.speeds"
-        || k.key == "train.sample_ms" || k.key == "train.contention")
+        || k.key == "train.sample_ms" || k.key == "train.contention"
+        || k.key == "train.average_epochs") // what is evaluated, not what is trained
       continue;
     out.push_back(k.key + "=" + setting_text(cfg, k.key));
   }

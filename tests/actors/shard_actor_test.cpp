@@ -323,10 +323,18 @@ TEST_CASE("an evaluation's snapshot reads the shard's running average, workers a
   CHECK(avg.params[0] > 15.0f);
   CHECK(avg.params[0] < 30.0f);
   CHECK(avg.params[1] == Approx(-avg.params[0]));
-  // In chunks as well: one frozen copy of the average.
+  // In chunks as well: one frozen copy of the average, whatever is pushed between them.
   eval.max_floats = 1;
   auto first = f.read(s, eval);
   CHECK(first.params == wire::tensor{avg.params[0]});
+  REQUIRE(first.read_id != 0);
+  f.push(s, 0, 30, {-1, 1});
+  wire::pull_request next{0, 0, true, 1, 1, first.read_id};
+  CHECK(f.read(s, next).params == wire::tensor{avg.params[1]});
+  // A worker's read with the flag set (not a snapshot) gets the parameters.
+  wire::pull_request flagged{0, 0, false};
+  flagged.average = true;
+  CHECK(f.read(s, flagged).params == wire::tensor{31, -31});
   f.self->send_exit(s, caf::exit_reason::user_shutdown);
 }
 

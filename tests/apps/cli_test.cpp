@@ -328,6 +328,9 @@ TEST_CASE("ashlar bench hetero --ideal-rate paces the workers so that together t
   CHECK(text.str().find("Ideal throughput (every worker busy at its paced rate): 2000 samples/s") != std::string::npos);
   auto zero = run("bench hetero " + config + " --ideal-rate 0 --policies bsp --out " + dir.file("z"));
   CHECK(zero.code != 0);
+  auto both = run("bench hetero " + config + " --ideal-rate 100 --sample-ms 2 --policies bsp --out " + dir.file("b"));
+  CHECK(both.code != 0);
+  CHECK(has(both, "excludes"));
 }
 
 TEST_CASE("ashlar bench hetero refuses a malformed --policy-set") {

@@ -283,6 +283,13 @@ TEST_CASE("the job store resumes only the same configuration, from the cut it ad
   INFO(describe(changed.error()));
   CHECK(describe(changed.error()).find("train.batch_size = 32 (checkpointed job: 64)") != std::string::npos);
   CHECK(settings_diff({"a=1", "b=2"}, {"a=1", "b=2"}).empty());
+  // The running average is what is evaluated, not what is trained: a resume may turn it
+  // on, off or change it (a job checkpointed before adsp's and ashl's rule resumes).
+  cfg.batch_size = 64;
+  cfg.average_epochs = 0.0625;
+  auto averaged = job_store::open(cfg);
+  INFO((averaged ? std::string{} : describe(averaged.error())));
+  CHECK(averaged);
 }
 
 TEST_CASE("a job stopped before its first commit is still known by its start record and resumes from the beginning") {

@@ -235,45 +235,59 @@ TEST_CASE("a shard keeping a running average moves it toward each version by the
   // lr 0.5, no momentum or decay: a push of gradient g moves the parameters by -0.5 g.
   auto s = make_shard("asp", 2);
   s.join(0);
-  const double h = 100; // half-life in samples
-  s.keep_average(h);
+  s.keep_average(100); // half-life in samples
   REQUIRE(s.keeps_average());
   CHECK(*s.average_copy() == std::vector<float>{1, 1});
   std::vector<float> g{2, -2};
-  // First push, 1000 samples: the half-life is at most a tenth of the samples applied
-  // (100 here), so the average moves by 1 - 0.5^10 toward the parameters (0, 2).
-  REQUIRE(s.push(0, 0, 1000, g.data(), 2));
+  double a0 = 1, a1 = 1;
+  auto expect = [&](double step, double p0, double p1) {
+    a0 += step * (p0 - a0);
+    a1 += step * (p1 - a1);
+    auto avg = s.average_copy();
+    CHECK((*avg)[0] == Approx(a0).epsilon(1e-6));
+    CHECK((*avg)[1] == Approx(a1).epsilon(1e-6));
+  };
+  // 500 samples: the half-life is at most a tenth of the samples applied (50 < 100), so
+  // the average moves by 1 - 0.5^(500 / 50) toward the parameters (0, 2).
+  REQUIRE(s.push(0, 0, 500, g.data(), 2));
   CHECK(s.params() == std::vector<float>{0, 2});
-  double a0 = 1 + (1 - std::exp2(-10.0)) * (0 - 1), a1 = 1 + (1 - std::exp2(-10.0)) * (2 - 1);
-  auto avg = s.average_copy();
-  CHECK((*avg)[0] == Approx(a0).epsilon(1e-6));
-  CHECK((*avg)[1] == Approx(a1).epsilon(1e-6));
-  // Second push, 100 samples (1100 applied: the half-life is the configured 100): the
-  // average moves half way toward the new parameters (-1, 3).
+  expect(1 - std::exp2(-10.0), 0, 2);
+  // 100 more (600 applied): the half-life is 60, still the cap.
   REQUIRE(s.push(0, 1, 100, g.data(), 2));
-  a0 += 0.5 * (-1 - a0);
-  a1 += 0.5 * (3 - a1);
-  avg = s.average_copy();
-  CHECK((*avg)[0] == Approx(a0).epsilon(1e-6));
-  CHECK((*avg)[1] == Approx(a1).epsilon(1e-6));
+  expect(1 - std::exp2(-100.0 / 60), -1, 3);
+  // 1000 more (1600 applied): the configured 100 from here on; then 100 samples move it
+  // half way.
+  REQUIRE(s.push(0, 2, 1000, g.data(), 2));
+  expect(1 - std::exp2(-10.0), -2, 4);
+  REQUIRE(s.push(0, 3, 100, g.data(), 2));
+  expect(0.5, -3, 5);
   // A copy stays as it was read while the shard moves on; the parameters are unaveraged.
-  REQUIRE(s.push(0, 2, 100, g.data(), 2));
-  CHECK((*avg)[0] == Approx(a0).epsilon(1e-6));
-  CHECK(s.params() == std::vector<float>{-2, 4});
-  CHECK((*s.average_copy())[0] > -2.0f);
+  auto held = s.average_copy();
+  REQUIRE(s.push(0, 4, 100, g.data(), 2));
+  CHECK((*held)[0] == Approx(a0).epsilon(1e-6));
+  CHECK(s.params() == std::vector<float>{-4, 6});
+  CHECK((*s.average_copy())[0] > -4.0f);
 }
 
 TEST_CASE("a BSP round moves a shard's running average by the round's samples, and a restore restarts it") {
   auto s = make_shard("bsp", 1);
   s.join(0);
   s.join(1);
-  s.keep_average(10);
+  s.keep_average(100);
   std::vector<float> g{2};
+  // Round 1, 600 + 400 samples: the half-life is min(100, 1000 / 10) = 100; the
+  // parameters go to 0.
   REQUIRE(s.push(0, 0, 600, g.data(), 1));
   CHECK(*s.average_copy() == std::vector<float>{1}); // no version yet: unchanged
   REQUIRE(s.push(1, 0, 400, g.data(), 1));
-  // 1000 samples at a half-life of min(10, 100): the average all but reaches 0.
-  CHECK((*s.average_copy())[0] == Approx(1.0 - (1 - std::exp2(-100.0))).margin(1e-6));
+  double a = 1 + (1 - std::exp2(-10.0)) * (0 - 1);
+  CHECK((*s.average_copy())[0] == Approx(a).margin(1e-6));
+  // Round 2, 60 + 40 samples: 1 - 0.5^(100 / 100) = half way toward -1 (counting only
+  // one push's samples would move it by 1 - 0.5^0.4 or 1 - 0.5^0.6).
+  REQUIRE(s.push(0, 1, 60, g.data(), 1));
+  REQUIRE(s.push(1, 1, 40, g.data(), 1));
+  a += 0.5 * (-1 - a);
+  CHECK((*s.average_copy())[0] == Approx(a).epsilon(1e-6));
   REQUIRE_FALSE(s.restore(7, std::vector<float>{5}, {}));
   CHECK(*s.average_copy() == std::vector<float>{5});
 }

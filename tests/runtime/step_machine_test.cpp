@@ -651,16 +651,20 @@ void paced_local_steps(wire::assignment& a) {
   a.steps = 12;
 }
 
+// Commits of 3 local steps at half weight, with the workers' own momentum 0.5.
+template <uint64_t Steps>
+void three_local_steps(wire::assignment& a) {
+  a.local_steps = 3;
+  a.commit_scale = 0.5f;
+  a.local_momentum = 0.5f;
+  a.steps = Steps;
+}
+
 }  // namespace
 
 TEST_CASE("step machine: a backend that keeps the model gets a new worker's model, velocity and commit afresh: "
           "what an earlier worker left there (a velocity, a commit dropped by a stop) does not leak") {
-  auto tune = +[](wire::assignment& a) {
-    a.local_steps = 3;
-    a.commit_scale = 0.5f;
-    a.local_momentum = 0.5f;
-    a.steps = 8;
-  };
+  auto tune = &three_local_steps<8>;
   auto cpu = make_cpu_backend(rig_model());
   REQUIRE(cpu);
   auto shared = hold_local_model(std::move(*cpu));
@@ -688,12 +692,7 @@ TEST_CASE("step machine: local steps that begin while a step on the worker's sid
 TEST_CASE("step machine: steps on the worker's side after steps on the backend's go on from the backend's "
           "velocity") {
   auto r = same_pushes(
-    +[](wire::assignment& a) {
-      a.local_steps = 3;
-      a.commit_scale = 0.5f;
-      a.local_momentum = 0.5f;
-      a.steps = 12;
-    },
+    &three_local_steps<12>,
     [](step_machine& m, const char* event, size_t computes) {
       if (std::string{event} == "step" && computes == 6) // right after the second commit
         m.on_stage("profiling", 1, 1.0f, 0.0f);

@@ -160,7 +160,7 @@ void checkpoint(shard_pointer self, uint64_t cut) {
   auto& st = self->state;
   const auto& core = *st.core;
   st.writer->submit(core.version(), cut, core.range().begin, core.range().end, core.shared_params(),
-                    core.velocity());
+                    core.velocity(), core.average(), core.average_samples());
 }
 
 // After a version was made: the cut waiting for it, if this is its version.
@@ -197,7 +197,8 @@ caf::result<uint64_t> restore_cut(shard_pointer self, uint64_t cut) {
                                               + "), this job's shard is [" + std::to_string(core.range().begin)
                                               + ", " + std::to_string(core.range().end) + ")");
   const auto version = c->version;
-  if (auto err = core.restore(version, std::move(c->params), std::move(c->velocity)))
+  if (auto err = core.restore(version, std::move(c->params), std::move(c->velocity), std::move(c->average),
+                              c->average_samples))
     return err;
   if (auto err = log.discard_after(cut))
     return err;
@@ -455,7 +456,8 @@ expected<shard_persistence> open_shard_persistence(const std::string& dir, uint3
                                                   + std::to_string(core.range().begin) + ", "
                                                   + std::to_string(core.range().end) + ")");
       const auto version = ck.version;
-      if (auto err = core.restore(version, std::move(ck.params), std::move(ck.velocity)))
+      if (auto err = core.restore(version, std::move(ck.params), std::move(ck.velocity), std::move(ck.average),
+                                  ck.average_samples))
         return err;
       spdlog::info("shard {}: restored version {} ({}) from {}", id, version,
                    ck.cut != 0 ? "checkpoint cut " + std::to_string(ck.cut) : std::string{"its stop record"}, path);

@@ -333,10 +333,12 @@ struct CheckpointRecord {
   begin @2 :UInt64;
   params @3 :Data;         # float32 LE
   velocity @4 :Data;       # optimizer momentum, float32 LE
-  checksum @5 :UInt64;     # CRC-32 over shardId, version, begin, end, params and velocity
+  checksum @5 :UInt64;     # CRC-32 over shardId, version, begin, end, params, velocity and the average
   unixNs @6 :Int64;
   end @7 :UInt64;
   cut @8 :UInt64;          # the job's checkpoint cut this record belongs to (0: a shard's own stop record)
+  average @9 :Data;        # the running average of the parameters (train.average_epochs), float32 LE, or empty
+  averageSamples @10 :UInt64; # the samples the average has taken in since it (re)started
 }
 
 # What the scheduler keeps to resume a job: the settings it ran with (to refuse a

@@ -25,8 +25,35 @@ struct checkpoint_options {
   std::string dir;
   int64_t shard = -1;     // show: which shard (-1: all)
   int64_t cut = -1;       // show/export: which cut (-1: the one a resume takes)
-  std::string out;        // export: the .npy file
+  std::string out;        // export: the .npy or .npz file
+  bool params = false;    // export: the parameters even where the running average is stored
 };
+
+// What an export writes of each shard: the running average where every shard's record
+// holds one (what the job's evaluations and final accuracy read) unless --params asks for
+// the parameters; the parameters otherwise. Says which on stdout.
+bool export_average(const checkpoint_options& o, const std::vector<shard_checkpoint>& cs) {
+  size_t with = 0;
+  for (const auto& c : cs)
+    with += c.average.empty() ? 0 : 1;
+  if (with == 0)
+    return false;
+  if (o.params) {
+    std::printf("exporting the parameters (--params), not the running average the job evaluated\n");
+    return false;
+  }
+  if (with < cs.size()) {
+    std::printf("exporting the parameters: %zu of %zu shards' records hold a running average\n", with, cs.size());
+    return false;
+  }
+  std::printf("exporting the running average of the parameters (train.average_epochs), which the job's "
+              "evaluations read; --params for the parameters themselves\n");
+  return true;
+}
+
+const std::vector<float>& exported(const shard_checkpoint& c, bool average) {
+  return average ? c.average : c.params;
+}
 
 std::string local_time(int64_t unix_ns) {
   if (unix_ns <= 0)
@@ -272,10 +299,15 @@ int show(const checkpoint_options& o) {
     }
     for (float x : c.velocity)
       vsq += double{x} * x;
+    double asq = 0;
+    for (float x : c.average)
+      asq += double{x} * x;
     std::printf("shard %u, cut %" PRIu64 ", version %" PRIu64 ", taken %s, checksum ok\n  parameters [%" PRIu64 ", %" PRIu64
                 "): %zu floats, L2 norm %.6g, min %.6g, max %.6g\n  optimizer velocity: L2 norm %.6g\n",
                 c.shard_id, c.cut, c.version, local_time(c.unix_ns).c_str(), c.begin, c.end, c.params.size(),
                 std::sqrt(sq), lo, hi, std::sqrt(vsq));
+    if (!c.average.empty())
+      std::printf("  running average: L2 norm %.6g, over %" PRIu64 " samples\n", std::sqrt(asq), c.average_samples);
   }
   return 0;
 }
@@ -308,7 +340,8 @@ expected<model_spec> checkpointed_model(const std::string& dir) {
 // A .npz of the parameters by layer: NAME.weight and NAME.bias shaped as PyTorch's
 // Linear, Conv2d and GroupNorm hold them (NAME.params for an external layer), and
 // ashlar_model: the model as JSON text (uint8), so ops/ashlar_torch.py rebuilds it.
-int export_layers(const checkpoint_options& o, const std::vector<shard_checkpoint>& cs, uint64_t count) {
+int export_layers(const checkpoint_options& o, const std::vector<shard_checkpoint>& cs, uint64_t count,
+                  bool average) {
   auto fail = [](const caf::error& err) {
     std::fprintf(stderr, "ashlar checkpoint export: %s\n", describe(err).c_str());
     return 1;
@@ -326,7 +359,7 @@ int export_layers(const checkpoint_options& o, const std::vector<shard_checkpoin
   std::vector<float> flat;
   flat.reserve(count);
   for (const auto& c : cs)
-    flat.insert(flat.end(), c.params.begin(), c.params.end());
+    flat.insert(flat.end(), exported(c, average).begin(), exported(c, average).end());
   auto array = [&](uint64_t at, std::vector<uint64_t> shape) {
     npy_array a;
     a.dtype = "<f4";
@@ -369,7 +402,8 @@ int export_layers(const checkpoint_options& o, const std::vector<shard_checkpoin
   const std::string json = "{\"input\":[" + std::to_string(model->input.c) + "," + std::to_string(model->input.h) + ","
                            + std::to_string(model->input.w) + "],\"classes\":" + std::to_string(model->classes)
                            + ",\"layers\":[" + layers + "],\"params\":" + std::to_string(count)
-                           + ",\"versions\":[" + versions + "]}";
+                           + ",\"versions\":[" + versions + "],\"weights\":\""
+                           + (average ? "average" : "parameters") + "\"}";
   npy_array meta;
   meta.dtype = "|u1";
   meta.shape = {json.size()};
@@ -398,8 +432,9 @@ int export_params(const checkpoint_options& o) {
     }
     expect = c.end;
   }
+  const bool average = export_average(o, *cs);
   if (o.out.size() > 4 && o.out.compare(o.out.size() - 4, 4, ".npz") == 0)
-    return export_layers(o, *cs, expect);
+    return export_layers(o, *cs, expect, average);
   std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::to_string(expect) + ",), }";
   header.append(64 - (10 + header.size() + 1) % 64, ' ');
   header += '\n';
@@ -409,7 +444,8 @@ int export_params(const checkpoint_options& o) {
   out.write(reinterpret_cast<const char*>(&len), 2);
   out << header;
   for (const auto& c : *cs)
-    out.write(reinterpret_cast<const char*>(c.params.data()), static_cast<std::streamsize>(c.params.size() * 4));
+    out.write(reinterpret_cast<const char*>(exported(c, average).data()),
+              static_cast<std::streamsize>(exported(c, average).size() * 4));
   out.close();
   if (!out) {
     std::fprintf(stderr, "ashlar checkpoint export: cannot write %s\n", o.out.c_str());
@@ -445,6 +481,8 @@ command_fn add_checkpoint(CLI::App& app) {
   ex->add_option("dir", o->dir, "the checkpoint directory")->required();
   ex->add_option("--out", o->out, "the .npy or .npz file to write")->required();
   ex->add_option("--cut", o->cut, "this checkpoint cut (default: the one a resume takes)");
+  ex->add_flag("--params", o->params, "the parameters themselves, not the running average the job evaluated "
+                                      "(train.average_epochs; the default where every shard stored one)");
   ex->callback([which] { *which = "export"; });
   auto* ve = cmd->add_subcommand("verify", "check a checkpoint directory end to end: every store and record, the "
                                            "job record's cuts against the shards', the model's size; exit 1 if "

@@ -268,7 +268,7 @@ const std::vector<field>& fields() {
                                  "commits (default 0; ashl's rule: 0.5)",
          [](train_config& c) -> double& { return c.local_momentum; }),
     bind("train.average_epochs", "the shards keep a running average of the parameters with this half-life in epochs; "
-                                 "evaluations and the final accuracy are the average's (checkpoints hold the parameters); 0 = none (default 0; adsp's and "
+                                 "evaluations, the final accuracy and `checkpoint export` are the average's (checkpoints store it beside the parameters); 0 = none (default 0; adsp's and "
                                  "ashl's rule: 0.0625)",
          [](train_config& c) -> double& { return c.average_epochs; }),
     bind("train.overlap_commits", "adsp/ashl: a commit's push and pull run while the next local steps compute (default false)",

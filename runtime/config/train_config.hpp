@@ -85,7 +85,8 @@ struct train_settings {
   /// The shards keep a running average of the parameters, with this half-life in epochs
   /// of samples applied (shorter at first: at most a tenth of what was applied); mid-run
   /// evaluations and the final accuracy are the average's, while the workers train the
-  /// parameters themselves; checkpoints (export, resume) hold the parameters. 0: none.
+  /// parameters themselves; checkpoints store the average beside the parameters (a
+  /// resume goes on with it, `ashlar checkpoint export` writes it). 0: none.
   /// Default: 0 (adsp's and ashl's rule: 1/16).
   double average_epochs = 0;
   /// Local steps (ADSP, ASHL): a commit's push and the pull after it run while the next

@@ -17,10 +17,14 @@ shard_core::shard_core(shard_range range, std::vector<float> params, sgd_config 
     acc_(params_->size(), 0.0f) {
 }
 
-caf::error shard_core::restore(uint64_t version, std::vector<float> params, std::vector<float> velocity) {
-  if (params.size() != range_.size() || (!velocity.empty() && velocity.size() != range_.size()))
+caf::error shard_core::restore(uint64_t version, std::vector<float> params, std::vector<float> velocity,
+                               std::vector<float> average, uint64_t average_samples) {
+  if (params.size() != range_.size() || (!velocity.empty() && velocity.size() != range_.size())
+      || (!average.empty() && average.size() != range_.size()))
     return make_error(errc::shape_mismatch, "shard " + std::to_string(range_.shard_id) + ": a checkpoint of "
-                                              + std::to_string(params.size()) + " parameters for a range of "
+                                              + std::to_string(params.size()) + " parameters, "
+                                              + std::to_string(velocity.size()) + " velocities and "
+                                              + std::to_string(average.size()) + " averages for a range of "
                                               + std::to_string(range_.size()));
   params_ = std::make_shared<std::vector<float>>(std::move(params));
   spare_.reset();
@@ -28,7 +32,10 @@ caf::error shard_core::restore(uint64_t version, std::vector<float> params, std:
     velocity.assign(range_.size(), 0.0f);
   velocity_ = std::move(velocity);
   version_ = version;
-  if (keeps_average()) { // the average starts again from the restored parameters
+  if (keeps_average() && !average.empty()) { // the checkpointed average goes on
+    average_ = std::move(average);
+    average_seen_ = average_samples;
+  } else if (keeps_average()) { // none checkpointed: it starts again from the parameters
     average_ = *params_;
     average_seen_ = 0;
   }

@@ -57,6 +57,10 @@ public:
   bool keeps_average() const { return average_half_life_ > 0; }
   /// A copy of the running average, or of the parameters where the shard keeps none.
   std::shared_ptr<const std::vector<float>> average_copy() const;
+  /// The running average itself (empty where the shard keeps none), and the samples it
+  /// has taken in since it (re)started: what a checkpoint stores beside the parameters.
+  const std::vector<float>& average() const { return average_; }
+  uint64_t average_samples() const { return average_seen_; }
   const sync_policy& policy() const { return *policy_; }
   const shard_counters& counters() const { return counters_; }
 
@@ -106,9 +110,12 @@ public:
   void set_schedule_scale(float s) { schedule_lr_scale_ = s; }
   float lr_scale() const { return stage_lr_scale_ * schedule_lr_scale_; }
 
-  /// Takes up a checkpointed state: `version`, its parameters and optimizer velocity
-  /// (range-sized; an empty velocity means none). Fails with shape_mismatch otherwise.
-  [[nodiscard]] caf::error restore(uint64_t version, std::vector<float> params, std::vector<float> velocity);
+  /// Takes up a checkpointed state: `version`, its parameters, optimizer velocity and
+  /// running average with the samples it has seen (range-sized; an empty velocity means
+  /// none, an empty average that the average starts again from the parameters). Fails
+  /// with shape_mismatch otherwise. A shard that keeps no average ignores `average`.
+  [[nodiscard]] caf::error restore(uint64_t version, std::vector<float> params, std::vector<float> velocity,
+                                   std::vector<float> average = {}, uint64_t average_samples = 0);
   /// True if worker `w` may read the parameters now.
   bool may_read(worker_id w) const { return policy_->may_read(w, version_); }
 

@@ -19,9 +19,11 @@ namespace ashlar {
 namespace {
 
 // CRC-32 over a record's identity and tensors.
-// A stop record's (cut 0) identity is summed without the cut.
+// A stop record's (cut 0) identity is summed without the cut, and a record without a
+// running average without it (so records written before averages existed check out).
 uint64_t checksum(uint32_t shard_id, uint64_t version, uint64_t cut, uint64_t begin, uint64_t end, const void* params,
-                  const void* velocity, size_t tensor_bytes, size_t velocity_bytes) {
+                  const void* velocity, size_t tensor_bytes, size_t velocity_bytes, const void* average = nullptr,
+                  size_t average_bytes = 0, uint64_t average_samples = 0) {
   unsigned char head[36];
   std::memcpy(head, &shard_id, 4);
   std::memcpy(head + 4, &version, 8);
@@ -33,6 +35,10 @@ uint64_t checksum(uint32_t shard_id, uint64_t version, uint64_t cut, uint64_t be
   crc = crc32(crc, static_cast<const Bytef*>(params), static_cast<uInt>(tensor_bytes));
   if (velocity_bytes > 0)
     crc = crc32(crc, static_cast<const Bytef*>(velocity), static_cast<uInt>(velocity_bytes));
+  if (average_bytes > 0) {
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(&average_samples), 8);
+    crc = crc32(crc, static_cast<const Bytef*>(average), static_cast<uInt>(average_bytes));
+  }
   return crc;
 }
 
@@ -63,9 +69,10 @@ auto with_record(const char* what, const std::string& bytes, F read) -> decltype
 }  // namespace
 
 std::string encode_checkpoint(uint32_t shard_id, uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
-                              int64_t unix_ns, const float* params, const float* velocity) {
+                              int64_t unix_ns, const float* params, const float* velocity, const float* average,
+                              uint64_t average_samples) {
   const size_t bytes = (end - begin) * sizeof(float);
-  capnp::MallocMessageBuilder mb{static_cast<unsigned>(2 * bytes / sizeof(capnp::word) + 64)};
+  capnp::MallocMessageBuilder mb{static_cast<unsigned>(3 * bytes / sizeof(capnp::word) + 64)};
   auto r = mb.initRoot<schema::CheckpointRecord>();
   r.setShardId(shard_id);
   r.setVersion(version);
@@ -76,7 +83,12 @@ std::string encode_checkpoint(uint32_t shard_id, uint64_t version, uint64_t cut,
   std::memcpy(r.initParams(static_cast<unsigned>(bytes)).begin(), params, bytes);
   if (velocity)
     std::memcpy(r.initVelocity(static_cast<unsigned>(bytes)).begin(), velocity, bytes);
-  r.setChecksum(checksum(shard_id, version, cut, begin, end, params, velocity, bytes, velocity ? bytes : 0));
+  if (average) {
+    std::memcpy(r.initAverage(static_cast<unsigned>(bytes)).begin(), average, bytes);
+    r.setAverageSamples(average_samples);
+  }
+  r.setChecksum(checksum(shard_id, version, cut, begin, end, params, velocity, bytes, velocity ? bytes : 0, average,
+                         average ? bytes : 0, average ? average_samples : 0));
   return to_bytes(mb);
 }
 
@@ -91,6 +103,7 @@ expected<shard_checkpoint> decode_checkpoint(const std::string& bytes) {
     c.unix_ns = r.getUnixNs();
     auto p = r.getParams();
     auto v = r.getVelocity();
+    auto a = r.getAverage();
     // A range whose size in bytes would not fit (a corrupt record) is refused before the
     // multiplication can wrap around to a size that matches.
     if (c.end < c.begin || c.end - c.begin > p.size() / sizeof(float))
@@ -99,12 +112,15 @@ expected<shard_checkpoint> decode_checkpoint(const std::string& bytes) {
                                               + std::to_string(c.end) + ") for " + std::to_string(p.size())
                                               + " bytes of parameters");
     const size_t want = (c.end - c.begin) * sizeof(float);
-    if (p.size() != want || (v.size() != 0 && v.size() != want))
+    if (p.size() != want || (v.size() != 0 && v.size() != want) || (a.size() != 0 && a.size() != want))
       return make_error(errc::corrupt_data, "checkpoint record of version " + std::to_string(c.version)
-                                              + ": tensors of " + std::to_string(p.size()) + " and "
-                                              + std::to_string(v.size()) + " bytes for a range of "
-                                              + std::to_string(c.end - c.begin) + " floats");
-    if (checksum(c.shard_id, c.version, c.cut, c.begin, c.end, p.begin(), v.begin(), p.size(), v.size())
+                                              + ": tensors of " + std::to_string(p.size()) + ", "
+                                              + std::to_string(v.size()) + " and " + std::to_string(a.size())
+                                              + " bytes for a range of " + std::to_string(c.end - c.begin)
+                                              + " floats");
+    c.average_samples = a.size() > 0 ? r.getAverageSamples() : 0;
+    if (checksum(c.shard_id, c.version, c.cut, c.begin, c.end, p.begin(), v.begin(), p.size(), v.size(), a.begin(),
+                 a.size(), c.average_samples)
         != r.getChecksum())
       return make_error(errc::corrupt_data, "checkpoint record of version " + std::to_string(c.version)
                                               + ": checksum mismatch");
@@ -114,6 +130,9 @@ expected<shard_checkpoint> decode_checkpoint(const std::string& bytes) {
     c.velocity.resize(v.size() / sizeof(float));
     if (v.size() > 0)
       std::memcpy(c.velocity.data(), v.begin(), v.size());
+    c.average.resize(a.size() / sizeof(float));
+    if (a.size() > 0)
+      std::memcpy(c.average.data(), a.begin(), a.size());
     return c;
   });
 }
@@ -132,10 +151,12 @@ std::string checkpoint_log::key(uint64_t cut) const {
 }
 
 expected<uint64_t> checkpoint_log::save(uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
-                                        const float* params, const float* velocity) {
+                                        const float* params, const float* velocity, const float* average,
+                                        uint64_t average_samples) {
   const auto now = unix_ns();
   kv_batch b;
-  b.puts.emplace_back(key(cut), encode_checkpoint(shard_id_, version, cut, begin, end, now, params, velocity));
+  b.puts.emplace_back(key(cut), encode_checkpoint(shard_id_, version, cut, begin, end, now, params, velocity,
+                                                  average, average_samples));
   const uint64_t bytes = b.puts.front().second.size();
   if (cut != 0) {
     auto stored = store_->keys(prefix());
@@ -283,12 +304,14 @@ async_checkpointer::~async_checkpointer() {
 }
 
 void async_checkpointer::submit(uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
-                                std::shared_ptr<const std::vector<float>> params, std::vector<float> velocity) {
+                                std::shared_ptr<const std::vector<float>> params, std::vector<float> velocity,
+                                std::vector<float> average, uint64_t average_samples) {
   {
     std::lock_guard<std::mutex> lock{mu_};
     if (waiting_)
       ++totals_.skipped;
-    waiting_ = job{version, cut, begin, end, std::move(params), std::move(velocity)};
+    waiting_ = job{version, cut, begin, end, std::move(params), std::move(velocity), std::move(average),
+                   average_samples};
   }
   cv_.notify_all();
 }
@@ -316,7 +339,8 @@ void async_checkpointer::run() {
     lock.unlock();
     const auto t0 = std::chrono::steady_clock::now();
     auto bytes = log_.save(j.version, j.cut, j.begin, j.end, j.params->data(),
-                           j.velocity.empty() ? nullptr : j.velocity.data());
+                           j.velocity.empty() ? nullptr : j.velocity.data(),
+                           j.average.empty() ? nullptr : j.average.data(), j.average_samples);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::string failed;
     if (!bytes) {

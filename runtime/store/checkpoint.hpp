@@ -37,6 +37,10 @@ struct shard_checkpoint {
   int64_t unix_ns = 0;         // when it was taken
   std::vector<float> params;   // end - begin floats
   std::vector<float> velocity; // momentum, end - begin floats (or empty: none yet)
+  /// The running average of the parameters (train.average_epochs), end - begin floats,
+  /// or empty: the shard keeps none (or the record predates it).
+  std::vector<float> average;
+  uint64_t average_samples = 0; // the samples the average has taken in since it (re)started
 };
 
 /// What `ashlar checkpoint list` shows of one stored checkpoint.
@@ -50,9 +54,11 @@ struct checkpoint_info {
   std::string problem;  // why not, if not
 };
 
-/// Encodes a record (with its checksum). `params` and `velocity` are range-sized views.
+/// Encodes a record (with its checksum). `params`, `velocity` and `average` are
+/// range-sized views; `velocity` and `average` may be null (none kept).
 std::string encode_checkpoint(uint32_t shard_id, uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
-                              int64_t unix_ns, const float* params, const float* velocity);
+                              int64_t unix_ns, const float* params, const float* velocity,
+                              const float* average = nullptr, uint64_t average_samples = 0);
 /// Decodes and verifies a record. Fails with corrupt_data saying what is wrong.
 [[nodiscard]] expected<shard_checkpoint> decode_checkpoint(const std::string& bytes);
 
@@ -64,7 +70,8 @@ public:
   /// Writes version `version` as cut `cut` (0: the stop record) and deletes the cuts
   /// beyond `keep`, atomically. Returns the record's size in bytes.
   [[nodiscard]] expected<uint64_t> save(uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
-                                        const float* params, const float* velocity);
+                                        const float* params, const float* velocity, const float* average = nullptr,
+                                        uint64_t average_samples = 0);
 
   /// What a shard served again mid-job restores: the newest intact record, the stop
   /// record or a cut, whichever holds the later version; nothing when none is stored.
@@ -105,9 +112,11 @@ public:
   async_checkpointer(const async_checkpointer&) = delete;
   async_checkpointer& operator=(const async_checkpointer&) = delete;
 
-  /// Hands over `version` for writing as cut `cut` (0: the stop record).
+  /// Hands over `version` for writing as cut `cut` (0: the stop record), with the
+  /// running average of the parameters where the shard keeps one (else empty).
   void submit(uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
-              std::shared_ptr<const std::vector<float>> params, std::vector<float> velocity);
+              std::shared_ptr<const std::vector<float>> params, std::vector<float> velocity,
+              std::vector<float> average = {}, uint64_t average_samples = 0);
   /// Waits until everything handed over is written. Returns the newest version on disk.
   uint64_t flush();
 
@@ -125,6 +134,8 @@ private:
     uint64_t version = 0, cut = 0, begin = 0, end = 0;
     std::shared_ptr<const std::vector<float>> params;
     std::vector<float> velocity;
+    std::vector<float> average;
+    uint64_t average_samples = 0;
   };
   void run();
   checkpoint_log log_;

@@ -348,3 +348,69 @@ TEST_CASE("a shard without a running average answers an average snapshot with it
   CHECK(f.read(s, eval).params == wire::tensor{1, -1});
   f.self->send_exit(s, caf::exit_reason::user_shutdown);
 }
+
+TEST_CASE("a checkpoint cut keeps the shard's running average: a restore of the cut, and a shard served again "
+          "from its store, evaluate the average they had") {
+  fixture f;
+  test::temp_dir dir;
+  auto make_core = [] {
+    auto p = make_policy("asp", {});
+    REQUIRE(p);
+    sgd_config opt;
+    opt.lr = 1.0f;
+    opt.momentum = 0.0f;
+    opt.weight_decay = 0.0f;
+    auto core = std::make_unique<shard_core>(shard_range{0, 0, 2}, std::vector<float>(2, 0.0f), opt, std::move(*p));
+    core->keep_average(1e9); // a half-life far beyond the samples: the average lags the parameters
+    return core;
+  };
+  auto core = make_core();
+  auto persistence = open_shard_persistence(dir.path(), 3, false, *core);
+  REQUIRE(persistence);
+  auto s = spawn_shard(f.sys, std::move(core), *persistence);
+  f.join(s, 0);
+  for (uint64_t v = 0; v < 20; ++v)
+    f.push(s, 0, v, {-1, 1});
+  wire::pull_request eval{0, 0, true};
+  eval.average = true;
+  const auto at_cut = f.read(s, eval).params;
+  REQUIRE(at_cut.size() == 2);
+  CHECK(at_cut[0] < 20.0f); // it lags the parameters (20, -20)
+  auto wait_for_cut = [&](const shard_actor& a, uint64_t cut) {
+    std::vector<uint64_t> held;
+    for (int i = 0; i < 200 && std::find(held.begin(), held.end(), cut) == held.end(); ++i) {
+      f.self->request(a, 5s, checkpoint_atom::value, caf::get_atom::value)
+        .receive([&](std::vector<uint64_t>& c) { held = c; }, [](caf::error& e) { FAIL(describe(e)); });
+      std::this_thread::sleep_for(10ms);
+    }
+    REQUIRE(std::find(held.begin(), held.end(), cut) != held.end());
+  };
+  f.self->request(s, 5s, checkpoint_atom::value, uint64_t{1}, uint64_t{0})
+    .receive([](uint64_t) {}, [](caf::error& e) { FAIL(describe(e)); });
+  wait_for_cut(s, 1);
+  for (uint64_t v = 20; v < 40; ++v)
+    f.push(s, 0, v, {-1, 1});
+  CHECK(f.read(s, eval).params != at_cut);
+  // Back to cut 1: the parameters of version 20 and the average as it was then.
+  f.self->request(s, 5s, restore_atom::value, uint64_t{1})
+    .receive([](uint64_t v) { CHECK(v == 20); }, [](caf::error& e) { FAIL(describe(e)); });
+  CHECK(f.read(s, eval).params == at_cut);
+  wire::pull_request worker{0, 0, false};
+  CHECK(f.read(s, worker).params == wire::tensor{20, -20});
+  // Its stop record, and a shard served again from the store (as a node does for a lost
+  // shard): the average goes on from the record.
+  f.push(s, 0, 20, {-1, 1});
+  const auto at_stop = f.read(s, eval).params;
+  f.self->request(s, 5s, checkpoint_atom::value).receive([](uint64_t v) { CHECK(v == 21); },
+                                                         [](caf::error& e) { FAIL(describe(e)); });
+  f.self->send_exit(s, caf::exit_reason::user_shutdown);
+  f.self->wait_for(s);
+  persistence->store.reset(); // the store closes with its last holder
+  auto again = make_core();
+  auto reopened = open_shard_persistence(dir.path(), 3, true, *again);
+  REQUIRE(reopened);
+  CHECK(again->version() == 21);
+  CHECK(again->average_copy()->at(0) == at_stop[0]);
+  CHECK(again->average_copy()->at(1) == at_stop[1]);
+  CHECK(again->params() == std::vector<float>{21, -21});
+}

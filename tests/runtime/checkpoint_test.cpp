@@ -66,6 +66,45 @@ TEST_CASE("a checkpoint round-trips through its record, and a flipped byte or a 
   CHECK_FALSE(decode_checkpoint(std::string(64, '\0')));
 }
 
+TEST_CASE("a checkpoint's running average round-trips with the samples it had seen, under the checksum, and a "
+          "record without one decodes with none") {
+  auto p = ramp(10, 1.5f);
+  auto m = ramp(10, -3.0f);
+  auto a = ramp(10, 7.25f);
+  auto bytes = encode_checkpoint(4, 77, 9, 20, 30, 123, p.data(), m.data(), a.data(), 4321);
+  auto c = decode_checkpoint(bytes);
+  REQUIRE(c);
+  CHECK(c->params == p);
+  CHECK(c->velocity == m);
+  CHECK(c->average == a);
+  CHECK(c->average_samples == 4321);
+  // The average is under the checksum: a bit flipped in it is caught. (The average is the
+  // last tensor written; find its first float in the bytes.)
+  const float first = a.front();
+  const auto at = bytes.rfind(std::string(reinterpret_cast<const char*>(&first), 4));
+  REQUIRE(at != std::string::npos);
+  auto flipped = bytes;
+  flipped[at + 1] ^= 0x01;
+  auto bad = decode_checkpoint(flipped);
+  REQUIRE_FALSE(bad);
+  CHECK(describe(bad.error()).find("checksum mismatch") != std::string::npos);
+  // Without an average (a shard that keeps none, or a record from before averages were
+  // stored): none, and its checksum is the one such records always had.
+  auto plain = decode_checkpoint(encode_checkpoint(4, 77, 9, 20, 30, 123, p.data(), m.data()));
+  REQUIRE(plain);
+  CHECK(plain->average.empty());
+  CHECK(plain->average_samples == 0);
+  // Saved through a log and loaded back.
+  auto store = make_memory_store();
+  checkpoint_log log{*store, 2, 3};
+  REQUIRE(log.save(10, 1, 100, 110, p.data(), nullptr, a.data(), 99));
+  auto loaded = log.load(1);
+  REQUIRE(loaded);
+  CHECK(loaded->average == a);
+  CHECK(loaded->average_samples == 99);
+  CHECK(loaded->velocity.empty());
+}
+
 TEST_CASE("a checkpoint log keeps the newest N cuts, loads each by its cut, and a stop record newer than them") {
   auto store = make_memory_store();
   checkpoint_log log{*store, 2, 3};

@@ -292,6 +292,37 @@ TEST_CASE("a BSP round moves a shard's running average by the round's samples, a
   CHECK(*s.average_copy() == std::vector<float>{5});
 }
 
+TEST_CASE("a restore with a checkpointed running average goes on from it, counting the samples it had seen, and a "
+          "shard that keeps none ignores it") {
+  auto s = make_shard("asp", 2);
+  s.join(0);
+  s.keep_average(100);
+  // The checkpointed average had seen 5000 samples: the half-life is the configured 100,
+  // not a tenth of the samples since the restore (which would be 10 after 100 samples).
+  REQUIRE_FALSE(s.restore(3, std::vector<float>{4, 4}, {}, std::vector<float>{2, 6}, 5000));
+  CHECK(s.version() == 3);
+  CHECK(s.params() == std::vector<float>{4, 4});
+  CHECK(*s.average_copy() == std::vector<float>{2, 6});
+  CHECK(s.average_samples() == 5000);
+  std::vector<float> g{2, -2}; // lr 0.5: the parameters go to (3, 5)
+  REQUIRE(s.push(0, 3, 100, g.data(), 2));
+  CHECK((*s.average_copy())[0] == Approx(2 + 0.5 * (3 - 2)).epsilon(1e-6));
+  CHECK((*s.average_copy())[1] == Approx(6 + 0.5 * (5 - 6)).epsilon(1e-6));
+  CHECK(s.average_samples() == 5100);
+  // An average of the wrong size is refused, naming the sizes, and nothing changes.
+  auto err = s.restore(9, std::vector<float>{0, 0}, {}, std::vector<float>{1, 2, 3}, 10);
+  REQUIRE(err);
+  CHECK(is(err, errc::shape_mismatch));
+  CHECK(describe(err).find("3 averages for a range of 2") != std::string::npos);
+  CHECK(s.version() == 4);
+  // A shard that keeps no average takes the parameters and drops the average.
+  auto plain = make_shard("asp", 2);
+  REQUIRE_FALSE(plain.restore(3, std::vector<float>{4, 4}, {}, std::vector<float>{2, 6}, 5000));
+  CHECK_FALSE(plain.keeps_average());
+  CHECK(plain.average().empty());
+  CHECK(*plain.average_copy() == std::vector<float>{4, 4});
+}
+
 TEST_CASE("a shard without a running average hands out its parameters as the average") {
   auto s = make_shard("asp", 2);
   s.join(0);

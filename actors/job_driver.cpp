@@ -86,6 +86,8 @@ namespace {
 // Mid-run snapshots (evaluations, the divergence guard) wait briefly; the final one long.
 constexpr caf::timespan mid_run_timeout = std::chrono::seconds(10);
 constexpr caf::timespan final_timeout = std::chrono::seconds(60);
+// A shard served again must answer its status within this to be taken (see on_shard_back).
+constexpr caf::timespan probe_timeout = std::chrono::seconds(5);
 
 // Reads every shard's range now, outside the sync policy, into one flat vector: the
 // parameters, or with `average` the running averages of shards that keep one
@@ -386,8 +388,7 @@ private:
       // Everything queued, before the tick: a node lost and back (its shards' losses,
       // then their restores) is taken in at once, not one message per tick.
       if (take_message(std::chrono::milliseconds(tick_ms)))
-        while (!done_ && take_message(std::chrono::milliseconds(0))) {
-        }
+        take_queued();
       if (!done_)
         check_lost_shards();
       if (!done_)
@@ -410,6 +411,12 @@ private:
     for (const auto& s : shards_)
       self_->send(s, lr_atom::value, f);
     self_->send(scheduler_, lr_atom::value, f);
+  }
+
+  // Every message already queued (see take_message), without waiting.
+  void take_queued() {
+    while (!done_ && take_message(std::chrono::milliseconds(0))) {
+    }
   }
 
   // One message the driver waits for (the scheduler's done, a shard lost or served
@@ -482,11 +489,30 @@ private:
   void on_shard_back(uint32_t index, shard_actor shard, std::string endpoint) {
     if (index >= shards_.size())
       return;
-    spdlog::info("job: server shard {} is served again", ranges_[index].shard_id);
+    const auto id = ranges_[index].shard_id;
+    const std::string where = endpoint.empty() ? std::string{} : " on " + endpoint;
+    // A notice that waited in the queue while the driver was busy may name a shard whose
+    // node has died since (lost again, and being served again elsewhere): a request to it
+    // would only end at its timeout, holding up the job and the notice of the shard served
+    // after it. A shard served again answers its status at once.
+    bool answers = false;
+    self_->request(shard, probe_timeout, status_atom::value)
+      .receive([&](const wire::shard_status&) { answers = true; }, [](caf::error&) {});
+    if (!answers) {
+      spdlog::warn("job: server shard {} served again{} does not answer (its node lost since?); waiting for it "
+                   "to be served again",
+                   id, where);
+      return;
+    }
+    spdlog::info("job: server shard {} is served again{}", id, where);
     if (cuts_)
-      if (auto err = cuts_->realign(shard, ranges_[index].shard_id))
-        spdlog::warn("job: shard {} could not go back to the last committed cut: {}", ranges_[index].shard_id,
-                     describe(err));
+      if (auto err = cuts_->realign(shard, id)) {
+        // Taken as it is, it would mix a version the job never committed into the model.
+        spdlog::error("job: server shard {} served again{} could not go back to the last committed cut ({}); "
+                      "not taken: waiting for it to be served again",
+                      id, where, describe(err));
+        return;
+      }
     shards_[index] = shard;
     self_->monitor(shards_[index]);
     if (lr_sent_ != 1.0f)
@@ -514,6 +540,9 @@ private:
     if (scheduled_)
       follow_schedule(stats.total_samples, now, false);
     guard_divergence(stats, now);
+    // A request to a shard whose node just died ends only at its timeout: the losses
+    // queued meanwhile are taken in before the next step asks the shards again.
+    take_queued();
     if (done_)
       return;
     publish_metrics(stats, now);
@@ -521,6 +550,9 @@ private:
       report_progress(stats, now);
       evaluate_if_due(stats, now);
     }
+    take_queued();
+    if (done_)
+      return;
     // Checkpoint cuts, while every shard is there to write them; how far the job got, for
     // a resume to count what it trains again.
     if (cuts_ && lost_since_.empty())

@@ -609,9 +609,9 @@ TEST_CASE("a worker whose (emulated) GPU actor keeps its local model trains adsp
       // Both train: far above chance (0.1) after 3 epochs of one worker. The runs' commit
       // plans follow measured times, so their accuracies differ by several points from run
       // to run, either way: on an H100 machine 0.85 and 0.78 once, 0.79 and 0.84 another
-      // time; on 2 cores, ashl with overlapped commits (commits at half weight, 1-3 local
-      // steps each) ends anywhere from 0.71 to 0.84 over 12 runs, the model sent or kept
-      // alike, so the bound leaves room below that. The step machine's test shows the
+      // time; on 2 cores, ashl with overlapped commits (1-3 local steps each) ends
+      // anywhere from 0.71 to 0.84 over 12 runs, the model sent or kept alike, so the bound
+      // leaves room below that. The step machine's test shows the
       // arithmetic of the two paths equal, bit for bit.
       CHECK(accuracy[0] > 0.6);
       CHECK(accuracy[1] > 0.6);

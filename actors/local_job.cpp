@@ -68,17 +68,13 @@ public:
       if (gpus_->labels().empty() && cfg.gpus == "auto")
         spdlog::info("job: {}; computing on the CPU", gpus_->why_none());
     }
-    for (uint32_t i = 0; i < cfg.workers; ++i) {
-      worker_config wc;
-      wc.make_backend = hooks_.make_backend ? hooks_.make_backend : gpus_->next_worker();
-      wc.scheduler = scheduler;
-      wc.profiler = profiler;
-      wc.data = train;
-      wc.requested_id = i;
-      auto w = spawn_worker(sys_, wc);
-      caf::anon_send(w, start_atom::value);
-      workers_.push_back(w);
-    }
+    worker_config base;
+    base.scheduler = scheduler;
+    base.profiler = profiler;
+    base.data = std::move(train);
+    workers_ = start_local_workers(sys_, cfg.workers, base, [this] {
+      return hooks_.make_backend ? hooks_.make_backend : gpus_->next_worker();
+    });
     return caf::none;
   }
 

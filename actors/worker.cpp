@@ -388,4 +388,18 @@ worker_actor spawn_worker(caf::actor_system& sys, worker_config cfg) {
   return sys.spawn(worker_behavior, std::move(cfg));
 }
 
+std::vector<worker_actor> start_local_workers(caf::actor_system& sys, uint32_t n, const worker_config& base,
+                                              const std::function<backend_factory()>& next_backend) {
+  std::vector<worker_actor> out;
+  for (uint32_t i = 0; i < n; ++i) {
+    worker_config wc = base;
+    if (next_backend)
+      wc.make_backend = next_backend();
+    wc.requested_id = i;
+    out.push_back(spawn_worker(sys, std::move(wc)));
+    caf::anon_send(out.back(), start_atom::value);
+  }
+  return out;
+}
+
 }  // namespace ashlar::actors

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "actors/gpu_actor.hpp"
 #include "actors/interfaces.hpp"
@@ -39,5 +40,11 @@ struct worker_config {
 /// unreachable or refusing, a bad assignment, a non-finite loss) it tells the scheduler
 /// it failed, with the reason, and stops.
 worker_actor spawn_worker(caf::actor_system& sys, worker_config cfg);
+
+/// Spawns and starts `n` workers of this process, ids 0 .. n-1, each configured as `base`
+/// with its backend from `next_backend()` (called once per worker, in id order; empty:
+/// `base`'s). A local job's workers.
+std::vector<worker_actor> start_local_workers(caf::actor_system& sys, uint32_t n, const worker_config& base,
+                                              const std::function<backend_factory()>& next_backend = {});
 
 }  // namespace ashlar::actors

@@ -8,7 +8,6 @@
 
 #include "actors/job_driver.hpp"
 #include "actors/server_shard.hpp"
-#include "actors/gpu_actor.hpp"
 #include "actors/worker.hpp"
 #include "runtime/policy/ring.hpp"
 #include "../runtime/temp_dir.hpp"
@@ -41,17 +40,11 @@ public:
 
   caf::error start_workers(const train_config& cfg, const scheduler_actor& scheduler, const profiler_actor& profiler,
                            std::shared_ptr<const dataset> train) override {
-    for (uint32_t i = 0; i < cfg.workers; ++i) {
-      worker_config wc;
-      wc.make_backend = [](const model_spec& s) { return cpu_choice(s, "on the CPU"); };
-      wc.scheduler = scheduler;
-      wc.profiler = profiler;
-      wc.data = train;
-      wc.requested_id = i;
-      auto w = spawn_worker(sys_, wc);
-      caf::anon_send(w, start_atom::value);
-      workers_.push_back(w);
-    }
+    worker_config base; // (on the CPU)
+    base.scheduler = scheduler;
+    base.profiler = profiler;
+    base.data = std::move(train);
+    workers_ = start_local_workers(sys_, cfg.workers, base);
     return caf::none;
   }
 

@@ -413,10 +413,13 @@ private:
     self_->send(scheduler_, lr_atom::value, f);
   }
 
-  // Every message already queued (see take_message), without waiting.
-  void take_queued() {
-    while (!done_ && take_message(std::chrono::milliseconds(0))) {
-    }
+  // Every message already queued (see take_message), without waiting. True if there was
+  // any.
+  bool take_queued() {
+    bool any = false;
+    while (!done_ && take_message(std::chrono::milliseconds(0)))
+      any = true;
+    return any;
   }
 
   // One message the driver waits for (the scheduler's done, a shard lost or served
@@ -495,21 +498,26 @@ private:
     // node has died since (lost again, and being served again elsewhere): a request to it
     // would only end at its timeout, holding up the job and the notice of the shard served
     // after it. A shard served again answers its status at once.
-    bool answers = false;
+    caf::error probe;
     self_->request(shard, probe_timeout, status_atom::value)
-      .receive([&](const wire::shard_status&) { answers = true; }, [](caf::error&) {});
-    if (!answers) {
-      spdlog::warn("job: server shard {} served again{} does not answer (its node lost since?); waiting for it "
-                   "to be served again",
-                   id, where);
+      .receive([](const wire::shard_status&) {}, [&](caf::error& e) { probe = std::move(e); });
+    if (probe) {
+      // Stopped, so that a live but stuck one goes down and its cluster serves it again
+      // (and lets go of its store); a dead one is gone already.
+      self_->send_exit(shard, caf::exit_reason::kill);
+      spdlog::warn("job: server shard {} served again{} does not answer its status within {} s ({}; its node "
+                   "lost since?): stopped, waiting for it to be served again",
+                   id, where, std::chrono::duration_cast<std::chrono::seconds>(probe_timeout).count(),
+                   describe(probe));
       return;
     }
     spdlog::info("job: server shard {} is served again{}", id, where);
     if (cuts_)
       if (auto err = cuts_->realign(shard, id)) {
         // Taken as it is, it would mix a version the job never committed into the model.
-        spdlog::error("job: server shard {} served again{} could not go back to the last committed cut ({}); "
-                      "not taken: waiting for it to be served again",
+        self_->send_exit(shard, caf::exit_reason::kill);
+        spdlog::error("job: server shard {} served again{} could not go back to the last committed cut ({}): "
+                      "stopped, waiting for it to be served again",
                       id, where, describe(err));
         return;
       }
@@ -541,17 +549,17 @@ private:
       follow_schedule(stats.total_samples, now, false);
     guard_divergence(stats, now);
     // A request to a shard whose node just died ends only at its timeout: the losses
-    // queued meanwhile are taken in before the next step asks the shards again.
-    take_queued();
-    if (done_)
+    // queued meanwhile are taken in before the next step asks the shards again, and a
+    // tick that took any ends there (its clock and statistics are old by now: the next
+    // one starts afresh).
+    if (take_queued() || done_)
       return;
     publish_metrics(stats, now);
     if (training_) { // nothing to show before: the parameters are the initial ones
       report_progress(stats, now);
       evaluate_if_due(stats, now);
     }
-    take_queued();
-    if (done_)
+    if (take_queued() || done_)
       return;
     // Checkpoint cuts, while every shard is there to write them; how far the job got, for
     // a resume to count what it trains again.

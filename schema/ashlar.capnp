@@ -333,7 +333,7 @@ struct CheckpointRecord {
   begin @2 :UInt64;
   params @3 :Data;         # float32 LE
   velocity @4 :Data;       # optimizer momentum, float32 LE
-  checksum @5 :UInt64;     # CRC-32 over shardId, version, begin, end, params, velocity and the average
+  checksum @5 :UInt64;     # CRC-32 over shardId, version, begin, end, cut (unless 0), params, velocity, and averageSamples and average where present
   unixNs @6 :Int64;
   end @7 :UInt64;
   cut @8 :UInt64;          # the job's checkpoint cut this record belongs to (0: a shard's own stop record)

@@ -34,8 +34,12 @@ struct checkpoint_options {
 // the parameters; the parameters otherwise. Says which on stdout.
 bool export_average(const checkpoint_options& o, const std::vector<shard_checkpoint>& cs) {
   size_t with = 0;
-  for (const auto& c : cs)
+  std::string without;
+  for (const auto& c : cs) {
     with += c.average.empty() ? 0 : 1;
+    if (c.average.empty())
+      without += (without.empty() ? "" : ", ") + std::to_string(c.shard_id);
+  }
   if (with == 0)
     return false;
   if (o.params) {
@@ -43,7 +47,8 @@ bool export_average(const checkpoint_options& o, const std::vector<shard_checkpo
     return false;
   }
   if (with < cs.size()) {
-    std::printf("exporting the parameters: %zu of %zu shards' records hold a running average\n", with, cs.size());
+    std::printf("exporting the parameters: %zu of %zu shards' records hold a running average (not shard %s)\n",
+                with, cs.size(), without.c_str());
     return false;
   }
   std::printf("exporting the running average of the parameters (train.average_epochs), which the job's "
@@ -411,7 +416,8 @@ int export_layers(const checkpoint_options& o, const std::vector<shard_checkpoin
   entries.emplace_back("ashlar_model", std::move(meta));
   if (auto err = write_npz(o.out, entries))
     return fail(err);
-  std::printf("wrote %" PRIu64 " parameters of %s by layer (%zu arrays) to %s\n", count, model->to_string().c_str(),
+  std::printf("wrote %" PRIu64 " %s of %s by layer (%zu arrays) to %s\n", count,
+              average ? "floats of the running average" : "parameters", model->to_string().c_str(),
               entries.size() - 1, o.out.c_str());
   return 0;
 }
@@ -451,7 +457,7 @@ int export_params(const checkpoint_options& o) {
     std::fprintf(stderr, "ashlar checkpoint export: cannot write %s\n", o.out.c_str());
     return 1;
   }
-  std::printf("wrote %" PRIu64 " parameters (versions", expect);
+  std::printf("wrote %" PRIu64 " %s (versions", expect, average ? "floats of the running average" : "parameters");
   for (const auto& c : *cs)
     std::printf(" %u:%" PRIu64, c.shard_id, c.version);
   std::printf(") to %s\n", o.out.c_str());

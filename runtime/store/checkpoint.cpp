@@ -72,7 +72,8 @@ std::string encode_checkpoint(uint32_t shard_id, uint64_t version, uint64_t cut,
                               int64_t unix_ns, const float* params, const float* velocity, const float* average,
                               uint64_t average_samples) {
   const size_t bytes = (end - begin) * sizeof(float);
-  capnp::MallocMessageBuilder mb{static_cast<unsigned>(3 * bytes / sizeof(capnp::word) + 64)};
+  const size_t tensors = 1 + (velocity ? 1 : 0) + (average ? 1 : 0);
+  capnp::MallocMessageBuilder mb{static_cast<unsigned>(tensors * bytes / sizeof(capnp::word) + 64)};
   auto r = mb.initRoot<schema::CheckpointRecord>();
   r.setShardId(shard_id);
   r.setVersion(version);
@@ -114,9 +115,10 @@ expected<shard_checkpoint> decode_checkpoint(const std::string& bytes) {
     const size_t want = (c.end - c.begin) * sizeof(float);
     if (p.size() != want || (v.size() != 0 && v.size() != want) || (a.size() != 0 && a.size() != want))
       return make_error(errc::corrupt_data, "checkpoint record of version " + std::to_string(c.version)
-                                              + ": tensors of " + std::to_string(p.size()) + ", "
-                                              + std::to_string(v.size()) + " and " + std::to_string(a.size())
-                                              + " bytes for a range of " + std::to_string(c.end - c.begin)
+                                              + ": parameters of " + std::to_string(p.size())
+                                              + " bytes, velocity of " + std::to_string(v.size())
+                                              + " and average of " + std::to_string(a.size())
+                                              + " for a range of " + std::to_string(c.end - c.begin)
                                               + " floats");
     c.average_samples = a.size() > 0 ? r.getAverageSamples() : 0;
     if (checksum(c.shard_id, c.version, c.cut, c.begin, c.end, p.begin(), v.begin(), p.size(), v.size(), a.begin(),

@@ -10,6 +10,8 @@
 #include "actors/server_shard.hpp"
 #include "actors/worker.hpp"
 #include "runtime/policy/ring.hpp"
+#include "runtime/store/checkpoint.hpp"
+#include "runtime/store/kv_store.hpp"
 #include "../runtime/temp_dir.hpp"
 
 using namespace ashlar;
@@ -124,14 +126,28 @@ TEST_CASE("a lost shard's notice that names a replacement which never answers is
   test_placement where{sys};
   std::atomic<bool> struck{false};
   std::atomic<bool> replaced{false};
+  std::string fault_error; // set by the fault thread, read after it is joined
+  uint64_t committed = 0;  // the newest cut the job had committed when shard 1 was lost
   std::thread fault;
   actors::job_hooks hooks;
   hooks.on_epoch = [&](const epoch_point& p) {
-    // After the first epoch (cuts committed by then): shard 1 is lost, a stale notice
-    // names a shard that never answers, and then the real replacement is served.
+    // After the first epoch: shard 1 is lost, a stale notice names a shard that never
+    // answers, and then the real replacement is served. (This runs in the driver's
+    // thread, the test's own; the fault's messages go from a thread of their own.)
     if (p.epoch < 1 || struck.exchange(true))
       return;
-    fault = std::thread([&] {
+    auto job = open_rocksdb_store(cfg.checkpoint_dir + "/job", open_mode::read_only);
+    REQUIRE(job);
+    auto cuts = load_job_cuts(**job);
+    REQUIRE(cuts);
+    for (const auto& c : *cuts)
+      committed = std::max(committed, c.cut);
+    auto ranges = split_ranges(cfg.model.num_params(), cfg.servers);
+    REQUIRE(ranges);
+    const auto r = (*ranges)[1];
+    auto core = std::make_shared<std::unique_ptr<shard_core>>(
+      test_placement::make_core(r, std::vector<float>(r.size(), 0.0f), cfg, 0));
+    fault = std::thread([&, core] {
       caf::scoped_actor self{sys};
       auto lost = where.shards[1];
       self->monitor(lost);
@@ -140,18 +156,17 @@ TEST_CASE("a lost shard's notice that names a replacement which never answers is
       auto driver = where.driver();
       self->send(driver, shard_atom::value, uint32_t{1}, silent_shard(sys), std::string{"10.0.0.9:7000"});
       // The lost shard's store closes with the actor; served again from it, as a node does.
-      auto ranges = split_ranges(cfg.model.num_params(), cfg.servers);
-      REQUIRE(ranges);
-      const auto r = (*ranges)[1];
-      auto core = test_placement::make_core(r, std::vector<float>(r.size(), 0.0f), cfg, 0);
-      expected<shard_persistence> p = make_error(errc::invalid_state, "not opened");
-      for (int i = 0; i < 200 && !p; ++i) {
-        p = open_shard_persistence(cfg.checkpoint_dir, cfg.checkpoint_keep, true, *core);
-        if (!p)
+      expected<shard_persistence> ps = make_error(errc::invalid_state, "not opened");
+      for (int i = 0; i < 200 && !ps; ++i) {
+        ps = open_shard_persistence(cfg.checkpoint_dir, cfg.checkpoint_keep, true, **core);
+        if (!ps)
           std::this_thread::sleep_for(20ms);
       }
-      REQUIRE(p);
-      auto again = spawn_shard(sys, std::move(core), std::move(*p));
+      if (!ps) {
+        fault_error = describe(ps.error());
+        return;
+      }
+      auto again = spawn_shard(sys, std::move(*core), std::move(*ps));
       self->send(driver, shard_atom::value, uint32_t{1}, again, std::string{});
       replaced = true;
     });
@@ -159,9 +174,11 @@ TEST_CASE("a lost shard's notice that names a replacement which never answers is
   auto report = run_job(sys, cfg, where, hooks);
   if (fault.joinable())
     fault.join();
+  INFO(fault_error);
   REQUIRE(report);
   CHECK(struck);
   CHECK(replaced);
+  CHECK(committed > 0); // the replacement had a committed cut to go back to
   // Every epoch trained (a resume from the cut trains some samples again), and the model
   // works: the silent shard was never given to the workers.
   CHECK(report->samples >= 4 * 8000);

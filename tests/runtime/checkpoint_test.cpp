@@ -7,10 +7,14 @@
 #include <unistd.h>
 #include <sys/wait.h>
 
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
 #include "runtime/config/train_config.hpp"
 #include "runtime/store/checkpoint.hpp"
 #include "runtime/store/job_store.hpp"
 #include "runtime/store/kv_store.hpp"
+#include "schema/ashlar.capnp.h"
 #include "temp_dir.hpp"
 
 using namespace ashlar;
@@ -30,6 +34,17 @@ void save_cuts(checkpoint_log& log, uint64_t n) {
     auto m = ramp(10, -static_cast<float>(c));
     REQUIRE(log.save(10 * c, c, 100, 110, p.data(), m.data()));
   }
+}
+
+// CRC-32 (IEEE, as zlib's crc32), bit by bit.
+uint64_t crc32_of(const std::string& bytes) {
+  uint32_t crc = 0xFFFFFFFFu;
+  for (unsigned char c : bytes) {
+    crc ^= c;
+    for (int k = 0; k < 8; ++k)
+      crc = (crc >> 1) ^ (0xEDB88320u & (0u - (crc & 1u)));
+  }
+  return crc ^ 0xFFFFFFFFu;
 }
 
 std::string cut_key(uint64_t cut) {
@@ -88,12 +103,41 @@ TEST_CASE("a checkpoint's running average round-trips with the samples it had se
   auto bad = decode_checkpoint(flipped);
   REQUIRE_FALSE(bad);
   CHECK(describe(bad.error()).find("checksum mismatch") != std::string::npos);
-  // Without an average (a shard that keeps none, or a record from before averages were
-  // stored): none, and its checksum is the one such records always had.
+  // Without an average (a shard that keeps none): none.
   auto plain = decode_checkpoint(encode_checkpoint(4, 77, 9, 20, 30, 123, p.data(), m.data()));
   REQUIRE(plain);
   CHECK(plain->average.empty());
   CHECK(plain->average_samples == 0);
+  // A record as written before averages were stored, its checksum computed here by the
+  // format's own rule (CRC-32 over shard id, version, begin, end, cut, parameters,
+  // velocity), decodes.
+  {
+    capnp::MallocMessageBuilder mb;
+    auto r = mb.initRoot<schema::CheckpointRecord>();
+    r.setShardId(4);
+    r.setVersion(77);
+    r.setCut(9);
+    r.setBegin(20);
+    r.setEnd(30);
+    r.setUnixNs(123);
+    std::memcpy(r.initParams(40).begin(), p.data(), 40);
+    std::memcpy(r.initVelocity(40).begin(), m.data(), 40);
+    std::string summed(36, '\0');
+    const uint32_t id = 4;
+    const uint64_t ident[4] = {77, 20, 30, 9}; // version, begin, end, cut
+    std::memcpy(&summed[0], &id, 4);
+    std::memcpy(&summed[4], ident, 32);
+    summed.append(reinterpret_cast<const char*>(p.data()), 40);
+    summed.append(reinterpret_cast<const char*>(m.data()), 40);
+    r.setChecksum(crc32_of(summed));
+    auto words = capnp::messageToFlatArray(mb);
+    auto old = decode_checkpoint(std::string(reinterpret_cast<const char*>(words.asBytes().begin()),
+                                             words.asBytes().size()));
+    REQUIRE(old);
+    CHECK(old->params == p);
+    CHECK(old->velocity == m);
+    CHECK(old->average.empty());
+  }
   // Saved through a log and loaded back.
   auto store = make_memory_store();
   checkpoint_log log{*store, 2, 3};

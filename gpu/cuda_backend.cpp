@@ -25,7 +25,7 @@
 #include "gpu/cuda_model.hpp"
 #include "gpu/cuda_util.hpp"
 #include "gpu/kernels.hpp"
-#include "gpu/local_model.hpp"
+#include "gpu/backend_base.hpp"
 
 namespace ashlar::gpu {
 
@@ -102,47 +102,19 @@ struct piece {
   uint32_t begin = 0, end = 0;
 };
 
-class cuda_backend final : public compute_backend {
+class cuda_backend final : public backend_base {
 public:
   cuda_backend(mlp_spec spec, int device, cuda_options options)
-    : spec_(std::move(spec)), model_(from_mlp(spec_)), layers_(layer_layout(spec_)), device_(device),
-      options_(options) {
-    name_ = "cuda:" + std::to_string(device);
+    : backend_base(device, options, spec.num_params(), spec.classes, true), spec_(std::move(spec)),
+      model_(from_mlp(spec_)), layers_(layer_layout(spec_)) {
   }
 
   ~cuda_backend() override {
-    cudaSetDevice(device_);
-    for (auto s : {copy_, stream_})
-      if (s)
-        cudaStreamSynchronize(s);
-    if (handle_)
-      cublasDestroy(handle_);
-    for (auto s : {copy_, stream_})
-      if (s)
-        cudaStreamDestroy(s);
+    drain();
   }
 
   caf::error init() {
-    ASHLAR_CUDA(cudaSetDevice(device_));
-    ASHLAR_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    ASHLAR_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-    ASHLAR_CUBLAS(cublasCreate(&handle_));
-    ASHLAR_CUBLAS(cublasSetStream(handle_, stream_));
-    ASHLAR_CUBLAS(cublasSetMathMode(handle_, options_.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-    const size_t p = spec_.num_params();
-    for (auto* b : {&params_, &grad_})
-      if (auto err = b->resize(p))
-        return err;
-    for (auto* b : {&host_params_, &host_grad_})
-      if (auto err = b->resize(p))
-        return err;
-    if (auto err = totals_.resize(1))
-      return err;
-    if (auto err = correct_.resize(1))
-      return err;
-    if (auto err = host_totals_.resize(1))
-      return err;
-    if (auto err = host_correct_.resize(1))
+    if (auto err = init_device())
       return err;
     for (size_t l = 0; l < layers_.size(); ++l) {
       const auto& L = layers_[l];
@@ -156,143 +128,11 @@ public:
     for (auto* events : {&piece_in_, &piece_grad_})
       for (auto& ev : *events)
         ASHLAR_CUDA(cudaEventCreateWithFlags(&ev.e, cudaEventDisableTiming));
-    ASHLAR_CUDA(cudaEventCreateWithFlags(&batch_in_.e, cudaEventDisableTiming));
     return caf::none;
-  }
-
-  const char* name() const override {
-    return name_.c_str();
   }
 
   const model_spec& spec() const override {
     return model_;
-  }
-
-  std::shared_ptr<void> lock_host_memory(void* p, size_t bytes) override {
-    return lock_host(p, bytes);
-  }
-
-  expected<batch_stats> train_step(const float* params, batch_view b, float* grad) override {
-    if (auto err = check_batch(model_, b))
-      return err;
-    ASHLAR_CUDA(cudaSetDevice(device_));
-    if (auto err = finish()) // a call that failed half-way may have left work in flight
-      return err;
-    if (auto err = reserve(b.n))
-      return err;
-    if (auto err = upload(params, &b))
-      return err;
-    if (auto err = forward(b.n))
-      return err;
-    if (auto err = enqueue_loss(b.n, true))
-      return err;
-    const bool direct = page_locked(grad);
-    if (auto err = backward(b.n, direct ? grad : host_grad_.p))
-      return err;
-    if (auto err = finish())
-      return err;
-    auto stats = read_loss(b.n);
-    if (!std::isfinite(stats.loss_sum))
-      return make_error(errc::numerical_error, "training loss is not finite on " + name_ + " (lr too high?)");
-    if (!direct)
-      std::memcpy(grad, host_grad_.p, spec_.num_params() * sizeof(float));
-    return stats;
-  }
-
-  expected<batch_stats> evaluate(const float* params, batch_view b) override {
-    if (auto err = check_batch(model_, b))
-      return err;
-    ASHLAR_CUDA(cudaSetDevice(device_));
-    if (auto err = finish()) // a call that failed half-way may have left work in flight
-      return err;
-    constexpr size_t chunk = 8192;
-    if (auto err = reserve(std::min(chunk, b.n)))
-      return err;
-    if (auto err = upload(params, nullptr))
-      return err;
-    batch_stats total;
-    for (size_t off = 0; off < b.n; off += chunk) {
-      batch_view part{b.x + off * b.dim, b.y + off, std::min(chunk, b.n - off), b.dim};
-      if (auto err = upload_batch(part))
-        return err;
-      if (auto err = forward(part.n))
-        return err;
-      if (auto err = enqueue_loss(part.n, false))
-        return err;
-      if (auto err = finish()) // the staging buffers are free again for the next part
-        return err;
-      auto s = read_loss(part.n);
-      total.loss_sum += s.loss_sum;
-      total.correct += s.correct;
-      total.n += s.n;
-    }
-    return total;
-  }
-
-  bool keeps_local_model() const override {
-    return true;
-  }
-
-  // A local step: the parameters go in only with `load` (after a pull), the gradient
-  // stays on the device and moves the kept model there.
-  expected<batch_stats> local_step(const float* load, const float* velocity, const float* commit, batch_view b,
-                                   float lr, float momentum) override {
-    if (auto err = check_batch(model_, b))
-      return err;
-    ASHLAR_CUDA(cudaSetDevice(device_));
-    if (auto err = finish())
-      return err;
-    if (auto err = reserve(b.n))
-      return err;
-    if (auto err = local_.reserve(spec_.num_params(), stream_))
-      return err;
-    if (load) {
-      if (auto err = upload(load, &b))
-        return err;
-      if (auto err = local_.load(velocity, commit, stream_))
-        return err;
-    } else if (auto err = upload_batch(b)) {
-      return err;
-    }
-    if (auto err = forward(b.n))
-      return err;
-    if (auto err = enqueue_loss(b.n, true))
-      return err;
-    if (auto err = backward(b.n, nullptr))
-      return err;
-    if (auto err = finish())
-      return err;
-    auto stats = read_loss(b.n);
-    if (!std::isfinite(stats.loss_sum)) {
-      if (auto err = local_.zero_velocity(stream_))
-        return err;
-      return make_error(errc::numerical_error, "training loss is not finite on " + name_ + " (lr too high?)");
-    }
-    if (auto err = local_.update(params_.p, grad_.p, lr, momentum, stream_))
-      return err;
-    return stats;
-  }
-
-  caf::error take_commit(float* out, float scale, float* velocity_out) override {
-    ASHLAR_CUDA(cudaSetDevice(device_));
-    if (auto err = finish())
-      return err;
-    if (auto err = local_.reserve(spec_.num_params(), stream_))
-      return err;
-    return local_.take(out, scale, velocity_out, grad_.p, stream_);
-  }
-
-  caf::error rebase(const float* pulled, float lr) override {
-    ASHLAR_CUDA(cudaSetDevice(device_));
-    if (auto err = finish())
-      return err;
-    if (auto err = local_.reserve(spec_.num_params(), stream_))
-      return err;
-    if (auto err = copy_to_device(params_.p, pulled, spec_.num_params(), host_params_, stream_))
-      return err;
-    if (auto err = local_.rebase(params_.p, lr, stream_))
-      return err;
-    return finish();
   }
 
   /// Seconds one step's compute takes on the device (forward, loss, backward; no
@@ -308,7 +148,7 @@ public:
       host_y_.p[i] = static_cast<uint8_t>((i * 7) % spec_.classes);
     ASHLAR_CUDA(cudaMemcpyAsync(y_.p, host_y_.p, rows, cudaMemcpyHostToDevice, stream_));
     return median_seconds(stream_, 3, reps, [&]() -> caf::error {
-      if (auto err = forward(rows, false))
+      if (auto err = forward_pieces(rows, false))
         return err;
       if (auto err = enqueue_loss(rows, true))
         return err;
@@ -317,7 +157,7 @@ public:
   }
 
 private:
-  caf::error reserve(size_t n) {
+  caf::error reserve(size_t n) override {
     if (n <= capacity_)
       return caf::none;
     acts_.resize(layers_.size());
@@ -346,23 +186,12 @@ private:
     return caf::none;
   }
 
-  // The batch goes in on the copy stream; batch_in_ marks its arrival. The staging
-  // buffers are free: every call ends with both streams drained (finish).
-  caf::error upload_batch(batch_view b) {
-    std::memcpy(host_x_.p, b.x, b.n * b.dim * sizeof(float));
-    std::memcpy(host_y_.p, b.y, b.n);
-    ASHLAR_CUDA(cudaMemcpyAsync(x_.p, host_x_.p, b.n * b.dim * sizeof(float), cudaMemcpyHostToDevice, copy_));
-    ASHLAR_CUDA(cudaMemcpyAsync(y_.p, host_y_.p, b.n, cudaMemcpyHostToDevice, copy_));
-    ASHLAR_CUDA(cudaEventRecord(batch_in_.e, copy_));
-    return caf::none;
-  }
-
   // The parameters go in on the copy stream piece by piece, straight from the caller's
   // memory when it is page-locked, else through pinned staging (the host copy of one
   // piece overlapping the transfer of the one before); piece_in_[p] marks piece p's
   // arrival. With `b`, the batch follows the first layer's pieces: its host copy then
   // overlaps their transfer instead of delaying it.
-  caf::error upload(const float* params, const batch_view* b) {
+  caf::error upload_pieces(const float* params, const batch_view* b) {
     const bool direct = page_locked(params);
     for (size_t p = 0; p < pieces_.size(); ++p) {
       const auto [off, count] = piece_range(pieces_[p]);
@@ -393,7 +222,7 @@ private:
 
   // With `wait`, each product waits for its inputs on the copy stream (the batch, the
   // layer's parameters); without, the device buffers are used as they are (timing).
-  caf::error forward(size_t n, bool wait = true) {
+  caf::error forward_pieces(size_t n, bool wait) {
     const float one = 1.0f, zero = 0.0f;
     const float* in = x_.p;
     const auto rows = static_cast<int>(n);
@@ -419,31 +248,11 @@ private:
     return caf::none;
   }
 
-  // The loss and correct count, reduced on the device, copied out at finish().
-  caf::error enqueue_loss(size_t n, bool grad) {
-    ASHLAR_CUDA(cudaMemsetAsync(totals_.p, 0, sizeof(double), stream_));
-    ASHLAR_CUDA(cudaMemsetAsync(correct_.p, 0, sizeof(unsigned long long), stream_));
-    launch_softmax_xent(acts_.back().p, y_.p, n, layers_.back().out, grad ? delta_.p : nullptr, totals_.p,
-                        correct_.p, stream_);
-    ASHLAR_LAUNCHED();
-    ASHLAR_CUDA(cudaMemcpyAsync(host_totals_.p, totals_.p, sizeof(double), cudaMemcpyDeviceToHost, stream_));
-    ASHLAR_CUDA(cudaMemcpyAsync(host_correct_.p, correct_.p, sizeof(unsigned long long), cudaMemcpyDeviceToHost,
-                                stream_));
-    return caf::none;
-  }
-
-  batch_stats read_loss(size_t n) const {
-    batch_stats s;
-    s.n = n;
-    s.loss_sum = *host_totals_.p;
-    s.correct = static_cast<size_t>(*host_correct_.p);
-    return s;
-  }
 
   // Backward from the last layer. Each layer's gradient (weights, then bias: one
   // contiguous range) leaves on the copy stream for `out` (host memory, page-locked) as
   // soon as it is written; with `out` null it stays on the device (timing).
-  caf::error backward(size_t n, float* out) {
+  caf::error backward(size_t n, float* out) override {
     const float one = 1.0f, zero = 0.0f;
     const auto rows = static_cast<int>(n);
     float* delta = delta_.p;
@@ -480,35 +289,34 @@ private:
     return caf::none;
   }
 
-  // Waits for both streams: the results are in host memory and the staging buffers free.
-  caf::error finish() {
-    ASHLAR_CUDA(cudaStreamSynchronize(stream_));
-    ASHLAR_CUDA(cudaStreamSynchronize(copy_));
-    return caf::none;
+  caf::error upload(const float* params, const batch_view* b) override {
+    return upload_pieces(params, b);
+  }
+
+  caf::error forward(size_t n, bool /*training: an MLP has no dropout*/) override {
+    return forward_pieces(n, true);
+  }
+
+  size_t eval_chunk() const override {
+    return 8192;
+  }
+
+  float* logits() override {
+    return acts_.back().p;
+  }
+
+  float* logits_grad() override {
+    return delta_.p;
   }
 
   mlp_spec spec_;
   model_spec model_;
   std::vector<layer_offsets> layers_;
-  int device_;
-  cuda_options options_;
-  std::string name_;
-  cudaStream_t stream_ = nullptr, copy_ = nullptr;
-  cublasHandle_t handle_ = nullptr;
   size_t capacity_ = 0;
-  device_buffer<float> params_, grad_, x_, delta_, delta_prev_, ones_;
-  device_buffer<uint8_t> y_;
+  device_buffer<float> delta_, delta_prev_, ones_;
   std::vector<device_buffer<float>> acts_;
-  device_buffer<double> totals_;
-  device_buffer<unsigned long long> correct_;
-  pinned_buffer<float> host_params_, host_grad_, host_x_;
-  pinned_buffer<uint8_t> host_y_;
-  pinned_buffer<double> host_totals_;
-  pinned_buffer<unsigned long long> host_correct_;
-  sync_event batch_in_;
   std::vector<piece> pieces_; // in layer order, rows ascending
   std::vector<sync_event> piece_in_, piece_grad_;
-  device_local_model local_;
 };
 
 }  // namespace

@@ -17,7 +17,7 @@
 #include "gpu/cuda_util.hpp"
 #include "gpu/kernels.hpp"
 #include "gpu/layer_kernels.hpp"
-#include "gpu/local_model.hpp"
+#include "gpu/backend_base.hpp"
 
 namespace ashlar::gpu {
 
@@ -50,12 +50,11 @@ size_t conv_group(const plan_node& n, size_t batch) {
   return std::clamp<size_t>(col_floats / std::max<size_t>(per, 1), 1, std::max<size_t>(batch, 1));
 }
 
-class cuda_model_backend final : public compute_backend {
+class cuda_model_backend final : public backend_base {
 public:
   cuda_model_backend(model_spec spec, model_plan plan, int device, cuda_options options)
-    : spec_(std::move(spec)), plan_(std::move(plan)), device_(device), options_(options),
-      seed_(options.seed ? options.seed : 0x5eed8000ULL + model_backends++) {
-    name_ = "cuda:" + std::to_string(device);
+    : backend_base(device, options, plan.num_params, plan.classes, false), spec_(std::move(spec)),
+      plan_(std::move(plan)), seed_(options.seed ? options.seed : 0x5eed8000ULL + model_backends++) {
     const size_t count = plan_.nodes.size();
     acts_.resize(count);
     grads_.resize(count);
@@ -67,41 +66,11 @@ public:
   }
 
   ~cuda_model_backend() override {
-    cudaSetDevice(device_);
-    if (stream_)
-      cudaStreamSynchronize(stream_);
-    if (handle_)
-      cublasDestroy(handle_);
-    if (stream_)
-      cudaStreamDestroy(stream_);
+    drain();
   }
 
   caf::error init() {
-    ASHLAR_CUDA(cudaSetDevice(device_));
-    ASHLAR_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    ASHLAR_CUBLAS(cublasCreate(&handle_));
-    ASHLAR_CUBLAS(cublasSetStream(handle_, stream_));
-    ASHLAR_CUBLAS(cublasSetMathMode(handle_, options_.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
-    const size_t p = plan_.num_params;
-    for (auto* b : {&params_, &grad_})
-      if (auto err = b->resize(p))
-        return err;
-    for (auto* b : {&host_params_, &host_grad_})
-      if (auto err = b->resize(p))
-        return err;
-    if (auto err = totals_.resize(1))
-      return err;
-    if (auto err = correct_.resize(1))
-      return err;
-    if (auto err = host_totals_.resize(1))
-      return err;
-    if (auto err = host_correct_.resize(1))
-      return err;
-    return caf::none;
-  }
-
-  const char* name() const override {
-    return name_.c_str();
+    return init_device();
   }
 
   const model_spec& spec() const override {
@@ -113,141 +82,8 @@ public:
            + "M floats a product), CUDA kernels for the other layers";
   }
 
-  std::shared_ptr<void> lock_host_memory(void* p, size_t bytes) override {
-    return lock_host(p, bytes);
-  }
-
-  expected<batch_stats> train_step(const float* params, batch_view b, float* grad) override {
-    if (auto err = check_batch(spec_, b))
-      return err;
-    ASHLAR_CUDA(cudaSetDevice(device_));
-    if (auto err = finish()) // a call that failed half-way may have left work in flight
-      return err;
-    if (auto err = reserve(b.n))
-      return err;
-    if (auto err = upload_params(params))
-      return err;
-    if (auto err = upload_batch(b))
-      return err;
-    ++steps_;
-    if (auto err = forward(b.n, true))
-      return err;
-    if (auto err = enqueue_loss(b.n, true))
-      return err;
-    if (auto err = backward(b.n))
-      return err;
-    const bool direct = page_locked(grad);
-    ASHLAR_CUDA(cudaMemcpyAsync(direct ? grad : host_grad_.p, grad_.p, plan_.num_params * sizeof(float),
-                                cudaMemcpyDeviceToHost, stream_));
-    if (auto err = finish())
-      return err;
-    auto stats = read_loss(b.n);
-    if (!std::isfinite(stats.loss_sum))
-      return make_error(errc::numerical_error, "training loss is not finite on " + name_ + " (lr too high?)");
-    if (!direct)
-      std::memcpy(grad, host_grad_.p, plan_.num_params * sizeof(float));
-    return stats;
-  }
-
-  expected<batch_stats> evaluate(const float* params, batch_view b) override {
-    if (auto err = check_batch(spec_, b))
-      return err;
-    ASHLAR_CUDA(cudaSetDevice(device_));
-    if (auto err = finish())
-      return err;
-    // Parts whose activations stay within about 1 GB.
-    const size_t per_sample = std::max<uint64_t>(plan_.activation_floats, 1) * sizeof(float);
-    const size_t chunk = std::clamp<size_t>((size_t{1} << 30) / per_sample, 16, 8192);
-    if (auto err = reserve(std::min(chunk, b.n)))
-      return err;
-    if (auto err = upload_params(params))
-      return err;
-    batch_stats total;
-    for (size_t off = 0; off < b.n; off += chunk) {
-      batch_view part{b.x + off * b.dim, b.y + off, std::min(chunk, b.n - off), b.dim};
-      if (auto err = upload_batch(part))
-        return err;
-      if (auto err = forward(part.n, false))
-        return err;
-      if (auto err = enqueue_loss(part.n, false))
-        return err;
-      if (auto err = finish()) // the staging buffers are free again for the next part
-        return err;
-      auto s = read_loss(part.n);
-      total.loss_sum += s.loss_sum;
-      total.correct += s.correct;
-      total.n += s.n;
-    }
-    return total;
-  }
-
-  bool keeps_local_model() const override {
-    return true;
-  }
-
-  expected<batch_stats> local_step(const float* load, const float* velocity, const float* commit, batch_view b,
-                                   float lr, float momentum) override {
-    if (auto err = check_batch(spec_, b))
-      return err;
-    ASHLAR_CUDA(cudaSetDevice(device_));
-    if (auto err = finish())
-      return err;
-    if (auto err = reserve(b.n))
-      return err;
-    if (auto err = local_.reserve(plan_.num_params, stream_))
-      return err;
-    if (load) {
-      if (auto err = upload_params(load))
-        return err;
-      if (auto err = local_.load(velocity, commit, stream_))
-        return err;
-    }
-    if (auto err = upload_batch(b))
-      return err;
-    ++steps_;
-    if (auto err = forward(b.n, true))
-      return err;
-    if (auto err = enqueue_loss(b.n, true))
-      return err;
-    if (auto err = backward(b.n))
-      return err;
-    if (auto err = finish())
-      return err;
-    auto stats = read_loss(b.n);
-    if (!std::isfinite(stats.loss_sum)) {
-      if (auto err = local_.zero_velocity(stream_))
-        return err;
-      return make_error(errc::numerical_error, "training loss is not finite on " + name_ + " (lr too high?)");
-    }
-    if (auto err = local_.update(params_.p, grad_.p, lr, momentum, stream_))
-      return err;
-    return stats;
-  }
-
-  caf::error take_commit(float* out, float scale, float* velocity_out) override {
-    ASHLAR_CUDA(cudaSetDevice(device_));
-    if (auto err = finish())
-      return err;
-    if (auto err = local_.reserve(plan_.num_params, stream_))
-      return err;
-    return local_.take(out, scale, velocity_out, grad_.p, stream_);
-  }
-
-  caf::error rebase(const float* pulled, float lr) override {
-    ASHLAR_CUDA(cudaSetDevice(device_));
-    if (auto err = finish())
-      return err;
-    if (auto err = local_.reserve(plan_.num_params, stream_))
-      return err;
-    if (auto err = copy_to_device(params_.p, pulled, plan_.num_params, host_params_, stream_))
-      return err;
-    if (auto err = local_.rebase(params_.p, lr, stream_))
-      return err;
-    return finish();
-  }
-
 private:
-  caf::error reserve(size_t n) {
+  caf::error reserve(size_t n) override {
     if (n <= capacity_)
       return caf::none;
     ASHLAR_CUDA(cudaStreamSynchronize(stream_));
@@ -307,17 +143,24 @@ private:
     return caf::none;
   }
 
-  caf::error upload_params(const float* params) {
-    return copy_to_device(params_.p, params, plan_.num_params, host_params_, stream_);
+  caf::error upload(const float* params, const batch_view* b) override {
+    if (auto err = copy_to_device(params_.p, params, plan_.num_params, host_params_, stream_))
+      return err;
+    return b ? upload_batch(*b) : caf::none;
   }
 
-  // The staging buffers are free: every call ends with the stream drained (finish).
-  caf::error upload_batch(batch_view b) {
-    std::memcpy(host_x_.p, b.x, b.n * b.dim * sizeof(float));
-    std::memcpy(host_y_.p, b.y, b.n);
-    ASHLAR_CUDA(cudaMemcpyAsync(x_.p, host_x_.p, b.n * b.dim * sizeof(float), cudaMemcpyHostToDevice, stream_));
-    ASHLAR_CUDA(cudaMemcpyAsync(y_.p, host_y_.p, b.n, cudaMemcpyHostToDevice, stream_));
-    return caf::none;
+  // Parts whose activations stay within about 1 GB.
+  size_t eval_chunk() const override {
+    const size_t per_sample = std::max<uint64_t>(plan_.activation_floats, 1) * sizeof(float);
+    return std::clamp<size_t>((size_t{1} << 30) / per_sample, 16, 8192);
+  }
+
+  float* logits() override {
+    return acts_.back().p;
+  }
+
+  float* logits_grad() override {
+    return grads_.back().p;
   }
 
   float* act(size_t i) {
@@ -404,7 +247,9 @@ private:
     return caf::none;
   }
 
-  caf::error forward(size_t n, bool training) {
+  caf::error forward(size_t n, bool training) override {
+    if (training)
+      ++steps_; // a new step's dropout masks
     for (size_t i = 0; i < plan_.nodes.size(); ++i) {
       if (buffer_[i] != static_cast<int>(i))
         continue; // shares its input's buffer
@@ -457,26 +302,6 @@ private:
     return caf::none;
   }
 
-  caf::error enqueue_loss(size_t n, bool grad) {
-    ASHLAR_CUDA(cudaMemsetAsync(totals_.p, 0, sizeof(double), stream_));
-    ASHLAR_CUDA(cudaMemsetAsync(correct_.p, 0, sizeof(unsigned long long), stream_));
-    launch_softmax_xent(acts_.back().p, y_.p, n, plan_.classes, grad ? grads_.back().p : nullptr, totals_.p,
-                        correct_.p, stream_);
-    ASHLAR_LAUNCHED();
-    ASHLAR_CUDA(cudaMemcpyAsync(host_totals_.p, totals_.p, sizeof(double), cudaMemcpyDeviceToHost, stream_));
-    ASHLAR_CUDA(cudaMemcpyAsync(host_correct_.p, correct_.p, sizeof(unsigned long long), cudaMemcpyDeviceToHost,
-                                stream_));
-    return caf::none;
-  }
-
-  batch_stats read_loss(size_t n) const {
-    batch_stats s;
-    s.n = n;
-    s.loss_sum = *host_totals_.p;
-    s.correct = static_cast<size_t>(*host_correct_.p);
-    return s;
-  }
-
   // Where node `index`'s input gradient goes (null: nothing upstream needs it); see the
   // CPU backend.
   float* deliver_to(int index, bool& accumulate) {
@@ -488,7 +313,15 @@ private:
     return grads_[owner].p;
   }
 
-  caf::error backward(size_t n) {
+  caf::error backward(size_t n, float* out) override {
+    if (auto err = backward_nodes(n))
+      return err;
+    if (out)
+      ASHLAR_CUDA(cudaMemcpyAsync(out, grad_.p, plan_.num_params * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    return caf::none;
+  }
+
+  caf::error backward_nodes(size_t n) {
     written_.assign(plan_.nodes.size(), false);
     written_.back() = true; // by the loss
     for (size_t i = plan_.nodes.size(); i-- > 0;) {
@@ -553,34 +386,16 @@ private:
     return caf::none;
   }
 
-  caf::error finish() {
-    ASHLAR_CUDA(cudaStreamSynchronize(stream_));
-    return caf::none;
-  }
-
   model_spec spec_;
   model_plan plan_;
-  int device_;
-  cuda_options options_;
   uint64_t seed_;
   uint64_t steps_ = 0;
-  std::string name_;
-  cudaStream_t stream_ = nullptr;
-  cublasHandle_t handle_ = nullptr;
   size_t capacity_ = 0;
   std::vector<int> buffer_;
   std::vector<bool> needs_grad_, written_;
-  device_buffer<float> params_, grad_, x_, ones_, col_, dcol_, conv_out_;
-  device_buffer<uint8_t> y_;
+  device_buffer<float> ones_, col_, dcol_, conv_out_;
   std::vector<device_buffer<float>> acts_, grads_, aux_, partial_;
   std::vector<device_buffer<uint32_t>> argmax_;
-  device_buffer<double> totals_;
-  device_buffer<unsigned long long> correct_;
-  pinned_buffer<float> host_params_, host_grad_, host_x_;
-  pinned_buffer<uint8_t> host_y_;
-  pinned_buffer<double> host_totals_;
-  pinned_buffer<unsigned long long> host_correct_;
-  device_local_model local_;
 };
 
 }  // namespace

@@ -1,6 +1,6 @@
 // A worker's local model kept on the device (internal to gpu/): the velocity and open
-// commit beside a backend's parameter and gradient buffers, and the calls of
-// compute_backend's local_step / take_commit / rebase that both CUDA backends share.
+// commit beside a backend's parameter and gradient buffers, for backend_base's
+// local_step / take_commit / rebase (gpu/backend_base.hpp).
 #pragma once
 
 #include <cstddef>

@@ -34,18 +34,20 @@ gpu_actor::behavior_type gpu_behavior(gpu_actor::stateful_pointer<gpu_state> sel
     [=](const gpu_call& c) {
       auto& st = self->state;
       gpu_reply r;
-      auto key = c.spec.input.to_string() + "|" + std::to_string(c.spec.classes) + "|"
-                 + layers_text(c.spec.resolved());
-      auto& b = st.backends[key];
+      if (!c.spec || !c.model) {
+        r.err = make_error(errc::invalid_argument, "a GPU call without its model");
+        return r;
+      }
+      auto& b = st.backends[*c.model];
       if (!b) {
-        auto made = st.make(c.spec);
+        auto made = st.make(*c.spec);
         if (!made) {
-          st.backends.erase(key);
+          st.backends.erase(*c.model);
           r.err = made.error();
           return r;
         }
         b = std::move(*made);
-        spdlog::debug("gpu {}: model {} ready", st.device_name, key);
+        spdlog::debug("gpu {}: model {} ready", st.device_name, *c.model);
       }
       r.name = std::string{b->name()} + " (" + st.device_name + ")";
       r.keeps_model = st.keep_models && b->keeps_local_model();
@@ -83,7 +85,8 @@ gpu_actor::behavior_type gpu_behavior(gpu_actor::stateful_pointer<gpu_state> sel
 // stay valid for the GPU actor's use.
 class gpu_proxy final : public compute_backend {
 public:
-  gpu_proxy(caf::actor_system& sys, gpu_actor gpu, model_spec spec) : sys_(sys), gpu_(std::move(gpu)), spec_(std::move(spec)) {
+  gpu_proxy(caf::actor_system& sys, gpu_actor gpu, model_spec spec)
+    : sys_(sys), gpu_(std::move(gpu)), spec_(std::move(spec)), key_(model_key(spec_)) {
   }
 
   caf::error prepare() {
@@ -151,11 +154,14 @@ public:
     return gpu::lock_host(p, bytes);
   }
 
-  const gpu_actor& device() const { return gpu_; }
+  gpu_route route() const {
+    return {&gpu_, &spec_, &key_};
+  }
 
 private:
   expected<batch_stats> call(gpu_call c) {
-    c.spec = spec_;
+    c.spec = &spec_;
+    c.model = &key_;
     expected<batch_stats> out = batch_stats{};
     // One blocking actor for the proxy's life, not one per call (creating it cost a step
     // of a small model). Hidden: the actor system's end does not wait for it.
@@ -182,6 +188,7 @@ private:
   caf::actor_system& sys_;
   gpu_actor gpu_;
   model_spec spec_;
+  std::string key_;
   std::string name_ = "cuda";
   bool keeps_model_ = false;
   std::unique_ptr<caf::scoped_actor> self_;
@@ -327,9 +334,13 @@ backend_factory gpu_pool::next_worker(uint32_t* slot) {
   };
 }
 
-const gpu_actor* device_of(const compute_backend& backend) {
+std::string model_key(const model_spec& spec) {
+  return spec.input.to_string() + "|" + std::to_string(spec.classes) + "|" + layers_text(spec.resolved());
+}
+
+gpu_route route_of(const compute_backend& backend) {
   auto* proxy = dynamic_cast<const gpu_proxy*>(&backend);
-  return proxy != nullptr ? &proxy->device() : nullptr;
+  return proxy != nullptr ? proxy->route() : gpu_route{};
 }
 
 backend_choice cpu_choice(const model_spec& spec, std::string note) {

@@ -13,13 +13,17 @@
 namespace ashlar::actors {
 
 // A compute call to a GPU actor. Local only: it carries the caller's pointers, which stay
-// valid because the caller waits for the reply before it touches them again.
+// valid because the caller waits for the reply before it touches them again (a worker's
+// await holds back even its exit until the reply).
 // local_step, take_commit and rebase are compute_backend's calls of the same names
 // (params: the model to load, or the pulled one; grad: the commit's output).
 struct gpu_call {
   enum kind_t : uint8_t { prepare, train, evaluate, local_step, take_commit, rebase };
   kind_t kind = prepare;
-  model_spec spec;
+  /// The model, and the text the GPU actor keeps its backend for it under (model_key):
+  /// the caller's, made once, not per call.
+  const model_spec* spec = nullptr;
+  const std::string* model = nullptr;
   const float* params = nullptr;
   batch_view batch;
   float* grad = nullptr;
@@ -45,8 +49,17 @@ namespace ashlar::actors {
 
 using gpu_actor = caf::typed_actor<caf::replies_to<gpu_call>::with<gpu_reply>>;
 
-/// The GPU actor `backend` computes through (a backend a gpu_pool handed out), or null
-/// for any other backend.
-const gpu_actor* device_of(const compute_backend& backend);
+/// The text a GPU actor keeps its backend for `spec` under: one per model.
+std::string model_key(const model_spec& spec);
+
+/// Where a backend a gpu_pool handed out computes: its GPU actor, and its model and the
+/// model's key for gpu_call (they live as long as the backend). All null for any other
+/// backend.
+struct gpu_route {
+  const gpu_actor* actor = nullptr;
+  const model_spec* spec = nullptr;
+  const std::string* model = nullptr;
+};
+gpu_route route_of(const compute_backend& backend);
 
 }  // namespace ashlar::actors

@@ -105,8 +105,8 @@ struct executor {
     if (a.fetch_velocity) // a step on this side after steps on the backend's: their velocity first
       if (auto err = st.backend->take_commit(nullptr, 1.0f, a.fetch_velocity))
         return computed(self, err);
-    if (const gpu_actor* device = device_of(*st.backend)) {
-      gpu_call c{gpu_call::train, st.backend->spec(), m.params().data(), a.batch, m.grad().data()};
+    if (const auto route = route_of(*st.backend); route.actor) {
+      gpu_call c{gpu_call::train, route.spec, route.model, m.params().data(), a.batch, m.grad().data()};
       if (a.held) { // a local step on the model the GPU keeps
         c.kind = gpu_call::local_step;
         c.params = a.load;
@@ -116,7 +116,7 @@ struct executor {
         c.lr = a.lr;
         c.momentum = a.momentum;
       }
-      self->request(*device, caf::infinite, std::move(c))
+      self->request(*route.actor, caf::infinite, std::move(c))
         .await(
           [s = self](gpu_reply& r) {
             if (!s->state.machine)

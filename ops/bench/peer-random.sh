@@ -6,6 +6,8 @@
 # same cap and evaluation interval; the table puts their time to 85% beside Ashlar's best
 # policy's on that profile (each Ashlar policy with its defaults).
 #   [SEEDS=1] [CAP=12] [EVAL=0.25] bash ops/bench/peer-random.sh [ashlar-dir (default docs/bench/random)] [out-dir (default ASHLAR-DIR/peer)]
+# With TABLE_ONLY=1 the peers are not run again: the table is made from OUT-DIR/peers.jsonl
+# and the Ashlar side as it is now (after a rerun of the Ashlar side alone).
 # Make the Ashlar side first (about 20 minutes), e.g.:
 #   ./build/apps/ashlar bench hetero ops/configs/fmnist-mlp.toml --profiles random:8 --seed 1 --time-cap 12 \
 #     --eval-interval 0.25 --policies bsp,ssp,ksync,kasync,adaptive,ring,asp,adsp,ashl --out docs/bench/random
@@ -19,6 +21,9 @@ eval="${EVAL:-0.25}"
 /usr/bin/python3 -c "import torch" 2>/dev/null || { echo "PyTorch missing: bash ops/install-deps.sh" >&2; exit 1; }
 ls -d "$dir"/profile-* > /dev/null 2>&1 || { echo "no $dir/profile-K: run ashlar bench hetero --profiles random:N --out $dir first" >&2; exit 1; }
 mkdir -p "$out"
+if [[ ${TABLE_ONLY:-0} == 1 ]]; then
+  [[ -s "$out/peers.jsonl" ]] || { echo "TABLE_ONLY=1: no $out/peers.jsonl to make the table from" >&2; exit 1; }
+else
 : > "$out/peers.jsonl"
 for p in $(ls -d "$dir"/profile-* | sort -V); do
   k=${p##*-}
@@ -36,6 +41,7 @@ for l in sys.stdin:
       | tee -a "$out/peers.jsonl"
   done
 done
+fi
 /usr/bin/python3 - "$dir" "$out" "$cap" <<'PY'
 import csv, glob, json, os, statistics, sys
 d, out, cap = sys.argv[1], sys.argv[2], float(sys.argv[3])

@@ -8,8 +8,10 @@
 
 namespace ashlar::gpu::detail {
 
-backend_base::backend_base(int device, cuda_options options, size_t num_params, size_t classes, bool copy_stream)
-  : device_(device), options_(options), num_params_(num_params), classes_(classes), use_copy_stream_(copy_stream),
+backend_base::backend_base(int device, cuda_options options, size_t num_params, size_t input_floats, size_t classes,
+                           bool copy_stream)
+  : device_(device), options_(options), num_params_(num_params), input_floats_(input_floats), classes_(classes),
+    use_copy_stream_(copy_stream),
     name_("cuda:" + std::to_string(device)) {
 }
 
@@ -67,6 +69,29 @@ caf::error backend_base::finish() {
   ASHLAR_CUDA(cudaStreamSynchronize(stream_));
   if (copy_)
     ASHLAR_CUDA(cudaStreamSynchronize(copy_));
+  return caf::none;
+}
+
+caf::error backend_base::reserve(size_t n) {
+  if (n <= capacity_)
+    return caf::none;
+  if (auto err = finish()) // buffers in use are not freed under the device
+    return err;
+  if (auto err = reserve_layers(n))
+    return err;
+  if (auto err = x_.resize(n * input_floats_))
+    return err;
+  if (auto err = y_.resize(n))
+    return err;
+  if (auto err = host_x_.resize(n * input_floats_))
+    return err;
+  if (auto err = host_y_.resize(n))
+    return err;
+  if (auto err = ones_.resize(n))
+    return err;
+  launch_fill(ones_.p, 1.0f, n, stream_);
+  ASHLAR_LAUNCHED();
+  capacity_ = n;
   return caf::none;
 }
 

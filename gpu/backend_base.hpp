@@ -36,10 +36,11 @@ public:
   caf::error rebase(const float* pulled, float lr) override;
 
 protected:
-  /// `num_params` parameters, `classes` outputs; with `copy_stream`, transfers of the
-  /// batch and the parameters go on a stream of their own (upload_batch marks the batch's
-  /// arrival with batch_in_).
-  backend_base(int device, cuda_options options, size_t num_params, size_t classes, bool copy_stream);
+  /// `num_params` parameters, samples of `input_floats`, `classes` outputs; with
+  /// `copy_stream`, transfers of the batch and the parameters go on a stream of their own
+  /// (upload_batch marks the batch's arrival with batch_in_).
+  backend_base(int device, cuda_options options, size_t num_params, size_t input_floats, size_t classes,
+               bool copy_stream);
 
   /// Streams, cuBLAS handle, the parameter, gradient and loss buffers. Once, first.
   caf::error init_device();
@@ -47,8 +48,10 @@ protected:
   /// its own buffers go.
   void drain();
 
-  /// Buffers for batches of up to `n` samples.
-  virtual caf::error reserve(size_t n) = 0;
+  /// Buffers for batches of up to `n` samples: the batch's (x_, y_, their staging, ones_)
+  /// and the layers' (reserve_layers).
+  caf::error reserve(size_t n);
+  virtual caf::error reserve_layers(size_t n) = 0;
   /// The parameters to the device; with `b`, the batch too.
   virtual caf::error upload(const float* params, const batch_view* b) = 0;
   /// The forward pass on the n samples in x_, into the logits; `training` draws dropout
@@ -77,12 +80,13 @@ protected:
 
   int device_;
   cuda_options options_;
-  size_t num_params_, classes_;
+  size_t num_params_, input_floats_, classes_;
+  size_t capacity_ = 0; // the batch the buffers hold
   bool use_copy_stream_;
   std::string name_;
   cudaStream_t stream_ = nullptr, copy_ = nullptr;
   cublasHandle_t handle_ = nullptr;
-  device_buffer<float> params_, grad_, x_;
+  device_buffer<float> params_, grad_, x_, ones_; // ones_: n ones, for bias gradients
   device_buffer<uint8_t> y_;
   device_buffer<double> totals_;
   device_buffer<unsigned long long> correct_;

@@ -105,7 +105,7 @@ struct piece {
 class cuda_backend final : public backend_base {
 public:
   cuda_backend(mlp_spec spec, int device, cuda_options options)
-    : backend_base(device, options, spec.num_params(), spec.classes, true), spec_(std::move(spec)),
+    : backend_base(device, options, spec.num_params(), spec.input, spec.classes, true), spec_(std::move(spec)),
       model_(from_mlp(spec_)), layers_(layer_layout(spec_)) {
   }
 
@@ -157,9 +157,7 @@ public:
   }
 
 private:
-  caf::error reserve(size_t n) override {
-    if (n <= capacity_)
-      return caf::none;
+  caf::error reserve_layers(size_t n) override {
     acts_.resize(layers_.size());
     size_t widest = 0;
     for (size_t l = 0; l < layers_.size(); ++l) {
@@ -170,19 +168,6 @@ private:
     for (auto* b : {&delta_, &delta_prev_})
       if (auto err = b->resize(n * widest))
         return err;
-    if (auto err = x_.resize(n * spec_.input))
-      return err;
-    if (auto err = y_.resize(n))
-      return err;
-    if (auto err = host_x_.resize(n * spec_.input))
-      return err;
-    if (auto err = host_y_.resize(n))
-      return err;
-    if (auto err = ones_.resize(n))
-      return err;
-    launch_fill(ones_.p, 1.0f, n, stream_);
-    ASHLAR_LAUNCHED();
-    capacity_ = n;
     return caf::none;
   }
 
@@ -312,8 +297,7 @@ private:
   mlp_spec spec_;
   model_spec model_;
   std::vector<layer_offsets> layers_;
-  size_t capacity_ = 0;
-  device_buffer<float> delta_, delta_prev_, ones_;
+  device_buffer<float> delta_, delta_prev_;
   std::vector<device_buffer<float>> acts_;
   std::vector<piece> pieces_; // in layer order, rows ascending
   std::vector<sync_event> piece_in_, piece_grad_;

@@ -53,7 +53,7 @@ size_t conv_group(const plan_node& n, size_t batch) {
 class cuda_model_backend final : public backend_base {
 public:
   cuda_model_backend(model_spec spec, model_plan plan, int device, cuda_options options)
-    : backend_base(device, options, plan.num_params, plan.classes, false), spec_(std::move(spec)),
+    : backend_base(device, options, plan.num_params, plan.input.size(), plan.classes, false), spec_(std::move(spec)),
       plan_(std::move(plan)), seed_(options.seed ? options.seed : 0x5eed8000ULL + model_backends++) {
     const size_t count = plan_.nodes.size();
     acts_.resize(count);
@@ -83,10 +83,7 @@ public:
   }
 
 private:
-  caf::error reserve(size_t n) override {
-    if (n <= capacity_)
-      return caf::none;
-    ASHLAR_CUDA(cudaStreamSynchronize(stream_));
+  caf::error reserve_layers(size_t n) override {
     size_t col = 0, out = 0;
     for (size_t i = 0; i < plan_.nodes.size(); ++i) {
       const auto& node = plan_.nodes[i];
@@ -125,22 +122,7 @@ private:
     for (auto* b : {&col_, &dcol_})
       if (auto err = b->resize(std::max<size_t>(col, 1)))
         return err;
-    if (auto err = conv_out_.resize(std::max<size_t>(out, 1)))
-      return err;
-    if (auto err = x_.resize(n * plan_.input.size()))
-      return err;
-    if (auto err = y_.resize(n))
-      return err;
-    if (auto err = host_x_.resize(n * plan_.input.size()))
-      return err;
-    if (auto err = host_y_.resize(n))
-      return err;
-    if (auto err = ones_.resize(n))
-      return err;
-    launch_fill(ones_.p, 1.0f, n, stream_);
-    ASHLAR_LAUNCHED();
-    capacity_ = n;
-    return caf::none;
+    return conv_out_.resize(std::max<size_t>(out, 1));
   }
 
   caf::error upload(const float* params, const batch_view* b) override {
@@ -390,10 +372,9 @@ private:
   model_plan plan_;
   uint64_t seed_;
   uint64_t steps_ = 0;
-  size_t capacity_ = 0;
   std::vector<int> buffer_;
   std::vector<bool> needs_grad_, written_;
-  device_buffer<float> ones_, col_, dcol_, conv_out_;
+  device_buffer<float> col_, dcol_, conv_out_;
   std::vector<device_buffer<float>> acts_, grads_, aux_, partial_;
   std::vector<device_buffer<uint32_t>> argmax_;
 };
@@ -405,11 +386,8 @@ expected<std::unique_ptr<compute_backend>> make_cuda_model_backend(const model_s
   auto plan = compile(spec);
   if (!plan)
     return plan.error();
-  for (size_t i = 0; i < plan->nodes.size(); ++i)
-    if (plan->nodes[i].spec.kind == layer_kind::external)
-      return make_error(errc::unknown_name, "model.layers[" + std::to_string(i) + "] '" + plan->nodes[i].spec.name
-                                              + "' is an external layer: only a host application's own backend "
-                                                "computes it, the CUDA backend cannot");
+  if (auto err = refuse_external(*plan, "the CUDA backend"))
+    return err;
   auto b = std::make_unique<cuda_model_backend>(spec, std::move(*plan), device, options);
   if (auto err = b->init())
     return err;

@@ -447,11 +447,8 @@ expected<std::unique_ptr<compute_backend>> make_cpu_backend(const model_spec& sp
   auto plan = compile(spec);
   if (!plan)
     return plan.error();
-  for (size_t i = 0; i < plan->nodes.size(); ++i)
-    if (plan->nodes[i].spec.kind == layer_kind::external)
-      return make_error(errc::unknown_name, "model.layers[" + std::to_string(i) + "] '" + plan->nodes[i].spec.name
-                                              + "' is an external layer: only a host application's own backend "
-                                                "computes it (worker_config::make_backend), the CPU backend cannot");
+  if (auto err = refuse_external(*plan, "the CPU backend"))
+    return err;
   return std::unique_ptr<compute_backend>{std::make_unique<cpu_backend>(spec, std::move(*plan), conv, seed)};
 }
 

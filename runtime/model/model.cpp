@@ -465,6 +465,16 @@ expected<model_plan> compile(const model_spec& spec) {
   return plan;
 }
 
+caf::error refuse_external(const model_plan& plan, const std::string& backend) {
+  for (size_t i = 0; i < plan.nodes.size(); ++i)
+    if (plan.nodes[i].spec.kind == layer_kind::external)
+      return make_error(errc::unknown_name, "model.layers[" + std::to_string(i) + "] '" + plan.nodes[i].spec.name
+                                              + "' is an external layer: only a host application's own backend "
+                                                "computes it (worker_config::make_backend), "
+                                              + backend + " cannot");
+  return caf::none;
+}
+
 caf::error validate(const model_spec& spec) {
   auto p = compile(spec);
   return p ? caf::none : p.error();

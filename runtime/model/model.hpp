@@ -176,6 +176,10 @@ struct model_plan {
 /// Checks the model (compiles it). Names the bad key or layer.
 [[nodiscard]] caf::error validate(const model_spec& spec);
 
+/// For a backend that cannot compute external layers (`backend` names it, e.g. "the CPU
+/// backend"): unknown_name naming the plan's first external layer, or none.
+[[nodiscard]] caf::error refuse_external(const model_plan& plan, const std::string& backend);
+
 /// Initial parameters: He-normal weights for dense and conv2d (std sqrt(2 / fan_in)),
 /// zero biases, groupnorm gamma 1 and beta 0, external layers N(0, 0.01^2); drawn in layer
 /// order from one generator seeded with `seed`. For the MLP short form the bits are

@@ -52,7 +52,6 @@ rocksdb::Options store_options(const std::string& dir, open_mode mode) {
   opts.info_log = std::make_shared<store_logger>(dir);
   opts.create_if_missing = mode == open_mode::create;
   opts.max_open_files = 64;
-  opts.keep_log_file_num = 2;
   // Damage is reported, not recovered around. RocksDB's default WAL recovery replays up to
   // the first bad record and drops the rest (point in time), so a log damaged in the
   // middle reopens as an older store without a word, and a resume mixes versions. Here

@@ -18,7 +18,8 @@ out="${2:-$dir/peer}"
 seeds="${SEEDS:-1}"
 cap="${CAP:-12}"
 eval="${EVAL:-0.25}"
-/usr/bin/python3 -c "import torch" 2>/dev/null || { echo "PyTorch missing: bash ops/install-deps.sh" >&2; exit 1; }
+[[ ${TABLE_ONLY:-0} == 1 ]] || /usr/bin/python3 -c "import torch" 2>/dev/null \
+  || { echo "PyTorch missing: bash ops/install-deps.sh" >&2; exit 1; }
 ls -d "$dir"/profile-* > /dev/null 2>&1 || { echo "no $dir/profile-K: run ashlar bench hetero --profiles random:N --out $dir first" >&2; exit 1; }
 mkdir -p "$out"
 if [[ ${TABLE_ONLY:-0} == 1 ]]; then
@@ -37,7 +38,8 @@ for p in $(ls -d "$dir"/profile-* | sort -V); do
       | /usr/bin/python3 -c "import json, sys
 for l in sys.stdin:
     if l.strip():
-        d = json.loads(l); d['profile'] = int(sys.argv[1]); print(json.dumps(d), flush=True)" "$k" \
+        d = json.loads(l); d['profile'] = int(sys.argv[1]); d['speeds'] = sys.argv[2]; d['cap'] = float(sys.argv[3])
+        print(json.dumps(d), flush=True)" "$k" "$speeds" "$cap" \
       | tee -a "$out/peers.jsonl"
   done
 done
@@ -58,6 +60,12 @@ for p in sorted(glob.glob(d + "/profile-*"), key=lambda s: int(s.rsplit("-", 1)[
     ash = {r["policy"]: t(float(r["time_to_target_s"]) if r["time_to_target_s"] else None)
            for r in csv.DictReader(open(p + "/results.csv"))}
     best = min(ash, key=ash.get)
+    # The peers' runs must be of this profile and cap (TABLE_ONLY pairs runs made apart).
+    for x in (x for x in peers if x["profile"] == k):
+        n = len(str(speeds).split(","))
+        if ("speeds" in x and x["speeds"] != str(speeds)) or len(x.get("final_batches", [0] * n)) != n \
+                or ("cap" in x and x["cap"] != cap):
+            sys.exit(f"{out}/peers.jsonl: profile {k}'s peer run is not of speeds {speeds} and cap {cap:g}: {x}")
     ddp = med([t(x["t_target"]) for x in peers if x["profile"] == k and x["controller"] == "none"])
     omni = med([t(x["t_target"]) for x in peers if x["profile"] == k and x["controller"] == "omnilearn"])
     if ddp is None or omni is None:

@@ -34,6 +34,7 @@ public:
     if (!loud && !spdlog::should_log(spdlog::level::debug))
       return;
     char line[1024];
+    line[0] = '\0';
     std::vsnprintf(line, sizeof line, format, ap);
     for (size_t n = std::strlen(line); n > 0 && (line[n - 1] == '\n' || line[n - 1] == ' '); --n)
       line[n - 1] = '\0';
@@ -69,19 +70,15 @@ rocksdb::Options store_options(const std::string& dir, open_mode mode) {
 // later RocksDB releases by refusing to write to the log after an error). So the store
 // closes and reopens the database before the next write after a failure: the reopened
 // one replays its log (every acknowledged write was synced) and writes through a new one.
-// Reads go on meanwhile against the database in hand; a reopen waits for them.
+// Reads go on meanwhile against the database in hand; a reopen waits for them. A reopen
+// that fails (the disk still full: opening replays the log into a new table file) leaves
+// the store open for reading only, and the next write tries a full reopen again.
 class rocksdb_store final : public kv_store {
 public:
   rocksdb_store(std::unique_ptr<rocksdb::DB> db, std::string dir, open_mode mode)
     : db_(std::move(db)), dir_(std::move(dir)), mode_(mode) {}
 
   caf::error write(const kv_batch& b) override {
-    if (failed_.load()) {
-      std::unique_lock lock{mutex_};
-      if (failed_.load())
-        if (auto err = reopen())
-          return err;
-    }
     rocksdb::WriteBatch batch;
     for (const auto& [k, v] : b.puts)
       batch.Put(k, v);
@@ -89,13 +86,27 @@ public:
       batch.Delete(k);
     rocksdb::WriteOptions opts;
     opts.sync = true; // on disk before the checkpoint counts as taken
-    std::shared_lock lock{mutex_};
-    auto s = db_->Write(opts, &batch);
-    if (!s.ok()) {
-      failed_ = mode_ != open_mode::read_only; // a read-only store refuses every write
-      return make_error(errc::io_error, "writing to the checkpoint store " + dir_ + ": " + s.ToString());
+    // At most one reopen: another writer's failure may close the store again meanwhile.
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      {
+        std::shared_lock lock{mutex_};
+        if (!failed_ && db_) {
+          auto s = db_->Write(opts, &batch);
+          if (s.ok())
+            return caf::none;
+          failed_ = mode_ != open_mode::read_only; // a read-only store refuses every write
+          return make_error(errc::io_error, "writing to the checkpoint store " + dir_ + ": " + s.ToString());
+        }
+      }
+      if (attempt == 0) {
+        std::unique_lock lock{mutex_};
+        if (failed_ || !db_)
+          if (auto err = reopen())
+            return err;
+      }
     }
-    return caf::none;
+    return make_error(errc::io_error, "writing to the checkpoint store " + dir_
+                                        + ": another write failed while it was reopened");
   }
 
   expected<std::optional<std::string>> get(const std::string& key) const override {
@@ -127,22 +138,31 @@ public:
   std::string where() const override { return dir_; }
 
 private:
-  // Under the exclusive lock. On failure the store stays closed (reads fail, naming why)
-  // and the next write tries again.
+  // Under the exclusive lock: closes the database and opens it again (never creating it:
+  // a store whose directory is gone stays failed). Where that fails, the store is opened
+  // for reading only (no disk space needed), failed_ stays set and the next write tries
+  // again; only if that fails too is the store closed (reads fail, naming why).
   caf::error reopen() {
     db_.reset();
+    auto opts = store_options(dir_, mode_);
+    opts.create_if_missing = false;
     rocksdb::DB* raw = nullptr;
-    auto s = rocksdb::DB::Open(store_options(dir_, mode_), dir_, &raw);
-    if (!s.ok()) {
-      reopen_error_ = s.ToString();
-      return make_error(errc::io_error, "reopening the checkpoint store " + dir_ + " after a failed write: "
-                                          + reopen_error_);
+    auto s = rocksdb::DB::Open(opts, dir_, &raw);
+    if (s.ok()) {
+      db_.reset(raw);
+      failed_ = false;
+      reopen_error_.clear();
+      spdlog::info("checkpoint store {}: reopened after a failed write; writing again", dir_);
+      return caf::none;
     }
-    db_.reset(raw);
-    failed_ = false;
-    reopen_error_.clear();
-    spdlog::info("checkpoint store {}: reopened after a failed write; writing again", dir_);
-    return caf::none;
+    reopen_error_ = s.ToString();
+    raw = nullptr;
+    if (rocksdb::DB::OpenForReadOnly(opts, dir_, &raw).ok())
+      db_.reset(raw);
+    failed_ = true;
+    return make_error(errc::io_error, "reopening the checkpoint store " + dir_ + " after a failed write: "
+                                        + reopen_error_ + (db_ ? " (it stays readable; the next write tries again)"
+                                                               : " (the next write tries again)"));
   }
 
   caf::error closed() const {

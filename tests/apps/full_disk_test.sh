@@ -5,7 +5,8 @@
 #      checkpoint store and "No space left on device"; training goes on, and the last
 #      committed cut stands (`checkpoint show` reads it, checksums intact, while the job
 #      runs);
-#   2. once there is room, the stores reopen and cuts are committed again: the process
+#   2. a store that cannot reopen on the full disk stays readable and tries again; once
+#      there is room, the stores reopen and cuts are committed again: the process
 #      neither aborts (RocksDB 7's LOG and WAL writers assert after a failed write, so the
 #      stores keep no LOG file and reopen before writing again) nor loses a shard;
 #   3. the job ends well, and a resume starts from a cut taken after the disk had room.
@@ -19,8 +20,11 @@ fs="$work/fs"
 mkdir -p "$fs"
 pid=""
 cleanup() {
-  [[ -n $pid ]] && kill -9 "$pid" 2>/dev/null
-  umount "$fs" 2>/dev/null
+  if [[ -n $pid ]]; then
+    kill -9 "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+  fi
+  umount "$fs" 2>/dev/null || umount -l "$fs" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -32,19 +36,25 @@ fail() { echo "FAILED: $*"; [[ -f $work/train.log ]] && grep -v "epoch .* sample
 mount -t tmpfs -o size=3m tmpfs "$fs" 2>/dev/null || skip "cannot mount a tmpfs here"
 
 args=("$src/ops/configs/fmnist-mlp.toml" --policy bsp --workers 2 --servers 2 --epochs 100 --gpus none
-      --set run.time_limit=15 --set train.speeds=1,1 --set train.sample_ms=0.3 --set run.progress_interval=0
+      --set run.time_limit=20 --set train.speeds=1,1 --set train.sample_ms=0.3 --set run.progress_interval=0
       --checkpoint-dir "$fs/ck" --checkpoint-every 100)
 "$ashlar" train "${args[@]}" --report "$work/report.json" > "$work/train.log" 2>&1 &
 pid=$!
-for _ in $(seq 200); do
-  grep -q "No space left on device" "$work/train.log" && break
+# Two cuts fail on the full disk before it gets room: the second one's stores are reopened
+# while the disk is still full (which fails: they stay readable, and try again later).
+abandoned() { grep -c "job: checkpoint cut [0-9]* abandoned" "$work/train.log"; }
+for _ in $(seq 300); do
+  [[ $(abandoned) -ge 2 ]] && break
   kill -0 "$pid" 2>/dev/null || break
   sleep 0.1
 done
-grep -q "No space left on device" "$work/train.log" || fail "the disk never filled"
-grep -q "failed: io_error: writing to the checkpoint store $fs/ck/" "$work/train.log" \
-  || fail "the failed cut's error does not name the checkpoint store"
+[[ $(abandoned) -ge 2 ]] || fail "no two cuts abandoned on the full disk"
+grep -q "failed: io_error: writing to the checkpoint store $fs/ck/shard-[01]: .*No space left on device" "$work/train.log" \
+  || fail "the failed cut's error does not name the checkpoint store and the full disk"
 failed=$(grep -o "checkpoint cut [0-9]* (version [0-9]*) failed" "$work/train.log" | head -1 | grep -o "cut [0-9]*" | grep -o "[0-9]*")
+[[ -n $failed ]] || fail "no shard's cut failed"
+grep -q "reopening the checkpoint store $fs/ck/shard-[01] after a failed write: .*No space left on device" "$work/train.log" \
+  || fail "no store tried to reopen on the full disk"
 # The last committed cut stands while the disk is full.
 "$ashlar" checkpoint show "$fs/ck" > "$work/show-full.txt" 2>&1 || { cat "$work/show-full.txt"; fail "checkpoint show failed on a full disk"; }
 before=$(grep -o "shard 0, cut [0-9]*" "$work/show-full.txt" | grep -o "[0-9]*$")

@@ -125,12 +125,16 @@ batch_stats backend_base::read_loss(size_t n) const {
   return s;
 }
 
-expected<batch_stats> backend_base::train_step(const float* params, batch_view b, float* grad) {
+caf::error backend_base::start_call(batch_view b, size_t rows) {
   if (auto err = check_batch(spec(), b))
     return err;
   if (auto err = begin())
     return err;
-  if (auto err = reserve(b.n))
+  return reserve(rows);
+}
+
+expected<batch_stats> backend_base::train_step(const float* params, batch_view b, float* grad) {
+  if (auto err = start_call(b, b.n))
     return err;
   if (auto err = upload(params, &b))
     return err;
@@ -152,12 +156,8 @@ expected<batch_stats> backend_base::train_step(const float* params, batch_view b
 }
 
 expected<batch_stats> backend_base::evaluate(const float* params, batch_view b) {
-  if (auto err = check_batch(spec(), b))
-    return err;
-  if (auto err = begin())
-    return err;
   const size_t chunk = eval_chunk();
-  if (auto err = reserve(std::min(chunk, b.n)))
+  if (auto err = start_call(b, std::min(chunk, b.n)))
     return err;
   if (auto err = upload(params, nullptr))
     return err;
@@ -182,11 +182,7 @@ expected<batch_stats> backend_base::evaluate(const float* params, batch_view b) 
 
 expected<batch_stats> backend_base::local_step(const float* load, const float* velocity, const float* commit,
                                                batch_view b, float lr, float momentum) {
-  if (auto err = check_batch(spec(), b))
-    return err;
-  if (auto err = begin())
-    return err;
-  if (auto err = reserve(b.n))
+  if (auto err = start_call(b, b.n))
     return err;
   if (auto err = local_.reserve(num_params_, stream_))
     return err;

@@ -77,6 +77,8 @@ protected:
   /// Makes the device current and waits for anything a call that failed half-way left in
   /// flight.
   caf::error begin();
+  /// A call's start: the batch checked against the model, begin(), buffers for `rows`.
+  caf::error start_call(batch_view b, size_t rows);
 
   int device_;
   cuda_options options_;

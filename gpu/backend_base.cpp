@@ -8,10 +8,8 @@
 
 namespace ashlar::gpu::detail {
 
-backend_base::backend_base(int device, cuda_options options, size_t num_params, size_t input_floats, size_t classes,
-                           bool copy_stream)
+backend_base::backend_base(int device, cuda_options options, size_t num_params, size_t input_floats, size_t classes)
   : device_(device), options_(options), num_params_(num_params), input_floats_(input_floats), classes_(classes),
-    use_copy_stream_(copy_stream),
     name_("cuda:" + std::to_string(device)) {
 }
 
@@ -31,10 +29,10 @@ void backend_base::drain() {
       cudaStreamSynchronize(s);
 }
 
-caf::error backend_base::init_device() {
+caf::error backend_base::init_device(bool copy_stream) {
   ASHLAR_CUDA(cudaSetDevice(device_));
   ASHLAR_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  if (use_copy_stream_) {
+  if (copy_stream) {
     ASHLAR_CUDA(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
     ASHLAR_CUDA(cudaEventCreateWithFlags(&batch_in_.e, cudaEventDisableTiming));
   }

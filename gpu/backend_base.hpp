@@ -36,14 +36,13 @@ public:
   caf::error rebase(const float* pulled, float lr) override;
 
 protected:
-  /// `num_params` parameters, samples of `input_floats`, `classes` outputs; with
-  /// `copy_stream`, transfers of the batch and the parameters go on a stream of their own
-  /// (upload_batch marks the batch's arrival with batch_in_).
-  backend_base(int device, cuda_options options, size_t num_params, size_t input_floats, size_t classes,
-               bool copy_stream);
+  /// `num_params` parameters, samples of `input_floats`, `classes` outputs.
+  backend_base(int device, cuda_options options, size_t num_params, size_t input_floats, size_t classes);
 
-  /// Streams, cuBLAS handle, the parameter, gradient and loss buffers. Once, first.
-  caf::error init_device();
+  /// Streams, cuBLAS handle, the parameter, gradient and loss buffers. Once, first. With
+  /// `copy_stream`, transfers of the batch and the parameters go on a stream of their own
+  /// (copy_, non-null; upload_batch marks the batch's arrival with batch_in_).
+  caf::error init_device(bool copy_stream);
   /// Waits for the work in flight, if any: a derived backend's destructor calls it before
   /// its own buffers go.
   void drain();
@@ -84,7 +83,6 @@ protected:
   cuda_options options_;
   size_t num_params_, input_floats_, classes_;
   size_t capacity_ = 0; // the batch the buffers hold
-  bool use_copy_stream_;
   std::string name_;
   cudaStream_t stream_ = nullptr, copy_ = nullptr;
   cublasHandle_t handle_ = nullptr;

@@ -105,7 +105,7 @@ struct piece {
 class cuda_backend final : public backend_base {
 public:
   cuda_backend(mlp_spec spec, int device, cuda_options options)
-    : backend_base(device, options, spec.num_params(), spec.input, spec.classes, true), spec_(std::move(spec)),
+    : backend_base(device, options, spec.num_params(), spec.input, spec.classes), spec_(std::move(spec)),
       model_(from_mlp(spec_)), layers_(layer_layout(spec_)) {
   }
 
@@ -114,7 +114,7 @@ public:
   }
 
   caf::error init() {
-    if (auto err = init_device())
+    if (auto err = init_device(true))
       return err;
     for (size_t l = 0; l < layers_.size(); ++l) {
       const auto& L = layers_[l];

@@ -53,7 +53,7 @@ size_t conv_group(const plan_node& n, size_t batch) {
 class cuda_model_backend final : public backend_base {
 public:
   cuda_model_backend(model_spec spec, model_plan plan, int device, cuda_options options)
-    : backend_base(device, options, plan.num_params, plan.input.size(), plan.classes, false), spec_(std::move(spec)),
+    : backend_base(device, options, plan.num_params, plan.input.size(), plan.classes), spec_(std::move(spec)),
       plan_(std::move(plan)), seed_(options.seed ? options.seed : 0x5eed8000ULL + model_backends++) {
     const size_t count = plan_.nodes.size();
     acts_.resize(count);
@@ -70,7 +70,7 @@ public:
   }
 
   caf::error init() {
-    return init_device();
+    return init_device(false);
   }
 
   const model_spec& spec() const override {

@@ -25,9 +25,13 @@ caf::error job_checkpoints::take_up(const std::vector<shard_actor>& shards) {
     self_->request(shards[i], ask_timeout, checkpoint_atom::value, caf::get_atom::value)
       .receive([&](std::vector<uint64_t>& cuts) { held.push_back({static_cast<uint32_t>(i), std::move(cuts)}); },
                [&](caf::error& e) {
-                 err = make_error(errc::peer_unreachable, "shard " + std::to_string(i)
-                                                            + " did not say which checkpoints it holds: "
-                                                            + describe(e));
+                 // A shard that answers with a reason (its store unreadable, a record in a
+                 // newer format) says so; one that does not answer is unreachable.
+                 err = e.category() == error_category_atom::value
+                         ? located(e, "shard " + std::to_string(i))
+                         : make_error(errc::peer_unreachable, "shard " + std::to_string(i)
+                                                                + " did not say which checkpoints it holds: "
+                                                                + describe(e));
                });
   if (err)
     return err;

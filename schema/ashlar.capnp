@@ -339,6 +339,7 @@ struct CheckpointRecord {
   cut @8 :UInt64;          # the job's checkpoint cut this record belongs to (0: a shard's own stop record)
   average @9 :Data;        # the running average of the parameters (train.average_epochs), float32 LE, or empty
   averageSamples @10 :UInt64; # the samples the average has taken in since it (re)started
+  format @11 :UInt32;      # the record format a reader must know to restore it (0: written before formats were stamped, read as 1)
 }
 
 # What the scheduler keeps to resume a job: the settings it ran with (to refuse a
@@ -352,6 +353,7 @@ struct JobRecord {
   stage @5 :Text;           # the training stage in force (ASHL: "ahl", "shl"), or ""
   workers @6 :List(WorkerRecord); # the members, their batch shares and data positions
   cut @7 :UInt64;           # the checkpoint cut every shard wrote for this record
+  format @8 :UInt32;        # the record format a reader must know to resume from it (0: written before formats were stamped, read as 1)
   struct WorkerRecord {
     workerId @0 :UInt32;
     batch @1 :UInt32;

@@ -21,6 +21,7 @@ const char* to_string(errc x) {
     case errc::handshake_refused: return "handshake_refused";
     case errc::device_error: return "device_error";
     case errc::cancelled: return "cancelled";
+    case errc::unsupported_format: return "unsupported_format";
   }
   return "unknown_error";
 }
@@ -34,6 +35,14 @@ bool is(const caf::error& err, errc code) {
   // An empty error has no category to read (CAF 0.17 dereferences null there).
   return err && err.category() == error_category_atom::value
          && err.code() == static_cast<uint8_t>(code);
+}
+
+caf::error located(const caf::error& err, const std::string& where) {
+  if (!err || err.category() != error_category_atom::value)
+    return err;
+  const auto& msg = err.context();
+  std::string ctx = msg.size() == 1 && msg.match_element<std::string>(0) ? msg.get_as<std::string>(0) : "";
+  return make_error(static_cast<errc>(err.code()), ctx.empty() ? where : where + ": " + ctx);
 }
 
 std::string describe(const caf::error& err) {

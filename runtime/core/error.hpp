@@ -42,6 +42,10 @@ enum class errc : uint8_t {
   /// A computation its owner gave up (a host application's backend that stops taking
   /// steps): not a failure; the worker leaves as if removed.
   cancelled = 13,
+  /// A stored record is in a format newer than this build reads (names the record, its
+  /// format and the newest this build knows): never passed over as corrupt, never
+  /// deleted, so that the build that wrote it can still resume from it.
+  unsupported_format = 14,
 };
 
 /// The atom that marks Ashlar's error category.
@@ -56,6 +60,10 @@ caf::error make_error(errc code, std::string context);
 /// Renders any caf::error for a user: Ashlar errors as "io_error: <context>",
 /// others through CAF's default rendering.
 std::string describe(const caf::error& err);
+
+/// The Ashlar error `err` with `where` put before its context ("<where>: <context>"),
+/// its code kept; any other error as it is.
+caf::error located(const caf::error& err, const std::string& where);
 
 /// True if `err` is the Ashlar error `code`.
 bool is(const caf::error& err, errc code);

@@ -66,6 +66,16 @@ auto with_record(const char* what, const std::string& bytes, F read) -> decltype
   }
 }
 
+// Refuses a record whose format is newer than `known`, naming it.
+caf::error check_format(uint32_t format, uint32_t known, const std::string& what) {
+  if (format <= known)
+    return caf::none;
+  return make_error(errc::unsupported_format,
+                    what + " is in record format " + std::to_string(format) + "; this build of Ashlar reads formats up to "
+                      + std::to_string(known)
+                      + ": resume it with the Ashlar that wrote it, or a newer one (the record is left as it is)");
+}
+
 }  // namespace
 
 std::string encode_checkpoint(uint32_t shard_id, uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
@@ -81,6 +91,7 @@ std::string encode_checkpoint(uint32_t shard_id, uint64_t version, uint64_t cut,
   r.setBegin(begin);
   r.setEnd(end);
   r.setUnixNs(unix_ns);
+  r.setFormat(checkpoint_format);
   std::memcpy(r.initParams(static_cast<unsigned>(bytes)).begin(), params, bytes);
   if (velocity)
     std::memcpy(r.initVelocity(static_cast<unsigned>(bytes)).begin(), velocity, bytes);
@@ -102,6 +113,10 @@ expected<shard_checkpoint> decode_checkpoint(const std::string& bytes) {
     c.begin = r.getBegin();
     c.end = r.getEnd();
     c.unix_ns = r.getUnixNs();
+    if (auto err = check_format(r.getFormat(), checkpoint_format,
+                                "shard " + std::to_string(c.shard_id) + "'s checkpoint record of version "
+                                  + std::to_string(c.version) + (c.cut != 0 ? ", cut " + std::to_string(c.cut) : "")))
+      return err;
     auto p = r.getParams();
     auto v = r.getVelocity();
     auto a = r.getAverage();
@@ -187,8 +202,11 @@ expected<std::optional<shard_checkpoint>> read_record(const kv_store& store, con
   if (!*value)
     return std::optional<shard_checkpoint>{};
   auto c = decode_checkpoint(**value);
-  if (!c)
+  if (!c) {
+    if (is(c.error(), errc::unsupported_format))
+      return located(c.error(), store.where() + ", " + k);
     return c.error();
+  }
   if (c->shard_id != id || c->cut != cut)
     return make_error(errc::corrupt_data, "the record under " + k + " is shard " + std::to_string(c->shard_id)
                                             + "'s of cut " + std::to_string(c->cut));
@@ -249,6 +267,7 @@ expected<std::vector<checkpoint_info>> checkpoint_log::list() const {
       c = make_error(errc::corrupt_data, "the record is shard " + std::to_string(c->shard_id) + "'s of cut "
                                            + std::to_string(c->cut));
     info.intact = static_cast<bool>(c);
+    info.newer_format = !c && is(c.error(), errc::unsupported_format);
     if (c) {
       info.unix_ns = c->unix_ns;
       info.version = c->version;
@@ -265,9 +284,13 @@ expected<std::vector<uint64_t>> checkpoint_log::intact_cuts() const {
   if (!all)
     return all.error();
   std::vector<uint64_t> out;
-  for (const auto& i : *all)
+  for (const auto& i : *all) {
+    if (i.newer_format) // the error again, naming the store and the key
+      if (auto c = load(i.cut); !c)
+        return c.error();
     if (i.intact && i.cut != 0)
       out.push_back(i.cut);
+  }
   return out;
 }
 
@@ -409,6 +432,7 @@ caf::error save_job_record(kv_store& store, const job_record& r, uint32_t keep) 
   b.setResumes(r.resumes);
   b.setStage(r.stage);
   b.setCut(r.cut);
+  b.setFormat(job_record_format);
   auto ws = b.initWorkers(static_cast<unsigned>(r.workers.size()));
   for (size_t i = 0; i < r.workers.size(); ++i) {
     const auto& w = r.workers[i];
@@ -441,6 +465,8 @@ namespace {
 expected<job_record> decode_job_record(const std::string& bytes) {
   return with_record<schema::JobRecord>("job record", bytes, [](auto r) -> expected<job_record> {
     job_record out;
+    if (auto err = check_format(r.getFormat(), job_record_format, "the job's record of cut " + std::to_string(r.getCut())))
+      return err;
     for (auto s : r.getSettings())
       out.settings.emplace_back(s.cStr());
     out.samples = r.getSamples();
@@ -493,6 +519,8 @@ expected<std::vector<job_record>> load_job_cuts(const kv_store& store) {
     if (!*value)
       continue;
     auto r = decode_job_record(**value);
+    if (!r && is(r.error(), errc::unsupported_format))
+      return located(r.error(), "checkpoint store " + store.where() + ", " + *i);
     if (r && r->cut == std::stoull(i->substr(4)))
       out.push_back(std::move(*r));
     else

@@ -12,6 +12,11 @@
 // shard served again mid-job restores whichever of the two is newer). A record and the
 // deletion of the cuts beyond `keep` go in one atomic batch. Each record carries a CRC-32
 // over its identity and tensors: a corrupt or truncated record is never restored.
+//
+// Each record also carries its format (checkpoint_format, job_record_format): a record in a
+// format newer than this build knows fails every read with unsupported_format, naming it,
+// instead of being passed over as corrupt. A resume by an older build would otherwise fall
+// back to an older cut and then delete the newer ones it could not read.
 #pragma once
 
 #include <condition_variable>
@@ -28,6 +33,13 @@
 #include "runtime/wire/messages.hpp"
 
 namespace ashlar {
+
+/// The format of the shard checkpoint records this build writes, and the newest it reads.
+/// Raise it with a change an older reader would misread or silently drop; records stamped
+/// 0 (written before formats were stamped) read as format 1.
+inline constexpr uint32_t checkpoint_format = 1;
+/// The same for the job's records of committed cuts.
+inline constexpr uint32_t job_record_format = 1;
 
 struct shard_checkpoint {
   uint32_t shard_id = 0;
@@ -52,6 +64,7 @@ struct checkpoint_info {
   uint64_t bytes = 0;
   bool intact = false;  // the record decodes and its checksum matches
   std::string problem;  // why not, if not
+  bool newer_format = false; // not intact because its format is newer than this build reads
 };
 
 /// Encodes a record (with its checksum). `params`, `velocity` and `average` are
@@ -59,7 +72,8 @@ struct checkpoint_info {
 std::string encode_checkpoint(uint32_t shard_id, uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
                               int64_t unix_ns, const float* params, const float* velocity,
                               const float* average = nullptr, uint64_t average_samples = 0);
-/// Decodes and verifies a record. Fails with corrupt_data saying what is wrong.
+/// Decodes and verifies a record. Fails with corrupt_data saying what is wrong, or with
+/// unsupported_format for a record in a format newer than checkpoint_format.
 [[nodiscard]] expected<shard_checkpoint> decode_checkpoint(const std::string& bytes);
 
 class checkpoint_log {
@@ -75,13 +89,15 @@ public:
 
   /// What a shard served again mid-job restores: the newest intact record, the stop
   /// record or a cut, whichever holds the later version; nothing when none is stored.
-  /// Records that do not check out are skipped with a warning naming them.
+  /// Records that do not check out are skipped with a warning naming them; one in a newer
+  /// format fails the load.
   [[nodiscard]] expected<std::optional<shard_checkpoint>> load_latest() const;
 
   /// Every stored record, cuts oldest first and then the stop record, each checked.
   [[nodiscard]] expected<std::vector<checkpoint_info>> list() const;
 
-  /// The cuts whose records check out, oldest first.
+  /// The cuts whose records check out, oldest first. Fails with unsupported_format if
+  /// any record is in a newer format (a resume must not pass over it).
   [[nodiscard]] expected<std::vector<uint64_t>> intact_cuts() const;
 
   /// The record of cut `cut` (checked). Fails with invalid_argument if absent.
@@ -172,7 +188,7 @@ struct job_record {
 /// unless r.unix_ns is set, and deletes the cut records beyond `keep`, in one atomic batch.
 [[nodiscard]] caf::error save_job_record(kv_store& store, const job_record& r, uint32_t keep = 3);
 /// The records of the committed cuts, newest first; one that does not decode is left
-/// out with a warning naming it.
+/// out with a warning naming it. Fails with unsupported_format if one is in a newer format.
 [[nodiscard]] expected<std::vector<job_record>> load_job_cuts(const kv_store& store);
 /// The newest intact record; nothing if the store has none.
 [[nodiscard]] expected<std::optional<job_record>> load_job_record(const kv_store& store);

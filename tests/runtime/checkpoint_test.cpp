@@ -1,6 +1,7 @@
 // Checkpoint records and the stores they live in: memory, and RocksDB on disk for real.
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <numeric>
 #include <fstream>
 #include <filesystem>
@@ -50,6 +51,20 @@ uint64_t crc32_of(const std::string& bytes) {
 std::string cut_key(uint64_t cut) {
   auto n = std::to_string(cut);
   return "shard/2/c/" + std::string(20 - n.size(), '0') + n;
+}
+
+// The record `bytes` of schema S stamped with record format `format` (as a later build
+// would write it), everything else as it was.
+template <class S>
+std::string restamped(const std::string& bytes, uint32_t format) {
+  kj::Array<capnp::word> words = kj::heapArray<capnp::word>(bytes.size() / sizeof(capnp::word));
+  std::memcpy(words.begin(), bytes.data(), bytes.size());
+  capnp::FlatArrayMessageReader reader{words};
+  capnp::MallocMessageBuilder mb;
+  mb.setRoot(reader.getRoot<S>());
+  mb.getRoot<S>().setFormat(format);
+  auto out = capnp::messageToFlatArray(mb);
+  return std::string(reinterpret_cast<const char*>(out.asBytes().begin()), out.asBytes().size());
 }
 
 }  // namespace
@@ -232,6 +247,99 @@ TEST_CASE("a corrupt or truncated cut is not intact, and the newest intact one i
   // Another cut's record under a cut's key (a mixed-up store) is not that cut.
   REQUIRE_FALSE(store->write({{{cut_key(4), **store->get(cut_key(2))}}, {}}));
   CHECK(*log.intact_cuts() == std::vector<uint64_t>{2});
+}
+
+TEST_CASE("a shard's checkpoint in a newer record format fails its loads naming it, is neither passed over nor deleted, and format 0 reads as 1") {
+  ashlar::test::temp_dir dir;
+  auto opened = open_rocksdb_store(dir.file("store"), open_mode::create);
+  REQUIRE(opened);
+  auto& store = **opened;
+  checkpoint_log log{store, 2, 3};
+  save_cuts(log, 3);
+  auto v3 = store.get(cut_key(3));
+  REQUIRE(v3);
+  REQUIRE(v3->has_value());
+  const auto written = **v3;
+  // What this build writes reads back, and so does a record stamped 0 (before formats).
+  REQUIRE(decode_checkpoint(written));
+  REQUIRE(decode_checkpoint(restamped<schema::CheckpointRecord>(written, 0)));
+  const auto newer = restamped<schema::CheckpointRecord>(written, checkpoint_format + 1);
+  auto d = decode_checkpoint(newer);
+  REQUIRE_FALSE(d);
+  CHECK(is(d.error(), errc::unsupported_format));
+  const auto told = describe(d.error());
+  INFO(told);
+  CHECK(told.find("shard 2's checkpoint record of version 30, cut 3 is in record format "
+                  + std::to_string(checkpoint_format + 1))
+        != std::string::npos);
+  CHECK(told.find("reads formats up to " + std::to_string(checkpoint_format)) != std::string::npos);
+
+  REQUIRE_FALSE(store.write({{{cut_key(3), newer}}, {}}));
+  // A resume asks for the intact cuts and a shard served again for its latest: both fail,
+  // naming the store and the key, instead of falling back to cut 2.
+  auto cuts = log.intact_cuts();
+  REQUIRE_FALSE(cuts);
+  CHECK(is(cuts.error(), errc::unsupported_format));
+  CHECK(describe(cuts.error()).find(store.where() + ", " + cut_key(3)) != std::string::npos);
+  auto latest = log.load_latest();
+  REQUIRE_FALSE(latest);
+  CHECK(is(latest.error(), errc::unsupported_format));
+  CHECK(log.load(2)); // the older cuts are still readable one by one
+  auto listed = log.list();
+  REQUIRE(listed);
+  REQUIRE(listed->size() == 3);
+  CHECK_FALSE((*listed)[2].intact);
+  CHECK((*listed)[2].newer_format);
+  CHECK((*listed)[1].intact);
+  CHECK_FALSE((*listed)[1].newer_format);
+  // Saving another cut keeps the newest 3 as ever; the record itself is untouched.
+  auto kept = store.get(cut_key(3));
+  REQUIRE(kept);
+  REQUIRE(kept->has_value());
+  CHECK(**kept == newer);
+}
+
+TEST_CASE("a job record in a newer record format fails the job store's open naming it, and stays on disk") {
+  test::temp_dir dir;
+  train_config cfg;
+  cfg.checkpoint_dir = dir.path() + "/ckpt";
+  {
+    auto store = job_store::open(cfg);
+    REQUIRE(store);
+    REQUIRE(*store);
+    REQUIRE_FALSE((*store)->adopt(0));
+    REQUIRE_FALSE((*store)->commit(1, 320, 1.5, {}, ""));
+    REQUIRE_FALSE((*store)->commit(2, 640, 3.0, {}, ""));
+  }
+  const std::string key = "cut/00000000000000000002";
+  std::string newer;
+  {
+    auto raw = open_rocksdb_store(cfg.checkpoint_dir + "/job", open_mode::existing);
+    REQUIRE(raw);
+    auto v = (*raw)->get(key);
+    REQUIRE(v);
+    REQUIRE(v->has_value());
+    newer = restamped<schema::JobRecord>(**v, job_record_format + 1);
+    REQUIRE_FALSE((*raw)->write({{{key, newer}}, {}}));
+    auto cuts = load_job_cuts(**raw);
+    REQUIRE_FALSE(cuts);
+    CHECK(is(cuts.error(), errc::unsupported_format));
+    INFO(describe(cuts.error()));
+    CHECK(describe(cuts.error()).find(key) != std::string::npos);
+    CHECK(describe(cuts.error()).find("the job's record of cut 2 is in record format "
+                                      + std::to_string(job_record_format + 1))
+          != std::string::npos);
+  }
+  cfg.resume = true;
+  auto opened = job_store::open(cfg);
+  REQUIRE_FALSE(opened); // not a resume from cut 1 that would then discard cut 2
+  CHECK(is(opened.error(), errc::unsupported_format));
+  auto raw = open_rocksdb_store(cfg.checkpoint_dir + "/job", open_mode::existing);
+  REQUIRE(raw);
+  auto v = (*raw)->get(key);
+  REQUIRE(v);
+  REQUIRE(v->has_value());
+  CHECK(**v == newer);
 }
 
 TEST_CASE("RocksDB keeps checkpoints and the job record (members' shares and data positions) on disk across a reopen, and a second opener is refused naming the directory") {

@@ -11,6 +11,7 @@ seeded schedule injects faults, one every --every seconds, until the job ends:
   server-kill     SIGKILL a server node; `node --role server --shard ID` takes over 2 s later,
                   restoring the shard from its checkpoint cuts
   server-stop     SIGSTOP a server node for 3 s, then SIGCONT
+  server-freeze   SIGSTOP a server node for 8 s, past the heartbeat timeout, then SIGCONT
   scheduler-stop  SIGSTOP the scheduler for 1 s (a stall well within the 3 s heartbeat
                   timeout), then SIGCONT: the job goes on
   scheduler-freeze  SIGSTOP the scheduler for 8 s, past the heartbeat timeout: every node
@@ -293,6 +294,12 @@ def inject(c, kind, rng, t0, a):
         if v:
             v.signal(signal.SIGSTOP)
             time.sleep(3)
+            v.signal(signal.SIGCONT)
+    elif kind == "server-freeze":
+        v = pick(c.servers, rng, entry)
+        if v:
+            v.signal(signal.SIGSTOP)
+            time.sleep(8)
             v.signal(signal.SIGCONT)
     elif kind == "scheduler-stop":
         entry["target"] = c.sched.name

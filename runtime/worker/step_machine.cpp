@@ -552,6 +552,11 @@ void step_machine::after_compute() {
   const bool overlap = job_.overlap_commits && mode_ == step_mode::local_steps;
   // (A step where the backend keeps the model added its update to the commit there.)
   if (!overlap && h <= 1 && local_done_ == 0 && !held_step_) {
+    // Stopped while computing: the gradient is dropped, not pushed. The job's model is the
+    // shards' at its stop, not one the slowest workers' last, stalest gradients move alone
+    // once the others have left (asynchronous shards apply them one by one).
+    if (stop_requested_)
+      return finish();
     push_samples_ = batch_n_;
     if (job_.commit_scale != 1.0f)
       for (auto& g : grad_)

@@ -131,6 +131,38 @@ TEST_CASE("step machine: pull every shard, compute, push every shard, report, ne
   CHECK(r.m->steps_done() == 1);
 }
 
+TEST_CASE("step machine: a worker stopped while it computes drops that step's gradient and leaves without pushing "
+          "it, its steps before that all pushed and reported") {
+  rig r([](wire::assignment& a) { a.policy = "kasync"; });
+  r.m->begin();
+  r.actions();
+  // Step 0 whole: pushed and reported.
+  r.m->on_step();
+  r.answer_pulls(r.actions(), 1.0f);
+  r.actions();
+  r.compute(0.25f);
+  auto pushes = all<step::send_push>(r.actions());
+  REQUIRE(pushes.size() == 2);
+  for (const auto& p : pushes)
+    r.m->on_push_ack(p.shard, p.gen, p.floats, {});
+  auto acts = r.actions();
+  REQUIRE(all<step::report>(acts).size() == 1);
+  REQUIRE(count<step::next_step>(acts) == 1);
+  // Step 1: the stop arrives while its gradient is computed.
+  r.m->on_step();
+  r.answer_pulls(r.actions(), 1.0f);
+  REQUIRE(count<step::compute>(r.actions()) == 1);
+  r.m->on_stop();
+  r.compute(0.5f);
+  acts = r.actions();
+  CHECK(count<step::send_push>(acts) == 0);
+  CHECK(count<step::report>(acts) == 0);
+  auto fin = all<step::finish>(acts);
+  REQUIRE(fin.size() == 1);
+  CHECK(fin[0].reason == "removed on request after 1 steps");
+  CHECK(r.m->steps_done() == 1);
+}
+
 TEST_CASE("step machine: a range in chunks keeps chunks_in_flight requests out and pushes in chunks") {
   rig r([](wire::assignment& a) {
     a.shards = {shard_range{0, 0, 8}};

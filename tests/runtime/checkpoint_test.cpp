@@ -362,6 +362,7 @@ TEST_CASE("RocksDB keeps checkpoints and the job record (members' shares and dat
     auto again = open_rocksdb_store(path, open_mode::create); // the first still holds the lock
     REQUIRE_FALSE(again);
     CHECK(describe(again.error()).find(path) != std::string::npos);
+    CHECK(describe(again.error()).find("the store is open elsewhere") != std::string::npos);
   }
   auto store = open_rocksdb_store(path, open_mode::existing);
   REQUIRE(store);

@@ -289,17 +289,11 @@ def inject(c, kind, rng, t0, a):
             if shard:
                 entry["shard"] = int(shard[-1])
                 c.servers.append(c.node("server", ["--shard", shard[-1]]))
-    elif kind == "server-stop":
+    elif kind in ("server-stop", "server-freeze"):
         v = pick(c.servers, rng, entry)
         if v:
             v.signal(signal.SIGSTOP)
-            time.sleep(3)
-            v.signal(signal.SIGCONT)
-    elif kind == "server-freeze":
-        v = pick(c.servers, rng, entry)
-        if v:
-            v.signal(signal.SIGSTOP)
-            time.sleep(8)
+            time.sleep(3 if kind == "server-stop" else 8)
             v.signal(signal.SIGCONT)
     elif kind == "scheduler-stop":
         entry["target"] = c.sched.name

@@ -53,6 +53,16 @@ std::string cut_key(uint64_t cut) {
   return "shard/2/c/" + std::string(20 - n.size(), '0') + n;
 }
 
+// A job store under cfg.checkpoint_dir that committed cuts 1..n (320 samples and 1.5 s each).
+void commit_cuts(const train_config& cfg, uint64_t n) {
+  auto store = job_store::open(cfg);
+  REQUIRE(store);
+  REQUIRE(*store);
+  REQUIRE_FALSE((*store)->adopt(0));
+  for (uint64_t c = 1; c <= n; ++c)
+    REQUIRE_FALSE((*store)->commit(c, 320 * c, 1.5 * static_cast<double>(c), {}, ""));
+}
+
 // The record `bytes` of schema S stamped with record format `format` (as a later build
 // would write it), everything else as it was.
 template <class S>
@@ -303,14 +313,7 @@ TEST_CASE("a job record in a newer record format fails the job store's open nami
   test::temp_dir dir;
   train_config cfg;
   cfg.checkpoint_dir = dir.path() + "/ckpt";
-  {
-    auto store = job_store::open(cfg);
-    REQUIRE(store);
-    REQUIRE(*store);
-    REQUIRE_FALSE((*store)->adopt(0));
-    REQUIRE_FALSE((*store)->commit(1, 320, 1.5, {}, ""));
-    REQUIRE_FALSE((*store)->commit(2, 640, 3.0, {}, ""));
-  }
+  commit_cuts(cfg, 2);
   const std::string key = "cut/00000000000000000002";
   std::string newer;
   {
@@ -514,13 +517,7 @@ TEST_CASE("a job whose committed records are damaged does not fall back to its s
   test::temp_dir dir;
   train_config cfg;
   cfg.checkpoint_dir = dir.path() + "/ckpt";
-  {
-    auto store = job_store::open(cfg);
-    REQUIRE(store);
-    REQUIRE(*store);
-    REQUIRE_FALSE((*store)->adopt(0));
-    REQUIRE_FALSE((*store)->commit(1, 320, 1.5, {}, ""));
-  }
+  commit_cuts(cfg, 1);
   {
     // Cut 1's record is damaged on disk: only the start record still loads.
     auto raw = open_rocksdb_store(cfg.checkpoint_dir + "/job", open_mode::existing);

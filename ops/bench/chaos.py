@@ -363,7 +363,8 @@ def main():
     ap.add_argument("--train-limit", type=int, default=12000)
     ap.add_argument("--sample-ms", type=float, default=0.5, help="paced ms per sample per worker")
     ap.add_argument("--grace", type=float, default=90, help="seconds a fault may take to recover from")
-    ap.add_argument("--kinds", default="worker-kill,worker-stop,server-kill,server-stop,scheduler-kill,scheduler-stop,scheduler-freeze")
+    ap.add_argument("--kinds", default="worker-kill,worker-stop,server-kill,server-stop,server-freeze,scheduler-kill,"
+                    "scheduler-stop,scheduler-freeze")
     ap.add_argument("--smoke", action="store_true",
                     help="a short run: judged on faults survived, no hang and a clean end; the accuracy of a job "
                          "this short is printed, not judged")

@@ -37,23 +37,29 @@ bool is(const caf::error& err, errc code) {
          && err.code() == static_cast<uint8_t>(code);
 }
 
+namespace {
+
+// An error's context as text: make_error's string, or CAF's rendering of anything else.
+std::string context_text(const caf::error& err) {
+  const auto& msg = err.context();
+  if (msg.size() == 1 && msg.match_element<std::string>(0))
+    return msg.get_as<std::string>(0);
+  return msg.empty() ? std::string{} : to_string(msg);
+}
+
+}  // namespace
+
 caf::error located(const caf::error& err, const std::string& where) {
   if (!err || err.category() != error_category_atom::value)
     return err;
-  const auto& msg = err.context();
-  std::string ctx = msg.size() == 1 && msg.match_element<std::string>(0) ? msg.get_as<std::string>(0) : "";
+  const std::string ctx = context_text(err);
   return make_error(static_cast<errc>(err.code()), ctx.empty() ? where : where + ": " + ctx);
 }
 
 std::string describe(const caf::error& err) {
   if (!err)
     return "no error";
-  std::string ctx;
-  const auto& msg = err.context();
-  if (msg.size() == 1 && msg.match_element<std::string>(0))
-    ctx = msg.get_as<std::string>(0);
-  else if (!msg.empty())
-    ctx = to_string(msg);
+  const std::string ctx = context_text(err);
   std::string out;
   if (err.category() == error_category_atom::value)
     out = to_string(static_cast<errc>(err.code()));

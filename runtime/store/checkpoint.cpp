@@ -66,10 +66,8 @@ auto with_record(const char* what, const std::string& bytes, F read) -> decltype
   }
 }
 
-// Refuses a record whose format is newer than `known`, naming it.
-caf::error check_format(uint32_t format, uint32_t known, const std::string& what) {
-  if (format <= known)
-    return caf::none;
+// The error for `what`, a record in format `format`, newer than `known`.
+caf::error newer_format(uint32_t format, uint32_t known, const std::string& what) {
   return make_error(errc::unsupported_format,
                     what + " is in record format " + std::to_string(format) + "; this build of Ashlar reads formats up to "
                       + std::to_string(known)
@@ -113,10 +111,10 @@ expected<shard_checkpoint> decode_checkpoint(const std::string& bytes) {
     c.begin = r.getBegin();
     c.end = r.getEnd();
     c.unix_ns = r.getUnixNs();
-    if (auto err = check_format(r.getFormat(), checkpoint_format,
-                                "shard " + std::to_string(c.shard_id) + "'s checkpoint record of version "
-                                  + std::to_string(c.version) + (c.cut != 0 ? ", cut " + std::to_string(c.cut) : "")))
-      return err;
+    if (r.getFormat() > checkpoint_format)
+      return newer_format(r.getFormat(), checkpoint_format,
+                          "shard " + std::to_string(c.shard_id) + "'s checkpoint record of version "
+                            + std::to_string(c.version) + (c.cut != 0 ? ", cut " + std::to_string(c.cut) : ""));
     auto p = r.getParams();
     auto v = r.getVelocity();
     auto a = r.getAverage();
@@ -465,8 +463,8 @@ namespace {
 expected<job_record> decode_job_record(const std::string& bytes) {
   return with_record<schema::JobRecord>("job record", bytes, [](auto r) -> expected<job_record> {
     job_record out;
-    if (auto err = check_format(r.getFormat(), job_record_format, "the job's record of cut " + std::to_string(r.getCut())))
-      return err;
+    if (r.getFormat() > job_record_format)
+      return newer_format(r.getFormat(), job_record_format, "the job's record of cut " + std::to_string(r.getCut()));
     for (auto s : r.getSettings())
       out.settings.emplace_back(s.cStr());
     out.samples = r.getSamples();

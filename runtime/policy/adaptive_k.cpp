@@ -45,6 +45,18 @@ push_decision adaptive_k_policy::on_push(worker_id w, uint64_t base_version, uin
   return d;
 }
 
+void adaptive_k_policy::on_push_cut_short(worker_id w) {
+  // The mode does not change while a push is buffered (switch_if_idle): the one in force
+  // counted it.
+  if (async_mode_)
+    async_.on_push_cut_short(w);
+  else
+    sync_.on_push_cut_short(w);
+  if (buffered_ > 0)
+    --buffered_;
+  switch_if_idle();
+}
+
 bool adaptive_k_policy::round_ready() const {
   return async_mode_ ? async_.round_ready() : sync_.round_ready();
 }

@@ -63,6 +63,7 @@ public:
   bool may_read(worker_id w, uint64_t version) const override;
   const std::set<worker_id>& live() const override { return sync_.live(); }
   void tune(uint32_t k, bool async) override;
+  void on_push_cut_short(worker_id w) override;
 
   bool async() const { return async_mode_; }
   size_t k() const { return async_mode_ ? async_.k() : sync_.k(); }

@@ -21,6 +21,8 @@ public:
   bool may_read(worker_id w, uint64_t version) const override;
   const std::set<worker_id>& live() const override { return live_; }
   bool lockstep() const override { return true; }
+  /// Its worker is no longer in the round (k-sync counts the workers that pushed).
+  void on_push_cut_short(worker_id w) override { pushed_.erase(w); }
 
 protected:
   std::set<worker_id> live_;

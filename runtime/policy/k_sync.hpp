@@ -39,6 +39,10 @@ public:
   push_decision on_push(worker_id w, uint64_t base_version, uint64_t version) override;
   bool round_ready() const override;
   void on_round_applied() override { buffered_ = 0; }
+  void on_push_cut_short(worker_id) override {
+    if (buffered_ > 0)
+      --buffered_;
+  }
   bool may_read(worker_id, uint64_t) const override { return true; }
   const std::set<worker_id>& live() const override { return live_; }
 

@@ -88,6 +88,10 @@ public:
   /// Run-time change of how many clocks a worker may run ahead of the slowest (bounded
   /// staleness policies; ASHL moves it between its stages). Default: ignored.
   virtual void set_staleness_bound(uint64_t s) { (void) s; }
+
+  /// A push on_push buffered ended before all of it arrived (its worker left halfway): it
+  /// is not in the round, and a policy that counted it stops counting it. Default: nothing.
+  virtual void on_push_cut_short(worker_id w) { (void) w; }
 };
 
 /// Makes a policy by registry name ("bsp", "asp", "ssp", "ksync", "kasync", "adsp", "adaptive", "ashl"). Fails with unknown_name, listing the names.

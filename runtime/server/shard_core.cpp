@@ -197,6 +197,8 @@ bool shard_core::end_push(worker_id w) {
       --buffering_;
       if (f.received == range_.size())
         round_.emplace(w, std::move(f.slot));
+      else // its worker left halfway: the round goes on without it
+        policy_->on_push_cut_short(w);
       return maybe_apply_round();
     case push_decision::drop:
       break;

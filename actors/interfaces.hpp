@@ -41,10 +41,11 @@ using restore_atom = caf::atom_constant<caf::atom("restore")>;
 /// async or not, for policies that adapt (see sync_policy::tune). bound_atom (a stage's
 /// settings): its learning-rate factor (second argument) and the clocks a
 /// worker may run ahead of the slowest from now on (see sync_policy::set_staleness_bound).
-/// Checkpoints (if the shard keeps them): (checkpoint_atom, cut, at_version) writes
-/// checkpoint cut `cut` of the job in the background, at the current version or once the
-/// shard reaches `at_version` (answers the current version; its status shows the newest
-/// cut on disk); (checkpoint_atom, get_atom) answers the cuts its store holds intact;
+/// Checkpoints (if the shard keeps them): (checkpoint_atom, cut, at_version, committed)
+/// writes checkpoint cut `cut` of the job in the background, at the current version or
+/// once the shard reaches `at_version` (answers the current version; its status shows the
+/// newest cut on disk), and keeps cut `committed`, the job's last committed one, whatever
+/// its store's number of cuts to keep; (checkpoint_atom, get_atom) answers the cuts its store holds intact;
 /// (restore_atom, cut) restores one (answers its version); (checkpoint_atom) writes the
 /// current version as the shard's stop record and answers once it is on disk. lr_atom:
 /// the learning-rate schedule's factor from now on (train.lr_schedule; the job driver
@@ -57,7 +58,7 @@ using shard_actor = caf::typed_actor<
   caf::reacts_to<tune_atom, uint32_t, bool>,
   caf::reacts_to<bound_atom, uint64_t, float>,
   caf::reacts_to<lr_atom, float>,
-  caf::replies_to<checkpoint_atom, uint64_t, uint64_t>::with<uint64_t>,
+  caf::replies_to<checkpoint_atom, uint64_t, uint64_t, uint64_t>::with<uint64_t>,
   caf::replies_to<checkpoint_atom, caf::get_atom>::with<std::vector<uint64_t>>,
   caf::replies_to<restore_atom, uint64_t>::with<uint64_t>,
   caf::replies_to<restore_atom, std::vector<float>>::with<uint64_t>,

@@ -88,11 +88,13 @@ void job_checkpoints::act(const cut_action& a, const std::vector<shard_actor>& s
       // Asked all at once: the sooner every shard has it, the fewer rounds it needs ahead.
       // A shard only takes the order here (it writes in the background): a short timeout,
       // so that a shard whose node just died holds the driver up only briefly.
+      // Each shard keeps the last committed cut beside the newest ones it writes.
+      const uint64_t committed = pacer_->last_committed();
       std::vector<decltype(self_->request(shards.front(), order_timeout, checkpoint_atom::value, a.cut,
-                                          a.at_version))>
+                                          a.at_version, committed))>
         asked;
       for (const auto& s : shards)
-        asked.push_back(self_->request(s, order_timeout, checkpoint_atom::value, a.cut, a.at_version));
+        asked.push_back(self_->request(s, order_timeout, checkpoint_atom::value, a.cut, a.at_version, committed));
       std::string refused;
       for (auto& h : asked)
         h.receive([](uint64_t) {},

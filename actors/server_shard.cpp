@@ -60,6 +60,9 @@ struct shard_state {
   // A cut asked for at a version the shard has not reached yet (lockstep policies: every
   // shard writes the same round): written when the shard makes that version.
   std::optional<std::pair<uint64_t, uint64_t>> due_cut; // cut, at version
+  // The job's last committed cut as this shard knows it (the orders' word, or the cut it
+  // was restored to): its store keeps it among the newest cuts.
+  uint64_t committed_cut = 0;
 };
 
 using shard_pointer = shard_actor::stateful_pointer<shard_state>;
@@ -185,6 +188,9 @@ caf::result<uint64_t> restore_cut(shard_pointer self, uint64_t cut) {
     // From the beginning: the initial parameters stay, every cut this store holds goes.
     if (auto err = log.discard_after(0))
       return err;
+    st.committed_cut = 0;
+    if (st.writer)
+      st.writer->keep_cut(0);
     return core.version();
   }
   auto c = log.load(cut);
@@ -202,6 +208,9 @@ caf::result<uint64_t> restore_cut(shard_pointer self, uint64_t cut) {
     return err;
   if (auto err = log.discard_after(cut))
     return err;
+  st.committed_cut = cut; // the job goes on from this cut: the cuts written next keep it
+  if (st.writer)
+    st.writer->keep_cut(cut);
   spdlog::info("shard {}: restored version {} (checkpoint cut {}) from {}", id, version, cut,
                st.persistence.store->where());
   return version;
@@ -331,15 +340,19 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
       return caf::ok_atom::value;
     },
     [=](tune_atom, uint32_t k, bool async) { self->state.core->tune(k, async); },
-    [=](checkpoint_atom, uint64_t cut, uint64_t at_version) -> caf::result<uint64_t> {
+    [=](checkpoint_atom, uint64_t cut, uint64_t at_version, uint64_t committed) -> caf::result<uint64_t> {
       // A cut of the job: written in the background (the status says when it is on disk),
-      // now or once the shard makes version `at_version`.
+      // now or once the shard makes version `at_version`. The job's last committed cut
+      // stays in the store however many cuts after it are abandoned (a node lost again and
+      // again): a resume, or this shard served again, goes back to it.
       auto& st = self->state;
       if (!st.writer)
         return make_error(errc::invalid_state,
                           "shard " + std::to_string(st.core->range().shard_id) + " keeps no checkpoints");
       if (cut == 0)
         return make_error(errc::invalid_argument, "checkpoint cut 0 is not a cut");
+      st.committed_cut = std::max(st.committed_cut, committed);
+      st.writer->keep_cut(st.committed_cut);
       st.due_cut.reset();
       if (at_version != 0 && at_version < st.core->version())
         return make_error(errc::invalid_state, "shard " + std::to_string(st.core->range().shard_id)

@@ -167,7 +167,7 @@ std::string checkpoint_log::key(uint64_t cut) const {
 
 expected<uint64_t> checkpoint_log::save(uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
                                         const float* params, const float* velocity, const float* average,
-                                        uint64_t average_samples) {
+                                        uint64_t average_samples, uint64_t kept) {
   const auto now = unix_ns();
   kv_batch b;
   b.puts.emplace_back(key(cut), encode_checkpoint(shard_id_, version, cut, begin, end, now, params, velocity,
@@ -183,6 +183,8 @@ expected<uint64_t> checkpoint_log::save(uint64_t version, uint64_t cut, uint64_t
     ks.erase(std::remove(ks.begin(), ks.end(), own), ks.end());
     if (ks.size() + 1 > keep_)
       b.deletes.assign(ks.begin(), ks.end() - static_cast<std::ptrdiff_t>(keep_ - 1));
+    if (kept != 0) // the job's last committed cut stays, however old
+      b.deletes.erase(std::remove(b.deletes.begin(), b.deletes.end(), key(kept)), b.deletes.end());
   }
   if (auto err = store_->write(b))
     return err;
@@ -339,6 +341,11 @@ void async_checkpointer::submit(uint64_t version, uint64_t cut, uint64_t begin, 
   cv_.notify_all();
 }
 
+void async_checkpointer::keep_cut(uint64_t cut) {
+  std::lock_guard<std::mutex> lock{mu_};
+  kept_ = cut;
+}
+
 uint64_t async_checkpointer::flush() {
   std::unique_lock<std::mutex> lock{mu_};
   cv_.wait(lock, [this] { return !waiting_ && !busy_; });
@@ -358,12 +365,13 @@ void async_checkpointer::run() {
       return; // stopped, nothing left
     job j = std::move(*waiting_);
     waiting_.reset();
+    const uint64_t kept = kept_;
     busy_ = true;
     lock.unlock();
     const auto t0 = std::chrono::steady_clock::now();
     auto bytes = log_.save(j.version, j.cut, j.begin, j.end, j.params->data(),
                            j.velocity.empty() ? nullptr : j.velocity.data(),
-                           j.average.empty() ? nullptr : j.average.data(), j.average_samples);
+                           j.average.empty() ? nullptr : j.average.data(), j.average_samples, kept);
     const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::string failed;
     if (!bytes) {

@@ -82,10 +82,12 @@ public:
   checkpoint_log(kv_store& store, uint32_t shard_id, uint32_t keep);
 
   /// Writes version `version` as cut `cut` (0: the stop record) and deletes the cuts
-  /// beyond `keep`, atomically. Returns the record's size in bytes.
+  /// beyond `keep`, atomically, except cut `kept` (the job's last committed cut: a resume
+  /// and a shard served again go back to it, however many cuts after it were abandoned;
+  /// 0 = none). Returns the record's size in bytes.
   [[nodiscard]] expected<uint64_t> save(uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
                                         const float* params, const float* velocity, const float* average = nullptr,
-                                        uint64_t average_samples = 0);
+                                        uint64_t average_samples = 0, uint64_t kept = 0);
 
   /// What a shard served again mid-job restores: the newest intact record, the stop
   /// record or a cut, whichever holds the later version; nothing when none is stored.
@@ -136,6 +138,9 @@ public:
   /// Waits until everything handed over is written. Returns the newest version on disk.
   uint64_t flush();
 
+  /// The job's last committed cut, which the writes from now on keep (checkpoint_log::save).
+  void keep_cut(uint64_t cut);
+
   struct totals {
     uint64_t written = 0, skipped = 0, bytes = 0, failures = 0;
     double seconds = 0; // spent writing
@@ -158,6 +163,7 @@ private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::optional<job> waiting_;
+  uint64_t kept_ = 0; // keep_cut
   bool busy_ = false, stop_ = false;
   totals totals_;
   std::thread thread_;

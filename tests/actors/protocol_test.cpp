@@ -171,7 +171,7 @@ shard_actor recording_shard(caf::actor_system& sys, std::shared_ptr<script> s, b
       [](tune_atom, uint32_t, bool) {},
       [s](bound_atom, uint64_t gap, float lr) { s->bounds.emplace_back(gap, lr); },
       [](lr_atom, float) {},
-      [](checkpoint_atom, uint64_t, uint64_t) -> uint64_t { return 0; },
+      [](checkpoint_atom, uint64_t, uint64_t, uint64_t) -> uint64_t { return 0; },
       [](checkpoint_atom, caf::get_atom) { return std::vector<uint64_t>{}; },
       [](restore_atom, uint64_t) -> uint64_t { return 0; },
       [](restore_atom, const std::vector<float>&) -> uint64_t { return 0; },

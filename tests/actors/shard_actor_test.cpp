@@ -282,7 +282,7 @@ TEST_CASE("a shard told to start from the beginning (restore of cut 0) drops eve
   auto store = persistence->store;
   auto s = spawn_shard(f.sys, std::move(core), *persistence);
   // A cut written now (in the background: wait until it is on disk).
-  f.self->request(s, 5s, checkpoint_atom::value, uint64_t{1}, uint64_t{0})
+  f.self->request(s, 5s, checkpoint_atom::value, uint64_t{1}, uint64_t{0}, uint64_t{0})
     .receive([](uint64_t) {}, [](caf::error& e) { FAIL(describe(e)); });
   std::vector<uint64_t> held;
   for (int i = 0; i < 100 && held.empty(); ++i) {
@@ -300,6 +300,44 @@ TEST_CASE("a shard told to start from the beginning (restore of cut 0) drops eve
   auto stored = store->keys("");
   REQUIRE(stored);
   CHECK(std::none_of(stored->begin(), stored->end(), [](const std::string& k) { return k.find("/c/") != std::string::npos; }));
+  f.self->send_exit(s, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("a shard ordered cut after cut keeps the job's last committed cut among the newest it writes, and a "
+          "restore keeps the cut it went back to") {
+  fixture f;
+  test::temp_dir dir;
+  auto p = make_policy("bsp", {});
+  REQUIRE(p);
+  sgd_config opt;
+  auto core = std::make_unique<shard_core>(shard_range{0, 0, 4}, std::vector<float>(4, 0.5f), opt, std::move(*p));
+  auto persistence = open_shard_persistence(dir.path(), 2, false, *core); // keeps 2 cuts
+  REQUIRE(persistence);
+  auto s = spawn_shard(f.sys, std::move(core), *persistence);
+  std::vector<uint64_t> held;
+  auto write = [&](uint64_t cut, uint64_t committed) {
+    f.self->request(s, 5s, checkpoint_atom::value, cut, uint64_t{0}, committed)
+      .receive([](uint64_t) {}, [](caf::error& e) { FAIL(describe(e)); });
+    for (int i = 0; i < 200 && std::find(held.begin(), held.end(), cut) == held.end(); ++i) {
+      f.self->request(s, 5s, checkpoint_atom::value, caf::get_atom::value)
+        .receive([&](std::vector<uint64_t>& c) { held = c; }, [](caf::error& e) { FAIL(describe(e)); });
+      if (std::find(held.begin(), held.end(), cut) == held.end())
+        std::this_thread::sleep_for(10ms);
+    }
+  };
+  write(1, 0);
+  write(2, 1); // cut 1 committed; cuts 2 to 4 abandoned in turn
+  write(3, 1);
+  write(4, 1);
+  CHECK(held == std::vector<uint64_t>{1, 3, 4});
+  // Served again and taken back to cut 1: the next cuts keep it until the job commits one.
+  f.self->request(s, 5s, restore_atom::value, uint64_t{1})
+    .receive([](uint64_t) {}, [](caf::error& e) { FAIL(describe(e)); });
+  held.clear();
+  write(5, 0);
+  write(6, 0);
+  write(7, 0);
+  CHECK(held == std::vector<uint64_t>{1, 6, 7});
   f.self->send_exit(s, caf::exit_reason::user_shutdown);
 }
 
@@ -385,7 +423,7 @@ TEST_CASE("a checkpoint cut keeps the shard's running average: a restore of the 
     }
     REQUIRE(std::find(held.begin(), held.end(), cut) != held.end());
   };
-  f.self->request(s, 5s, checkpoint_atom::value, uint64_t{1}, uint64_t{0})
+  f.self->request(s, 5s, checkpoint_atom::value, uint64_t{1}, uint64_t{0}, uint64_t{0})
     .receive([](uint64_t) {}, [](caf::error& e) { FAIL(describe(e)); });
   wait_for_cut(s, 1);
   for (uint64_t v = 20; v < 40; ++v)

@@ -84,7 +84,7 @@ shard_actor silent_shard(caf::actor_system& sys) {
       [](tune_atom, uint32_t, bool) {},
       [](bound_atom, uint64_t, float) {},
       [](lr_atom, float) {},
-      [self](checkpoint_atom, uint64_t, uint64_t) { return self->make_response_promise<uint64_t>(); },
+      [self](checkpoint_atom, uint64_t, uint64_t, uint64_t) { return self->make_response_promise<uint64_t>(); },
       [self](checkpoint_atom, caf::get_atom) { return self->make_response_promise<std::vector<uint64_t>>(); },
       [self](restore_atom, uint64_t) { return self->make_response_promise<uint64_t>(); },
       [self](restore_atom, const std::vector<float>&) { return self->make_response_promise<uint64_t>(); },

@@ -223,6 +223,23 @@ TEST_CASE("a checkpoint log keeps the newest N cuts, loads each by its cut, and 
   CHECK(*shards == std::vector<uint32_t>{2});
 }
 
+TEST_CASE("a checkpoint log keeps the job's last committed cut beside the newest N, however many cuts after it are written") {
+  auto store = make_memory_store();
+  checkpoint_log log{*store, 0, 3};
+  auto p = ramp(10, 1.0f);
+  // Cut 2 committed; cuts 3 to 7 written and abandoned one after another (a node lost
+  // again and again while each was in flight).
+  for (uint64_t cut = 1; cut <= 7; ++cut)
+    REQUIRE(log.save(cut * 10, cut, 0, 10, p.data(), nullptr, nullptr, 0, cut > 2 ? 2 : 0));
+  CHECK(*log.intact_cuts() == std::vector<uint64_t>{2, 5, 6, 7});
+  auto two = log.load(2);
+  REQUIRE(two);
+  CHECK(two->version == 20);
+  // Cut 6 committed at last: cut 2 goes with the next write, as any cut beyond the newest 3.
+  REQUIRE(log.save(80, 8, 0, 10, p.data(), nullptr, nullptr, 0, 6));
+  CHECK(*log.intact_cuts() == std::vector<uint64_t>{6, 7, 8});
+}
+
 TEST_CASE("a corrupt or truncated cut is not intact, and the newest intact one is loaded instead") {
   auto store = make_memory_store();
   checkpoint_log log{*store, 2, 3};

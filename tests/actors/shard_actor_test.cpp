@@ -269,14 +269,22 @@ TEST_CASE("only the job's members get a delta view: reads under invented worker 
   f.self->send_exit(s, caf::exit_reason::user_shutdown);
 }
 
+namespace {
+
+// A BSP shard's core over [0, 4), every parameter 0.5.
+std::unique_ptr<shard_core> bsp_core_of_4() {
+  auto p = make_policy("bsp", {});
+  REQUIRE(p);
+  return std::make_unique<shard_core>(shard_range{0, 0, 4}, std::vector<float>(4, 0.5f), sgd_config{}, std::move(*p));
+}
+
+}  // namespace
+
 TEST_CASE("a shard told to start from the beginning (restore of cut 0) drops every cut and stop record it holds "
           "and keeps its initial parameters") {
   fixture f;
   test::temp_dir dir;
-  auto p = make_policy("bsp", {});
-  REQUIRE(p);
-  sgd_config opt;
-  auto core = std::make_unique<shard_core>(shard_range{0, 0, 4}, std::vector<float>(4, 0.5f), opt, std::move(*p));
+  auto core = bsp_core_of_4();
   auto persistence = open_shard_persistence(dir.path(), 3, false, *core);
   REQUIRE(persistence);
   auto store = persistence->store;
@@ -307,10 +315,7 @@ TEST_CASE("a shard ordered cut after cut keeps the job's last committed cut amon
           "restore keeps the cut it went back to") {
   fixture f;
   test::temp_dir dir;
-  auto p = make_policy("bsp", {});
-  REQUIRE(p);
-  sgd_config opt;
-  auto core = std::make_unique<shard_core>(shard_range{0, 0, 4}, std::vector<float>(4, 0.5f), opt, std::move(*p));
+  auto core = bsp_core_of_4();
   auto persistence = open_shard_persistence(dir.path(), 2, false, *core); // keeps 2 cuts
   REQUIRE(persistence);
   auto s = spawn_shard(f.sys, std::move(core), *persistence);

@@ -231,61 +231,49 @@ TEST_CASE("a BSP round does not apply a gradient whose worker left halfway throu
   CHECK(s.params() == std::vector<float>(4, 0.5f)); // worker 0's gradient alone
 }
 
-TEST_CASE("a k-async round counts only whole gradients: a push cut short by its worker leaving is not one of its k") {
-  policy_config pc;
-  pc.k = 2;
-  auto s = make_shard("kasync", 4, pc);
+namespace {
+
+// Three workers, k = 2: worker 1 leaves halfway through its push, worker 2 pushes whole,
+// and only worker 0's push completes the round, the mean of the two whole gradients.
+void check_round_of_whole_gradients(shard_core& s) {
   for (worker_id w : {0u, 1u, 2u})
     s.join(w);
-  std::vector<float> g1{8, 8, 8, 8}, g2{2, 2, 2, 2}, g3{4, 4, 4, 4};
+  std::vector<float> g0{4, 4, 4, 4}, g1{8, 8, 8, 8}, g2{2, 2, 2, 2};
   REQUIRE(s.begin_push(1, 0, 1, 4));
   REQUIRE(s.push_piece(1, 0, g1.data(), 2));
   CHECK_FALSE(s.leave(1)); // half a gradient: no round
   REQUIRE(s.push(2, 0, 1, g2.data(), 4));
   CHECK(s.version() == 0); // one whole gradient of the two a round needs
-  auto r = s.push(0, 0, 1, g3.data(), 4);
+  auto r = s.push(0, 0, 1, g0.data(), 4);
   REQUIRE(r);
   CHECK(r->version_bumped);
   CHECK(s.params() == std::vector<float>(4, 1.0f - 0.5f * 3.0f)); // the mean of 2 and 4
+}
+
+}  // namespace
+
+TEST_CASE("a k-async round counts only whole gradients: a push cut short by its worker leaving is not one of its k") {
+  policy_config pc;
+  pc.k = 2;
+  auto s = make_shard("kasync", 4, pc);
+  check_round_of_whole_gradients(s);
 }
 
 TEST_CASE("a k-sync round counts only whole gradients: a push cut short by its worker leaving is not one of its k") {
   policy_config pc;
   pc.k = 2;
   auto s = make_shard("ksync", 4, pc);
-  for (worker_id w : {0u, 1u, 2u})
-    s.join(w);
-  std::vector<float> g0{4, 4, 4, 4}, g1{8, 8, 8, 8}, g2{2, 2, 2, 2};
-  REQUIRE(s.begin_push(1, 0, 1, 4));
-  REQUIRE(s.push_piece(1, 0, g1.data(), 2));
-  s.leave(1);
-  REQUIRE(s.push(2, 0, 1, g2.data(), 4));
-  CHECK(s.version() == 0);
-  REQUIRE(s.push(0, 0, 1, g0.data(), 4));
-  CHECK(s.version() == 1);
-  CHECK(s.params() == std::vector<float>(4, 1.0f - 0.5f * 3.0f));
+  check_round_of_whole_gradients(s);
 }
 
 TEST_CASE("an adaptive round in either mode counts only whole gradients: a push cut short is not one of its k") {
   for (bool async : {false, true}) {
-    {
-      INFO((async ? "k-async" : "k-sync"));
-      policy_config pc;
-      pc.k = 2;
-      auto s = make_shard("adaptive", 4, pc);
-      for (worker_id w : {0u, 1u, 2u})
-        s.join(w);
-      s.tune(2, async);
-      std::vector<float> g0{4, 4, 4, 4}, g1{8, 8, 8, 8}, g2{2, 2, 2, 2};
-      REQUIRE(s.begin_push(1, 0, 1, 4));
-      REQUIRE(s.push_piece(1, 0, g1.data(), 2));
-      s.leave(1);
-      REQUIRE(s.push(2, 0, 1, g2.data(), 4));
-      CHECK(s.version() == 0);
-      REQUIRE(s.push(0, 0, 1, g0.data(), 4));
-      CHECK(s.version() == 1);
-      CHECK(s.params() == std::vector<float>(4, 1.0f - 0.5f * 3.0f));
-    }
+    INFO((async ? "k-async" : "k-sync"));
+    policy_config pc;
+    pc.k = 2;
+    auto s = make_shard("adaptive", 4, pc);
+    s.tune(2, async);
+    check_round_of_whole_gradients(s);
   }
 }
 

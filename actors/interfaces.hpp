@@ -45,8 +45,9 @@ using restore_atom = caf::atom_constant<caf::atom("restore")>;
 /// writes checkpoint cut `cut` of the job in the background, at the current version or
 /// once the shard reaches `at_version` (answers the current version; its status shows the
 /// newest cut on disk), and keeps cut `committed`, the job's last committed one, whatever
-/// its store's number of cuts to keep; (checkpoint_atom, get_atom) answers the cuts its store holds intact;
-/// (restore_atom, cut) restores one (answers its version); (checkpoint_atom) writes the
+/// its store's number of cuts to keep; (checkpoint_atom, get_atom) answers the cuts its
+/// store holds intact; (restore_atom, cut) restores one (answers its version) and keeps
+/// it as the committed cut; (checkpoint_atom) writes the
 /// current version as the shard's stop record and answers once it is on disk. lr_atom:
 /// the learning-rate schedule's factor from now on (train.lr_schedule; the job driver
 /// follows the epochs).

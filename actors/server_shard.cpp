@@ -60,9 +60,6 @@ struct shard_state {
   // A cut asked for at a version the shard has not reached yet (lockstep policies: every
   // shard writes the same round): written when the shard makes that version.
   std::optional<std::pair<uint64_t, uint64_t>> due_cut; // cut, at version
-  // The job's last committed cut as this shard knows it (the orders' word, or the cut it
-  // was restored to): its store keeps it among the newest cuts.
-  uint64_t committed_cut = 0;
 };
 
 using shard_pointer = shard_actor::stateful_pointer<shard_state>;
@@ -188,7 +185,6 @@ caf::result<uint64_t> restore_cut(shard_pointer self, uint64_t cut) {
     // From the beginning: the initial parameters stay, every cut this store holds goes.
     if (auto err = log.discard_after(0))
       return err;
-    st.committed_cut = 0;
     if (st.writer)
       st.writer->keep_cut(0);
     return core.version();
@@ -208,8 +204,7 @@ caf::result<uint64_t> restore_cut(shard_pointer self, uint64_t cut) {
     return err;
   if (auto err = log.discard_after(cut))
     return err;
-  st.committed_cut = cut; // the job goes on from this cut: the cuts written next keep it
-  if (st.writer)
+  if (st.writer) // the job goes on from this cut: the cuts written next keep it
     st.writer->keep_cut(cut);
   spdlog::info("shard {}: restored version {} (checkpoint cut {}) from {}", id, version, cut,
                st.persistence.store->where());
@@ -351,8 +346,7 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
                           "shard " + std::to_string(st.core->range().shard_id) + " keeps no checkpoints");
       if (cut == 0)
         return make_error(errc::invalid_argument, "checkpoint cut 0 is not a cut");
-      st.committed_cut = std::max(st.committed_cut, committed);
-      st.writer->keep_cut(st.committed_cut);
+      st.writer->keep_cut(std::max(st.writer->kept_cut(), committed)); // a restore's cut stands until a later one
       st.due_cut.reset();
       if (at_version != 0 && at_version < st.core->version())
         return make_error(errc::invalid_state, "shard " + std::to_string(st.core->range().shard_id)

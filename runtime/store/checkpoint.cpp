@@ -346,6 +346,11 @@ void async_checkpointer::keep_cut(uint64_t cut) {
   kept_ = cut;
 }
 
+uint64_t async_checkpointer::kept_cut() const {
+  std::lock_guard<std::mutex> lock{mu_};
+  return kept_;
+}
+
 uint64_t async_checkpointer::flush() {
   std::unique_lock<std::mutex> lock{mu_};
   cv_.wait(lock, [this] { return !waiting_ && !busy_; });

@@ -140,6 +140,7 @@ public:
 
   /// The job's last committed cut, which the writes from now on keep (checkpoint_log::save).
   void keep_cut(uint64_t cut);
+  uint64_t kept_cut() const;
 
   struct totals {
     uint64_t written = 0, skipped = 0, bytes = 0, failures = 0;

@@ -60,7 +60,11 @@ def test_a_local_job_trains_a_pytorch_model_in_ashlars_workers_and_ashlar_evalua
     # layouts agree or this accuracy would be chance.
     assert rep["test_accuracy"] >= 0.7
     assert backend.steps > 0
-    assert backend.steps == sum(w["steps"] for w in rep["per_worker"])
+    # Every step the report counts went through the PyTorch backend; a worker the job's end
+    # stopped while it computed drops that step's gradient (README: "Any stop ... drops the
+    # gradient a worker is still computing"), so the backend may count one more per worker.
+    trained = sum(w["steps"] for w in rep["per_worker"])
+    assert trained <= backend.steps <= trained + len(rep["per_worker"])
 
 
 def test_a_backend_that_raises_fails_the_job_naming_its_exception():

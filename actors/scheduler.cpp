@@ -56,6 +56,11 @@ struct scheduler_state {
   std::set<caf::actor_addr> lost_shards; // down, not served again yet
   // Since when every worker is lost with steps left, waiting for one to join (worker_wait).
   std::optional<std::chrono::steady_clock::time_point> all_lost_since;
+  // Decentralized mode: the ring's generation (each re-formed ring is a new one), and
+  // whether a member was lost (from then on any member leaving re-forms the ring: one
+  // that finished the last step while the others redo it after a loss is gone for them).
+  uint32_t ring_generation = 0;
+  bool ring_lost_member = false;
 };
 
 using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;
@@ -166,7 +171,7 @@ void check_done(scheduler_pointer self) {
       return;
     (m.failed ? failed : finished) += 1;
   }
-  if (failed == 0 || !st.started || st.stopping || st.cfg.worker_wait.count() <= 0 || st.traits.ring)
+  if (failed == 0 || !st.started || st.stopping || st.cfg.worker_wait.count() <= 0)
     return end_job(self, finished, failed);
   // Every worker is gone, some lost: if they left steps untrained, a worker that joins
   // (a node that comes back, `ctl add-worker`) takes them up; the job waits for one.
@@ -204,7 +209,7 @@ void check_worker_wait(scheduler_pointer self) {
   end_job(self, finished, failed);
 }
 
-void break_ring(scheduler_pointer self, uint32_t lost);
+void form_ring(scheduler_pointer self, const std::string& why = {});
 void apply_plan(scheduler_pointer self, const job_plan& plan);
 
 // The live members' batch shares, parts of the training set and steps (those admitted:
@@ -221,7 +226,7 @@ std::map<uint32_t, member_part> live_parts(const scheduler_state& st) {
 // assignment.hpp: hand_over_lost), so the job's epochs still cover the training set.
 void hand_over(scheduler_pointer self, uint32_t lost) {
   auto& st = self->state;
-  if (!st.started || st.stopping || st.done_sent || st.traits.ring)
+  if (!st.started || st.stopping || st.done_sent)
     return;
   self->request(st.cfg.profiler, ack_timeout, caf::get_atom::value)
     .then(
@@ -282,32 +287,37 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
   m.kind = failed ? wire::membership_change::fail : wire::membership_change::leave;
   m.worker_id = id;
   m.reason = reason;
-  if (failed && st.started && st.traits.ring)
-    break_ring(self, id);
+  if (st.started && st.traits.ring && !st.stopping && (failed || st.ring_lost_member)) {
+    st.ring_lost_member = true;
+    form_ring(self, "worker " + std::to_string(id) + (failed ? " was lost" : " left"));
+  }
   broadcast(self, m, [=](bool) { check_done(self); });
   hand_over(self, id);
 }
 
-// Decentralized mode: the workers present at the start form a ring in id order; each
-// learns its rank and the next worker. A ring with ranks 0 tells a worker that the ring
-// broke (a member failed) and training cannot go on.
-void form_ring(scheduler_pointer self) {
+// Decentralized mode: the live workers form a ring in id order; each learns the ring's
+// generation, its rank and the next worker. A member lost mid-job makes the others form a
+// new ring (its generation one more): they agree on their state, then go on without it
+// (runtime/worker/step_machine.hpp: on_ring).
+void form_ring(scheduler_pointer self, const std::string& why) {
   auto& st = self->state;
   std::vector<const member*> ring;
   for (const auto& [id, m] : st.members)
-    if (!m.left)
+    if (!m.left && m.admitted)
       ring.push_back(&m);
   const auto n = static_cast<uint32_t>(ring.size());
+  if (n == 0)
+    return;
+  const uint32_t generation = ++st.ring_generation;
   for (uint32_t r = 0; r < n; ++r)
-    self->send(caf::actor_cast<worker_actor>(ring[r]->handle), ring_atom::value, r, n,
+    self->send(caf::actor_cast<worker_actor>(ring[r]->handle), ring_atom::value, generation, r, n,
                caf::actor_cast<caf::actor>(ring[(r + 1) % n]->handle));
-  spdlog::info("scheduler: ring of {} workers formed", n);
-}
-
-void break_ring(scheduler_pointer self, uint32_t lost) {
-  for (const auto& [id, m] : self->state.members)
-    if (!m.left)
-      self->send(caf::actor_cast<worker_actor>(m.handle), ring_atom::value, lost, uint32_t{0}, caf::actor{});
+  if (why.empty()) {
+    spdlog::info("scheduler: ring of {} workers formed", n);
+    return;
+  }
+  spdlog::warn("scheduler: {}: the ring re-formed with {} workers (generation {})", why, n, generation);
+  record(self, "ring re-formed", why + ", " + std::to_string(n) + " workers");
 }
 
 void start_training(scheduler_pointer self) {
@@ -475,6 +485,10 @@ void admit_to_running_job(scheduler_pointer self, wire::assignment a, registrati
         // their next steps; the planner's own directives come after.
         st.planner->on_join(a.worker_id, plan);
         apply_plan(self, plan);
+        if (st.traits.ring) { // a ring of the members and the newcomer, who agree on the model first
+          st.ring_lost_member = true;
+          form_ring(self, "worker " + std::to_string(a.worker_id) + " joined");
+        }
       },
       [=](caf::error& err) mutable { promise.deliver(err); });
 }
@@ -483,9 +497,6 @@ caf::result<wire::assignment, std::vector<shard_actor>> on_register(scheduler_po
                                                                      const wire::register_worker& req) {
   auto& st = self->state;
   const auto& cfg = st.cfg;
-  if (st.started && st.traits.ring)
-    return make_error(errc::invalid_state, "the ring is formed when training starts; a worker "
-                                            "cannot join a decentralized (ring) job mid-run");
   uint32_t id = st.next_id;
   if (req.requested_id != wire::any_worker && st.members.count(req.requested_id) == 0)
     id = req.requested_id;

@@ -364,9 +364,11 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
       with_machine(self, [=](step_machine& m) { m.on_batch(b, from_step, data_begin, data_count, steps); });
     },
     [=](local_steps_atom, uint32_t h) { with_machine(self, [=](step_machine& m) { m.on_local_steps(h); }); },
-    [=](ring_atom, uint32_t rank, uint32_t ranks, caf::actor next) {
-      self->state.ring_next = std::move(next);
-      with_machine(self, [=](step_machine& m) { m.on_ring(rank, ranks); });
+    [=](ring_atom, uint32_t generation, uint32_t rank, uint32_t ranks, caf::actor& next) {
+      auto& st = self->state;
+      if (!st.machine || generation > st.machine->ring_generation())
+        st.ring_next = std::move(next);
+      with_machine(self, [=](step_machine& m) { m.on_ring(generation, rank, ranks); });
     },
     [=](wire::ring_message& msg) {
       with_machine(self, [&](step_machine& m) { m.on_ring_message(std::move(msg)); });

@@ -219,6 +219,8 @@ struct RingChunk {
   step @1 :UInt32;    # the all-reduce step: reduce-scatter, then all-gather
   chunk @2 :UInt32;   # which of the ring's chunks
   data @3 :Data;      # float32 LE
+  ring @4 :UInt32;    # the ring's generation: a ring re-formed after a member's loss is a new one
+  sync @5 :UInt8;     # 0: a step's gradients; 1, 2: a re-formed ring's agreement on its state
 }
 
 struct PushAck {

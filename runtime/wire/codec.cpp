@@ -396,6 +396,8 @@ words encode(const ring_message& x) {
   b.setRound(x.round);
   b.setStep(x.step);
   b.setChunk(x.chunk);
+  b.setRing(x.ring);
+  b.setSync(x.sync);
   set_floats(mb, x.data, [&](auto o) { b.adoptData(std::move(o)); },
              [&](capnp::Data::Reader d) { b.setData(d); });
   return to_words(mb);
@@ -406,6 +408,8 @@ caf::error decode(const uint64_t* d, size_t n, ring_message& out) {
     out.round = r.getRound();
     out.step = r.getStep();
     out.chunk = r.getChunk();
+    out.ring = r.getRing();
+    out.sync = r.getSync();
     return data_to_floats("RingChunk", "data", r.getData(), out.data);
   });
 }

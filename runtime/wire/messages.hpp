@@ -272,6 +272,8 @@ struct ring_message {
   uint32_t step = 0;  // the all-reduce step
   uint32_t chunk = 0;
   tensor data;
+  uint32_t ring = 0; // the ring's generation (a re-formed ring is a new one)
+  uint8_t sync = 0;  // 0: a step's gradients; 1: the members' steps; 2: the state they take up
 };
 
 struct push_ack {

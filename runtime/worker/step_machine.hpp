@@ -201,8 +201,19 @@ public:
   void on_stage(const std::string& stage, uint32_t h, float lr_scale, float pull_ratio);
   /// The learning-rate schedule's factor.
   void on_lr(float factor) { schedule_lr_scale_ = factor; }
-  /// The place on the ring (ranks 0: the ring lost worker `rank` and broke).
-  void on_ring(uint32_t rank, uint32_t ranks);
+  /// The place on ring `generation` (ranks 0: the ring lost worker `rank` and broke).
+  /// Generation 1 is the job's first ring, its members fresh from the same pull. A later
+  /// one is the ring re-formed after a member was lost or joined: the all-reduce in
+  /// progress is abandoned and, before the next one, the members agree on their state
+  /// (sync rounds): each tells how far it got (the generation it last all-reduced in, and
+  /// how many all-reduces it completed there), and the lowest rank of those furthest on
+  /// shares its parameters and velocity, which every member takes up (a member a step
+  /// behind, or one that just joined, computes its gradient again on them). Rank 0 then
+  /// reads the shards' mirror and pushes what differs from the model (a lost rank 0 may
+  /// have died halfway through an update's push). Chunks of older generations are dropped.
+  void on_ring(uint32_t generation, uint32_t rank, uint32_t ranks);
+  /// The ring's generation (0 before the first).
+  uint32_t ring_generation() const { return ring_gen_; }
   /// A chunk from the previous worker on the ring.
   void on_ring_message(wire::ring_message m);
 
@@ -248,6 +259,11 @@ private:
   caf::error take_data_part();
 
   void ring_begin();
+  void ring_start(std::vector<float> values);
+  void ring_sync_done();
+  bool ring_shard_trouble(size_t i, const std::string& why);
+  void read_mirror(bool then_compute);
+  void mirror_done();
   void ring_send_next();
   void ring_drain();
   void ring_finish();
@@ -306,6 +322,20 @@ private:
   std::deque<wire::ring_message> ring_inbox_;
   bool ring_waiting_ = false; // a gradient is ready, the ring is not formed yet
   bool ring_stop_ = false;    // the ring agreed to stop after this round
+  uint32_t ring_gen_ = 0;     // the ring's generation
+  bool ring_sync_due_ = false; // re-formed: the next all-reduce is preceded by the sync rounds
+  uint8_t ring_sync_ = 0;      // the sync round in progress (1: steps, 2: state), 0: none
+  uint32_t ring_source_ = 0;   // round 2: the rank whose state every member takes up
+  bool ring_behind_ = false;   // round 2: this member lacks an update the source has,
+  uint64_t ring_step_up_ = 0;  // and the steps of its ring it missed (0: it joined)
+  uint32_t ring_trained_ = 0;  // the generation this member all-reduced in last (0: none),
+  uint64_t ring_round_ = 0;    // and how many all-reduces it completed in it
+  bool mirror_read_ = false;   // rank 0 reads the shards' mirror (after a sync, or a shard's return),
+  bool mirror_push_ = false;   // and pushes the difference;
+  bool mirror_then_compute_ = false; // then computes (its gradient was overwritten) or ends the step
+  bool mirror_stale_ = false;  // rank 0 skipped an update while a shard was lost: read it again
+  enum class ring_io : uint8_t { none, first_pull, mirror_read, push };
+  ring_io ring_io_ = ring_io::none; // what the ring's shards are being asked now
   std::vector<float> velocity_, before_;
   std::vector<topk_compressor> compressors_; // per shard, when pushes are top-k compressed
   // Pull compression: the fraction asked for (0: dense), the parameters as the shards'

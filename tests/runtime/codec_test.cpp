@@ -56,6 +56,22 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   CHECK(p2.base_version == 77);
   CHECK(p2.batch_size == 32);
 
+  ring_message rm;
+  rm.round = 41;
+  rm.step = 3;
+  rm.chunk = 2;
+  rm.data = {1.0f, -0.5f};
+  rm.ring = 7;
+  rm.sync = 2;
+  ring_message rm2;
+  REQUIRE_FALSE(decode(encode(rm), rm2));
+  CHECK(rm2.round == 41);
+  CHECK(rm2.step == 3);
+  CHECK(rm2.chunk == 2);
+  CHECK(rm2.data == rm.data);
+  CHECK(rm2.ring == 7); // a re-formed ring's generation
+  CHECK(rm2.sync == 2);
+
   pull_reply r{1, 5, 10, {0.5f, 0.25f}, 1234, 0, 2, 0};
   pull_reply r2;
   REQUIRE_FALSE(decode(encode(r), r2));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <functional>
 #include <numeric>
 
@@ -441,7 +442,7 @@ TEST_CASE("step machine: delta reads update the view the shard keeps, and a ring
   ring.actions();
   ring.compute(0.5f);
   CHECK(ring.actions().empty()); // waits for the ring
-  ring.m->on_ring(0, 1);
+  ring.m->on_ring(1, 0, 1);
   auto acts = ring.actions();
   // Rank 0 of a ring of one: applies lr x gradient and mirrors the update to the shards.
   CHECK(ring.m->params()[0] == Approx(1.0f - 0.5f * 0.5f));
@@ -768,4 +769,351 @@ TEST_CASE("step machine: with overlapped commits where the backend keeps the mod
   auto reports = all<step::report>(acts);
   REQUIRE(reports.size() == 1);
   CHECK(reports[0].rep.bytes == 8 * sizeof(float)); // the commit's pushes, dense
+}
+
+namespace {
+
+// Members of a ring, each a step machine of its own, and the chunks between them: what
+// one sends goes to the next rank's inbox; deliver() hands them over one by one, except
+// those `hold` keeps back (a lost member's, or chunks stuck behind it).
+struct ring_rig {
+  std::vector<std::unique_ptr<rig>> members; // by worker id
+  std::vector<uint32_t> order;               // the ring: worker ids by rank
+  struct chunk {
+    uint32_t to;
+    wire::ring_message msg;
+  };
+  std::deque<chunk> wire_;
+  std::vector<std::vector<step_action>> pending; // actions not yet acted on, by worker id
+
+  explicit ring_rig(uint32_t n) {
+    for (uint32_t id = 0; id < n; ++id) {
+      auto r = std::make_unique<rig>([](wire::assignment& a) {
+        a.policy = "ring";
+        a.momentum = 0.9f;
+        a.steps = 100;
+      });
+      r->a.worker_id = id;
+      r->m = std::make_unique<step_machine>(r->a, r->data, 8, r->clock);
+      members.push_back(std::move(r));
+    }
+    pending.resize(n);
+  }
+  step_machine& m(uint32_t id) { return *members[id]->m; }
+
+  void form(uint32_t generation, std::vector<uint32_t> ids) {
+    order = std::move(ids);
+    for (uint32_t r = 0; r < order.size(); ++r)
+      m(order[r]).on_ring(generation, r, static_cast<uint32_t>(order.size()));
+  }
+  uint32_t next_of(uint32_t id) const {
+    for (size_t r = 0; r < order.size(); ++r)
+      if (order[r] == id)
+        return order[(r + 1) % order.size()];
+    return id;
+  }
+
+  // Takes every member's new actions: ring chunks onto the wire, the rest kept.
+  void collect() {
+    for (uint32_t id = 0; id < members.size(); ++id)
+      for (auto& act : members[id]->actions()) {
+        if (auto* c = std::get_if<step::ring_send>(&act))
+          wire_.push_back({next_of(id), c->msg});
+        else
+          pending[id].push_back(std::move(act));
+      }
+  }
+
+  // Delivers chunks until none is left but those `hold` keeps back.
+  template <class Hold>
+  void deliver(Hold hold) {
+    collect();
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (auto it = wire_.begin(); it != wire_.end(); ++it)
+        if (!hold(*it)) {
+          auto c = std::move(*it);
+          wire_.erase(it);
+          m(c.to).on_ring_message(std::move(c.msg));
+          collect();
+          moved = true;
+          break;
+        }
+    }
+  }
+  void deliver() {
+    deliver([](const chunk&) { return false; });
+  }
+
+  template <class T>
+  std::vector<T> take(uint32_t id) {
+    std::vector<T> out;
+    auto& p = pending[id];
+    for (auto it = p.begin(); it != p.end();)
+      if (auto* x = std::get_if<T>(&*it)) {
+        out.push_back(*x);
+        it = p.erase(it);
+      } else {
+        ++it;
+      }
+    return out;
+  }
+
+  // Answers member id's pushes (the mirror) with acknowledgements, and its step's end.
+  std::vector<step::send_push> ack_pushes(uint32_t id) {
+    auto pushes = take<step::send_push>(id);
+    for (const auto& p : pushes)
+      m(id).on_push_ack(p.shard, p.gen, p.floats, {});
+    collect();
+    return pushes;
+  }
+  // A compute asked of member id: its gradient, all `g`.
+  void compute(uint32_t id, float g) {
+    REQUIRE(take<step::compute>(id).size() == 1);
+    members[id]->compute(g);
+    collect();
+  }
+  void next_step(uint32_t id) {
+    REQUIRE(!take<step::next_step>(id).empty());
+    m(id).on_step();
+    collect();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("step machine: a ring that lost a member halfway through an all-reduce re-forms, the members agree on the state of the furthest, and rank 0 sets the shards' mirror to it") {
+  ring_rig ring(3);
+  for (uint32_t id = 0; id < 3; ++id) {
+    ring.m(id).begin();
+    ring.collect();
+    ring.next_step(id);
+    auto pulls = ring.take<step::send_pull>(id); // the first step pulls the model
+    for (const auto& p : pulls)
+      ring.m(id).on_pull_reply(p.shard, p.gen, ring.members[id]->whole(p.shard, 1.0f));
+    ring.collect();
+  }
+  ring.form(1, {0, 1, 2});
+  // Step 0, whole: every member applies the same update; rank 0 mirrors it.
+  for (uint32_t id = 0; id < 3; ++id)
+    ring.compute(id, 0.3f * static_cast<float>(id + 1));
+  ring.deliver();
+  CHECK(ring.ack_pushes(0).size() == 2);
+  for (uint32_t id = 0; id < 3; ++id) {
+    CHECK(ring.m(id).steps_done() == 1);
+    CHECK(ring.m(id).params() == ring.m(0).params());
+    ring.next_step(id);
+  }
+  // Step 1: worker 2 is lost in the all-gather. Worker 0 has every chunk and applies
+  // the step; worker 1's last chunk never comes.
+  for (uint32_t id = 0; id < 3; ++id)
+    ring.compute(id, 0.1f * static_cast<float>(id + 1));
+  ring.deliver([](const ring_rig::chunk& c) { return c.to == 1 && c.msg.step == 3; });
+  CHECK(ring.ack_pushes(0).size() == 2); // step 1's update, mirrored
+  CHECK(ring.m(0).steps_done() == 2);
+  CHECK(ring.m(1).steps_done() == 1); // still in step 1's all-reduce
+  ring.next_step(0);
+  const auto furthest = ring.m(0).params();
+  CHECK(furthest != ring.m(1).params());
+
+  // The ring of the two left: worker 0 computes its step 2 gradient meanwhile.
+  ring.wire_.clear(); // what the lost member sent or would have received
+  ring.form(2, {0, 1});
+  ring.compute(0, 0.2f);
+  ring.deliver(); // the sync: steps, then worker 0's state
+  CHECK(ring.m(1).params() == furthest);
+  CHECK(ring.m(1).steps_done() == 2);
+  // Rank 0 reads the mirror (as if the lost member's half-pushed update left it off by
+  // 0.5 everywhere) and pushes what differs; its model stays.
+  auto pulls = ring.take<step::send_pull>(0);
+  REQUIRE(pulls.size() == 2);
+  for (const auto& p : pulls) {
+    auto rep = ring.members[0]->whole(p.shard, 0.0f);
+    std::vector<float> off(furthest.begin() + static_cast<std::ptrdiff_t>(rep.begin),
+                           furthest.begin() + static_cast<std::ptrdiff_t>(rep.begin + rep.total));
+    for (auto& x : off)
+      x += 0.5f;
+    rep.params = wire::tensor(off.begin(), off.end());
+    ring.m(0).on_pull_reply(p.shard, p.gen, rep);
+  }
+  ring.collect();
+  auto fix = ring.ack_pushes(0);
+  REQUIRE(fix.size() == 2);
+  for (const auto& p : fix)
+    for (float g : p.msg.grad)
+      CHECK(g == Approx(0.5f)); // the shards take params -= 0.5: the model again
+  CHECK(ring.m(0).params() == furthest);
+  // Both compute step 2 on the agreed model and all-reduce it in the new ring.
+  ring.compute(0, 0.2f);
+  ring.compute(1, 0.4f);
+  ring.deliver();
+  ring.ack_pushes(0);
+  CHECK(ring.m(0).steps_done() == 3);
+  CHECK(ring.m(1).steps_done() == 3);
+  CHECK(ring.m(0).params() == ring.m(1).params());
+  CHECK(ring.m(0).params() != furthest);
+  CHECK(ring.take<step::fail>(0).empty());
+  CHECK(ring.take<step::fail>(1).empty());
+}
+
+TEST_CASE("step machine: chunks of a ring re-formed since are dropped, and a newer ring's wait for the worker's place on it") {
+  ring_rig ring(2);
+  for (uint32_t id = 0; id < 2; ++id) {
+    ring.m(id).begin();
+    ring.collect();
+    ring.next_step(id);
+    for (const auto& p : ring.take<step::send_pull>(id))
+      ring.m(id).on_pull_reply(p.shard, p.gen, ring.members[id]->whole(p.shard, 1.0f));
+    ring.collect();
+  }
+  ring.form(1, {0, 1});
+  ring.compute(0, 0.5f);
+  ring.compute(1, 0.5f);
+  ring.collect();
+  // An old ring's chunk, after the worker learned of generation 2: dropped, no failure.
+  auto old_chunk = ring.wire_.front().msg;
+  ring.wire_.clear();
+  ring.m(1).on_ring(2, 1, 2);
+  ring.m(1).on_ring_message(old_chunk);
+  ring.collect();
+  CHECK(ring.take<step::fail>(1).empty());
+  // Worker 1 started generation 2's sync; its chunk reaches worker 0 before worker 0
+  // learns of the new ring: kept until it does, then used.
+  REQUIRE(ring.wire_.size() == 1);
+  CHECK(ring.wire_.front().msg.ring == 2);
+  CHECK(ring.wire_.front().msg.sync == 1);
+  ring.deliver();
+  CHECK(ring.take<step::fail>(0).empty());
+  ring.m(0).on_ring(2, 0, 2);
+  ring.deliver();
+  // Both at step 0: no one is behind, rank 0 still reads the mirror before going on.
+  auto pulls = ring.take<step::send_pull>(0);
+  REQUIRE(pulls.size() == 2);
+  for (const auto& p : pulls)
+    ring.m(0).on_pull_reply(p.shard, p.gen, ring.members[0]->whole(p.shard, 1.0f));
+  ring.collect();
+  for (const auto& p : ring.ack_pushes(0))
+    for (float g : p.msg.grad)
+      CHECK(g == 0.0f);
+  ring.compute(0, 0.5f);
+  ring.deliver();
+  ring.ack_pushes(0);
+  CHECK(ring.m(0).steps_done() == 1);
+  CHECK(ring.m(1).steps_done() == 1);
+  CHECK(ring.m(0).params() == ring.m(1).params());
+}
+
+TEST_CASE("step machine: a worker that joins a running ring takes up the model and velocity of its members before its first all-reduce") {
+  ring_rig ring(3);
+  for (uint32_t id = 0; id < 2; ++id) {
+    ring.m(id).begin();
+    ring.collect();
+    ring.next_step(id);
+    for (const auto& p : ring.take<step::send_pull>(id))
+      ring.m(id).on_pull_reply(p.shard, p.gen, ring.members[id]->whole(p.shard, 1.0f));
+    ring.collect();
+  }
+  ring.form(1, {0, 1});
+  for (int step = 0; step < 3; ++step) { // three steps of a ring of two
+    ring.compute(0, 0.2f);
+    ring.compute(1, 0.4f);
+    ring.deliver();
+    ring.ack_pushes(0);
+    ring.next_step(0);
+    ring.next_step(1);
+  }
+  const auto model = ring.m(0).params();
+  // Worker 2 joins: its first step pulls the shards' mirror (here stale: all 1) and
+  // computes on it, then waits for its place on a ring.
+  ring.m(2).begin();
+  ring.collect();
+  ring.next_step(2);
+  for (const auto& p : ring.take<step::send_pull>(2))
+    ring.m(2).on_pull_reply(p.shard, p.gen, ring.members[2]->whole(p.shard, 1.0f));
+  ring.collect();
+  ring.compute(2, 0.9f);
+  ring.form(2, {0, 1, 2});
+  ring.compute(0, 0.2f);
+  ring.compute(1, 0.4f);
+  ring.deliver(); // the sync
+  CHECK(ring.m(2).params() == model);
+  CHECK(ring.m(2).steps_done() == 0); // its own count: it joined, it skipped nothing
+  for (const auto& p : ring.take<step::send_pull>(0)) // rank 0's read of the mirror
+    ring.m(0).on_pull_reply(p.shard, p.gen, ring.members[0]->whole(p.shard, 0.0f));
+  ring.collect();
+  ring.ack_pushes(0);
+  ring.compute(0, 0.2f); // rank 0 computes again after the mirror's fix
+  ring.compute(2, 0.6f); // the newcomer on the model it took up
+  ring.deliver();
+  ring.ack_pushes(0);
+  for (uint32_t id = 0; id < 3; ++id) {
+    CHECK(ring.take<step::fail>(id).empty());
+    CHECK(ring.m(id).params() == ring.m(0).params());
+  }
+  CHECK(ring.m(0).params() != model);
+  CHECK(ring.m(0).steps_done() == 4);
+  CHECK(ring.m(2).steps_done() == 1);
+}
+
+TEST_CASE("step machine: a ring trains on while a shard of its mirror is lost, and rank 0 sets the mirror to the model once it is back") {
+  ring_rig ring(2);
+  for (uint32_t id = 0; id < 2; ++id) {
+    ring.members[id]->a.shard_wait_s = 30;
+    ring.members[id]->m = std::make_unique<step_machine>(ring.members[id]->a, ring.members[id]->data, 8,
+                                                         ring.members[id]->clock);
+    ring.m(id).begin();
+    ring.collect();
+    ring.next_step(id);
+    for (const auto& p : ring.take<step::send_pull>(id))
+      ring.m(id).on_pull_reply(p.shard, p.gen, ring.members[id]->whole(p.shard, 1.0f));
+    ring.collect();
+  }
+  ring.form(1, {0, 1});
+  ring.compute(0, 0.2f);
+  ring.compute(1, 0.4f);
+  ring.deliver();
+  // Rank 0's push of the step's update: shard 1's part fails (its node died).
+  auto pushes = ring.take<step::send_push>(0);
+  REQUIRE(pushes.size() == 2);
+  ring.m(0).on_push_ack(pushes[0].shard, pushes[0].gen, pushes[0].floats, {});
+  ring.m(0).on_request_failed(pushes[1].shard, pushes[1].gen, "push to shard 1 failed: down");
+  ring.m(1).on_shard_down(1, "shard 1 was lost");
+  ring.collect();
+  for (uint32_t id = 0; id < 2; ++id) {
+    CHECK(ring.take<step::fail>(id).empty());
+    CHECK(ring.m(id).steps_done() == 1);
+    ring.next_step(id);
+  }
+  // The next step: the ring goes on; rank 0 pushes nothing while the shard is missing.
+  ring.compute(0, 0.2f);
+  ring.compute(1, 0.4f);
+  ring.deliver();
+  CHECK(ring.take<step::send_push>(0).empty());
+  CHECK(ring.m(0).steps_done() == 2);
+  CHECK(ring.m(1).steps_done() == 2);
+  CHECK(ring.m(0).params() == ring.m(1).params());
+  ring.m(0).on_shard_replaced(1);
+  ring.m(1).on_shard_replaced(1);
+  ring.collect();
+  CHECK(ring.take<step::send_pull>(1).empty()); // the others have no use for the shards
+  for (uint32_t id = 0; id < 2; ++id)
+    ring.next_step(id);
+  ring.compute(0, 0.2f);
+  ring.compute(1, 0.4f);
+  ring.deliver();
+  // After its step, rank 0 reads the whole mirror (shard 1 back at an older cut: all 1)
+  // and pushes what differs from the model, instead of the step's update alone.
+  auto pulls = ring.take<step::send_pull>(0);
+  REQUIRE(pulls.size() == 2);
+  for (const auto& p : pulls)
+    ring.m(0).on_pull_reply(p.shard, p.gen, ring.members[0]->whole(p.shard, 1.0f));
+  ring.collect();
+  auto fix = ring.ack_pushes(0);
+  REQUIRE(fix.size() == 2);
+  const auto& model = ring.m(0).params();
+  for (const auto& p : fix)
+    for (size_t j = 0; j < p.msg.grad.size(); ++j)
+      CHECK(p.msg.grad[j] == Approx(1.0f - model[(p.shard == 0 ? 0 : 5) + j]));
+  CHECK(ring.m(0).steps_done() == 3);
+  CHECK(ring.take<step::fail>(0).empty());
 }

@@ -12,6 +12,8 @@ seeded schedule injects faults, one every --every seconds, until the job ends:
                   restoring the shard from its checkpoint cuts
   server-stop     SIGSTOP a server node for 3 s, then SIGCONT
   server-freeze   SIGSTOP a server node for 8 s, past the heartbeat timeout, then SIGCONT
+  server-hang     SIGSTOP a server node for good (a hung machine: its process still holds
+                  its files and sockets); `node --role server --shard ID` takes over 4 s later
   scheduler-stop  SIGSTOP the scheduler for 1 s (a stall well within the 3 s heartbeat
                   timeout), then SIGCONT: the job goes on
   scheduler-freeze  SIGSTOP the scheduler for 8 s, past the heartbeat timeout: every node
@@ -288,6 +290,16 @@ def inject(c, kind, rng, t0, a):
             shard = re.findall(r"hosting shard (\d+)", open(v.log, errors="replace").read())
             v.signal(signal.SIGKILL)
             time.sleep(2)
+            if shard:
+                entry["shard"] = int(shard[-1])
+                c.servers.append(c.node("server", ["--shard", shard[-1]]))
+    elif kind == "server-hang":
+        v = pick(c.servers, rng, entry)
+        if v:
+            shard = re.findall(r"hosting shard (\d+)", open(v.log, errors="replace").read())
+            v.signal(signal.SIGSTOP)
+            c.servers.remove(v)  # stopped for good: no later fault resumes it
+            time.sleep(4)
             if shard:
                 entry["shard"] = int(shard[-1])
                 c.servers.append(c.node("server", ["--shard", shard[-1]]))

@@ -805,8 +805,9 @@ void step_machine::report_step(uint64_t push_ns) {
 void step_machine::on_ring(uint32_t generation, uint32_t rank, uint32_t ranks) {
   if (stopped_)
     return;
-  if (ranks == 0)
-    return fail("the ring lost worker " + std::to_string(rank) + "; decentralized training cannot go on without it");
+  if (rank >= ranks)
+    return fail("the scheduler placed this worker at rank " + std::to_string(rank) + " of a ring of "
+                + std::to_string(ranks));
   if (generation <= ring_gen_)
     return; // an older ring's place, overtaken
   ring_gen_ = generation;

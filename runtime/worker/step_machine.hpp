@@ -201,7 +201,7 @@ public:
   void on_stage(const std::string& stage, uint32_t h, float lr_scale, float pull_ratio);
   /// The learning-rate schedule's factor.
   void on_lr(float factor) { schedule_lr_scale_ = factor; }
-  /// The place on ring `generation` (ranks 0: the ring lost worker `rank` and broke).
+  /// The place on ring `generation` (a rank outside the ring fails the worker).
   /// Generation 1 is the job's first ring, its members fresh from the same pull. A later
   /// one is the ring re-formed after a member was lost or joined: the all-reduce in
   /// progress is abandoned and, before the next one, the members agree on their state

@@ -1001,6 +1001,12 @@ TEST_CASE("step machine: chunks of a ring re-formed since are dropped, and a new
   CHECK(ring.m(0).steps_done() == 1);
   CHECK(ring.m(1).steps_done() == 1);
   CHECK(ring.m(0).params() == ring.m(1).params());
+  // A place outside the ring is refused.
+  ring.m(1).on_ring(3, 5, 2);
+  ring.collect();
+  auto fails = ring.take<step::fail>(1);
+  REQUIRE(fails.size() == 1);
+  CHECK(fails[0].why == "the scheduler placed this worker at rank 5 of a ring of 2");
 }
 
 TEST_CASE("step machine: a worker that joins a running ring takes up the model and velocity of its members before its first all-reduce") {

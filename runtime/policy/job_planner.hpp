@@ -193,8 +193,8 @@ struct policy_traits {
   /// Pushes are commits of local steps (adsp, ashl): each counts as one worker's share of
   /// a model average unless train.commit_scale says otherwise.
   bool commits = false;
-  /// Decentralized (ring): the workers present at the start form a ring in id order, none
-  /// joins mid-run, a failure breaks it; its pushes mirror the model, never compressed.
+  /// Decentralized (ring): the live workers form a ring in id order, formed again when one
+  /// is lost or joins; its pushes mirror the model, never compressed.
   bool ring = false;
 };
 

@@ -13,7 +13,11 @@ seeded schedule injects faults, one every --every seconds, until the job ends:
   server-stop     SIGSTOP a server node for 3 s, then SIGCONT
   server-freeze   SIGSTOP a server node for 8 s, past the heartbeat timeout, then SIGCONT
   server-hang     SIGSTOP a server node for good (a hung machine: its process still holds
-                  its files and sockets); `node --role server --shard ID` takes over 4 s later
+                  its files and sockets); `node --role server --shard ID` is started 4 s later.
+                  Not among the default kinds: a known limit. The hung process keeps its
+                  checkpoint stores' locks, so no node can serve its shards again from them
+                  ("the store is open elsewhere ... stop that process"), and the job ends
+                  after run.shard_wait with that error, unless the process is killed
   scheduler-stop  SIGSTOP the scheduler for 1 s (a stall well within the 3 s heartbeat
                   timeout), then SIGCONT: the job goes on
   scheduler-freeze  SIGSTOP the scheduler for 8 s, past the heartbeat timeout: every node

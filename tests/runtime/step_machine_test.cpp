@@ -878,21 +878,25 @@ struct ring_rig {
     m(id).on_step();
     collect();
   }
+  // Member id begins: its first step pulls the model (every parameter `value`).
+  void start(uint32_t id, float value = 1.0f) {
+    m(id).begin();
+    collect();
+    next_step(id);
+    auto pulls = take<step::send_pull>(id);
+    REQUIRE(pulls.size() == 2);
+    for (const auto& p : pulls)
+      m(id).on_pull_reply(p.shard, p.gen, members[id]->whole(p.shard, value));
+    collect();
+  }
 };
 
 }  // namespace
 
 TEST_CASE("step machine: a ring that lost a member halfway through an all-reduce re-forms, the members agree on the state of the furthest, and rank 0 sets the shards' mirror to it") {
   ring_rig ring(3);
-  for (uint32_t id = 0; id < 3; ++id) {
-    ring.m(id).begin();
-    ring.collect();
-    ring.next_step(id);
-    auto pulls = ring.take<step::send_pull>(id); // the first step pulls the model
-    for (const auto& p : pulls)
-      ring.m(id).on_pull_reply(p.shard, p.gen, ring.members[id]->whole(p.shard, 1.0f));
-    ring.collect();
-  }
+  for (uint32_t id = 0; id < 3; ++id)
+    ring.start(id); // the first step pulls the model
   ring.form(1, {0, 1, 2});
   // Step 0, whole: every member applies the same update; rank 0 mirrors it.
   for (uint32_t id = 0; id < 3; ++id)
@@ -958,14 +962,8 @@ TEST_CASE("step machine: a ring that lost a member halfway through an all-reduce
 
 TEST_CASE("step machine: chunks of a ring re-formed since are dropped, and a newer ring's wait for the worker's place on it") {
   ring_rig ring(2);
-  for (uint32_t id = 0; id < 2; ++id) {
-    ring.m(id).begin();
-    ring.collect();
-    ring.next_step(id);
-    for (const auto& p : ring.take<step::send_pull>(id))
-      ring.m(id).on_pull_reply(p.shard, p.gen, ring.members[id]->whole(p.shard, 1.0f));
-    ring.collect();
-  }
+  for (uint32_t id = 0; id < 2; ++id)
+    ring.start(id);
   ring.form(1, {0, 1});
   ring.compute(0, 0.5f);
   ring.compute(1, 0.5f);
@@ -1011,14 +1009,8 @@ TEST_CASE("step machine: chunks of a ring re-formed since are dropped, and a new
 
 TEST_CASE("step machine: a worker that joins a running ring takes up the model and velocity of its members before its first all-reduce") {
   ring_rig ring(3);
-  for (uint32_t id = 0; id < 2; ++id) {
-    ring.m(id).begin();
-    ring.collect();
-    ring.next_step(id);
-    for (const auto& p : ring.take<step::send_pull>(id))
-      ring.m(id).on_pull_reply(p.shard, p.gen, ring.members[id]->whole(p.shard, 1.0f));
-    ring.collect();
-  }
+  for (uint32_t id = 0; id < 2; ++id)
+    ring.start(id);
   ring.form(1, {0, 1});
   for (int step = 0; step < 3; ++step) { // three steps of a ring of two
     ring.compute(0, 0.2f);
@@ -1031,12 +1023,7 @@ TEST_CASE("step machine: a worker that joins a running ring takes up the model a
   const auto model = ring.m(0).params();
   // Worker 2 joins: its first step pulls the shards' mirror (here stale: all 1) and
   // computes on it, then waits for its place on a ring.
-  ring.m(2).begin();
-  ring.collect();
-  ring.next_step(2);
-  for (const auto& p : ring.take<step::send_pull>(2))
-    ring.m(2).on_pull_reply(p.shard, p.gen, ring.members[2]->whole(p.shard, 1.0f));
-  ring.collect();
+  ring.start(2);
   ring.compute(2, 0.9f);
   ring.form(2, {0, 1, 2});
   ring.compute(0, 0.2f);
@@ -1067,12 +1054,7 @@ TEST_CASE("step machine: a ring trains on while a shard of its mirror is lost, a
     ring.members[id]->a.shard_wait_s = 30;
     ring.members[id]->m = std::make_unique<step_machine>(ring.members[id]->a, ring.members[id]->data, 8,
                                                          ring.members[id]->clock);
-    ring.m(id).begin();
-    ring.collect();
-    ring.next_step(id);
-    for (const auto& p : ring.take<step::send_pull>(id))
-      ring.m(id).on_pull_reply(p.shard, p.gen, ring.members[id]->whole(p.shard, 1.0f));
-    ring.collect();
+    ring.start(id);
   }
   ring.form(1, {0, 1});
   ring.compute(0, 0.2f);

@@ -878,16 +878,20 @@ struct ring_rig {
     m(id).on_step();
     collect();
   }
-  // Member id begins: its first step pulls the model (every parameter `value`).
-  void start(uint32_t id, float value = 1.0f) {
-    m(id).begin();
-    collect();
-    next_step(id);
+  // Answers member id's read of both shards: every parameter `value`.
+  void answer_pulls(uint32_t id, float value) {
     auto pulls = take<step::send_pull>(id);
     REQUIRE(pulls.size() == 2);
     for (const auto& p : pulls)
       m(id).on_pull_reply(p.shard, p.gen, members[id]->whole(p.shard, value));
     collect();
+  }
+  // Member id begins: its first step pulls the model (every parameter `value`).
+  void start(uint32_t id, float value = 1.0f) {
+    m(id).begin();
+    collect();
+    next_step(id);
+    answer_pulls(id, value);
   }
 };
 
@@ -985,11 +989,7 @@ TEST_CASE("step machine: chunks of a ring re-formed since are dropped, and a new
   ring.m(0).on_ring(2, 0, 2);
   ring.deliver();
   // Both at step 0: no one is behind, rank 0 still reads the mirror before going on.
-  auto pulls = ring.take<step::send_pull>(0);
-  REQUIRE(pulls.size() == 2);
-  for (const auto& p : pulls)
-    ring.m(0).on_pull_reply(p.shard, p.gen, ring.members[0]->whole(p.shard, 1.0f));
-  ring.collect();
+  ring.answer_pulls(0, 1.0f);
   for (const auto& p : ring.ack_pushes(0))
     for (float g : p.msg.grad)
       CHECK(g == 0.0f);
@@ -1031,9 +1031,7 @@ TEST_CASE("step machine: a worker that joins a running ring takes up the model a
   ring.deliver(); // the sync
   CHECK(ring.m(2).params() == model);
   CHECK(ring.m(2).steps_done() == 0); // its own count: it joined, it skipped nothing
-  for (const auto& p : ring.take<step::send_pull>(0)) // rank 0's read of the mirror
-    ring.m(0).on_pull_reply(p.shard, p.gen, ring.members[0]->whole(p.shard, 0.0f));
-  ring.collect();
+  ring.answer_pulls(0, 0.0f); // rank 0's read of the mirror
   ring.ack_pushes(0);
   ring.compute(0, 0.2f); // rank 0 computes again after the mirror's fix
   ring.compute(2, 0.6f); // the newcomer on the model it took up
@@ -1091,11 +1089,7 @@ TEST_CASE("step machine: a ring trains on while a shard of its mirror is lost, a
   ring.deliver();
   // After its step, rank 0 reads the whole mirror (shard 1 back at an older cut: all 1)
   // and pushes what differs from the model, instead of the step's update alone.
-  auto pulls = ring.take<step::send_pull>(0);
-  REQUIRE(pulls.size() == 2);
-  for (const auto& p : pulls)
-    ring.m(0).on_pull_reply(p.shard, p.gen, ring.members[0]->whole(p.shard, 1.0f));
-  ring.collect();
+  ring.answer_pulls(0, 1.0f);
   auto fix = ring.ack_pushes(0);
   REQUIRE(fix.size() == 2);
   const auto& model = ring.m(0).params();

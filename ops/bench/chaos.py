@@ -2,7 +2,7 @@
 """Chaos and soak benchmark of a cluster of real processes on loopback.
 
 A scheduler node, 2 server nodes and 4 worker nodes train the MLP on Fashion-MNIST under
-BSP with checkpoints on. First an undisturbed run of the job; then the same job while a
+BSP (or --policy) with checkpoints on. First an undisturbed run of the job; then the same job while a
 seeded schedule injects faults, one every --every seconds, until the job ends:
 
   worker-kill     SIGKILL a worker node; a new worker node joins 2 s later
@@ -122,6 +122,8 @@ class Cluster:
                 "--set", f"data.train_limit={a.train_limit}", "--set", "data.test_limit=10000",
                 "--set", "train.speeds=1,1,1,1", "--set", f"train.sample_ms={a.sample_ms}",
                 "--set", "run.progress_interval=1", "--set", "run.shard_wait=60"]
+        if a.policy:
+            argv += ["--policy", a.policy]
         if resume:
             argv.append("--resume")
         self.sched = self.start(f"scheduler-{self.runs}", argv)
@@ -376,6 +378,7 @@ def main():
     ap.add_argument("--out", default="/tmp/ashlar-chaos")
     ap.add_argument("--ashlar", default=os.path.join(ROOT, "build", "apps", "ashlar"))
     ap.add_argument("--config", default=os.path.join(ROOT, "ops", "configs", "fmnist-mlp.toml"))
+    ap.add_argument("--policy", help="the job's sync policy (default: the config's, bsp for the MLP's)")
     ap.add_argument("--train-limit", type=int, default=12000)
     ap.add_argument("--sample-ms", type=float, default=0.5, help="paced ms per sample per worker")
     ap.add_argument("--grace", type=float, default=90, help="seconds a fault may take to recover from")

@@ -14,6 +14,7 @@
 #include "runtime/metrics/recorder.hpp"
 #include "runtime/policy/assignment.hpp"
 #include "runtime/policy/job_planner.hpp"
+#include "runtime/policy/ring.hpp"
 
 namespace ashlar::actors {
 
@@ -56,11 +57,8 @@ struct scheduler_state {
   std::set<caf::actor_addr> lost_shards; // down, not served again yet
   // Since when every worker is lost with steps left, waiting for one to join (worker_wait).
   std::optional<std::chrono::steady_clock::time_point> all_lost_since;
-  // Decentralized mode: the ring's generation (each re-formed ring is a new one), and
-  // whether a member was lost (from then on any member leaving re-forms the ring: one
-  // that finished the last step while the others redo it after a loss is gone for them).
-  uint32_t ring_generation = 0;
-  bool ring_lost_member = false;
+  // Decentralized mode: which ring the live workers form, and when.
+  ring_membership ring;
 };
 
 using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;
@@ -209,7 +207,7 @@ void check_worker_wait(scheduler_pointer self) {
   end_job(self, finished, failed);
 }
 
-void form_ring(scheduler_pointer self, const std::string& why = {});
+void form_ring(scheduler_pointer self, uint32_t generation, const std::string& why = {});
 void apply_plan(scheduler_pointer self, const job_plan& plan);
 
 // The live members' batch shares, parts of the training set and steps (those admitted:
@@ -287,10 +285,9 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
   m.kind = failed ? wire::membership_change::fail : wire::membership_change::leave;
   m.worker_id = id;
   m.reason = reason;
-  if (st.started && st.traits.ring && !st.stopping && (failed || st.ring_lost_member)) {
-    st.ring_lost_member = true;
-    form_ring(self, "worker " + std::to_string(id) + (failed ? " was lost" : " left"));
-  }
+  if (st.started && st.traits.ring && !st.stopping)
+    if (auto generation = st.ring.on_leave(failed))
+      form_ring(self, generation, "worker " + std::to_string(id) + (failed ? " was lost" : " left"));
   broadcast(self, m, [=](bool) { check_done(self); });
   hand_over(self, id);
 }
@@ -299,7 +296,7 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
 // generation, its rank and the next worker. A member lost mid-job makes the others form a
 // new ring (its generation one more): they agree on their state, then go on without it
 // (runtime/worker/step_machine.hpp: on_ring).
-void form_ring(scheduler_pointer self, const std::string& why) {
+void form_ring(scheduler_pointer self, uint32_t generation, const std::string& why) {
   auto& st = self->state;
   std::vector<const member*> ring;
   for (const auto& [id, m] : st.members)
@@ -308,7 +305,6 @@ void form_ring(scheduler_pointer self, const std::string& why) {
   const auto n = static_cast<uint32_t>(ring.size());
   if (n == 0)
     return;
-  const uint32_t generation = ++st.ring_generation;
   for (uint32_t r = 0; r < n; ++r)
     self->send(caf::actor_cast<worker_actor>(ring[r]->handle), ring_atom::value, generation, r, n,
                caf::actor_cast<caf::actor>(ring[(r + 1) % n]->handle));
@@ -340,7 +336,7 @@ void start_training(scheduler_pointer self) {
     f();
   st.start_barrier.clear();
   if (st.traits.ring)
-    form_ring(self);
+    form_ring(self, st.ring.start());
   job_plan plan;
   st.planner->on_start(plan);
   apply_plan(self, plan);
@@ -485,10 +481,8 @@ void admit_to_running_job(scheduler_pointer self, wire::assignment a, registrati
         // their next steps; the planner's own directives come after.
         st.planner->on_join(a.worker_id, plan);
         apply_plan(self, plan);
-        if (st.traits.ring) { // a ring of the members and the newcomer, who agree on the model first
-          st.ring_lost_member = true;
-          form_ring(self, "worker " + std::to_string(a.worker_id) + " joined");
-        }
+        if (st.traits.ring) // a ring of the members and the newcomer, who agree on the model first
+          form_ring(self, st.ring.on_join(), "worker " + std::to_string(a.worker_id) + " joined");
       },
       [=](caf::error& err) mutable { promise.deliver(err); });
 }

@@ -30,6 +30,36 @@ private:
   std::set<worker_id> live_;
 };
 
+/// Which ring the scheduler's live workers form, and when: the job's first at its start
+/// (generation 1), then a new one (the next generation) whenever a member is lost or a
+/// worker joins. Once that happened, any member leaving forms one too: after a loss the
+/// members may be a step apart, and one that finished the job's last step while the
+/// others redo it must not be waited for. A job that never changed its ring ends as it
+/// started, its members leaving together.
+class ring_membership {
+public:
+  /// Training starts: the generation of the first ring.
+  uint32_t start() { return ++generation_; }
+  /// A member left (`failed`: lost): the generation of the ring the others form now, or 0
+  /// for none.
+  uint32_t on_leave(bool failed) {
+    if (!failed && !changed_)
+      return 0;
+    changed_ = true;
+    return ++generation_;
+  }
+  /// A worker joined the running job: the generation of the ring it joins.
+  uint32_t on_join() {
+    changed_ = true;
+    return ++generation_;
+  }
+  uint32_t generation() const { return generation_; }
+
+private:
+  uint32_t generation_ = 0;
+  bool changed_ = false;
+};
+
 /// The shards' optimizer under `policy`: for "ring" a mirror (an update is applied as it
 /// is pushed), else `opt`.
 inline sgd_config shard_optimizer(const std::string& policy, const sgd_config& opt) {

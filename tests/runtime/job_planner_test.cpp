@@ -10,6 +10,7 @@
 #include "runtime/policy/ashl.hpp"
 #include "runtime/policy/assignment.hpp"
 #include "runtime/policy/job_planner.hpp"
+#include "runtime/policy/ring.hpp"
 
 using namespace ashlar;
 
@@ -373,4 +374,23 @@ TEST_CASE("a member joining a running lockstep job trains what is owed once over
   // Nothing owed: the newcomer trains nothing.
   auto none = hand_over_joined_lockstep(alone, {}, {}, 7, 9000);
   CHECK(none.rounds == 0);
+}
+
+TEST_CASE("ring membership: the first ring at the start, a new one on a loss or a join, and on every leave once one happened") {
+  ring_membership untouched;
+  CHECK(untouched.start() == 1);
+  CHECK(untouched.on_leave(false) == 0); // a job that never changed its ring: members leave together
+  CHECK(untouched.on_leave(false) == 0);
+  CHECK(untouched.generation() == 1);
+
+  ring_membership lossy;
+  CHECK(lossy.start() == 1);
+  CHECK(lossy.on_leave(true) == 2); // lost: the others form ring 2
+  CHECK(lossy.on_leave(false) == 3); // from then on a member leaving forms a new one too
+  CHECK(lossy.on_leave(false) == 4);
+
+  ring_membership grown;
+  CHECK(grown.start() == 1);
+  CHECK(grown.on_join() == 2);
+  CHECK(grown.on_leave(false) == 3);
 }

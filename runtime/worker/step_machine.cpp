@@ -266,9 +266,10 @@ void step_machine::on_step() {
   in_step_ = true;
   if (mode_ == step_mode::ring && step_ > 0)
     compute_step(); // the model is local: compute, then all-reduce
-  else if (mode_ == step_mode::ring)
-    ring_io_ = ring_io::first_pull, pull_all();
-  else if (local_done_ > 0 || commit_inflight_ || (mode_ == step_mode::local_steps && model_local_))
+  else if (mode_ == step_mode::ring) {
+    ring_io_ = ring_io::first_pull; // the first step reads the model from the shards
+    pull_all();
+  } else if (local_done_ > 0 || commit_inflight_ || (mode_ == step_mode::local_steps && model_local_))
     compute_step(); // a commit is open, or one is in flight: compute on the local model
   else
     pull_all();

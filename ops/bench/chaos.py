@@ -290,23 +290,18 @@ def inject(c, kind, rng, t0, a):
             time.sleep(3)
             if not v.alive() or "left" in open(v.log, errors="replace").read()[-2000:]:
                 c.workers.append(c.node("worker"))
-    elif kind == "server-kill":
+    elif kind in ("server-kill", "server-hang"):
         v = pick(c.servers, rng, entry)
         if v:
             shard = re.findall(r"hosting shard (\d+)", open(v.log, errors="replace").read())
-            v.signal(signal.SIGKILL)
-            time.sleep(2)
-            if shard:
-                entry["shard"] = int(shard[-1])
-                c.servers.append(c.node("server", ["--shard", shard[-1]]))
-    elif kind == "server-hang":
-        v = pick(c.servers, rng, entry)
-        if v:
-            shard = re.findall(r"hosting shard (\d+)", open(v.log, errors="replace").read())
-            v.signal(signal.SIGSTOP)
-            c.servers.remove(v)  # stopped for good: no later fault resumes it
-            time.sleep(4)
-            if shard:
+            if kind == "server-kill":
+                v.signal(signal.SIGKILL)
+                time.sleep(2)
+            else:
+                v.signal(signal.SIGSTOP)
+                c.servers.remove(v)  # stopped for good: no later fault resumes it
+                time.sleep(4)
+            if shard:  # a node that serves its shard from the checkpoint cuts
                 entry["shard"] = int(shard[-1])
                 c.servers.append(c.node("server", ["--shard", shard[-1]]))
     elif kind in ("server-stop", "server-freeze"):

@@ -282,9 +282,8 @@ void step_machine::pull_received() {
     return;
   if (commit_inflight_)
     return commit_landed();
-  if (mirror_read_) {
+  if (ring_io_ == ring_io::mirror_read) {
     // Rank 0 of a ring: the shards take params -= (mirror - model), and the model stays.
-    mirror_read_ = false;
     for (size_t j = 0; j < params_.size(); ++j)
       grad_[j] = params_[j] - before_[j];
     params_ = before_;
@@ -917,7 +916,6 @@ void step_machine::ring_sync_done() {
 // (`then_compute`: its gradient buffer carried the difference) or ends the step.
 void step_machine::read_mirror(bool then_compute) {
   before_ = params_;
-  mirror_read_ = true;
   mirror_then_compute_ = then_compute;
   mirror_stale_ = false;
   ring_io_ = ring_io::mirror_read;
@@ -948,7 +946,6 @@ bool step_machine::ring_shard_trouble(size_t i, const std::string& why) {
     mirror_stale_ = true;
   if (ring_io_ == ring_io::mirror_read) { // given up: the model stays, the read comes later
     ++gen_;                               // (the other shards' replies are of no use now)
-    mirror_read_ = false;
     params_ = before_;
     mirror_stale_ = true;
     mirror_done();

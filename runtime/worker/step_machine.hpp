@@ -324,18 +324,19 @@ private:
   bool ring_stop_ = false;    // the ring agreed to stop after this round
   uint32_t ring_gen_ = 0;     // the ring's generation
   bool ring_sync_due_ = false; // re-formed: the next all-reduce is preceded by the sync rounds
-  uint8_t ring_sync_ = 0;      // the sync round in progress (1: steps, 2: state), 0: none
+  uint8_t ring_sync_ = 0;      // the sync round in progress (1: progress, 2: state), 0: none
   uint32_t ring_source_ = 0;   // round 2: the rank whose state every member takes up
   bool ring_behind_ = false;   // round 2: this member lacks an update the source has,
   uint64_t ring_step_up_ = 0;  // and the steps of its ring it missed (0: it joined)
   uint32_t ring_trained_ = 0;  // the generation this member all-reduced in last (0: none),
   uint64_t ring_round_ = 0;    // and how many all-reduces it completed in it
-  bool mirror_read_ = false;   // rank 0 reads the shards' mirror (after a sync, or a shard's return),
-  bool mirror_push_ = false;   // and pushes the difference;
+  bool mirror_push_ = false;   // rank 0 pushes what its read of the mirror differs by (ring_io::mirror_read),
   bool mirror_then_compute_ = false; // then computes (its gradient was overwritten) or ends the step
   bool mirror_stale_ = false;  // rank 0 skipped an update while a shard was lost: read it again
+  // What the ring's shards are being asked now: the first step's read, rank 0's read of
+  // the mirror (after a sync, or a shard's return), or a push of rank 0's.
   enum class ring_io : uint8_t { none, first_pull, mirror_read, push };
-  ring_io ring_io_ = ring_io::none; // what the ring's shards are being asked now
+  ring_io ring_io_ = ring_io::none;
   std::vector<float> velocity_, before_;
   std::vector<topk_compressor> compressors_; // per shard, when pushes are top-k compressed
   // Pull compression: the fraction asked for (0: dense), the parameters as the shards'

@@ -84,7 +84,8 @@ using scheduler_actor = caf::typed_actor<
   caf::reacts_to<shard_atom, uint32_t, shard_actor, std::string>>;
 
 /// A worker: registers on start, then loops pull -> compute -> push until its steps are done.
-/// stop_atom: finish the current step, leave, and quit.
+/// stop_atom: finish the current step, leave, and quit (on a ring: after the next
+/// all-reduce, in which the worker votes to leave; the others wait for a new ring).
 /// paced_atom: the emulated compute time of the step of this generation is over (pacing;
 /// a step abandoned for a lost shard has an older generation).
 /// local_steps_atom: from now on, commit every H steps (H >= 1; see wire::assignment).

@@ -267,7 +267,8 @@ void hand_over(scheduler_pointer self, uint32_t lost) {
       });
 }
 
-void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::string& reason) {
+// `early`: a leave before the member's steps were done (removed on request, its node stopped).
+void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::string& reason, bool early = false) {
   auto& st = self->state;
   auto i = st.members.find(id);
   if (i == st.members.end() || i->second.left)
@@ -286,8 +287,9 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
   m.worker_id = id;
   m.reason = reason;
   if (st.started && st.traits.ring && !st.stopping)
-    if (auto generation = st.ring.on_leave(failed))
-      form_ring(self, generation, "worker " + std::to_string(id) + (failed ? " was lost" : " left"));
+    if (auto generation = st.ring.on_leave(failed, early))
+      form_ring(self, generation,
+                "worker " + std::to_string(id) + (failed ? " was lost" : early ? " was removed" : " left"));
   broadcast(self, m, [=](bool) { check_done(self); });
   hand_over(self, id);
 }
@@ -666,7 +668,7 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
     [=](const wire::membership_change& m) {
       if (m.kind == wire::membership_change::join)
         return;
-      on_leave(self, m.worker_id, m.kind == wire::membership_change::fail, m.reason);
+      on_leave(self, m.worker_id, m.kind == wire::membership_change::fail, m.reason, m.early);
     },
   };
 }

@@ -35,7 +35,7 @@ struct worker_state {
 using worker_pointer = worker_actor::stateful_pointer<worker_state>;
 
 // Tells the scheduler the worker leaves (finished) or fails, and why; then stops.
-void leave(worker_pointer self, wire::membership_change::kind_t kind, const std::string& reason) {
+void leave(worker_pointer self, wire::membership_change::kind_t kind, const std::string& reason, bool early = false) {
   auto& st = self->state;
   if (st.stopped)
     return;
@@ -43,7 +43,7 @@ void leave(worker_pointer self, wire::membership_change::kind_t kind, const std:
   const uint32_t id = st.machine ? st.machine->job().worker_id : wire::any_worker;
   if (kind == wire::membership_change::fail)
     spdlog::error("worker {}: {}", id, reason);
-  self->send(st.cfg.scheduler, wire::membership_change{kind, id, reason});
+  self->send(st.cfg.scheduler, wire::membership_change{kind, id, reason, early});
   if (kind == wire::membership_change::fail)
     self->quit(caf::exit_reason::user_shutdown);
   else
@@ -177,7 +177,7 @@ struct executor {
 
   void operator()(step::fail& a) const { actors::fail(self, a.why); }
 
-  void operator()(step::finish& a) const { leave(self, wire::membership_change::leave, a.reason); }
+  void operator()(step::finish& a) const { leave(self, wire::membership_change::leave, a.reason, a.early); }
 };
 
 // Carries out what the machine asks, until it asks nothing more.

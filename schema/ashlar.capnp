@@ -170,6 +170,7 @@ struct MembershipChange {
   kind @0 :Kind;
   workerId @1 :UInt32;
   reason @2 :Text;
+  early @3 :Bool;          # a leave before the worker's steps were done (removed on request)
 }
 
 # ---- Parameters ---------------------------------------------------------------------

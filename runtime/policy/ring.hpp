@@ -31,7 +31,8 @@ private:
 };
 
 /// Which ring the scheduler's live workers form, and when: the job's first at its start
-/// (generation 1), then a new one (the next generation) whenever a member is lost or a
+/// (generation 1), then a new one (the next generation) whenever a member is lost, leaves
+/// before its steps are done (removed on request: the others wait for the new ring) or a
 /// worker joins. Once that happened, any member leaving forms one too: after a loss the
 /// members may be a step apart, and one that finished the job's last step while the
 /// others redo it must not be waited for. A job that never changed its ring ends as it
@@ -40,10 +41,10 @@ class ring_membership {
 public:
   /// Training starts: the generation of the first ring.
   uint32_t start() { return ++generation_; }
-  /// A member left (`failed`: lost): the generation of the ring the others form now, or 0
-  /// for none.
-  uint32_t on_leave(bool failed) {
-    if (!failed && !changed_)
+  /// A member left (`failed`: lost; `early`: before its steps were done): the generation
+  /// of the ring the others form now, or 0 for none.
+  uint32_t on_leave(bool failed, bool early = false) {
+    if (!failed && !early && !changed_)
       return 0;
     changed_ = true;
     return ++generation_;

@@ -253,6 +253,7 @@ words encode(const membership_change& x) {
   b.setKind(static_cast<schema::MembershipChange::Kind>(x.kind));
   b.setWorkerId(x.worker_id);
   b.setReason(x.reason);
+  b.setEarly(x.early);
   return to_words(mb);
 }
 
@@ -264,6 +265,7 @@ caf::error decode(const uint64_t* d, size_t n, membership_change& out) {
     out.kind = static_cast<membership_change::kind_t>(k);
     out.worker_id = r.getWorkerId();
     out.reason = r.getReason();
+    out.early = r.getEarly();
     return caf::none;
   });
 }

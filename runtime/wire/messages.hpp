@@ -215,6 +215,7 @@ struct membership_change {
   kind_t kind = join;
   uint32_t worker_id = 0;
   std::string reason;
+  bool early = false; // leave: before the worker's steps were done (removed on request, its node stopped)
 };
 
 struct pull_request {

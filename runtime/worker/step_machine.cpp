@@ -90,10 +90,11 @@ void step_machine::finish(std::string reason) {
     spdlog::info("worker {}: delta pulls received {:.1f} MB for {:.1f} MB of parameters (compression ratio {:.1f})",
                  job_.worker_id, pull_sent_bytes_ / 1e6, pull_dense_bytes_ / 1e6,
                  static_cast<double>(pull_dense_bytes_) / static_cast<double>(pull_sent_bytes_));
+  const bool early = stop_requested_ && step_ < job_.steps;
   if (reason.empty())
-    reason = stop_requested_ ? "removed on request after " + std::to_string(step_) + " steps"
-                             : "finished " + std::to_string(step_) + " steps";
-  emit(step::finish{std::move(reason)});
+    reason = early ? "removed on request after " + std::to_string(step_) + " steps"
+                   : "finished " + std::to_string(step_) + " steps";
+  emit(step::finish{std::move(reason), early});
 }
 
 void step_machine::begin() {
@@ -178,6 +179,9 @@ void step_machine::on_shard_replaced(size_t i) {
 void step_machine::on_stop() {
   // Finish the step in flight; the next step boundary leaves.
   stop_requested_ = true;
+  // On a ring: a member waiting for a ring (others left) has no all-reduce to vote in.
+  if (!stopped_ && mode_ == step_mode::ring && ring_waiting_)
+    finish();
 }
 
 void step_machine::on_batch(uint32_t batch, uint64_t from_step, uint64_t data_begin, uint64_t data_count,
@@ -239,8 +243,11 @@ caf::error step_machine::take_data_part() {
 void step_machine::on_step() {
   if (stopped_ || suspended_)
     return;
-  // On a ring, everybody stops at the round the ring agreed on, never alone.
-  const bool done = step_ >= job_.steps || (mode_ == step_mode::ring ? ring_stop_ : stop_requested_);
+  // On a ring a member leaves after the all-reduce it voted to leave in, never in the
+  // middle of one; once others left, one that is asked to leave too goes at once.
+  const bool done =
+    step_ >= job_.steps
+    || (mode_ == step_mode::ring ? ring_leave_ || (ring_gen_ <= ring_await_ && stop_requested_) : stop_requested_);
   if (commit_inflight_ && (done || mode_ != step_mode::local_steps)) {
     last_follows_ = false; // waiting for the commit is the policy's time, not the host's
     deferred_step_ = true; // an overlapped commit lands first (commit_landed)
@@ -967,7 +974,11 @@ void step_machine::ring_finish() {
   const auto& v = ring_->values();
   const size_t n = params_.size();
   const float total = v[n];
-  ring_stop_ = v[n + 1] > 0.0f;
+  // The votes to leave: this member's own leaves now; anyone else's leaves a gap the
+  // scheduler fills with a new ring, which the next all-reduce waits for.
+  ring_leave_ = ring_vote_;
+  if (v[n + 1] > (ring_vote_ ? 1.5f : 0.5f))
+    ring_await_ = ring_gen_;
   // The all-reduce counts as waiting: it ends when the slowest worker's chunks came.
   wait_ns_ = since(phase_start_);
   phase_start_ = clock_.steady_ns();
@@ -1028,8 +1039,8 @@ void step_machine::ring_start(std::vector<float> values) {
 }
 
 void step_machine::ring_begin() {
-  if (ring_size_ == 0) {
-    ring_waiting_ = true; // starts when the ring is formed
+  if (ring_size_ == 0 || ring_gen_ <= ring_await_) {
+    ring_waiting_ = true; // starts when the ring is formed (again)
     return;
   }
   ring_waiting_ = false;
@@ -1049,7 +1060,8 @@ void step_machine::ring_begin() {
   for (size_t j = 0; j < n; ++j)
     v[j] = grad_[j] * static_cast<float>(batch_n_);
   v[n] = static_cast<float>(batch_n_);
-  v[n + 1] = stop_requested_ ? 1.0f : 0.0f;
+  ring_vote_ = stop_requested_;
+  v[n + 1] = ring_vote_ ? 1.0f : 0.0f;
   step_bytes_ += 2 * n * sizeof(float) * (ring_size_ - 1) / std::max(1u, ring_size_);
   step_dense_ += 2 * n * sizeof(float) * (ring_size_ - 1) / std::max(1u, ring_size_);
   ring_start(std::move(v));

@@ -120,9 +120,11 @@ struct fail {
   std::string why;
 };
 
-/// The worker's steps are done: leave with `reason` and stop.
+/// The worker's steps are done, or it was asked to leave (`early`: before they were):
+/// leave with `reason` and stop.
 struct finish {
   std::string reason;
+  bool early = false;
 };
 
 }  // namespace step
@@ -191,7 +193,9 @@ public:
   void on_shard_wait_over(uint64_t gen);
   /// Shard `i` is served again; once none is missing, the abandoned step starts over.
   void on_shard_replaced(size_t i);
-  /// Leave after the step in flight.
+  /// Leave after the step in flight. On a ring the member leaves after the all-reduce it
+  /// votes in (so its last gradient counts); the others wait for the ring the scheduler
+  /// forms without it.
   void on_stop();
   /// A new batch share from step `from_step` on, with its part of the training set.
   void on_batch(uint32_t batch, uint64_t from_step, uint64_t data_begin, uint64_t data_count, uint64_t steps = 0);
@@ -320,8 +324,10 @@ private:
   uint32_t ring_rank_id_ = 0, ring_size_ = 0;
   std::optional<ring_rank> ring_;
   std::deque<wire::ring_message> ring_inbox_;
-  bool ring_waiting_ = false; // a gradient is ready, the ring is not formed yet
-  bool ring_stop_ = false;    // the ring agreed to stop after this round
+  bool ring_waiting_ = false; // a gradient is ready, the ring is not formed yet (or not re-formed: ring_await_)
+  bool ring_vote_ = false;    // this member votes to leave in the all-reduce in progress
+  bool ring_leave_ = false;   // it voted so in the last one completed: it leaves now
+  uint32_t ring_await_ = 0;   // others voted to leave in ring ring_await_: the next all-reduce waits for a newer ring
   uint32_t ring_gen_ = 0;     // the ring's generation
   bool ring_sync_due_ = false; // re-formed: the next all-reduce is preceded by the sync rounds
   uint8_t ring_sync_ = 0;      // the sync round in progress (1: progress, 2: state), 0: none

@@ -801,3 +801,43 @@ TEST_CASE("worker processes all-reduce on a ring over CAF's network, and when a 
   for (size_t i : {size_t{0}, size_t{2}})
     CHECK(workers[i].wait(30) == 0);
 }
+
+TEST_CASE("a ring member removed on request (ctl remove-worker, or SIGTERM on its node) leaves after its last all-reduce, and the others re-form the ring, take up its share and finish the job") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--policy", "ring", "--workers", "3",
+                                     "--servers", "1", "--epochs", "8", "--report", dir.file("report.json"),
+                                     "--set", "data.train_limit=12000", "--set", "data.test_limit=2000",
+                                     "--set", "train.speeds=1", "--set", "train.sample_ms=0.3"});
+  auto server = start_nodes(dir, sched.join, "server", 1);
+  auto workers = start_nodes(dir, sched.join, "worker", 3);
+  REQUIRE(wait_for_training(dir));
+  std::this_thread::sleep_for(1s);
+  // Worker 0, rank 0 (the one that keeps the shards' mirror), on request.
+  auto ctl = start({exe, "ctl", "--join", sched.join, "remove-worker", "0"}, dir.file("ctl.log"));
+  CHECK(ctl.wait(20) == 0);
+  CHECK(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
+    return t.find("worker 0 was removed: the ring re-formed with 2 workers (generation 2)") != std::string::npos;
+  }, 20s));
+  std::this_thread::sleep_for(1s);
+  // Then a node that hosts one of the other two: its worker leaves the same way, the
+  // node exits 0, and the last member trains on alone.
+  const bool zero_on_last = slurp(dir.file("scheduler.log")).find("worker 0 joined (worker-2)") != std::string::npos;
+  auto& node = workers[zero_on_last ? 1 : 2];
+  node.signal(SIGTERM);
+  CHECK(node.wait(30) == 0);
+  int code = sched.proc.wait(120);
+  auto log = slurp(dir.file("scheduler.log"));
+  INFO(log);
+  REQUIRE(code == 0);
+  CHECK(log.find("was removed: the ring re-formed with 1 workers (generation 3)") != std::string::npos);
+  CHECK_FALSE(std::regex_search(log, std::regex{R"(worker \d+ removed:)"})); // no member counted as failed
+  CHECK(log.find("(3 finished, 0 failed)") != std::string::npos);
+  CHECK(log.find("handed to 2 live workers") != std::string::npos);
+  CHECK(log.find("handed to 1 live workers") != std::string::npos);
+  auto report = slurp(dir.file("report.json"));
+  INFO(report);
+  // Its 8 epochs (a little more: the handover counts whole batches and whole rounds).
+  CHECK(json_number(report, "epochs_trained") >= 8);
+  CHECK(json_number(report, "epochs_trained") <= 8.1);
+  CHECK(json_number(report, "test_accuracy") > 0.75);
+}

@@ -83,6 +83,11 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   REQUIRE_FALSE(decode(encode(m), m2));
   CHECK(m2.kind == membership_change::fail);
   CHECK(m2.reason == "killed");
+  CHECK_FALSE(m2.early);
+  membership_change early{membership_change::leave, 2, "removed on request", true};
+  REQUIRE_FALSE(decode(encode(early), m2));
+  CHECK(m2.kind == membership_change::leave);
+  CHECK(m2.early);
 
   push_ack k{1, 9, push_ack::dropped, 3};
   push_ack k2;

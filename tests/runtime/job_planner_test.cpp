@@ -376,7 +376,7 @@ TEST_CASE("a member joining a running lockstep job trains what is owed once over
   CHECK(none.rounds == 0);
 }
 
-TEST_CASE("ring membership: the first ring at the start, a new one on a loss or a join, and on every leave once one happened") {
+TEST_CASE("ring membership: the first ring at the start, a new one on a loss, a removal or a join, and on every leave once one happened") {
   ring_membership untouched;
   CHECK(untouched.start() == 1);
   CHECK(untouched.on_leave(false) == 0); // a job that never changed its ring: members leave together
@@ -393,4 +393,9 @@ TEST_CASE("ring membership: the first ring at the start, a new one on a loss or 
   CHECK(grown.start() == 1);
   CHECK(grown.on_join() == 2);
   CHECK(grown.on_leave(false) == 3);
+
+  ring_membership shrunk;
+  CHECK(shrunk.start() == 1);
+  CHECK(shrunk.on_leave(false, true) == 2); // removed before its steps were done: the others form ring 2
+  CHECK(shrunk.on_leave(false) == 3);       // and from then on any leave forms one
 }

@@ -1007,6 +1007,57 @@ TEST_CASE("step machine: chunks of a ring re-formed since are dropped, and a new
   CHECK(fails[0].why == "the scheduler placed this worker at rank 5 of a ring of 2");
 }
 
+TEST_CASE("step machine: a ring member asked to leave votes in its last all-reduce and leaves after it, and the others wait for the ring formed without it") {
+  ring_rig ring(3);
+  for (uint32_t id = 0; id < 3; ++id)
+    ring.start(id);
+  ring.form(1, {0, 1, 2});
+  ring.compute(0, 0.1f);
+  ring.compute(1, 0.2f);
+  ring.m(2).on_stop(); // removed on request while it computes
+  ring.compute(2, 0.3f);
+  ring.deliver();
+  ring.ack_pushes(0);
+  // Its gradient counted: every member applied the same update, worker 2's step included.
+  for (uint32_t id = 0; id < 3; ++id) {
+    CHECK(ring.m(id).steps_done() == 1);
+    CHECK(ring.m(id).params() == ring.m(0).params());
+    CHECK(ring.take<step::fail>(id).empty());
+  }
+  const auto model = ring.m(0).params();
+  ring.next_step(2);
+  auto left = ring.take<step::finish>(2);
+  REQUIRE(left.size() == 1);
+  CHECK(left[0].early);
+  CHECK(left[0].reason == "removed on request after 1 steps");
+  // The others compute their next step but start no all-reduce on the old ring.
+  for (uint32_t id : {0u, 1u}) {
+    ring.next_step(id);
+    ring.compute(id, 0.2f);
+  }
+  CHECK(ring.wire_.empty());
+  // Worker 1 is asked to leave too while it waits: it has no all-reduce to vote in and goes at once.
+  ring.m(1).on_stop();
+  ring.collect();
+  left = ring.take<step::finish>(1);
+  REQUIRE(left.size() == 1);
+  CHECK(left[0].early);
+  // Worker 0 alone on the ring formed without them: the sync, rank 0's read of the mirror,
+  // then its step on the model it had.
+  ring.form(2, {0});
+  ring.collect();
+  ring.answer_pulls(0, 1.0f);
+  ring.ack_pushes(0);
+  CHECK(ring.m(0).params() == model);
+  ring.compute(0, 0.2f);
+  ring.deliver();
+  ring.ack_pushes(0);
+  CHECK(ring.m(0).steps_done() == 2);
+  CHECK(ring.m(0).params() != model);
+  CHECK(ring.take<step::fail>(0).empty());
+  CHECK(ring.take<step::finish>(0).empty());
+}
+
 TEST_CASE("step machine: a worker that joins a running ring takes up the model and velocity of its members before its first all-reduce") {
   ring_rig ring(3);
   for (uint32_t id = 0; id < 2; ++id)

@@ -1040,6 +1040,8 @@ void step_machine::ring_start(std::vector<float> values) {
 
 void step_machine::ring_begin() {
   if (ring_size_ == 0 || ring_gen_ <= ring_await_) {
+    if (ring_gen_ <= ring_await_ && stop_requested_)
+      return finish(); // asked to leave while the others left: no ring to wait for
     ring_waiting_ = true; // starts when the ring is formed (again)
     return;
   }

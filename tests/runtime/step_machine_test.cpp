@@ -1008,35 +1008,40 @@ TEST_CASE("step machine: chunks of a ring re-formed since are dropped, and a new
 }
 
 TEST_CASE("step machine: a ring member asked to leave votes in its last all-reduce and leaves after it, and the others wait for the ring formed without it") {
-  ring_rig ring(3);
-  for (uint32_t id = 0; id < 3; ++id)
+  ring_rig ring(4);
+  for (uint32_t id = 0; id < 4; ++id)
     ring.start(id);
-  ring.form(1, {0, 1, 2});
-  ring.compute(0, 0.1f);
-  ring.compute(1, 0.2f);
-  ring.m(2).on_stop(); // removed on request while it computes
-  ring.compute(2, 0.3f);
+  ring.form(1, {0, 1, 2, 3});
+  for (uint32_t id : {0u, 1u, 2u})
+    ring.compute(id, 0.1f * static_cast<float>(id + 1));
+  ring.m(3).on_stop(); // removed on request while it computes
+  ring.compute(3, 0.4f);
   ring.deliver();
   ring.ack_pushes(0);
-  // Its gradient counted: every member applied the same update, worker 2's step included.
-  for (uint32_t id = 0; id < 3; ++id) {
+  // Its gradient counted: every member applied the same update, worker 3's step included.
+  for (uint32_t id = 0; id < 4; ++id) {
     CHECK(ring.m(id).steps_done() == 1);
     CHECK(ring.m(id).params() == ring.m(0).params());
     CHECK(ring.take<step::fail>(id).empty());
   }
   const auto model = ring.m(0).params();
-  ring.next_step(2);
-  auto left = ring.take<step::finish>(2);
+  ring.next_step(3);
+  auto left = ring.take<step::finish>(3);
   REQUIRE(left.size() == 1);
   CHECK(left[0].early);
   CHECK(left[0].reason == "removed on request after 1 steps");
   // The others compute their next step but start no all-reduce on the old ring.
-  for (uint32_t id : {0u, 1u}) {
+  for (uint32_t id : {0u, 1u})
     ring.next_step(id);
+  ring.next_step(2);
+  ring.m(2).on_stop(); // asked to leave while it computes: no ring to vote in, it goes after its compute
+  for (uint32_t id : {0u, 1u, 2u})
     ring.compute(id, 0.2f);
-  }
   CHECK(ring.wire_.empty());
-  // Worker 1 is asked to leave too while it waits: it has no all-reduce to vote in and goes at once.
+  left = ring.take<step::finish>(2);
+  REQUIRE(left.size() == 1);
+  CHECK(left[0].early);
+  // Worker 1 is asked to leave while it waits: it goes at once.
   ring.m(1).on_stop();
   ring.collect();
   left = ring.take<step::finish>(1);

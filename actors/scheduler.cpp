@@ -31,6 +31,7 @@ struct member {
   bool left = false;
   bool failed = false;
   bool admitted = false; // training: it started with the job or was admitted to it
+  uint64_t steps_left_at = 0; // the steps it said it trained when it left (0: it did not say)
 };
 
 struct scheduler_state {
@@ -233,10 +234,12 @@ void hand_over(scheduler_pointer self, uint32_t lost) {
         auto m = st.members.find(lost);
         if (st.stopping || st.done_sent || m == st.members.end())
           return;
-        uint64_t done = 0;
+        // What the worker said when it left, or else the profiler's count (which may be a
+        // step or two behind a worker that finished its share just now).
+        uint64_t done = m->second.steps_left_at;
         for (const auto& w : stats.workers)
           if (w.worker_id == lost)
-            done = w.steps;
+            done = std::max(done, w.steps);
         if (done >= m->second.steps)
           return; // it finished its share
         const member_part gone{m->second.batch, m->second.data_begin, m->second.data_count, m->second.steps};
@@ -268,13 +271,15 @@ void hand_over(scheduler_pointer self, uint32_t lost) {
 }
 
 // `early`: a leave before the member's steps were done (removed on request, its node stopped).
-void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::string& reason, bool early = false) {
+void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::string& reason, bool early = false,
+              uint64_t steps_done = 0) {
   auto& st = self->state;
   auto i = st.members.find(id);
   if (i == st.members.end() || i->second.left)
     return;
   i->second.left = true;
   i->second.failed = failed;
+  i->second.steps_left_at = steps_done;
   if (failed)
     spdlog::warn("scheduler: worker {} removed: {}", id, reason);
   if (failed && st.first_failure.empty())
@@ -668,7 +673,7 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
     [=](const wire::membership_change& m) {
       if (m.kind == wire::membership_change::join)
         return;
-      on_leave(self, m.worker_id, m.kind == wire::membership_change::fail, m.reason, m.early);
+      on_leave(self, m.worker_id, m.kind == wire::membership_change::fail, m.reason, m.early, m.steps);
     },
   };
 }

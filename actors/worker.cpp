@@ -43,7 +43,8 @@ void leave(worker_pointer self, wire::membership_change::kind_t kind, const std:
   const uint32_t id = st.machine ? st.machine->job().worker_id : wire::any_worker;
   if (kind == wire::membership_change::fail)
     spdlog::error("worker {}: {}", id, reason);
-  self->send(st.cfg.scheduler, wire::membership_change{kind, id, reason, early});
+  const uint64_t steps = st.machine ? st.machine->steps_done() : 0;
+  self->send(st.cfg.scheduler, wire::membership_change{kind, id, reason, early, steps});
   if (kind == wire::membership_change::fail)
     self->quit(caf::exit_reason::user_shutdown);
   else

@@ -171,6 +171,7 @@ struct MembershipChange {
   workerId @1 :UInt32;
   reason @2 :Text;
   early @3 :Bool;          # a leave before the worker's steps were done (removed on request)
+  steps @4 :UInt64;        # a leave: the steps the worker trained
 }
 
 # ---- Parameters ---------------------------------------------------------------------

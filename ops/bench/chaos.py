@@ -8,6 +8,10 @@ seeded schedule injects faults, one every --every seconds, until the job ends:
   worker-kill     SIGKILL a worker node; a new worker node joins 2 s later
   worker-stop     SIGSTOP a worker node for 8 s (past the heartbeat timeout), then SIGCONT;
                   a new worker node joins if the stopped one has exited
+  worker-leave    SIGTERM a worker node (scaling down: its worker leaves after its step,
+                  the node exits 0); a new worker node joins 2 s after it exited (scaling
+                  up). Not among the default kinds (their seeded order stays that of the
+                  figures measured before it): `--kinds` names it
   server-kill     SIGKILL a server node; `node --role server --shard ID` takes over 2 s later,
                   restoring the shard from its checkpoint cuts
   server-stop     SIGSTOP a server node for 3 s, then SIGCONT
@@ -290,6 +294,16 @@ def inject(c, kind, rng, t0, a):
             time.sleep(3)
             if not v.alive() or "left" in open(v.log, errors="replace").read()[-2000:]:
                 c.workers.append(c.node("worker"))
+    elif kind == "worker-leave":
+        v = pick(c.workers, rng, entry)
+        if v:
+            v.signal(signal.SIGTERM)
+            try:
+                entry["exit"] = v.p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                entry["exit"] = None  # still running: not survived
+            time.sleep(2)
+            c.workers.append(c.node("worker"))
     elif kind in ("server-kill", "server-hang"):
         v = pick(c.servers, rng, entry)
         if v:
@@ -337,7 +351,8 @@ def inject(c, kind, rng, t0, a):
         c.restart_scheduler()
         before = 0.0  # the new scheduler's log starts over
         wait_rejoined(nodes, joined, entry, a.grace)
-    entry["survived"] = wait_progress(c, before, a.grace) and entry.get("rejoined_all", True)
+    entry["survived"] = (wait_progress(c, before, a.grace) and entry.get("rejoined_all", True)
+                         and entry.get("exit", 0) == 0)
     print(f"  [{at:7.1f}s] {kind:15s} {entry.get('target', '-'):12s} at epoch {entry['epoch']:.2f}: "
           f"{'survived' if entry['survived'] else 'NOT SURVIVED'}"
           + (f" ({entry['nodes_rejoined']} node processes joined it again)" if "nodes_rejoined" in entry else ""),

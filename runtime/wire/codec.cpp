@@ -254,6 +254,7 @@ words encode(const membership_change& x) {
   b.setWorkerId(x.worker_id);
   b.setReason(x.reason);
   b.setEarly(x.early);
+  b.setSteps(x.steps);
   return to_words(mb);
 }
 
@@ -266,6 +267,7 @@ caf::error decode(const uint64_t* d, size_t n, membership_change& out) {
     out.worker_id = r.getWorkerId();
     out.reason = r.getReason();
     out.early = r.getEarly();
+    out.steps = r.getSteps();
     return caf::none;
   });
 }

@@ -216,6 +216,7 @@ struct membership_change {
   uint32_t worker_id = 0;
   std::string reason;
   bool early = false; // leave: before the worker's steps were done (removed on request, its node stopped)
+  uint64_t steps = 0; // leave: the steps it trained
 };
 
 struct pull_request {

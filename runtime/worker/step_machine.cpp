@@ -90,7 +90,7 @@ void step_machine::finish(std::string reason) {
     spdlog::info("worker {}: delta pulls received {:.1f} MB for {:.1f} MB of parameters (compression ratio {:.1f})",
                  job_.worker_id, pull_sent_bytes_ / 1e6, pull_dense_bytes_ / 1e6,
                  static_cast<double>(pull_dense_bytes_) / static_cast<double>(pull_sent_bytes_));
-  const bool early = stop_requested_ && step_ < job_.steps;
+  const bool early = step_ < job_.steps;
   if (reason.empty())
     reason = early ? "removed on request after " + std::to_string(step_) + " steps"
                    : "finished " + std::to_string(step_) + " steps";

@@ -120,8 +120,8 @@ struct fail {
   std::string why;
 };
 
-/// The worker's steps are done, or it was asked to leave (`early`: before they were):
-/// leave with `reason` and stop.
+/// The worker's steps are done, or it leaves before they are (`early`: asked to, or its
+/// compute backend stopped): leave with `reason` and stop.
 struct finish {
   std::string reason;
   bool early = false;

@@ -84,10 +84,11 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   CHECK(m2.kind == membership_change::fail);
   CHECK(m2.reason == "killed");
   CHECK_FALSE(m2.early);
-  membership_change early{membership_change::leave, 2, "removed on request", true};
+  membership_change early{membership_change::leave, 2, "removed on request", true, 77};
   REQUIRE_FALSE(decode(encode(early), m2));
   CHECK(m2.kind == membership_change::leave);
   CHECK(m2.early);
+  CHECK(m2.steps == 77);
 
   push_ack k{1, 9, push_ack::dropped, 3};
   push_ack k2;

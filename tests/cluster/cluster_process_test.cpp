@@ -59,6 +59,34 @@ bool wait_for_training(const temp_dir& dir) {
                        60s);
 }
 
+// A job of 3 workers and 8 epochs (`extra`: its policy, its slice) on a server node and
+// three worker nodes; a second into training, worker 0 is removed on request (ctl
+// remove-worker), which the ctl command confirms.
+struct removal_job {
+  scheduler_proc sched;
+  std::vector<subprocess> server, workers;
+};
+removal_job start_and_remove_worker_0(const temp_dir& dir, std::vector<std::string> extra) {
+  std::vector<std::string> args = {config, "--exit-after-job", "--workers", "3", "--servers", "1", "--epochs", "8",
+                                   "--set", "train.speeds=1", "--set", "train.sample_ms=0.3"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  removal_job job{start_scheduler(dir, args), {}, {}};
+  job.server = start_nodes(dir, job.sched.join, "server", 1);
+  job.workers = start_nodes(dir, job.sched.join, "worker", 3);
+  REQUIRE(wait_for_training(dir));
+  std::this_thread::sleep_for(1s);
+  auto ctl = start({exe, "ctl", "--join", job.sched.join, "remove-worker", "0"}, dir.file("ctl.log"));
+  CHECK(ctl.wait(20) == 0);
+  CHECK(slurp(dir.file("ctl.log")).find("worker 0 will leave after its current step") != std::string::npos);
+  return job;
+}
+
+// The worker node that does not host worker 0 among the last two started.
+subprocess& node_without_worker_0(const temp_dir& dir, std::vector<subprocess>& workers) {
+  const bool zero_on_last = slurp(dir.file("scheduler.log")).find("worker 0 joined (worker-2)") != std::string::npos;
+  return workers[zero_on_last ? 1 : 2];
+}
+
 // Sends `sig` to `proc` and waits up to `limit` for the scheduler to log a removal.
 // Returns how long that took, or nothing if it did not happen.
 std::optional<std::chrono::steady_clock::duration> time_to_removal(const temp_dir& dir, subprocess& proc,
@@ -469,24 +497,15 @@ TEST_CASE("a worker process killed (SIGKILL) mid-job hands its untrained share t
 
 TEST_CASE("ctl remove-worker lets a worker finish its step and leave, and SIGTERM does the same") {
   temp_dir dir;
-  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "3", "--servers", "1",
-                                     "--epochs", "8", "--set", "data.train_limit=9000",
-                                     "--set", "data.test_limit=1000", "--report", dir.file("r.json"),
-                                     "--set", "train.speeds=1", "--set", "train.sample_ms=0.3"});
-  auto server = start_nodes(dir, sched.join, "server", 1);
-  auto workers = start_nodes(dir, sched.join, "worker", 3);
-  REQUIRE(wait_for_training(dir));
-  std::this_thread::sleep_for(1s);
-  auto ctl = start({exe, "ctl", "--join", sched.join, "remove-worker", "0"}, dir.file("ctl.log"));
-  CHECK(ctl.wait(20) == 0);
-  CHECK(slurp(dir.file("ctl.log")).find("worker 0 will leave after its current step") != std::string::npos);
+  auto job = start_and_remove_worker_0(dir, {"--set", "data.train_limit=9000", "--set", "data.test_limit=1000",
+                                             "--report", dir.file("r.json")});
+  auto& sched = job.sched;
   CHECK(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
     return t.find("worker 0 left: removed on request") != std::string::npos;
   }, 10s));
   // SIGTERM on a worker node that still hosts a worker (not worker 0's, which left): its
   // worker leaves cleanly and the node exits 0.
-  const bool zero_on_last = slurp(dir.file("scheduler.log")).find("worker 0 joined (worker-2)") != std::string::npos;
-  auto& node = workers[zero_on_last ? 1 : 2];
+  auto& node = node_without_worker_0(dir, job.workers);
   node.signal(SIGTERM);
   CHECK(node.wait(30) == 0);
   CHECK(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
@@ -804,25 +823,17 @@ TEST_CASE("worker processes all-reduce on a ring over CAF's network, and when a 
 
 TEST_CASE("a ring member removed on request (ctl remove-worker, or SIGTERM on its node) leaves after its last all-reduce, and the others re-form the ring, take up its share and finish the job") {
   temp_dir dir;
-  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--policy", "ring", "--workers", "3",
-                                     "--servers", "1", "--epochs", "8", "--report", dir.file("report.json"),
-                                     "--set", "data.train_limit=12000", "--set", "data.test_limit=2000",
-                                     "--set", "train.speeds=1", "--set", "train.sample_ms=0.3"});
-  auto server = start_nodes(dir, sched.join, "server", 1);
-  auto workers = start_nodes(dir, sched.join, "worker", 3);
-  REQUIRE(wait_for_training(dir));
-  std::this_thread::sleep_for(1s);
-  // Worker 0, rank 0 (the one that keeps the shards' mirror), on request.
-  auto ctl = start({exe, "ctl", "--join", sched.join, "remove-worker", "0"}, dir.file("ctl.log"));
-  CHECK(ctl.wait(20) == 0);
+  // Worker 0, rank 0 (the one that keeps the shards' mirror), removed on request.
+  auto job = start_and_remove_worker_0(dir, {"--policy", "ring", "--report", dir.file("report.json"), "--set",
+                                             "data.train_limit=12000", "--set", "data.test_limit=2000"});
+  auto& sched = job.sched;
   CHECK(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
     return t.find("worker 0 was removed: the ring re-formed with 2 workers (generation 2)") != std::string::npos;
   }, 20s));
   std::this_thread::sleep_for(1s);
   // Then a node that hosts one of the other two: its worker leaves the same way, the
   // node exits 0, and the last member trains on alone.
-  const bool zero_on_last = slurp(dir.file("scheduler.log")).find("worker 0 joined (worker-2)") != std::string::npos;
-  auto& node = workers[zero_on_last ? 1 : 2];
+  auto& node = node_without_worker_0(dir, job.workers);
   node.signal(SIGTERM);
   CHECK(node.wait(30) == 0);
   int code = sched.proc.wait(120);

@@ -886,6 +886,14 @@ void step_machine::ring_sync_done() {
     const std::pair<uint64_t, uint64_t> mine{ring_trained_, ring_round_};
     ring_behind_ = mine < furthest;
     ring_step_up_ = ring_behind_ && mine.first == furthest.first ? furthest.second - mine.second : 0;
+    bool level = true; // every member applied the same all-reduces: their models are the same
+    for (uint32_t r = 0; r < ring_size_; ++r)
+      level = level && at(r) == furthest;
+    if (level) { // (a member that left on request, after its last all-reduce): no state to share
+      ring_.reset();
+      ring_sync_ = 0;
+      return ring_synced();
+    }
     std::vector<float> state(2 * n, 0.0f);
     if (ring_rank_id_ == ring_source_) {
       std::copy(params_.begin(), params_.end(), state.begin());
@@ -902,6 +910,12 @@ void step_machine::ring_sync_done() {
   }
   ring_.reset();
   ring_sync_ = 0;
+  ring_synced();
+}
+
+// The members of a re-formed ring agree on the model: it counts as this ring's, and the
+// step goes on (rank 0 first sets the shards' mirror to it).
+void step_machine::ring_synced() {
   ring_trained_ = ring_gen_;
   ring_round_ = 0;
   if (ring_step_up_ > 0) {

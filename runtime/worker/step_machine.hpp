@@ -265,6 +265,7 @@ private:
   void ring_begin();
   void ring_start(std::vector<float> values);
   void ring_sync_done();
+  void ring_synced();
   bool ring_shard_trouble(size_t i, const std::string& why);
   void read_mirror(bool then_compute);
   void mirror_done();

@@ -1008,59 +1008,68 @@ TEST_CASE("step machine: chunks of a ring re-formed since are dropped, and a new
 }
 
 TEST_CASE("step machine: a ring member asked to leave votes in its last all-reduce and leaves after it, and the others wait for the ring formed without it") {
-  ring_rig ring(4);
-  for (uint32_t id = 0; id < 4; ++id)
+  ring_rig ring(5);
+  for (uint32_t id = 0; id < 5; ++id)
     ring.start(id);
-  ring.form(1, {0, 1, 2, 3});
-  for (uint32_t id : {0u, 1u, 2u})
+  ring.form(1, {0, 1, 2, 3, 4});
+  for (uint32_t id : {0u, 1u, 2u, 3u})
     ring.compute(id, 0.1f * static_cast<float>(id + 1));
-  ring.m(3).on_stop(); // removed on request while it computes
-  ring.compute(3, 0.4f);
+  ring.m(4).on_stop(); // removed on request while it computes
+  ring.compute(4, 0.5f);
   ring.deliver();
   ring.ack_pushes(0);
-  // Its gradient counted: every member applied the same update, worker 3's step included.
-  for (uint32_t id = 0; id < 4; ++id) {
+  // Its gradient counted: every member applied the same update, worker 4's step included.
+  for (uint32_t id = 0; id < 5; ++id) {
     CHECK(ring.m(id).steps_done() == 1);
     CHECK(ring.m(id).params() == ring.m(0).params());
     CHECK(ring.take<step::fail>(id).empty());
   }
   const auto model = ring.m(0).params();
-  ring.next_step(3);
-  auto left = ring.take<step::finish>(3);
+  ring.next_step(4);
+  auto left = ring.take<step::finish>(4);
   REQUIRE(left.size() == 1);
   CHECK(left[0].early);
   CHECK(left[0].reason == "removed on request after 1 steps");
   // The others compute their next step but start no all-reduce on the old ring.
-  for (uint32_t id : {0u, 1u})
+  for (uint32_t id : {0u, 1u, 2u, 3u})
     ring.next_step(id);
-  ring.next_step(2);
-  ring.m(2).on_stop(); // asked to leave while it computes: no ring to vote in, it goes after its compute
-  for (uint32_t id : {0u, 1u, 2u})
+  ring.m(3).on_stop(); // asked to leave while it computes: no ring to vote in, it goes after its compute
+  for (uint32_t id : {0u, 1u, 2u, 3u})
     ring.compute(id, 0.2f);
   CHECK(ring.wire_.empty());
+  left = ring.take<step::finish>(3);
+  REQUIRE(left.size() == 1);
+  CHECK(left[0].early);
+  // Worker 2 is asked to leave while it waits: it goes at once.
+  ring.m(2).on_stop();
+  ring.collect();
   left = ring.take<step::finish>(2);
   REQUIRE(left.size() == 1);
   CHECK(left[0].early);
-  // Worker 1 is asked to leave while it waits: it goes at once.
-  ring.m(1).on_stop();
-  ring.collect();
-  left = ring.take<step::finish>(1);
-  REQUIRE(left.size() == 1);
-  CHECK(left[0].early);
-  // Worker 0 alone on the ring formed without them: the sync, rank 0's read of the mirror,
-  // then its step on the model it had.
-  ring.form(2, {0});
-  ring.collect();
+  // Workers 0 and 1 on the ring formed without them: each tells how far it got; at the
+  // same all-reduce, their models are the same, so none is shared (no second sync round).
+  ring.form(2, {0, 1});
+  bool shared = false;
+  ring.deliver([&](const ring_rig::chunk& c) {
+    shared = shared || c.msg.sync == 2;
+    return false;
+  });
+  CHECK_FALSE(shared);
+  // Rank 0 reads the mirror (here it matches) and computes again; both step on the model they had.
   ring.answer_pulls(0, 1.0f);
   ring.ack_pushes(0);
   CHECK(ring.m(0).params() == model);
+  CHECK(ring.m(1).params() == model);
   ring.compute(0, 0.2f);
   ring.deliver();
   ring.ack_pushes(0);
-  CHECK(ring.m(0).steps_done() == 2);
+  for (uint32_t id : {0u, 1u}) {
+    CHECK(ring.m(id).steps_done() == 2);
+    CHECK(ring.m(id).params() == ring.m(0).params());
+    CHECK(ring.take<step::fail>(id).empty());
+    CHECK(ring.take<step::finish>(id).empty());
+  }
   CHECK(ring.m(0).params() != model);
-  CHECK(ring.take<step::fail>(0).empty());
-  CHECK(ring.take<step::finish>(0).empty());
 }
 
 TEST_CASE("step machine: a worker that joins a running ring takes up the model and velocity of its members before its first all-reduce") {

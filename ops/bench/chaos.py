@@ -39,7 +39,9 @@ moves past where it was when the fault came, or the job ends well, within --grac
 of the recovery. Printed and written to OUT/chaos.json: faults injected and survived, the
 final test accuracy against the undisturbed run's, the work redone (samples trained again
 after resumes, lost workers' samples taken over by others), and each process's resident
-memory over time (OUT/rss.csv). With --soak, no faults: the memory of every process over
+memory over time (OUT/rss.csv). The goals: every fault survived, rc 0, the job's epochs
+trained once (0.98-1.05x) and, but for --smoke, an accuracy at most 0.01 below the
+undisturbed run's. With --soak, no faults: the memory of every process over
 the run, and its growth over the last two thirds (the goal: < 5%).
 
   python3 ops/bench/chaos.py --minutes 10 --seed 1 --out /tmp/chaos
@@ -469,8 +471,11 @@ def main():
             print(f"kinds never injected (the job ended first; a longer --minutes gives them time): "
                   f"{', '.join(missed)}")
         ok = r["rc"] == 0 and not r["hung"] and survived == injected and injected > 0 and once and not missed
+        # Faults cost at most 0.01 of the undisturbed run's accuracy. (Above it is no fault
+        # of theirs: the epochs check above holds the training to the job's, and the MLP's
+        # accuracy moves by 0.01 between evaluations of a run this short.)
         if not a.smoke:
-            ok = ok and delta is not None and abs(delta) <= 0.01
+            ok = ok and delta is not None and delta >= -0.01
         write_rows(a.out, r["rss"])
     summary["goals_met"] = ok
     with open(os.path.join(a.out, "chaos.json" if not a.soak else "soak.json"), "w") as f:

@@ -618,6 +618,9 @@ caf::result<std::string> on_ctl(scheduler_pointer self, const wire::ctl_request&
     return make_error(errc::invalid_argument, "worker " + std::to_string(req.worker_id) + " is not a live member");
   spdlog::info("scheduler: removing worker {} on request: it finishes its step and leaves", req.worker_id);
   self->send(caf::actor_cast<worker_actor>(i->second.handle), stop_atom::value);
+  if (st.traits.ring)
+    return "worker " + std::to_string(req.worker_id)
+           + " will leave after its next all-reduce; the others go on in a ring formed without it";
   return "worker " + std::to_string(req.worker_id) + " will leave after its current step";
 }
 

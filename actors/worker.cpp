@@ -347,8 +347,8 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
     },
     [=](stop_atom) {
       auto& st = self->state;
-      if (st.machine)
-        return st.machine->on_stop(); // the next step boundary leaves
+      if (st.machine) // the next step boundary leaves (a ring member waiting for a ring: now)
+        return with_machine(self, [](step_machine& m) { m.on_stop(); });
       if (!st.stopped) {
         st.stopped = true;
         self->quit();

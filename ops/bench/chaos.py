@@ -303,7 +303,8 @@ def inject(c, kind, rng, t0, a):
             try:
                 entry["exit"] = v.p.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                entry["exit"] = None  # still running: not survived
+                entry["exit"] = None  # still running: not survived, and killed
+                v.signal(signal.SIGKILL)
             time.sleep(2)
             c.workers.append(c.node("worker"))
     elif kind in ("server-kill", "server-hang"):

@@ -805,8 +805,9 @@ void step_machine::report_step(uint64_t push_ns) {
 
 // -- ring ---------------------------------------------------------------------------------
 // Each step's gradient, weighted by the step's batch, is summed over the ring (its last
-// two entries carry the batch and a stop vote), divided by the ring's total batch and
-// applied by every worker alike, so the replicas stay identical. Rank 0 then pushes the
+// three entries carry the batch, the count of members voting to leave and rank 0's
+// learning-rate factor), divided by the ring's total batch and applied by every worker
+// alike, so the replicas stay identical. Rank 0 then pushes the
 // update to the shards, which mirror the model for evaluation.
 
 void step_machine::on_ring(uint32_t generation, uint32_t rank, uint32_t ranks) {
@@ -886,7 +887,9 @@ void step_machine::ring_sync_done() {
     const std::pair<uint64_t, uint64_t> mine{ring_trained_, ring_round_};
     ring_behind_ = mine < furthest;
     ring_step_up_ = ring_behind_ && mine.first == furthest.first ? furthest.second - mine.second : 0;
-    bool level = true; // every member applied the same all-reduces: their models are the same
+    // Every member applied the same all-reduces: their models are the same. (Not members
+    // that all joined, each with a pull of its own.)
+    bool level = furthest.first > 0;
     for (uint32_t r = 0; r < ring_size_; ++r)
       level = level && at(r) == furthest;
     if (level) { // (a member that left on request, after its last all-reduce): no state to share
@@ -988,6 +991,7 @@ void step_machine::ring_finish() {
   const auto& v = ring_->values();
   const size_t n = params_.size();
   const float total = v[n];
+  const float lr_scale = v[n + 2]; // rank 0's, the same for every member
   // The votes to leave: this member's own leaves now; anyone else's leaves a gap the
   // scheduler fills with a new ring, which the next all-reduce waits for.
   ring_leave_ = ring_vote_;
@@ -1007,7 +1011,7 @@ void step_machine::ring_finish() {
   opt.weight_decay = job_.weight_decay;
   if (ring_rank_id_ == 0)
     before_ = params_;
-  sgd_apply(opt, schedule_lr_scale_, params_.data(), velocity_.data(), grad_.data(), n);
+  sgd_apply(opt, lr_scale, params_.data(), velocity_.data(), grad_.data(), n);
   if (ring_rank_id_ != 0)
     return phase_done();
   if (!lost_.empty()) { // the mirror misses this update: read again once the shards are back
@@ -1072,12 +1076,15 @@ void step_machine::ring_begin() {
   }
   phase_start_ = clock_.steady_ns();
   const size_t n = grad_.size();
-  std::vector<float> v(n + 2);
+  std::vector<float> v(n + 3);
   for (size_t j = 0; j < n; ++j)
     v[j] = grad_[j] * static_cast<float>(batch_n_);
   v[n] = static_cast<float>(batch_n_);
   ring_vote_ = stop_requested_;
   v[n + 1] = ring_vote_ ? 1.0f : 0.0f;
+  // The learning-rate factor is rank 0's (the others add 0): a schedule's change reaches
+  // the members between different steps, and each applying its own would part the replicas.
+  v[n + 2] = ring_rank_id_ == 0 ? schedule_lr_scale_ : 0.0f;
   step_bytes_ += 2 * n * sizeof(float) * (ring_size_ - 1) / std::max(1u, ring_size_);
   step_dense_ += 2 * n * sizeof(float) * (ring_size_ - 1) / std::max(1u, ring_size_);
   ring_start(std::move(v));

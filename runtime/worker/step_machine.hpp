@@ -195,7 +195,8 @@ public:
   void on_shard_replaced(size_t i);
   /// Leave after the step in flight. On a ring the member leaves after the all-reduce it
   /// votes in (so its last gradient counts); the others wait for the ring the scheduler
-  /// forms without it.
+  /// forms without it. A member already waiting for that ring leaves at once (finish:
+  /// the caller carries out the actions).
   void on_stop();
   /// A new batch share from step `from_step` on, with its part of the training set.
   void on_batch(uint32_t batch, uint64_t from_step, uint64_t data_begin, uint64_t data_count, uint64_t steps = 0);

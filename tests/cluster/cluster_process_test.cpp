@@ -77,7 +77,10 @@ removal_job start_and_remove_worker_0(const temp_dir& dir, std::vector<std::stri
   std::this_thread::sleep_for(1s);
   auto ctl = start({exe, "ctl", "--join", job.sched.join, "remove-worker", "0"}, dir.file("ctl.log"));
   CHECK(ctl.wait(20) == 0);
-  CHECK(slurp(dir.file("ctl.log")).find("worker 0 will leave after its current step") != std::string::npos);
+  const bool ring = std::find(extra.begin(), extra.end(), "ring") != extra.end();
+  CHECK(slurp(dir.file("ctl.log")).find(ring ? "worker 0 will leave after its next all-reduce"
+                                             : "worker 0 will leave after its current step")
+        != std::string::npos);
   return job;
 }
 

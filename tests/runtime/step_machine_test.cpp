@@ -1072,6 +1072,30 @@ TEST_CASE("step machine: a ring member asked to leave votes in its last all-redu
   CHECK(ring.m(0).params() != model);
 }
 
+TEST_CASE("step machine: ring members apply rank 0's learning-rate factor, so a schedule's change that reaches them between different steps leaves the replicas the same") {
+  ring_rig ring(2);
+  for (uint32_t id = 0; id < 2; ++id)
+    ring.start(id);
+  ring.form(1, {0, 1});
+  ring.m(1).on_lr(0.5f); // the change has reached worker 1, not yet worker 0
+  ring.compute(0, 0.2f);
+  ring.compute(1, 0.2f);
+  ring.deliver();
+  ring.ack_pushes(0);
+  CHECK(ring.m(0).params() == ring.m(1).params());
+  // Rank 0's factor, 1: the step lr x 0.2 from every parameter at 1.
+  const float lr = ring.members[0]->a.local_lr;
+  for (float p : ring.m(1).params())
+    CHECK(p == Approx(1.0f - lr * 0.2f));
+  ring.next_step(0);
+  ring.next_step(1);
+  ring.m(0).on_lr(0.5f); // now both have it
+  ring.compute(0, 0.2f);
+  ring.compute(1, 0.2f);
+  ring.deliver();
+  CHECK(ring.m(0).params() == ring.m(1).params());
+}
+
 TEST_CASE("step machine: a worker that joins a running ring takes up the model and velocity of its members before its first all-reduce") {
   ring_rig ring(3);
   for (uint32_t id = 0; id < 2; ++id)

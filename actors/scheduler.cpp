@@ -234,21 +234,21 @@ void hand_over(scheduler_pointer self, uint32_t lost) {
         auto m = st.members.find(lost);
         if (st.stopping || st.done_sent || m == st.members.end())
           return;
-        // What the worker said when it left, or else the profiler's count (which may be a
-        // step or two behind a worker that finished its share just now).
-        uint64_t done = m->second.steps_left_at;
+        uint64_t counted = 0;
         for (const auto& w : stats.workers)
           if (w.worker_id == lost)
-            done = std::max(done, w.steps);
-        if (done >= m->second.steps)
-          return; // it finished its share
+            counted = w.steps;
         const member_part gone{m->second.batch, m->second.data_begin, m->second.data_count, m->second.steps};
         const auto live = live_parts(st);
-        auto h = hand_over_lost(gone, done, live, st.cfg.train_size, st.traits.lockstep);
+        auto left = hand_over_left(gone, m->second.steps_left_at, counted, live, st.cfg.train_size,
+                                   st.traits.lockstep);
+        if (left.finished)
+          return;
         // The live workers cover its steps from now on; with none live they wait for a
         // newcomer (check_done, admit_to_running_job).
         if (!live.empty())
-          m->second.steps = done;
+          m->second.steps = left.done_steps;
+        auto& h = left.h;
         if (h.parts.empty() && h.reassigned_samples == 0)
           return;
         st.reassigned += h.reassigned_samples;

@@ -133,6 +133,16 @@ handover hand_over_lost(const member_part& lost, uint64_t done_steps, const std:
   return h;
 }
 
+left_member hand_over_left(const member_part& left, uint64_t reported, uint64_t counted,
+                           const std::map<uint32_t, member_part>& live, uint64_t train_size, bool lockstep) {
+  left_member out;
+  out.done_steps = std::max(reported, counted);
+  out.finished = out.done_steps >= left.steps;
+  if (!out.finished)
+    out.h = hand_over_lost(left, out.done_steps, live, train_size, lockstep);
+  return out;
+}
+
 handover hand_over_joined(const std::map<uint32_t, member_part>& live, uint64_t train_size) {
   handover h;
   resplit(live, train_size, h);

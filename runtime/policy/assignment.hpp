@@ -82,6 +82,20 @@ struct handover {
 handover hand_over_lost(const member_part& lost, uint64_t done_steps, const std::map<uint32_t, member_part>& live,
                         uint64_t train_size, bool lockstep);
 
+/// A member that left (lost, removed, or done): how many of its `left.steps` it trained,
+/// and what the live members take over. The steps done are what it said when it left
+/// (`reported`; 0 from a member lost without a word) or the profiler's count (`counted`,
+/// which may be a step or two behind a worker that finished its share just now),
+/// whichever is more. A member that trained all its steps hands nothing over
+/// (`finished`); otherwise `h` is hand_over_lost's from the steps done.
+struct left_member {
+  bool finished = false;
+  uint64_t done_steps = 0;
+  handover h;
+};
+left_member hand_over_left(const member_part& left, uint64_t reported, uint64_t counted,
+                           const std::map<uint32_t, member_part>& live, uint64_t train_size, bool lockstep);
+
 /// A member joined a running job: the set is re-split over `live` (the newcomer included)
 /// so it takes a part of its own instead of doubling another's. Step counts stay.
 handover hand_over_joined(const std::map<uint32_t, member_part>& live, uint64_t train_size);

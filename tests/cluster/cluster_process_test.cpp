@@ -504,7 +504,7 @@ TEST_CASE("ctl remove-worker lets a worker finish its step and leave, and SIGTER
                                              "--report", dir.file("r.json")});
   auto& sched = job.sched;
   CHECK(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
-    return t.find("worker 0 left: removed on request") != std::string::npos;
+    return t.find("worker 0 left: stopped on request") != std::string::npos;
   }, 10s));
   // SIGTERM on a worker node that still hosts a worker (not worker 0's, which left): its
   // worker leaves cleanly and the node exits 0.
@@ -512,7 +512,7 @@ TEST_CASE("ctl remove-worker lets a worker finish its step and leave, and SIGTER
   node.signal(SIGTERM);
   CHECK(node.wait(30) == 0);
   CHECK(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
-    return t.find("left: removed on request") != t.rfind("left: removed on request");
+    return t.find("left: stopped on request") != t.rfind("left: stopped on request");
   }, 10s));
   INFO(slurp(dir.file("scheduler.log")));
   CHECK(sched.proc.wait(120) == 0);
@@ -851,6 +851,54 @@ TEST_CASE("a ring member removed on request (ctl remove-worker, or SIGTERM on it
   auto report = slurp(dir.file("report.json"));
   INFO(report);
   // Its 8 epochs (a little more: the handover counts whole batches and whole rounds).
+  CHECK(json_number(report, "epochs_trained") >= 8);
+  CHECK(json_number(report, "epochs_trained") <= 8.1);
+  CHECK(json_number(report, "test_accuracy") > 0.75);
+}
+
+TEST_CASE("a ring job stopped (SIGTERM on its scheduler) just after a member was removed on request ends after the "
+          "members' step, with its report, whether the stop reaches them before the new ring or while they wait for it") {
+  temp_dir dir;
+  auto job = start_and_remove_worker_0(dir, {"--policy", "ring", "--report", dir.file("report.json"), "--set",
+                                             "data.train_limit=12000", "--set", "data.test_limit=2000"});
+  const auto asked = std::chrono::steady_clock::now();
+  job.sched.proc.signal(SIGTERM);
+  int code = job.sched.proc.wait(60);
+  auto log = slurp(dir.file("scheduler.log"));
+  INFO(log);
+  REQUIRE(code == 0);
+  CHECK(std::chrono::steady_clock::now() - asked < 20s);
+  CHECK(log.find("job: asked to stop") != std::string::npos);
+  CHECK_FALSE(std::regex_search(log, std::regex{R"(worker \d+ removed:)"})); // no member counted as failed
+  auto report = slurp(dir.file("report.json"));
+  INFO(report);
+  CHECK(report.find("\"stopped_early\": true") != std::string::npos);
+  CHECK(json_number(report, "samples") > 0);
+  CHECK(json_number(report, "epochs_trained") < 8);
+  CHECK(json_number(report, "test_accuracy") > 0.5);
+}
+
+TEST_CASE("two ring members removed on request one right after the other leave in turn, and the last member takes up "
+          "both shares and finishes the job") {
+  temp_dir dir;
+  auto job = start_and_remove_worker_0(dir, {"--policy", "ring", "--report", dir.file("report.json"), "--set",
+                                             "data.train_limit=12000", "--set", "data.test_limit=2000"});
+  // The second request comes while worker 0 is still leaving, or while the others wait
+  // for the ring formed without it.
+  auto ctl = start({exe, "ctl", "--join", job.sched.join, "remove-worker", "1"}, dir.file("ctl1.log"));
+  CHECK(ctl.wait(20) == 0);
+  CHECK(slurp(dir.file("ctl1.log")).find("worker 1 will leave after its next all-reduce") != std::string::npos);
+  int code = job.sched.proc.wait(120);
+  auto log = slurp(dir.file("scheduler.log"));
+  INFO(log);
+  REQUIRE(code == 0);
+  CHECK(log.find("worker 0 left: stopped on request") != std::string::npos);
+  CHECK(log.find("worker 1 left: stopped on request") != std::string::npos);
+  CHECK(log.find("the ring re-formed with 1 workers") != std::string::npos);
+  CHECK_FALSE(std::regex_search(log, std::regex{R"(worker \d+ removed:)"})); // no member counted as failed
+  CHECK(log.find("(3 finished, 0 failed)") != std::string::npos);
+  auto report = slurp(dir.file("report.json"));
+  INFO(report);
   CHECK(json_number(report, "epochs_trained") >= 8);
   CHECK(json_number(report, "epochs_trained") <= 8.1);
   CHECK(json_number(report, "test_accuracy") > 0.75);

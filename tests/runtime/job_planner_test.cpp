@@ -341,6 +341,31 @@ TEST_CASE("a lost member's untrained share goes to the live members: the set re-
   CHECK(hand_over_lost(lost, 20, {}, 9000, true).parts.empty());
 }
 
+TEST_CASE("a member that left is handed over from the steps it said it trained when the profiler's count lags, and "
+          "one that trained all its steps hands nothing over") {
+  std::map<uint32_t, member_part> live{{0, {50, 0, 3000, 60}}, {1, {50, 3000, 3000, 60}}};
+  const member_part left{50, 6000, 3000, 60};
+  // Removed on request after 45 steps; the profiler has counted 43 so far.
+  auto r = hand_over_left(left, 45, 43, live, 9000, true);
+  CHECK_FALSE(r.finished);
+  CHECK(r.done_steps == 45);
+  CHECK(r.h.reassigned_samples == 15 * 50);
+  CHECK(r.h.extra_rounds == 8); // 750 samples over 2 x 50 per round, rounded up
+  // Lost without a word (reported 0): the profiler's count is all there is.
+  auto lost = hand_over_left(left, 0, 43, live, 9000, true);
+  CHECK(lost.done_steps == 43);
+  CHECK(lost.h.reassigned_samples == 17 * 50);
+  // It said it finished its 60 steps; the profiler still counts 59: nothing is handed
+  // over, no part moves.
+  auto done = hand_over_left(left, 60, 59, live, 9000, true);
+  CHECK(done.finished);
+  CHECK(done.done_steps == 60);
+  CHECK(done.h.parts.empty());
+  CHECK(done.h.reassigned_samples == 0);
+  // Whichever of the two is more counts.
+  CHECK(hand_over_left(left, 59, 60, live, 9000, true).finished);
+}
+
 TEST_CASE("a member joining a running job gets a part of the set of its own, and only changed parts are sent") {
   std::map<uint32_t, member_part> live{{0, {50, 0, 4500, 80}}, {1, {50, 4500, 4500, 80}}, {5, {50, 0, 9000, 40}}};
   auto h = hand_over_joined(live, 9000);

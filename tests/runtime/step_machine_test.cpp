@@ -160,7 +160,7 @@ TEST_CASE("step machine: a worker stopped while it computes drops that step's gr
   CHECK(count<step::report>(acts) == 0);
   auto fin = all<step::finish>(acts);
   REQUIRE(fin.size() == 1);
-  CHECK(fin[0].reason == "removed on request after 1 steps");
+  CHECK(fin[0].reason == "stopped on request after 1 steps");
   CHECK(r.m->steps_done() == 1);
 }
 
@@ -1029,7 +1029,7 @@ TEST_CASE("step machine: a ring member asked to leave votes in its last all-redu
   auto left = ring.take<step::finish>(4);
   REQUIRE(left.size() == 1);
   CHECK(left[0].early);
-  CHECK(left[0].reason == "removed on request after 1 steps");
+  CHECK(left[0].reason == "stopped on request after 1 steps");
   // The others compute their next step but start no all-reduce on the old ring.
   for (uint32_t id : {0u, 1u, 2u, 3u})
     ring.next_step(id);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <memory>
@@ -18,6 +19,12 @@
 namespace ashlar::actors {
 
 namespace {
+
+std::string fmt_seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f s", s);
+  return text;
+}
 
 using clock_type = std::chrono::steady_clock;
 
@@ -430,19 +437,54 @@ shard_actor spawn_shard(caf::actor_system& sys, std::unique_ptr<shard_core> core
 }
 
 expected<shard_persistence> open_shard_persistence(const std::string& dir, uint32_t keep, bool resume,
-                                                   shard_core& core) {
+                                                   shard_core& core, const store_owner& owner) {
   const auto id = core.range().shard_id;
   const std::string path = dir + "/shard-" + std::to_string(id);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec)
     return make_error(errc::io_error, "cannot create the checkpoint directory " + dir + ": " + ec.message());
-  auto store = open_rocksdb_store(path, open_mode::create);
+  auto gen = store_generation_of(path);
+  if (!gen)
+    return gen.error();
+  auto store = open_rocksdb_store(gen->path, open_mode::create);
+  if (!store && resume && owner.watch && is(store.error(), errc::busy)) {
+    // Held by another process: the node the cluster lost, frozen or hung, or still
+    // running and about to notice. Its lease tells which (store_lease.hpp).
+    auto lease = read_lease(gen->path);
+    if (!lease)
+      return lease.error();
+    if (!*lease)
+      return store.error(); // a holder without a lease: nothing tells whether it runs
+    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    const auto seen = owner.watch->observe(path, **lease, now, owner.stale_s);
+    const auto holder = lease_holder(**lease);
+    if (!seen.stale)
+      return make_error(errc::busy, "shard " + std::to_string(id) + ": its checkpoint store " + gen->path
+                                      + " is held by " + holder + (seen.unchanged_s > 0 ? ", whose lease has not "
+                                        "changed for " + fmt_seconds(seen.unchanged_s) : std::string{})
+                                      + "; it is taken over once that lease has not changed for "
+                                      + fmt_seconds(owner.stale_s) + " (a holder that runs renews it twice a "
+                                        "second)");
+    auto taken = take_over_store(path);
+    owner.watch->forget(path);
+    if (!taken)
+      return taken.error();
+    spdlog::warn("shard {}: took over its checkpoint store from {}, whose lease had not changed for {} (a process "
+                 "frozen or hung): {} now holds its records; {} is left to that process",
+                 id, holder, fmt_seconds(seen.unchanged_s), taken->now.path, taken->abandoned);
+    *gen = taken->now;
+    store = std::move(taken->store);
+  }
   if (!store)
     return store.error();
   shard_persistence p;
   p.store = std::move(*store);
   p.keep = keep;
+  auto lease = store_lease::take(gen->path, owner.holder.empty() ? default_lease_holder() : owner.holder);
+  if (!lease)
+    return lease.error();
+  p.lease = std::move(*lease);
   if (resume) {
     checkpoint_log log{*p.store, id, keep};
     auto c = log.load_latest();

@@ -100,10 +100,19 @@ void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
       [=](caf::error& err) {
         auto& st = self->state;
         st.rehosting.erase(shard_id);
+        auto n = st.nodes.find(node_id);
+        const bool alive = n != st.nodes.end() && n->second.info.alive;
+        if (alive && is(err, errc::busy)) {
+          // Its store is still held (by the lost node, frozen, or about to let go): asked
+          // again until it is free or the node takes it over (store_lease.hpp).
+          spdlog::info("cluster: node {} cannot serve shard {} yet ({}); asking again in 2 s", node_id, shard_id,
+                       describe(err));
+          self->delayed_send(self, std::chrono::seconds(2), shard_atom::value);
+          return;
+        }
         spdlog::error("cluster: node {} could not serve shard {} again: {}", node_id, shard_id, describe(err));
         // A node that went down meanwhile: the next live one is asked.
-        auto n = st.nodes.find(node_id);
-        if (n == st.nodes.end() || !n->second.info.alive)
+        if (!alive)
           self->delayed_send(self, std::chrono::milliseconds(500), shard_atom::value);
       });
 }

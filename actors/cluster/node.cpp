@@ -69,6 +69,7 @@ struct node_state {
   std::map<std::string, std::shared_ptr<const dataset>> data_cache;
   bool shutting_down = false;
   size_t checkpointing = 0; // shards taking their last checkpoint before they stop
+  lease_watch leases;       // checkpoint stores held elsewhere that this node was asked to serve
   // Answered once every child has stopped after a (stop_atom): the count it stopped.
   std::vector<std::pair<caf::typed_response_promise<uint32_t>, uint32_t>> dropping;
 };
@@ -109,7 +110,8 @@ caf::result<shard_actor, std::string> host_shard(node_pointer self, const wire::
     dir = *inside;
   }
   if (!req.checkpoint_dir.empty()) {
-    auto p = open_shard_persistence(dir, req.checkpoint_keep, req.resume, *core);
+    auto p = open_shard_persistence(dir, req.checkpoint_keep, req.resume, *core,
+                                    store_owner{"node " + st.cfg.name + ", " + default_lease_holder(), &st.leases});
     if (!p)
       return p.error();
     persistence = std::move(*p);

@@ -17,11 +17,11 @@ seeded schedule injects faults, one every --every seconds, until the job ends:
   server-stop     SIGSTOP a server node for 3 s, then SIGCONT
   server-freeze   SIGSTOP a server node for 8 s, past the heartbeat timeout, then SIGCONT
   server-hang     SIGSTOP a server node for good (a hung machine: its process still holds
-                  its files and sockets); `node --role server --shard ID` is started 4 s later.
-                  Not among the default kinds: a known limit. The hung process keeps its
-                  checkpoint stores' locks, so no node can serve its shards again from them
-                  ("the store is open elsewhere ... stop that process"), and the job ends
-                  after run.shard_wait with that error, unless the process is killed
+                  its files, sockets and its checkpoint stores' locks); `node --role server
+                  --shard ID` is started 4 s later and, once the store's lease has not
+                  changed for 6 s, takes the store over (a new generation) and serves the
+                  shard. Not among the default kinds (their seeded order stays that of the
+                  figures measured before it): `--kinds` names it
   scheduler-stop  SIGSTOP the scheduler for 1 s (a stall well within the 3 s heartbeat
                   timeout), then SIGCONT: the job goes on
   scheduler-freeze  SIGSTOP the scheduler for 8 s, past the heartbeat timeout: every node

@@ -22,6 +22,7 @@ const char* to_string(errc x) {
     case errc::device_error: return "device_error";
     case errc::cancelled: return "cancelled";
     case errc::unsupported_format: return "unsupported_format";
+    case errc::busy: return "busy";
   }
   return "unknown_error";
 }

@@ -46,6 +46,9 @@ enum class errc : uint8_t {
   /// format and the newest this build knows): never passed over as corrupt, never
   /// deleted, so that the build that wrote it can still resume from it.
   unsupported_format = 14,
+  /// A resource another process holds for now (a checkpoint store's lock): the same
+  /// request may succeed later.
+  busy = 15,
 };
 
 /// The atom that marks Ashlar's error category.

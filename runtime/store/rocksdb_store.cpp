@@ -189,9 +189,10 @@ expected<std::unique_ptr<kv_store>> open_rocksdb_store(const std::string& dir, o
     std::string why = s.ToString();
     // RocksDB's LOCK held elsewhere reads "Resource temporarily unavailable" or "lock hold".
     if (why.find("/LOCK") != std::string::npos)
-      why += " (the store is open elsewhere: a job or node on the same directory, or a node the cluster lost that "
-             "still runs, frozen or cut off, which lets go once it notices; stop that process or use another "
-             "directory)";
+      return make_error(errc::busy, "cannot open the checkpoint store " + dir + ": " + why
+                                      + " (the store is open elsewhere: a job or node on the same directory, or a "
+                                        "node the cluster lost that still runs, frozen or cut off, which lets go "
+                                        "once it notices; stop that process or use another directory)");
     return make_error(errc::io_error, "cannot open the checkpoint store " + dir + ": " + why);
   }
   return std::unique_ptr<kv_store>(new rocksdb_store(std::unique_ptr<rocksdb::DB>(raw), dir, mode));

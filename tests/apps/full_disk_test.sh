@@ -49,11 +49,11 @@ for _ in $(seq 300); do
   sleep 0.1
 done
 [[ $(abandoned) -ge 2 ]] || fail "no two cuts abandoned on the full disk"
-grep -q "failed: io_error: writing to the checkpoint store $fs/ck/shard-[01]: .*No space left on device" "$work/train.log" \
+grep -q "failed: io_error: writing to the checkpoint store $fs/ck/shard-[01]\.[0-9]*: .*No space left on device" "$work/train.log" \
   || fail "the failed cut's error does not name the checkpoint store and the full disk"
 failed=$(grep -o "checkpoint cut [0-9]* (version [0-9]*) failed" "$work/train.log" | head -1 | grep -o "cut [0-9]*" | grep -o "[0-9]*")
 [[ -n $failed ]] || fail "no shard's cut failed"
-grep -q "reopening the checkpoint store $fs/ck/shard-[01] after a failed write: .*No space left on device" "$work/train.log" \
+grep -q "reopening the checkpoint store $fs/ck/shard-[01]\.[0-9]* after a failed write: .*No space left on device" "$work/train.log" \
   || fail "no store tried to reopen on the full disk"
 # The last committed cut stands while the disk is full.
 "$ashlar" checkpoint show "$fs/ck" > "$work/show-full.txt" 2>&1 || { cat "$work/show-full.txt"; fail "checkpoint show failed on a full disk"; }

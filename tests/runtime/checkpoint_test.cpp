@@ -383,6 +383,7 @@ TEST_CASE("RocksDB keeps checkpoints and the job record (members' shares and dat
     REQUIRE_FALSE(again);
     CHECK(describe(again.error()).find(path) != std::string::npos);
     CHECK(describe(again.error()).find("the store is open elsewhere") != std::string::npos);
+    CHECK(is(again.error(), errc::busy));
   }
   auto store = open_rocksdb_store(path, open_mode::existing);
   REQUIRE(store);

@@ -39,6 +39,7 @@ struct cluster_state {
   bool have_promise = false;
   std::set<uint32_t> lost_shards;     // the running job's shards (ids) whose actor went down
   std::set<uint32_t> rehosting;       // of those, the ones a node is restoring now
+  bool retry_due = false;             // a retry of rehost_lost is on its way (a store was busy)
 };
 
 using cluster_pointer = cluster_actor::stateful_pointer<cluster_state>;
@@ -107,7 +108,10 @@ void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
           // again until it is free or the node takes it over (store_lease.hpp).
           spdlog::info("cluster: node {} cannot serve shard {} yet ({}); asking again in 2 s", node_id, shard_id,
                        describe(err));
-          self->delayed_send(self, std::chrono::seconds(2), shard_atom::value);
+          if (!st.retry_due) {
+            st.retry_due = true;
+            self->delayed_send(self, std::chrono::seconds(2), shard_atom::value);
+          }
           return;
         }
         spdlog::error("cluster: node {} could not serve shard {} again: {}", node_id, shard_id, describe(err));
@@ -368,7 +372,10 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
         st.job_promise.deliver(err);
       st.have_promise = false;
     },
-    [=](shard_atom) { rehost_lost(self); },
+    [=](shard_atom) {
+      self->state.retry_due = false;
+      rehost_lost(self);
+    },
     [=](job_atom) {
       auto& st = self->state;
       st.job_running = false;

@@ -83,16 +83,8 @@ expected<job_data> load_job_data(const data_settings& cfg, const model_spec& mod
 
 namespace {
 
-// Mid-run snapshots (evaluations, the divergence guard) wait as long as shards that answer
-// need: 4 s, past the 3 s after which a node's lost connection is noticed (a request to a
-// shard whose node froze or died just now gets no answer, and the driver, waiting for it,
-// takes in neither the shard's loss nor its replacement), plus the model's bytes at 25 MB/s
-// (a 20M-parameter model: 3.2 s more). One that does not come in time skips that
-// evaluation or guard snapshot; the final snapshot waits long.
-caf::timespan mid_run_timeout(uint64_t num_params) {
-  const double s = 4.0 + static_cast<double>(num_params) * sizeof(float) / 25e6;
-  return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(s));
-}
+// Mid-run snapshots (evaluations, the divergence guard) wait briefly; the final one long.
+constexpr caf::timespan mid_run_timeout = std::chrono::seconds(10);
 constexpr caf::timespan final_timeout = std::chrono::seconds(60);
 // A shard served again must answer its status within this to be taken (see on_shard_back).
 constexpr caf::timespan probe_timeout = std::chrono::seconds(5);
@@ -603,7 +595,7 @@ private:
       case divergence_guard::action::none:
         return;
       case divergence_guard::action::snapshot:
-        if (auto p = snapshot(self_, shards_, num_params_, mid_run_timeout(num_params_))) {
+        if (auto p = snapshot(self_, shards_, num_params_, mid_run_timeout)) {
           good_ = std::move(*p);
           guard_->snapshot_taken(stats.loss, now);
         }
@@ -690,7 +682,7 @@ private:
     record_point(evals_->settle(false));
     if (!(epoch_due || interval_due) || evals_->busy() || !lost_since_.empty())
       return;
-    if (auto p = snapshot(self_, shards_, num_params_, mid_run_timeout(num_params_), true)) {
+    if (auto p = snapshot(self_, shards_, num_params_, mid_run_timeout, true)) {
       uint64_t bytes = 0;
       for (const auto& w : stats.workers)
         bytes += w.bytes;

@@ -294,7 +294,11 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
   if (st.started && st.traits.ring && !st.stopping)
     if (auto generation = st.ring.on_leave(failed, early))
       form_ring(self, generation,
-                "worker " + std::to_string(id) + (failed ? " was lost" : early ? " was removed" : " left"));
+                "worker " + std::to_string(id)
+                  + (failed                                          ? " was lost"
+                     : early && reason.rfind("stopped on request", 0) == 0 ? " was removed"
+                     : early                                         ? " left early (" + reason + ")"
+                                                                     : " left"));
   broadcast(self, m, [=](bool) { check_done(self); });
   hand_over(self, id);
 }

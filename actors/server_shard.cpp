@@ -478,6 +478,8 @@ expected<shard_persistence> open_shard_persistence(const std::string& dir, uint3
   }
   if (!store)
     return store.error();
+  if (owner.watch)
+    owner.watch->forget(path);
   shard_persistence p;
   p.store = std::move(*store);
   p.keep = keep;

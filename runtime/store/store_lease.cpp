@@ -3,12 +3,15 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 
 namespace ashlar {
 
@@ -30,11 +33,16 @@ expected<std::unique_ptr<store_lease>> store_lease::take(const std::string& dir,
     std::lock_guard<std::mutex> lock{lease->mu_};
     lease->write_lease();
   }
-  lease->renewer_ = std::thread{[l = lease.get()] {
-    std::unique_lock<std::mutex> lock{l->mu_};
-    while (!l->cv_.wait_for(lock, std::chrono::milliseconds(l->renew_ms_), [l] { return l->stop_; }))
-      l->write_lease();
-  }};
+  try {
+    lease->renewer_ = std::thread{[l = lease.get()] {
+      std::unique_lock<std::mutex> lock{l->mu_};
+      while (!l->cv_.wait_for(lock, std::chrono::milliseconds(l->renew_ms_), [l] { return l->stop_; }))
+        l->write_lease();
+    }};
+  } catch (const std::system_error& e) {
+    return make_error(errc::io_error, "cannot start the thread that renews the store's lease " + path + ": "
+                                        + e.what());
+  }
   return lease;
 }
 
@@ -65,6 +73,8 @@ void store_lease::write_lease() {
   // lease look stale sooner, which matters only while its lock is in question.
   if (::pwrite(fd_, text.data(), text.size(), 0) < 0)
     return;
+  // Synced, so that on a file system shared between hosts (NFS) the others see it.
+  (void)::fdatasync(fd_);
 }
 
 expected<std::optional<std::string>> read_lease(const std::string& dir) {
@@ -111,6 +121,39 @@ std::string generation_name(const std::string& link, uint32_t g) {
   return fs::path(link).filename().string() + "." + std::to_string(g);
 }
 
+// G where `name` is "<base>.G" (at most 9 digits), else 0.
+uint32_t generation_in(const std::string& name, const std::string& base) {
+  const auto prefix = base + ".";
+  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() || name.size() - prefix.size() > 9
+      || name.find_first_not_of("0123456789", prefix.size()) != std::string::npos)
+    return 0;
+  return static_cast<uint32_t>(std::strtoul(name.c_str() + prefix.size(), nullptr, 10));
+}
+
+// The highest generation directory beside `link` (0: none): where a link that a copy of
+// the checkpoint directory dropped should point.
+uint32_t newest_generation(const std::string& link) {
+  const auto base = fs::path(link).filename().string();
+  uint32_t newest = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(fs::path(link).parent_path(), ec)) {
+    std::error_code dir_ec;
+    if (e.is_directory(dir_ec) && !e.is_symlink(dir_ec))
+      newest = std::max(newest, generation_in(e.path().filename().string(), base));
+  }
+  return newest;
+}
+
+// Makes the renames in `dir` durable: a crash after a new generation was synced must not
+// bring back the link to the old one.
+void sync_directory(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return;
+  (void)::fsync(fd);
+  ::close(fd);
+}
+
 // Points `link` at generation `g` (a relative link, so that the checkpoint directory can
 // be copied or moved whole), replacing what it pointed to in one rename.
 caf::error point_link(const std::string& link, uint32_t g) {
@@ -125,6 +168,7 @@ caf::error point_link(const std::string& link, uint32_t g) {
     fs::remove(tmp, ec);
     return make_error(errc::io_error, "cannot move the link " + tmp + " to " + link + ": " + ec.message());
   }
+  sync_directory(fs::path(link).parent_path().string());
   return caf::none;
 }
 
@@ -135,40 +179,42 @@ expected<store_generation> store_generation_of(const std::string& link) {
   out.link = link;
   std::error_code ec;
   const auto st = fs::symlink_status(link, ec);
+  const auto base = fs::path(link).filename().string();
   if (st.type() == fs::file_type::symlink) {
     const auto target = fs::read_symlink(link, ec).string();
-    const auto prefix = fs::path(link).filename().string() + ".";
-    if (ec || target.rfind(prefix, 0) != 0 || target.size() == prefix.size()
-        || target.find_first_not_of("0123456789", prefix.size()) != std::string::npos)
+    out.generation = ec ? 0 : generation_in(target, base);
+    if (out.generation == 0)
       return make_error(errc::io_error, "the checkpoint store link " + link + " points to '" + target
-                                          + "', not to a generation " + prefix + "N of its own");
-    out.generation = static_cast<uint32_t>(std::stoul(target.substr(prefix.size())));
+                                          + "', not to a generation " + base + ".N of its own");
     out.path = (fs::path(link).parent_path() / target).string();
     return out;
   }
-  out.generation = 1;
-  out.path = link + ".1";
   if (st.type() == fs::file_type::not_found) {
-    if (auto err = point_link(link, 1))
+    // None yet (generation 1), or a copy of the directory that dropped its links: the
+    // newest generation.
+    out.generation = std::max<uint32_t>(1, newest_generation(link));
+    out.path = link + "." + std::to_string(out.generation);
+    if (auto err = point_link(link, out.generation))
       return err;
     return out;
   }
   if (st.type() != fs::file_type::directory)
     return make_error(errc::io_error, "the checkpoint store " + link + " is neither a directory nor a link");
-  // The layout before generations: moved behind a link, if no process holds it.
+  // A store in a directory of the link's name: the layout before generations, or a copy of
+  // the checkpoint directory that followed the links (the directory then holds the newest
+  // generation's records). It becomes the newest generation, if no process holds it.
   {
     auto held = open_rocksdb_store(link, open_mode::existing);
     if (!held)
       return held.error();
   }
-  if (fs::exists(out.path, ec))
-    return make_error(errc::io_error, "cannot move the checkpoint store " + link + " to " + out.path
-                                        + ": that exists already");
+  out.generation = newest_generation(link) + 1;
+  out.path = link + "." + std::to_string(out.generation);
   fs::rename(link, out.path, ec);
   if (ec)
     return make_error(errc::io_error, "cannot move the checkpoint store " + link + " to " + out.path + ": "
                                         + ec.message());
-  if (auto err = point_link(link, 1))
+  if (auto err = point_link(link, out.generation))
     return err;
   return out;
 }
@@ -201,22 +247,36 @@ expected<taken_over_store> take_over_store(const std::string& link) {
   taken_over_store out;
   out.abandoned = old->path;
   out.now.link = link;
-  out.now.generation = old->generation + 1;
+  out.now.generation = std::max(old->generation, newest_generation(link)) + 1;
   out.now.path = link + "." + std::to_string(out.now.generation);
-  fs::remove_all(out.now.path, ec); // a takeover that stopped halfway
-  auto store = open_rocksdb_store(out.now.path, open_mode::create);
+  // Written in a directory of this process's own, then claimed in one rename, which fails
+  // where the generation exists already: two nodes taking the store over at once cannot
+  // both write into one.
+  const std::string mine = link + ".taking-over-" + std::to_string(::getpid()) + "-"
+                           + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  {
+    auto store = open_rocksdb_store(mine, open_mode::create);
+    if (!store)
+      return store.error();
+    if (auto err = (*store)->write(copy)) {
+      store->reset();
+      fs::remove_all(mine, ec);
+      return err;
+    }
+  }
+  fs::rename(mine, out.now.path, ec);
+  if (ec) {
+    std::error_code ignored;
+    fs::remove_all(mine, ignored);
+    return make_error(errc::busy, "taking over the checkpoint store " + link + ": its next generation "
+                                    + out.now.path + " exists already (another node is taking it over?): "
+                                    + ec.message());
+  }
+  if (auto err = point_link(link, out.now.generation))
+    return err; // the link still points to the old generation; the new one is left as it is
+  auto store = open_rocksdb_store(out.now.path, open_mode::existing);
   if (!store)
     return store.error();
-  if (auto err = (*store)->write(copy)) {
-    store->reset();
-    fs::remove_all(out.now.path, ec);
-    return err;
-  }
-  if (auto err = point_link(link, out.now.generation)) {
-    store->reset();
-    fs::remove_all(out.now.path, ec);
-    return err;
-  }
   out.store = std::move(*store);
   return out;
 }

@@ -106,11 +106,14 @@ struct store_generation {
   uint32_t generation = 0; // G
 };
 
-/// The generation `link` points to. A store of the layout before generations (a
-/// directory at `link`), when no process holds it, is moved to generation 1 behind a new
-/// link; with none there yet, generation 1 is named (the link made; the store is created
-/// by its first open). Fails with io_error naming the path, busy where a store of the old
-/// layout is held (it cannot be moved while a process writes into it).
+/// The generation `link` points to. Without a link: generation 1 where there is none yet
+/// (the link made; the store is created by its first open), or the newest generation
+/// directory beside it (a copy of the checkpoint directory that dropped its links). A
+/// store in a directory at `link` (the layout before generations, or a copy that followed
+/// the links and so holds the newest records) becomes the generation after the newest,
+/// behind a new link, when no process holds it. Renames are synced. Fails with io_error
+/// naming the path, busy where such a directory's store is held (it cannot be moved
+/// while a process writes into it).
 [[nodiscard]] expected<store_generation> store_generation_of(const std::string& link);
 
 /// A store taken over: the new store, its generation, and where the old one stays.
@@ -122,10 +125,12 @@ struct taken_over_store {
 
 /// Takes over the store behind `link`, whose lock a process that no longer runs still
 /// holds: its records (read through a read-only open, which takes no lock) are copied
-/// into the next generation's store, written and synced, and then the link is moved to
-/// it in one rename. The old generation stays where it is (its holder, should it wake up,
-/// writes there). Fails with io_error naming the step and the path; the link moves only
-/// once the new store is complete.
+/// into a new store in a directory of this process's own, written and synced, which then
+/// becomes the generation after the newest in one rename (which fails, with busy, where
+/// another process claimed that generation first), and the link is moved to it. The old
+/// generation stays where it is (its holder, should it wake up, writes there). Fails with
+/// io_error naming the step and the path; the link moves only once the new store is
+/// complete.
 [[nodiscard]] expected<taken_over_store> take_over_store(const std::string& link);
 
 }  // namespace ashlar

@@ -618,7 +618,16 @@ TEST_CASE("a job killed mid-run and resumed reaches the accuracy of an uninterru
          {"job", "shard 0 holds checkpoint cuts ("}}) {
     const auto copy = dir.file("ck-without-" + gone);
     std::filesystem::copy(ck, copy, std::filesystem::copy_options::recursive);
-    std::filesystem::remove_all(copy + "/" + gone);
+    // The store and every generation of it (a shard's link and the directories it may
+    // point to: GONE.1, ...).
+    std::vector<std::filesystem::path> doomed;
+    for (const auto& e : std::filesystem::directory_iterator(copy)) {
+      const auto name = e.path().filename().string();
+      if (name == gone || name.rfind(gone + ".", 0) == 0)
+        doomed.push_back(e.path());
+    }
+    for (const auto& p : doomed)
+      std::filesystem::remove_all(p);
     auto refused = run("train " + config + job + " --checkpoint-dir " + copy + " --resume");
     INFO(refused.out);
     CHECK(refused.code != 0);

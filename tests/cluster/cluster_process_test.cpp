@@ -334,8 +334,8 @@ TEST_CASE("a server process killed (SIGKILL) mid-run: the other server node serv
 }
 
 TEST_CASE("a server process frozen for good (SIGSTOP) mid-run: once its store's lease stands still the other server "
-          "node takes the store over and serves its shard, the job finishes, and the frozen process, woken, writes "
-          "only into its own generation") {
+          "node takes the store over and serves its shard, the job finishes, and the frozen process, woken, leaves "
+          "the store in use whole") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "2", "--servers", "2", "--epochs", "3",
                                      "--set", "data.train_limit=24000", "--set", "data.test_limit=2000",
@@ -364,7 +364,8 @@ TEST_CASE("a server process frozen for good (SIGSTOP) mid-run: once its store's 
   CHECK(slurp(dir.file("scheduler.log")).find("cannot serve shard 1 yet (busy: shard 1: its checkpoint store")
         != std::string::npos);
   CHECK(std::filesystem::read_symlink(dir.file("ck/shard-1")) == "shard-1.2");
-  // Woken: whatever it still writes goes to generation 1, not to the store in use.
+  // Woken: whatever it still writes goes to generation 1, not to the store in use (which
+  // the job goes on writing its cuts into, and which checks out at the end).
   servers[victim].signal(SIGCONT);
   int code = sched.proc.wait(120);
   auto log = slurp(dir.file("scheduler.log"));
@@ -908,7 +909,9 @@ TEST_CASE("a ring member removed on request (ctl remove-worker, or SIGTERM on it
 }
 
 TEST_CASE("a ring job stopped (SIGTERM on its scheduler) just after a member was removed on request ends after the "
-          "members' step, with its report, whether the stop reaches them before the new ring or while they wait for it") {
+          "members' step, with its report") {
+  // The stop reaches the others before the new ring is formed or while they wait for it,
+  // as it happens (the step machine's tests take each order in turn).
   temp_dir dir;
   auto job = start_and_remove_worker_0(dir, {"--policy", "ring", "--report", dir.file("report.json"), "--set",
                                              "data.train_limit=12000", "--set", "data.test_limit=2000"});

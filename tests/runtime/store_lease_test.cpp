@@ -119,6 +119,41 @@ TEST_CASE("a shard store lives in generations behind a link, and a store of the 
   CHECK(describe(odd.error()).find("shard-2") != std::string::npos);
 }
 
+TEST_CASE("a copy of a checkpoint directory opens its newest generation whether the copy kept the links, followed "
+          "them or dropped them") {
+  test::temp_dir dir;
+  const auto src = dir.file("ck");
+  std::filesystem::create_directory(src);
+  // Generation 2 is the newest (a takeover made it): "gen" in it, "old" in generation 1.
+  for (uint32_t g : {1u, 2u}) {
+    auto s = open_rocksdb_store(src + "/shard-0." + std::to_string(g), open_mode::create);
+    REQUIRE(s);
+    REQUIRE_FALSE((*s)->write(put("gen", g == 2 ? "new" : "old")));
+  }
+  std::filesystem::create_directory_symlink("shard-0.2", src + "/shard-0");
+  auto newest = [](const std::string& link) {
+    auto g = store_generation_of(link);
+    REQUIRE(g);
+    auto s = open_rocksdb_store(g->path, open_mode::existing);
+    REQUIRE(s);
+    return std::make_pair(g->generation, (*s)->get("gen").value().value_or("none"));
+  };
+  // Kept (cp -a): as it was.
+  std::filesystem::copy(src, dir.file("kept"), std::filesystem::copy_options::recursive
+                                                 | std::filesystem::copy_options::copy_symlinks);
+  CHECK(newest(dir.file("kept/shard-0")) == std::make_pair(2u, std::string{"new"}));
+  // Followed (cp -rL): shard-0 is a directory of the newest records, and becomes generation 3.
+  std::filesystem::copy(src, dir.file("followed"), std::filesystem::copy_options::recursive);
+  REQUIRE(std::filesystem::is_directory(std::filesystem::symlink_status(dir.file("followed/shard-0"))));
+  CHECK(newest(dir.file("followed/shard-0")) == std::make_pair(3u, std::string{"new"}));
+  CHECK(std::filesystem::read_symlink(dir.file("followed/shard-0")) == "shard-0.3");
+  // Dropped (rsync -r): the link is made again, to the newest generation.
+  std::filesystem::create_directory(dir.file("dropped"));
+  for (const char* g : {"shard-0.1", "shard-0.2"})
+    std::filesystem::copy(src + "/" + g, dir.file("dropped/") + g, std::filesystem::copy_options::recursive);
+  CHECK(newest(dir.file("dropped/shard-0")) == std::make_pair(2u, std::string{"new"}));
+}
+
 TEST_CASE("a store whose holder no longer runs is taken over: its records go into the next generation, the link "
           "moves to it, and the holder's later writes and renewals stay in its own generation") {
   test::temp_dir dir;

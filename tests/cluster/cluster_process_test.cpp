@@ -85,6 +85,30 @@ removal_job start_and_remove_worker_0(const temp_dir& dir, std::vector<std::stri
   return job;
 }
 
+// A 3-epoch job of 2 workers and 2 shards on two server nodes, checkpointing every 10
+// versions into DIR/ck; 1.5 s into training. `victim`: the server node that hosts shard 1.
+struct two_server_job {
+  scheduler_proc sched;
+  std::vector<subprocess> servers, workers;
+  int victim = 0;
+};
+two_server_job start_two_server_job(const temp_dir& dir) {
+  two_server_job job{start_scheduler(dir, {config, "--exit-after-job", "--workers", "2", "--servers", "2",
+                                           "--epochs", "3", "--set", "data.train_limit=24000", "--set",
+                                           "data.test_limit=2000", "--set", "train.speeds=1,1", "--set",
+                                           "train.sample_ms=0.2", "--checkpoint-dir", dir.file("ck"),
+                                           "--checkpoint-every", "10", "--report", dir.file("r.json")}),
+                     {}, {}, 0};
+  job.servers = start_nodes(dir, job.sched.join, "server", 2);
+  job.workers = start_nodes(dir, job.sched.join, "worker", 2);
+  REQUIRE(wait_for_training(dir));
+  std::this_thread::sleep_for(1500ms);
+  job.victim = slurp(dir.file("server-1.log")).find("hosting shard 1") != std::string::npos ? 1 : 0;
+  REQUIRE(slurp(dir.file("server-" + std::to_string(job.victim) + ".log")).find("hosting shard 1")
+          != std::string::npos);
+  return job;
+}
+
 // The worker node that does not host worker 0 among the last two started.
 subprocess& node_without_worker_0(const temp_dir& dir, std::vector<subprocess>& workers) {
   const bool zero_on_last = slurp(dir.file("scheduler.log")).find("worker 0 joined (worker-2)") != std::string::npos;
@@ -298,17 +322,11 @@ TEST_CASE("during a paced job, ashlar status shows the stragglers and predicted 
 TEST_CASE("a server process killed (SIGKILL) mid-run: the other server node serves its shard again from RocksDB, "
           "the workers wait for it and finish the job, and a late --shard offer is told it is served") {
   temp_dir dir;
-  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "2", "--servers", "2", "--epochs", "3",
-                                     "--set", "data.train_limit=24000", "--set", "data.test_limit=2000",
-                                     "--set", "train.speeds=1,1", "--set", "train.sample_ms=0.2",
-                                     "--checkpoint-dir", dir.file("ck"), "--checkpoint-every", "10",
-                                     "--report", dir.file("r.json")});
-  auto servers = start_nodes(dir, sched.join, "server", 2);
-  auto workers = start_nodes(dir, sched.join, "worker", 2);
-  REQUIRE(wait_for_training(dir));
-  std::this_thread::sleep_for(1500ms);
-  const int victim = slurp(dir.file("server-1.log")).find("hosting shard 1") != std::string::npos ? 1 : 0;
-  REQUIRE(slurp(dir.file("server-" + std::to_string(victim) + ".log")).find("hosting shard 1") != std::string::npos);
+  auto job = start_two_server_job(dir);
+  auto& sched = job.sched;
+  auto& servers = job.servers;
+  auto& workers = job.workers;
+  const int victim = job.victim;
   servers[victim].signal(SIGKILL);
   REQUIRE(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
     return t.find("scheduler: shard 1 is served again") != std::string::npos;
@@ -337,17 +355,11 @@ TEST_CASE("a server process frozen for good (SIGSTOP) mid-run: once its store's 
           "node takes the store over and serves its shard, the job finishes, and the frozen process, woken, leaves "
           "the store in use whole") {
   temp_dir dir;
-  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "2", "--servers", "2", "--epochs", "3",
-                                     "--set", "data.train_limit=24000", "--set", "data.test_limit=2000",
-                                     "--set", "train.speeds=1,1", "--set", "train.sample_ms=0.2",
-                                     "--checkpoint-dir", dir.file("ck"), "--checkpoint-every", "10",
-                                     "--report", dir.file("r.json")});
-  auto servers = start_nodes(dir, sched.join, "server", 2);
-  auto workers = start_nodes(dir, sched.join, "worker", 2);
-  REQUIRE(wait_for_training(dir));
-  std::this_thread::sleep_for(1500ms);
-  const int victim = slurp(dir.file("server-1.log")).find("hosting shard 1") != std::string::npos ? 1 : 0;
-  REQUIRE(slurp(dir.file("server-" + std::to_string(victim) + ".log")).find("hosting shard 1") != std::string::npos);
+  auto job = start_two_server_job(dir);
+  auto& sched = job.sched;
+  auto& servers = job.servers;
+  auto& workers = job.workers;
+  const int victim = job.victim;
   servers[victim].signal(SIGSTOP); // its process keeps the store's lock
   const auto survivor = dir.file("server-" + std::to_string(1 - victim) + ".log");
   const bool served = wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {

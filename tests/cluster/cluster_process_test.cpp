@@ -109,6 +109,22 @@ two_server_job start_two_server_job(const temp_dir& dir) {
   return job;
 }
 
+// The removal tests' ring job: its report in DIR/report.json, a 12000-sample slice.
+std::vector<std::string> ring_job_args(const temp_dir& dir) {
+  return {"--policy", "ring", "--report", dir.file("report.json"), "--set", "data.train_limit=12000",
+          "--set", "data.test_limit=2000"};
+}
+
+// A ring removal job that trained its 8 epochs (a little more: the handover counts whole
+// batches and whole rounds) to a working model.
+void check_whole_ring_job(const temp_dir& dir) {
+  auto report = slurp(dir.file("report.json"));
+  INFO(report);
+  CHECK(json_number(report, "epochs_trained") >= 8);
+  CHECK(json_number(report, "epochs_trained") <= 8.1);
+  CHECK(json_number(report, "test_accuracy") > 0.75);
+}
+
 // The worker node that does not host worker 0 among the last two started.
 subprocess& node_without_worker_0(const temp_dir& dir, std::vector<subprocess>& workers) {
   const bool zero_on_last = slurp(dir.file("scheduler.log")).find("worker 0 joined (worker-2)") != std::string::npos;
@@ -323,10 +339,7 @@ TEST_CASE("a server process killed (SIGKILL) mid-run: the other server node serv
           "the workers wait for it and finish the job, and a late --shard offer is told it is served") {
   temp_dir dir;
   auto job = start_two_server_job(dir);
-  auto& sched = job.sched;
-  auto& servers = job.servers;
-  auto& workers = job.workers;
-  const int victim = job.victim;
+  auto& [sched, servers, workers, victim] = job;
   servers[victim].signal(SIGKILL);
   REQUIRE(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
     return t.find("scheduler: shard 1 is served again") != std::string::npos;
@@ -356,10 +369,7 @@ TEST_CASE("a server process frozen for good (SIGSTOP) mid-run: once its store's 
           "the store in use whole") {
   temp_dir dir;
   auto job = start_two_server_job(dir);
-  auto& sched = job.sched;
-  auto& servers = job.servers;
-  auto& workers = job.workers;
-  const int victim = job.victim;
+  auto& [sched, servers, workers, victim] = job;
   servers[victim].signal(SIGSTOP); // its process keeps the store's lock
   const auto survivor = dir.file("server-" + std::to_string(1 - victim) + ".log");
   const bool served = wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
@@ -891,8 +901,7 @@ TEST_CASE("worker processes all-reduce on a ring over CAF's network, and when a 
 TEST_CASE("a ring member removed on request (ctl remove-worker, or SIGTERM on its node) leaves after its last all-reduce, and the others re-form the ring, take up its share and finish the job") {
   temp_dir dir;
   // Worker 0, rank 0 (the one that keeps the shards' mirror), removed on request.
-  auto job = start_and_remove_worker_0(dir, {"--policy", "ring", "--report", dir.file("report.json"), "--set",
-                                             "data.train_limit=12000", "--set", "data.test_limit=2000"});
+  auto job = start_and_remove_worker_0(dir, ring_job_args(dir));
   auto& sched = job.sched;
   CHECK(wait_for_file(dir.file("scheduler.log"), [](const std::string& t) {
     return t.find("worker 0 was removed: the ring re-formed with 2 workers (generation 2)") != std::string::npos;
@@ -912,12 +921,7 @@ TEST_CASE("a ring member removed on request (ctl remove-worker, or SIGTERM on it
   CHECK(log.find("(3 finished, 0 failed)") != std::string::npos);
   CHECK(log.find("handed to 2 live workers") != std::string::npos);
   CHECK(log.find("handed to 1 live workers") != std::string::npos);
-  auto report = slurp(dir.file("report.json"));
-  INFO(report);
-  // Its 8 epochs (a little more: the handover counts whole batches and whole rounds).
-  CHECK(json_number(report, "epochs_trained") >= 8);
-  CHECK(json_number(report, "epochs_trained") <= 8.1);
-  CHECK(json_number(report, "test_accuracy") > 0.75);
+  check_whole_ring_job(dir);
 }
 
 TEST_CASE("a ring job stopped (SIGTERM on its scheduler) just after a member was removed on request ends after the "
@@ -925,8 +929,7 @@ TEST_CASE("a ring job stopped (SIGTERM on its scheduler) just after a member was
   // The stop reaches the others before the new ring is formed or while they wait for it,
   // as it happens (the step machine's tests take each order in turn).
   temp_dir dir;
-  auto job = start_and_remove_worker_0(dir, {"--policy", "ring", "--report", dir.file("report.json"), "--set",
-                                             "data.train_limit=12000", "--set", "data.test_limit=2000"});
+  auto job = start_and_remove_worker_0(dir, ring_job_args(dir));
   const auto asked = std::chrono::steady_clock::now();
   job.sched.proc.signal(SIGTERM);
   int code = job.sched.proc.wait(60);
@@ -947,8 +950,7 @@ TEST_CASE("a ring job stopped (SIGTERM on its scheduler) just after a member was
 TEST_CASE("two ring members removed on request one right after the other leave in turn, and the last member takes up "
           "both shares and finishes the job") {
   temp_dir dir;
-  auto job = start_and_remove_worker_0(dir, {"--policy", "ring", "--report", dir.file("report.json"), "--set",
-                                             "data.train_limit=12000", "--set", "data.test_limit=2000"});
+  auto job = start_and_remove_worker_0(dir, ring_job_args(dir));
   // The second request comes while worker 0 is still leaving, or while the others wait
   // for the ring formed without it.
   auto ctl = start({exe, "ctl", "--join", job.sched.join, "remove-worker", "1"}, dir.file("ctl1.log"));
@@ -963,9 +965,5 @@ TEST_CASE("two ring members removed on request one right after the other leave i
   CHECK(log.find("the ring re-formed with 1 workers") != std::string::npos);
   CHECK_FALSE(std::regex_search(log, std::regex{R"(worker \d+ removed:)"})); // no member counted as failed
   CHECK(log.find("(3 finished, 0 failed)") != std::string::npos);
-  auto report = slurp(dir.file("report.json"));
-  INFO(report);
-  CHECK(json_number(report, "epochs_trained") >= 8);
-  CHECK(json_number(report, "epochs_trained") <= 8.1);
-  CHECK(json_number(report, "test_accuracy") > 0.75);
+  check_whole_ring_job(dir);
 }

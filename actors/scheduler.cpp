@@ -292,13 +292,14 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
   m.worker_id = id;
   m.reason = reason;
   if (st.started && st.traits.ring && !st.stopping)
-    if (auto generation = st.ring.on_leave(failed, early))
-      form_ring(self, generation,
-                "worker " + std::to_string(id)
-                  + (failed                                          ? " was lost"
-                     : early && reason.rfind("stopped on request", 0) == 0 ? " was removed"
-                     : early                                         ? " left early (" + reason + ")"
-                                                                     : " left"));
+    if (auto generation = st.ring.on_leave(failed, early)) {
+      const bool asked = reason.rfind("stopped on request", 0) == 0;
+      const std::string how = failed           ? " was lost"
+                              : early && asked ? " was removed"
+                              : early          ? " left early (" + reason + ")"
+                                               : " left";
+      form_ring(self, generation, "worker " + std::to_string(id) + how);
+    }
   broadcast(self, m, [=](bool) { check_done(self); });
   hand_over(self, id);
 }

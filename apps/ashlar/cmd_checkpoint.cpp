@@ -82,7 +82,6 @@ expected<std::map<uint32_t, std::unique_ptr<kv_store>>> open_shards(const std::s
     std::error_code dir_ec;
     if (!std::filesystem::is_directory(e.path(), dir_ec))
       continue; // a link to a generation whose store was never created: nothing stored
-
     auto store = open_rocksdb_store(e.path().string(), open_mode::read_only);
     if (!store)
       return store.error();

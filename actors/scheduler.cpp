@@ -293,7 +293,7 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
   m.reason = reason;
   if (st.started && st.traits.ring && !st.stopping)
     if (auto generation = st.ring.on_leave(failed, early)) {
-      const bool asked = reason.rfind("stopped on request", 0) == 0;
+      const bool asked = reason.rfind(wire::stopped_on_request, 0) == 0;
       const std::string how = failed           ? " was lost"
                               : early && asked ? " was removed"
                               : early          ? " left early (" + reason + ")"

@@ -21,6 +21,7 @@
 #include "apps/ashlar/host.hpp"
 #include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
+#include "runtime/os/subprocess.hpp"
 #include "runtime/core/log.hpp"
 #include "runtime/metrics/prometheus.hpp"
 #include "runtime/net/http_endpoint.hpp"
@@ -54,9 +55,7 @@ struct node_options {
 };
 
 std::string default_name() {
-  char host[256] = "host";
-  ::gethostname(host, sizeof(host) - 1);
-  return std::string{host} + ":" + std::to_string(::getpid());
+  return host_name() + ":" + std::to_string(::getpid());
 }
 
 // Runs one job on the cluster's nodes from the main thread; returns the report.

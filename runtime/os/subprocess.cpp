@@ -120,6 +120,13 @@ int subprocess::wait(double seconds) {
   return code;
 }
 
+std::string host_name() {
+  char host[256] = "host";
+  ::gethostname(host, sizeof(host) - 1);
+  host[sizeof(host) - 1] = '\0';
+  return host;
+}
+
 std::string self_executable() {
   char buf[4096];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);

@@ -51,4 +51,7 @@ private:
 /// This executable's path (/proc/self/exe), for starting copies of it.
 std::string self_executable();
 
+/// This machine's host name ("host" where it cannot be read).
+std::string host_name();
+
 }  // namespace ashlar

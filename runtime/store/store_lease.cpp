@@ -1,5 +1,7 @@
 #include "runtime/store/store_lease.hpp"
 
+#include "runtime/os/subprocess.hpp"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -92,10 +94,7 @@ expected<std::optional<std::string>> read_lease(const std::string& dir) {
 }
 
 std::string default_lease_holder() {
-  char host[256] = {0};
-  if (::gethostname(host, sizeof host - 1) != 0)
-    std::strcpy(host, "an unknown host");
-  return "pid " + std::to_string(::getpid()) + " on " + host;
+  return "pid " + std::to_string(::getpid()) + " on " + host_name();
 }
 
 std::string lease_holder(const std::string& content) {

@@ -210,6 +210,10 @@ struct assignment {
   uint64_t cursor_pos = 0;   //   with `seed`: passes done, samples into the current pass
 };
 
+/// How a worker stopped on request (a removal, its node's SIGTERM, the job's stop) begins
+/// the reason its leave gives: "stopped on request after N steps".
+inline constexpr const char* stopped_on_request = "stopped on request";
+
 struct membership_change {
   enum kind_t : uint8_t { join = 0, leave = 1, fail = 2 };
   kind_t kind = join;

@@ -92,7 +92,7 @@ void step_machine::finish(std::string reason) {
                  static_cast<double>(pull_dense_bytes_) / static_cast<double>(pull_sent_bytes_));
   const bool early = step_ < job_.steps;
   if (reason.empty())
-    reason = early ? "stopped on request after " + std::to_string(step_) + " steps"
+    reason = early ? std::string{wire::stopped_on_request} + " after " + std::to_string(step_) + " steps"
                    : "finished " + std::to_string(step_) + " steps";
   emit(step::finish{std::move(reason), early});
 }

@@ -173,7 +173,7 @@ std::map<uint32_t, uint32_t> ashl_planner::local_steps(const std::vector<ashl_wo
 }
 
 uint64_t ashl_planner::allowed_gap() const {
-  return stage_ == ashl_stage::ahl ? cfg_.ahl_gap : cfg_.shl_gap;
+  return stage_ == ashl_stage::shl ? cfg_.shl_gap : cfg_.ahl_gap;
 }
 
 float ashl_planner::lr_scale() const {

@@ -139,8 +139,10 @@ public:
   /// within [1, max_local_steps]. A worker with no time yet gets 1.
   std::map<uint32_t, uint32_t> local_steps(const std::vector<ashl_worker>& live) const;
 
-  /// Commits a worker may run ahead of the slowest in the current stage (profiling: the
-  /// SHL gap, so early pushes cannot drift far).
+  /// Commits a worker may run ahead of the slowest in the current stage (profiling:
+  /// AHL's, so the fast workers train at their pace, one step per commit, while the
+  /// slowest one's steps are timed; held to SHL's gap they trained at a quarter of the
+  /// workers' rate for the first 4.6 s at speeds 6,7,8,5,1,2,8 on the CNN).
   uint64_t allowed_gap() const;
 
   /// The learning-rate factor of the stage in force (shl_lr_scale in SHL, else 1).

@@ -23,8 +23,10 @@ public:
   const std::set<worker_id>& live() const override { return live_; }
 
   /// Changes the bound at run time (ASHL's stages); reads held by the old one are
-  /// re-checked by the shard.
-  void set_staleness_bound(uint64_t s) override { cfg_.staleness_bound = s; }
+  /// re-checked by the shard. A bound set counts from then on (a stage's gap from the
+  /// stage's start): every live worker's clock starts level with the slowest's, so a lead
+  /// built up in one stage holds nobody back in the next.
+  void set_staleness_bound(uint64_t s) override;
   uint64_t staleness_bound() const { return cfg_.staleness_bound; }
 
   /// Pushes `w` has made (its clock).

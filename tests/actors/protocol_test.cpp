@@ -278,10 +278,11 @@ TEST_CASE("protocol: an ASHL stage change goes to every shard and every worker a
   caf::scoped_actor w0{rig.t.sys}, w1{rig.t.sys};
   auto as = rig.register_all({&w0, &w1});
   REQUIRE(as.size() == 2);
-  // Training started: the shards got profiling's bound.
+  // Training started: the shards got profiling's bound (AHL's gap: nobody waits for the
+  // slowest while its steps are timed).
   REQUIRE(rig.s->bounds.size() == 2);
   const ashl_config defaults;
-  CHECK(rig.s->bounds[0].first == defaults.shl_gap);
+  CHECK(rig.s->bounds[0].first == defaults.ahl_gap);
   // A tick while the workers are short of their profile: no stage change.
   rig.s->stats.elapsed_seconds = 0.5;
   rig.s->stats.loss = 2.0;

@@ -151,7 +151,7 @@ TEST_CASE("ASHL's local steps make H_i x t_i + comm_i equal across workers, and 
   cfg.shl_gap = 2;
   cfg.plateau_window_s = 1.0;
   auto p = make_planner(cfg);
-  CHECK(p.allowed_gap() == 2);
+  CHECK(p.allowed_gap() == 16); // profiling: nobody waits for the slowest
   REQUIRE(p.observe(0.5, 1.0, hetero(10)));
   CHECK(p.allowed_gap() == 16);
   auto h = p.local_steps(hetero(10));

@@ -127,6 +127,39 @@ TEST_CASE("SSP starts a late worker at the slowest clock, so it holds nobody bac
   CHECK(p.may_read(0, 5));
 }
 
+TEST_CASE("SSP counts a bound from when it is set, so a lead built under a wider one holds nobody back") {
+  policy_config cfg;
+  cfg.staleness_bound = 16;
+  ssp_policy p{cfg};
+  p.on_join(0);
+  p.on_join(1);
+  p.on_join(2);
+  for (int i = 0; i < 10; ++i)
+    p.on_push(0, 0, 0); // worker 0 is 10 ahead of the slowest
+  for (int i = 0; i < 3; ++i)
+    p.on_push(1, 0, 0);
+  CHECK(p.may_read(0, 13));
+  // Narrowed to 2 (ASHL's switch to SHL): the lead is forgotten, nobody is held.
+  p.set_staleness_bound(2);
+  CHECK(p.clock(0) == 0);
+  CHECK(p.clock(1) == 0);
+  CHECK(p.may_read(0, 13));
+  CHECK(p.may_read(1, 13));
+  // From here on the new bound holds: 3 ahead waits, and is let go when the slowest pushes.
+  for (int i = 0; i < 3; ++i)
+    p.on_push(0, 0, 0);
+  CHECK_FALSE(p.may_read(0, 16));
+  p.on_push(1, 0, 0);
+  CHECK_FALSE(p.may_read(0, 17)); // worker 2 is still the slowest
+  p.on_push(2, 0, 0);
+  CHECK(p.may_read(0, 18));
+  // A stage with the same gap as the last starts level too.
+  p.set_staleness_bound(2);
+  CHECK(p.clock(0) == 1);
+  CHECK(p.clock(2) == 1);
+  CHECK(p.may_read(0, 19));
+}
+
 TEST_CASE("k-sync applies the round after the first k gradients and drops the late one") {
   policy_config cfg;
   cfg.k = 2;

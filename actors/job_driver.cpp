@@ -439,6 +439,10 @@ private:
       [&](shard_atom, uint32_t index, shard_actor& shard, std::string& endpoint) {
         on_shard_back(index, std::move(shard), std::move(endpoint));
       },
+      [&](shard_atom, uint32_t index, std::string& why) { // the cluster's last try to serve it again
+        if (lost_since_.count(index) > 0)
+          not_served_why_[index] = std::move(why);
+      },
       caf::after(wait) >> [&] { got = false; });
     return got;
   }
@@ -527,16 +531,20 @@ private:
     if (lr_sent_ != 1.0f)
       self_->send(shards_[index], lr_atom::value, lr_sent_);
     lost_since_.erase(index);
+    not_served_why_.erase(index);
     self_->send(scheduler_, shard_atom::value, index, std::move(shard), std::move(endpoint));
   }
 
   void check_lost_shards() {
     for (const auto& [index, since] : lost_since_)
       if (seconds() - since > cfg_.shard_wait) {
-        failure_ = make_error(errc::peer_unreachable, "server shard " + std::to_string(ranges_[index].shard_id)
-                                                        + " was lost and not served again within "
-                                                        + std::to_string(static_cast<int>(cfg_.shard_wait))
-                                                        + " s; the job stops");
+        auto why = not_served_why_.find(index);
+        failure_ = make_error(errc::peer_unreachable,
+                              "server shard " + std::to_string(ranges_[index].shard_id)
+                                + " was lost and not served again within "
+                                + std::to_string(static_cast<int>(cfg_.shard_wait)) + " s"
+                                + (why == not_served_why_.end() ? std::string{} : " (last: " + why->second + ")")
+                                + "; the job stops");
         done_ = true;
       }
   }
@@ -872,6 +880,7 @@ private:
   uint64_t last_samples_ = 0;
   double last_progress_ = 0, last_eval_ = 0, last_shard_poll_ = 0, last_noted_ = 0;
   std::map<size_t, double> lost_since_; // shards lost and not served again yet: since when
+  std::map<size_t, std::string> not_served_why_; // of those, why the cluster's last try failed
   bool stop_sent_ = false;
   lr_schedule schedule_;
   bool scheduled_ = false;

@@ -59,15 +59,30 @@ void add_worker_on(cluster_pointer self, uint32_t node_id) {
           });
 }
 
+// The running job's index of shard `shard_id` (its templates' order), or the number of
+// its shards if it has none of that id.
+size_t shard_index(const cluster_state& st, uint32_t shard_id) {
+  for (size_t i = 0; i < st.job.shard_templates.size(); ++i)
+    if (st.job.shard_templates[i].range.shard_id == shard_id)
+      return i;
+  return st.job.shard_templates.size();
+}
+
+// Tells the job's driver why lost shard `shard_id` is not served yet: the error the job
+// ends with, if it never is, says so.
+void tell_why_not_served(cluster_pointer self, uint32_t shard_id, std::string why) {
+  auto& st = self->state;
+  const size_t index = shard_index(st, shard_id);
+  if (st.job.driver && index < st.job.shard_templates.size())
+    caf::anon_send(st.job.driver, shard_atom::value, static_cast<uint32_t>(index), std::move(why));
+}
+
 // Hosts shard `shard_id` of the running job on `node_id` again (its node was lost): the
 // node restores it from its checkpoints and the job driver takes it from there.
 void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
   auto& st = self->state;
   auto n = st.nodes.find(node_id);
-  size_t index = st.job.shard_templates.size();
-  for (size_t i = 0; i < st.job.shard_templates.size(); ++i)
-    if (st.job.shard_templates[i].range.shard_id == shard_id)
-      index = i;
+  const size_t index = shard_index(st, shard_id);
   if (!st.job_running || n == st.nodes.end() || index == st.job.shard_templates.size()) {
     spdlog::warn("cluster: node {} offers to serve shard {}, but no running job has that shard", node_id, shard_id);
     return;
@@ -86,6 +101,9 @@ void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
   auto req = st.job.shard_templates[index];
   req.resume = true;
   spdlog::info("cluster: node {} serves shard {} again, from its checkpoints", node_id, shard_id);
+  tell_why_not_served(self, shard_id,
+                      "node " + std::to_string(node_id) + " (" + n->second.info.name
+                        + ") was asked to serve it from its checkpoints and had not answered");
   self->request(n->second.handle, 60s, req)
     .then(
       [=](const shard_actor& shard, const std::string& endpoint) {
@@ -103,6 +121,10 @@ void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
         st.rehosting.erase(shard_id);
         auto n = st.nodes.find(node_id);
         const bool alive = n != st.nodes.end() && n->second.info.alive;
+        tell_why_not_served(self, shard_id,
+                            "node " + std::to_string(node_id)
+                              + (n == st.nodes.end() ? std::string{} : " (" + n->second.info.name + ")")
+                              + " could not serve it: " + describe(err));
         if (alive && is(err, errc::busy)) {
           // Its store is still held (by the lost node, frozen, or about to let go): asked
           // again until it is free or the node takes it over (store_lease.hpp).
@@ -132,8 +154,11 @@ void rehost_lost(cluster_pointer self) {
   for (const auto& [id, n] : st.nodes)
     if (n.info.alive && has_role(n.info.roles, wire::role::server))
       target = id;
-  if (target == 0)
-    return; // the next server node to join takes them
+  if (target == 0) { // the next server node to join takes them
+    for (auto s : st.lost_shards)
+      tell_why_not_served(self, s, "no server node of the cluster is up to serve it");
+    return;
+  }
   std::vector<uint32_t> todo;
   for (auto s : st.lost_shards)
     if (st.rehosting.count(s) == 0)

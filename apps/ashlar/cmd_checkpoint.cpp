@@ -1,6 +1,7 @@
 // `ashlar checkpoint list|show|export|verify DIR`: what a job's checkpoint directory holds
 // (the shards' RocksDB stores in DIR/shard-ID and the job's in DIR/job), and whether a
 // resume can start from it. Stores are opened read-only, so this works while the job runs.
+// `ashlar checkpoint clean DIR` removes what takeovers of a store left behind.
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "apps/ashlar/commands.hpp"
 #include "runtime/config/train_config.hpp"
@@ -16,6 +18,8 @@
 #include "runtime/metrics/json.hpp"
 #include "runtime/store/checkpoint.hpp"
 #include "runtime/store/job_store.hpp"
+#include "runtime/store/store_clean.hpp"
+#include "runtime/store/store_lease.hpp"
 
 namespace ashlar::cli {
 
@@ -23,6 +27,8 @@ namespace {
 
 struct checkpoint_options {
   std::string dir;
+  double watch = lease_stale_s; // clean: seconds to watch for a process still writing
+  bool dry_run = false;         // clean: say what would go, remove nothing
   int64_t shard = -1;     // show: which shard (-1: all)
   int64_t cut = -1;       // show/export: which cut (-1: the one a resume takes)
   std::string out;        // export: the .npy or .npz file
@@ -467,13 +473,130 @@ int export_params(const checkpoint_options& o) {
   return 0;
 }
 
+// Bytes under `path`, for what a clean frees.
+uint64_t bytes_under(const std::string& path) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (std::filesystem::recursive_directory_iterator it{path, ec}, end; !ec && it != end; it.increment(ec)) {
+    std::error_code fe;
+    if (it->is_regular_file(fe))
+      total += it->file_size(fe);
+  }
+  return total;
+}
+
+// Why `path` must stay (a process holds its store), or nothing; fails on an unreadable lock.
+expected<std::optional<std::string>> held_why(const std::string& path) {
+  auto pid = store_lock_holder(path);
+  if (!pid)
+    return pid.error();
+  if (!*pid)
+    return std::optional<std::string>{};
+  auto lease = read_lease(path);
+  std::string who = "process " + std::to_string(**pid);
+  if (lease && *lease)
+    who += " (its lease names " + lease_holder(**lease) + ")";
+  return std::optional<std::string>{"its store is held by " + who + ": stop that process first"};
+}
+
+// Removes what takeovers left behind: generations no link points to any more and copies
+// never claimed (store_clean.hpp), each only if no process holds its store and nothing in
+// it changes while it is watched (a holder on another host renews its lease every half
+// second). Exit 1 on an error reading the directory.
+int clean(const checkpoint_options& o) {
+  namespace fs = std::filesystem;
+  const char* me = "ashlar checkpoint clean";
+  std::error_code ec;
+  if (!fs::is_directory(o.dir, ec)) {
+    std::fprintf(stderr, "%s: %s is not a directory (a job's --checkpoint-dir)\n", me, o.dir.c_str());
+    return 1;
+  }
+  std::vector<checkpoint_dir_entry> entries;
+  for (const auto& e : fs::directory_iterator(o.dir, ec)) {
+    checkpoint_dir_entry d;
+    d.name = e.path().filename().string();
+    std::error_code le;
+    d.link = e.is_symlink(le);
+    if (d.link)
+      d.target = fs::read_symlink(e.path(), le).string();
+    else if (!e.is_directory(le))
+      continue;
+    entries.push_back(std::move(d));
+  }
+  if (ec) {
+    std::fprintf(stderr, "%s: cannot list %s: %s\n", me, o.dir.c_str(), ec.message().c_str());
+    return 1;
+  }
+  auto plan = plan_clean(entries);
+  for (const auto& k : plan.keep)
+    std::printf("kept %s: %s\n", k.name.c_str(), k.why.c_str());
+  struct candidate {
+    clean_item item;
+    std::string path;
+    std::string state;
+  };
+  std::vector<candidate> watched;
+  for (auto& r : plan.remove) {
+    const auto path = (fs::path(o.dir) / r.name).string();
+    auto held = held_why(path);
+    auto state = held && !*held ? directory_state(path) : expected<std::string>{std::string{}};
+    if (!held || !state) {
+      std::fprintf(stderr, "%s: %s\n", me, describe(!held ? held.error() : state.error()).c_str());
+      return 1;
+    }
+    if (*held)
+      std::printf("kept %s (%s): %s\n", r.name.c_str(), r.why.c_str(), (*held)->c_str());
+    else
+      watched.push_back({std::move(r), path, std::move(*state)});
+  }
+  if (watched.empty()) {
+    std::printf("nothing to remove in %s\n", o.dir.c_str());
+    return 0;
+  }
+  std::printf("watching %zu director%s for %.0f s: a process still writing there keeps it\n", watched.size(),
+              watched.size() == 1 ? "y" : "ies", o.watch);
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::duration<double>(o.watch));
+  uint64_t freed = 0;
+  size_t removed = 0;
+  for (const auto& c : watched) {
+    auto held = held_why(c.path);
+    auto state = held && !*held ? directory_state(c.path) : expected<std::string>{std::string{}};
+    if (!held || !state) {
+      std::fprintf(stderr, "%s: %s\n", me, describe(!held ? held.error() : state.error()).c_str());
+      return 1;
+    }
+    if (*held || *state != c.state) {
+      std::printf("kept %s (%s): %s\n", c.item.name.c_str(), c.item.why.c_str(),
+                  *held ? (*held)->c_str() : "it was written to while watched: a process still uses it");
+      continue;
+    }
+    const uint64_t bytes = bytes_under(c.path);
+    if (o.dry_run) {
+      std::printf("would remove %s (%s): %.1f MB\n", c.item.name.c_str(), c.item.why.c_str(), bytes / 1e6);
+      continue;
+    }
+    fs::remove_all(c.path, ec);
+    if (ec) {
+      std::fprintf(stderr, "%s: cannot remove %s: %s\n", me, c.path.c_str(), ec.message().c_str());
+      return 1;
+    }
+    std::printf("removed %s (%s): %.1f MB\n", c.item.name.c_str(), c.item.why.c_str(), bytes / 1e6);
+    freed += bytes;
+    ++removed;
+  }
+  if (!o.dry_run)
+    std::printf("removed %zu director%s, %.1f MB\n", removed, removed == 1 ? "y" : "ies", freed / 1e6);
+  return 0;
+}
+
 }  // namespace
 
 command_fn add_checkpoint(CLI::App& app) {
   auto o = std::make_shared<checkpoint_options>();
   auto which = std::make_shared<std::string>();
-  auto* cmd = app.add_subcommand("checkpoint", "List, verify, inspect or export a job's checkpoints (its "
-                                               "--checkpoint-dir)");
+  auto* cmd = app.add_subcommand("checkpoint", "List, verify, inspect, export or clean a job's checkpoints "
+                                               "(its --checkpoint-dir)");
   cmd->require_subcommand(1);
   auto* ls = cmd->add_subcommand("list", "every stored checkpoint: shard, cut, version, time, size, checksum; "
                                          "the job's record; the cut a resume takes");
@@ -498,7 +621,18 @@ command_fn add_checkpoint(CLI::App& app) {
                                            "anything is damaged, saying whether and from which cut a resume works");
   ve->add_option("dir", o->dir, "the checkpoint directory")->required();
   ve->callback([which] { *which = "verify"; });
+  auto* cl = cmd->add_subcommand("clean", "remove what takeovers of a shard's store left behind: generations its "
+                                          "link no longer points to, copies never claimed; only where no process "
+                                          "holds the store and nothing is written while watched");
+  cl->add_option("dir", o->dir, "the checkpoint directory")->required();
+  cl->add_option("--watch", o->watch, "seconds to watch each directory for writes (default: the lease's stale "
+                                      "time, " + std::to_string(static_cast<int>(lease_stale_s)) + " s)")
+    ->check(CLI::Range(0.0, 3600.0));
+  cl->add_flag("--dry-run", o->dry_run, "say what would be removed, remove nothing");
+  cl->callback([which] { *which = "clean"; });
   return [o, which] {
+    if (*which == "clean")
+      return clean(*o);
     if (*which == "list")
       return list(*o);
     if (*which == "show")

@@ -11,10 +11,12 @@
 #include <regex>
 #include <sstream>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "../runtime/temp_dir.hpp"
 #include "../runtime/checkpoint_check.hpp"
 #include "runtime/store/checkpoint.hpp"
+#include "runtime/store/store_lease.hpp"
 
 namespace {
 
@@ -681,6 +683,64 @@ TEST_CASE("a checkpoint whose job record predates a setting resumes at that sett
   auto same = run("train " + config + job + " --epochs 2 --resume");
   CHECK(same.code == 0);
   CHECK_FALSE(has(same, "configuration differs"));
+}
+
+TEST_CASE("checkpoint clean removes the generation a takeover left and an unclaimed copy once no process holds "
+          "or writes them, keeps a newer one, and the directory still verifies") {
+  ashlar::test::temp_dir dir;
+  auto ck = dir.file("ck");
+  REQUIRE(run("train " + config + " --set data.train_limit=3000 --set data.test_limit=500 --epochs 1 "
+              "--checkpoint-dir " + ck).code == 0);
+  // A takeover of shard 0's store: generation 2 now, generation 1 left as it was.
+  {
+    auto taken = ashlar::take_over_store(ck + "/shard-0");
+    REQUIRE(taken);
+    CHECK(taken->now.generation == 2);
+  }
+  std::filesystem::create_directory(ck + "/shard-1.taking-over-99-1"); // a takeover that died mid-copy
+  std::ofstream{ck + "/shard-1.taking-over-99-1/000004.log"} << "partial";
+  std::filesystem::create_directory(ck + "/shard-1.2"); // claimed, its link not moved yet
+  const auto gone = [&](const std::string& name) { return !std::filesystem::exists(ck + "/" + name); };
+  {
+    // Its old holder still holds generation 1 (here: this process, as RocksDB locks it).
+    auto old = ashlar::open_rocksdb_store(ck + "/shard-0.1", ashlar::open_mode::existing);
+    REQUIRE(old);
+    auto held = run("checkpoint clean --watch 0.5 " + ck);
+    INFO(held.out);
+    CHECK(held.code == 0);
+    CHECK(has(held, "kept shard-0.1 (generation 1 of shard-0, which points to generation 2 since a takeover): its "
+                    "store is held by process " + std::to_string(::getpid())));
+    CHECK_FALSE(gone("shard-0.1"));
+    CHECK(gone("shard-1.taking-over-99-1")); // nobody holds or writes that one
+  }
+  {
+    // A holder on another host: no lock seen here, but its lease is renewed.
+    auto lease = ashlar::store_lease::take(ck + "/shard-0.1", "node far, pid 7 on elsewhere", 100);
+    REQUIRE(lease);
+    auto written = run("checkpoint clean --watch 1 " + ck);
+    INFO(written.out);
+    CHECK(has(written, "kept shard-0.1 (generation 1 of shard-0, which points to generation 2 since a takeover): it "
+                       "was written to while watched"));
+    CHECK_FALSE(gone("shard-0.1"));
+  }
+  auto dry = run("checkpoint clean --watch 0.5 --dry-run " + ck);
+  INFO(dry.out);
+  CHECK(has(dry, "would remove shard-0.1"));
+  CHECK_FALSE(gone("shard-0.1"));
+  auto cleaned = run("checkpoint clean --watch 0.5 " + ck);
+  INFO(cleaned.out);
+  CHECK(cleaned.code == 0);
+  CHECK(has(cleaned, "removed shard-0.1 (generation 1 of shard-0, which points to generation 2 since a takeover)"));
+  CHECK(has(cleaned, "kept shard-1.2: newer than generation 1, which shard-1 points to"));
+  CHECK(gone("shard-0.1"));
+  CHECK_FALSE(gone("shard-0.2"));
+  CHECK_FALSE(gone("shard-1.2"));
+  CHECK(run("checkpoint verify " + ck).code == 0);
+  auto again = run("checkpoint clean --watch 0.5 " + ck);
+  CHECK(has(again, "nothing to remove in " + ck));
+  auto missing = run("checkpoint clean " + dir.file("absent"));
+  CHECK(missing.code == 1);
+  CHECK(has(missing, dir.file("absent") + " is not a directory"));
 }
 
 TEST_CASE("a resumed job starts from the checkpointed job's batch shares and data positions, and does not "

@@ -1,0 +1,138 @@
+#include "runtime/store/store_clean.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "runtime/store/store_lease.hpp"
+
+namespace ashlar {
+
+namespace {
+
+// ID where `name` is "shard-ID" (at most 9 digits), else nothing.
+std::optional<std::string> shard_link_name(const std::string& name) {
+  if (name.rfind("shard-", 0) != 0 || name.size() == 6 || name.size() > 15
+      || name.find_first_not_of("0123456789", 6) != std::string::npos)
+    return std::nullopt;
+  return name;
+}
+
+// G where `rest` is "G" (at most 9 digits, not 0), else 0.
+uint32_t generation_number(const std::string& rest) {
+  if (rest.empty() || rest.size() > 9 || rest.find_first_not_of("0123456789") != std::string::npos)
+    return 0;
+  return static_cast<uint32_t>(std::strtoul(rest.c_str(), nullptr, 10));
+}
+
+}  // namespace
+
+clean_plan plan_clean(const std::vector<checkpoint_dir_entry>& entries) {
+  // Per shard (by its link's name): the link, its generations, takeovers' directories.
+  struct shard_entries {
+    const checkpoint_dir_entry* link = nullptr;
+    std::map<uint32_t, std::string> generations; // directories, by number
+    std::vector<std::string> takeovers;
+  };
+  std::map<std::string, shard_entries> shards;
+  for (const auto& e : entries) {
+    if (auto base = shard_link_name(e.name)) {
+      if (e.link)
+        shards[*base].link = &e;
+      continue; // a store in a directory of the link's name: the layout before generations
+    }
+    const auto dot = e.name.find('.');
+    if (dot == std::string::npos || !shard_link_name(e.name.substr(0, dot)) || e.link)
+      continue;
+    const auto base = e.name.substr(0, dot);
+    const auto rest = e.name.substr(dot + 1);
+    if (auto g = generation_number(rest))
+      shards[base].generations[g] = e.name;
+    else if (rest.rfind("taking-over-", 0) == 0)
+      shards[base].takeovers.push_back(e.name);
+  }
+  clean_plan plan;
+  for (const auto& [base, s] : shards) {
+    for (const auto& t : s.takeovers)
+      plan.remove.push_back({t, "the working copy of a takeover of " + base + " that was never claimed"});
+    uint32_t linked = 0;
+    if (s.link)
+      linked = generation_number(s.link->target.rfind(base + ".", 0) == 0 ? s.link->target.substr(base.size() + 1)
+                                                                          : std::string{});
+    const bool linked_there = linked != 0 && s.generations.count(linked) > 0;
+    for (const auto& [g, name] : s.generations) {
+      if (!linked_there) {
+        plan.keep.push_back({name, !s.link ? base + " has no link: its newest generation is what a resume reads"
+                                           : base + " points to '" + s.link->target
+                                               + "', which is not a generation here: nothing of it is removed"});
+      } else if (g < linked) {
+        plan.remove.push_back({name, "generation " + std::to_string(g) + " of " + base + ", which points to generation "
+                                       + std::to_string(linked) + " since a takeover"});
+      } else if (g > linked) {
+        plan.keep.push_back({name, "newer than generation " + std::to_string(linked) + ", which " + base
+                                     + " points to (a takeover may be moving the link to it now)"});
+      }
+    }
+  }
+  return plan;
+}
+
+expected<std::optional<int64_t>> store_lock_holder(const std::string& dir) {
+  const auto path = dir + "/LOCK";
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT)
+      return std::optional<int64_t>{};
+    return make_error(errc::io_error, "cannot open the store's lock file " + path + ": " + std::strerror(errno));
+  }
+  struct flock lock {};
+  lock.l_type = F_WRLCK; // would a writer's lock conflict: is any lock held?
+  lock.l_whence = SEEK_SET;
+  lock.l_start = 0;
+  lock.l_len = 0;
+  const int rc = ::fcntl(fd, F_GETLK, &lock);
+  const int err = errno;
+  ::close(fd);
+  if (rc < 0)
+    return make_error(errc::io_error, "cannot query the lock on " + path + ": " + std::strerror(err));
+  if (lock.l_type == F_UNLCK)
+    return std::optional<int64_t>{};
+  return std::optional<int64_t>{static_cast<int64_t>(lock.l_pid)};
+}
+
+expected<std::string> directory_state(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it{dir, ec}, end; !ec && it != end; it.increment(ec)) {
+    std::error_code fe;
+    if (!it->is_regular_file(fe))
+      continue;
+    const auto size = it->file_size(fe);
+    const auto time = it->last_write_time(fe);
+    if (fe)
+      continue; // gone meanwhile: the next look differs anyway
+    files.push_back(it->path().string() + " " + std::to_string(size) + " "
+                    + std::to_string(time.time_since_epoch().count()));
+  }
+  if (ec)
+    return make_error(errc::io_error, "cannot list " + dir + ": " + ec.message());
+  std::sort(files.begin(), files.end());
+  std::string out;
+  for (const auto& f : files)
+    out += f + "\n";
+  auto lease = read_lease(dir);
+  if (!lease)
+    return lease.error();
+  if (*lease)
+    out += "lease: " + **lease;
+  return out;
+}
+
+}  // namespace ashlar

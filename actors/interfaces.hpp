@@ -135,7 +135,8 @@ struct running_job {
   std::vector<shard_actor> shards;
   wire::spawn_worker worker_template;
   /// How each shard was spawned (to host one again after its node was lost), and the
-  /// job driver, told of a replacement with (shard_atom, index, shard, data endpoint).
+  /// job driver, told of a replacement with (shard_atom, index, shard, data endpoint)
+  /// and of each try to serve it again with (shard_atom, index, why).
   std::vector<wire::spawn_shard> shard_templates;
   caf::actor driver;
 };

@@ -440,7 +440,7 @@ private:
         on_shard_back(index, std::move(shard), std::move(endpoint));
       },
       [&](shard_atom, uint32_t index, std::string& why) { // the cluster's last try to serve it again
-        if (lost_since_.count(index) > 0)
+        if (index < shards_.size()) // (kept until it is served again, whichever of this and its loss came first)
           not_served_why_[index] = std::move(why);
       },
       caf::after(wait) >> [&] { got = false; });
@@ -514,6 +514,7 @@ private:
                    "lost since?): stopped, waiting for it to be served again",
                    id, where, std::chrono::duration_cast<std::chrono::seconds>(probe_timeout).count(),
                    describe(probe));
+      not_served_why_[index] = "served again" + where + ", it did not answer its status: " + describe(probe);
       return;
     }
     spdlog::info("job: server shard {} is served again{}", id, where);
@@ -524,6 +525,8 @@ private:
         spdlog::error("job: server shard {} served again{} could not go back to the last committed cut ({}): "
                       "stopped, waiting for it to be served again",
                       id, where, describe(err));
+        not_served_why_[index] = "served again" + where + ", it could not go back to the last committed cut: "
+                                 + describe(err);
         return;
       }
     shards_[index] = shard;

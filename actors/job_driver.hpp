@@ -44,7 +44,9 @@ public:
   virtual void on_job_end() {}
 
   /// The job driver, which takes (shard_atom, index, shard, data endpoint) when a lost
-  /// shard is served again. Set before make_shards.
+  /// shard is served again, and (shard_atom, index, why) when a try to serve it again
+  /// starts or fails (the error the job ends with, if it never is, says why). Set before
+  /// make_shards.
   void set_driver(caf::actor driver) { driver_ = std::move(driver); }
 
 protected:

@@ -493,10 +493,34 @@ expected<std::optional<std::string>> held_why(const std::string& path) {
   if (!*pid)
     return std::optional<std::string>{};
   auto lease = read_lease(path);
-  std::string who = "process " + std::to_string(**pid);
+  std::string who = **pid > 0 ? "process " + std::to_string(**pid) : std::string{"a process on another host"};
   if (lease && *lease)
     who += " (its lease names " + lease_holder(**lease) + ")";
   return std::optional<std::string>{"its store is held by " + who + ": stop that process first"};
+}
+
+// One look at what a clean may remove: gone meanwhile (a takeover claimed its copy, or
+// another clean removed it), held (why it must stay), or what it holds now.
+struct clean_look {
+  bool gone = false;
+  std::optional<std::string> held;
+  std::string state;
+};
+
+expected<clean_look> look_at(const std::string& path) {
+  std::error_code ec;
+  auto vanished = [&] { return !std::filesystem::exists(path, ec); };
+  if (vanished())
+    return clean_look{true, {}, {}};
+  auto held = held_why(path);
+  if (!held)
+    return vanished() ? expected<clean_look>{clean_look{true, {}, {}}} : expected<clean_look>{held.error()};
+  if (*held)
+    return clean_look{false, std::move(*held), {}};
+  auto state = directory_state(path);
+  if (!state)
+    return vanished() ? expected<clean_look>{clean_look{true, {}, {}}} : expected<clean_look>{state.error()};
+  return clean_look{false, {}, std::move(*state)};
 }
 
 // Removes what takeovers left behind: generations no link points to any more and copies
@@ -512,14 +536,14 @@ int clean(const checkpoint_options& o) {
     return 1;
   }
   std::vector<checkpoint_dir_entry> entries;
-  for (const auto& e : fs::directory_iterator(o.dir, ec)) {
+  for (fs::directory_iterator it{o.dir, ec}, end; !ec && it != end; it.increment(ec)) {
     checkpoint_dir_entry d;
-    d.name = e.path().filename().string();
+    d.name = it->path().filename().string();
     std::error_code le;
-    d.link = e.is_symlink(le);
+    d.link = it->is_symlink(le);
     if (d.link)
-      d.target = fs::read_symlink(e.path(), le).string();
-    else if (!e.is_directory(le))
+      d.target = fs::read_symlink(it->path(), le).string();
+    else if (!it->is_directory(le))
       continue;
     entries.push_back(std::move(d));
   }
@@ -538,16 +562,17 @@ int clean(const checkpoint_options& o) {
   std::vector<candidate> watched;
   for (auto& r : plan.remove) {
     const auto path = (fs::path(o.dir) / r.name).string();
-    auto held = held_why(path);
-    auto state = held && !*held ? directory_state(path) : expected<std::string>{std::string{}};
-    if (!held || !state) {
-      std::fprintf(stderr, "%s: %s\n", me, describe(!held ? held.error() : state.error()).c_str());
+    auto look = look_at(path);
+    if (!look) {
+      std::fprintf(stderr, "%s: %s\n", me, describe(look.error()).c_str());
       return 1;
     }
-    if (*held)
-      std::printf("kept %s (%s): %s\n", r.name.c_str(), r.why.c_str(), (*held)->c_str());
+    if (look->gone)
+      std::printf("%s is gone meanwhile\n", r.name.c_str());
+    else if (look->held)
+      std::printf("kept %s (%s): %s\n", r.name.c_str(), r.why.c_str(), look->held->c_str());
     else
-      watched.push_back({std::move(r), path, std::move(*state)});
+      watched.push_back({std::move(r), path, std::move(look->state)});
   }
   if (watched.empty()) {
     std::printf("nothing to remove in %s\n", o.dir.c_str());
@@ -560,15 +585,18 @@ int clean(const checkpoint_options& o) {
   uint64_t freed = 0;
   size_t removed = 0;
   for (const auto& c : watched) {
-    auto held = held_why(c.path);
-    auto state = held && !*held ? directory_state(c.path) : expected<std::string>{std::string{}};
-    if (!held || !state) {
-      std::fprintf(stderr, "%s: %s\n", me, describe(!held ? held.error() : state.error()).c_str());
+    auto look = look_at(c.path);
+    if (!look) {
+      std::fprintf(stderr, "%s: %s\n", me, describe(look.error()).c_str());
       return 1;
     }
-    if (*held || *state != c.state) {
+    if (look->gone) {
+      std::printf("%s is gone meanwhile\n", c.item.name.c_str());
+      continue;
+    }
+    if (look->held || look->state != c.state) {
       std::printf("kept %s (%s): %s\n", c.item.name.c_str(), c.item.why.c_str(),
-                  *held ? (*held)->c_str() : "it was written to while watched: a process still uses it");
+                  look->held ? look->held->c_str() : "it was written to while watched: a process still uses it");
       continue;
     }
     const uint64_t bytes = bytes_under(c.path);
@@ -576,7 +604,11 @@ int clean(const checkpoint_options& o) {
       std::printf("would remove %s (%s): %.1f MB\n", c.item.name.c_str(), c.item.why.c_str(), bytes / 1e6);
       continue;
     }
-    fs::remove_all(c.path, ec);
+    const auto count = fs::remove_all(c.path, ec);
+    if (!ec && count == 0) {
+      std::printf("%s is gone meanwhile\n", c.item.name.c_str());
+      continue;
+    }
     if (ec) {
       std::fprintf(stderr, "%s: cannot remove %s: %s\n", me, c.path.c_str(), ec.message().c_str());
       return 1;
@@ -627,7 +659,7 @@ command_fn add_checkpoint(CLI::App& app) {
   cl->add_option("dir", o->dir, "the checkpoint directory")->required();
   cl->add_option("--watch", o->watch, "seconds to watch each directory for writes (default: the lease's stale "
                                       "time, " + std::to_string(static_cast<int>(lease_stale_s)) + " s)")
-    ->check(CLI::Range(0.0, 3600.0));
+    ->check(CLI::Range(1.0, 3600.0)); // at least two renewals of a holder's lease
   cl->add_flag("--dry-run", o->dry_run, "say what would be removed, remove nothing");
   cl->callback([which] { *which = "clean"; });
   return [o, which] {

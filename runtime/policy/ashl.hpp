@@ -141,8 +141,7 @@ public:
 
   /// Commits a worker may run ahead of the slowest in the current stage (profiling:
   /// AHL's, so the fast workers train at their pace, one step per commit, while the
-  /// slowest one's steps are timed; held to SHL's gap they trained at a quarter of the
-  /// workers' rate for the first 4.6 s at speeds 6,7,8,5,1,2,8 on the CNN).
+  /// slowest one's steps are timed, instead of waiting for it).
   uint64_t allowed_gap() const;
 
   /// The learning-rate factor of the stage in force (shl_lr_scale in SHL, else 1).

@@ -33,9 +33,8 @@ push_decision ssp_policy::on_push(worker_id w, uint64_t base_version, uint64_t v
 void ssp_policy::set_staleness_bound(uint64_t s) {
   cfg_.staleness_bound = s;
   // Without this, ASHL's switch from AHL (gap 16) to SHL (gap 2) would hold every fast
-  // worker until the slowest had made up the whole lead the fast ones had built (at
-  // speeds 6,7,8,5,1,2,8 on the CNN: 30 s at 0.61 of the workers' rate), and a lead built
-  // while profiling would keep them at AHL's gap, waiting, all through AHL.
+  // worker until the slowest had made up the whole lead the fast ones had built, and a
+  // lead built while profiling would keep them at AHL's gap, waiting, all through AHL.
   uint64_t slowest = UINT64_MAX;
   for (auto w : live_)
     slowest = std::min(slowest, clock(w));

@@ -86,7 +86,8 @@ public:
   }
 
   /// Run-time change of how many clocks a worker may run ahead of the slowest (bounded
-  /// staleness policies; ASHL moves it between its stages). Default: ignored.
+  /// staleness policies; ASHL moves it between its stages): the bound counts from then
+  /// on, every live worker level with the slowest. Default: ignored.
   virtual void set_staleness_bound(uint64_t s) { (void) s; }
 
   /// A push on_push buffered ended before all of it arrived (its worker left halfway): it

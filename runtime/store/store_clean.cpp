@@ -24,19 +24,13 @@ std::optional<std::string> shard_link_name(const std::string& name) {
   return name;
 }
 
-// G where `rest` is "G" (at most 9 digits, not 0), else 0.
-uint32_t generation_number(const std::string& rest) {
-  if (rest.empty() || rest.size() > 9 || rest.find_first_not_of("0123456789") != std::string::npos)
-    return 0;
-  return static_cast<uint32_t>(std::strtoul(rest.c_str(), nullptr, 10));
-}
-
 }  // namespace
 
 clean_plan plan_clean(const std::vector<checkpoint_dir_entry>& entries) {
   // Per shard (by its link's name): the link, its generations, takeovers' directories.
   struct shard_entries {
     const checkpoint_dir_entry* link = nullptr;
+    bool directory = false; // shard-ID is a directory: the layout before generations, or a copy that followed links
     std::map<uint32_t, std::string> generations; // directories, by number
     std::vector<std::string> takeovers;
   };
@@ -45,32 +39,39 @@ clean_plan plan_clean(const std::vector<checkpoint_dir_entry>& entries) {
     if (auto base = shard_link_name(e.name)) {
       if (e.link)
         shards[*base].link = &e;
-      continue; // a store in a directory of the link's name: the layout before generations
+      else
+        shards[*base].directory = true;
+      continue;
     }
     const auto dot = e.name.find('.');
     if (dot == std::string::npos || !shard_link_name(e.name.substr(0, dot)) || e.link)
       continue;
     const auto base = e.name.substr(0, dot);
-    const auto rest = e.name.substr(dot + 1);
-    if (auto g = generation_number(rest))
+    if (auto g = generation_in(e.name, base))
       shards[base].generations[g] = e.name;
-    else if (rest.rfind("taking-over-", 0) == 0)
+    else if (e.name.compare(dot + 1, 12, "taking-over-") == 0)
       shards[base].takeovers.push_back(e.name);
   }
   clean_plan plan;
   for (const auto& [base, s] : shards) {
-    for (const auto& t : s.takeovers)
-      plan.remove.push_back({t, "the working copy of a takeover of " + base + " that was never claimed"});
-    uint32_t linked = 0;
-    if (s.link)
-      linked = generation_number(s.link->target.rfind(base + ".", 0) == 0 ? s.link->target.substr(base.size() + 1)
-                                                                          : std::string{});
+    const uint32_t linked = s.link ? generation_in(s.link->target, base) : 0;
     const bool linked_there = linked != 0 && s.generations.count(linked) > 0;
+    // Without a usable link nothing of the shard is removed: which copy a resume reads is
+    // not this plan's to judge.
+    const std::string unusable =
+      s.directory ? base + " is a directory (the layout before generations, or a copy that followed the links): it "
+                           "becomes the next generation when opened"
+      : !s.link   ? base + " has no link: its newest generation is what a resume reads"
+                  : base + " points to '" + s.link->target + "', which is not a generation here";
+    for (const auto& t : s.takeovers) {
+      if (linked_there)
+        plan.remove.push_back({t, "the working copy of a takeover of " + base + " that was never claimed"});
+      else
+        plan.keep.push_back({t, unusable});
+    }
     for (const auto& [g, name] : s.generations) {
       if (!linked_there) {
-        plan.keep.push_back({name, !s.link ? base + " has no link: its newest generation is what a resume reads"
-                                           : base + " points to '" + s.link->target
-                                               + "', which is not a generation here: nothing of it is removed"});
+        plan.keep.push_back({name, unusable});
       } else if (g < linked) {
         plan.remove.push_back({name, "generation " + std::to_string(g) + " of " + base + ", which points to generation "
                                        + std::to_string(linked) + " since a takeover"});

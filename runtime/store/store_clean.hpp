@@ -36,14 +36,17 @@ struct clean_plan {
 /// Of a shard's entries (shard-ID, a link to shard-ID.G): the generations older than the
 /// one its link points to, and the working directories of takeovers (shard-ID.taking-over-*),
 /// are to be removed. Kept, saying why: generations newer than the link's (a takeover may be
-/// moving the link to one now), and every generation of a shard whose link is missing or
-/// points to a generation that is not there (the newest may be the only copy). Entries of
-/// other names (the job's store, files a user put there) are not named at all.
+/// moving the link to one now), and every generation and working directory of a shard
+/// whose link is missing, is a directory, or points to a generation that is not there (the
+/// newest may be the only copy). Entries of other names (the job's store, files a user put
+/// there) are not named at all.
 clean_plan plan_clean(const std::vector<checkpoint_dir_entry>& entries);
 
 /// The process that holds the RocksDB store in `dir` (the lock on its LOCK file, as this
-/// host sees it), or nothing where none does or the store has no LOCK file. Fails with
-/// io_error naming the file.
+/// host sees it; 0 where the lock is held from another host or PID namespace), or nothing
+/// where none does or the store has no LOCK file. Fails with io_error naming the file.
+/// Not for a process that may hold the store itself: POSIX drops every lock a process
+/// holds on a file when it closes any descriptor of it, and its own locks read as free.
 [[nodiscard]] expected<std::optional<int64_t>> store_lock_holder(const std::string& dir);
 
 /// What `dir` holds now, to compare with a later look: every file's name, size and

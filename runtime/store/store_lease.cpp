@@ -120,7 +120,8 @@ std::string generation_name(const std::string& link, uint32_t g) {
   return fs::path(link).filename().string() + "." + std::to_string(g);
 }
 
-// G where `name` is "<base>.G" (at most 9 digits), else 0.
+}  // namespace
+
 uint32_t generation_in(const std::string& name, const std::string& base) {
   const auto prefix = base + ".";
   if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() || name.size() - prefix.size() > 9
@@ -128,6 +129,8 @@ uint32_t generation_in(const std::string& name, const std::string& base) {
     return 0;
   return static_cast<uint32_t>(std::strtoul(name.c_str() + prefix.size(), nullptr, 10));
 }
+
+namespace {
 
 // The highest generation directory beside `link` (0: none): where a link that a copy of
 // the checkpoint directory dropped should point.

@@ -106,6 +106,10 @@ struct store_generation {
   uint32_t generation = 0; // G
 };
 
+/// G where `name` is "BASE.G" (G of at most 9 digits, not 0), else 0: which generation of
+/// the store whose link is named BASE a directory (or a link's text) is.
+uint32_t generation_in(const std::string& name, const std::string& base);
+
 /// The generation `link` points to. Without a link: generation 1 where there is none yet
 /// (the link made; the store is created by its first open), or the newest generation
 /// directory beside it (a copy of the checkpoint directory that dropped its links). A

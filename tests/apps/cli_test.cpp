@@ -705,7 +705,7 @@ TEST_CASE("checkpoint clean removes the generation a takeover left and an unclai
     // Its old holder still holds generation 1 (here: this process, as RocksDB locks it).
     auto old = ashlar::open_rocksdb_store(ck + "/shard-0.1", ashlar::open_mode::existing);
     REQUIRE(old);
-    auto held = run("checkpoint clean --watch 0.5 " + ck);
+    auto held = run("checkpoint clean --watch 1 " + ck);
     INFO(held.out);
     CHECK(held.code == 0);
     CHECK(has(held, "kept shard-0.1 (generation 1 of shard-0, which points to generation 2 since a takeover): its "
@@ -723,11 +723,11 @@ TEST_CASE("checkpoint clean removes the generation a takeover left and an unclai
                        "was written to while watched"));
     CHECK_FALSE(gone("shard-0.1"));
   }
-  auto dry = run("checkpoint clean --watch 0.5 --dry-run " + ck);
+  auto dry = run("checkpoint clean --watch 1 --dry-run " + ck);
   INFO(dry.out);
   CHECK(has(dry, "would remove shard-0.1"));
   CHECK_FALSE(gone("shard-0.1"));
-  auto cleaned = run("checkpoint clean --watch 0.5 " + ck);
+  auto cleaned = run("checkpoint clean --watch 1 " + ck);
   INFO(cleaned.out);
   CHECK(cleaned.code == 0);
   CHECK(has(cleaned, "removed shard-0.1 (generation 1 of shard-0, which points to generation 2 since a takeover)"));
@@ -736,7 +736,7 @@ TEST_CASE("checkpoint clean removes the generation a takeover left and an unclai
   CHECK_FALSE(gone("shard-0.2"));
   CHECK_FALSE(gone("shard-1.2"));
   CHECK(run("checkpoint verify " + ck).code == 0);
-  auto again = run("checkpoint clean --watch 0.5 " + ck);
+  auto again = run("checkpoint clean --watch 1 " + ck);
   CHECK(has(again, "nothing to remove in " + ck));
   auto missing = run("checkpoint clean " + dir.file("absent"));
   CHECK(missing.code == 1);

@@ -31,7 +31,7 @@ std::string why(const std::vector<clean_item>& items, const std::string& name) {
 }  // namespace
 
 TEST_CASE("a clean removes a shard's generations older than its link's and unclaimed takeover copies, and keeps "
-          "newer ones and every generation of a shard without a usable link") {
+          "newer ones and everything of a shard without a usable link") {
   const std::vector<checkpoint_dir_entry> entries{
     {"job", false, ""},
     {"notes.txt", false, ""},
@@ -50,6 +50,10 @@ TEST_CASE("a clean removes a shard's generations older than its link's and uncla
     {"shard-3.1", false, ""},
     {"shard-4", true, "../elsewhere"},
     {"shard-4.1", false, ""},
+    {"shard-2.taking-over-7-8", false, ""},
+    {"shard-5", false, ""}, // a directory: a copy that followed the links
+    {"shard-5.1", false, ""},
+    {"shard-5.taking-over-1-2", false, ""},
   };
   const auto plan = plan_clean(entries);
   CHECK(plan.remove.size() == 3);
@@ -62,6 +66,10 @@ TEST_CASE("a clean removes a shard's generations older than its link's and uncla
   CHECK(named(plan.keep, "shard-2.2"));
   CHECK(why(plan.keep, "shard-3.1").find("not a generation here") != std::string::npos);
   CHECK(named(plan.keep, "shard-4.1"));
+  // Without a usable link, not even a takeover's copy goes.
+  CHECK(named(plan.keep, "shard-2.taking-over-7-8"));
+  CHECK(why(plan.keep, "shard-5.1").find("shard-5 is a directory") == 0);
+  CHECK(named(plan.keep, "shard-5.taking-over-1-2"));
   // Neither the linked generation, the job's store, a link being made nor a stranger's file.
   for (const auto* name : {"shard-0.3", "shard-1.1", "job", "notes.txt", "shard-0.link-3", "shard-0", "shard-1"}) {
     INFO(name);

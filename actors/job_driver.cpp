@@ -883,7 +883,7 @@ private:
   uint64_t last_samples_ = 0;
   double last_progress_ = 0, last_eval_ = 0, last_shard_poll_ = 0, last_noted_ = 0;
   std::map<size_t, double> lost_since_; // shards lost and not served again yet: since when
-  std::map<size_t, std::string> not_served_why_; // of those, why the cluster's last try failed
+  std::map<size_t, std::string> not_served_why_; // why a lost one is not served yet: the cluster's last try
   bool stop_sent_ = false;
   lr_schedule schedule_;
   bool scheduled_ = false;

@@ -82,8 +82,8 @@ expected<std::map<uint32_t, std::unique_ptr<kv_store>>> open_shards(const std::s
     return make_error(errc::io_error, dir + " is not a directory (a job's --checkpoint-dir)");
   std::map<uint32_t, std::unique_ptr<kv_store>> out;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const auto name = e.path().filename().string();
-    if (name.rfind("shard-", 0) != 0 || name.find_first_not_of("0123456789", 6) != std::string::npos)
+    const auto id = shard_link_id(e.path().filename().string());
+    if (!id)
       continue;
     std::error_code dir_ec;
     if (!std::filesystem::is_directory(e.path(), dir_ec))
@@ -91,7 +91,7 @@ expected<std::map<uint32_t, std::unique_ptr<kv_store>>> open_shards(const std::s
     auto store = open_rocksdb_store(e.path().string(), open_mode::read_only);
     if (!store)
       return store.error();
-    out[static_cast<uint32_t>(std::stoul(name.substr(6)))] = std::move(*store);
+    out[*id] = std::move(*store);
   }
   if (out.empty())
     return make_error(errc::io_error, dir + " holds no shard checkpoints (no shard-ID directories)");
@@ -473,18 +473,6 @@ int export_params(const checkpoint_options& o) {
   return 0;
 }
 
-// Bytes under `path`, for what a clean frees.
-uint64_t bytes_under(const std::string& path) {
-  uint64_t total = 0;
-  std::error_code ec;
-  for (std::filesystem::recursive_directory_iterator it{path, ec}, end; !ec && it != end; it.increment(ec)) {
-    std::error_code fe;
-    if (it->is_regular_file(fe))
-      total += it->file_size(fe);
-  }
-  return total;
-}
-
 // Why `path` must stay (a process holds its store), or nothing; fails on an unreadable lock.
 expected<std::optional<std::string>> held_why(const std::string& path) {
   auto pid = store_lock_holder(path);
@@ -504,7 +492,7 @@ expected<std::optional<std::string>> held_why(const std::string& path) {
 struct clean_look {
   bool gone = false;
   std::optional<std::string> held;
-  std::string state;
+  directory_snapshot seen;
 };
 
 expected<clean_look> look_at(const std::string& path) {
@@ -572,7 +560,7 @@ int clean(const checkpoint_options& o) {
     else if (look->held)
       std::printf("kept %s (%s): %s\n", r.name.c_str(), r.why.c_str(), look->held->c_str());
     else
-      watched.push_back({std::move(r), path, std::move(look->state)});
+      watched.push_back({std::move(r), path, std::move(look->seen.state)});
   }
   if (watched.empty()) {
     std::printf("nothing to remove in %s\n", o.dir.c_str());
@@ -594,12 +582,12 @@ int clean(const checkpoint_options& o) {
       std::printf("%s is gone meanwhile\n", c.item.name.c_str());
       continue;
     }
-    if (look->held || look->state != c.state) {
+    if (look->held || look->seen.state != c.state) {
       std::printf("kept %s (%s): %s\n", c.item.name.c_str(), c.item.why.c_str(),
                   look->held ? look->held->c_str() : "it was written to while watched: a process still uses it");
       continue;
     }
-    const uint64_t bytes = bytes_under(c.path);
+    const uint64_t bytes = look->seen.bytes;
     if (o.dry_run) {
       std::printf("would remove %s (%s): %.1f MB\n", c.item.name.c_str(), c.item.why.c_str(), bytes / 1e6);
       continue;

@@ -14,18 +14,6 @@
 
 namespace ashlar {
 
-namespace {
-
-// ID where `name` is "shard-ID" (at most 9 digits), else nothing.
-std::optional<std::string> shard_link_name(const std::string& name) {
-  if (name.rfind("shard-", 0) != 0 || name.size() == 6 || name.size() > 15
-      || name.find_first_not_of("0123456789", 6) != std::string::npos)
-    return std::nullopt;
-  return name;
-}
-
-}  // namespace
-
 clean_plan plan_clean(const std::vector<checkpoint_dir_entry>& entries) {
   // Per shard (by its link's name): the link, its generations, takeovers' directories.
   struct shard_entries {
@@ -36,15 +24,15 @@ clean_plan plan_clean(const std::vector<checkpoint_dir_entry>& entries) {
   };
   std::map<std::string, shard_entries> shards;
   for (const auto& e : entries) {
-    if (auto base = shard_link_name(e.name)) {
+    if (shard_link_id(e.name)) {
       if (e.link)
-        shards[*base].link = &e;
+        shards[e.name].link = &e;
       else
-        shards[*base].directory = true;
+        shards[e.name].directory = true;
       continue;
     }
     const auto dot = e.name.find('.');
-    if (dot == std::string::npos || !shard_link_name(e.name.substr(0, dot)) || e.link)
+    if (dot == std::string::npos || !shard_link_id(e.name.substr(0, dot)) || e.link)
       continue;
     const auto base = e.name.substr(0, dot);
     if (auto g = generation_in(e.name, base))
@@ -107,9 +95,10 @@ expected<std::optional<int64_t>> store_lock_holder(const std::string& dir) {
   return std::optional<int64_t>{static_cast<int64_t>(lock.l_pid)};
 }
 
-expected<std::string> directory_state(const std::string& dir) {
+expected<directory_snapshot> directory_state(const std::string& dir) {
   namespace fs = std::filesystem;
   std::vector<std::string> files;
+  directory_snapshot out;
   std::error_code ec;
   for (fs::recursive_directory_iterator it{dir, ec}, end; !ec && it != end; it.increment(ec)) {
     std::error_code fe;
@@ -119,20 +108,20 @@ expected<std::string> directory_state(const std::string& dir) {
     const auto time = it->last_write_time(fe);
     if (fe)
       continue; // gone meanwhile: the next look differs anyway
+    out.bytes += size;
     files.push_back(it->path().string() + " " + std::to_string(size) + " "
                     + std::to_string(time.time_since_epoch().count()));
   }
   if (ec)
     return make_error(errc::io_error, "cannot list " + dir + ": " + ec.message());
   std::sort(files.begin(), files.end());
-  std::string out;
   for (const auto& f : files)
-    out += f + "\n";
+    out.state += f + "\n";
   auto lease = read_lease(dir);
   if (!lease)
     return lease.error();
   if (*lease)
-    out += "lease: " + **lease;
+    out.state += "lease: " + **lease;
   return out;
 }
 

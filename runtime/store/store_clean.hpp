@@ -49,8 +49,14 @@ clean_plan plan_clean(const std::vector<checkpoint_dir_entry>& entries);
 /// holds on a file when it closes any descriptor of it, and its own locks read as free.
 [[nodiscard]] expected<std::optional<int64_t>> store_lock_holder(const std::string& dir);
 
-/// What `dir` holds now, to compare with a later look: every file's name, size and
-/// modification time, and the store's lease. A process still writing there changes it.
-[[nodiscard]] expected<std::string> directory_state(const std::string& dir);
+/// What a directory holds at one look.
+struct directory_snapshot {
+  std::string state;  // every file's name, size and modification time, and the store's lease
+  uint64_t bytes = 0; // its files' sizes summed
+};
+
+/// What `dir` holds now, to compare with a later look (`state`): a process still writing
+/// there changes it. Fails with io_error naming the directory.
+[[nodiscard]] expected<directory_snapshot> directory_state(const std::string& dir);
 
 }  // namespace ashlar

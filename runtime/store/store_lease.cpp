@@ -122,6 +122,13 @@ std::string generation_name(const std::string& link, uint32_t g) {
 
 }  // namespace
 
+std::optional<uint32_t> shard_link_id(const std::string& name) {
+  if (name.rfind("shard-", 0) != 0 || name.size() == 6 || name.size() > 15
+      || name.find_first_not_of("0123456789", 6) != std::string::npos)
+    return std::nullopt;
+  return static_cast<uint32_t>(std::strtoul(name.c_str() + 6, nullptr, 10));
+}
+
 uint32_t generation_in(const std::string& name, const std::string& base) {
   const auto prefix = base + ".";
   if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() || name.size() - prefix.size() > 9

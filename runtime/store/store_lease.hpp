@@ -106,6 +106,10 @@ struct store_generation {
   uint32_t generation = 0; // G
 };
 
+/// ID where `name` is a shard store's link name, "shard-ID" (ID of at most 9 digits),
+/// else nothing.
+std::optional<uint32_t> shard_link_id(const std::string& name);
+
 /// G where `name` is "BASE.G" (G of at most 9 digits, not 0), else 0: which generation of
 /// the store whose link is named BASE a directory (or a link's text) is.
 uint32_t generation_in(const std::string& name, const std::string& base);

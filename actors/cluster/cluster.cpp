@@ -14,6 +14,7 @@
 #include "actors/cluster/data_plane.hpp"
 #include "actors/cluster/node.hpp"
 #include "runtime/policy/ring.hpp"
+#include "runtime/store/serve_again.hpp"
 
 namespace ashlar::actors {
 
@@ -40,6 +41,7 @@ struct cluster_state {
   std::set<uint32_t> lost_shards;     // the running job's shards (ids) whose actor went down
   std::set<uint32_t> rehosting;       // of those, the ones a node is restoring now
   bool retry_due = false;             // a retry of rehost_lost is on its way (a store was busy)
+  uint64_t job_serial = 0;            // counts the jobs started: an answer for an earlier one is stale
 };
 
 using cluster_pointer = cluster_actor::stateful_pointer<cluster_state>;
@@ -77,6 +79,29 @@ void tell_why_not_served(cluster_pointer self, uint32_t shard_id, std::string wh
     caf::anon_send(st.job.driver, shard_atom::value, static_cast<uint32_t>(index), std::move(why));
 }
 
+// How long the cluster waits for a node to serve a lost shard again before it asks again.
+constexpr caf::timespan serve_timeout = 60s;
+
+// Once more asks node `node_id`, which had not answered request `req` of a job that has
+// ended since, and stops the shard it answers with: else a restore that outlasted the job
+// would leave the node serving a shard nobody stops, holding its store.
+void stop_late_shard(cluster_pointer self, uint32_t node_id, const wire::spawn_shard& req) {
+  auto n = self->state.nodes.find(node_id);
+  if (n == self->state.nodes.end() || !n->second.info.alive)
+    return;
+  const uint32_t shard_id = req.range.shard_id;
+  self->request(n->second.handle, 10 * serve_timeout, req)
+    .then(
+      [=](const shard_actor& shard, const std::string&) {
+        spdlog::info("cluster: node {} served shard {} of a job that has ended; stopping it", node_id, shard_id);
+        self->send_exit(shard, caf::exit_reason::user_shutdown);
+      },
+      [=](caf::error& err) {
+        spdlog::info("cluster: node {} did not serve shard {} of a job that has ended: {}", node_id, shard_id,
+                     describe(err));
+      });
+}
+
 // Hosts shard `shard_id` of the running job on `node_id` again (its node was lost): the
 // node restores it from its checkpoints and the job driver takes it from there.
 void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
@@ -104,10 +129,24 @@ void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
   tell_why_not_served(self, shard_id,
                       "node " + std::to_string(node_id) + " (" + n->second.info.name
                         + ") was asked to serve it from its checkpoints and had not answered");
-  self->request(n->second.handle, 60s, req)
+  const uint64_t serial = st.job_serial;
+  self->request(n->second.handle, serve_timeout, req)
     .then(
       [=](const shard_actor& shard, const std::string& endpoint) {
         auto& st = self->state;
+        if (!st.job_running || st.job_serial != serial || st.lost_shards.count(shard_id) == 0) {
+          // The job ended, or another started, while the node restored it: nobody wants it
+          // (unless it is what the running job uses already).
+          const size_t now = shard_index(st, shard_id);
+          const bool in_use = st.job_running && now < st.job.shards.size()
+                              && st.job.shards[now].address() == shard.address();
+          if (!in_use) {
+            spdlog::info("cluster: node {} serves shard {} again, but its job no longer waits for it; stopping it",
+                         node_id, shard_id);
+            self->send_exit(shard, caf::exit_reason::user_shutdown);
+          }
+          return;
+        }
         st.lost_shards.erase(shard_id);
         st.rehosting.erase(shard_id);
         self->monitor(shard);
@@ -118,6 +157,11 @@ void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
       },
       [=](caf::error& err) {
         auto& st = self->state;
+        if (!st.job_running || st.job_serial != serial) {
+          if (err == caf::sec::request_timeout)
+            stop_late_shard(self, node_id, req);
+          return;
+        }
         st.rehosting.erase(shard_id);
         auto n = st.nodes.find(node_id);
         const bool alive = n != st.nodes.end() && n->second.info.alive;
@@ -125,21 +169,33 @@ void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
                             "node " + std::to_string(node_id)
                               + (n == st.nodes.end() ? std::string{} : " (" + n->second.info.name + ")")
                               + " could not serve it: " + describe(err));
-        if (alive && is(err, errc::busy)) {
-          // Its store is still held (by the lost node, frozen, or about to let go): asked
-          // again until it is free or the node takes it over (store_lease.hpp).
-          spdlog::info("cluster: node {} cannot serve shard {} yet ({}); asking again in 2 s", node_id, shard_id,
-                       describe(err));
-          if (!st.retry_due) {
-            st.retry_due = true;
-            self->delayed_send(self, std::chrono::seconds(2), shard_atom::value);
-          }
-          return;
+        const auto failure = is(err, errc::busy)                 ? serve_failure::busy
+                             : err == caf::sec::request_timeout ? serve_failure::timed_out
+                                                                 : serve_failure::refused;
+        const auto retry = after_failed_serve(failure, alive);
+        switch (retry.target) {
+          case serve_retry::same_node:
+            spdlog::warn("cluster: node {} has not answered for shard {} in {} s (restoring a large store?); "
+                         "asking it again",
+                         node_id, shard_id, std::chrono::duration_cast<std::chrono::seconds>(serve_timeout).count());
+            rehost_shard(self, node_id, shard_id);
+            return;
+          case serve_retry::any_node:
+            if (alive) // its store is still held (by the lost node, frozen, or about to let go)
+              spdlog::info("cluster: node {} cannot serve shard {} yet ({}); asking again in {} ms", node_id,
+                           shard_id, describe(err), retry.after.count());
+            else
+              spdlog::error("cluster: node {} could not serve shard {} again: {}; asking the next server node",
+                            node_id, shard_id, describe(err));
+            if (!st.retry_due) {
+              st.retry_due = true;
+              self->delayed_send(self, retry.after, shard_atom::value);
+            }
+            return;
+          case serve_retry::nobody:
+            spdlog::error("cluster: node {} could not serve shard {} again: {}", node_id, shard_id, describe(err));
+            return;
         }
-        spdlog::error("cluster: node {} could not serve shard {} again: {}", node_id, shard_id, describe(err));
-        // A node that went down meanwhile: the next live one is asked.
-        if (!alive)
-          self->delayed_send(self, std::chrono::milliseconds(500), shard_atom::value);
       });
 }
 
@@ -375,6 +431,7 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
       auto& st = self->state;
       st.job = job;
       st.job_running = true;
+      ++st.job_serial;
       st.lost_shards.clear();
       st.rehosting.clear();
       for (const auto& s : job.shards)

@@ -15,6 +15,7 @@
 #include "actors/server_shard.hpp"
 #include "actors/worker.hpp"
 #include "runtime/backend/cpu_backend.hpp"
+#include "runtime/store/serve_again.hpp"
 
 namespace ashlar::actors {
 
@@ -56,11 +57,20 @@ bool has_role(const std::vector<wire::role>& roles, wire::role r) {
 
 namespace {
 
+// A shard hosted here that keeps checkpoints: what it was asked for, where its store is,
+// and its data-plane endpoint.
+struct stored_shard {
+  shard_actor shard;
+  wire::spawn_shard req; // without its initial parameters
+  std::string dir;
+  std::string endpoint;
+};
+
 struct node_state {
   static constexpr const char* name = "ashlar.node";
   node_config cfg;
   std::vector<shard_actor> shards;
-  std::set<caf::actor_addr> persistent; // shards that keep checkpoints
+  std::map<caf::actor_addr, stored_shard> persistent; // the shards that keep checkpoints
   // Every shard and worker the node hosts and that still runs: they end with the node
   // (its process could not end while they ran, e.g. after losing the scheduler).
   std::shared_ptr<std::vector<caf::actor>> children = std::make_shared<std::vector<caf::actor>>();
@@ -84,10 +94,30 @@ void maybe_report_shutdown(node_pointer self) {
 
 // A shard for the job: its policy and optimizer, its checkpoints (confined to the node's
 // work directory), and its data-plane endpoint when the node serves one.
-caf::result<shard_actor, std::string> host_shard(node_pointer self, const wire::spawn_shard& req) {
+caf::result<shard_actor, std::string> host_shard(node_pointer self, wire::spawn_shard req) {
   auto& st = self->state;
   if (!has_role(st.cfg.roles, wire::role::server))
     return make_error(errc::invalid_state, "node " + st.cfg.name + " has no server role");
+  std::string dir = !st.cfg.checkpoint_dir.empty() ? st.cfg.checkpoint_dir : req.checkpoint_dir;
+  if (st.cfg.checkpoint_dir.empty() && !req.checkpoint_dir.empty() && !st.cfg.work_dir.empty()) {
+    auto inside = confine_path(st.cfg.work_dir, req.checkpoint_dir, "the job's checkpoint directory");
+    if (!inside)
+      return inside.error();
+    dir = *inside;
+  }
+  // Asked again for a shard this node already serves from that store for the same job
+  // (and is not stopping): the cluster's earlier request timed out while the store was
+  // restored (serve_again.hpp).
+  auto serving = [&](const shard_actor& s) {
+    return std::find(st.shards.begin(), st.shards.end(), s) != st.shards.end();
+  };
+  if (req.resume && !req.checkpoint_dir.empty())
+    for (const auto& [addr, held] : st.persistent)
+      if (held.dir == dir && same_shard_of_job(held.req, req) && serving(held.shard)) {
+        spdlog::info("node {}: already serves shard {} from {}; answering with it", st.cfg.name,
+                     req.range.shard_id, dir);
+        return {held.shard, held.endpoint};
+      }
   policy_config pc;
   pc.staleness_aware_lr = req.staleness_aware_lr;
   pc.staleness_bound = req.staleness_bound;
@@ -99,16 +129,9 @@ caf::result<shard_actor, std::string> host_shard(node_pointer self, const wire::
   opt.lr = req.lr;
   opt.momentum = req.momentum;
   opt.weight_decay = req.weight_decay;
-  auto core = std::make_unique<shard_core>(req.range, req.params, opt, std::move(*policy));
+  auto core = std::make_unique<shard_core>(req.range, std::move(req.params), opt, std::move(*policy));
   core->keep_average(req.average_samples);
   shard_persistence persistence;
-  std::string dir = !st.cfg.checkpoint_dir.empty() ? st.cfg.checkpoint_dir : req.checkpoint_dir;
-  if (st.cfg.checkpoint_dir.empty() && !req.checkpoint_dir.empty() && !st.cfg.work_dir.empty()) {
-    auto inside = confine_path(st.cfg.work_dir, req.checkpoint_dir, "the job's checkpoint directory");
-    if (!inside)
-      return inside.error();
-    dir = *inside;
-  }
   if (!req.checkpoint_dir.empty()) {
     auto p = open_shard_persistence(dir, req.checkpoint_keep, req.resume, *core,
                                     store_owner{"node " + st.cfg.name + ", " + default_lease_holder(), &st.leases});
@@ -120,8 +143,6 @@ caf::result<shard_actor, std::string> host_shard(node_pointer self, const wire::
   st.shards.push_back(shard);
   self->monitor(shard); // a shard its job stopped is no longer the node's to checkpoint
   st.children->push_back(caf::actor_cast<caf::actor>(shard));
-  if (!req.checkpoint_dir.empty())
-    st.persistent.insert(shard.address());
   spdlog::info("node {}: hosting shard {} (parameters [{}, {}), policy {})", st.cfg.name,
                req.range.shard_id, req.range.begin, req.range.end, req.policy);
   std::string endpoint;
@@ -132,6 +153,10 @@ caf::result<shard_actor, std::string> host_shard(node_pointer self, const wire::
     else
       spdlog::warn("node {}: shard {} is reachable over CAF only: {}", st.cfg.name, req.range.shard_id,
                    describe(ep.error()));
+  }
+  if (!req.checkpoint_dir.empty()) {
+    req.params = {}; // (moved into the shard: the request is kept to compare)
+    st.persistent.emplace(shard.address(), stored_shard{shard, std::move(req), dir, endpoint});
   }
   return {shard, endpoint};
 }

@@ -82,6 +82,12 @@ void tell_why_not_served(cluster_pointer self, uint32_t shard_id, std::string wh
 // How long the cluster waits for a node to serve a lost shard again before it asks again.
 constexpr caf::timespan serve_timeout = 60s;
 
+// Whether `shard` is what the running job uses as its shard `shard_id`.
+bool used_by_job(const cluster_state& st, uint32_t shard_id, const shard_actor& shard) {
+  const size_t index = shard_index(st, shard_id);
+  return st.job_running && index < st.job.shards.size() && st.job.shards[index].address() == shard.address();
+}
+
 // Once more asks node `node_id`, which had not answered request `req` of a job that has
 // ended since, and stops the shard it answers with: else a restore that outlasted the job
 // would leave the node serving a shard nobody stops, holding its store.
@@ -93,6 +99,8 @@ void stop_late_shard(cluster_pointer self, uint32_t node_id, const wire::spawn_s
   self->request(n->second.handle, 10 * serve_timeout, req)
     .then(
       [=](const shard_actor& shard, const std::string&) {
+        if (used_by_job(self->state, shard_id, shard)) // (the running job's, from the same store)
+          return;
         spdlog::info("cluster: node {} served shard {} of a job that has ended; stopping it", node_id, shard_id);
         self->send_exit(shard, caf::exit_reason::user_shutdown);
       },
@@ -137,10 +145,7 @@ void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
         if (!st.job_running || st.job_serial != serial || st.lost_shards.count(shard_id) == 0) {
           // The job ended, or another started, while the node restored it: nobody wants it
           // (unless it is what the running job uses already).
-          const size_t now = shard_index(st, shard_id);
-          const bool in_use = st.job_running && now < st.job.shards.size()
-                              && st.job.shards[now].address() == shard.address();
-          if (!in_use) {
+          if (!used_by_job(st, shard_id, shard)) {
             spdlog::info("cluster: node {} serves shard {} again, but its job no longer waits for it; stopping it",
                          node_id, shard_id);
             self->send_exit(shard, caf::exit_reason::user_shutdown);

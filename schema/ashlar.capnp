@@ -50,6 +50,8 @@ struct SpawnShard {
   resume @13 :Bool;            # restore the newest intact checkpoint before serving
   averageSamples @14 :Float64; # > 0: keep a running average of the parameters, this half-life
                                # in samples (train.average_epochs); 0: none
+  job @15 :Text;               # the job's id, random per job: a node asked again for a shard it
+                               # serves for the same job answers with it; empty: unknown
 }
 
 # Scheduler -> worker node: start a worker that loads its own copy of the data.

@@ -13,6 +13,7 @@
 
 #include "actors/cluster/data_plane.hpp"
 #include "actors/cluster/node.hpp"
+#include "runtime/net/gate.hpp"
 #include "runtime/policy/ring.hpp"
 #include "runtime/store/serve_again.hpp"
 
@@ -524,6 +525,10 @@ cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std
   std::vector<shard_actor> out;
   std::vector<std::string> endpoints;
   key_ = cfg.data_plane ? make_data_key() : std::string{};
+  // The job's id in every request for its shards: a node asked again for a shard it still
+  // serves answers with it only for the same job (same_shard_of_job), never for a later
+  // job with the same settings while the earlier job's shard stops.
+  const std::string job_id = net::random_hex(8);
   for (size_t k = 0; k < ranges.size(); ++k) {
     const auto& r = ranges[k];
     size_t n = servers[k % servers.size()];
@@ -543,6 +548,7 @@ cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std
     req.checkpoint_keep = cfg.checkpoint_keep;
     req.resume = false; // a resume's shards are restored by the job driver, from the cut they all hold
     req.average_samples = average_samples;
+    req.job = job_id;
     templates_.push_back(req);
     caf::error err;
     self->request(nodes->handles[n], 60s, req)

@@ -143,8 +143,9 @@ caf::result<shard_actor, std::string> host_shard(node_pointer self, wire::spawn_
   st.shards.push_back(shard);
   self->monitor(shard); // a shard its job stopped is no longer the node's to checkpoint
   st.children->push_back(caf::actor_cast<caf::actor>(shard));
-  spdlog::info("node {}: hosting shard {} (parameters [{}, {}), policy {})", st.cfg.name,
-               req.range.shard_id, req.range.begin, req.range.end, req.policy);
+  spdlog::info("node {}: hosting shard {} (parameters [{}, {}), policy {}{}{})", st.cfg.name,
+               req.range.shard_id, req.range.begin, req.range.end, req.policy,
+               req.job.empty() ? "" : ", job ", req.job);
   std::string endpoint;
   if (st.cfg.plane && !req.data_key.empty()) {
     auto ep = st.cfg.plane->serve(req.range.shard_id, shard, req.data_key, st.cfg.data_host, req.range.size());

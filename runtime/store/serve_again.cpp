@@ -22,7 +22,7 @@ bool same_shard_of_job(const wire::spawn_shard& a, const wire::spawn_shard& b) {
          && a.weight_decay == b.weight_decay && a.staleness_aware_lr == b.staleness_aware_lr
          && a.staleness_bound == b.staleness_bound && a.k == b.k && a.data_key == b.data_key
          && a.checkpoint_dir == b.checkpoint_dir && a.checkpoint_keep == b.checkpoint_keep
-         && a.average_samples == b.average_samples;
+         && a.average_samples == b.average_samples && a.job == b.job;
 }
 
 }  // namespace ashlar

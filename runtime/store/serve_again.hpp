@@ -40,10 +40,12 @@ struct serve_retry {
 /// the same node, at once. A refusal: nobody.
 serve_retry after_failed_serve(serve_failure why, bool node_alive);
 
-/// Whether two requests ask for the same shard of the same job: every field equal but the
-/// initial parameters and `resume` (a request to serve a lost shard again is the job's
-/// request for it, resuming). A node asked again for a shard it already serves from the
-/// same store answers with that shard.
+/// Whether two requests ask for the same shard of the same job: the same job id and every
+/// other field equal but the initial parameters and `resume` (a request to serve a lost
+/// shard again is the job's request for it, resuming). A node asked again for a shard it
+/// already serves from the same store answers with that shard. The job id tells two jobs
+/// with the same settings apart (a job resumed from the store of one whose shard still
+/// stops); requests without one (an older scheduler's) compare by their settings alone.
 bool same_shard_of_job(const wire::spawn_shard& a, const wire::spawn_shard& b);
 
 }  // namespace ashlar

@@ -711,6 +711,7 @@ words encode(const spawn_shard& x) {
   b.setCheckpointKeep(x.checkpoint_keep);
   b.setResume(x.resume);
   b.setAverageSamples(x.average_samples);
+  b.setJob(x.job);
   return to_words(mb);
 }
 
@@ -738,6 +739,7 @@ caf::error decode(const uint64_t* d, size_t n, spawn_shard& out) {
     out.checkpoint_keep = r.getCheckpointKeep();
     out.resume = r.getResume();
     out.average_samples = r.getAverageSamples();
+    out.job = r.getJob();
     return caf::none;
   });
 }

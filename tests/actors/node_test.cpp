@@ -52,6 +52,7 @@ TEST_CASE("a node asked again to serve a shard of the same job from its store an
   req.policy = "asp";
   req.lr = 0.1f;
   req.checkpoint_dir = dir.path();
+  req.job = "a1b2c3d4";
   auto first = ask(self, node, req);
   REQUIRE_FALSE(first.err);
   REQUIRE(first.shard);
@@ -71,6 +72,15 @@ TEST_CASE("a node asked again to serve a shard of the same job from its store an
   REQUIRE(refused.err);
   CHECK(is(refused.err, errc::busy));
   CHECK_FALSE(refused.shard);
+
+  // A later job with the same settings (resumed from the same store) is another job: not
+  // answered with the earlier job's shard, which may be stopping.
+  auto later = again;
+  later.job = "e5f6a7b8";
+  auto later_job = ask(self, node, later);
+  REQUIRE(later_job.err);
+  CHECK(is(later_job.err, errc::busy));
+  CHECK_FALSE(later_job.shard);
 
   // Once that shard has written its stop record and stopped, the node restores a new one
   // from the store.

@@ -168,9 +168,11 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   sp.params = {1.0f, 2.0f};
   sp.policy = "ashl";
   sp.average_samples = 3750;
+  sp.job = "9d2e41b0";
   spawn_shard sp2;
   REQUIRE_FALSE(decode(encode(sp), sp2));
   CHECK(sp2.average_samples == 3750);
+  CHECK(sp2.job == "9d2e41b0");
 }
 
 TEST_CASE("a truncated message is refused with malformed_message, never read past its end") {

@@ -39,6 +39,7 @@ TEST_CASE("a request to serve a shard again is the same shard of the same job wh
   a.momentum = 0.9f;
   a.data_key = "k";
   a.checkpoint_dir = "ck";
+  a.job = "5f3a9c21";
   auto b = a;
   b.params = std::vector<float>(10, 2.0f);
   b.resume = true;
@@ -62,4 +63,6 @@ TEST_CASE("a request to serve a shard again is the same shard of the same job wh
   CHECK(other([](wire::spawn_shard& c) { c.checkpoint_dir = "elsewhere"; }));
   CHECK(other([](wire::spawn_shard& c) { c.checkpoint_keep = 5; }));
   CHECK(other([](wire::spawn_shard& c) { c.average_samples = 4000; }));
+  // A later job with the same settings (resumed from the same store): another job.
+  CHECK(other([](wire::spawn_shard& c) { c.job = "0b81d4e7"; }));
 }

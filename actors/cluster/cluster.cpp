@@ -528,7 +528,7 @@ cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std
   // The job's id in every request for its shards: a node asked again for a shard it still
   // serves answers with it only for the same job (same_shard_of_job), never for a later
   // job with the same settings while the earlier job's shard stops.
-  const std::string job_id = net::random_hex(8);
+  const std::string job_id = net::random_hex(8); // (8 random bytes, 16 hex digits)
   for (size_t k = 0; k < ranges.size(); ++k) {
     const auto& r = ranges[k];
     size_t n = servers[k % servers.size()];

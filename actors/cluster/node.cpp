@@ -114,8 +114,8 @@ caf::result<shard_actor, std::string> host_shard(node_pointer self, wire::spawn_
   if (req.resume && !req.checkpoint_dir.empty())
     for (const auto& [addr, held] : st.persistent)
       if (held.dir == dir && same_shard_of_job(held.req, req) && serving(held.shard)) {
-        spdlog::info("node {}: already serves shard {} from {}; answering with it", st.cfg.name,
-                     req.range.shard_id, dir);
+        spdlog::info("node {}: already serves shard {}{}{} from {}; answering with it", st.cfg.name,
+                     req.range.shard_id, req.job.empty() ? "" : " of job ", req.job, dir);
         return {held.shard, held.endpoint};
       }
   policy_config pc;

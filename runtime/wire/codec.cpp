@@ -740,6 +740,10 @@ caf::error decode(const uint64_t* d, size_t n, spawn_shard& out) {
     out.resume = r.getResume();
     out.average_samples = r.getAverageSamples();
     out.job = r.getJob();
+    // (logged by the node: hex digits only, as the cluster writes it)
+    if (out.job.size() > 64 || out.job.find_first_not_of("0123456789abcdef") != std::string::npos)
+      return malformed("SpawnShard", "job id of " + std::to_string(out.job.size())
+                                       + " bytes is not up to 64 lowercase hex digits");
     return caf::none;
   });
 }

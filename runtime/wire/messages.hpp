@@ -134,7 +134,7 @@ struct spawn_shard {
   uint32_t checkpoint_keep = 3;
   bool resume = false;
   double average_samples = 0; // > 0: a running average of the parameters, this half-life in samples
-  std::string job; // the job's id, random per job (empty: unknown, as from an older scheduler)
+  std::string job; // the job's id, random per job, up to 64 hex digits (empty: unknown, as from an older scheduler)
 };
 
 struct spawn_worker {

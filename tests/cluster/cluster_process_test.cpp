@@ -1,6 +1,7 @@
 // Real node processes on loopback: the `ashlar` binary started as a user would.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -355,6 +356,19 @@ TEST_CASE("a server process killed (SIGKILL) mid-run: the other server node serv
   CHECK(log.find("scheduler: shard 1 is served again; 2 workers go on") != std::string::npos);
   const auto survivor = "server-" + std::to_string(1 - victim) + ".log";
   CHECK(slurp(dir.file(survivor)).find("shard 1: restored version") != std::string::npos);
+  // Every request for the job's shards, the first ones and the one to serve shard 1 again,
+  // carries the same job id: the survivor hosted its own shard and shard 1 under the id
+  // the victim hosted shard 1 under.
+  const std::regex job_id{R"(hosting shard \d+ \(parameters \[\d+, \d+\), policy [^,]+, job ([0-9a-f]+)\))"};
+  std::vector<std::string> ids;
+  for (const auto& name : {"server-" + std::to_string(victim) + ".log", survivor}) {
+    const auto text = slurp(dir.file(name));
+    for (std::sregex_iterator m{text.begin(), text.end(), job_id}, end; m != end; ++m)
+      ids.push_back((*m)[1].str());
+  }
+  REQUIRE(ids.size() == 3);
+  CHECK(ids[0].size() == 16);
+  CHECK(std::count(ids.begin(), ids.end(), ids[0]) == 3);
   CHECK(log.find("offers to serve shard 1, which is served; nothing to do") != std::string::npos);
   CHECK(log.find("(2 finished, 0 failed)") != std::string::npos);
   CHECK(json_number(slurp(dir.file("r.json")), "test_accuracy") > 0.75);

@@ -173,6 +173,12 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   REQUIRE_FALSE(decode(encode(sp), sp2));
   CHECK(sp2.average_samples == 3750);
   CHECK(sp2.job == "9d2e41b0");
+  // A job id that is not hex digits (it is logged) is refused, naming it.
+  sp.job = "9d2e\n41b0";
+  auto bad_job = decode(encode(sp), sp2);
+  REQUIRE(bad_job);
+  CHECK(is(bad_job, errc::malformed_message));
+  CHECK(describe(bad_job).find("job id") != std::string::npos);
 }
 
 TEST_CASE("a truncated message is refused with malformed_message, never read past its end") {

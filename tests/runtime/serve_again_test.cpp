@@ -65,4 +65,9 @@ TEST_CASE("a request to serve a shard again is the same shard of the same job wh
   CHECK(other([](wire::spawn_shard& c) { c.average_samples = 4000; }));
   // A later job with the same settings (resumed from the same store): another job.
   CHECK(other([](wire::spawn_shard& c) { c.job = "0b81d4e7"; }));
+  // Requests without a job id (an older scheduler's) compare by their settings alone.
+  auto old_a = a, old_b = b;
+  old_a.job.clear();
+  old_b.job.clear();
+  CHECK(same_shard_of_job(old_a, old_b));
 }

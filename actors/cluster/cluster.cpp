@@ -42,7 +42,6 @@ struct cluster_state {
   std::set<uint32_t> lost_shards;     // the running job's shards (ids) whose actor went down
   std::set<uint32_t> rehosting;       // of those, the ones a node is restoring now
   bool retry_due = false;             // a retry of rehost_lost is on its way (a store was busy)
-  uint64_t job_serial = 0;            // counts the jobs started: an answer for an earlier one is stale
 };
 
 using cluster_pointer = cluster_actor::stateful_pointer<cluster_state>;
@@ -82,6 +81,12 @@ void tell_why_not_served(cluster_pointer self, uint32_t shard_id, std::string wh
 
 // How long the cluster waits for a node to serve a lost shard again before it asks again.
 constexpr caf::timespan serve_timeout = 60s;
+
+// Whether request `req` is the running job's (its job id): an answer to an earlier job's is stale.
+bool for_running_job(const cluster_state& st, const wire::spawn_shard& req) {
+  const size_t index = shard_index(st, req.range.shard_id);
+  return st.job_running && index < st.job.shard_templates.size() && st.job.shard_templates[index].job == req.job;
+}
 
 // Whether `shard` is what the running job uses as its shard `shard_id`.
 bool used_by_job(const cluster_state& st, uint32_t shard_id, const shard_actor& shard) {
@@ -138,12 +143,11 @@ void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
   tell_why_not_served(self, shard_id,
                       "node " + std::to_string(node_id) + " (" + n->second.info.name
                         + ") was asked to serve it from its checkpoints and had not answered");
-  const uint64_t serial = st.job_serial;
   self->request(n->second.handle, serve_timeout, req)
     .then(
       [=](const shard_actor& shard, const std::string& endpoint) {
         auto& st = self->state;
-        if (!st.job_running || st.job_serial != serial || st.lost_shards.count(shard_id) == 0) {
+        if (!for_running_job(st, req) || st.lost_shards.count(shard_id) == 0) {
           // The job ended, or another started, while the node restored it: nobody wants it
           // (unless it is what the running job uses already).
           if (!used_by_job(st, shard_id, shard)) {
@@ -163,7 +167,7 @@ void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
       },
       [=](caf::error& err) {
         auto& st = self->state;
-        if (!st.job_running || st.job_serial != serial) {
+        if (!for_running_job(st, req)) {
           if (err == caf::sec::request_timeout)
             stop_late_shard(self, node_id, req);
           return;
@@ -437,8 +441,7 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
       auto& st = self->state;
       st.job = job;
       st.job_running = true;
-      ++st.job_serial;
-      st.lost_shards.clear();
+          st.lost_shards.clear();
       st.rehosting.clear();
       for (const auto& s : job.shards)
         self->monitor(s);

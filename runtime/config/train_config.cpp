@@ -273,7 +273,10 @@ const std::vector<field>& fields() {
          [](train_config& c) -> double& { return c.average_epochs; }),
     bind("train.overlap_commits", "adsp/ashl: a commit's push and pull run while the next local steps compute (default false)",
          [](train_config& c) -> bool& { return c.overlap_commits; }),
-    bind("train.speeds", "pacing: relative worker speeds, e.g. 1,1,2,4; empty = unpaced (default empty)",
+    bind("train.speeds",
+         "pacing: relative worker speeds, e.g. 1,1,2,4, each > 0; worker i runs at entry i mod their number (1 "
+         "paces every worker at speed 1; entries past train.workers pace workers added later); empty = unpaced "
+         "(default empty)",
          [](train_config& c) -> std::vector<double>& { return c.speeds; }),
     bind("train.sample_ms", "pacing: milliseconds per sample at speed 1 (default 0.5)",
          [](train_config& c) -> double& { return c.sample_ms; }),

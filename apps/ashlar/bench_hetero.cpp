@@ -10,8 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -19,6 +21,7 @@
 #include "actors/local_job.hpp"
 #include "runtime/core/log.hpp"
 #include "runtime/pacing/contention.hpp"
+#include "runtime/pacing/machine_fit.hpp"
 #include "runtime/pacing/random_profiles.hpp"
 
 namespace ashlar::cli {
@@ -41,6 +44,8 @@ struct policy_result {
   std::vector<epoch_point> history;
   std::string error;
   std::string settings; // batch, lr and momentum it trained with
+  double cap = 0;        // the time cap it trained under (a miss counts as this)
+  double sample_ms = 0;  // the profile's pacing it trained under
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -79,14 +84,25 @@ void add_hetero_options(CLI::App* cmd, hetero_options& o) {
     ->capture_default_str();
   cmd->add_option("--policy-set", o.policy_sets,
                   "POLICY:KEY=VALUE, a setting for one policy only (repeatable), e.g. asp:train.lr=0.02");
+  auto given = [&o](const std::string&) { o.pacing_given = true; };
   auto* sample_ms = cmd->add_option("--sample-ms", o.sample_ms, "wall time per sample at speed 1, ms")
-                      ->capture_default_str();
+                      ->capture_default_str()
+                      ->each(given);
   cmd->add_option("--ideal-rate", o.ideal_rate,
                   "samples/s the workers together could train, every one busy at its pace: sets --sample-ms to "
                   "1000 x (sum of the speeds) / RATE, so profiles of any size ask the same of the machine "
                   "(for a model whose compute, not the pacing, would otherwise set the rate)")
     ->check(CLI::PositiveNumber)
-    ->excludes(sample_ms);
+    ->excludes(sample_ms)
+    ->each(given);
+  cmd->add_option("--machine-share", o.machine_share,
+                  "without --sample-ms or --ideal-rate: the bench first measures what this machine trains with "
+                  "every core busy, and slows a profile that would ask more than this share of it in all, or of "
+                  "one core for its fastest worker, until it asks exactly that (every worker by the same factor, "
+                  "the time cap with them), so that the pacing, not the machine's cores, sets the workers' "
+                  "speeds; 0 paces as given")
+    ->capture_default_str()
+    ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--target", o.target, "target test accuracy")->capture_default_str();
   cmd->add_option("--time-cap", o.time_cap, "seconds each policy may train")->capture_default_str();
   cmd->add_flag("--stop-at-target", o.stop_at_target,
@@ -107,11 +123,53 @@ void add_hetero_options(CLI::App* cmd, hetero_options& o) {
 
 namespace {
 
+// What this machine trains with every core busy: the config's model, plain ASP (no worker
+// waits for another), unpaced, twice as many workers as cores (at least 4), for 3 s.
+expected<machine_capacity> measure_capacity(const hetero_options& o) {
+  train_config cfg;
+  if (auto err = resolve_config(o.train, cfg, false))
+    return err;
+  const uint32_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::vector<std::pair<std::string, std::string>> settings = {
+    {"train.policy", "asp"},          {"train.allocation", "equal"},
+    {"train.workers", std::to_string(std::max(4u, 2 * cores))},
+    {"train.speeds", ""},             {"train.contention", ""},
+    {"run.time_limit", "3"},          {"run.eval_interval", "0"},
+    {"run.eval_every_epoch", "false"}, {"run.target_accuracy", "0"},
+    {"run.progress_interval", "0"},   {"run.checkpoint_dir", ""},
+  };
+  for (const auto& [key, value] : settings)
+    if (auto err = apply_setting(cfg, key, value, ""))
+      return err;
+  if (auto err = apply_policy_rules(cfg)) // asp's step: a diverging run would measure its back-offs
+    return err;
+  if (auto err = validate(cfg))
+    return err;
+  std::printf("measuring this machine: %u unpaced asp workers for 3 s ... ", cfg.workers);
+  std::fflush(stdout);
+  auto rep = actors::run_local_job(cfg);
+  if (!rep)
+    return rep.error();
+  std::printf("%.0f samples/s on %u cores\n", rep->samples_per_second, cores);
+  std::fflush(stdout);
+  return machine_capacity{rep->samples_per_second, cores};
+}
+
 int run_profile(const hetero_options& o, std::vector<policy_result>* collected) {
   auto speeds = split(o.speeds, ',');
   if (speeds.empty()) {
     std::fprintf(stderr, "ashlar bench hetero: --speeds needs at least one speed\n");
     return 2;
+  }
+  std::vector<double> speed_values;
+  for (const auto& v : speeds) {
+    char* end = nullptr;
+    const double x = std::strtod(v.c_str(), &end);
+    if (end == v.c_str() || *end != '\0' || !(x > 0) || !std::isfinite(x)) {
+      std::fprintf(stderr, "ashlar bench hetero: --speeds: '%s' is not a positive number\n", v.c_str());
+      return 2;
+    }
+    speed_values.push_back(x);
   }
   std::error_code ec;
   std::filesystem::create_directories(o.out, ec);
@@ -121,18 +179,27 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
     return 1;
   }
   double sample_ms = o.sample_ms;
-  if (o.ideal_rate > 0) {
-    double sum = 0;
-    for (const auto& v : speeds) {
-      char* end = nullptr;
-      const double x = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0' || !(x > 0)) {
-        std::fprintf(stderr, "ashlar bench hetero: --speeds: '%s' is not a positive number\n", v.c_str());
+  if (o.ideal_rate > 0)
+    sample_ms = 1000.0 * std::accumulate(speed_values.begin(), speed_values.end(), 0.0) / o.ideal_rate;
+  double time_cap = o.time_cap;
+  if (!o.pacing_given && o.machine_share > 0) {
+    machine_capacity machine{o.capacity, o.capacity_cores};
+    if (!(machine.samples_per_second > 0)) {
+      auto m = measure_capacity(o);
+      if (!m) {
+        std::fprintf(stderr, "ashlar bench hetero: measuring this machine: %s\n", describe(m.error()).c_str());
         return 2;
       }
-      sum += x;
+      machine = *m;
     }
-    sample_ms = 1000.0 * sum / o.ideal_rate;
+    auto fit = fit_pacing(sample_ms, speed_values, machine, o.machine_share);
+    if (fit.slowdown > 1) {
+      std::printf("   paced to this machine: %.2f ms per sample at speed 1 instead of %.2f, time cap %.3g s instead of "
+                  "%.3g (%s; --machine-share 0 paces as given)\n",
+                  fit.sample_ms, sample_ms, time_cap * fit.slowdown, time_cap, fit.why.c_str());
+      sample_ms = fit.sample_ms;
+      time_cap *= fit.slowdown;
+    }
   }
   std::vector<policy_result> results;
   double ideal = 0;
@@ -156,19 +223,14 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
       {"train.sample_ms", fmt(sample_ms, 6)},
       {"train.contention", o.contention},
       {"run.eval_interval", fmt(o.eval_interval, 6)},
-      {"run.time_limit", fmt(o.time_cap, 6)},
+      {"run.time_limit", fmt(time_cap, 6)},
       {"run.target_accuracy", o.stop_at_target ? fmt(o.target, 6) : "0"},
       {"run.eval_every_epoch", "false"},
       {"run.progress_interval", "0"},
     };
     const size_t bench_settings = settings.size(); // the bench's own; --policy-set ones follow
-    for (const auto& ps : o.policy_sets) {
-      auto colon = ps.find(':');
-      auto eq = ps.find('=');
-      if (colon == std::string::npos || eq == std::string::npos || eq < colon) {
-        std::fprintf(stderr, "ashlar bench hetero: --policy-set expects POLICY:KEY=VALUE, got '%s'\n", ps.c_str());
-        return 2;
-      }
+    for (const auto& ps : o.policy_sets) { // their form was checked before the first run
+      const auto colon = ps.find(':'), eq = ps.find('=');
       if (ps.substr(0, colon) == name || ps.substr(0, colon) == entry) {
         settings.emplace_back(ps.substr(colon + 1, eq - colon - 1), ps.substr(eq + 1));
         // The table names the batch, lr and momentum of every policy; other settings
@@ -207,10 +269,12 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
     }
     std::printf("== %s: %u workers at speeds %s, %.2f ms/sample, batch %u per worker, lr %g, momentum %g, cap %.0f s\n",
                 entry.c_str(), cfg.workers, o.speeds.c_str(), cfg.sample_ms, cfg.batch_size, cfg.optimizer.lr,
-                cfg.optimizer.momentum, o.time_cap);
+                cfg.optimizer.momentum, time_cap);
     std::fflush(stdout);
     policy_result r;
     r.policy = entry;
+    r.cap = time_cap;
+    r.sample_ms = sample_ms;
     r.runs = o.repeat;
     {
       char buf[96];
@@ -319,7 +383,7 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
     md << "# Sync policies on heterogeneous workers\n\n"
        << "Speeds " << o.speeds << " (relative), " << sample_ms << " ms per sample at speed 1"
        << (o.contention.empty() ? "" : ", contention profile " + o.contention) << "; target test accuracy "
-       << o.target << "; each policy trains at most " << o.time_cap << " s. Ideal throughput (every worker "
+       << o.target << "; each policy trains at most " << time_cap << " s. Ideal throughput (every worker "
        << "busy at its paced rate): " << fmt(ideal, 0) << " samples/s"
        << (o.contention.empty() ? "" : " without contention; ideal_fraction divides by each run's ideal with "
                                         "the profile's slowdowns")
@@ -349,13 +413,14 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
     md << "\n";
     for (const auto& r : results)
       if (r.error.empty() && !r.time_to_target)
-        md << "- " << r.policy << " did not reach " << o.target << " within " << o.time_cap << " s (best "
+        md << "- " << r.policy << " did not reach " << o.target << " within " << time_cap << " s (best "
            << fmt(r.best_accuracy, 4) << ").\n";
   }
   // What ops/plot needs besides the series (it draws accuracy.png from them).
   {
     std::ofstream meta{o.out + "/bench.json"};
-    meta << "{\"target\": " << fmt(o.target, 3) << ", \"speeds\": \"" << o.speeds << "\"}\n";
+    meta << "{\"target\": " << fmt(o.target, 3) << ", \"speeds\": \"" << o.speeds << "\", \"sample_ms\": "
+         << fmt(sample_ms, 6) << ", \"time_cap\": " << fmt(time_cap, 3) << "}\n";
   }
   std::printf("wrote %s/results.md, results.csv, series.csv, bench.json; plot them with: ops/plot %s/series.csv\n",
               o.out.c_str(), o.out.c_str());
@@ -376,10 +441,20 @@ int run_profiles(const hetero_options& o, uint32_t n) {
     }
   }
   auto profiles = random_profiles(n, seed);
+  hetero_options measured = o; // the machine, measured once for every profile
+  if (!o.pacing_given && o.machine_share > 0) {
+    auto m = measure_capacity(o);
+    if (!m) {
+      std::fprintf(stderr, "ashlar bench hetero: measuring this machine: %s\n", describe(m.error()).c_str());
+      return 2;
+    }
+    measured.capacity = m->samples_per_second;
+    measured.capacity_cores = m->cores;
+  }
   std::vector<std::vector<policy_result>> all;
   for (uint32_t k = 0; k < n; ++k) {
     const auto& p = profiles[k];
-    auto ok = o;
+    auto ok = measured;
     ok.profiles.clear();
     ok.speeds = p.speeds_text();
     ok.out = o.out + "/profile-" + std::to_string(k + 1);
@@ -410,27 +485,35 @@ int run_profiles(const hetero_options& o, uint32_t n) {
   };
   auto time_of = [&](const std::vector<policy_result>& res, const std::string& name) -> std::optional<double> {
     const auto* r = result_of(res, name);
-    return r ? std::optional<double>{r->time_to_target ? *r->time_to_target : o.time_cap} : std::nullopt;
+    return r ? std::optional<double>{r->time_to_target ? *r->time_to_target : r->cap} : std::nullopt;
   };
   std::ofstream md{o.out + "/summary.md"};
   md << "# Every policy on " << n << " random heterogeneity profiles (seed " << seed << ")\n\n"
      << "Time to " << o.target << " test accuracy (s), median over " << o.repeat << " run(s) per policy; a policy "
-     << "that misses counts as the time cap (" << o.time_cap << " s). Each profile's own table is in profile-K/."
+     << "that misses counts as its profile's time cap (" << o.time_cap << " s unless the pacing was fit to the "
+     << "machine). Each profile's own table is in profile-K/."
      << (o.ideal_rate > 0 ? " Pacing per profile: " + fmt(o.ideal_rate, 0)
                               + " samples/s with every worker busy (--ideal-rate; ms per sample at speed 1 = 1000 x "
                                 "the sum of the speeds / that rate)."
                           : std::string{})
+     << (measured.capacity > 0
+           ? " This machine trained " + fmt(measured.capacity, 0) + " samples/s unpaced on "
+               + std::to_string(measured.capacity_cores) + " cores; a profile that would ask more than "
+               + fmt(o.machine_share * 100, 0) + "% of that in all, or of one core for its fastest worker, was "
+               + "slowed to ask exactly that, its time cap with it (--machine-share; the pacing column)."
+           : std::string{})
      << "\n\n"
-     << "| profile | speeds | contention |";
+     << "| profile | speeds | contention | pacing (ms/sample at speed 1, time cap s) |";
   for (const auto& name : names)
     md << " " << name << " |";
-  md << "\n|---|---|---|";
+  md << "\n|---|---|---|---|";
   for (size_t i = 0; i < names.size(); ++i)
     md << "---|";
   md << "\n";
   for (uint32_t k = 0; k < n; ++k) {
     md << "| " << k + 1 << " | " << profiles[k].speeds_text() << " | "
        << (profiles[k].contention.empty() ? "none" : std::to_string(profiles[k].contention.size()) + " interval(s)")
+       << " | " << (all[k].empty() ? std::string{"-"} : fmt(all[k].front().sample_ms, 2) + ", " + fmt(all[k].front().cap, 0))
        << " |";
     for (const auto& name : names) {
       const auto* r = result_of(all[k], name);
@@ -480,6 +563,13 @@ int run_profiles(const hetero_options& o, uint32_t n) {
 }  // namespace
 
 int run_hetero_bench(const hetero_options& o) {
+  for (const auto& ps : o.policy_sets) { // before any run: a typo costs no measuring
+    const auto colon = ps.find(':'), eq = ps.find('=');
+    if (colon == std::string::npos || eq == std::string::npos || eq < colon) {
+      std::fprintf(stderr, "ashlar bench hetero: --policy-set expects POLICY:KEY=VALUE, got '%s'\n", ps.c_str());
+      return 2;
+    }
+  }
   if (o.profiles.empty())
     return run_profile(o, nullptr);
   auto n = parse_profiles_spec(o.profiles);

@@ -20,6 +20,10 @@ struct hetero_options {
   std::vector<std::string> policy_sets; // POLICY:KEY=VALUE, applied to that policy only
   double sample_ms = 0.5;
   double ideal_rate = 0;      // > 0: each profile's sample_ms set so its workers together could train this many samples/s
+  bool pacing_given = false;  // --sample-ms or --ideal-rate: the pacing stands as given
+  double machine_share = 0.5; // else a profile asks at most this share of the machine (machine_fit.hpp); 0: as given
+  double capacity = 0;        // the machine's measured samples/s (0: not measured yet)
+  uint32_t capacity_cores = 1; // the cores it was measured on
   double target = 0.85;
   double time_cap = 60;
   double eval_interval = 1;

@@ -279,6 +279,7 @@ TEST_CASE("ashlar bench hetero runs each policy and writes the results table wit
                " --target 0.5 --sample-ms 0.2 --set data.train_limit=3000 --set data.test_limit=500"
                " --policy-set asp:train.lr=0.02 --policy-set asp:train.batch_size=32 --repeat 2 --out " + out);
   REQUIRE(r.code == 0);
+  CHECK_FALSE(has(r, "measuring this machine")); // --sample-ms: the pacing stands as given
   CHECK(has(r, "== bsp: 2 workers"));
   CHECK(has(r, "== asp: 2 workers at speeds 1,2, 0.20 ms/sample, batch 32 per worker, lr 0.02"));
   std::ifstream csv{out + "/results.csv"};
@@ -323,6 +324,7 @@ TEST_CASE("ashlar bench hetero --ideal-rate paces the workers so that together t
   auto r = run("bench hetero " + config + " --speeds 1,3 --ideal-rate 2000 --policies bsp --time-cap 1"
                " --eval-interval 0.5 --set data.train_limit=2000 --set data.test_limit=200 --out " + dir.file("h"));
   REQUIRE(r.code == 0);
+  CHECK_FALSE(has(r, "measuring this machine"));
   CHECK(has(r, "== bsp: 2 workers at speeds 1,3, 2.00 ms/sample"));
   std::ifstream md{dir.file("h") + "/results.md"};
   std::stringstream text;
@@ -333,6 +335,37 @@ TEST_CASE("ashlar bench hetero --ideal-rate paces the workers so that together t
   auto both = run("bench hetero " + config + " --ideal-rate 100 --sample-ms 2 --policies bsp --out " + dir.file("b"));
   CHECK(both.code != 0);
   CHECK(has(both, "excludes"));
+}
+
+TEST_CASE("ashlar bench hetero slows a profile that would ask more than half of what this machine trains, and its "
+          "time cap with it") {
+  ashlar::test::temp_dir dir;
+  // Speeds 100,100 at the default 0.5 ms per sample at speed 1 ask 400000 samples/s.
+  const std::string job = " --speeds 100,100 --policies asp --time-cap 0.1 --eval-interval 1"
+                          " --set data.train_limit=3000 --set data.test_limit=200 --out ";
+  auto r = run("bench hetero " + config + job + dir.file("fit"));
+  INFO(r.out);
+  REQUIRE(r.code == 0);
+  CHECK(has(r, "measuring this machine: "));
+  CHECK(has(r, "paced to this machine: "));
+  CHECK(has(r, " instead of 0.50, time cap "));
+  CHECK(has(r, "; --machine-share 0 paces as given)"));
+  // The runs train at the slower pacing and under the longer cap, and the table says so.
+  const auto at = r.out.find("== asp: 2 workers at speeds 100,100, ");
+  REQUIRE(at != std::string::npos);
+  const double ms = std::stod(r.out.substr(at + 37));
+  CHECK(ms > 0.5);
+  std::ifstream md{dir.file("fit") + "/results.md"};
+  std::stringstream text;
+  text << md.rdbuf();
+  const auto cap_at = text.str().find("each policy trains at most ");
+  REQUIRE(cap_at != std::string::npos);
+  CHECK(std::stod(text.str().substr(cap_at + 27)) == Approx(0.1 * ms / 0.5).epsilon(0.02));
+  // --machine-share 0: as given, nothing measured.
+  auto given = run("bench hetero " + config + " --machine-share 0" + job + dir.file("given"));
+  REQUIRE(given.code == 0);
+  CHECK_FALSE(has(given, "measuring this machine"));
+  CHECK(has(given, "== asp: 2 workers at speeds 100,100, 0.50 ms/sample"));
 }
 
 TEST_CASE("ashlar bench hetero refuses a malformed --policy-set") {

@@ -2,19 +2,15 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 
+#include "runtime/core/number_text.hpp"
 #include "runtime/policy/k_sync.hpp"
 
 namespace ashlar {
 
 namespace {
 
-std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.4g", v);
-  return buf;
-}
+std::string num(double v) { return number_text("%.4g", v); }
 
 bool is_async_push(const std::string& p) {
   return p == "asp" || p == "ssp" || p == "kasync" || p == "adaptive";

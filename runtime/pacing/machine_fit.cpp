@@ -1,18 +1,15 @@
 #include "runtime/pacing/machine_fit.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <numeric>
+
+#include "runtime/core/number_text.hpp"
 
 namespace ashlar {
 
 namespace {
 
-std::string whole(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.0f", v);
-  return buf;
-}
+std::string whole(double v) { return number_text("%.0f", v); }
 
 }  // namespace
 

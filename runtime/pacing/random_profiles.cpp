@@ -1,18 +1,15 @@
 #include "runtime/pacing/random_profiles.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <random>
+
+#include "runtime/core/number_text.hpp"
 
 namespace ashlar {
 
 namespace {
 
-std::string num(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", v);
-  return buf;
-}
+std::string num(double v) { return number_text("%g", v); }
 
 }  // namespace
 

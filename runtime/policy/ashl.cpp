@@ -2,29 +2,18 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 
 #include <spdlog/fmt/fmt.h>
 
 #include "runtime/config/train_config.hpp"
+#include "runtime/core/number_text.hpp"
 
 namespace ashlar {
 
 namespace {
 
-// One decimal: "3.3".
-std::string fixed(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f", x);
-  return buf;
-}
-
-// Three decimals: "0.497".
-std::string fixed3(double x) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f", x);
-  return buf;
-}
+std::string fixed(double x) { return number_text("%.1f", x); }  // "3.3"
+std::string fixed3(double x) { return number_text("%.3f", x); } // "0.497"
 
 }  // namespace
 

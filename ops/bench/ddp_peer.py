@@ -121,6 +121,14 @@ def lr_factor(schedule, warmup, epoch, epochs):
     return f
 
 
+def free_port():
+    """A TCP port on the loopback that nothing listens on now."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def die_with_parent():
     """A spawned process ends when its parent does (Linux's PR_SET_PDEATHSIG), so a peer
     run stopped by a signal leaves no DDP processes behind."""
@@ -278,7 +286,9 @@ def main():
                    "a worker's pace is slowed by FACTOR in that interval of the run's wall time")
     p.add_argument("--seeds", default="1")
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
-    p.add_argument("--port", type=int, default=29531)
+    p.add_argument("--port", type=int, default=0,
+                   help="the rendezvous port (default: a free one per run, so that a run never meets the store of "
+                        "one still shutting down)")
     p.add_argument("--controller", choices=["none", "omnilearn"], default="none",
                    help="omnilearn: per-worker batches by OmniLearn's proportional controller, batch-weighted average")
     p.add_argument("--adjust-steps", type=int, default=20, help="omnilearn: steps between adjustments")
@@ -302,7 +312,8 @@ def main():
     for i, seed in enumerate(int(s) for s in args.seeds.split(",")):
         args.seed = seed
         result = f"/tmp/ashlar-ddp-{os.getpid()}-{seed}.json"
-        mp.spawn(worker, args=(args, args.port + i, result), nprocs=len(args.speeds), join=True)
+        port = args.port + i if args.port else free_port()
+        mp.spawn(worker, args=(args, port, result), nprocs=len(args.speeds), join=True)
         with open(result) as f:
             print(f.read(), flush=True)
         os.remove(result)

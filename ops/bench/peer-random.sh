@@ -36,8 +36,13 @@ for p in $(ls -d "$dir"/profile-* | sort -V); do
   [[ -f "$p/contention.txt" ]] && contention=(--contention "$p/contention.txt")
   for controller in none omnilearn; do
     echo "== profile $k: speeds $speeds, $sample_ms ms per sample at speed 1, cap $pcap s, DDP controller $controller"
-    /usr/bin/python3 ops/bench/ddp_peer.py --speeds "$speeds" --sample-ms "$sample_ms" --time-cap "$pcap" --eval-interval "$eval" \
-      --seeds "$(seq -s, 1 "$seeds")" --controller "$controller" "${contention[@]}" \
+    # A peer run that fails or hangs (a gloo collective that never completes) is left out
+    # of the table, named, after three times its cap and three minutes per seed (its cap
+    # counts training time only: rank 0's evaluations and the start come on top).
+    limit=$(/usr/bin/python3 -c "import sys; print(int((3 * float(sys.argv[1]) + 180) * int(sys.argv[2])))" "$pcap" "$seeds")
+    { timeout -k 10 "$limit" /usr/bin/python3 ops/bench/ddp_peer.py --speeds "$speeds" --sample-ms "$sample_ms" \
+        --time-cap "$pcap" --eval-interval "$eval" --seeds "$(seq -s, 1 "$seeds")" --controller "$controller" \
+        "${contention[@]}" || echo "== profile $k: the $controller peer run failed or timed out after $limit s; left out" >&2; } \
       | /usr/bin/python3 -c "import json, sys
 for l in sys.stdin:
     if l.strip():
@@ -54,7 +59,7 @@ peers = [json.loads(l) for l in open(out + "/peers.jsonl") if l.strip()]
 def med(v):
     v = sorted(v)
     return v[len(v) // 2] if v else None
-rows, r_ddp, r_omni = [], [], []
+rows, r_ddp, r_omni, missing = [], [], [], []
 for p in sorted(glob.glob(d + "/profile-*"), key=lambda s: int(s.rsplit("-", 1)[1])):
     k = int(p.rsplit("-", 1)[1])
     meta = json.load(open(p + "/bench.json"))
@@ -74,6 +79,7 @@ for p in sorted(glob.glob(d + "/profile-*"), key=lambda s: int(s.rsplit("-", 1)[
     ddp = med([t(x["t_target"]) for x in peers if x["profile"] == k and x["controller"] == "none"])
     omni = med([t(x["t_target"]) for x in peers if x["profile"] == k and x["controller"] == "omnilearn"])
     if ddp is None or omni is None:
+        missing.append(k)
         continue
     r_ddp.append(ash[best] / ddp)
     r_omni.append(ash[best] / omni)
@@ -89,6 +95,9 @@ lines = ["# Ashlar against DDP and the OmniLearn-controller peer on random heter
 if r_ddp:
     lines += ["", f"Median best / DDP: {statistics.median(r_ddp):.2f} (goal <= 0.5); worst {max(r_ddp):.2f}.",
               f"Median best / OmniLearn: {statistics.median(r_omni):.2f} (goal <= 0.8); worst {max(r_omni):.2f}."]
+if missing:
+    lines += ["", "Left out (a peer run failed or timed out, see the script's output): profile "
+              + ", ".join(str(k) for k in missing) + "."]
 text = "\n".join(lines) + "\n"
 open(out + "/results.md", "w").write(text)
 print(text)

@@ -14,6 +14,7 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <sched.h>
 #include <unistd.h>
 
 #include <spdlog/spdlog.h>
@@ -95,14 +96,24 @@ void add_hetero_options(CLI::App* cmd, hetero_options& o) {
     ->check(CLI::PositiveNumber)
     ->excludes(sample_ms)
     ->each(given);
-  cmd->add_option("--machine-share", o.machine_share,
+  auto* share = cmd->add_option("--machine-share", o.machine_share,
                   "without --sample-ms or --ideal-rate: the bench first measures what this machine trains with "
                   "every core busy, and slows a profile that would ask more than this share of it in all, or of "
                   "one core for its fastest worker, until it asks exactly that (every worker by the same factor, "
-                  "the time cap with them), so that the pacing, not the machine's cores, sets the workers' "
-                  "speeds; 0 paces as given")
+                  "the time cap and the contention intervals with them), so that the pacing, not the machine's "
+                  "cores, sets the workers' speeds; 0 paces as given")
     ->capture_default_str()
-    ->check(CLI::Range(0.0, 1.0));
+    ->check(CLI::Range(0.0, 1.0))
+    ->excludes(sample_ms);
+  auto* ideal_rate = cmd->get_option("--ideal-rate");
+  share->excludes(ideal_rate);
+  // For tests and for repeating a bench on a machine measured before: no measuring.
+  cmd->add_option("--machine-capacity", o.machine_capacity,
+                  "RATE:CORES, the machine's unpaced samples/s and the cores they were measured on, instead of "
+                  "measuring it")
+    ->group("")
+    ->excludes(sample_ms)
+    ->excludes(ideal_rate);
   cmd->add_option("--target", o.target, "target test accuracy")->capture_default_str();
   cmd->add_option("--time-cap", o.time_cap, "seconds each policy may train")->capture_default_str();
   cmd->add_flag("--stop-at-target", o.stop_at_target,
@@ -123,13 +134,32 @@ void add_hetero_options(CLI::App* cmd, hetero_options& o) {
 
 namespace {
 
-// What this machine trains with every core busy: the config's model, plain ASP (no worker
-// waits for another), unpaced, twice as many workers as cores (at least 4), for 3 s.
+// The cores this process may run on: its CPU affinity, and at most a cgroup v2 CPU quota.
+uint32_t usable_cores() {
+  uint32_t n = std::max(1u, std::thread::hardware_concurrency());
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    n = std::max(1, CPU_COUNT(&set));
+  std::ifstream max{"/sys/fs/cgroup/cpu.max"};
+  std::string quota;
+  double period = 0;
+  if (max >> quota >> period && quota != "max" && period > 0) {
+    char* end = nullptr;
+    const double q = std::strtod(quota.c_str(), &end);
+    if (end != quota.c_str() && q > 0)
+      n = std::min(n, std::max(1u, static_cast<uint32_t>(std::ceil(q / period))));
+  }
+  return n;
+}
+
+// What this machine's cores train with every one busy: the config's model on the CPU, plain
+// ASP (no worker waits for another), unpaced, twice as many workers as cores (at least 4),
+// for 3 s, writing nothing (no checkpoints, report, trace or metrics).
 expected<machine_capacity> measure_capacity(const hetero_options& o) {
   train_config cfg;
   if (auto err = resolve_config(o.train, cfg, false))
     return err;
-  const uint32_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const uint32_t cores = usable_cores();
   const std::vector<std::pair<std::string, std::string>> settings = {
     {"train.policy", "asp"},          {"train.allocation", "equal"},
     {"train.workers", std::to_string(std::max(4u, 2 * cores))},
@@ -137,6 +167,10 @@ expected<machine_capacity> measure_capacity(const hetero_options& o) {
     {"run.time_limit", "3"},          {"run.eval_interval", "0"},
     {"run.eval_every_epoch", "false"}, {"run.target_accuracy", "0"},
     {"run.progress_interval", "0"},   {"run.checkpoint_dir", ""},
+    {"run.resume", "false"},          {"run.report", ""},
+    {"run.trace", ""},                {"run.metrics", ""},
+    {"run.metrics_listen", ""},       {"run.gpus", "none"}, // the cores' rate, which paced workers share
+    {"train.epochs", "1000000"},      // the 3 s, not the sample budget, end it
   };
   for (const auto& [key, value] : settings)
     if (auto err = apply_setting(cfg, key, value, ""))
@@ -182,6 +216,7 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
   if (o.ideal_rate > 0)
     sample_ms = 1000.0 * std::accumulate(speed_values.begin(), speed_values.end(), 0.0) / o.ideal_rate;
   double time_cap = o.time_cap;
+  std::string contention = o.contention; // stretched with the pacing when that is fit
   if (!o.pacing_given && o.machine_share > 0) {
     machine_capacity machine{o.capacity, o.capacity_cores};
     if (!(machine.samples_per_second > 0)) {
@@ -199,6 +234,23 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
                   fit.sample_ms, sample_ms, time_cap * fit.slowdown, time_cap, fit.why.c_str());
       sample_ms = fit.sample_ms;
       time_cap *= fit.slowdown;
+      // Its contention, on the slower run's timeline: the same part of the run.
+      if (!o.contention.empty()) {
+        auto profile = load_contention(o.contention);
+        if (!profile) {
+          std::fprintf(stderr, "ashlar bench hetero: %s\n", describe(profile.error()).c_str());
+          return 2;
+        }
+        contention = o.out + "/contention.txt";
+        std::ofstream out{contention};
+        out << "# " << o.contention << " with its times x " << fmt(fit.slowdown, 4)
+            << " (the pacing fit to this machine)\n# worker start_s end_s factor\n"
+            << contention_text(stretched(std::move(*profile), fit.slowdown));
+        if (!out) {
+          std::fprintf(stderr, "ashlar bench hetero: cannot write %s\n", contention.c_str());
+          return 1;
+        }
+      }
     }
   }
   std::vector<policy_result> results;
@@ -221,7 +273,7 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
       {"train.speeds", o.speeds},
       {"train.workers", std::to_string(speeds.size())},
       {"train.sample_ms", fmt(sample_ms, 6)},
-      {"train.contention", o.contention},
+      {"train.contention", contention},
       {"run.eval_interval", fmt(o.eval_interval, 6)},
       {"run.time_limit", fmt(time_cap, 6)},
       {"run.target_accuracy", o.stop_at_target ? fmt(o.target, 6) : "0"},
@@ -382,7 +434,7 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
     std::ofstream md{o.out + "/results.md"};
     md << "# Sync policies on heterogeneous workers\n\n"
        << "Speeds " << o.speeds << " (relative), " << sample_ms << " ms per sample at speed 1"
-       << (o.contention.empty() ? "" : ", contention profile " + o.contention) << "; target test accuracy "
+       << (contention.empty() ? "" : ", contention profile " + contention) << "; target test accuracy "
        << o.target << "; each policy trains at most " << time_cap << " s. Ideal throughput (every worker "
        << "busy at its paced rate): " << fmt(ideal, 0) << " samples/s"
        << (o.contention.empty() ? "" : " without contention; ideal_fraction divides by each run's ideal with "
@@ -442,7 +494,7 @@ int run_profiles(const hetero_options& o, uint32_t n) {
   }
   auto profiles = random_profiles(n, seed);
   hetero_options measured = o; // the machine, measured once for every profile
-  if (!o.pacing_given && o.machine_share > 0) {
+  if (!o.pacing_given && o.machine_share > 0 && !(o.capacity > 0)) {
     auto m = measure_capacity(o);
     if (!m) {
       std::fprintf(stderr, "ashlar bench hetero: measuring this machine: %s\n", describe(m.error()).c_str());
@@ -450,6 +502,10 @@ int run_profiles(const hetero_options& o, uint32_t n) {
     }
     measured.capacity = m->samples_per_second;
     measured.capacity_cores = m->cores;
+    if (!(measured.capacity > 0)) {
+      std::printf("   the measuring run trained nothing: every profile is paced as given\n");
+      measured.machine_share = 0;
+    }
   }
   std::vector<std::vector<policy_result>> all;
   for (uint32_t k = 0; k < n; ++k) {
@@ -562,7 +618,23 @@ int run_profiles(const hetero_options& o, uint32_t n) {
 
 }  // namespace
 
-int run_hetero_bench(const hetero_options& o) {
+int run_hetero_bench(const hetero_options& given) {
+  hetero_options o = given;
+  if (!o.machine_capacity.empty()) { // RATE:CORES
+    const auto colon = o.machine_capacity.find(':');
+    char *end1 = nullptr, *end2 = nullptr;
+    const std::string rate = o.machine_capacity.substr(0, colon);
+    const std::string cores = colon == std::string::npos ? "" : o.machine_capacity.substr(colon + 1);
+    o.capacity = std::strtod(rate.c_str(), &end1);
+    const unsigned long n = std::strtoul(cores.c_str(), &end2, 10);
+    if (colon == std::string::npos || end1 == rate.c_str() || *end1 != '\0' || !(o.capacity > 0)
+        || !std::isfinite(o.capacity) || end2 == cores.c_str() || *end2 != '\0' || n == 0 || n > 1u << 16) {
+      std::fprintf(stderr, "ashlar bench hetero: --machine-capacity expects RATE:CORES (e.g. 32000:2), got '%s'\n",
+                   o.machine_capacity.c_str());
+      return 2;
+    }
+    o.capacity_cores = static_cast<uint32_t>(n);
+  }
   for (const auto& ps : o.policy_sets) { // before any run: a typo costs no measuring
     const auto colon = ps.find(':'), eq = ps.find('=');
     if (colon == std::string::npos || eq == std::string::npos || eq < colon) {

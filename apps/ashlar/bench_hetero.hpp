@@ -22,6 +22,7 @@ struct hetero_options {
   double ideal_rate = 0;      // > 0: each profile's sample_ms set so its workers together could train this many samples/s
   bool pacing_given = false;  // --sample-ms or --ideal-rate: the pacing stands as given
   double machine_share = 0.5; // else a profile asks at most this share of the machine (machine_fit.hpp); 0: as given
+  std::string machine_capacity; // "RATE:CORES": the machine as measured before (no measuring)
   double capacity = 0;        // the machine's measured samples/s (0: not measured yet)
   uint32_t capacity_cores = 1; // the cores it was measured on
   double target = 0.85;

@@ -40,14 +40,22 @@ for p in $(ls -d "$dir"/profile-* | sort -V); do
     # of the table, named, after three times its cap and three minutes per seed (its cap
     # counts training time only: rank 0's evaluations and the start come on top).
     limit=$(/usr/bin/python3 -c "import sys; print(int((3 * float(sys.argv[1]) + 180) * int(sys.argv[2])))" "$pcap" "$seeds")
-    { timeout -k 10 "$limit" /usr/bin/python3 ops/bench/ddp_peer.py --speeds "$speeds" --sample-ms "$sample_ms" \
-        --time-cap "$pcap" --eval-interval "$eval" --seeds "$(seq -s, 1 "$seeds")" --controller "$controller" \
-        "${contention[@]}" || echo "== profile $k: the $controller peer run failed or timed out after $limit s; left out" >&2; } \
+    # (--foreground: Ctrl-C reaches it; its ranks end with it, ddp_peer.die_with_parent.)
+    { timeout --foreground -k 10 "$limit" /usr/bin/python3 ops/bench/ddp_peer.py --speeds "$speeds" \
+        --sample-ms "$sample_ms" --time-cap "$pcap" --eval-interval "$eval" --seeds "$(seq -s, 1 "$seeds")" \
+        --controller "$controller" "${contention[@]}" \
+        || { rc=$?; [[ $rc == 124 || $rc == 137 ]] && why="timed out after $limit s" || why="failed (exit $rc)"
+             echo "== profile $k: the $controller peer run $why; the seeds it did not finish are left out" >&2; }; } \
       | /usr/bin/python3 -c "import json, sys
 for l in sys.stdin:
     if l.strip():
-        d = json.loads(l); d['profile'] = int(sys.argv[1]); d['speeds'] = sys.argv[2]; d['cap'] = float(sys.argv[3])
-        print(json.dumps(d), flush=True)" "$k" "$speeds" "$pcap" \
+        try:
+            d = json.loads(l)
+        except ValueError:  # a run cut off mid-line
+            continue
+        d['profile'] = int(sys.argv[1]); d['speeds'] = sys.argv[2]; d['cap'] = float(sys.argv[3])
+        d['sample_ms'] = float(sys.argv[4])
+        print(json.dumps(d), flush=True)" "$k" "$speeds" "$pcap" "$sample_ms" \
       | tee -a "$out/peers.jsonl"
   done
 done
@@ -74,8 +82,10 @@ for p in sorted(glob.glob(d + "/profile-*"), key=lambda s: int(s.rsplit("-", 1)[
     for x in (x for x in peers if x["profile"] == k):
         n = len(str(speeds).split(","))
         if ("speeds" in x and x["speeds"] != str(speeds)) or len(x.get("final_batches", [0] * n)) != n \
-                or ("cap" in x and abs(x["cap"] - pcap) > 1e-6 * pcap):
-            sys.exit(f"{out}/peers.jsonl: profile {k}'s peer run is not of speeds {speeds} and cap {pcap:g}: {x}")
+                or ("cap" in x and abs(x["cap"] - pcap) > 1e-6 * pcap) \
+                or ("sample_ms" in x and abs(x["sample_ms"] - float(meta.get("sample_ms", 0.5))) > 1e-6 * x["sample_ms"]):
+            sys.exit(f"{out}/peers.jsonl: profile {k}'s peer run is not of speeds {speeds}, cap {pcap:g} and the "
+                     f"pacing of its bench.json: {x}")
     ddp = med([t(x["t_target"]) for x in peers if x["profile"] == k and x["controller"] == "none"])
     omni = med([t(x["t_target"]) for x in peers if x["profile"] == k and x["controller"] == "omnilearn"])
     if ddp is None or omni is None:
@@ -86,8 +96,7 @@ for p in sorted(glob.glob(d + "/profile-*"), key=lambda s: int(s.rsplit("-", 1)[
     rows.append(f"| {k} | {speeds} | {ddp:.2f} | {omni:.2f} | {best} {ash[best]:.2f} | ashl {ash.get('ashl', pcap):.2f} "
                 f"| {r_ddp[-1]:.2f} | {r_omni[-1]:.2f} |")
 lines = ["# Ashlar against DDP and the OmniLearn-controller peer on random heterogeneity profiles", "",
-         f"Time to 85% (s; a miss counts as the profile's cap, {cap:g} s unless bench hetero fit its pacing to the "
-         f"machine). Ashlar: every policy with its defaults, from {d}/profile-K/results.csv; its best policy per "
+         f"Time to 85% (s; a miss counts as the profile's cap, its bench.json's time_cap). Ashlar: every policy with its defaults, from {d}/profile-K/results.csv; its best policy per "
          "profile. DDP and DDP with OmniLearn's controller: ops/bench/ddp_peer.py at the profile's speeds, pacing "
          "(profile-K/bench.json) and contention (lr 0.1, momentum 0.9, batch 64).", "",
          "| profile | speeds | DDP | OmniLearn | Ashlar best | Ashlar ashl | best / DDP | best / OmniLearn |",
@@ -101,4 +110,6 @@ if missing:
 text = "\n".join(lines) + "\n"
 open(out + "/results.md", "w").write(text)
 print(text)
+if missing:
+    sys.exit(f"peer runs missing for profile {', '.join(str(k) for k in missing)}: the medians leave them out")
 PY

@@ -3,6 +3,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "runtime/core/number_text.hpp"
+
 namespace ashlar {
 
 expected<contention_profile> parse_contention(const std::string& text, const std::string& origin) {
@@ -67,6 +69,14 @@ contention_profile for_worker(const contention_profile& p, uint32_t worker) {
       out.push_back(mine);
     }
   return out;
+}
+
+std::string contention_text(const contention_profile& p) {
+  std::string s;
+  for (const auto& c : p)
+    s += (c.all_workers ? std::string{"*"} : std::to_string(c.worker)) + " " + number_text("%g", c.start_s) + " "
+         + number_text("%g", c.end_s) + " " + number_text("%g", c.factor) + "\n";
+  return s;
 }
 
 }  // namespace ashlar

@@ -37,4 +37,7 @@ double slowdown(const contention_profile& p, uint32_t worker, double t_s);
 /// The intervals that concern `worker`.
 contention_profile for_worker(const contention_profile& p, uint32_t worker);
 
+/// The text form parse_contention reads: one `WORKER START_S END_S FACTOR` line an interval.
+std::string contention_text(const contention_profile& p);
+
 }  // namespace ashlar

@@ -37,4 +37,12 @@ pacing_fit fit_pacing(double sample_ms, const std::vector<double>& speeds, const
   return out;
 }
 
+contention_profile stretched(contention_profile p, double slowdown) {
+  for (auto& c : p) {
+    c.start_s *= slowdown;
+    c.end_s *= slowdown;
+  }
+  return p;
+}
+
 }  // namespace ashlar

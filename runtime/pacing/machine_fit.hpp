@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/pacing/contention.hpp"
+
 namespace ashlar {
 
 /// What the machine trained, unpaced, with every core busy.
@@ -31,5 +33,9 @@ struct pacing_fit {
 /// machine (0 samples/s) or no speeds: unchanged.
 pacing_fit fit_pacing(double sample_ms, const std::vector<double>& speeds, const machine_capacity& machine,
                       double share);
+
+/// A contention profile on the timeline of a run `slowdown` times slower: every interval
+/// starts and ends that many times later, so it covers the same part of the run.
+contention_profile stretched(contention_profile p, double slowdown);
 
 }  // namespace ashlar

@@ -21,11 +21,7 @@ std::string hetero_profile::speeds_text() const {
 }
 
 std::string hetero_profile::contention_text() const {
-  std::string s;
-  for (const auto& c : contention)
-    s += (c.all_workers ? std::string{"*"} : std::to_string(c.worker)) + " " + num(c.start_s) + " " + num(c.end_s)
-         + " " + num(c.factor) + "\n";
-  return s;
+  return ashlar::contention_text(contention);
 }
 
 std::vector<hetero_profile> random_profiles(uint32_t n, uint64_t seed, const random_profile_settings& s) {

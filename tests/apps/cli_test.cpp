@@ -338,34 +338,52 @@ TEST_CASE("ashlar bench hetero --ideal-rate paces the workers so that together t
 }
 
 TEST_CASE("ashlar bench hetero slows a profile that would ask more than half of what this machine trains, and its "
-          "time cap with it") {
+          "time cap and contention with it") {
   ashlar::test::temp_dir dir;
-  // Speeds 100,100 at the default 0.5 ms per sample at speed 1 ask 400000 samples/s.
+  // Speeds 100,100 at the default 0.5 ms per sample at speed 1 ask 400000 samples/s in all,
+  // 200000 of each worker.
   const std::string job = " --speeds 100,100 --policies asp --time-cap 0.1 --eval-interval 1"
                           " --set data.train_limit=3000 --set data.test_limit=200 --out ";
-  auto r = run("bench hetero " + config + job + dir.file("fit"));
-  INFO(r.out);
-  REQUIRE(r.code == 0);
-  CHECK(has(r, "measuring this machine: "));
-  CHECK(has(r, "paced to this machine: "));
-  CHECK(has(r, " instead of 0.50, time cap "));
-  CHECK(has(r, "; --machine-share 0 paces as given)"));
-  // The runs train at the slower pacing and under the longer cap, and the table says so.
-  const auto at = r.out.find("== asp: 2 workers at speeds 100,100, ");
-  REQUIRE(at != std::string::npos);
-  const double ms = std::stod(r.out.substr(at + 37));
-  CHECK(ms > 0.5);
-  std::ifstream md{dir.file("fit") + "/results.md"};
+  // A machine known to train 40000 samples/s on 2 cores: half of it is 20000 in all and
+  // 10000 a core, so 20x slower: 10 ms per sample at speed 1, a 2 s cap, and a contention
+  // interval from 0.05 to 0.1 s now covers 1 to 2 s.
+  std::ofstream{dir.file("c.txt")} << "1 0.05 0.1 3\n";
+  auto known = run("bench hetero " + config + " --machine-capacity 40000:2 --contention " + dir.file("c.txt") + job
+                   + dir.file("known"));
+  INFO(known.out);
+  REQUIRE(known.code == 0);
+  CHECK_FALSE(has(known, "measuring this machine"));
+  CHECK(has(known, "paced to this machine: 10.00 ms per sample at speed 1 instead of 0.50, time cap 2 s instead of "
+                   "0.1 (the workers together would ask 400000 samples/s, more than 50% of the 40000 samples/s this "
+                   "machine trained; --machine-share 0 paces as given)"));
+  CHECK(has(known, "== asp: 2 workers at speeds 100,100, 10.00 ms/sample, batch 64 per worker"));
+  std::ifstream md{dir.file("known") + "/results.md"};
   std::stringstream text;
   text << md.rdbuf();
-  const auto cap_at = text.str().find("each policy trains at most ");
-  REQUIRE(cap_at != std::string::npos);
-  CHECK(std::stod(text.str().substr(cap_at + 27)) == Approx(0.1 * ms / 0.5).epsilon(0.02));
-  // --machine-share 0: as given, nothing measured.
+  CHECK(text.str().find("10 ms per sample at speed 1") != std::string::npos);
+  CHECK(text.str().find("each policy trains at most 2 s") != std::string::npos);
+  std::ifstream stretched{dir.file("known") + "/contention.txt"};
+  std::stringstream lines;
+  lines << stretched.rdbuf();
+  CHECK(lines.str().find("\n1 1 2 3\n") != std::string::npos);
+  // Unknown: the bench measures it first, and the pacing is still fit (no machine trains
+  // 200000 MLP samples/s on one core).
+  auto measured = run("bench hetero " + config + job + dir.file("measured"));
+  INFO(measured.out);
+  REQUIRE(measured.code == 0);
+  CHECK(has(measured, "measuring this machine: "));
+  CHECK(has(measured, "paced to this machine: "));
+  // As given: --machine-share 0, or --machine-share beside an explicit pacing (refused).
   auto given = run("bench hetero " + config + " --machine-share 0" + job + dir.file("given"));
   REQUIRE(given.code == 0);
   CHECK_FALSE(has(given, "measuring this machine"));
   CHECK(has(given, "== asp: 2 workers at speeds 100,100, 0.50 ms/sample"));
+  auto both = run("bench hetero " + config + " --machine-share 0.3 --sample-ms 1" + job + dir.file("both"));
+  CHECK(both.code != 0);
+  CHECK(has(both, "excludes"));
+  auto bad = run("bench hetero " + config + " --machine-capacity 40000" + job + dir.file("bad"));
+  CHECK(bad.code == 2);
+  CHECK(has(bad, "--machine-capacity expects RATE:CORES (e.g. 32000:2), got '40000'"));
 }
 
 TEST_CASE("ashlar bench hetero refuses a malformed --policy-set") {

@@ -41,3 +41,22 @@ TEST_CASE("without a share, a measured machine or speeds the pacing stands as as
   CHECK(fit_pacing(0.5, {}, {1000, 2}, 0.5).slowdown == 1);
   CHECK(fit_pacing(0.5, {8, 8}, {1000, 0}, 0.5).slowdown > 1); // 0 cores counts as one
 }
+
+TEST_CASE("a slowed profile's contention covers the same part of the run, and reads back from its text") {
+  auto p = parse_contention("2 4 6 3\n* 1.5 2 2\n", "test");
+  REQUIRE(p);
+  auto s = stretched(*p, 2.5);
+  REQUIRE(s.size() == 2);
+  CHECK(s[0].worker == 2);
+  CHECK(s[0].start_s == Approx(10));
+  CHECK(s[0].end_s == Approx(15));
+  CHECK(s[0].factor == Approx(3)); // as much slower, for longer
+  CHECK(s[1].all_workers);
+  CHECK(s[1].start_s == Approx(3.75));
+  CHECK(contention_text(s) == "2 10 15 3\n* 3.75 5 2\n");
+  auto back = parse_contention(contention_text(s), "text");
+  REQUIRE(back);
+  CHECK(slowdown(*back, 2, 12) == Approx(3));
+  CHECK(slowdown(*back, 0, 4) == Approx(2));
+  CHECK(slowdown(*back, 0, 12) == Approx(1));
+}

@@ -21,6 +21,7 @@
 
 #include "actors/local_job.hpp"
 #include "runtime/core/log.hpp"
+#include "runtime/core/number_text.hpp"
 #include "runtime/pacing/contention.hpp"
 #include "runtime/pacing/machine_fit.hpp"
 #include "runtime/pacing/random_profiles.hpp"
@@ -189,22 +190,23 @@ expected<machine_capacity> measure_capacity(const hetero_options& o) {
   return machine_capacity{rep->samples_per_second, cores};
 }
 
-int run_profile(const hetero_options& o, std::vector<policy_result>* collected) {
-  auto speeds = split(o.speeds, ',');
-  if (speeds.empty()) {
+int run_profile(const hetero_options& given, std::vector<policy_result>* collected) {
+  // --speeds takes what train.speeds takes (blanks and brackets too); the tables and
+  // bench.json show it as a plain list.
+  train_config parsed;
+  if (auto err = apply_setting(parsed, "train.speeds", given.speeds)) {
+    std::fprintf(stderr, "ashlar bench hetero: --speeds: %s\n", describe(err).c_str());
+    return 2;
+  }
+  const std::vector<double> speed_values = parsed.speeds;
+  if (speed_values.empty()) {
     std::fprintf(stderr, "ashlar bench hetero: --speeds needs at least one speed\n");
     return 2;
   }
-  std::vector<double> speed_values;
-  for (const auto& v : speeds) {
-    char* end = nullptr;
-    const double x = std::strtod(v.c_str(), &end);
-    if (end == v.c_str() || *end != '\0' || !(x > 0) || !std::isfinite(x)) {
-      std::fprintf(stderr, "ashlar bench hetero: --speeds: '%s' is not a positive number\n", v.c_str());
-      return 2;
-    }
-    speed_values.push_back(x);
-  }
+  hetero_options o = given;
+  o.speeds.clear();
+  for (double x : speed_values)
+    o.speeds += (o.speeds.empty() ? "" : ",") + number_text("%.10g", x);
   std::error_code ec;
   std::filesystem::create_directories(o.out, ec);
   if (ec || !std::filesystem::is_directory(o.out)) {
@@ -217,6 +219,7 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
     sample_ms = 1000.0 * std::accumulate(speed_values.begin(), speed_values.end(), 0.0) / o.ideal_rate;
   double time_cap = o.time_cap;
   std::string contention = o.contention; // stretched with the pacing when that is fit
+  std::string machine_text;              // RATE:CORES the pacing was fit to, for bench.json
   if (!o.pacing_given && o.machine_share > 0) {
     machine_capacity machine{o.capacity, o.capacity_cores};
     if (!(machine.samples_per_second > 0)) {
@@ -227,6 +230,7 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
       }
       machine = *m;
     }
+    machine_text = fmt(machine.samples_per_second, 0) + ":" + std::to_string(machine.cores);
     auto fit = fit_pacing(sample_ms, speed_values, machine, o.machine_share);
     if (fit.slowdown > 1) {
       std::printf("   paced to this machine: %.2f ms per sample at speed 1 instead of %.2f, time cap %.3g s instead of "
@@ -271,7 +275,7 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
       {"train.policy", name},
       {"train.allocation", allocation},
       {"train.speeds", o.speeds},
-      {"train.workers", std::to_string(speeds.size())},
+      {"train.workers", std::to_string(speed_values.size())},
       {"train.sample_ms", fmt(sample_ms, 6)},
       {"train.contention", contention},
       {"run.eval_interval", fmt(o.eval_interval, 6)},
@@ -472,7 +476,10 @@ int run_profile(const hetero_options& o, std::vector<policy_result>* collected) 
   {
     std::ofstream meta{o.out + "/bench.json"};
     meta << "{\"target\": " << fmt(o.target, 3) << ", \"speeds\": \"" << o.speeds << "\", \"sample_ms\": "
-         << fmt(sample_ms, 6) << ", \"time_cap\": " << fmt(time_cap, 3) << "}\n";
+         << fmt(sample_ms, 6) << ", \"time_cap\": " << fmt(time_cap, 3);
+    if (!machine_text.empty()) // what --machine-capacity repeats the fit with
+      meta << ", \"machine_capacity\": \"" << machine_text << "\"";
+    meta << "}\n";
   }
   std::printf("wrote %s/results.md, results.csv, series.csv, bench.json; plot them with: ops/plot %s/series.csv\n",
               o.out.c_str(), o.out.c_str());

@@ -20,10 +20,17 @@ eval="${EVAL:-0.25}"
 "$ashlar" bench hetero ops/configs/fmnist-mlp.toml --speeds 1,1,2,4 --time-cap 20 --repeat "$repeat" \
   --eval-interval "$eval" --policies bsp,bsp+proportional,bsp+predicted,ring,ring+proportional,ksync,adaptive,ssp,kasync,asp,adsp,ashl \
   --out "$out" "$@"
+# The contention run is paced as the first was: the machine the first measured (its
+# bench.json), not measured again, so that both tables fit the same pacing.
+same_machine=()
+machine=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("machine_capacity", ""))' "$out/bench.json")
+if [[ -n "$machine" && " $* " != *" --machine-capacity"* ]]; then
+  same_machine=(--machine-capacity "$machine")
+fi
 "$ashlar" bench hetero ops/configs/fmnist-mlp.toml --speeds 1,1,2,4 --time-cap 20 --repeat "$repeat" \
   --eval-interval "$eval" --contention ops/configs/contention-periodic.txt \
   --policies bsp+proportional,bsp+adaptive,bsp+predicted,ring+proportional,ring+predicted \
-  --out "$out/contention" "$@"
+  --out "$out/contention" "${same_machine[@]}" "$@"
 ops/plot "$out/series.csv"
 ops/plot "$out/contention/series.csv"
 # The goals, from the tables: ASHL's time to the target against BSP's and ADSP's, the

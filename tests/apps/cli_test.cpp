@@ -321,11 +321,17 @@ TEST_CASE("ashlar bench hetero runs each policy and writes the results table wit
 TEST_CASE("ashlar bench hetero --ideal-rate paces the workers so that together they could train that many samples/s") {
   ashlar::test::temp_dir dir;
   // Speeds 1 and 3 at 2000 samples/s together: 1000 x 4 / 2000 = 2 ms per sample at speed 1.
-  auto r = run("bench hetero " + config + " --speeds 1,3 --ideal-rate 2000 --policies bsp --time-cap 1"
+  // --speeds reads as train.speeds does: blanks and brackets too.
+  auto r = run("bench hetero " + config + " --speeds '[1, 3]' --ideal-rate 2000 --policies bsp --time-cap 1"
                " --eval-interval 0.5 --set data.train_limit=2000 --set data.test_limit=200 --out " + dir.file("h"));
   REQUIRE(r.code == 0);
   CHECK_FALSE(has(r, "measuring this machine"));
   CHECK(has(r, "== bsp: 2 workers at speeds 1,3, 2.00 ms/sample"));
+  auto nonpositive = run("bench hetero " + config + " --speeds 1,0 --ideal-rate 2000 --policies bsp --out "
+                         + dir.file("n"));
+  CHECK(nonpositive.code == 2);
+  CHECK(has(nonpositive, "--speeds: invalid_config: config key train.speeds: '1,0' is not a comma-separated list "
+                         "of positive numbers"));
   std::ifstream md{dir.file("h") + "/results.md"};
   std::stringstream text;
   text << md.rdbuf();
@@ -366,6 +372,12 @@ TEST_CASE("ashlar bench hetero slows a profile that would ask more than half of 
   std::stringstream lines;
   lines << stretched.rdbuf();
   CHECK(lines.str().find("\n1 1 2 3\n") != std::string::npos);
+  // bench.json keeps the machine the pacing was fit to, for a later run to repeat the fit
+  // with --machine-capacity (ops/bench/hetero.sh's contention table does).
+  std::ifstream meta{dir.file("known") + "/bench.json"};
+  std::stringstream json;
+  json << meta.rdbuf();
+  CHECK(json.str().find("\"machine_capacity\": \"40000:2\"") != std::string::npos);
   // Unknown: the bench measures it first, and the pacing is still fit (no machine trains
   // 200000 MLP samples/s on one core).
   auto measured = run("bench hetero " + config + job + dir.file("measured"));
@@ -378,6 +390,10 @@ TEST_CASE("ashlar bench hetero slows a profile that would ask more than half of 
   REQUIRE(given.code == 0);
   CHECK_FALSE(has(given, "measuring this machine"));
   CHECK(has(given, "== asp: 2 workers at speeds 100,100, 0.50 ms/sample"));
+  std::ifstream given_meta{dir.file("given") + "/bench.json"};
+  std::stringstream given_json;
+  given_json << given_meta.rdbuf();
+  CHECK(given_json.str().find("machine_capacity") == std::string::npos); // fit to no machine
   auto both = run("bench hetero " + config + " --machine-share 0.3 --sample-ms 1" + job + dir.file("both"));
   CHECK(both.code != 0);
   CHECK(has(both, "excludes"));

@@ -91,6 +91,31 @@ TEST_CASE("adsp and ashl take plain SGD local steps, and ashl halves the batch, 
   CHECK(own.optimizer.lr == Approx(0.1 / (2 * std::sqrt(0.1))).epsilon(1e-3));
 }
 
+TEST_CASE("ashl holds a round of commits to about two recipe batches, so more than 4 workers take smaller batches") {
+  // Recipe batch 64: 2 x 64 / W, in multiples of 8, between 16 and 32.
+  const std::pair<uint32_t, uint32_t> expect[] = {{2, 32}, {3, 32}, {4, 32}, {5, 24}, {6, 16}, {7, 16}, {8, 16},
+                                                  {16, 16}};
+  for (const auto& [workers, batch] : expect) {
+    auto h = recipe("ashl", workers);
+    REQUIRE_FALSE(apply_policy_rules(h));
+    INFO(workers << " workers");
+    CHECK(h.batch_size == batch);
+  }
+  auto six = recipe("ashl", 6);
+  REQUIRE_FALSE(apply_policy_rules(six));
+  CHECK(six.sources.at("train.batch_size").rfind("rule: 2 x train.batch_size 64 / 6 workers, in multiples of 8", 0)
+        == 0);
+  // A small recipe batch is never raised, and a batch the user set stands.
+  auto small = recipe("ashl", 8);
+  REQUIRE_FALSE(apply_setting(small, "train.batch_size", "16", "recipe.toml:4"));
+  REQUIRE_FALSE(apply_policy_rules(small));
+  CHECK(small.batch_size == 16);
+  auto own = recipe("ashl", 8);
+  REQUIRE_FALSE(apply_setting(own, "train.batch_size", "64", "--set"));
+  REQUIRE_FALSE(apply_policy_rules(own));
+  CHECK(own.batch_size == 64);
+}
+
 TEST_CASE("ashl's fine stage keeps the learning rate of a recipe with a schedule, and halves a constant one") {
   auto constant = recipe("ashl", 4);
   REQUIRE_FALSE(apply_policy_rules(constant));

@@ -25,6 +25,8 @@ once an epoch; these runs reach the target within about one, so the same rule ru
 --adjust-steps steps (default 20).
 """
 import argparse
+import datetime
+import faulthandler
 import gzip
 import json
 import math
@@ -148,7 +150,10 @@ def worker(rank, args, port, result_path):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     world = len(args.speeds)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A collective that waits longer than --collective-timeout fails (naming it) instead
+    # of leaving every rank idle until the caller's own time limit.
+    dist.init_process_group("gloo", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=args.collective_timeout))
     x, y = load(args.data_dir, "train")
     if rank == 0:
         tx, ty = load(args.data_dir, "t10k")
@@ -260,7 +265,15 @@ def worker(rank, args, port, result_path):
             json.dump({"seed": args.seed, "controller": args.controller, "final_batches": batch, "t_target": t85, "accuracy": history[-1][1] if history else 0.0,
                        "seconds": train_time, "samples_per_second": total.item() / max(train_time, 1e-9),
                        "compute_ms": compute * 1e3}, f)
+    # A rank still alive well after this (a teardown that hangs) prints where it is.
+    faulthandler.dump_traceback_later(max(10.0, args.exit_grace / 2), exit=False)
     dist.destroy_process_group()
+    # Leave now: with the work done and the process group gone, the destructors of DDP
+    # and of gloo's objects as this function returns can hang (a rank was seen idle there,
+    # in about one run of ten, every Python frame but the spawn wrapper's gone).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main():
@@ -289,6 +302,12 @@ def main():
     p.add_argument("--port", type=int, default=0,
                    help="the rendezvous port (default: a free one per run, so that a run never meets the store of "
                         "one still shutting down)")
+    p.add_argument("--collective-timeout", type=float, default=300,
+                   help="seconds a collective (all-reduce, barrier) may wait for the other ranks before the run "
+                        "fails naming it (default 300)")
+    p.add_argument("--exit-grace", type=float, default=60,
+                   help="seconds the ranks may take to exit after rank 0 wrote the result; then they are stopped "
+                        "and the result stands (default 60)")
     p.add_argument("--controller", choices=["none", "omnilearn"], default="none",
                    help="omnilearn: per-worker batches by OmniLearn's proportional controller, batch-weighted average")
     p.add_argument("--adjust-steps", type=int, default=20, help="omnilearn: steps between adjustments")
@@ -313,7 +332,23 @@ def main():
         args.seed = seed
         result = f"/tmp/ashlar-ddp-{os.getpid()}-{seed}.json"
         port = args.port + i if args.port else free_port()
-        mp.spawn(worker, args=(args, port, result), nprocs=len(args.speeds), join=True)
+        ctx = mp.spawn(worker, args=(args, port, result), nprocs=len(args.speeds), join=False)
+        written = None
+        while not ctx.join(timeout=5):
+            # The result is written before the ranks leave the process group: ranks that
+            # do not exit after it (a process group's teardown can hang) do not hold it back.
+            if os.path.exists(result):
+                written = written or time.monotonic()
+                if time.monotonic() - written > args.exit_grace:
+                    print(f"ddp_peer: seed {seed}: the ranks had not exited {args.exit_grace:g} s after the result "
+                          "was written; stopping them", file=sys.stderr, flush=True)
+                    for proc in ctx.processes:
+                        proc.terminate()
+                    for proc in ctx.processes:
+                        proc.join(10)
+                        if proc.is_alive():
+                            proc.kill()
+                    break
         with open(result) as f:
             print(f.read(), flush=True)
         os.remove(result)

@@ -230,7 +230,8 @@ int run_profile(const hetero_options& given, std::vector<policy_result>* collect
       }
       machine = *m;
     }
-    machine_text = fmt(machine.samples_per_second, 0) + ":" + std::to_string(machine.cores);
+    if (machine.samples_per_second >= 1) // a rate --machine-capacity takes again
+      machine_text = fmt(machine.samples_per_second, 0) + ":" + std::to_string(machine.cores);
     auto fit = fit_pacing(sample_ms, speed_values, machine, o.machine_share);
     if (fit.slowdown > 1) {
       std::printf("   paced to this machine: %.2f ms per sample at speed 1 instead of %.2f, time cap %.3g s instead of "

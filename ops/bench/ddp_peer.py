@@ -261,10 +261,12 @@ def worker(rank, args, port, result_path):
     batch = [int(v.item()) for v in batches]
     if rank == 0:
         t85 = next((t for t, a in history if a >= args.target), None)
-        with open(result_path, "w") as f:
+        # Written whole, then renamed: the parent takes the file's presence as the result.
+        with open(result_path + ".part", "w") as f:
             json.dump({"seed": args.seed, "controller": args.controller, "final_batches": batch, "t_target": t85, "accuracy": history[-1][1] if history else 0.0,
                        "seconds": train_time, "samples_per_second": total.item() / max(train_time, 1e-9),
                        "compute_ms": compute * 1e3}, f)
+        os.replace(result_path + ".part", result_path)
     # A rank still alive well after this (a teardown that hangs) prints where it is.
     faulthandler.dump_traceback_later(max(10.0, args.exit_grace / 2), exit=False)
     dist.destroy_process_group()
@@ -348,6 +350,7 @@ def main():
                         proc.join(10)
                         if proc.is_alive():
                             proc.kill()
+                            proc.join()
                     break
         with open(result) as f:
             print(f.read(), flush=True)

@@ -77,15 +77,17 @@ std::vector<rule_change> policy_rule_changes(const train_config& cfg) {
       // local steps), and with more than 4 workers less: a round of commits (one from
       // every worker) moves the shards by about the same whatever its batches, so at a
       // fixed batch each more worker adds samples to a round and not progress. The round
-      // is held to about 2 recipe batches, in multiples of 8 (7 workers on the CNN: batch
-      // 16 reached 90% after 117 s by the median of three runs, 32 after 140 s).
+      // (of the workers at the start) is held to about 2 recipe batches, in multiples of 8,
+      // up to where the floor of 16 holds it (8 workers at batch 64). 7 workers on the CNN:
+      // batch 16 reached 90% after 117 s by the median of three runs, 32 after 140 s on a
+      // faster machine (docs/bench/cnn-random/batch-trials/).
       const uint32_t half = std::max<uint32_t>(16, cfg.batch_size / 2);
       const double round_share = 2.0 * cfg.batch_size / w;
-      const uint32_t batch =
-        round_share < half ? std::max<uint32_t>(16, static_cast<uint32_t>(round_share) / 8 * 8) : half;
+      const uint32_t by_round = std::max<uint32_t>(16, static_cast<uint32_t>(round_share) / 8 * 8);
+      const uint32_t batch = std::min(half, by_round);
       if (batch < cfg.batch_size)
         change("train.batch_size", std::to_string(batch),
-               round_share >= half
+               by_round >= half
                  ? "train.batch_size " + std::to_string(cfg.batch_size)
                      + " / 2, at least 16: the slowest worker commits as often with more, smaller local steps"
                  : "2 x train.batch_size " + std::to_string(cfg.batch_size) + " / " + ws

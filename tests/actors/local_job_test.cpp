@@ -161,7 +161,11 @@ TEST_CASE("a paced worker spends sample_ms / speed of wall time per sample") {
   for (const auto& w : rep->per_worker) {
     double speed = cfg.speeds[w.worker_id % 2];
     double budget = static_cast<double>(w.samples) * cfg.sample_ms * 1e-3 / speed;
-    CHECK(w.compute_seconds == Approx(budget).epsilon(0.01));
+    // Never faster than its pace; slower only by the timer's lateness on a busy machine
+    // (up to 3%: sleeping the whole budget on top of the ~5% compute would fail).
+    INFO("worker " << w.worker_id << ": " << w.compute_seconds << " s against a budget of " << budget << " s");
+    CHECK(w.compute_seconds >= budget * 0.99);
+    CHECK(w.compute_seconds <= budget * 1.03);
   }
 }
 

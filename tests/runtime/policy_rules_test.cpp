@@ -2,6 +2,8 @@
 // key the user set.
 #include <catch2/catch.hpp>
 
+#include <utility>
+
 #include "runtime/config/policy_rules.hpp"
 
 using namespace ashlar;
@@ -105,11 +107,23 @@ TEST_CASE("ashl holds a round of commits to about two recipe batches, so more th
   REQUIRE_FALSE(apply_policy_rules(six));
   CHECK(six.sources.at("train.batch_size").rfind("rule: 2 x train.batch_size 64 / 6 workers, in multiples of 8", 0)
         == 0);
-  // A small recipe batch is never raised, and a batch the user set stands.
+  // Where the floor of 16 decides, the rule says half the batch: a recipe batch of 24 on 4
+  // workers and of 32 on 5.
+  const std::pair<uint32_t, const char*> floors[] = {{4, "24"}, {5, "32"}};
+  for (const auto& [workers, recipe_batch] : floors) {
+    auto floor = recipe("ashl", workers);
+    REQUIRE_FALSE(apply_setting(floor, "train.batch_size", recipe_batch, "recipe.toml:4"));
+    REQUIRE_FALSE(apply_policy_rules(floor));
+    CHECK(floor.batch_size == 16);
+    CHECK(floor.sources.at("train.batch_size").find(" / 2, at least 16") != std::string::npos);
+  }
+  // A small recipe batch is never raised (half of 8 would be held at 16), and a batch the
+  // user set stands.
   auto small = recipe("ashl", 8);
-  REQUIRE_FALSE(apply_setting(small, "train.batch_size", "16", "recipe.toml:4"));
+  REQUIRE_FALSE(apply_setting(small, "train.batch_size", "8", "recipe.toml:4"));
   REQUIRE_FALSE(apply_policy_rules(small));
-  CHECK(small.batch_size == 16);
+  CHECK(small.batch_size == 8);
+  CHECK(small.sources.at("train.batch_size") == "recipe.toml:4");
   auto own = recipe("ashl", 8);
   REQUIRE_FALSE(apply_setting(own, "train.batch_size", "64", "--set"));
   REQUIRE_FALSE(apply_policy_rules(own));

@@ -62,15 +62,21 @@ done
 for policy in adsp ashl; do
   run "$policy" --policy "$policy" --set train.momentum=0
 done
+# The residual network learns slowly from a quarter of the learning rate: under load (a CI
+# run, other tests beside it) asp ended 2 epochs at loss 2.309 with accuracy 0.146, where
+# alone it reaches 2.0-2.13. Its asynchronous runs get a third epoch (alone: 1.82-2.13).
+async_epochs=()
+[[ "$which" == resnet ]] && async_epochs=(--epochs 3)
 for policy in asp ssp kasync adaptive; do
-  run "$policy" --policy "$policy" --set train.lr=0.0125 --set train.momentum=0.5
+  run "$policy" --policy "$policy" --set train.lr=0.0125 --set train.momentum=0.5 "${async_epochs[@]}"
 done
 for allocation in proportional adaptive predicted; do
   run "bsp+$allocation" --epochs 3 --set train.allocation="$allocation" --set train.speeds=1,2,1,2 \
     --set train.sample_ms=3
 done
 run "bsp+topk" --set train.topk_ratio=0.05
-run "asp+pull-topk" --policy asp --set train.lr=0.0125 --set train.momentum=0.5 --set train.pull_topk_ratio=0.1
+run "asp+pull-topk" --policy asp --set train.lr=0.0125 --set train.momentum=0.5 --set train.pull_topk_ratio=0.1 \
+  "${async_epochs[@]}"
 # Checkpoints, then a resume that trains on to 3 epochs from them.
 run "checkpointed" --checkpoint-dir "$work/ck" --set run.checkpoint_every=5
 "$ashlar" train "$config" "${slice[@]}" --epochs 3 --checkpoint-dir "$work/ck" --resume \

@@ -36,15 +36,28 @@ fail() { echo "FAILED: $*"; [[ -f $work/train.log ]] && grep -v "epoch .* sample
 mount -t tmpfs -o size=3m tmpfs "$fs" 2>/dev/null || skip "cannot mount a tmpfs here"
 
 args=("$src/ops/configs/fmnist-mlp.toml" --policy bsp --workers 2 --servers 2 --epochs 100 --gpus none
-      --set run.time_limit=20 --set train.speeds=1,1 --set train.sample_ms=0.3 --set run.progress_interval=0
+      --set run.time_limit=30 --set train.speeds=1,1 --set train.sample_ms=0.3 --set run.progress_interval=0
       --checkpoint-dir "$fs/ck" --checkpoint-every 100)
 "$ashlar" train "${args[@]}" --report "$work/report.json" > "$work/train.log" 2>&1 &
 pid=$!
-# Two cuts fail on the full disk before it gets room: the second one's stores are reopened
+# Cuts fail on the full disk before it gets room: the stores of each later cut are reopened
 # while the disk is still full (which fails: they stay readable, and try again later).
+# After each failed cut a filler file takes what room is left, so that the next reopen meets
+# a disk with no room at all; a reopen can still find a few pages that closing the store
+# freed, succeed and fail at the write, so the wait goes on (up to 30 s) until a reopen
+# has failed.
 abandoned() { grep -c "job: checkpoint cut [0-9]* abandoned" "$work/train.log"; }
+reopen_failed() {
+  grep -q "reopening the checkpoint store $fs/ck/shard-[01]\.[0-9]* after a failed write: .*No space left on device" \
+    "$work/train.log"
+}
+filled=0
 for _ in $(seq 300); do
-  [[ $(abandoned) -ge 2 ]] && break
+  [[ $(abandoned) -ge 2 ]] && reopen_failed && break
+  if [[ $(abandoned) -gt $filled ]]; then
+    filled=$(abandoned)
+    dd if=/dev/zero of="$fs/filler.$filled" bs=4k 2>/dev/null
+  fi
   kill -0 "$pid" 2>/dev/null || break
   sleep 0.1
 done
@@ -53,8 +66,7 @@ grep -q "failed: io_error: writing to the checkpoint store $fs/ck/shard-[01]\.[0
   || fail "the failed cut's error does not name the checkpoint store and the full disk"
 failed=$(grep -o "checkpoint cut [0-9]* (version [0-9]*) failed" "$work/train.log" | head -1 | grep -o "cut [0-9]*" | grep -o "[0-9]*")
 [[ -n $failed ]] || fail "no shard's cut failed"
-grep -q "reopening the checkpoint store $fs/ck/shard-[01]\.[0-9]* after a failed write: .*No space left on device" "$work/train.log" \
-  || fail "no store tried to reopen on the full disk"
+reopen_failed || fail "no store tried to reopen on the full disk"
 # The last committed cut stands while the disk is full.
 "$ashlar" checkpoint show "$fs/ck" > "$work/show-full.txt" 2>&1 || { cat "$work/show-full.txt"; fail "checkpoint show failed on a full disk"; }
 before=$(grep -o "shard 0, cut [0-9]*" "$work/show-full.txt" | grep -o "[0-9]*$")
@@ -62,6 +74,7 @@ before=$(grep -o "shard 0, cut [0-9]*" "$work/show-full.txt" | grep -o "[0-9]*$"
   && grep -q "shard 1, cut $before, .*checksum ok" "$work/show-full.txt" \
   || { cat "$work/show-full.txt"; fail "no committed cut before the failed cut $failed is intact on the full disk"; }
 kill -0 "$pid" 2>/dev/null || fail "the job ended while the disk was full"
+rm -f "$fs"/filler.*
 mount -o remount,size=64m "$fs" || fail "cannot make the tmpfs larger"
 wait "$pid"
 code=$?

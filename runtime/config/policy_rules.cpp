@@ -73,26 +73,28 @@ std::vector<rule_change> policy_rule_changes(const train_config& cfg) {
         change("train.commit_scale", num(std::min(1.0, 2.0 / w)),
                "min(1, 2/" + ws + "): commits twice as heavy as an average's share, to match the shorter local "
                                   "steps");
-      // Half the recipe's batch (the slowest worker commits as often with more, smaller
-      // local steps), and with more than 4 workers less: a round of commits (one from
-      // every worker) moves the shards by about the same whatever its batches, so at a
-      // fixed batch each more worker adds samples to a round and not progress. The round
-      // (of the workers at the start) is held to about 2 recipe batches, in multiples of 8,
-      // up to where the floor of 16 holds it (8 workers at batch 64). 7 workers on the CNN:
-      // batch 16 reached 90% after 117 s by the median of three runs, 32 after 140 s on a
-      // faster machine (docs/bench/cnn-random/batch-trials/).
+      // At most half the recipe's batch (the slowest worker commits as often with more,
+      // smaller local steps), and with more than 2 workers less: a round of commits (one
+      // from every worker) moves the shards by about the same whatever its batches, so at
+      // a fixed batch each more worker adds samples to a round and not progress. The round
+      // (of the workers at the start) is held to about one recipe batch: batch / workers
+      // to the nearest multiple of 8, at least 16 (from 4 workers at batch 64). Trials at
+      // batch 64, three runs each: the CNN on 4 and 5 workers reached 90% after 89-95 s at
+      // 16 against 95-105 s at 32 and 24 (docs/bench/cnn-random/batch-trials-4-workers/),
+      // the MLP on 4 workers 85% after 2.8 s against 3.0 s (docs/bench/random/
+      // mlp-1124-batch-16/); on 3 workers 24 took 2.5-2.8 s, 32 2.6-3.0 s and 16 3.0 s.
       const uint32_t half = std::max<uint32_t>(16, cfg.batch_size / 2);
-      const double round_share = 2.0 * cfg.batch_size / w;
-      const uint32_t by_round = std::max<uint32_t>(16, static_cast<uint32_t>(round_share) / 8 * 8);
+      const double round_share = static_cast<double>(cfg.batch_size) / w;
+      const uint32_t by_round = std::max<uint32_t>(16, static_cast<uint32_t>(std::lround(round_share / 8)) * 8);
       const uint32_t batch = std::min(half, by_round);
       if (batch < cfg.batch_size)
         change("train.batch_size", std::to_string(batch),
                by_round >= half
                  ? "train.batch_size " + std::to_string(cfg.batch_size)
                      + " / 2, at least 16: the slowest worker commits as often with more, smaller local steps"
-                 : "2 x train.batch_size " + std::to_string(cfg.batch_size) + " / " + ws
-                     + ", in multiples of 8, at least 16: a round of commits moves the shards as far whatever its "
-                       "batches, so it is held to about two recipe batches");
+                 : "train.batch_size " + std::to_string(cfg.batch_size) + " / " + ws
+                     + ", to the nearest multiple of 8, at least 16: a round of commits moves the shards as far "
+                       "whatever its batches, so it is held to about one recipe batch");
       // A recipe with a schedule has its own plan for the learning rate's decay; SHL's
       // factor on top of it cut the CNN's steps short where samples, not noise, set the
       // time to 90% (three seeds each: 135 s at 0.5, 115 s at 1, 195 s at 0.25).

@@ -29,11 +29,11 @@
 //                               heavy: lr / (2 sqrt(1 - momentum)), commit_scale
 //                               min(1, 2 / workers); batch / 2 (at least 16), so the
 //                               slowest worker commits as often with half the batch, and
-//                               with more than 4 workers (at the start) 2 x batch /
-//                               workers in multiples of 8, at least 16: a round of
+//                               with more than 2 workers (at the start) batch / workers
+//                               to the nearest multiple of 8, at least 16: a round of
 //                               commits moves the shards about as far whatever its
-//                               batches, so it is held to about two recipe batches (up to
-//                               where the floor of 16 holds it: 8 workers at batch 64); and
+//                               batches, so it is held to about one recipe batch (16
+//                               from 4 workers at batch 64); and
 //                               communication held to 0.1 of the slowest worker's commit
 //                               period (ashl.max_comm_share): more local steps per commit.
 //

@@ -65,7 +65,7 @@ TEST_CASE("asynchronous pushes step at lr x min(1, 2/workers) with momentum lowe
   CHECK(c.optimizer.lr == Approx(0.05));
 }
 
-TEST_CASE("adsp and ashl take plain SGD local steps, and ashl halves the batch, weighs commits 2/workers and holds "
+TEST_CASE("adsp and ashl take plain SGD local steps, and ashl takes a smaller batch, weighs commits 2/workers and holds "
           "communication to 0.1") {
   auto a = recipe("adsp", 4);
   REQUIRE_FALSE(apply_policy_rules(a));
@@ -81,7 +81,7 @@ TEST_CASE("adsp and ashl take plain SGD local steps, and ashl halves the batch, 
   CHECK(h.optimizer.lr == Approx(0.1 / (2 * std::sqrt(0.1)) * 0.5).epsilon(1e-3));
   CHECK(h.optimizer.momentum == 0);
   CHECK(h.commit_scale == Approx(0.5));
-  CHECK(h.batch_size == 32);
+  CHECK(h.batch_size == 16);
   CHECK(h.ashl.max_comm_share == Approx(0.1));
   auto notes = rule_notes(h);
   CHECK(notes.size() == 7);
@@ -93,9 +93,9 @@ TEST_CASE("adsp and ashl take plain SGD local steps, and ashl halves the batch, 
   CHECK(own.optimizer.lr == Approx(0.1 / (2 * std::sqrt(0.1))).epsilon(1e-3));
 }
 
-TEST_CASE("ashl holds a round of commits to about two recipe batches, so more than 4 workers take smaller batches") {
-  // Recipe batch 64: 2 x 64 / W, in multiples of 8, between 16 and 32.
-  const std::pair<uint32_t, uint32_t> expect[] = {{2, 32}, {3, 32}, {4, 32}, {5, 24}, {6, 16}, {7, 16}, {8, 16},
+TEST_CASE("ashl holds a round of commits to about one recipe batch, so more than 2 workers take smaller batches") {
+  // Recipe batch 64: 64 / W to the nearest multiple of 8, between 16 and 32.
+  const std::pair<uint32_t, uint32_t> expect[] = {{1, 32}, {2, 32}, {3, 24}, {4, 16}, {5, 16}, {6, 16}, {8, 16},
                                                   {16, 16}};
   for (const auto& [workers, batch] : expect) {
     auto h = recipe("ashl", workers);
@@ -103,10 +103,20 @@ TEST_CASE("ashl holds a round of commits to about two recipe batches, so more th
     INFO(workers << " workers");
     CHECK(h.batch_size == batch);
   }
-  auto six = recipe("ashl", 6);
-  REQUIRE_FALSE(apply_policy_rules(six));
-  CHECK(six.sources.at("train.batch_size").rfind("rule: 2 x train.batch_size 64 / 6 workers, in multiples of 8", 0)
-        == 0);
+  auto three = recipe("ashl", 3);
+  REQUIRE_FALSE(apply_policy_rules(three));
+  CHECK(three.sources.at("train.batch_size")
+          .rfind("rule: train.batch_size 64 / 3 workers, to the nearest multiple of 8", 0) == 0);
+  // A larger recipe batch: 128 / 3 = 42.7 rounds to 40, 128 / 5 = 25.6 to 24, and on 2
+  // workers half the batch holds.
+  const std::pair<uint32_t, uint32_t> large[] = {{2, 64}, {3, 40}, {4, 32}, {5, 24}, {12, 16}};
+  for (const auto& [workers, batch] : large) {
+    auto h = recipe("ashl", workers);
+    REQUIRE_FALSE(apply_setting(h, "train.batch_size", "128", "recipe.toml:4"));
+    REQUIRE_FALSE(apply_policy_rules(h));
+    INFO(workers << " workers, recipe batch 128");
+    CHECK(h.batch_size == batch);
+  }
   // Where the floor of 16 decides, the rule says half the batch: a recipe batch of 24 on 4
   // workers and of 32 on 5.
   const std::pair<uint32_t, const char*> floors[] = {{4, "24"}, {5, "32"}};

@@ -53,9 +53,10 @@ reopen_failed() {
 }
 filled=0
 for _ in $(seq 300); do
-  [[ $(abandoned) -ge 2 ]] && reopen_failed && break
-  if [[ $(abandoned) -gt $filled ]]; then
-    filled=$(abandoned)
+  n=$(abandoned)
+  [[ $n -ge 2 ]] && reopen_failed && break
+  if [[ $n -gt $filled ]]; then
+    filled=$n
     dd if=/dev/zero of="$fs/filler.$filled" bs=4k 2>/dev/null
   fi
   kill -0 "$pid" 2>/dev/null || break

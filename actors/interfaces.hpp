@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -35,6 +36,7 @@ using checkpoint_atom = caf::atom_constant<caf::atom("checkpt")>;
 using shard_atom = caf::atom_constant<caf::atom("shard")>;
 using lr_atom = caf::atom_constant<caf::atom("lrfactor")>;
 using restore_atom = caf::atom_constant<caf::atom("restore")>;
+using wait_atom = caf::atom_constant<caf::atom("wait")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
 /// follows membership changes, reports its status. tune_atom: gradients per update and
@@ -139,6 +141,10 @@ struct running_job {
   /// and of each try to serve it again with (shard_atom, index, why).
   std::vector<wire::spawn_shard> shard_templates;
   caf::actor driver;
+  /// The job's workers, and how many of them were placed on each node (by node id): a
+  /// node that joins while the job runs is given only the workers the job lacks.
+  uint32_t workers = 0;
+  std::map<uint32_t, uint32_t> placed;
 };
 
 /// The scheduler process's front door, published on its listen address: nodes say hello
@@ -150,6 +156,11 @@ using cluster_actor = caf::typed_actor<
   caf::replies_to<wire::job_request>::with<wire::job_result>,
   // Local to the scheduler process (the job runner):
   caf::replies_to<nodes_atom>::with<wire::cluster_status, std::vector<node_actor>>,
+  // The job about to run waits for its nodes: (shards, workers, longest wait in ms);
+  // answered once the cluster has them, or with an error naming what it lacked when the
+  // wait ran out or the job was stopped (runtime/control/job_lifecycle.hpp).
+  caf::replies_to<wait_atom, uint32_t, uint32_t, uint64_t>::with<caf::ok_atom>,
+  caf::reacts_to<tick_atom>, // (to itself) the wait's deadline
   caf::reacts_to<job_atom, running_job>,
   caf::reacts_to<job_atom, caf::error>,
   caf::reacts_to<job_atom, wire::job_result>,

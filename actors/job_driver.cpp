@@ -428,13 +428,19 @@ private:
   bool take_message(caf::timespan wait) {
     bool got = true;
     self_->receive(
-      [&](done_atom, uint32_t f, uint32_t fl, std::string& first_failure) {
+      [&](done_atom, uint32_t f, uint32_t fl, std::string& first_failure, std::string& job_error) {
         done_ = true;
         finished_ = f;
         failed_ = fl;
         first_failure_ = std::move(first_failure);
+        if (!job_error.empty() && !failure_)
+          failure_ = make_error(errc::invalid_state, "the job failed: " + job_error);
       },
       [&](start_atom, uint32_t workers) { on_training_start(workers); },
+      [&](stop_atom, std::string& who) { // the cluster: ashlar ctl stop-job, a shutdown, the submitter's Ctrl-C
+        if (stop_asked_.empty())
+          stop_asked_ = std::move(who);
+      },
       [&](caf::down_msg& dm) { on_shard_down(dm); },
       [&](shard_atom, uint32_t index, shard_actor& shard, std::string& endpoint) {
         on_shard_back(index, std::move(shard), std::move(endpoint));
@@ -739,15 +745,16 @@ private:
       return;
     bool out_of_budget = !lockstep_ && done_before_ + stats.total_samples >= budget_;
     bool out_of_time = cfg_.time_limit > 0 && now >= cfg_.time_limit;
-    bool asked = hooks_.stop_requested && hooks_.stop_requested();
+    bool asked = (hooks_.stop_requested && hooks_.stop_requested()) || !stop_asked_.empty();
     if (!(out_of_budget || out_of_time || asked || rep_.target_reached))
       return;
     stop_sent_ = true;
     if (asked) {
       rep_.stopped_early = true;
-      spdlog::info("job: asked to stop; stopping the workers after their current step");
+      spdlog::info("job: asked to stop{}; stopping the workers after their current step",
+                   stop_asked_.empty() ? std::string{} : " (" + stop_asked_ + ")");
       if (recorder_)
-        recorder_->event("stop requested", "");
+        recorder_->event("stop requested", stop_asked_);
     } else if (out_of_time && !rep_.target_reached) {
       rep_.time_limited = done_before_ + stats.total_samples < budget_;
       spdlog::info("job: time limit of {} s reached; stopping the workers", cfg_.time_limit);
@@ -885,6 +892,7 @@ private:
   std::map<size_t, double> lost_since_; // shards lost and not served again yet: since when
   std::map<size_t, std::string> not_served_why_; // why a lost one is not served yet: the cluster's last try
   bool stop_sent_ = false;
+  std::string stop_asked_; // who asked the cluster to stop the job (ashlar ctl stop-job, ...), if anyone
   lr_schedule schedule_;
   bool scheduled_ = false;
   float lr_sent_ = 1.0f;

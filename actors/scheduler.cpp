@@ -44,6 +44,7 @@ struct scheduler_state {
   uint32_t registered = 0;
   bool done_sent = false;
   std::string first_failure; // "worker ID: why" of the first worker that failed
+  std::string job_error;     // why the job fails (a worker's own computation failed); empty: it does not
   // Registrations answered only once expected_workers have joined, so every worker of
   // the first round starts from version 0 with the full membership in place.
   std::vector<std::function<void()>> start_barrier;
@@ -60,6 +61,9 @@ struct scheduler_state {
   std::optional<std::chrono::steady_clock::time_point> all_lost_since;
   // Decentralized mode: which ring the live workers form, and when.
   ring_membership ring;
+  // Lost members whose shares wait for the profiler's figures to be handed over together.
+  std::set<uint32_t> handover_due;
+  bool handover_asked = false;
 };
 
 using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;
@@ -146,7 +150,7 @@ void end_job(scheduler_pointer self, uint32_t finished, uint32_t failed) {
   st.all_lost_since.reset();
   spdlog::info("scheduler: all workers done ({} finished, {} failed)", finished, failed);
   if (st.cfg.observer)
-    caf::anon_send(st.cfg.observer, done_atom::value, finished, failed, st.first_failure);
+    caf::anon_send(st.cfg.observer, done_atom::value, finished, failed, st.first_failure, st.job_error);
 }
 
 // The steps lost members left untrained and nobody took over: the most any one left.
@@ -162,7 +166,8 @@ uint64_t untaken_steps(const scheduler_state& st, const wire::cluster_stats& sta
 
 void check_done(scheduler_pointer self) {
   auto& st = self->state;
-  if (st.done_sent || (!st.started && st.registered < st.cfg.job.workers))
+  // (A job stopped before its start barrier ends once the workers that came have left.)
+  if (st.done_sent || (!st.started && !st.stopping && st.registered < st.cfg.job.workers))
     return;
   uint32_t finished = 0, failed = 0;
   for (const auto& [id, m] : st.members) {
@@ -170,7 +175,7 @@ void check_done(scheduler_pointer self) {
       return;
     (m.failed ? failed : finished) += 1;
   }
-  if (failed == 0 || !st.started || st.stopping || st.cfg.worker_wait.count() <= 0)
+  if (failed == 0 || !st.started || st.stopping || !st.job_error.empty() || st.cfg.worker_wait.count() <= 0)
     return end_job(self, finished, failed);
   // Every worker is gone, some lost: if they left steps untrained, a worker that joins
   // (a node that comes back, `ctl add-worker`) takes them up; the job waits for one.
@@ -221,58 +226,95 @@ std::map<uint32_t, member_part> live_parts(const scheduler_state& st) {
   return out;
 }
 
-// A member lost or removed mid-job: its untrained share goes to the live members (runtime/policy/
-// assignment.hpp: hand_over_lost), so the job's epochs still cover the training set.
+// Members lost or removed mid-job: their untrained shares go to the live members
+// (runtime/policy/assignment.hpp: hand_over_lockstep), so the job's epochs still cover the
+// training set. Losses that come while the profiler's figures are asked for (a node's
+// workers, lost at once) are handed over together: one plan, one message per live worker.
 void hand_over(scheduler_pointer self, uint32_t lost) {
   auto& st = self->state;
   if (!st.started || st.stopping || st.done_sent)
     return;
+  st.handover_due.insert(lost);
+  if (st.handover_asked)
+    return;
+  st.handover_asked = true;
   self->request(st.cfg.profiler, ack_timeout, caf::get_atom::value)
     .then(
       [=](const wire::cluster_stats& stats) {
         auto& st = self->state;
-        auto m = st.members.find(lost);
-        if (st.stopping || st.done_sent || m == st.members.end())
+        st.handover_asked = false;
+        auto due = std::move(st.handover_due);
+        st.handover_due.clear();
+        if (st.stopping || st.done_sent)
           return;
-        uint64_t counted = 0;
+        std::map<uint32_t, uint64_t> done;
         for (const auto& w : stats.workers)
-          if (w.worker_id == lost)
-            counted = w.steps;
-        const member_part gone{m->second.batch, m->second.data_begin, m->second.data_count, m->second.steps};
+          done[w.worker_id] = w.steps;
         const auto live = live_parts(st);
-        auto left = hand_over_left(gone, m->second.steps_left_at, counted, live, st.cfg.train_size,
-                                   st.traits.lockstep);
-        if (left.finished)
+        uint64_t owed = 0;
+        std::string ids;
+        for (auto id : due) {
+          auto m = st.members.find(id);
+          if (m == st.members.end())
+            continue;
+          const member_part gone{m->second.batch, m->second.data_begin, m->second.data_count, m->second.steps};
+          auto left = hand_over_left(gone, m->second.steps_left_at, done[id], {}, st.cfg.train_size, false);
+          if (left.finished)
+            continue;
+          owed += (m->second.steps - left.done_steps) * std::max<uint32_t>(1, m->second.batch);
+          // The live workers cover its steps from now on (counted once); with none live
+          // they wait for a newcomer (check_done, admit_to_running_job).
+          if (!live.empty())
+            m->second.steps = left.done_steps;
+          ids += (ids.empty() ? "" : ", ") + std::to_string(id);
+        }
+        if (ids.empty() || live.empty())
           return;
-        // The live workers cover its steps from now on; with none live they wait for a
-        // newcomer (check_done, admit_to_running_job).
-        if (!live.empty())
-          m->second.steps = left.done_steps;
-        auto& h = left.h;
+        auto h = st.traits.lockstep ? hand_over_lockstep(live, done, owed, st.cfg.train_size, st.traits.ring)
+                                    : hand_over_joined(live, st.cfg.train_size);
         if (h.parts.empty() && h.reassigned_samples == 0)
           return;
         st.reassigned += h.reassigned_samples;
         if (st.cfg.reassigned_out)
           st.cfg.reassigned_out->store(st.reassigned);
-        std::string text = std::to_string(h.reassigned_samples) + " untrained samples of worker "
-                           + std::to_string(lost) + " handed to " + std::to_string(live.size())
-                           + " live workers (the set re-split over them"
-                           + (h.extra_rounds > 0 ? ", " + std::to_string(h.extra_rounds) + " more rounds each" : "")
-                           + ")";
+        const std::string whose = (due.size() == 1 ? "worker " : "workers ") + ids;
+        std::string text = st.traits.lockstep ? std::to_string(h.reassigned_samples) + " untrained samples of " + whose
+                                                  + " handed to " + std::to_string(live.size()) + " live workers"
+                                              : "the part of the set of " + whose + " re-split over "
+                                                  + std::to_string(live.size()) + " live workers";
         spdlog::info("scheduler: {}", text);
-        record(self, "share handed over", text, lost);
+        record(self, "share handed over", text, due.size() == 1 ? static_cast<int64_t>(*due.begin()) : -1);
         job_plan plan;
         plan.batches = std::move(h.parts);
         apply_plan(self, plan);
       },
       [=](caf::error& err) {
-        spdlog::warn("scheduler: worker {}'s share was not handed over: {}", lost, describe(err));
+        auto& st = self->state;
+        st.handover_asked = false;
+        spdlog::warn("scheduler: the shares of {} lost worker(s) were not handed over: {}", st.handover_due.size(),
+                     describe(err));
+        st.handover_due.clear();
       });
 }
 
+// Every live worker finishes its step and leaves; nothing is handed over from now on.
+uint32_t stop_workers(scheduler_pointer self) {
+  auto& st = self->state;
+  st.stopping = true;
+  uint32_t n = 0;
+  for (auto& [id, m] : st.members)
+    if (!m.left) {
+      self->send(caf::actor_cast<worker_actor>(m.handle), stop_atom::value);
+      ++n;
+    }
+  return n;
+}
+
 // `early`: a leave before the member's steps were done (removed on request, its node stopped).
+// `error`: its own computation failed (a script that raised): the job fails, and every
+// other worker is stopped after its step.
 void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::string& reason, bool early = false,
-              uint64_t steps_done = 0) {
+              uint64_t steps_done = 0, bool error = false) {
   auto& st = self->state;
   auto i = st.members.find(id);
   if (i == st.members.end() || i->second.left)
@@ -282,10 +324,15 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
   i->second.steps_left_at = steps_done;
   if (failed)
     spdlog::warn("scheduler: worker {} removed: {}", id, reason);
-  if (failed && st.first_failure.empty())
-    st.first_failure = "worker " + std::to_string(id) + ": " + reason;
   else
     spdlog::info("scheduler: worker {} left: {}", id, reason);
+  if (failed && st.first_failure.empty())
+    st.first_failure = "worker " + std::to_string(id) + ": " + reason;
+  if (error && st.job_error.empty()) {
+    st.job_error = "worker " + std::to_string(id) + "'s computation failed: " + reason;
+    spdlog::error("scheduler: the job fails: {}; stopping the other workers", st.job_error);
+    stop_workers(self);
+  }
   record(self, failed ? "worker failed" : "worker left", reason, id);
   wire::membership_change m;
   m.kind = failed ? wire::membership_change::fail : wire::membership_change::leave;
@@ -330,7 +377,7 @@ void form_ring(scheduler_pointer self, uint32_t generation, const std::string& w
 
 void start_training(scheduler_pointer self) {
   auto& st = self->state;
-  if (st.started)
+  if (st.started || st.stopping)
     return;
   st.started = true;
   for (auto& [id, m] : st.members)
@@ -350,6 +397,24 @@ void start_training(scheduler_pointer self) {
   if (st.traits.ring)
     form_ring(self, st.ring.start());
   job_plan plan;
+  // Fewer workers than the job's came in time: the parts of the set the missing ones were
+  // to train go to those that came (as a lost worker's would), so the epochs still cover
+  // the whole set.
+  const auto live = live_parts(st);
+  if (!live.empty() && live.size() < st.cfg.job.workers) {
+    const assignment_context ctx{&st.cfg.job, st.traits, st.cfg.train_size, st.cfg.remaining, &st.cfg.contention};
+    uint64_t owed = 0;
+    for (uint32_t id = 0; id < st.cfg.job.workers; ++id)
+      if (st.members.count(id) == 0 || st.members[id].left) {
+        const auto a = make_assignment(ctx, id, id);
+        owed += a.steps * std::max<uint32_t>(1, a.batch_size);
+      }
+    auto h = st.traits.lockstep ? hand_over_lockstep(live, {}, owed, st.cfg.train_size, st.traits.ring)
+                                : hand_over_joined(live, st.cfg.train_size);
+    spdlog::info("scheduler: the set is re-split over the {} workers that came{}", live.size(),
+                 st.traits.lockstep ? ", with " + std::to_string(owed) + " samples of the missing ones" : "");
+    plan.batches = std::move(h.parts);
+  }
   st.planner->on_start(plan);
   apply_plan(self, plan);
   // The first plan as soon as the profiler has a few steps of each worker.
@@ -472,7 +537,8 @@ void admit_to_running_job(scheduler_pointer self, wire::assignment a, registrati
         job_plan plan;
         if (st.traits.lockstep) {
           // What is owed is trained once over every live batch: the others' rounds shrink.
-          auto j = hand_over_joined_lockstep(live_parts(st), lost, done, a.worker_id, st.cfg.train_size);
+          auto j = hand_over_joined_lockstep(live_parts(st), lost, done, a.worker_id, st.cfg.train_size,
+                                             st.traits.ring);
           a.steps = j.rounds;
           plan.batches = std::move(j.h.parts);
         } else {
@@ -607,14 +673,7 @@ caf::result<std::string> on_ctl(scheduler_pointer self, const wire::ctl_request&
   auto& st = self->state;
   if (req.op == wire::ctl_request::shutdown) {
     // The job's budget or time is up: every worker finishes its step and leaves.
-    st.stopping = true;
-    uint32_t n = 0;
-    for (auto& [id, m] : st.members)
-      if (!m.left) {
-        self->send(caf::actor_cast<worker_actor>(m.handle), stop_atom::value);
-        ++n;
-      }
-    return "stopping " + std::to_string(n) + " workers";
+    return "stopping " + std::to_string(stop_workers(self)) + " workers";
   }
   if (req.op != wire::ctl_request::remove_worker)
     return make_error(errc::invalid_argument, "the scheduler handles remove-worker and shutdown");
@@ -681,7 +740,9 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
     [=](const wire::membership_change& m) {
       if (m.kind == wire::membership_change::join)
         return;
-      on_leave(self, m.worker_id, m.kind == wire::membership_change::fail, m.reason, m.early, m.steps);
+      const bool error = m.kind == wire::membership_change::error;
+      on_leave(self, m.worker_id, error || m.kind == wire::membership_change::fail, m.reason, m.early, m.steps,
+               error);
     },
   };
 }

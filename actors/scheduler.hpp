@@ -59,7 +59,8 @@ struct scheduler_config {
   /// them failed. 0 (a job in one process, where none can join): it ends at once.
   std::chrono::milliseconds worker_wait{0};
   /// Receives (done_atom, uint32_t finished, uint32_t failed, std::string first_failure:
-  /// "worker ID: why", empty when none failed) once every registered
+  /// "worker ID: why", empty when none failed, std::string job_error: why the job fails,
+  /// a worker's own computation having failed, empty when it does not) once every registered
   /// worker has left and at least expected_workers have registered (and, with
   /// worker_wait, no lost worker's steps wait for a newcomer); and (start_atom, uint32_t
   /// workers) when training starts.

@@ -41,11 +41,12 @@ void leave(worker_pointer self, wire::membership_change::kind_t kind, const std:
     return;
   st.stopped = true;
   const uint32_t id = st.machine ? st.machine->job().worker_id : wire::any_worker;
-  if (kind == wire::membership_change::fail)
+  const bool failed = kind == wire::membership_change::fail || kind == wire::membership_change::error;
+  if (failed)
     spdlog::error("worker {}: {}", id, reason);
   const uint64_t steps = st.machine ? st.machine->steps_done() : 0;
   self->send(st.cfg.scheduler, wire::membership_change{kind, id, reason, early, steps});
-  if (kind == wire::membership_change::fail)
+  if (failed)
     self->quit(caf::exit_reason::user_shutdown);
   else
     self->quit();
@@ -176,7 +177,12 @@ struct executor {
     self->delayed_send(self, std::chrono::milliseconds(a.ms), shard_atom::value, a.gen);
   }
 
-  void operator()(step::fail& a) const { actors::fail(self, a.why); }
+  void operator()(step::fail& a) const {
+    if (a.compute)
+      leave(self, wire::membership_change::error, a.why);
+    else
+      actors::fail(self, a.why);
+  }
 
   void operator()(step::finish& a) const { leave(self, wire::membership_change::leave, a.reason, a.early); }
 };

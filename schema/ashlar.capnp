@@ -87,6 +87,7 @@ struct CtlRequest {
     removeWorker @0;
     addWorker @1;
     shutdown @2;
+    stopJob @3;            # stop the running or waiting job; the cluster stays
   }
   op @0 :Op;
   workerId @1 :UInt32;
@@ -168,6 +169,7 @@ struct MembershipChange {
     join @0;
     leave @1;
     fail @2;
+    error @3;              # the worker's own computation failed (its script raised): the job fails
   }
   kind @0 :Kind;
   workerId @1 :UInt32;

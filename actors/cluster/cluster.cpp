@@ -6,13 +6,16 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
-#include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "actors/cluster/data_plane.hpp"
 #include "actors/cluster/node.hpp"
+#include "runtime/control/cluster_membership.hpp"
+#include "runtime/control/job_lifecycle.hpp"
+#include "runtime/core/clock.hpp"
 #include "runtime/net/gate.hpp"
 #include "runtime/policy/ring.hpp"
 #include "runtime/store/serve_again.hpp"
@@ -42,11 +45,20 @@ struct cluster_state {
   std::set<uint32_t> lost_shards;     // the running job's shards (ids) whose actor went down
   std::set<uint32_t> rehosting;       // of those, the ones a node is restoring now
   bool retry_due = false;             // a retry of rehost_lost is on its way (a store was busy)
+  // The nodes' slots (bounded per node) and the running job's workers on each.
+  control::cluster_membership members;
+  // The job about to run, from its wait for nodes to its start, and the runner's request
+  // that waits with it.
+  std::optional<control::job_lifecycle> life;
+  caf::typed_response_promise<caf::ok_atom> wait_promise;
+  bool waiting = false;
 };
 
 using cluster_pointer = cluster_actor::stateful_pointer<cluster_state>;
 
 // Starts one worker of the running job on `node` (a node that joined late).
+// Its slot counts as taken from the request on, so that nodes joining meanwhile are not
+// given the same missing workers.
 void add_worker_on(cluster_pointer self, uint32_t node_id) {
   auto& st = self->state;
   auto i = st.nodes.find(node_id);
@@ -54,11 +66,62 @@ void add_worker_on(cluster_pointer self, uint32_t node_id) {
     return;
   auto req = st.job.worker_template;
   req.requested_id = wire::any_worker;
+  st.members.placed(node_id, 1);
   self->request(i->second.handle, 60s, req, st.job.scheduler, st.job.profiler)
     .then([=](const worker_actor&) { spdlog::info("cluster: started a worker on node {}", node_id); },
           [=](caf::error& err) {
+            self->state.members.ended(node_id, 1);
             spdlog::warn("cluster: node {} could not start a worker: {}", node_id, describe(err));
           });
+}
+
+// Carries out what the job's lifecycle decided.
+void act(cluster_pointer self, const std::vector<control::job_action>& actions) {
+  auto& st = self->state;
+  for (const auto& a : actions) {
+    switch (a.kind) {
+      case control::job_action::start:
+        st.waiting_for.clear();
+        if (st.waiting) {
+          st.waiting = false;
+          st.wait_promise.deliver(caf::ok_atom::value);
+        }
+        break;
+      case control::job_action::waiting:
+        st.waiting_for = a.text;
+        spdlog::info("cluster: waiting for the job's nodes: it {}", a.text);
+        break;
+      case control::job_action::stop_workers:
+        spdlog::info("cluster: stopping the job ({}): its workers finish their step, then it reports", a.text);
+        if (st.job_running && st.job.driver)
+          caf::anon_send(st.job.driver, stop_atom::value, a.text);
+        else if (st.job_running)
+          caf::anon_send(st.job.scheduler, wire::ctl_request{wire::ctl_request::shutdown, 0, 0});
+        break;
+      case control::job_action::ended: {
+        const auto& out = st.life->outcome();
+        if (out.kind == control::job_outcome::trained)
+          spdlog::info("cluster: the job ended: {}", a.text);
+        else
+          spdlog::error("cluster: the job ended: {}", a.text);
+        st.waiting_for.clear();
+        if (st.waiting) {
+          st.waiting = false;
+          st.wait_promise.deliver(make_error(
+            out.kind == control::job_outcome::stopped ? errc::cancelled : errc::peer_unreachable, a.text));
+        }
+        st.life.reset();
+        break;
+      }
+    }
+  }
+}
+
+// The cluster's capacity changed: the waiting job may start.
+void capacity_changed(cluster_pointer self) {
+  auto& st = self->state;
+  if (st.life)
+    act(self, st.life->on_capacity(st.members.free()));
 }
 
 // The running job's index of shard `shard_id` (its templates' order), or the number of
@@ -274,6 +337,7 @@ void place_next(cluster_pointer self, std::shared_ptr<placement> plan) {
     .then(
       [=](const worker_actor&) {
         spdlog::info("cluster: started a worker on node {}", node_id);
+        self->state.members.placed(node_id, 1);
         ++plan->started;
         place_next(self, plan);
       },
@@ -297,20 +361,34 @@ caf::result<wire::welcome> on_hello(cluster_pointer self, const wire::hello& h, 
                         + std::to_string(wire::protocol_version) + ", this node speaks "
                         + std::to_string(h.protocol));
   }
-  uint32_t id = st.next_node++;
+  const uint32_t id = st.next_node;
+  const auto admitted = st.members.on_join(id, has_role(h.roles, wire::role::server),
+                                           has_role(h.roles, wire::role::worker) ? h.slots : 0);
+  if (!admitted.admitted) {
+    spdlog::warn("cluster: refused node {}: {}", h.node, admitted.note);
+    return make_error(errc::busy, "scheduler " + st.cfg.address + " refused node " + h.node + ": " + admitted.note);
+  }
+  ++st.next_node;
   node_entry e;
   e.info.node_id = id;
   e.info.name = h.node;
   e.info.roles = h.roles;
-  e.info.slots = has_role(h.roles, wire::role::worker) ? h.slots : 0;
+  e.info.slots = admitted.slots;
   e.handle = node;
   st.nodes[id] = e;
   self->monitor(node);
-  spdlog::info("cluster: node {} ({}) joined with roles {}, {} worker slots", id, h.node,
-               to_string(h.roles), e.info.slots);
-  if (st.job_running && e.info.slots > 0)
-    for (uint32_t k = 0; k < e.info.slots; ++k)
+  spdlog::info("cluster: node {} ({}) joined with roles {}, {} worker slots{}", id, h.node, to_string(h.roles),
+               e.info.slots, admitted.note.empty() ? std::string{} : " (" + admitted.note + ")");
+  // A node joining the running job takes up the workers it lacks (lost with their nodes),
+  // no more: a bigger job is `ashlar ctl add-worker`'s.
+  if (st.job_running) {
+    const uint32_t k = st.members.to_start_on(id);
+    if (k > 0)
+      spdlog::info("cluster: node {} starts {} worker(s) the job lacks", id, k);
+    for (uint32_t j = 0; j < k; ++j)
       add_worker_on(self, id);
+  }
+  capacity_changed(self);
   if (h.replace_shard >= 0) {
     rehost_shard(self, id, static_cast<uint32_t>(h.replace_shard));
   } else if (has_role(h.roles, wire::role::server)) {
@@ -378,12 +456,33 @@ caf::result<std::string> on_ctl(cluster_pointer self, const wire::ctl_request& r
       return plan->promise;
     }
     case wire::ctl_request::shutdown: {
+      if (st.life) // a job waiting for its nodes ends now, saying so
+        act(self, st.life->on_stop("the cluster was shut down (ashlar ctl shutdown)"));
+      uint32_t k = 0;
       for (auto& [id, n] : st.nodes)
-        if (n.info.alive)
+        if (n.info.alive) {
           self->send(n.handle, req);
+          ++k;
+        }
       if (st.cfg.runner)
         caf::anon_send(st.cfg.runner, stop_atom::value);
-      return std::string{"shutting down the cluster"};
+      spdlog::info("cluster: shutting down on request: {} nodes{}", k, st.job_running ? " and the running job" : "");
+      return "shutting down the cluster: " + std::to_string(k) + " nodes"
+             + (st.job_running ? std::string{", the running job (its workers finish their step)"} : std::string{});
+    }
+    case wire::ctl_request::stop_job: {
+      if (st.life) {
+        act(self, st.life->on_stop("stopped by ashlar ctl stop-job"));
+        return std::string{"the job waiting for its nodes was stopped"};
+      }
+      if (!st.job_running)
+        return make_error(errc::invalid_state, "no job is running or waiting on this cluster");
+      if (st.job.driver)
+        caf::anon_send(st.job.driver, stop_atom::value, std::string{"stopped by ashlar ctl stop-job"});
+      else
+        caf::anon_send(st.job.scheduler, wire::ctl_request{wire::ctl_request::shutdown, 0, 0});
+      spdlog::info("cluster: stopping the running job on request");
+      return std::string{"stopping the job: its workers finish their step, then it reports"};
     }
   }
   return make_error(errc::invalid_argument, "unknown control request");
@@ -403,8 +502,20 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
     for (auto& [id, n] : self->state.nodes)
       if (n.handle.address() == dm.source && n.info.alive) {
         n.info.alive = false;
-        spdlog::warn("cluster: node {} ({}) lost: {}", id, n.info.name, to_string(dm.reason));
+        const uint32_t workers = st.members.on_lost(id);
+        spdlog::warn("cluster: node {} ({}) lost: {}{}", id, n.info.name, to_string(dm.reason),
+                     workers > 0 ? ", with " + std::to_string(workers) + " of the job's workers" : std::string{});
       }
+    // Nodes that joined before the loss was seen take up the workers the job now lacks.
+    if (st.job_running)
+      for (const auto& [id, n] : st.nodes)
+        if (n.info.alive)
+          if (const uint32_t k = st.members.to_start_on(id); k > 0) {
+            spdlog::info("cluster: node {} starts {} worker(s) the job lacks", id, k);
+            for (uint32_t j = 0; j < k; ++j)
+              add_worker_on(self, id);
+          }
+    capacity_changed(self);
     // The shard's own node may be going down too: its loss comes first or soon after.
     if (shard_lost)
       self->delayed_send(self, std::chrono::milliseconds(500), shard_atom::value);
@@ -437,10 +548,29 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
         }
       return caf::make_result(std::move(live), std::move(handles));
     },
+    [=](wait_atom, uint32_t shards, uint32_t workers, uint64_t wait_ms) -> caf::result<caf::ok_atom> {
+      auto& st = self->state;
+      if (st.life || st.job_running)
+        return make_error(errc::invalid_state, "a job is already running or waiting on this cluster");
+      st.life.emplace(system_clock(), control::job_needs{shards, workers}, wait_ms * 1000000ull);
+      st.wait_promise = self->make_response_promise<caf::ok_atom>();
+      st.waiting = true;
+      auto promise = st.wait_promise;
+      act(self, st.life->on_capacity(st.members.free()));
+      if (st.life && st.life->state() == control::job_lifecycle::phase::waiting)
+        self->delayed_send(self, std::chrono::milliseconds(wait_ms), tick_atom::value);
+      return promise;
+    },
+    [=](tick_atom) {
+      if (self->state.life)
+        act(self, self->state.life->on_time());
+    },
     [=](job_atom, const running_job& job) {
       auto& st = self->state;
       st.job = job;
       st.job_running = true;
+      st.members.job_started(job.workers, job.placed);
+      st.life.reset(); // it runs: the job driver follows it from here
           st.lost_shards.clear();
       st.rehosting.clear();
       for (const auto& s : job.shards)
@@ -469,6 +599,7 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
     },
     [=](job_atom) {
       auto& st = self->state;
+      st.members.job_ended();
       st.job_running = false;
       st.job = running_job{};
       st.lost_shards.clear();
@@ -587,8 +718,6 @@ caf::error cluster_placement::start_workers(const train_config& cfg, const sched
   tmpl.classes = cfg.model.classes;
   tmpl.crop_padding = cfg.crop_padding;
   tmpl.hflip = cfg.hflip;
-  // Tell the cluster first, so a node joining from now on is given workers too.
-  caf::anon_send(cluster_, job_atom::value, running_job{scheduler, profiler, shards_, tmpl, templates_, driver_});
   // Worker ids go to the nodes' slots in the order of the nodes' names ("worker-0" before
   // "worker-1", "worker-10"), not of their joining: a launched cluster's node worker-i hosts worker i.
   std::vector<size_t> order(nodes->infos.size());
@@ -596,6 +725,16 @@ caf::error cluster_placement::start_workers(const train_config& cfg, const sched
     order[i] = i;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t x, size_t y) { return natural_less(nodes->infos[x].name, nodes->infos[y].name); });
+  // Tell the cluster first, with where the workers go, so a node joining from now on is
+  // given the workers the job lacks.
+  running_job job{scheduler, profiler, shards_, tmpl, templates_, driver_, cfg.workers, {}};
+  {
+    uint32_t k = 0;
+    for (size_t i : order)
+      for (uint32_t slot = 0; slot < nodes->infos[i].slots && k < cfg.workers; ++slot, ++k)
+        job.placed[nodes->infos[i].node_id] += 1;
+  }
+  caf::anon_send(cluster_, job_atom::value, std::move(job));
   // Every node is asked at once, then every answer awaited: each node loads its data set
   // for its worker, and one after another they would keep training waiting for the sum.
   struct asked_worker {
@@ -643,44 +782,26 @@ void cluster_placement::on_job_end() {
 caf::error wait_for_nodes(caf::actor_system& sys, const cluster_actor& cluster, uint32_t servers,
                           uint32_t worker_slots, std::chrono::milliseconds timeout,
                           const std::function<bool()>& stopping) {
+  // The cluster actor's job lifecycle decides (runtime/control/job_lifecycle.hpp); this
+  // thread only turns the process's stop signal into a stop request.
   caf::scoped_actor self{sys};
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto last_log = std::chrono::steady_clock::now() - 10s;
-  std::string told; // what the cluster was last told the job lacks
-  for (;;) {
-    auto nodes = list_nodes(self, cluster);
-    if (!nodes)
-      return nodes.error();
-    uint32_t have_servers = 0, have_slots = 0;
-    for (const auto& n : nodes->infos) {
-      have_servers += has_role(n.roles, wire::role::server) ? 1 : 0;
-      have_slots += n.slots;
-    }
-    // The job's shards go round robin over the server nodes (a node hosts several), so
-    // one server node will do; every worker needs a slot.
-    if (have_servers >= 1 && have_slots >= worker_slots)
-      return caf::none;
-    std::string lacking;
-    if (have_servers == 0)
-      lacking = "needs a server node for its " + std::to_string(servers) + " shards, has none";
-    if (have_slots < worker_slots)
-      lacking += (lacking.empty() ? "" : "; ") + std::string{"needs "} + std::to_string(worker_slots)
-                 + " worker slots, has " + std::to_string(have_slots);
-    if (lacking != told) { // the cluster (and ashlar status) hears of each change
-      caf::anon_send(cluster, job_atom::value, lacking);
-      told = lacking;
-    }
-    if (stopping && stopping())
-      return make_error(errc::invalid_state, "stopped while waiting for the job's nodes: it " + lacking);
-    auto now = std::chrono::steady_clock::now();
-    if (now > deadline)
-      return make_error(errc::peer_unreachable, "the job's nodes did not join in time: it " + lacking);
-    if (now - last_log > 5s) {
-      spdlog::info("cluster: waiting for the job's nodes: it {}", lacking);
-      last_log = now;
-    }
-    std::this_thread::sleep_for(200ms);
+  self->send(cluster, wait_atom::value, servers, worker_slots, static_cast<uint64_t>(timeout.count()));
+  caf::error result;
+  bool answered = false, asked_stop = false;
+  while (!answered) {
+    self->receive([&](caf::ok_atom) { answered = true; },
+                  [&](caf::error& err) {
+                    result = std::move(err);
+                    answered = true;
+                  },
+                  caf::after(std::chrono::milliseconds(200)) >> [&] {
+                    if (asked_stop || !stopping || !stopping())
+                      return;
+                    asked_stop = true;
+                    self->send(cluster, wire::ctl_request{wire::ctl_request::stop_job, 0, 0});
+                  });
   }
+  return result;
 }
 
 }  // namespace ashlar::actors

@@ -56,10 +56,11 @@ private:
 };
 
 /// Blocks until the cluster has a server node for the job's `servers` shards (a node
-/// hosts several) and `worker_slots` worker slots, telling the cluster (and so `ashlar
-/// status`) and the log what the job still lacks; fails with peer_unreachable after
-/// `timeout`, and with invalid_state as soon as `stopping` (polled every 200 ms) says so,
-/// both naming what is lacking.
+/// hosts several) and `worker_slots` worker slots. The cluster actor's job lifecycle
+/// decides (runtime/control/job_lifecycle.hpp) and tells `ashlar status` and the log what
+/// the job lacks; this fails with peer_unreachable after `timeout`, and with cancelled when
+/// the job is stopped while it waits (`ashlar ctl stop-job`, `ctl shutdown`, or `stopping`,
+/// the process's stop signal, checked every 200 ms), both naming what it lacked.
 [[nodiscard]] caf::error wait_for_nodes(caf::actor_system& sys, const cluster_actor& cluster,
                                         uint32_t servers, uint32_t worker_slots,
                                         std::chrono::milliseconds timeout,

@@ -50,6 +50,8 @@ struct child {
   std::string pending; // partial line
   bool open = true;
   bool script = false; // a --python worker: it ends by itself once its job is over
+  std::string last;     // its last line of output (what a process that died last said)
+  bool exited = false;  // its exit was seen
 };
 
 // Forwards complete lines from every child's output; returns false when nothing was read.
@@ -84,6 +86,8 @@ bool pump(std::vector<child>& children, int timeout_ms) {
     size_t pos;
     while ((pos = c.pending.find('\n')) != std::string::npos) {
       std::printf("%s %s\n", c.prefix.c_str(), c.pending.substr(0, pos).c_str());
+      if (pos > 0)
+        c.last = c.pending.substr(0, pos);
       c.pending.erase(0, pos + 1);
     }
   }
@@ -160,7 +164,7 @@ int run_launch(const launch_options& o) {
       std::fprintf(stderr, "ashlar launch: %s\n", describe(p.error()).c_str());
       return false;
     }
-    children.push_back(child{prefix, std::move(*p), "", true});
+    children.push_back(child{prefix, std::move(*p), "", true, false, "", false});
     return true;
   };
   auto stop_all = [&](int sig) {
@@ -247,6 +251,7 @@ int run_launch(const launch_options& o) {
   bool stopping = false;    // the job is over: the other processes are stopping
   bool interrupted = false; // a signal asked the scheduler to stop the job
   bool scripts_waiting = false; // the job is over; --python workers are given time to end
+  std::string failed_member;    // a server or worker process that failed, and what it said last
   auto stop_deadline = std::chrono::steady_clock::now();
   for (;;) {
     pump(children, 100);
@@ -284,6 +289,30 @@ int run_launch(const launch_options& o) {
           children[i].proc.signal(SIGTERM);
       scripts_waiting = !interrupted && !o.python.empty();
     }
+    // A server or worker process that fails while the job runs (a script without its
+    // modules, a crash before joining): the job cannot have its members, so it is stopped
+    // now, naming the process, rather than waiting for slots that will never come.
+    if (!stopping && !interrupted)
+      for (size_t i = 1; i < children.size(); ++i) {
+        auto& c = children[i];
+        int x;
+        if (c.exited || !c.proc.poll_exit(x))
+          continue;
+        c.exited = true;
+        if (x == 0)
+          continue;
+        pump(children, 0);
+        std::printf("[launch] %s exited with code %d before the job ended%s; stopping the job\n", c.prefix.c_str(),
+                    x, c.last.empty() ? "" : (": " + c.last).c_str());
+        std::fflush(stdout);
+        failed_member = c.prefix.substr(1, c.prefix.size() - 2) + " exited with code " + std::to_string(x)
+                        + (c.last.empty() ? std::string{} : ": " + c.last);
+        code = x > 0 && x < 128 ? x : 1;
+        interrupted = true;
+        stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+        children[0].proc.signal(SIGTERM);
+        break;
+      }
     if (interrupted && !stopping && std::chrono::steady_clock::now() > stop_deadline) {
       // The scheduler did not stop the job in time.
       stopping = true;
@@ -311,6 +340,10 @@ int run_launch(const launch_options& o) {
     }
   }
   while (pump(children, 0)) {
+  }
+  if (!failed_member.empty()) {
+    std::fprintf(stderr, "ashlar launch: the job failed: %s\n", failed_member.c_str());
+    code = code == 0 ? 1 : code;
   }
   std::remove(port_file.c_str());
   std::remove((dir + "/token").c_str());

@@ -162,7 +162,7 @@ command_fn add_status(CLI::App& app) {
 command_fn add_ctl(CLI::App& app) {
   auto o = std::make_shared<client_options>();
   auto req = std::make_shared<wire::ctl_request>();
-  auto* cmd = app.add_subcommand("ctl", "Change a running cluster: remove or add workers, shut down");
+  auto* cmd = app.add_subcommand("ctl", "Change a running cluster: remove or add workers, stop its job, shut down");
   cmd->require_subcommand(1);
   cmd->add_option("--join", o->join, "the scheduler's HOST:PORT")->required();
   add_security_options(cmd, o->security, false);
@@ -174,8 +174,11 @@ command_fn add_ctl(CLI::App& app) {
   add->callback([req] { req->op = wire::ctl_request::add_worker; });
   auto* down = cmd->add_subcommand("shutdown", "stop every node of the cluster");
   down->callback([req] { req->op = wire::ctl_request::shutdown; });
+  auto* stop = cmd->add_subcommand("stop-job", "stop the cluster's job (its workers finish their step, it reports); "
+                                               "the nodes stay");
+  stop->callback([req] { req->op = wire::ctl_request::stop_job; });
   // `--join` goes before or after the subcommand: `ashlar ctl shutdown --join H:P` too.
-  for (auto* sub : {rm, add, down})
+  for (auto* sub : {rm, add, down, stop})
     sub->fallthrough();
   return [o, req] {
     return with_cluster(*o, "ashlar ctl", [&](caf::scoped_actor& self, const actors::cluster_actor& c) {

@@ -51,7 +51,7 @@ int submit(const train_config& cfg, const std::string& join, const security_opti
   // scheduler meanwhile, so that losing it ends the wait with an error instead of a hang.
   std::promise<expected<wire::job_result>> outcome;
   auto answer = outcome.get_future();
-  sys.spawn([cluster, req, join, every, &outcome](caf::event_based_actor* self) -> caf::behavior {
+  auto helper = sys.spawn([cluster, req, join, every, &outcome](caf::event_based_actor* self) -> caf::behavior {
     self->monitor(cluster);
     self->set_down_handler([self, join, &outcome](caf::down_msg& dm) {
       outcome.set_value(make_error(errc::peer_unreachable, "lost the scheduler at " + join + " ("
@@ -101,6 +101,33 @@ int submit(const train_config& cfg, const std::string& join, const security_opti
       },
     };
   });
+  // Ctrl-C (or SIGTERM) asks the scheduler to stop the job: its workers finish their step
+  // and it reports, here as it would have at its end. A second one leaves it running.
+  catch_stop_signals(false);
+  int sig = 0;
+  while (answer.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready) {
+    const int now = take_stop_signal();
+    if (now == 0)
+      continue;
+    if (sig != 0) {
+      std::printf("ashlar train: %s again: leaving the job running on the cluster (`ashlar ctl stop-job --join %s` "
+                  "stops it)\n", signal_name(now), join.c_str());
+      std::fflush(stdout);
+      caf::anon_send_exit(helper, caf::exit_reason::user_shutdown);
+      return 128 + sig;
+    }
+    sig = now;
+    std::printf("ashlar train: %s: asking the scheduler at %s to stop the job (its workers finish their step, then "
+                "it reports); %s again leaves it running\n", signal_name(now), join.c_str(), signal_name(now));
+    std::fflush(stdout);
+    caf::scoped_actor asker{sys};
+    asker->request(cluster, std::chrono::seconds(15), wire::ctl_request{wire::ctl_request::stop_job, 0, 0})
+      .receive([](const std::string& said) { std::printf("scheduler: %s\n", said.c_str()); },
+               [](caf::error& err) {
+                 std::fprintf(stderr, "ashlar train: the scheduler did not take the stop: %s\n", describe(err).c_str());
+               });
+    std::fflush(stdout);
+  }
   auto res = answer.get();
   int code = 1;
   if (res) {
@@ -138,10 +165,15 @@ int submit(const train_config& cfg, const std::string& join, const security_opti
       }
     }
     code = 0;
+    if (sig == 0 && field("stopped_early") == "true") {
+      std::fprintf(stderr, "ashlar train: the job was stopped on request (`ashlar ctl stop-job` or a shutdown) "
+                           "before it trained its epochs\n");
+      code = 1;
+    }
   } else {
     std::fprintf(stderr, "ashlar train: the cluster could not run the job: %s\n", describe(res.error()).c_str());
   }
-  return code;
+  return code == 0 && sig != 0 ? 128 + sig : code;
 }
 
 }  // namespace

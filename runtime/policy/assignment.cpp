@@ -133,6 +133,45 @@ handover hand_over_lost(const member_part& lost, uint64_t done_steps, const std:
   return h;
 }
 
+handover hand_over_lockstep(const std::map<uint32_t, member_part>& live, const std::map<uint32_t, uint64_t>& done,
+                            uint64_t lost_owed, uint64_t train_size, bool even_rounds) {
+  handover h;
+  if (live.empty())
+    return h;
+  h.reassigned_samples = lost_owed;
+  auto done_of = [&](uint32_t id) {
+    auto d = done.find(id);
+    return d == done.end() ? uint64_t{0} : d->second;
+  };
+  uint64_t owed = lost_owed, batches = 0;
+  for (const auto& [id, m] : live) {
+    const uint64_t b = std::max<uint32_t>(1, m.batch);
+    const uint64_t d = done_of(id);
+    owed += (m.steps > d ? m.steps - d : 0) * b;
+    batches += b;
+  }
+  resplit(live, train_size, h);
+  const uint64_t base = owed / batches;
+  uint64_t rest = owed - base * batches;
+  for (const auto& [id, m] : live) {
+    uint64_t rounds = base;
+    if (rest > 0) {
+      rounds += 1;
+      const uint64_t b = std::max<uint32_t>(1, m.batch);
+      if (!even_rounds)
+        rest = rest > b ? rest - b : 0;
+    }
+    const uint64_t steps = done_of(id) + rounds;
+    if (steps == m.steps)
+      continue;
+    auto& dir = h.parts[id];
+    if (dir.data_count == 0) // its part stays: only its steps change
+      dir = batch_directive{m.batch, 0, m.data_begin, m.data_count};
+    dir.steps = steps;
+  }
+  return h;
+}
+
 left_member hand_over_left(const member_part& left, uint64_t reported, uint64_t counted,
                            const std::map<uint32_t, member_part>& live, uint64_t train_size, bool lockstep) {
   left_member out;
@@ -152,37 +191,39 @@ handover hand_over_joined(const std::map<uint32_t, member_part>& live, uint64_t 
 lockstep_join hand_over_joined_lockstep(const std::map<uint32_t, member_part>& live,
                                         const std::map<uint32_t, member_part>& lost,
                                         const std::map<uint32_t, uint64_t>& done, uint32_t newcomer,
-                                        uint64_t train_size) {
+                                        uint64_t train_size, bool even_rounds) {
   lockstep_join j;
   auto owed_by = [&](uint32_t id, const member_part& m) -> uint64_t {
     auto d = done.find(id);
     const uint64_t n = d == done.end() ? 0 : d->second;
     return (m.steps > n ? m.steps - n : 0) * std::max<uint32_t>(1, m.batch);
   };
-  uint64_t batches = 0;
-  for (const auto& [id, m] : live) {
-    batches += std::max<uint32_t>(1, m.batch);
+  uint64_t lost_owed = 0;
+  for (const auto& [id, m] : lost)
+    lost_owed += owed_by(id, m);
+  j.owed_samples = lost_owed;
+  for (const auto& [id, m] : live)
     if (id != newcomer)
       j.owed_samples += owed_by(id, m);
-  }
-  for (const auto& [id, m] : lost)
-    j.owed_samples += owed_by(id, m);
-  if (batches == 0)
+  if (live.empty())
     return j;
-  j.rounds = (j.owed_samples + batches - 1) / batches;
-  resplit(live, train_size, j.h);
-  for (const auto& [id, m] : live) {
-    if (id == newcomer)
-      continue;
-    auto d = done.find(id);
-    const uint64_t steps = (d == done.end() ? 0 : d->second) + j.rounds;
-    if (steps == m.steps)
-      continue;
-    auto& dir = j.h.parts[id];
-    if (dir.data_count == 0) // its part stays: only its steps change
-      dir = batch_directive{m.batch, 0, m.data_begin, m.data_count};
-    dir.steps = steps;
-  }
+  // The newcomer has trained nothing and owes nothing: it only takes a part of what is owed.
+  auto with_newcomer = live;
+  with_newcomer[newcomer].steps = 0;
+  auto from = done;
+  from[newcomer] = 0;
+  j.h = hand_over_lockstep(with_newcomer, from, lost_owed, train_size, even_rounds);
+  j.h.reassigned_samples = 0;
+  auto n = j.h.parts.find(newcomer);
+  if (n == j.h.parts.end())
+    return j;
+  j.rounds = n->second.steps;
+  // The newcomer's steps come with its assignment; a directive only if its part moved.
+  const auto& mine = live.at(newcomer);
+  if (n->second.data_begin == mine.data_begin && n->second.data_count == mine.data_count)
+    j.h.parts.erase(n);
+  else
+    n->second.steps = 0;
   return j;
 }
 

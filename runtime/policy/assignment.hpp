@@ -82,6 +82,18 @@ struct handover {
 handover hand_over_lost(const member_part& lost, uint64_t done_steps, const std::map<uint32_t, member_part>& live,
                         uint64_t train_size, bool lockstep);
 
+/// Lockstep members lost: what they left untrained (`lost_owed` samples, counted once by
+/// the caller from each lost member's steps left times its batch) and what the `live`
+/// members still owe (each one's steps left, from `done`, times its batch) are trained
+/// once over the live batches. The owed samples are conserved whatever the order and
+/// number of losses: every live member gets floor(owed / sum of batches) more steps and,
+/// with `even_rounds` (a ring, whose members must take the same steps), one more each
+/// while any remain; otherwise one more only for the first members in id order until the
+/// remainder is covered, so a job never trains more than one batch past what it owes.
+/// The set is re-split over the live members as in hand_over_lost.
+handover hand_over_lockstep(const std::map<uint32_t, member_part>& live, const std::map<uint32_t, uint64_t>& done,
+                            uint64_t lost_owed, uint64_t train_size, bool even_rounds);
+
 /// A member that left (lost, removed, or done): how many of its `left.steps` it trained,
 /// and what the live members take over. The steps done are what it said when it left
 /// (`reported`; 0 from a member lost without a word) or the profiler's count (`counted`,
@@ -104,9 +116,11 @@ handover hand_over_joined(const std::map<uint32_t, member_part>& live, uint64_t 
 /// samples still owed are trained once over the live batches, the newcomer's included,
 /// instead of the newcomer adding rounds of its own to the job. Owed: each live member's
 /// steps left (`steps` - `done`) times its batch, plus the same for `lost` members whose
-/// steps nobody took over (every worker was lost at once). Every live member then trains
-/// `rounds` = ceil(owed / sum of live batches) more steps (the directives in `h`, with the
-/// set re-split as in hand_over_joined); the newcomer (`live[newcomer]`, steps 0) trains
+/// steps nobody took over (every worker was lost at once). They are spread as
+/// hand_over_lockstep spreads them (with `even_rounds`, a ring's, every live member trains
+/// ceil(owed / sum of live batches) more steps; without, at most one batch past what is
+/// owed, so that joins one after another do not each add a round); the directives are in
+/// `h` (the set re-split as in hand_over_joined) and the newcomer (`live[newcomer]`) trains
 /// `rounds` steps.
 struct lockstep_join {
   handover h;
@@ -116,6 +130,6 @@ struct lockstep_join {
 lockstep_join hand_over_joined_lockstep(const std::map<uint32_t, member_part>& live,
                                         const std::map<uint32_t, member_part>& lost,
                                         const std::map<uint32_t, uint64_t>& done, uint32_t newcomer,
-                                        uint64_t train_size);
+                                        uint64_t train_size, bool even_rounds = true);
 
 }  // namespace ashlar

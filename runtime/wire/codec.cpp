@@ -261,7 +261,7 @@ words encode(const membership_change& x) {
 caf::error decode(const uint64_t* d, size_t n, membership_change& out) {
   return with_reader<schema::MembershipChange>("MembershipChange", d, n, [&](auto r) -> caf::error {
     auto k = static_cast<uint16_t>(r.getKind());
-    if (k > 2)
+    if (k > 3)
       return malformed("MembershipChange", "unknown kind " + std::to_string(k));
     out.kind = static_cast<membership_change::kind_t>(k);
     out.worker_id = r.getWorkerId();
@@ -832,7 +832,7 @@ words encode(const ctl_request& x) {
 caf::error decode(const uint64_t* d, size_t n, ctl_request& out) {
   return with_reader<schema::CtlRequest>("CtlRequest", d, n, [&](auto r) -> caf::error {
     auto op = static_cast<uint16_t>(r.getOp());
-    if (op > 2)
+    if (op > 3)
       return malformed("CtlRequest", "unknown operation " + std::to_string(op));
     out.op = static_cast<ctl_request::op_t>(op);
     out.worker_id = r.getWorkerId();

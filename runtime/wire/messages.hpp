@@ -159,7 +159,9 @@ struct job_result {
 };
 
 struct ctl_request {
-  enum op_t : uint8_t { remove_worker = 0, add_worker = 1, shutdown = 2 };
+  /// stop_job: the job running (its workers finish their step; it reports) or waiting for
+  /// its nodes (it ends at once) stops; the cluster's nodes stay.
+  enum op_t : uint8_t { remove_worker = 0, add_worker = 1, shutdown = 2, stop_job = 3 };
   op_t op = remove_worker;
   uint32_t worker_id = 0;
   uint32_t count = 0;
@@ -216,7 +218,10 @@ struct assignment {
 inline constexpr const char* stopped_on_request = "stopped on request";
 
 struct membership_change {
-  enum kind_t : uint8_t { join = 0, leave = 1, fail = 2 };
+  /// fail: the worker was lost or could not go on (a peer, the network); its share goes
+  /// to the others. error: its own computation failed (its training script raised, its
+  /// compute backend erred), which would fail again anywhere: the job fails, naming it.
+  enum kind_t : uint8_t { join = 0, leave = 1, fail = 2, error = 3 };
   kind_t kind = join;
   uint32_t worker_id = 0;
   std::string reason;

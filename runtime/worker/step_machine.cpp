@@ -472,8 +472,12 @@ void step_machine::on_computed(const expected<batch_stats>& stats) {
   if (!stats && is(stats.error(), errc::cancelled)) // the backend's owner stopped: leave, the step untaken
     return finish("its compute backend stopped taking steps after " + std::to_string(step_) + " steps ("
                   + describe(stats.error()) + ")");
-  if (!stats && !is(stats.error(), errc::numerical_error))
-    return fail("step " + std::to_string(step_) + ": " + describe(stats.error()));
+  if (!stats && !is(stats.error(), errc::numerical_error)) {
+    if (stopped_)
+      return;
+    stopped_ = true;
+    return emit(step::fail{"step " + std::to_string(step_) + ": " + describe(stats.error()), true});
+  }
   compute_ns_ = since(compute_t0_);
   if (!stats) {
     // A loss that is not finite: the step pushes nothing (a zero gradient, so rounds go

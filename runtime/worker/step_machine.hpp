@@ -118,6 +118,7 @@ struct await_shard {
 /// The worker fails with `why`: tell the scheduler and stop.
 struct fail {
   std::string why;
+  bool compute = false; // the step's own computation failed (the backend, a script), not a peer
 };
 
 /// The worker's steps are done, or it leaves before they are (`early`: asked to, or its

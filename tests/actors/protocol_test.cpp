@@ -193,7 +193,7 @@ profiler_actor scripted_profiler(caf::actor_system& sys, std::shared_ptr<script>
 // Records each (finished, failed) the scheduler reports when the job is done.
 caf::actor done_observer(caf::actor_system& sys, std::shared_ptr<std::vector<std::pair<uint32_t, uint32_t>>> ended) {
   return sys.spawn([ended](caf::event_based_actor*) -> caf::behavior {
-    return {[ended](done_atom, uint32_t finished, uint32_t failed, const std::string&) {
+    return {[ended](done_atom, uint32_t finished, uint32_t failed, const std::string&, const std::string&) {
       ended->emplace_back(finished, failed);
     }};
   });
@@ -431,6 +431,40 @@ TEST_CASE("protocol: with every worker lost at once, the job waits for a newcome
   rig.t.run();
   using ends = std::vector<std::pair<uint32_t, uint32_t>>;
   CHECK(*ended == ends{{1, 2}}); // 1 finished, 2 failed
+}
+
+TEST_CASE("protocol: a worker whose own computation failed fails the job, naming it, and the others are stopped") {
+  auto errors = std::make_shared<std::vector<std::string>>();
+  scheduler_rig rig("bsp", 1, false, [&](scheduler_config& sc) {
+    sc.observer = sc.profiler->home_system().spawn([errors](caf::event_based_actor*) -> caf::behavior {
+      return {[errors](done_atom, uint32_t, uint32_t, const std::string&, const std::string& job_error) {
+        errors->push_back(job_error);
+      }};
+    });
+  });
+  caf::scoped_actor w0{rig.t.sys}, w1{rig.t.sys};
+  auto as = rig.register_all({&w0, &w1});
+  REQUIRE(as.size() == 2);
+  wire::membership_change raised;
+  raised.kind = wire::membership_change::error;
+  raised.worker_id = as[0].worker_id;
+  raised.reason = "step 3: invalid_state: Bridge.train_step raised the worker script raised ValueError: bad batch";
+  w0->send(rig.scheduler, raised);
+  rig.t.run();
+  bool stopped = false;
+  w1->receive([&](stop_atom) { stopped = true; }, caf::after(std::chrono::seconds(0)) >> [] {});
+  CHECK(stopped);
+  CHECK(errors->empty()); // worker 1 still finishes its step
+  wire::membership_change leave;
+  leave.kind = wire::membership_change::leave;
+  leave.worker_id = as[1].worker_id;
+  leave.early = true;
+  leave.reason = std::string{wire::stopped_on_request};
+  w1->send(rig.scheduler, leave);
+  rig.t.run();
+  REQUIRE(errors->size() == 1);
+  CHECK(errors->front().find("worker " + std::to_string(as[0].worker_id) + "'s computation failed") == 0);
+  CHECK(errors->front().find("ValueError: bad batch") != std::string::npos);
 }
 
 TEST_CASE("protocol: with every worker lost and none joining within the wait, the job ends") {

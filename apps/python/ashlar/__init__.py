@@ -26,7 +26,10 @@ import atexit
 import json
 import os
 import tempfile
+import sys
 import threading
+import time
+import traceback
 
 from . import _ashlar
 
@@ -157,8 +160,28 @@ def init(join=None, token_file=None, name=None, tls=None, config=None, settings=
     _node["thread"] = t
     _ashlar.reset_stop()  # before the thread: a shutdown() from now on stops the worker
     _stop_on_sigterm(bridge)
+    _fail_on_uncaught(bridge)
     t.start()
     return bridge
+
+
+def _fail_on_uncaught(bridge):
+    # A script that ends on an exception it did not catch fails its worker, naming the
+    # exception, and so the job (the interpreter calls the hook before the exit handlers,
+    # where the worker would otherwise leave as if the script had stopped on purpose).
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if not issubclass(kind, (KeyboardInterrupt, SystemExit)):
+            from .bridge import ScriptFailed
+            where = ""
+            frames = traceback.extract_tb(tb)
+            if frames:
+                where = f" at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno}"
+            bridge.close(ScriptFailed(f"the worker script raised {kind.__name__}: {value}{where}"))
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
 
 
 def _stop_on_sigterm(bridge):
@@ -212,6 +235,12 @@ def _leave_at_exit():
     # A script that ends without ashlar.shutdown() leaves the cluster before the
     # interpreter goes (Ashlar's threads still call into it until then).
     if is_running():
+        bridge = _node["bridge"]
+        if bridge is not None and bridge._error is not None:
+            # The script raised: a worker's step fails with it first (it tells the
+            # scheduler, which fails the job), then the node leaves.
+            bridge.error_delivered.wait(10)
+            time.sleep(0.5)
         shutdown(timeout=30)
 
 

@@ -13,6 +13,11 @@ class Closed(Exception):
     """The worker ended (the job finished, the node left the cluster, or shutdown)."""
 
 
+class ScriptFailed(Exception):
+    """The script failed (an exception it did not catch): the worker fails with this, and
+    the job with it, instead of leaving as if the script had stopped on purpose."""
+
+
 class Step:
     """One step of an Ashlar worker, waiting for the script: `params` (the parameters to
     compute at, read-only), `x`, `y` (the batch), `grad` (to be filled with the mean
@@ -61,6 +66,8 @@ class Bridge:
         self._started = False  # whether one ever did
         self.model = None      # the job's model (a dict: input, classes, layers) once a worker starts
         self._model_given = threading.Event()
+        self._error = None     # set by close(error): what the steps fail with
+        self.error_delivered = threading.Event()  # a worker's step failed with it
 
     # --- called by Ashlar as its workers start and end --------------------------------
     def model_given(self, model):
@@ -87,14 +94,20 @@ class Bridge:
         step = Step(params, x, y, grad)
         with self._lock:  # against close(): a step put after it drained would wait for ever
             if self._closed.is_set():
-                raise Closed("the script stopped taking steps (ashlar.shutdown)")
+                if self._error is not None:
+                    self.error_delivered.set()
+                raise self._error or Closed("the script stopped taking steps (ashlar.shutdown)")
             self._steps.put(step)
         # A step the script lost (an interrupt between taking it and holding it) must not
         # keep this worker's thread: closing the bridge ends the wait.
-        while not step._done.wait(0.2):
-            if self._closed.is_set():
-                raise Closed("ashlar: shut down while the step waited for the script")
-        return step.wait()
+        try:
+            while not step._done.wait(0.2):
+                if self._closed.is_set():
+                    raise self._error or Closed("ashlar: shut down while the step waited for the script")
+            return step.wait()
+        except ScriptFailed:
+            self.error_delivered.set()
+            raise
 
     def evaluate(self, params, x, y):
         if self.evaluator is None:
@@ -128,16 +141,20 @@ class Bridge:
             self._current = step
             return step
 
-    def close(self):
+    def close(self, error=None):
         """No more steps: a step waiting for the script, or held by it, fails (its worker
-        leaves)."""
+        leaves). With `error` (a ScriptFailed: the script raised), the steps fail with it
+        and so does the worker, and the job with it."""
         with self._lock:
+            if error is not None and not self._closed.is_set():
+                self._error = error
             self._closed.set()
             current = self._current
             if current is not None and not current._done.is_set():
-                current.fail(Closed("ashlar: shut down while the script held the step"))
+                current.fail(self._error or Closed("ashlar: shut down while the script held the step"))
             while True:
                 try:
-                    self._steps.get_nowait().fail(Closed("ashlar: shut down while the step waited for the script"))
+                    self._steps.get_nowait().fail(
+                        self._error or Closed("ashlar: shut down while the step waited for the script"))
                 except queue.Empty:
                     break

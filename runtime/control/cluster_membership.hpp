@@ -1,0 +1,69 @@
+// The scheduler's table of nodes: who is live, the worker slots each is granted (bounded,
+// whatever a node asks), and the running job's workers on each. A node's loss is one
+// event that takes all its workers with it. Pure: the cluster actor and the simulator
+// (tests/sim) feed it the same events.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "runtime/control/job_lifecycle.hpp"
+
+namespace ashlar::control {
+
+/// What one node can make the scheduler hold.
+struct membership_limits {
+  /// Most worker slots one node is granted, whatever it offers (`ashlar node --slots`).
+  /// Default: 256.
+  uint32_t slots_per_node = 256;
+  /// Most nodes the cluster admits at once. Default: 4096.
+  uint32_t max_nodes = 4096;
+};
+
+class cluster_membership {
+public:
+  explicit cluster_membership(membership_limits limits = {}) : limits_(limits) {}
+
+  struct admission {
+    bool admitted = false;
+    uint32_t slots = 0;   ///< granted: min(offered, slots_per_node)
+    std::string note;     ///< why it got fewer than it offered, or why it was refused
+  };
+  /// Node `id` joined, a server node or not, offering `slots` worker slots.
+  admission on_join(uint32_t id, bool server, uint32_t slots);
+  /// Node `id` was lost: the running job's workers it hosted, all lost in this one event
+  /// (0 for a node unknown or lost already).
+  uint32_t on_lost(uint32_t id);
+
+  /// The live server nodes and the worker slots of live nodes not taken by the job.
+  capacity free() const;
+  /// The running job of `workers` workers placed `placed[node]` of them on each node.
+  void job_started(uint32_t workers, const std::map<uint32_t, uint32_t>& placed);
+  /// How many of the job's workers to start on node `id` (one that joined while it runs):
+  /// the workers the job lacks (lost with their nodes), at most the node's free slots.
+  uint32_t to_start_on(uint32_t id) const;
+  /// `n` more of the job's workers run on node `id` (started there; an add-worker request).
+  void placed(uint32_t id, uint32_t n);
+  /// `n` of the job's workers on node `id` ended (a start that failed, a worker removed).
+  void ended(uint32_t id, uint32_t n);
+  void job_ended();
+
+  /// The job's workers on live nodes.
+  uint32_t job_workers() const;
+  uint32_t live_nodes() const;
+  const membership_limits& limits() const { return limits_; }
+
+private:
+  struct node {
+    bool live = true;
+    bool server = false;
+    uint32_t slots = 0;
+    uint32_t job_workers = 0;
+  };
+  membership_limits limits_;
+  std::map<uint32_t, node> nodes_;
+  uint32_t job_size_ = 0; // the running job's workers (0: none runs)
+};
+
+}  // namespace ashlar::control

@@ -1,0 +1,185 @@
+// The control plane's pure machines: a job's lifecycle, the cluster's membership, and the
+// lockstep hand-over of lost workers' shares.
+#include <catch2/catch.hpp>
+
+#include "runtime/control/cluster_membership.hpp"
+#include "runtime/control/job_lifecycle.hpp"
+#include "runtime/policy/assignment.hpp"
+
+using namespace ashlar;
+using namespace ashlar::control;
+
+namespace {
+
+bool has(const std::vector<job_action>& acts, job_action::kind_t k) {
+  for (const auto& a : acts)
+    if (a.kind == k)
+      return true;
+  return false;
+}
+
+constexpr uint64_t second = 1000000000ull;
+
+}  // namespace
+
+TEST_CASE("a job starts as soon as the cluster has a server node and a slot per worker") {
+  manual_clock clock;
+  job_lifecycle job{clock, job_needs{2, 4}, 120 * second};
+  auto acts = job.on_capacity(capacity{0, 2});
+  REQUIRE(has(acts, job_action::waiting));
+  CHECK(job.lacks() == "needs a server node for its 2 shards, has none; needs 4 worker slots, has 2");
+  CHECK(job.on_capacity(capacity{0, 2}).empty()); // nothing changed: nothing said again
+  CHECK(has(job.on_capacity(capacity{1, 4}), job_action::start));
+  CHECK(job.state() == job_lifecycle::phase::running);
+  CHECK_FALSE(job.deadline());
+}
+
+TEST_CASE("a job whose nodes never come fails at its deadline naming what it lacked") {
+  manual_clock clock;
+  job_lifecycle job{clock, job_needs{1, 2}, 120 * second};
+  job.on_capacity(capacity{1, 0});
+  clock.advance(119 * second);
+  CHECK(job.on_time().empty());
+  clock.advance(1 * second);
+  auto acts = job.on_time();
+  REQUIRE(has(acts, job_action::ended));
+  CHECK(job.outcome().kind == job_outcome::failed);
+  CHECK(job.summary() == "failed before it started: the job's nodes did not join within 120 s: it needs 2 worker "
+                         "slots, has 0");
+}
+
+TEST_CASE("a shutdown while a job waits for its nodes ends the job at once, saying so") {
+  manual_clock clock;
+  job_lifecycle job{clock, job_needs{1, 2}, 120 * second};
+  job.on_capacity(capacity{0, 0});
+  auto acts = job.on_stop("the cluster was shut down (ashlar ctl shutdown)");
+  REQUIRE(has(acts, job_action::ended));
+  CHECK(job.outcome().kind == job_outcome::stopped);
+  CHECK(job.summary().find("stopped before it started: the cluster was shut down") == 0);
+  CHECK(job.summary().find("needs a server node") != std::string::npos);
+  CHECK(job.on_time().empty()); // ended: the deadline no longer matters
+  CHECK(job.on_capacity(capacity{1, 2}).empty());
+}
+
+TEST_CASE("a running job asked to stop stops its workers and ends stopped unless it had trained its epochs") {
+  manual_clock clock;
+  job_lifecycle job{clock, job_needs{1, 1}, second};
+  job.on_capacity(capacity{1, 1});
+  auto acts = job.on_stop("stopped by ashlar ctl stop-job");
+  REQUIRE(has(acts, job_action::stop_workers));
+  CHECK(job.on_stop("again").empty());
+  job.on_run_ended("", false);
+  CHECK(job.outcome().kind == job_outcome::stopped);
+  CHECK(job.outcome().cause == "stopped by ashlar ctl stop-job");
+
+  job_lifecycle done{clock, job_needs{1, 1}, second};
+  done.on_capacity(capacity{1, 1});
+  done.on_stop("late");
+  done.on_run_ended("", true);
+  CHECK(done.outcome().kind == job_outcome::trained);
+}
+
+TEST_CASE("a worker whose script raised fails the job with that cause, whatever the run says after") {
+  manual_clock clock;
+  job_lifecycle job{clock, job_needs{1, 2}, second};
+  job.on_capacity(capacity{1, 2});
+  auto acts = job.on_worker_error("worker 1: the worker script raised ValueError: bad batch");
+  REQUIRE(has(acts, job_action::stop_workers));
+  CHECK(job.on_worker_error("worker 0: later").empty());
+  job.on_run_ended("", true);
+  CHECK(job.outcome().kind == job_outcome::failed);
+  CHECK(job.outcome().cause == "worker 1: the worker script raised ValueError: bad batch");
+}
+
+TEST_CASE("a node is granted at most the slots the cluster allows one node, whatever it offers") {
+  cluster_membership m{membership_limits{256, 8}};
+  auto a = m.on_join(1, false, 100000);
+  CHECK(a.admitted);
+  CHECK(a.slots == 256);
+  CHECK(a.note.find("offered 100000 worker slots") == 0);
+  CHECK(m.free().worker_slots == 256);
+  for (uint32_t id = 2; id <= 8; ++id)
+    CHECK(m.on_join(id, id == 2, 1).admitted);
+  auto refused = m.on_join(9, false, 1);
+  CHECK_FALSE(refused.admitted);
+  CHECK(refused.note == "the cluster holds 8 nodes, its most");
+}
+
+TEST_CASE("a node joining a running job starts only the workers the job lost, at most its free slots") {
+  cluster_membership m;
+  m.on_join(1, true, 0);
+  m.on_join(2, false, 32);
+  m.on_join(3, false, 32);
+  m.job_started(64, {{2, 32}, {3, 32}});
+  CHECK(m.job_workers() == 64);
+  CHECK(m.free().worker_slots == 0);
+  CHECK(m.on_lost(3) == 32); // one event: the node's 32 workers
+  CHECK(m.on_lost(3) == 0);  // told twice: counted once
+  CHECK(m.job_workers() == 32);
+  m.on_join(4, false, 100000);
+  CHECK(m.to_start_on(4) == 32);
+  m.placed(4, 32);
+  CHECK(m.to_start_on(4) == 0);
+  m.on_join(5, false, 8);
+  CHECK(m.to_start_on(5) == 0); // the job has all its workers
+  m.job_ended();
+  CHECK(m.to_start_on(5) == 0);
+}
+
+TEST_CASE("lockstep losses hand over exactly the samples the lost workers owed, however many come") {
+  // 8 workers of batch 32, 100 steps each; worker 7 is lost after 40 steps.
+  std::map<uint32_t, member_part> live;
+  std::map<uint32_t, uint64_t> done;
+  for (uint32_t id = 0; id < 7; ++id) {
+    live[id] = member_part{32, id * 1000, 1000, 100};
+    done[id] = 40;
+  }
+  const uint64_t owed_lost = 60 * 32;
+  auto h = hand_over_lockstep(live, done, owed_lost, 8000, false);
+  uint64_t assigned = 0;
+  for (const auto& [id, m] : live) {
+    const uint64_t steps = h.parts.count(id) && h.parts[id].steps > 0 ? h.parts[id].steps : m.steps;
+    assigned += (steps - done[id]) * 32;
+  }
+  const uint64_t owed = 7 * 60 * 32 + owed_lost;
+  CHECK(assigned >= owed);
+  CHECK(assigned < owed + 32); // at most one batch past what is owed
+  CHECK(h.reassigned_samples == owed_lost);
+
+  // Many single losses one after another add up to the same as one: nothing is rounded
+  // up per loss (each used to add a round to every live worker).
+  std::map<uint32_t, member_part> many;
+  std::map<uint32_t, uint64_t> at;
+  for (uint32_t id = 0; id < 64; ++id) {
+    many[id] = member_part{32, 0, 1, 100};
+    at[id] = 50;
+  }
+  uint64_t total_before = 0;
+  for (const auto& [id, m] : many)
+    total_before += m.steps * 32;
+  for (uint32_t lost = 63; lost >= 32; --lost) {
+    const auto gone = many[lost];
+    many.erase(lost);
+    auto step = hand_over_lockstep(many, at, (gone.steps - at[lost]) * 32, 64, false);
+    for (auto& [id, d] : step.parts)
+      if (d.steps > 0)
+        many[id].steps = d.steps;
+    total_before -= at[lost] * 32; // what the lost one trained stays trained
+    at.erase(lost);
+  }
+  uint64_t total_after = 0;
+  for (const auto& [id, m] : many)
+    total_after += m.steps * 32;
+  CHECK(total_after >= total_before);
+  CHECK(total_after < total_before + 32);
+}
+
+TEST_CASE("a ring's members keep equal steps after a hand-over") {
+  std::map<uint32_t, member_part> live{{0, {32, 0, 50, 10}}, {1, {32, 50, 50, 10}}, {2, {32, 100, 50, 10}}};
+  std::map<uint32_t, uint64_t> done{{0, 4}, {1, 4}, {2, 4}};
+  auto h = hand_over_lockstep(live, done, 33, 150, true);
+  REQUIRE(h.parts.size() == 3);
+  CHECK(h.parts[0].steps == h.parts[1].steps);
+  CHECK(h.parts[1].steps == h.parts[2].steps);
+  CHECK(h.parts[0].steps == 4 + 6 + 1); // 6 left each, 33 owed: one more round
+}

@@ -1,0 +1,918 @@
+#include "tests/sim/cluster_sim.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <optional>
+#include <queue>
+#include <random>
+#include <set>
+
+#include "runtime/control/cluster_membership.hpp"
+#include "runtime/control/job_lifecycle.hpp"
+#include "runtime/core/clock.hpp"
+#include "runtime/policy/assignment.hpp"
+
+namespace ashlar::sim {
+
+namespace {
+
+constexpr uint64_t ms = 1000000ull;
+constexpr uint64_t sec = 1000 * ms;
+// A frozen or cut-off node is found lost after the heartbeat timeout; a crashed one as
+// soon as its connection drops.
+constexpr uint64_t heartbeat_timeout = 4 * sec;
+constexpr uint32_t batch = 32;
+
+struct world;
+
+// One node process: a worker node with slots (node 0 is the scheduler's own process).
+struct node_state {
+  uint32_t id = 0;     // as the scheduler numbered it (0: not joined)
+  bool up = true;      // not crashed
+  bool frozen = false; // SIGSTOPped: takes nothing until thawed
+  bool cut = false;    // partitioned from the scheduler
+  uint32_t slots = 0;
+  bool stable = false; // never faulted by the schedule
+  uint32_t life = 0;    // which run of the process (a restart is a new one)
+};
+
+struct worker_state {
+  uint32_t id = 0;
+  size_t node = 0;        // index into world::nodes
+  double speed = 1.0;
+  bool alive = true;      // its process runs
+  bool computing = false;
+  uint64_t steps = 0;     // as the worker was told
+  uint64_t done = 0;      // pushes applied
+  uint64_t raise_at = 0;  // its script raises before this step (0: never)
+  bool pushed = false;    // pushed in the current round
+};
+
+struct member {
+  uint32_t id = 0;
+  size_t node = 0;
+  uint32_t node_id = 0; // the node it registered through, as the scheduler numbered it
+  bool failed = false;  // lost (its node), not left on its own
+  bool live = true;
+  uint64_t steps = 0; // assigned
+  uint64_t done = 0;  // applied at the shard
+  bool handed = false;
+};
+
+struct event {
+  uint64_t t;
+  uint64_t seq;
+  std::function<void()> fn;
+  bool operator>(const event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+};
+
+struct world {
+  sim_options opt;
+  sim_result res;
+  manual_clock clock;
+  std::mt19937_64 rng;
+  std::priority_queue<event, std::vector<event>, std::greater<event>> q;
+  uint64_t seq = 0;
+  // the scheduler process
+  control::cluster_membership members{control::membership_limits{256, 4096}};
+  std::optional<control::job_lifecycle> life;
+  bool job_running = false, job_over = false, stopping = false;
+  std::map<uint32_t, member> table;   // the scheduler's members
+  std::set<uint32_t> handover_due;
+  bool handover_asked = false;
+  std::map<uint32_t, uint64_t> handed_samples, owed_at_loss;
+  uint64_t train_size = 0, budget = 0, applied = 0;
+  uint32_t job_workers = 0, epochs = 0;
+  uint64_t round = 0;
+  std::string job_error;
+  // the world
+  std::vector<node_state> nodes;
+  std::map<uint32_t, worker_state> workers;
+  std::map<uint32_t, uint64_t> node_lost_at; // scheduler node id -> when its process died (for the check)
+  uint32_t next_worker = 0;
+  std::string true_cause; // what happened first that ends the job early
+  bool nodes_never_come = false;
+  uint64_t wait_ns = 60 * sec;
+  uint64_t sample_ns = ms / 2; // a sample's compute at speed 1
+
+  uint64_t now() const { return clock.steady_ns(); }
+  double now_s() const { return static_cast<double>(now() - 1000000000ull) * 1e-9; }
+
+  void at(uint64_t t, std::function<void()> fn) { q.push(event{t, seq++, std::move(fn)}); }
+  void after(uint64_t d, std::function<void()> fn) { at(now() + d, std::move(fn)); }
+  uint64_t latency() { return 100000 + rng() % (2 * ms); }
+
+  void note(const std::string& what) {
+    if (opt.verbose)
+      res.trace.push_back(fmt_time() + " " + what);
+  }
+  std::string fmt_time() const {
+    char b[32];
+    std::snprintf(b, sizeof b, "[%9.3fs]", now_s());
+    return b;
+  }
+  void violate(const std::string& what) {
+    if (!res.ok)
+      return;
+    res.ok = false;
+    res.violation = fmt_time() + " " + what;
+  }
+
+  // A message from the scheduler to node `n` (or back): lost if either end is down or
+  // cut off; held while the receiver is frozen.
+  void send_to_node(size_t n, std::function<void()> fn) { send_to_node(n, std::move(fn), nodes[n].id); }
+  // A frozen or cut-off node's connection holds what is sent until it thaws or heals, as
+  // TCP does, unless the scheduler dropped the node meanwhile: then it is lost.
+  // A connection delivers in order (TCP): a message never overtakes one sent before it.
+  std::map<std::pair<size_t, bool>, uint64_t> link_last;
+  uint64_t fifo(size_t n, bool to_node) {
+    auto& last = link_last[{n, to_node}];
+    last = std::max(now() + latency(), last + 1);
+    return last;
+  }
+  void send_to_node(size_t n, std::function<void()> fn, uint32_t conn) {
+    ++res.control_work;
+    at(fifo(n, true), [this, n, fn, conn] { deliver_at_node(n, fn, conn); });
+  }
+  void deliver_at_node(size_t n, std::function<void()> fn, uint32_t conn) {
+    auto& nd = nodes[n];
+    if (!nd.up || nd.id != conn)
+      return;
+    if (nd.frozen || nd.cut)
+      return after(100 * ms, [this, n, fn, conn] { deliver_at_node(n, fn, conn); });
+    fn();
+  }
+  void send_to_scheduler(size_t from, std::function<void()> fn) {
+    auto& nd = nodes[from];
+    if (!nd.up || nd.frozen)
+      return;
+    const uint32_t conn = nd.id;
+    at(fifo(from, false), [this, from, fn, conn] { deliver_at_scheduler(from, fn, conn); });
+  }
+  void deliver_at_scheduler(size_t from, std::function<void()> fn, uint32_t conn) {
+    auto& nd = nodes[from];
+    if (!nd.up || nd.id != conn)
+      return;
+    if (nd.cut)
+      return after(100 * ms, [this, from, fn, conn] { deliver_at_scheduler(from, fn, conn); });
+    fn();
+  }
+
+  // ---- the scheduler: membership and the job's lifecycle ---------------------------------
+  void act(const std::vector<control::job_action>& acts) {
+    for (const auto& a : acts) {
+      switch (a.kind) {
+        case control::job_action::start:
+          note("job starts");
+          start_job();
+          break;
+        case control::job_action::waiting:
+          note("job waits: it " + a.text);
+          break;
+        case control::job_action::stop_workers:
+          note("stopping the workers: " + a.text);
+          stopping = true;
+          for (auto& [id, m] : table)
+            if (m.live)
+              stop_worker(id);
+          maybe_end_run();
+          break;
+        case control::job_action::ended:
+          note("job ended: " + a.text);
+          job_over = true;
+          res.outcome = a.text;
+          res.end_s = now_s();
+          break;
+      }
+    }
+  }
+
+  void node_hello(size_t n) {
+    auto& nd = nodes[n];
+    if (!nd.up || nd.id != 0)
+      return;
+    if (nd.frozen || nd.cut) // it cannot reach the scheduler yet: it tries again
+      return after(500 * ms, [this, n] { node_hello(n); });
+    const uint32_t id = static_cast<uint32_t>(n) + 1000 * static_cast<uint32_t>(++hellos[n]);
+    auto adm = members.on_join(id, n == 0, nd.slots);
+    if (!adm.admitted)
+      return;
+    nd.id = id;
+    res.control_work += 1;
+    note("node " + std::to_string(id) + " joined with " + std::to_string(adm.slots) + " slots");
+    if (job_running && !stopping) {
+      const uint32_t k = members.to_start_on(id);
+      members.placed(id, k);
+      for (uint32_t j = 0; j < k; ++j)
+        start_worker(n, false);
+    }
+    if (life)
+      act(life->on_capacity(members.free()));
+  }
+  std::map<size_t, uint32_t> hellos;
+  std::set<uint32_t> lost_ids;
+  uint64_t short_samples = 0; // steps assigned to members that had finished, with nobody left to take them
+
+  // The scheduler's connection to node `id` (once process n) ended: the node is lost, with
+  // every member that registered through it, whatever process n runs now.
+  void node_down(size_t n, uint32_t id) {
+    if (id == 0 || lost_ids.count(id) > 0)
+      return;
+    lost_ids.insert(id);
+    const uint32_t k = members.on_lost(id);
+    if (nodes[n].id == id)
+      nodes[n].id = 0;
+    node_lost_at.erase(id);
+    note("node " + std::to_string(id) + " lost, with " + std::to_string(k) + " workers");
+    for (auto wid : by_proc[n])
+      if (table[wid].live && table[wid].node_id == id)
+        lose_member(wid);
+    for (auto i = starting.begin(); i != starting.end();)
+      i = i->second.second == id ? starting.erase(i) : std::next(i);
+    // Nodes that joined before the loss was seen take up the workers the job now lacks.
+    if (job_running && !stopping && !job_over)
+      for (size_t j = 1; j < nodes.size(); ++j)
+        if (nodes[j].id != 0) {
+          const uint32_t more = members.to_start_on(nodes[j].id);
+          members.placed(nodes[j].id, more);
+          for (uint32_t x = 0; x < more; ++x)
+            start_worker(j, false);
+        }
+    if (life)
+      act(life->on_capacity(members.free()));
+    check_round();
+    maybe_end_run();
+  }
+
+  void start_job() {
+    job_running = true;
+    std::map<uint32_t, uint32_t> placed;
+    uint32_t k = 0;
+    std::vector<size_t> order;
+    for (size_t n = 1; n < nodes.size(); ++n)
+      if (nodes[n].id != 0)
+        order.push_back(n);
+    for (size_t n : order)
+      for (uint32_t s = 0; s < nodes[n].slots && k < job_workers; ++s, ++k) {
+        placed[nodes[n].id] += 1;
+        start_worker(n, true);
+      }
+    members.job_started(job_workers, placed);
+  }
+
+  void start_worker(size_t n, bool first) {
+    worker_state w;
+    w.id = next_worker++;
+    w.node = n;
+    w.speed = 0.5 + static_cast<double>(rng() % 100) / 50.0;
+    if (raise_worker && *raise_worker == w.id)
+      w.raise_at = raise_step;
+    workers[w.id] = w;
+    starting[w.id] = {n, nodes[n].id};
+    res.max_workers_held = std::max<uint32_t>(res.max_workers_held, held());
+    const uint32_t id = w.id;
+    send_to_node(n, [this, id, n, first] {
+      // the node starts the worker, which registers
+      send_to_scheduler(n, [this, id, n, first] { register_member(id, n, first); });
+    });
+  }
+
+  // Workers the scheduler started that have not registered: their node, as numbered then.
+  std::map<uint32_t, std::pair<size_t, uint32_t>> starting;
+  // The workers the scheduler holds: its live members and those it started that may still
+  // register (their node still a member).
+  uint32_t held() const {
+    return live_count + static_cast<uint32_t>(starting.size());
+  }
+
+  uint32_t live_count = 0;                          // live members
+  std::map<size_t, std::vector<uint32_t>> by_proc;  // members by the process that hosts them
+  void add_member(const member& m) {
+    table[m.id] = m;
+    ++live_count;
+    by_proc[m.node].push_back(m.id);
+  }
+  void mark_gone(member& m) {
+    if (!m.live)
+      return;
+    m.live = false;
+    --live_count;
+    pushes.erase(m.id);
+  }
+
+  void register_member(uint32_t id, size_t n, bool first) {
+    starting.erase(id);
+    if (job_over || stopping)
+      return stop_worker_direct(id);
+    member m;
+    m.id = id;
+    m.node = n;
+    m.node_id = nodes[n].id;
+    const uint64_t part = train_size / job_workers;
+    if (first && !round_started) {
+      m.steps = (part * epochs + batch - 1) / batch;
+      add_member(m);
+      if (table.size() == job_workers)
+        begin_rounds();
+      else if (!barrier_timer) {
+        barrier_timer = true;
+        after(30 * sec, [this] {
+          if (!round_started && !stopping)
+            begin_rounds();
+        });
+      }
+      return;
+    }
+    // joins the running job: what is owed is trained once over the live batches
+    std::map<uint32_t, member_part> live, lost;
+    std::map<uint32_t, uint64_t> done;
+    for (auto& [mid, mm] : table) {
+      done[mid] = mm.done;
+      if (mm.live)
+        live[mid] = member_part{batch, 0, 1, mm.steps};
+      else if (!mm.handed && mm.steps > mm.done)
+        lost[mid] = member_part{batch, 0, 1, mm.steps};
+    }
+    live[id] = member_part{batch, 0, 1, 0};
+    auto j = hand_over_joined_lockstep(live, lost, done, id, train_size, false);
+    for (auto& [lid, lm] : lost) {
+      record_handover(lid, (lm.steps - done[lid]) * batch);
+      table[lid].handed = true;
+    }
+    m.steps = j.rounds;
+    add_member(m);
+    res.control_work += live.size();
+    for (auto& [mid, d] : j.h.parts)
+      if (d.steps > 0 && mid != id)
+        set_steps(mid, d.steps);
+    note("worker " + std::to_string(id) + " joins for " + std::to_string(m.steps) + " steps");
+    tell_worker_steps(id, m.steps, true);
+  }
+  bool round_started = false, barrier_timer = false;
+  std::optional<uint32_t> raise_worker;
+  uint64_t raise_step = 0;
+
+  void begin_rounds() {
+    round_started = true;
+    note("training starts with " + std::to_string(table.size()) + " workers");
+    // Fewer than the job's workers registered in time: the parts of those that did not are
+    // owed as a lost worker's would be, and go to those that did.
+    if (table.size() < job_workers && !table.empty()) {
+      const uint64_t per = (train_size / job_workers * epochs + batch - 1) / batch;
+      std::map<uint32_t, member_part> live;
+      for (auto& [id, m] : table)
+        live[id] = member_part{batch, 0, 1, m.steps};
+      auto h = hand_over_lockstep(live, {}, (job_workers - table.size()) * per * batch, train_size, false);
+      for (auto& [id, d] : h.parts)
+        if (d.steps > 0)
+          table[id].steps = d.steps;
+    }
+    for (auto& [id, m] : table)
+      tell_worker_steps(id, m.steps, true);
+  }
+
+  void set_steps(uint32_t id, uint64_t steps) {
+    table[id].steps = steps;
+    tell_worker_steps(id, steps, false);
+  }
+
+  void tell_worker_steps(uint32_t id, uint64_t steps, bool go) {
+    auto w = workers.find(id);
+    if (w == workers.end())
+      return;
+    send_to_node(w->second.node, [this, id, steps, go] {
+      auto& w = workers[id];
+      if (!w.alive)
+        return;
+      w.steps = steps;
+      if (go)
+        compute(id);
+      else
+        finish_if_done(id);
+    });
+  }
+
+  // ---- a worker ---------------------------------------------------------------------------
+  void compute(uint32_t id) {
+    auto& w = workers[id];
+    if (!w.alive || w.computing || w.pushed)
+      return;
+    if (w.done >= w.steps)
+      return finish_if_done(id);
+    w.computing = true;
+    const uint64_t d = static_cast<uint64_t>(static_cast<double>(batch * sample_ns) / w.speed);
+    after(d, [this, id] {
+      auto& w = workers[id];
+      if (!w.alive)
+        return;
+      if (nodes[w.node].frozen) // a frozen process computes nothing until it thaws
+        return after(50 * ms, [this, id] { workers[id].computing = false, compute(id); });
+      w.computing = false;
+      if (w.raise_at != 0 && w.done + 1 >= w.raise_at) {
+        w.alive = false;
+        if (true_cause.empty() || true_cause.rfind("stopped", 0) == 0) // an error outranks a stop
+          true_cause = "failed: worker " + std::to_string(id) + "'s computation failed";
+        note("worker " + std::to_string(id) + "'s script raises");
+        return send_to_scheduler(w.node, [this, id] { on_error(id); });
+      }
+      w.pushed = true;
+      send_to_scheduler(w.node, [this, id] { on_push(id); });
+    });
+  }
+
+  void finish_if_done(uint32_t id) {
+    auto& w = workers[id];
+    if (!w.alive || w.computing || w.done < w.steps)
+      return;
+    w.alive = false;
+    send_to_scheduler(w.node, [this, id] { on_leave(id); });
+  }
+
+  void stop_worker(uint32_t id) {
+    auto w = workers.find(id);
+    if (w == workers.end())
+      return;
+    send_to_node(w->second.node, [this, id] { stop_worker_direct(id); });
+  }
+  void stop_worker_direct(uint32_t id) {
+    auto& w = workers[id];
+    if (!w.alive)
+      return;
+    w.alive = false;
+    send_to_scheduler(w.node, [this, id] { on_leave(id); });
+  }
+
+  // ---- the shard (BSP) and the scheduler's ledger -----------------------------------------
+  void on_push(uint32_t id) {
+    auto m = table.find(id);
+    if (m == table.end() || !m->second.live)
+      return; // a member dropped already: its push is refused
+    pushes.insert(id);
+    check_round();
+  }
+  std::set<uint32_t> pushes;
+
+  void check_round() {
+    if (!round_started)
+      return;
+    // The shard waits for every live member (it knows members, not their step counts): a
+    // member whose steps are done leaves, and is then no longer waited for. (`pushes` holds
+    // live members' only.)
+    if (live_count == 0 || pushes.size() < live_count)
+      return;
+    ++round;
+    ++res.rounds;
+    for (auto id : pushes) {
+      auto& m = table[id];
+      if (!m.live)
+        continue;
+      m.done += 1;
+      applied += batch;
+      res.control_work += 1;
+    }
+    auto applied_now = pushes;
+    pushes.clear();
+    check_bounds();
+    for (auto id : applied_now) {
+      auto w = workers.find(id);
+      if (w == workers.end() || !table[id].live)
+        continue;
+      send_to_node(w->second.node, [this, id] {
+        auto& w = workers[id];
+        if (!w.alive)
+          return;
+        w.done += 1;
+        w.pushed = false;
+        compute(id);
+      });
+    }
+  }
+
+  void on_leave(uint32_t id) {
+    auto m = table.find(id);
+    if (m == table.end() || !m->second.live)
+      return;
+    mark_gone(m->second);
+    // A member that left on its own with steps still assigned (more came after it had
+    // finished): the live ones take them; with none left, the job ends without them.
+    const bool any_live = live_count > 0;
+    if (m->second.done < m->second.steps && !stopping && !job_over && any_live)
+      lose_member(id, false);
+    else if (m->second.done < m->second.steps)
+      m->second.handed = true, short_samples += (m->second.steps - m->second.done) * batch;
+    check_round();
+    maybe_end_run();
+  }
+
+  void on_error(uint32_t id) {
+    auto m = table.find(id);
+    if (m == table.end() || !m->second.live)
+      return;
+    mark_gone(m->second);
+    if (life)
+      act(life->on_worker_error("worker " + std::to_string(id) + "'s computation failed"));
+    else
+      job_error = "worker " + std::to_string(id) + "'s computation failed";
+    if (!stopping) {
+      stopping = true;
+      for (auto& [wid, mm] : table)
+        if (mm.live)
+          stop_worker(wid);
+    }
+    check_round();
+    maybe_end_run();
+  }
+
+  void lose_member(uint32_t id, bool mark = true) {
+    auto& m = table[id];
+    if (mark) {
+      mark_gone(m);
+      m.failed = true;
+    }
+    pushes.erase(id);
+    if (stopping || job_over)
+      return;
+    owed_at_loss[id] = m.steps > m.done ? (m.steps - m.done) * batch : 0;
+    handover_due.insert(id);
+    if (handover_asked)
+      return;
+    handover_asked = true;
+    after(latency(), [this] { hand_over(); }); // the profiler's figures, asked once
+  }
+
+  void record_handover(uint32_t id, uint64_t samples) {
+    if (handed_samples.count(id) > 0)
+      violate("worker " + std::to_string(id) + "'s share was handed over twice");
+    handed_samples[id] = samples;
+    if (owed_at_loss.count(id) > 0 && samples > owed_at_loss[id])
+      violate("worker " + std::to_string(id) + "'s hand-over of " + std::to_string(samples)
+              + " samples exceeds the " + std::to_string(owed_at_loss[id]) + " it had left");
+  }
+
+  void hand_over() {
+    handover_asked = false;
+    auto due = std::move(handover_due);
+    handover_due.clear();
+    if (stopping || job_over)
+      return;
+    std::map<uint32_t, member_part> live;
+    std::map<uint32_t, uint64_t> done;
+    for (auto& [id, m] : table) {
+      done[id] = m.done;
+      if (m.live)
+        live[id] = member_part{batch, 0, 1, m.steps};
+    }
+    if (live.empty()) {
+      // Lost members' steps wait for a joiner (register_member); those of members that
+      // left on their own stay untrained, as the job ends (the scheduler's check_done).
+      for (auto id : due)
+        if (!table[id].failed && !table[id].handed && table[id].steps > table[id].done) {
+          table[id].handed = true;
+          short_samples += (table[id].steps - table[id].done) * batch;
+        }
+      maybe_end_run();
+      return;
+    }
+    uint64_t owed = 0;
+    for (auto id : due) {
+      auto& m = table[id];
+      if (m.handed || m.done >= m.steps)
+        continue;
+      const uint64_t left = (m.steps - m.done) * batch;
+      owed += left;
+      record_handover(id, left);
+      m.handed = true;
+      m.steps = m.done;
+    }
+    if (owed == 0)
+      return;
+    res.control_work += live.size();
+    if (opt.legacy_handover) {
+      // one loss at a time, each rounded up to a round of every live worker
+      uint64_t per_round = batch * live.size();
+      const uint64_t extra = (owed + per_round - 1) / per_round * due.size();
+      for (auto& [id, p] : live)
+        set_steps(id, p.steps + extra);
+    } else {
+      auto h = hand_over_lockstep(live, done, owed, train_size, false);
+      for (auto& [id, d] : h.parts)
+        if (d.steps > 0)
+          set_steps(id, d.steps);
+    }
+    note(std::to_string(owed) + " samples of " + std::to_string(due.size()) + " lost workers handed to "
+         + std::to_string(live.size()));
+    check_round();
+  }
+
+  void maybe_end_run() {
+    if (!job_running || job_over || (!round_started && !stopping) || live_count > 0)
+      return;
+    // Every member gone: the run is over if nothing is owed (or it was stopped); else a
+    // joiner takes the owed steps up (a stable node always remains in these schedules).
+    uint64_t owed = 0;
+    for (auto& [id, m] : table)
+      if (m.failed && !m.handed && m.steps > m.done)
+        owed += m.steps - m.done;
+    if (owed > 0 && !stopping && job_error.empty() && (!life || life->state() == control::job_lifecycle::phase::running)) {
+      if (!every_lost_timer) {
+        every_lost_timer = true;
+        after(60 * sec, [this] {
+          every_lost_timer = false;
+          for (auto& [id, m] : table)
+            if (m.live)
+              return;
+          end_run("every worker was lost and none joined within 60 s");
+        });
+      }
+      return;
+    }
+    end_run(job_error);
+  }
+  bool every_lost_timer = false;
+
+  void end_run(const std::string& error) {
+    if (job_over)
+      return;
+    for (auto& [id, m] : table) // steps that came after their member had finished
+      if (!m.failed && !m.handed && m.steps > m.done) {
+        m.handed = true;
+        short_samples += (m.steps - m.done) * batch;
+      }
+    const bool trained_all = applied >= budget;
+    if (life)
+      act(life->on_run_ended(error, trained_all));
+    job_running = false;
+  }
+
+  // ---- invariants --------------------------------------------------------------------------
+  void check_bounds() {
+    if (budget > 0 && applied > budget + budget / 20)
+      violate("trained " + std::to_string(applied) + " samples, over 1.05x the job's " + std::to_string(budget));
+  }
+
+  void check_after_event() {
+    // every member the scheduler counts exists, or its loss is still within detection
+    for (const auto& [n, since] : fault_at) {
+      if (now() <= since + heartbeat_timeout + 100 * ms)
+        continue;
+      for (auto id : by_proc[n])
+        if (table[id].live && (!nodes[n].up || nodes[n].frozen || nodes[n].cut))
+          violate("the scheduler still counts worker " + std::to_string(id) + " of a node lost "
+                  + std::to_string(static_cast<double>(now() - since) * 1e-9) + " s ago");
+    }
+    const uint32_t k = held();
+    if (job_workers > 0 && k > job_workers)
+      violate("the scheduler holds " + std::to_string(k) + " workers for a job of " + std::to_string(job_workers));
+    if (members.free().worker_slots > 256u * static_cast<uint32_t>(nodes.size()))
+      violate("the membership grants more slots than its limit");
+  }
+  std::map<size_t, uint64_t> fault_at;
+
+  // ---- faults ------------------------------------------------------------------------------
+  void crash(size_t n) {
+    auto& nd = nodes[n];
+    if (!nd.up)
+      return;
+    nd.up = false;
+    // Behind a partition or frozen, its connection's end is only seen at the heartbeat
+    // timeout; otherwise the connection drops at once.
+    const uint64_t seen = nd.cut || nd.frozen ? std::max(now() + latency(), fault_at[n] + heartbeat_timeout)
+                                              : now() + latency();
+    if (!(nd.cut || nd.frozen))
+      fault_at[n] = now();
+    note("node process " + std::to_string(n) + " crashes");
+    for (auto& [id, w] : workers)
+      if (w.node == n)
+        w.alive = false;
+    const uint32_t id = nd.id;
+    at(seen, [this, n, id] { node_down(n, id); });
+  }
+  void restart(size_t n) {
+    auto& nd = nodes[n];
+    if (nd.up)
+      return;
+    nd = node_state{0, true, false, false, nd.slots, false, nd.life + 1};
+    fault_at.erase(n);
+    note("node process " + std::to_string(n) + " restarts");
+    after(latency(), [this, n] { node_hello(n); });
+  }
+  void isolate(size_t n, bool freeze, uint64_t how_long) {
+    auto& nd = nodes[n];
+    if (!nd.up || nd.frozen || nd.cut)
+      return;
+    (freeze ? nd.frozen : nd.cut) = true;
+    fault_at[n] = now();
+    note(std::string{"node process "} + std::to_string(n) + (freeze ? " frozen" : " cut off"));
+    const uint32_t id = nd.id, life = nd.life;
+    if (how_long > heartbeat_timeout)
+      after(heartbeat_timeout, [this, n, id] { node_down(n, id); });
+    after(how_long, [this, n, freeze, id, life] {
+      auto& nd = nodes[n];
+      if (!nd.up || nd.life != life)
+        return; // it crashed meanwhile: its restart joins
+      (freeze ? nd.frozen : nd.cut) = false;
+      fault_at.erase(n);
+      note(std::string{"node process "} + std::to_string(n) + (freeze ? " thawed" : " reachable again"));
+      if (id != 0 && nd.id != id) {
+        // It was dropped: it lets its workers go and joins again (node lifecycle).
+        for (auto& [wid, w] : workers)
+          if (w.node == n)
+            w.alive = false;
+        after(latency(), [this, n] { node_hello(n); });
+      }
+    });
+  }
+};
+
+}  // namespace
+
+sim_result run(const sim_options& opt) {
+  world w;
+  w.opt = opt;
+  w.rng.seed(opt.seed * 0x9E3779B97F4A7C15ull + 1);
+  auto& rng = w.rng;
+  const bool scale = opt.workers > 0;
+  // The job.
+  const uint32_t worker_nodes = scale ? std::max<uint32_t>(1, opt.nodes) : 1 + static_cast<uint32_t>(rng() % 6);
+  const uint32_t slots = scale ? (opt.workers + worker_nodes - 1) / worker_nodes : 1 + static_cast<uint32_t>(rng() % 4);
+  w.job_workers = scale ? opt.workers : std::max<uint32_t>(1, worker_nodes * slots - static_cast<uint32_t>(rng() % 2));
+  w.epochs = scale ? std::max<uint32_t>(1, static_cast<uint32_t>(opt.minutes * 60 / 40 * 1.2)) : 1 + static_cast<uint32_t>(rng() % 3);
+  if (scale)
+    w.sample_ns = sec / batch; // a step a second: the storm's minutes are rounds, not samples
+  w.train_size = uint64_t{w.job_workers} * batch * (scale ? 40 : 20 + rng() % 40);
+  w.budget = (w.train_size / w.job_workers / batch) * batch * w.job_workers * w.epochs;
+  w.nodes.resize(1 + worker_nodes);
+  w.nodes[0].slots = 0;
+  w.nodes[0].stable = true;
+  for (size_t n = 1; n < w.nodes.size(); ++n)
+    w.nodes[n].slots = slots;
+  w.nodes[1].stable = true; // a node the schedule never faults: somebody is left to train
+  // The schedule.
+  enum kind { crash, freeze, partition, join, huge, raise, stop, shutdown_waiting, never_join };
+  std::vector<kind> draws;
+  if (!scale) {
+    const int n = static_cast<int>(rng() % 5);
+    for (int i = 0; i < n; ++i)
+      draws.push_back(static_cast<kind>(rng() % 9));
+  }
+  bool shutdown_wait = false, never = false;
+  for (auto k : draws) {
+    shutdown_wait = shutdown_wait || k == shutdown_waiting;
+    never = never || k == never_join;
+  }
+  w.clock.advance(0);
+  w.life.emplace(w.clock, control::job_needs{1, w.job_workers}, w.wait_ns);
+  // Nodes join over the first second (unless they never come).
+  w.at(w.now() + w.latency(), [&w] { w.node_hello(0); });
+  for (size_t n = 1; n < w.nodes.size(); ++n) {
+    if ((never || shutdown_wait) && n > 1)
+      continue;
+    w.at(w.now() + (rng() % 1000) * ms, [&w, n] { w.node_hello(n); });
+  }
+  const uint64_t est = static_cast<uint64_t>(static_cast<double>(w.budget / w.job_workers) * 0.5 * ms * 1.5) + sec;
+  if (shutdown_wait)
+    w.at(w.now() + 5 * sec, [&w] {
+      if (w.job_over)
+        return;
+      w.note("ashlar ctl shutdown");
+      if (w.true_cause.empty() && w.life && w.life->state() == control::job_lifecycle::phase::waiting)
+        w.true_cause = "stopped before it started: the cluster was shut down";
+      else if (w.true_cause.empty() && w.applied < w.budget)
+        w.true_cause = "stopped: the cluster was shut down";
+      if (w.life)
+        w.act(w.life->on_stop("the cluster was shut down (ashlar ctl shutdown)"));
+    });
+  w.act(w.life->on_capacity(w.members.free()));
+  w.at(w.now() + w.wait_ns, [&w] {
+    if (w.true_cause.empty() && w.life && w.life->state() == control::job_lifecycle::phase::waiting)
+      w.true_cause = "failed before it started: the job's nodes did not join";
+    if (w.life)
+      w.act(w.life->on_time());
+  });
+  for (auto k : draws) {
+    const uint64_t t = w.now() + sec + rng() % std::max<uint64_t>(1, est);
+    const size_t n = 2 + rng() % std::max<size_t>(1, w.nodes.size() - 2);
+    const bool has_victim = w.nodes.size() > 2;
+    switch (k) {
+      case crash:
+        if (has_victim) {
+          w.at(t, [&w, n] { w.crash(n); });
+          w.at(t + (1 + rng() % 10) * sec, [&w, n] { w.restart(n); });
+        }
+        break;
+      case freeze:
+      case partition:
+        if (has_victim) {
+          const uint64_t d = (rng() % 2 == 0 ? 1 : 6) * sec;
+          w.at(t, [&w, n, k, d] { w.isolate(n, k == freeze, d); });
+        }
+        break;
+      case join: {
+        w.nodes.push_back(node_state{0, true, false, false, 1 + static_cast<uint32_t>(rng() % 3), false, 0});
+        const size_t m = w.nodes.size() - 1;
+        w.at(t, [&w, m] { w.node_hello(m); });
+        break;
+      }
+      case huge: {
+        w.nodes.push_back(node_state{0, true, false, false, 100000, false, 0});
+        const size_t m = w.nodes.size() - 1;
+        w.at(t, [&w, m] { w.node_hello(m); });
+        break;
+      }
+      case raise:
+        w.raise_worker = static_cast<uint32_t>(rng() % w.job_workers);
+        w.raise_step = 1 + rng() % 5;
+        break;
+      case stop:
+        w.at(t, [&w] {
+          if (w.job_over)
+            return;
+          w.note("ashlar ctl stop-job");
+          if (w.true_cause.empty() && w.life && w.life->state() == control::job_lifecycle::phase::waiting)
+            w.true_cause = "stopped before it started: stopped by ashlar ctl stop-job";
+          else if (w.true_cause.empty() && w.applied < w.budget)
+            w.true_cause = "stopped: stopped by ashlar ctl stop-job";
+          if (w.life)
+            w.act(w.life->on_stop("stopped by ashlar ctl stop-job"));
+        });
+        break;
+      default:
+        break;
+    }
+  }
+  if (scale) {
+    // Every simulated minute 10% of the nodes crash, and as many new ones join.
+    const uint64_t period = 60 * sec;
+    const uint32_t churn = std::max<uint32_t>(1, worker_nodes / 10);
+    for (uint64_t t = period / 2; t < static_cast<uint64_t>(opt.minutes * 60) * sec; t += period) {
+      w.at(w.now() + t, [&w, churn] {
+        std::vector<size_t> up;
+        for (size_t n = 2; n < w.nodes.size(); ++n)
+          if (w.nodes[n].up && w.nodes[n].id != 0)
+            up.push_back(n);
+        std::shuffle(up.begin(), up.end(), w.rng);
+        for (uint32_t i = 0; i < churn && i < up.size(); ++i)
+          w.crash(up[i]);
+        for (uint32_t i = 0; i < churn; ++i) {
+          w.nodes.push_back(node_state{0, true, false, false, w.nodes[1].slots, false, 0});
+          const size_t m = w.nodes.size() - 1;
+          w.after(w.latency() + i * ms, [&w, m] { w.node_hello(m); });
+        }
+      });
+    }
+  }
+  // Run until the job ends, or past any bound it should have ended within.
+  const uint64_t limit = w.now() + w.wait_ns + 30 * est + 600 * sec;
+  while (!w.q.empty() && w.res.ok) {
+    auto e = w.q.top();
+    w.q.pop();
+    if (e.t > limit)
+      break;
+    if (e.t > w.now())
+      w.clock.advance(e.t - w.now());
+    e.fn();
+    ++w.res.events;
+    w.check_after_event();
+    if (w.job_over && w.res.ok)
+      break;
+  }
+  auto& r = w.res;
+  r.epochs = w.epochs;
+  r.trained_epochs = w.train_size ? static_cast<double>(w.applied) / static_cast<double>(w.train_size) : 0;
+  // A stop that came as the last round was applied finds the job trained.
+  if (w.true_cause.rfind("stopped: ", 0) == 0 && w.applied >= w.budget)
+    w.true_cause.clear();
+  r.expected = w.true_cause.empty() ? "trained" : w.true_cause;
+  if (!w.job_over && opt.verbose)
+    for (const auto& [id, m] : w.table) {
+      const auto& wk = w.workers[id];
+      w.note("member " + std::to_string(id) + (m.live ? " live" : " gone") + " steps " + std::to_string(m.steps)
+             + " done " + std::to_string(m.done) + "; worker " + (wk.alive ? "alive" : "ended") + " steps "
+             + std::to_string(wk.steps) + " done " + std::to_string(wk.done) + (wk.computing ? " computing" : "")
+             + (wk.pushed ? " pushed" : "") + (w.pushes.count(id) ? " (push in)" : ""));
+    }
+  if (r.ok && !w.job_over)
+    w.violate("the job did not end within " + std::to_string((limit - 1000000000ull) / sec) + " simulated s");
+  if (r.ok) {
+    // one true outcome: the first cause that happened, named
+    const bool match = r.expected == "trained" ? r.outcome == "trained" : r.outcome.rfind(r.expected, 0) == 0;
+    if (!match)
+      w.violate("the job ended '" + r.outcome + "', but what happened was '" + r.expected + "'");
+    if (r.outcome == "trained" && w.budget > 0) {
+      // (less what finished members were given too late, when nobody was left: a step each)
+      const double x = static_cast<double>(w.applied + w.short_samples) / static_cast<double>(w.budget);
+      if (w.short_samples > uint64_t{batch} * w.job_workers)
+        w.violate("members that had finished left " + std::to_string(w.short_samples) + " samples untrained");
+      if (x < 1.0 || x > 1.05)
+        w.violate("the job trained " + std::to_string(x) + "x its epochs' samples (1.00-1.05x)");
+    }
+  }
+  r.replay = "ashlar-sim --seed " + std::to_string(opt.seed) + (opt.workers ? " --workers " + std::to_string(opt.workers)
+             + " --nodes " + std::to_string(opt.nodes) : std::string{}) + (opt.legacy_handover ? " --legacy-handover" : "")
+             + " --verbose";
+  return r;
+}
+
+}  // namespace ashlar::sim

@@ -1,0 +1,50 @@
+// A deterministic simulator of an Ashlar cluster's control plane: one thread, simulated
+// time and network, the real control-plane machines (runtime/control: the job's
+// lifecycle, the cluster's membership; runtime/policy/assignment: the hand-over of lost
+// shares) driving simulated nodes and workers whose compute is a paced delay. A seed
+// draws a schedule of faults (a node crashed, frozen and thawed, partitioned and healed,
+// nodes joining, a node asking for 100000 slots, a script that raises, a stop, a shutdown
+// while the job waits); after every event the invariants are checked, and the first one
+// broken ends the run with a replay command.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ashlar::sim {
+
+/// What one simulated run is made of. Everything else follows from `seed`.
+struct sim_options {
+  uint64_t seed = 1;
+  /// Scale runs (the storm benchmark): this many workers over `nodes` nodes, every
+  /// simulated minute 10% of the nodes crash and as many join; 0: a seeded small schedule.
+  uint32_t workers = 0;
+  uint32_t nodes = 0;
+  double minutes = 0;
+  /// Print each event as it happens.
+  bool verbose = false;
+  /// The hand-over of the version before the lockstep fix (one rounded-up round per loss):
+  /// for showing that the invariant catches it.
+  bool legacy_handover = false;
+};
+
+struct sim_result {
+  bool ok = true;
+  std::string violation;    ///< the first invariant broken, and when
+  std::string outcome;      ///< the job's outcome as its lifecycle said it
+  std::string expected;     ///< what the schedule made true ("trained", "failed: ...")
+  double trained_epochs = 0;///< samples applied / training set
+  uint32_t epochs = 0;
+  double end_s = 0;         ///< simulated seconds at the job's end
+  uint64_t events = 0;
+  uint64_t control_work = 0;///< messages the scheduler sent and members it looked at
+  uint64_t rounds = 0;
+  uint32_t max_workers_held = 0;
+  std::vector<std::string> trace; ///< the events, when verbose
+  std::string replay;       ///< the command that replays this run exactly
+};
+
+sim_result run(const sim_options& opt);
+
+}  // namespace ashlar::sim

@@ -1,0 +1,65 @@
+// The deterministic cluster simulator's schedules: every seed's invariants hold, and the
+// control-plane bugs seen on real clusters are cases here.
+#include <catch2/catch.hpp>
+
+#include "tests/sim/cluster_sim.hpp"
+
+using namespace ashlar::sim;
+
+namespace {
+
+void require_ok(const sim_result& r) {
+  INFO("replay: " << r.replay);
+  INFO("violation: " << r.violation);
+  REQUIRE(r.ok);
+}
+
+}  // namespace
+
+TEST_CASE("300 seeded schedules of crashes, freezes, partitions, joins, raises and stops keep every invariant") {
+  for (uint64_t seed = 1; seed <= 300; ++seed) {
+    sim_options opt;
+    opt.seed = seed;
+    auto r = run(opt);
+    if (!r.ok)
+      FAIL_CHECK("seed " << seed << ": " << r.violation << "\n  replay: build/tests/" << r.replay);
+  }
+}
+
+TEST_CASE("a seed replays bit for bit") {
+  sim_options opt;
+  opt.seed = 77;
+  opt.verbose = true;
+  auto a = run(opt);
+  auto b = run(opt);
+  CHECK(a.trace == b.trace);
+  CHECK(a.events == b.events);
+  CHECK(a.outcome == b.outcome);
+}
+
+TEST_CASE("a storm of node losses under the old per-loss hand-over trains past 1.05x its epochs, and not with the new") {
+  sim_options opt;
+  opt.workers = 256;
+  opt.nodes = 16;
+  opt.minutes = 2;
+  opt.seed = 3;
+  opt.legacy_handover = true;
+  auto old = run(opt);
+  CHECK_FALSE(old.ok);
+  CHECK(old.violation.find("over 1.05x") != std::string::npos);
+  opt.legacy_handover = false;
+  require_ok(run(opt));
+}
+
+TEST_CASE("1,000 workers over 100 nodes with 10% of the nodes replaced every minute train their epochs once") {
+  sim_options opt;
+  opt.workers = 1000;
+  opt.nodes = 100;
+  opt.minutes = 2;
+  auto r = run(opt);
+  require_ok(r);
+  CHECK(r.outcome == "trained");
+  CHECK(r.trained_epochs / r.epochs >= 1.0);
+  CHECK(r.trained_epochs / r.epochs <= 1.05);
+  CHECK(r.max_workers_held <= 1000);
+}

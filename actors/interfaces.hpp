@@ -37,6 +37,7 @@ using shard_atom = caf::atom_constant<caf::atom("shard")>;
 using lr_atom = caf::atom_constant<caf::atom("lrfactor")>;
 using restore_atom = caf::atom_constant<caf::atom("restore")>;
 using wait_atom = caf::atom_constant<caf::atom("wait")>;
+using replan_atom = caf::atom_constant<caf::atom("replan")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
 /// follows membership changes, reports its status. tune_atom: gradients per update and
@@ -81,6 +82,7 @@ using profiler_actor = caf::typed_actor<
 using scheduler_actor = caf::typed_actor<
   caf::replies_to<wire::register_worker>::with<wire::assignment, std::vector<shard_actor>>,
   caf::reacts_to<wire::membership_change>, caf::reacts_to<start_atom>, caf::reacts_to<tick_atom>,
+  caf::reacts_to<replan_atom>, // (to itself) a membership plan may follow the last
   caf::reacts_to<lr_atom, float>,
   caf::replies_to<wire::ctl_request>::with<std::string>,
   caf::reacts_to<shard_atom, uint32_t, shard_actor, std::string>>;
@@ -141,8 +143,9 @@ struct running_job {
   /// and of each try to serve it again with (shard_atom, index, why).
   std::vector<wire::spawn_shard> shard_templates;
   caf::actor driver;
-  /// The job's workers, and how many of them were placed on each node (by node id): a
-  /// node that joins while the job runs is given only the workers the job lacks.
+  /// The most workers the job grows to (train.max_workers), and how many were placed on
+  /// each node (by node id): a node that joins while the job runs is given workers for
+  /// its free slots up to that bound.
   uint32_t workers = 0;
   std::map<uint32_t, uint32_t> placed;
 };
@@ -160,7 +163,8 @@ using cluster_actor = caf::typed_actor<
   // answered once the cluster has them, or with an error naming what it lacked when the
   // wait ran out or the job was stopped (runtime/control/job_lifecycle.hpp).
   caf::replies_to<wait_atom, uint32_t, uint32_t, uint64_t>::with<caf::ok_atom>,
-  caf::reacts_to<tick_atom>, // (to itself) the wait's deadline
+  caf::reacts_to<tick_atom>,               // (to itself) the wait's deadline
+  caf::reacts_to<stop_atom, std::string>, // the job runner: stop the waiting job (why)
   caf::reacts_to<job_atom, running_job>,
   caf::reacts_to<job_atom, caf::error>,
   caf::reacts_to<job_atom, wire::job_result>,

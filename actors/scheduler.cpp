@@ -11,6 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/control/member_plan.hpp"
 #include "runtime/metrics/recorder.hpp"
 #include "runtime/policy/assignment.hpp"
 #include "runtime/policy/job_planner.hpp"
@@ -32,6 +33,13 @@ struct member {
   bool failed = false;
   bool admitted = false; // training: it started with the job or was admitted to it
   uint64_t steps_left_at = 0; // the steps it said it trained when it left (0: it did not say)
+};
+
+using registration = caf::typed_response_promise<wire::assignment, std::vector<shard_actor>>;
+
+struct pending_join {
+  wire::assignment a;
+  registration promise;
 };
 
 struct scheduler_state {
@@ -61,9 +69,13 @@ struct scheduler_state {
   std::optional<std::chrono::steady_clock::time_point> all_lost_since;
   // Decentralized mode: which ring the live workers form, and when.
   ring_membership ring;
-  // Lost members whose shares wait for the profiler's figures to be handed over together.
+  // Membership changes waiting for one plan (plan_membership): lost members, and newcomers
+  // with their answers; whether the profiler's figures are asked for, and whether the
+  // last plan is too recent for another (replan_gap).
   std::set<uint32_t> handover_due;
-  bool handover_asked = false;
+  std::vector<pending_join> joins_due;
+  bool replan_asked = false;
+  bool replan_cooling = false;
 };
 
 using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;
@@ -215,6 +227,7 @@ void check_worker_wait(scheduler_pointer self) {
 
 void form_ring(scheduler_pointer self, uint32_t generation, const std::string& why = {});
 void apply_plan(scheduler_pointer self, const job_plan& plan);
+void hand_over(scheduler_pointer self, uint32_t lost);
 
 // The live members' batch shares, parts of the training set and steps (those admitted:
 // a worker still registering gets its part when it is).
@@ -224,77 +237,6 @@ std::map<uint32_t, member_part> live_parts(const scheduler_state& st) {
     if (!m.left && m.admitted)
       out[id] = member_part{m.batch, m.data_begin, m.data_count, m.steps};
   return out;
-}
-
-// Members lost or removed mid-job: their untrained shares go to the live members
-// (runtime/policy/assignment.hpp: hand_over_lockstep), so the job's epochs still cover the
-// training set. Losses that come while the profiler's figures are asked for (a node's
-// workers, lost at once) are handed over together: one plan, one message per live worker.
-void hand_over(scheduler_pointer self, uint32_t lost) {
-  auto& st = self->state;
-  if (!st.started || st.stopping || st.done_sent)
-    return;
-  st.handover_due.insert(lost);
-  if (st.handover_asked)
-    return;
-  st.handover_asked = true;
-  self->request(st.cfg.profiler, ack_timeout, caf::get_atom::value)
-    .then(
-      [=](const wire::cluster_stats& stats) {
-        auto& st = self->state;
-        st.handover_asked = false;
-        auto due = std::move(st.handover_due);
-        st.handover_due.clear();
-        if (st.stopping || st.done_sent)
-          return;
-        std::map<uint32_t, uint64_t> done;
-        for (const auto& w : stats.workers)
-          done[w.worker_id] = w.steps;
-        const auto live = live_parts(st);
-        uint64_t owed = 0;
-        std::string ids;
-        for (auto id : due) {
-          auto m = st.members.find(id);
-          if (m == st.members.end())
-            continue;
-          const member_part gone{m->second.batch, m->second.data_begin, m->second.data_count, m->second.steps};
-          auto left = hand_over_left(gone, m->second.steps_left_at, done[id], {}, st.cfg.train_size, false);
-          if (left.finished)
-            continue;
-          owed += (m->second.steps - left.done_steps) * std::max<uint32_t>(1, m->second.batch);
-          // The live workers cover its steps from now on (counted once); with none live
-          // they wait for a newcomer (check_done, admit_to_running_job).
-          if (!live.empty())
-            m->second.steps = left.done_steps;
-          ids += (ids.empty() ? "" : ", ") + std::to_string(id);
-        }
-        if (ids.empty() || live.empty())
-          return;
-        auto h = st.traits.lockstep ? hand_over_lockstep(live, done, owed, st.cfg.train_size, st.traits.ring)
-                                    : hand_over_joined(live, st.cfg.train_size);
-        if (h.parts.empty() && h.reassigned_samples == 0)
-          return;
-        st.reassigned += h.reassigned_samples;
-        if (st.cfg.reassigned_out)
-          st.cfg.reassigned_out->store(st.reassigned);
-        const std::string whose = (due.size() == 1 ? "worker " : "workers ") + ids;
-        std::string text = st.traits.lockstep ? std::to_string(h.reassigned_samples) + " untrained samples of " + whose
-                                                  + " handed to " + std::to_string(live.size()) + " live workers"
-                                              : "the part of the set of " + whose + " re-split over "
-                                                  + std::to_string(live.size()) + " live workers";
-        spdlog::info("scheduler: {}", text);
-        record(self, "share handed over", text, due.size() == 1 ? static_cast<int64_t>(*due.begin()) : -1);
-        job_plan plan;
-        plan.batches = std::move(h.parts);
-        apply_plan(self, plan);
-      },
-      [=](caf::error& err) {
-        auto& st = self->state;
-        st.handover_asked = false;
-        spdlog::warn("scheduler: the shares of {} lost worker(s) were not handed over: {}", st.handover_due.size(),
-                     describe(err));
-        st.handover_due.clear();
-      });
 }
 
 // Every live worker finishes its step and leaves; nothing is handed over from now on.
@@ -514,55 +456,122 @@ void tick(scheduler_pointer self) {
 // A registered worker's answer waits for every shard and the profiler to know it; a
 // worker of the first round also waits for the others (the start barrier), one joining a
 // running job trains as long as the others still will.
-using registration = caf::typed_response_promise<wire::assignment, std::vector<shard_actor>>;
+
+// Membership changes of a running job are planned together (runtime/policy/assignment.hpp):
+// lost members' untrained shares and newcomers' parts, in one plan for every change that
+// came while the profiler's figures were asked for, and at most one plan every
+// replan_gap; the first change after a quiet spell is planned at once. So a storm of
+// losses and joins costs one message per live worker per plan, not per change.
+constexpr auto replan_gap = std::chrono::milliseconds(250);
+
+size_t plan_membership(scheduler_pointer self, const wire::cluster_stats& stats);
+
+void ask_replan(scheduler_pointer self) {
+  auto& st = self->state;
+  if (st.replan_asked || st.replan_cooling)
+    return;
+  st.replan_asked = true;
+  self->request(st.cfg.profiler, ack_timeout, caf::get_atom::value)
+    .then(
+      [=](const wire::cluster_stats& stats) {
+        auto& st = self->state;
+        st.replan_asked = false;
+        // A plan that told live workers anything holds the next one back for replan_gap.
+        if (plan_membership(self, stats) > 0) {
+          st.replan_cooling = true;
+          self->delayed_send(self, replan_gap, replan_atom::value);
+        }
+      },
+      [=](caf::error& err) {
+        auto& st = self->state;
+        st.replan_asked = false;
+        spdlog::warn("scheduler: membership changes not planned ({} losses, {} joins): {}", st.handover_due.size(),
+                     st.joins_due.size(), describe(err));
+        st.handover_due.clear();
+        for (auto& j : st.joins_due)
+          j.promise.deliver(err);
+        st.joins_due.clear();
+      });
+}
+
+void hand_over(scheduler_pointer self, uint32_t lost) {
+  auto& st = self->state;
+  if (!st.started || st.stopping || st.done_sent)
+    return;
+  st.handover_due.insert(lost);
+  ask_replan(self);
+}
 
 void admit_to_running_job(scheduler_pointer self, wire::assignment a, registration promise) {
-  self->request(self->state.cfg.profiler, ack_timeout, caf::get_atom::value)
-    .then(
-      [=](const wire::cluster_stats& stats) mutable {
-        auto& st = self->state;
-        std::map<uint32_t, uint64_t> done;
-        for (const auto& w : stats.workers)
-          done[w.worker_id] = w.steps;
-        st.members[a.worker_id].admitted = true;
-        // Steps lost workers left that nobody took over (every worker was lost at once).
-        std::map<uint32_t, member_part> lost;
-        std::map<uint32_t, uint64_t> assigned;
-        for (const auto& [id, m] : st.members) {
-          if (m.left && m.failed && m.steps > done[id])
-            lost[id] = member_part{m.batch, m.data_begin, m.data_count, m.steps};
-          if (!m.left && m.admitted && id != a.worker_id)
-            assigned[id] = m.steps;
-        }
-        job_plan plan;
-        if (st.traits.lockstep) {
-          // What is owed is trained once over every live batch: the others' rounds shrink.
-          auto j = hand_over_joined_lockstep(live_parts(st), lost, done, a.worker_id, st.cfg.train_size,
-                                             st.traits.ring);
-          a.steps = j.rounds;
-          plan.batches = std::move(j.h.parts);
-        } else {
-          // Workers at their own pace train until the job's sample budget is reached.
-          a.steps = assigned.empty() ? untaken_steps(st, stats) : steps_left(assigned, done);
-          plan.batches = hand_over_joined(live_parts(st), st.cfg.train_size).parts;
-        }
-        if (!lost.empty()) {
-          spdlog::info("scheduler: worker {} takes up the steps {} lost worker(s) left", a.worker_id, lost.size());
-          for (auto& [id, m] : st.members)
-            if (lost.count(id) > 0)
-              m.steps = std::min(m.steps, done[id]);
-        }
-        st.members[a.worker_id].steps = a.steps;
-        spdlog::info("scheduler: worker {} joins the running job for {} steps", a.worker_id, a.steps);
-        promise.deliver(a, st.cfg.shards);
-        // The newcomer takes a part of the set of its own (the others' shrink), from
-        // their next steps; the planner's own directives come after.
-        st.planner->on_join(a.worker_id, plan);
-        apply_plan(self, plan);
-        if (st.traits.ring) // a ring of the members and the newcomer, who agree on the model first
-          form_ring(self, st.ring.on_join(), "worker " + std::to_string(a.worker_id) + " joined");
-      },
-      [=](caf::error& err) mutable { promise.deliver(err); });
+  self->state.joins_due.push_back(pending_join{std::move(a), std::move(promise)});
+  ask_replan(self);
+}
+
+// Returns the live workers the plan concerned (0: it sent nothing).
+size_t plan_membership(scheduler_pointer self, const wire::cluster_stats& stats) {
+  auto& st = self->state;
+  auto due = std::move(st.handover_due);
+  st.handover_due.clear();
+  auto joins = std::move(st.joins_due);
+  st.joins_due.clear();
+  if (st.stopping || st.done_sent) {
+    for (auto& j : joins) { // a job that ends takes no newcomer: it trains nothing
+      j.a.steps = 0;
+      j.promise.deliver(j.a, st.cfg.shards);
+    }
+    return 0;
+  }
+  std::map<uint32_t, uint64_t> done;
+  for (const auto& w : stats.workers)
+    done[w.worker_id] = w.steps;
+  std::map<uint32_t, control::ledger_entry> ledger;
+  for (const auto& [id, m] : st.members)
+    ledger[id] = control::ledger_entry{member_part{m.batch, m.data_begin, m.data_count, m.steps}, m.left, m.failed,
+                                       m.admitted, m.steps_left_at};
+  std::set<uint32_t> newcomers;
+  for (auto& j : joins) {
+    newcomers.insert(j.a.worker_id);
+    st.members[j.a.worker_id].admitted = true;
+  }
+  auto p = control::plan_member_changes(ledger, due, newcomers, done, st.cfg.train_size, st.traits.lockstep,
+                                        st.traits.ring);
+  if (p.live == 0) // nobody live: the lost members' steps wait for a newcomer (check_done)
+    return 0;
+  std::string ids;
+  for (const auto& [id, steps] : p.lost_steps) {
+    st.members[id].steps = steps;
+    if (due.count(id) > 0)
+      ids += (ids.empty() ? "" : ", ") + std::to_string(id);
+  }
+  st.reassigned += p.handed_samples;
+  if (st.cfg.reassigned_out)
+    st.cfg.reassigned_out->store(st.reassigned);
+  if (!ids.empty()) {
+    const std::string text = st.traits.lockstep
+                               ? std::to_string(p.handed_samples) + " untrained samples of worker(s) " + ids
+                                   + " handed to " + std::to_string(p.live) + " live workers"
+                               : "the parts of the set of worker(s) " + ids + " re-split over "
+                                   + std::to_string(p.live) + " live workers";
+    spdlog::info("scheduler: {}", text);
+    record(self, "share handed over", text);
+  }
+  if (p.taken_up > 0)
+    spdlog::info("scheduler: {} newcomer(s) take up the steps {} lost worker(s) left", joins.size(), p.taken_up);
+  job_plan plan;
+  plan.batches = std::move(p.directives);
+  for (auto& j : joins) {
+    j.a.steps = p.newcomer_steps[j.a.worker_id];
+    st.members[j.a.worker_id].steps = j.a.steps;
+    spdlog::info("scheduler: worker {} joins the running job for {} steps", j.a.worker_id, j.a.steps);
+    j.promise.deliver(j.a, st.cfg.shards);
+    // The newcomer takes a part of the set of its own (the others' shrink), from their
+    // next steps; the planner's own directives come after.
+    st.planner->on_join(j.a.worker_id, plan);
+  }
+  apply_plan(self, plan);
+  if (st.traits.ring && !joins.empty()) // a ring of the members and the newcomers, who agree on the model first
+    form_ring(self, st.ring.on_join(), std::to_string(joins.size()) + " worker(s) joined");
+  return p.live;
 }
 
 caf::result<wire::assignment, std::vector<shard_actor>> on_register(scheduler_pointer self,
@@ -725,6 +734,12 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       for (const auto& [id, m] : st.members)
         if (!m.left)
           self->send(caf::actor_cast<worker_actor>(m.handle), lr_atom::value, factor);
+    },
+    [=](replan_atom) { // the gap after a membership plan is over: plan what came meanwhile
+      auto& st = self->state;
+      st.replan_cooling = false;
+      if (!st.handover_due.empty() || !st.joins_due.empty())
+        ask_replan(self);
     },
     [=](tick_atom) {
       auto& st = self->state;

@@ -379,12 +379,12 @@ caf::result<wire::welcome> on_hello(cluster_pointer self, const wire::hello& h, 
   self->monitor(node);
   spdlog::info("cluster: node {} ({}) joined with roles {}, {} worker slots{}", id, h.node, to_string(h.roles),
                e.info.slots, admitted.note.empty() ? std::string{} : " (" + admitted.note + ")");
-  // A node joining the running job takes up the workers it lacks (lost with their nodes),
-  // no more: a bigger job is `ashlar ctl add-worker`'s.
+  // A node joining the running job starts workers in its free slots, up to the job's
+  // bound (train.max_workers).
   if (st.job_running) {
     const uint32_t k = st.members.to_start_on(id);
     if (k > 0)
-      spdlog::info("cluster: node {} starts {} worker(s) the job lacks", id, k);
+      spdlog::info("cluster: node {} starts {} worker(s) for the job", id, k);
     for (uint32_t j = 0; j < k; ++j)
       add_worker_on(self, id);
   }
@@ -457,7 +457,7 @@ caf::result<std::string> on_ctl(cluster_pointer self, const wire::ctl_request& r
     }
     case wire::ctl_request::shutdown: {
       if (st.life) // a job waiting for its nodes ends now, saying so
-        act(self, st.life->on_stop("the cluster was shut down (ashlar ctl shutdown)"));
+        act(self, st.life->on_stop("the cluster was shut down by ashlar ctl shutdown"));
       uint32_t k = 0;
       for (auto& [id, n] : st.nodes)
         if (n.info.alive) {
@@ -564,6 +564,10 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
     [=](tick_atom) {
       if (self->state.life)
         act(self, self->state.life->on_time());
+    },
+    [=](stop_atom, const std::string& who) {
+      if (self->state.life)
+        act(self, self->state.life->on_stop(who));
     },
     [=](job_atom, const running_job& job) {
       auto& st = self->state;
@@ -727,7 +731,9 @@ caf::error cluster_placement::start_workers(const train_config& cfg, const sched
                    [&](size_t x, size_t y) { return natural_less(nodes->infos[x].name, nodes->infos[y].name); });
   // Tell the cluster first, with where the workers go, so a node joining from now on is
   // given the workers the job lacks.
-  running_job job{scheduler, profiler, shards_, tmpl, templates_, driver_, cfg.workers, {}};
+  // A job grows to train.max_workers as nodes join (0: twice train.workers), no further.
+  const uint32_t cap = cfg.max_workers > 0 ? cfg.max_workers : 2 * cfg.workers;
+  running_job job{scheduler, profiler, shards_, tmpl, templates_, driver_, cap, {}};
   {
     uint32_t k = 0;
     for (size_t i : order)
@@ -798,7 +804,7 @@ caf::error wait_for_nodes(caf::actor_system& sys, const cluster_actor& cluster, 
                     if (asked_stop || !stopping || !stopping())
                       return;
                     asked_stop = true;
-                    self->send(cluster, wire::ctl_request{wire::ctl_request::stop_job, 0, 0});
+                    self->send(cluster, stop_atom::value, std::string{"a stop signal to the scheduler node"});
                   });
   }
   return result;

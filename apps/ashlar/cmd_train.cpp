@@ -2,7 +2,9 @@
 // is submitted to a running cluster's scheduler instead.
 #include <algorithm>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <future>
 
 #include "actors/cluster/system.hpp"
@@ -156,18 +158,23 @@ int submit(const train_config& cfg, const std::string& join, const security_opti
     if (num("redone_samples") > 0 || num("reassigned_samples") > 0)
       std::printf("work redone: %.0f samples trained again after the resume, %.0f samples of lost workers taken over "
                   "by the others\n", num("redone_samples"), num("reassigned_samples"));
+    code = 0;
     if (!cfg.report.empty()) {
       std::FILE* f = std::fopen(cfg.report.c_str(), "wb");
-      if (f) {
-        std::fwrite(res->report_json.data(), 1, res->report_json.size(), f);
-        std::fclose(f);
+      const bool written = f && std::fwrite(res->report_json.data(), 1, res->report_json.size(), f)
+                                  == res->report_json.size();
+      if (f && std::fclose(f) == 0 && written) {
         std::printf("report written to %s\n", cfg.report.c_str());
+      } else {
+        std::fflush(stdout);
+        std::fprintf(stderr, "ashlar train: cannot write report %s: %s\n", cfg.report.c_str(), std::strerror(errno));
+        code = 1;
       }
     }
-    code = 0;
     if (sig == 0 && field("stopped_early") == "true") {
-      std::fprintf(stderr, "ashlar train: the job was stopped on request (`ashlar ctl stop-job` or a shutdown) "
-                           "before it trained its epochs\n");
+      std::fflush(stdout);
+      std::fprintf(stderr, "ashlar train: the job was stopped on request (`ashlar ctl stop-job`, a shutdown or a "
+                           "signal to the scheduler node) before it trained its epochs\n");
       code = 1;
     }
   } else {

@@ -242,6 +242,9 @@ const std::vector<field>& fields() {
          [](train_config& c) -> std::vector<layer_spec>& { return c.model.layers; }),
     bind("train.workers", "number of workers (default 4)",
          [](train_config& c) -> uint32_t& { return c.workers; }),
+    bind("train.max_workers", "on a cluster, the most workers the job grows to as worker nodes join while it runs; "
+                              "0 = twice train.workers (default 0)",
+         [](train_config& c) -> uint32_t& { return c.max_workers; }),
     bind("train.servers", "number of server shards (default 2)",
          [](train_config& c) -> uint32_t& { return c.servers; }),
     bind("train.policy", "sync policy: bsp, asp, ssp, ksync, kasync, adsp, adaptive, ashl or ring; README's "
@@ -619,6 +622,9 @@ caf::error validate(const train_config& c) {
     return err;
   if (c.workers == 0)
     return bad("train.workers must be at least 1");
+  if (c.max_workers != 0 && c.max_workers < c.workers)
+    return bad("train.max_workers = " + std::to_string(c.max_workers) + " is below train.workers = "
+               + std::to_string(c.workers) + " (0: twice train.workers)");
   if (c.servers == 0)
     return bad("train.servers must be at least 1");
   if (c.epochs == 0)

@@ -48,6 +48,9 @@ struct data_settings {
 struct train_settings {
   /// Number of worker actors. Default: 4.
   uint32_t workers = 4;
+  /// On a cluster, the most workers the job grows to as worker nodes join while it runs
+  /// (a node's free slots, in join order); 0: twice `workers` (train.max_workers). Default: 0.
+  uint32_t max_workers = 0;
   /// Number of server shards the parameters are split into. Default: 2.
   uint32_t servers = 2;
   /// Sync policy, a registry name (runtime/policy/registry.cpp): bsp, asp, ssp, ksync,

@@ -38,10 +38,11 @@ public:
 
   /// The live server nodes and the worker slots of live nodes not taken by the job.
   capacity free() const;
-  /// The running job of `workers` workers placed `placed[node]` of them on each node.
+  /// The running job, which may hold at most `workers` workers, placed `placed[node]` of
+  /// them on each node.
   void job_started(uint32_t workers, const std::map<uint32_t, uint32_t>& placed);
-  /// How many of the job's workers to start on node `id` (one that joined while it runs):
-  /// the workers the job lacks (lost with their nodes), at most the node's free slots.
+  /// How many of the job's workers to start on node `id` (one that joined while it runs,
+  /// or live when others were lost): its free slots, up to what the job may still hold.
   uint32_t to_start_on(uint32_t id) const;
   /// `n` more of the job's workers run on node `id` (started there; an add-worker request).
   void placed(uint32_t id, uint32_t n);

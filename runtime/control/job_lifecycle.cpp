@@ -57,15 +57,16 @@ std::vector<job_action> job_lifecycle::on_time() {
     return {};
   char secs[32];
   std::snprintf(secs, sizeof secs, "%g", static_cast<double>(wait_ns_) * 1e-9);
-  return end(job_outcome::failed, "the job's nodes did not join within " + std::string{secs} + " s: it " + lacks_);
+  return end(job_outcome::failed,
+             "the job's nodes did not join in time: it " + lacks_ + " (waited " + std::string{secs} + " s)");
 }
 
 std::vector<job_action> job_lifecycle::on_stop(const std::string& who) {
   switch (phase_) {
     case phase::waiting:
       stop_cause_ = who;
-      return end(job_outcome::stopped, who + " while the job waited for its nodes"
-                                         + (lacks_.empty() ? std::string{} : " (it " + lacks_ + ")"));
+      return end(job_outcome::stopped, "stopped while waiting for the job's nodes"
+                                         + (lacks_.empty() ? std::string{} : ": it " + lacks_) + " (" + who + ")");
     case phase::running:
       stop_cause_ = who;
       phase_ = phase::stopping;
@@ -124,10 +125,10 @@ std::string job_lifecycle::summary() const {
   switch (outcome_.kind) {
     case job_outcome::trained:
       return "trained";
-    case job_outcome::stopped:
-      return (started_ ? "stopped: " : "stopped before it started: ") + outcome_.cause;
+    case job_outcome::stopped: // (before it started, the cause says "stopped while waiting")
+      return (started_ ? "stopped: " : "") + outcome_.cause;
     case job_outcome::failed:
-      return (started_ ? "failed: " : "failed before it started: ") + outcome_.cause;
+      return (started_ ? "failed: " : "") + outcome_.cause;
   }
   return {};
 }

@@ -77,7 +77,9 @@ public:
   const job_outcome& outcome() const { return outcome_; }
   /// What the job lacked when it last waited ("" once it has all it needs).
   const std::string& lacks() const { return lacks_; }
-  /// The text a submitter is told: "trained", "stopped before it started: ...", ...
+  /// The text a submitter is told: "trained", "stopped: WHO", "failed: WHAT", or before the
+  /// start "stopped while waiting for the job's nodes: it LACKS (WHO)", "the job's nodes did
+  /// not join in time: it LACKS (waited N s)".
   std::string summary() const;
 
 private:

@@ -935,3 +935,21 @@ TEST_CASE("a policy's rules derive its values from the config's and name themsel
   CHECK(has(off, "train.batch_size = 64"));
   CHECK_FALSE(has(off, "rule:"));
 }
+
+TEST_CASE("launch --python whose worker processes die before joining stops the job at once, naming the process "
+          "and its last line") {
+  ashlar::test::temp_dir dir;
+  // An interpreter that cannot run the script (as one without torch): every worker process
+  // exits with an error before it joins.
+  auto script = dir.write("worker.py", "raise SystemExit('no module named torch')\n");
+  auto fake = dir.write("python", "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torch'\" >&2\nexit 1\n");
+  std::filesystem::permissions(fake, std::filesystem::perms::owner_all);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run("launch " + config + " --python " + script + " --python-exe " + fake +
+               " --set train.workers=2 --epochs 1 --report " + dir.file("r.json"));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(r.code == 1);
+  CHECK(has(r, "[worker 0] exited with code 1 before the job ended: ModuleNotFoundError: No module named 'torch'"));
+  CHECK(has(r, "ashlar launch: the job failed: worker 0 exited with code 1"));
+  CHECK(secs < 60); // not the scheduler's 120 s wait for slots, nor forever
+}

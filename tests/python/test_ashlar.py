@@ -353,3 +353,38 @@ def test_a_local_job_whose_script_leaves_its_loop_early_stops_cleanly_with_its_r
     assert rep["epochs_trained"] < 1, rep  # ended where the script left, not at its 50 epochs
     assert 30 <= sum(w["steps"] for w in rep["per_worker"]) < 50 * 6000 // 64
     assert rep["test_accuracy"] > 0.3, rep  # 30 steps trained a model, and it was evaluated
+
+
+RAISING_SCRIPT = r"""
+import sys
+import torch.nn.functional as F
+import ashlar, ashlar.torch as at
+from ashlar import ashlar_torch
+
+ashlar.init()
+model = ashlar_torch.build(ashlar_torch.read_config(sys.argv[1] if len(sys.argv) > 1 else ashlar.config_path()))
+opt = at.DistributedOptimizer(model)
+for step, (x, y) in enumerate(opt.batches()):
+    if step == 3 and ashlar.local_rank() == 1:
+        raise ValueError("bad batch at step 3")
+    opt.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+"""
+
+
+def test_a_worker_script_that_raises_fails_the_launched_job_naming_the_exception(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text(RAISING_SCRIPT.replace("sys.argv[1] if len(sys.argv) > 1 else ashlar.config_path()",
+                                             repr(str(MLP))))
+    report = tmp_path / "report.json"
+    out = subprocess.run([BIN, "launch", str(MLP), "--python", str(script), "--set", "train.workers=2",
+                          "--set", "data.train_limit=6000", "--set", "data.test_limit=2000", "--epochs", "1",
+                          "--report", str(report)],
+                         cwd=SRC, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert out.returncode != 0, out.stdout
+    assert "ValueError: bad batch at step 3" in out.stdout, out.stdout
+    assert "the job failed: worker" in out.stdout, out.stdout
+    assert "(2 finished, 0 failed)" not in out.stdout, out.stdout
+    rep = json.loads(report.read_text())
+    assert "ValueError: bad batch at step 3" in rep.get("error", ""), rep

@@ -1,0 +1,81 @@
+#include "runtime/control/member_plan.hpp"
+
+#include <algorithm>
+
+namespace ashlar::control {
+
+member_plan plan_member_changes(const std::map<uint32_t, ledger_entry>& members, const std::set<uint32_t>& lost,
+                                const std::set<uint32_t>& newcomers, const std::map<uint32_t, uint64_t>& done_in,
+                                uint64_t train_size, bool lockstep, bool ring) {
+  member_plan out;
+  auto done = done_in;
+  for (auto id : newcomers)
+    done[id] = 0;
+  auto done_of = [&](uint32_t id) {
+    auto d = done.find(id);
+    return d == done.end() ? uint64_t{0} : d->second;
+  };
+  std::map<uint32_t, member_part> live;
+  for (const auto& [id, m] : members)
+    if (!m.left && (m.admitted || newcomers.count(id) > 0)) {
+      live[id] = m.part;
+      if (newcomers.count(id) > 0)
+        live[id].steps = 0;
+    }
+  if (live.empty())
+    return out;
+  out.live = live.size();
+  uint64_t owed = 0;
+  for (auto id : lost) {
+    auto m = members.find(id);
+    if (m == members.end())
+      continue;
+    auto left = hand_over_left(m->second.part, m->second.steps_left_at, done_of(id), {}, train_size, false);
+    if (left.finished)
+      continue;
+    owed += (m->second.part.steps - left.done_steps) * std::max<uint32_t>(1, m->second.part.batch);
+    out.lost_steps[id] = left.done_steps;
+  }
+  out.handed_samples = lockstep ? owed : 0;
+  // Steps members lost earlier left when nobody was live: the newcomers take them up.
+  if (!newcomers.empty())
+    for (const auto& [id, m] : members)
+      if (m.left && m.failed && lost.count(id) == 0 && m.part.steps > done_of(id)) {
+        owed += (m.part.steps - done_of(id)) * std::max<uint32_t>(1, m.part.batch);
+        out.lost_steps[id] = done_of(id);
+        ++out.taken_up;
+      }
+  if (lockstep) {
+    auto h = hand_over_lockstep(live, done, owed, train_size, ring);
+    for (auto id : newcomers) {
+      auto d = h.parts.find(id);
+      out.newcomer_steps[id] = d == h.parts.end() ? 0 : d->second.steps;
+      if (d == h.parts.end())
+        continue;
+      const auto& mine = live.at(id);
+      if (d->second.data_begin == mine.data_begin && d->second.data_count == mine.data_count)
+        h.parts.erase(d);
+      else
+        d->second.steps = 0;
+    }
+    out.directives = std::move(h.parts);
+    return out;
+  }
+  // Workers at their own pace train until the job's sample budget is reached: a newcomer
+  // trains as long as the live member with the most steps left, or what lost ones left.
+  std::map<uint32_t, uint64_t> assigned;
+  for (const auto& [id, m] : live)
+    if (newcomers.count(id) == 0)
+      assigned[id] = m.steps;
+  uint64_t most = steps_left(assigned, done);
+  if (assigned.empty())
+    for (const auto& [id, m] : members)
+      if (m.left && m.failed && m.part.steps > done_of(id))
+        most = std::max(most, m.part.steps - done_of(id));
+  for (auto id : newcomers)
+    out.newcomer_steps[id] = most;
+  out.directives = hand_over_joined(live, train_size).parts;
+  return out;
+}
+
+}  // namespace ashlar::control

@@ -17,6 +17,8 @@ tells a user to install it. What a user does by hand is done by this script:
     dropped (.ci/run and the test build did them), and blocks marked
     `<!-- readme-run: long REASON -->` (benchmarks, minutes each) are listed, not run.
     `<!-- readme-run: skip REASON -->` blocks never run; the reason is printed.
+    `<!-- readme-run: smoke WHAT -->` blocks run as any other; with --smoke only they run
+    (the suite's quick check of the README; the whole README is a `long` test).
 
 A block fails on a non-zero exit, on a daemon that exits before it joins, or on output that
 no command should print (a crash, an uncaught exception, a sanitizer report).
@@ -25,6 +27,7 @@ no command should print (a crash, an uncaught exception, a sanitizer report).
   python3 ops/readme-run.py --all      # also the long blocks
   python3 ops/readme-run.py --list     # the blocks and what this script does with each
   python3 ops/readme-run.py --only 445 # one block, by the line of its fence
+  python3 ops/readme-run.py --smoke    # only the blocks marked smoke
 """
 import argparse
 import os
@@ -148,6 +151,7 @@ def main():
     ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
     ap.add_argument("--timeout", type=float, default=900, help="seconds per block (default 900)")
     ap.add_argument("--only", type=int, metavar="LINE", help="run only the block whose fence is on README line LINE")
+    ap.add_argument("--smoke", action="store_true", help="run only the blocks marked <!-- readme-run: smoke -->")
     args = ap.parse_args()
 
     found = blocks(args.readme)
@@ -156,6 +160,8 @@ def main():
         kind, _, reason = directive.partition(" ")
         if args.only and line != args.only:
             plan.append((line, None, "not the --only block"))
+        elif args.smoke and kind != "smoke":
+            plan.append((line, None, "not a smoke block"))
         elif kind == "skip" or (kind == "long" and not args.all):
             plan.append((line, None, f"{kind}: {reason}"))
         else:

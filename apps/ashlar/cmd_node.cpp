@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <thread>
 #include <unistd.h>
@@ -21,6 +22,8 @@
 #include "apps/ashlar/host.hpp"
 #include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
+#include "runtime/control/node_lifecycle.hpp"
+#include "runtime/core/clock.hpp"
 #include "runtime/os/subprocess.hpp"
 #include "runtime/core/log.hpp"
 #include "runtime/metrics/prometheus.hpp"
@@ -70,6 +73,54 @@ expected<run_report> run_cluster_job(caf::actor_system& sys, const actors::clust
   hooks.metrics = metrics;
   hooks.stop_requested = stopping;
   return actors::run_job(sys, cfg, where, hooks);
+}
+
+// A job submitted with `ashlar train --join`: its settings checked (its files only under
+// this node's work directory, never over its credentials), then run on the cluster's
+// nodes; the answer goes to the cluster actor, which passes it to the submitter.
+void run_submitted_job(caf::actor_system& sys, const actors::cluster_actor& cluster, const node_options& o,
+                       const wire::job_request& req, const std::vector<std::string>& credential_dirs,
+                       const std::vector<std::string>& credential_files, http_endpoint* metrics) {
+    train_config cfg;
+    caf::error err;
+    for (const auto& [k, v] : req.settings)
+      if (!err)
+        err = apply_setting(cfg, k, v);
+    if (!err)
+      err = validate(cfg);
+    // A submitted job writes only inside this node's work directory.
+    for (auto* path : {&cfg.trace, &cfg.metrics, &cfg.checkpoint_dir}) {
+      if (err || path->empty())
+        continue;
+      auto what = path == &cfg.trace ? "run.trace" : path == &cfg.metrics ? "run.metrics" : "run.checkpoint_dir";
+      auto inside = confine_path(o.work_dir, *path, what);
+      if (!inside) {
+        err = inside.error();
+        continue;
+      }
+      // Nor over this node's own credentials, wherever the work directory is.
+      bool secret = false;
+      for (const auto& d : credential_dirs)
+        secret = secret || (!d.empty() && confine_path(d, *inside, what));
+      for (const auto& f : credential_files)
+        secret = secret || f == *inside;
+      if (secret)
+        err = make_error(errc::invalid_argument,
+                         std::string{what} + " " + *path + " would overwrite this node's credentials");
+      *path = *inside;
+    }
+    if (err) {
+      spdlog::warn("scheduler: refused a submitted job: {}", describe(err));
+      caf::anon_send(cluster, actors::job_atom::value, err);
+      return;
+    }
+    spdlog::info("scheduler: running a submitted job ({} workers, {} shards, policy {})",
+                 cfg.workers, cfg.servers, cfg.policy);
+    auto rep = run_cluster_job(sys, cluster, cfg, o.wait_timeout, metrics);
+    if (rep)
+      caf::anon_send(cluster, actors::job_atom::value, wire::job_result{to_json(*rep)});
+    else
+      caf::anon_send(cluster, actors::job_atom::value, rep.error());
 }
 
 int run_node(node_options& o) {
@@ -286,188 +337,90 @@ int run_node(node_options& o) {
     if (o.exit_after_job || code != 0)
       stop = true;
   }
-  bool draining = false;
-  auto drain_deadline = std::chrono::steady_clock::now();
-  // A server or worker node that lost its scheduler stops what it hosts and waits up to
-  // --rejoin-timeout for a scheduler at the same address (one restarted with --resume
-  // takes the job up from its checkpoints), then joins it again in the same process.
-  // Returns false when it should exit (code set).
-  auto wait_and_rejoin = [&](const std::string& reason) {
-    auto lost = [&](const std::string& why) {
-      spdlog::error("node {}: lost the scheduler at {} ({}){}", o.name, address, reason, why);
-    };
-    if (is_scheduler || o.rejoin_timeout <= 0) {
-      lost("");
-      code = 1;
-      return false;
-    }
-    spdlog::warn("node {}: lost the scheduler at {} ({}); stopping its shards and workers and waiting up to {} s "
-                 "for it to come back (--rejoin-timeout)",
-                 o.name, address, reason, o.rejoin_timeout);
-    self->request(node, 30s, actors::stop_atom::value)
-      .receive([](uint32_t) {},
-               [&](caf::error& err) {
-                 spdlog::warn("node {}: its shards and workers did not all stop: {}", o.name, describe(err));
-               });
-    // A stop signal while waiting ends the wait (and the node).
-    auto signalled = [&] {
-      int sig = take_stop_signal();
-      if (sig != 0)
-        spdlog::info("node {}: {} received while waiting for the scheduler; exiting", o.name, signal_name(sig));
-      return sig != 0;
-    };
-    auto ep = actors::parse_endpoint(address);
-    auto again = jo;
-    again.replace_shard = -1; // a new scheduler places the job's shards itself
-    auto deadline = std::chrono::steady_clock::now()
-                    + std::chrono::milliseconds(static_cast<int64_t>(o.rejoin_timeout * 1000));
-    // A scheduler that was frozen (stopped, a stalled machine) past the heartbeat timeout
-    // still holds its connection to this node until its own heartbeat check drops it, and
-    // takes a new connection from the same node before that for a repeat: messages back
-    // to this node would go nowhere. So: first wait until the scheduler admits a probe
-    // connection, then for its heartbeat check to have dropped the old one, then join.
-    bool answered = false;
-    caf::error last_probe;
-    while (!answered && std::chrono::steady_clock::now() < deadline) {
-      if (signalled())
-        return false;
-      auto probed = actors::probe_admission(sys, *ep, 1s);
-      answered = !probed;
-      last_probe = probed;
-      if (is(probed, errc::handshake_refused)) {
-        lost(": " + describe(probed));
-        code = 1;
-        return false;
+  // From here the node's lifecycle decides (runtime/control/node_lifecycle.hpp): this loop
+  // turns the scheduler's loss, shutdowns, signals and probe answers into its events, and
+  // carries out its actions.
+  control::node_timing timing;
+  timing.rejoin_ns = static_cast<uint64_t>(std::max(0.0, o.rejoin_timeout) * 1e9);
+  timing.settle_ns = static_cast<uint64_t>(
+    std::chrono::duration_cast<std::chrono::nanoseconds>(actors::heartbeat_interval + actors::connection_timeout + 500ms)
+      .count());
+  control::node_lifecycle life{system_clock(), address, timing, !is_scheduler};
+  auto ep = actors::parse_endpoint(address);
+  auto again = jo;
+  again.replace_shard = -1; // a new scheduler places the job's shards itself
+  std::function<void(std::vector<control::node_action>)> act = [&](std::vector<control::node_action> actions) {
+    for (const auto& a : actions)
+      switch (a.kind) {
+        case control::node_action::stop_hosted:
+          self->request(node, 30s, actors::stop_atom::value)
+            .receive([](uint32_t) {},
+                     [&](caf::error& err) {
+                       spdlog::warn("node {}: its shards and workers did not all stop: {}", o.name, describe(err));
+                     });
+          break;
+        case control::node_action::probe: {
+          auto probed = actors::probe_admission(sys, *ep, 1s);
+          act(life.on_probe(!probed                                    ? control::node_lifecycle::answer::admitted
+                            : is(probed, errc::handshake_refused) ? control::node_lifecycle::answer::refused
+                                                                  : control::node_lifecycle::answer::failed,
+                            describe(probed)));
+          break;
+        }
+        case control::node_action::rejoin: {
+          again.timeout = std::chrono::milliseconds(a.wait_ns / 1000000);
+          auto m = actors::rejoin_cluster(sys, *ep, again, node);
+          if (m) {
+            cluster = m->cluster;
+            self->monitor(cluster);
+          }
+          act(life.on_rejoin(m                                              ? control::node_lifecycle::answer::admitted
+                             : is(m.error(), errc::handshake_refused) ? control::node_lifecycle::answer::refused
+                                                                      : control::node_lifecycle::answer::failed,
+                             m ? "node " + std::to_string(m->node_id) : describe(m.error())));
+          break;
+        }
+        case control::node_action::drain:
+          // Workers finish their step and leave; the node reports back with stop_atom.
+          if (node)
+            self->send(node, wire::ctl_request{wire::ctl_request::shutdown, 0, 0});
+          else
+            act(life.on_drained());
+          break;
+        case control::node_action::log_warn:
+          spdlog::warn("node {}: {}", o.name, a.text);
+          break;
+        case control::node_action::log_info:
+          spdlog::info("node {}: {}", o.name, a.text);
+          break;
+        case control::node_action::exit:
+          if (!a.text.empty())
+            spdlog::error("node {}: {}", o.name, a.text);
+          if (a.code != 0)
+            code = a.code;
+          stop = true;
+          break;
       }
-      if (!answered)
-        std::this_thread::sleep_for(500ms);
-    }
-    if (answered) {
-      const auto settle = actors::heartbeat_interval + actors::connection_timeout + 500ms;
-      spdlog::info("node {}: the scheduler at {} answers; joining it again in {:.1f} s, once it has dropped "
-                   "its connections of before", o.name, address, std::chrono::duration<double>(settle).count());
-      const auto until = std::min(deadline + 2s, std::chrono::steady_clock::now() + settle);
-      while (std::chrono::steady_clock::now() < until) {
-        if (signalled())
-          return false;
-        std::this_thread::sleep_for(100ms);
-      }
-      deadline = std::max(deadline, std::chrono::steady_clock::now() + 2s); // one join attempt at least
-    } else if (last_probe) {
-      lost(fmt::format(": it did not come back within {:g} s; exiting (the last try: {})", o.rejoin_timeout,
-                       describe(last_probe)));
-      code = 1;
-      return false;
-    }
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (signalled())
-        return false;
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      again.timeout = std::min<std::chrono::milliseconds>(left, 2s);
-      if (again.timeout.count() <= 0)
-        break;
-      auto m = actors::rejoin_cluster(sys, *ep, again, node);
-      if (m) {
-        cluster = m->cluster;
-        self->monitor(cluster);
-        spdlog::info("node {}: joined the scheduler at {} again as node {}", o.name, address, m->node_id);
-        return true;
-      }
-      if (is(m.error(), errc::handshake_refused)) {
-        lost(": " + describe(m.error()));
-        code = 1;
-        return false;
-      }
-    }
-    lost(fmt::format(": it did not come back within {:g} s; exiting", o.rejoin_timeout));
-    code = 1;
-    return false;
   };
-  // The scheduler went away: an error, unless the node reports within a second that the
-  // cluster had told it to shut down (the scheduler's exit can overtake that message).
-  std::optional<std::chrono::steady_clock::time_point> scheduler_lost;
-  std::string lost_reason;
   while (!stop) {
     self->receive(
       [&](actors::stop_atom) {
-        // The node stopped its workers (shutdown), or the cluster asked the runner to stop.
-        stop = true;
+        // The node stopped its workers (a shutdown, or the drain a signal began), or the
+        // cluster asked the runner to stop.
+        act(life.state() == control::node_lifecycle::phase::draining ? life.on_drained() : life.on_shutdown());
       },
       [&](const wire::job_request& req) {
-        train_config cfg;
-        caf::error err;
-        for (const auto& [k, v] : req.settings)
-          if (!err)
-            err = apply_setting(cfg, k, v);
-        if (!err)
-          err = validate(cfg);
-        // A submitted job writes only inside this node's work directory.
-        for (auto* path : {&cfg.trace, &cfg.metrics, &cfg.checkpoint_dir}) {
-          if (err || path->empty())
-            continue;
-          auto what = path == &cfg.trace ? "run.trace" : path == &cfg.metrics ? "run.metrics" : "run.checkpoint_dir";
-          auto inside = confine_path(o.work_dir, *path, what);
-          if (!inside) {
-            err = inside.error();
-            continue;
-          }
-          // Nor over this node's own credentials, wherever the work directory is.
-          bool secret = false;
-          for (const auto& d : credential_dirs)
-            secret = secret || (!d.empty() && confine_path(d, *inside, what));
-          for (const auto& f : credential_files)
-            secret = secret || f == *inside;
-          if (secret)
-            err = make_error(errc::invalid_argument,
-                             std::string{what} + " " + *path + " would overwrite this node's credentials");
-          *path = *inside;
-        }
-        if (err) {
-          spdlog::warn("scheduler: refused a submitted job: {}", describe(err));
-          caf::anon_send(cluster, actors::job_atom::value, err);
-          return;
-        }
-        spdlog::info("scheduler: running a submitted job ({} workers, {} shards, policy {})",
-                     cfg.workers, cfg.servers, cfg.policy);
-        auto rep = run_cluster_job(sys, cluster, cfg, o.wait_timeout, metrics.get());
-        if (rep)
-          caf::anon_send(cluster, actors::job_atom::value, wire::job_result{to_json(*rep)});
-        else
-          caf::anon_send(cluster, actors::job_atom::value, rep.error());
+        run_submitted_job(sys, cluster, o, req, credential_dirs, credential_files, metrics.get());
       },
       [&](caf::down_msg& dm) {
-        if (dm.source != cluster.address())
-          return; // a scheduler this node left for a newer one
-        scheduler_lost = std::chrono::steady_clock::now() + 1s;
-        lost_reason = to_string(dm.reason);
+        if (dm.source == cluster.address()) // (not a scheduler this node left for a newer one)
+          act(life.on_scheduler_down(to_string(dm.reason)));
       },
       caf::after(100ms) >> [&] {
-        if (scheduler_lost && std::chrono::steady_clock::now() > *scheduler_lost) {
-          scheduler_lost.reset();
-          stop = !wait_and_rejoin(lost_reason);
-          return;
-        }
-        int sig = take_stop_signal();
-        if (sig == 0) {
-          if (draining && std::chrono::steady_clock::now() > drain_deadline) {
-            spdlog::warn("node {}: workers did not stop within 30 s; exiting", o.name);
-            stop = true;
-          }
-          return;
-        }
-        if (draining) {
-          stop = true; // a second signal: leave now
-          return;
-        }
-        spdlog::info("node {}: {} received, stopping", o.name, signal_name(sig));
-        if (node) {
-          // Let workers finish their step and leave; the node reports back with stop_atom.
-          draining = true;
-          drain_deadline = std::chrono::steady_clock::now() + 30s;
-          self->send(node, wire::ctl_request{wire::ctl_request::shutdown, 0, 0});
-        } else {
-          stop = true;
-        }
+        if (int sig = take_stop_signal(); sig != 0)
+          act(life.on_signal(signal_name(sig)));
+        if (!stop)
+          act(life.on_time());
       });
   }
   if (is_scheduler && o.exit_after_job) {

@@ -4,6 +4,7 @@
 
 #include "runtime/control/cluster_membership.hpp"
 #include "runtime/control/job_lifecycle.hpp"
+#include "runtime/control/node_lifecycle.hpp"
 #include "runtime/policy/assignment.hpp"
 
 using namespace ashlar;
@@ -181,4 +182,121 @@ TEST_CASE("a ring's members keep equal steps after a hand-over") {
   CHECK(h.parts[0].steps == h.parts[1].steps);
   CHECK(h.parts[1].steps == h.parts[2].steps);
   CHECK(h.parts[0].steps == 4 + 6 + 1); // 6 left each, 33 owed: one more round
+}
+
+namespace {
+
+bool does(const std::vector<node_action>& acts, node_action::kind_t k) {
+  for (const auto& a : acts)
+    if (a.kind == k)
+      return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("a node that loses its scheduler waits a grace for a shutdown, then stops what it hosts and probes") {
+  manual_clock clock;
+  node_lifecycle node{clock, "127.0.0.1:7400", node_timing{}};
+  CHECK(node.on_scheduler_down("remote_link_unreachable").empty());
+  CHECK(node.state() == node_lifecycle::phase::lost);
+  clock.advance(500 * 1000000ull);
+  CHECK(node.on_time().empty());
+  // The shutdown it was told of overtook the connection's end: it exits 0.
+  node_lifecycle told{clock, "127.0.0.1:7400", node_timing{}};
+  told.on_scheduler_down("x");
+  auto bye = told.on_shutdown();
+  REQUIRE(does(bye, node_action::exit));
+  CHECK(bye.front().code == 0);
+  clock.advance(600 * 1000000ull);
+  auto acts = node.on_time();
+  CHECK(does(acts, node_action::stop_hosted));
+  CHECK(does(acts, node_action::probe));
+  CHECK(node.state() == node_lifecycle::phase::probing);
+}
+
+TEST_CASE("a node rejoins a scheduler that answers again, after its settle time, and gives up naming the last try") {
+  manual_clock clock;
+  node_timing t;
+  t.rejoin_ns = 10 * second;
+  node_lifecycle node{clock, "127.0.0.1:7400", t};
+  node.on_scheduler_down("heartbeat timeout");
+  clock.advance(second);
+  node.on_time();
+  CHECK(node.on_probe(node_lifecycle::answer::failed, "connection refused").empty());
+  clock.advance(t.probe_gap_ns);
+  CHECK(does(node.on_time(), node_action::probe));
+  node.on_probe(node_lifecycle::answer::admitted, "");
+  CHECK(node.state() == node_lifecycle::phase::settling);
+  clock.advance(t.settle_ns - 1);
+  CHECK(node.on_time().empty());
+  clock.advance(1);
+  auto acts = node.on_time();
+  REQUIRE(does(acts, node_action::rejoin));
+  CHECK(node.on_rejoin(node_lifecycle::answer::failed, "timeout").front().kind == node_action::rejoin);
+  node.on_rejoin(node_lifecycle::answer::admitted, "node 7");
+  CHECK(node.state() == node_lifecycle::phase::serving);
+  CHECK(node.rejoins() == 1);
+
+  // Lost again, and it never answers: after the rejoin wait it exits 1, naming the last try.
+  node.on_scheduler_down("remote_link_unreachable");
+  clock.advance(second);
+  REQUIRE(does(node.on_time(), node_action::probe));
+  CHECK(node.on_probe(node_lifecycle::answer::failed, "connection refused").empty());
+  for (int i = 0; i < 40 && node.state() != node_lifecycle::phase::ended; ++i) {
+    clock.advance(t.probe_gap_ns);
+    auto a = node.on_time();
+    if (does(a, node_action::probe)) {
+      auto end = node.on_probe(node_lifecycle::answer::failed, "connection refused");
+      if (does(end, node_action::exit)) {
+        CHECK(end.front().code == 1);
+        CHECK(end.front().text == "lost the scheduler at 127.0.0.1:7400 (remote_link_unreachable): it did not come "
+                                  "back within 10 s; exiting (the last try: connection refused)");
+      }
+    }
+  }
+  CHECK(node.state() == node_lifecycle::phase::ended);
+}
+
+TEST_CASE("a node refused for good by its scheduler, or one that may not rejoin, exits 1 at once") {
+  manual_clock clock;
+  node_lifecycle node{clock, "h:1", node_timing{}};
+  node.on_scheduler_down("x");
+  clock.advance(2 * second);
+  node.on_time();
+  auto end = node.on_probe(node_lifecycle::answer::refused, "handshake_refused: another cluster token");
+  REQUIRE(does(end, node_action::exit));
+  CHECK(end.front().text == "lost the scheduler at h:1 (x): handshake_refused: another cluster token");
+  node_timing none;
+  none.rejoin_ns = 0;
+  node_lifecycle quick{clock, "h:1", none};
+  quick.on_scheduler_down("x");
+  clock.advance(2 * second);
+  auto out = quick.on_time();
+  REQUIRE(does(out, node_action::exit));
+  CHECK(out.front().code == 1);
+}
+
+TEST_CASE("a stop signal drains the node's workers, a second leaves at once, and a drain past its time ends it") {
+  manual_clock clock;
+  node_lifecycle node{clock, "h:1", node_timing{}};
+  auto acts = node.on_signal("SIGTERM");
+  CHECK(does(acts, node_action::drain));
+  CHECK(node.state() == node_lifecycle::phase::draining);
+  auto done = node.on_drained();
+  REQUIRE(does(done, node_action::exit));
+  CHECK(done.front().code == 0);
+  node_lifecycle twice{clock, "h:1", node_timing{}};
+  twice.on_signal("SIGINT");
+  CHECK(does(twice.on_signal("SIGINT"), node_action::exit));
+  node_lifecycle slow{clock, "h:1", node_timing{}};
+  slow.on_signal("SIGTERM");
+  clock.advance(30 * second);
+  CHECK(does(slow.on_time(), node_action::exit));
+  // While waiting for a lost scheduler, a signal ends the wait and the node.
+  node_lifecycle waiting{clock, "h:1", node_timing{}};
+  waiting.on_scheduler_down("x");
+  clock.advance(2 * second);
+  waiting.on_time();
+  CHECK(does(waiting.on_signal("SIGINT"), node_action::exit));
 }

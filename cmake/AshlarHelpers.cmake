@@ -15,9 +15,12 @@ function(ashlar_public_includes name)
                              $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}> $<INSTALL_INTERFACE:include/ashlar>)
 endfunction()
 
-# ashlar_test(NAME SOURCES ... DEPS ... [LABELS ...] [SKIP_REGEX RE]): a Catch2 executable whose test cases ctest discovers.
+# ashlar_test(NAME SOURCES ... DEPS ... [LABELS ...] [SKIP_REGEX RE] [LONG_CASES NAME ...]): a
+# Catch2 executable whose test cases ctest discovers. LONG_CASES: the names of the cases
+# that also get the label `long` (minutes of real processes: run by `ctest -L long`, left
+# out of the suite's `-LE long`).
 function(ashlar_test name)
-  cmake_parse_arguments(A "" "SKIP_REGEX" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(A "" "SKIP_REGEX" "SOURCES;DEPS;LABELS;LONG_CASES" ${ARGN})
   # ctest names each Catch test case after its name, and a ';' there splits the name (a
   # CMake list), so the truncated name matches no test case and "passes" running nothing.
   foreach(_src ${A_SOURCES})
@@ -48,4 +51,15 @@ function(ashlar_test name)
   endif()
   catch_discover_tests(${name} TEST_PREFIX "${name}: " PROPERTIES ${_props}
     EXTRA_ARGS --warn NoAssertions)
+  # The long cases' label, set once ctest has read the discovered cases (an include file
+  # that comes after discovery's own).
+  if(A_LONG_CASES)
+    set(_file "${CMAKE_CURRENT_BINARY_DIR}/${name}_long_cases.cmake")
+    set(_text "")
+    foreach(_case ${A_LONG_CASES})
+      string(APPEND _text "set_tests_properties(\"${name}:${_case}\" PROPERTIES LABELS \"${A_LABELS};long\")\n")
+    endforeach()
+    file(WRITE "${_file}" "${_text}")
+    set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${_file}")
+  endif()
 endfunction()

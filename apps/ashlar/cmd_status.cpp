@@ -165,6 +165,7 @@ command_fn add_ctl(CLI::App& app) {
   auto* cmd = app.add_subcommand("ctl", "Change a running cluster: remove or add workers, stop its job, shut down");
   cmd->require_subcommand(1);
   cmd->add_option("--join", o->join, "the scheduler's HOST:PORT")->required();
+  cmd->add_option("--timeout", o->timeout, "seconds to wait for the scheduler")->capture_default_str();
   add_security_options(cmd, o->security, false);
   auto* rm = cmd->add_subcommand("remove-worker", "let worker ID finish its step and leave");
   rm->add_option("id", req->worker_id, "worker id (see ashlar status)")->required();

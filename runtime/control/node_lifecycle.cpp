@@ -114,7 +114,9 @@ std::vector<node_action> node_lifecycle::on_rejoin(answer a, const std::string& 
     case answer::admitted:
       phase_ = phase::serving;
       ++rejoins_;
-      return {node_action{node_action::log_info, "joined the scheduler at " + scheduler_ + " again", 0, 0}};
+      return {node_action{node_action::log_info,
+                          "joined the scheduler at " + scheduler_ + " again" + (detail.empty() ? "" : " as " + detail), 0,
+                          0}};
     case answer::refused:
       return give_up(": " + detail);
     case answer::failed:

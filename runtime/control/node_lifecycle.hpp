@@ -65,7 +65,7 @@ public:
   /// A probe's answer: admitted, refused for good (another token, protocol), or failed.
   enum class answer : uint8_t { admitted, refused, failed };
   std::vector<node_action> on_probe(answer a, const std::string& detail);
-  /// A rejoin's answer.
+  /// A rejoin's answer (`detail`: admitted, the node's new name, "node 7"; else the error).
   std::vector<node_action> on_rejoin(answer a, const std::string& detail);
   /// Time passed: call at deadline() or later.
   std::vector<node_action> on_time();

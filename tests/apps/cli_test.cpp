@@ -517,8 +517,9 @@ TEST_CASE("a trace file that cannot be written stops the run before training, na
 }
 
 TEST_CASE("ashlar ctl takes --join before or after its subcommand, and names an unreachable scheduler") {
-  for (auto args : {"ctl --join 127.0.0.1:1 shutdown", "ctl shutdown --join 127.0.0.1:1",
-                    "ctl remove-worker 3 --join 127.0.0.1:1", "ctl add-worker --count 2 --join 127.0.0.1:1"}) {
+  for (auto args : {"ctl --join 127.0.0.1:1 --timeout 1 shutdown", "ctl shutdown --join 127.0.0.1:1 --timeout 1",
+                    "ctl remove-worker 3 --join 127.0.0.1:1 --timeout 1",
+                    "ctl add-worker --count 2 --join 127.0.0.1:1 --timeout 1", "ctl stop-job --join 127.0.0.1:1 --timeout 1"}) {
     INFO(args);
     auto r = run(args);
     CHECK(r.code == 1);

@@ -234,7 +234,8 @@ TEST_CASE("a node rejoins a scheduler that answers again, after its settle time,
   auto acts = node.on_time();
   REQUIRE(does(acts, node_action::rejoin));
   CHECK(node.on_rejoin(node_lifecycle::answer::failed, "timeout").front().kind == node_action::rejoin);
-  node.on_rejoin(node_lifecycle::answer::admitted, "node 7");
+  auto back = node.on_rejoin(node_lifecycle::answer::admitted, "node 7");
+  CHECK(back.front().text == "joined the scheduler at 127.0.0.1:7400 again as node 7");
   CHECK(node.state() == node_lifecycle::phase::serving);
   CHECK(node.rejoins() == 1);
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <queue>
 #include <random>
@@ -12,6 +13,7 @@
 #include "runtime/control/cluster_membership.hpp"
 #include "runtime/control/job_lifecycle.hpp"
 #include "runtime/control/member_plan.hpp"
+#include "runtime/control/node_lifecycle.hpp"
 #include "runtime/core/clock.hpp"
 #include "runtime/policy/assignment.hpp"
 
@@ -37,6 +39,9 @@ struct node_state {
   uint32_t slots = 0;
   bool stable = false; // never faulted by the schedule
   uint32_t life = 0;    // which run of the process (a restart is a new one)
+  // Its lifecycle once it joined (control::node_lifecycle): it loses, probes, settles and
+  // rejoins its scheduler by the rule `ashlar node` follows.
+  std::shared_ptr<control::node_lifecycle> lifecycle;
 };
 
 struct worker_state {
@@ -202,6 +207,8 @@ struct world {
       return;
     nd.id = id;
     res.control_work += 1;
+    if (!nd.lifecycle && n != 0)
+      nd.lifecycle = std::make_shared<control::node_lifecycle>(clock, "the scheduler", control::node_timing{});
     if (adm.slots > members.limits().slots_per_node)
       violate("node " + std::to_string(id) + " was granted " + std::to_string(adm.slots) + " slots, past the limit");
     note("node " + std::to_string(id) + " joined with " + std::to_string(adm.slots) + " slots");
@@ -710,7 +717,7 @@ struct world {
     auto& nd = nodes[n];
     if (nd.up)
       return;
-    nd = node_state{0, true, false, false, nd.slots, false, nd.life + 1};
+    nd = node_state{0, true, false, false, nd.slots, false, nd.life + 1, nullptr};
     fault_at.erase(n);
     note("node process " + std::to_string(n) + " restarts");
     after(latency(), [this, n] { node_hello(n); });
@@ -732,14 +739,57 @@ struct world {
       (freeze ? nd.frozen : nd.cut) = false;
       fault_at.erase(n);
       note(std::string{"node process "} + std::to_string(n) + (freeze ? " thawed" : " reachable again"));
-      if (id != 0 && nd.id != id) {
-        // It was dropped: it lets its workers go and joins again (node lifecycle).
-        for (auto& [wid, w] : workers)
-          if (w.node == n)
-            w.alive = false;
-        after(latency(), [this, n] { node_hello(n); });
-      }
+      if (id != 0 && nd.id != id && nd.lifecycle) // it was dropped: it finds its connection closed
+        node_act(n, nd.lifecycle->on_scheduler_down("its connection closed"));
     });
+  }
+
+  // The node's side: its lifecycle's actions on this world.
+  void node_act(size_t n, const std::vector<control::node_action>& acts) {
+    auto& nd = nodes[n];
+    auto life = nd.lifecycle;
+    if (!life)
+      return;
+    const bool reachable = nd.up && !nd.frozen && !nd.cut;
+    for (const auto& a : acts) {
+      switch (a.kind) {
+        case control::node_action::stop_hosted:
+          for (auto& [wid, w] : workers)
+            if (w.node == n)
+              w.alive = false;
+          break;
+        case control::node_action::probe:
+          node_act(n, life->on_probe(reachable ? control::node_lifecycle::answer::admitted
+                                               : control::node_lifecycle::answer::failed,
+                                     "connection refused"));
+          break;
+        case control::node_action::rejoin:
+          if (reachable && nd.id == 0)
+            node_hello(n);
+          node_act(n, life->on_rejoin(nd.id != 0 ? control::node_lifecycle::answer::admitted
+                                                 : control::node_lifecycle::answer::failed,
+                                      nd.id != 0 ? "node " + std::to_string(nd.id) : "timed out"));
+          break;
+        case control::node_action::exit:
+          note("node process " + std::to_string(n) + " exits: " + a.text);
+          nd.up = false;
+          for (auto& [wid, w] : workers)
+            if (w.node == n)
+              w.alive = false;
+          break;
+        default:
+          if (!a.text.empty())
+            note("node process " + std::to_string(n) + ": " + a.text);
+          break;
+      }
+    }
+    if (auto d = life->deadline()) {
+      const uint32_t run = nd.life;
+      at(std::max(*d, now()), [this, n, run] {
+        if (nodes[n].life == run && nodes[n].lifecycle)
+          node_act(n, nodes[n].lifecycle->on_time());
+      });
+    }
   }
 };
 
@@ -827,13 +877,13 @@ sim_result run(const sim_options& opt) {
         }
         break;
       case join: {
-        w.nodes.push_back(node_state{0, true, false, false, 1 + static_cast<uint32_t>(rng() % 3), false, 0});
+        w.nodes.push_back(node_state{0, true, false, false, 1 + static_cast<uint32_t>(rng() % 3), false, 0, nullptr});
         const size_t m = w.nodes.size() - 1;
         w.at(t, [&w, m] { w.node_hello(m); });
         break;
       }
       case huge: {
-        w.nodes.push_back(node_state{0, true, false, false, 100000, false, 0});
+        w.nodes.push_back(node_state{0, true, false, false, 100000, false, 0, nullptr});
         const size_t m = w.nodes.size() - 1;
         w.at(t, [&w, m] { w.node_hello(m); });
         break;
@@ -873,7 +923,7 @@ sim_result run(const sim_options& opt) {
         for (uint32_t i = 0; i < churn && i < up.size(); ++i)
           w.crash(up[i]);
         for (uint32_t i = 0; i < churn; ++i) {
-          w.nodes.push_back(node_state{0, true, false, false, w.nodes[1].slots, false, 0});
+          w.nodes.push_back(node_state{0, true, false, false, w.nodes[1].slots, false, 0, nullptr});
           const size_t m = w.nodes.size() - 1;
           w.after(w.latency() + i * ms, [&w, m] { w.node_hello(m); });
         }

@@ -1,7 +1,7 @@
 // A deterministic simulator of an Ashlar cluster's control plane: one thread, simulated
 // time and network, the real control-plane machines (runtime/control: the job's
-// lifecycle, the cluster's membership; runtime/policy/assignment: the hand-over of lost
-// shares) driving simulated nodes and workers whose compute is a paced delay. A seed
+// lifecycle, the cluster's membership, the plan of membership changes, each node's
+// lifecycle) driving simulated nodes and workers whose compute is a paced delay. A seed
 // draws a schedule of faults (a node crashed, frozen and thawed, partitioned and healed,
 // nodes joining, a node asking for 100000 slots, a script that raises, a stop, a shutdown
 // while the job waits); after every event the invariants are checked, and the first one

@@ -45,6 +45,10 @@ member_plan plan_member_changes(const std::map<uint32_t, ledger_entry>& members,
         out.lost_steps[id] = done_of(id);
         ++out.taken_up;
       }
+  if (owed == 0 && newcomers.empty()) { // members that finished their steps: nothing to move
+    out.live = 0;
+    return out;
+  }
   if (lockstep) {
     auto h = hand_over_lockstep(live, done, owed, train_size, ring);
     for (auto id : newcomers) {

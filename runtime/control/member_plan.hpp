@@ -34,7 +34,8 @@ struct member_plan {
   uint64_t handed_samples = 0;
   /// Members lost earlier, when nobody was live, whose steps the newcomers take up.
   size_t taken_up = 0;
-  /// Live workers the plan concerns (0: nothing to send).
+  /// Live workers the plan concerns (0: nothing to send: nobody live, or only members that
+  /// had finished their steps left).
   size_t live = 0;
 };
 

@@ -4,6 +4,7 @@
 
 #include "runtime/control/cluster_membership.hpp"
 #include "runtime/control/job_lifecycle.hpp"
+#include "runtime/control/member_plan.hpp"
 #include "runtime/control/node_lifecycle.hpp"
 #include "runtime/policy/assignment.hpp"
 
@@ -300,4 +301,32 @@ TEST_CASE("a stop signal drains the node's workers, a second leaves at once, and
   clock.advance(2 * second);
   waiting.on_time();
   CHECK(does(waiting.on_signal("SIGINT"), node_action::exit));
+}
+
+TEST_CASE("a plan of membership changes moves nothing for members that finished, and hands a lost one's steps over once") {
+  std::map<uint32_t, ledger_entry> members;
+  for (uint32_t id = 0; id < 4; ++id)
+    members[id] = ledger_entry{member_part{32, id * 100, 100, 50}, false, false, true, 0};
+  members[3].left = true; // finished all its steps
+  std::map<uint32_t, uint64_t> done{{0, 50}, {1, 49}, {2, 49}, {3, 50}};
+  auto none = plan_member_changes(members, {3}, {}, done, 400, true, false);
+  CHECK(none.live == 0);
+  CHECK(none.directives.empty());
+  members[2].left = true; // lost with 20 of its 50 steps trained
+  members[2].failed = true;
+  done[2] = 30;
+  auto p = plan_member_changes(members, {2}, {}, done, 400, true, false);
+  CHECK(p.live == 2);
+  CHECK(p.handed_samples == 20 * 32);
+  CHECK(p.lost_steps.at(2) == 30);
+  uint64_t added = 0;
+  for (const auto& [id, d] : p.directives)
+    if (d.steps > 0)
+      added += (d.steps - members[id].part.steps) * 32;
+  CHECK(added + 32 >= 20 * 32 + 32); // what was owed, one batch at most past it
+  CHECK(added <= 20 * 32 + 32);
+  // A newcomer takes a part of the set and steps from the same rule.
+  members[5] = ledger_entry{member_part{32, 0, 400, 0}, false, false, false, 0};
+  auto j = plan_member_changes(members, {}, {5}, done, 400, true, false);
+  CHECK(j.newcomer_steps.count(5) == 1);
 }

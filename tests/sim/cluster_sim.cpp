@@ -580,11 +580,12 @@ struct world {
     // loss on its own, rounded up to a round of every live worker; joins in equal rounds.)
     auto p = control::plan_member_changes(ledger, opt.legacy_handover ? std::set<uint32_t>{} : lost, newcomers, done,
                                           train_size, true, opt.legacy_handover);
-    if (opt.legacy_handover && p.live > 0)
+    if (opt.legacy_handover && live_count > 0)
       for (auto id : lost) {
         auto& m = table[id];
         const uint64_t owed_i = (m.steps - std::min(m.steps, m.done)) * batch;
-        const uint64_t extra = (owed_i + batch * p.live - 1) / (batch * p.live);
+        const uint64_t extra = (owed_i + uint64_t{batch} * live_count - 1) / (uint64_t{batch} * live_count);
+        p.live = live_count;
         p.lost_steps[id] = m.done;
         for (auto& [lid, lm] : table)
           if (lm.live) {

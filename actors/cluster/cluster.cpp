@@ -75,6 +75,16 @@ void add_worker_on(cluster_pointer self, uint32_t node_id) {
           });
 }
 
+// Starts on node `node_id` the workers the running job may still take there (its free
+// slots, up to train.max_workers: control::cluster_membership::to_start_on).
+void start_workers_on(cluster_pointer self, uint32_t node_id) {
+  const uint32_t k = self->state.job_running ? self->state.members.to_start_on(node_id) : 0;
+  if (k > 0)
+    spdlog::info("cluster: node {} starts {} worker(s) for the job", node_id, k);
+  for (uint32_t j = 0; j < k; ++j)
+    add_worker_on(self, node_id);
+}
+
 // Carries out what the job's lifecycle decided.
 void act(cluster_pointer self, const std::vector<control::job_action>& actions) {
   auto& st = self->state;
@@ -381,13 +391,7 @@ caf::result<wire::welcome> on_hello(cluster_pointer self, const wire::hello& h, 
                e.info.slots, admitted.note.empty() ? std::string{} : " (" + admitted.note + ")");
   // A node joining the running job starts workers in its free slots, up to the job's
   // bound (train.max_workers).
-  if (st.job_running) {
-    const uint32_t k = st.members.to_start_on(id);
-    if (k > 0)
-      spdlog::info("cluster: node {} starts {} worker(s) for the job", id, k);
-    for (uint32_t j = 0; j < k; ++j)
-      add_worker_on(self, id);
-  }
+  start_workers_on(self, id);
   capacity_changed(self);
   if (h.replace_shard >= 0) {
     rehost_shard(self, id, static_cast<uint32_t>(h.replace_shard));
@@ -510,11 +514,7 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
     if (st.job_running)
       for (const auto& [id, n] : st.nodes)
         if (n.info.alive)
-          if (const uint32_t k = st.members.to_start_on(id); k > 0) {
-            spdlog::info("cluster: node {} starts {} worker(s) the job lacks", id, k);
-            for (uint32_t j = 0; j < k; ++j)
-              add_worker_on(self, id);
-          }
+          start_workers_on(self, id);
     capacity_changed(self);
     // The shard's own node may be going down too: its loss comes first or soon after.
     if (shard_lost)

@@ -65,10 +65,6 @@ expected<double> median_seconds(cudaStream_t stream, int warmup, int reps, Work&
 
 }  // namespace
 
-bool built_with_cuda() {
-  return true;
-}
-
 expected<std::vector<device_info>> list_devices() {
   int n = 0;
   if (cudaError_t e = cudaGetDeviceCount(&n); e != cudaSuccess) {

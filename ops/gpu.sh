@@ -108,17 +108,21 @@ pack)
   for f in "$build/apps/ashlar" "$build/tests/gpu_tests"; do
     [[ -x $f ]] || { echo "ops/gpu.sh: $f is missing: run bash ops/build.sh first" >&2; exit 1; }
   done
-  if ! ldd "$build/apps/ashlar" | grep libcublas > /dev/null; then
-    echo "ops/gpu.sh: $build/apps/ashlar has no CUDA backend (no CUDA toolkit at configure time?)" >&2
+  # The CUDA backend is a module the programs open on first use (gpu/cuda_module.hpp).
+  module="$build/gpu/libashlar_cuda.so"
+  if [[ ! -f $module ]]; then
+    echo "ops/gpu.sh: $module is missing: this build has no CUDA backend (no CUDA toolkit at configure time?)" >&2
     exit 1
   fi
   rm -rf .device
   mkdir -p .device/lib .device/data
-  cp "$build/apps/ashlar" "$build/tests/gpu_tests" .device/
+  # The module beside the programs, where they look for it first.
+  cp "$build/apps/ashlar" "$build/tests/gpu_tests" "$module" .device/
   strip .device/ashlar .device/gpu_tests
+  strip --strip-unneeded .device/libashlar_cuda.so
   # Every shared library they load except the C library's own and CUDA's (the GPU
   # machine has its own CUDA, matching its driver).
-  { ldd "$build/apps/ashlar"; ldd "$build/tests/gpu_tests"; } | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
+  { ldd "$build/apps/ashlar"; ldd "$build/tests/gpu_tests"; ldd "$module"; } | awk '/=> \//{print $3}' | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
     libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda*|libcublas*|libcudart*) ;;
     *) cp -L "$lib" .device/lib/ ;;
@@ -126,8 +130,8 @@ pack)
   done
   strip --strip-unneeded .device/lib/* 2>/dev/null || true
   # Compressed, to fit the device tool's 64 MiB with the data set beside it.
-  tar cJf .device/bin.tar.xz -C .device ashlar gpu_tests lib
-  rm -rf .device/ashlar .device/gpu_tests .device/lib
+  tar cJf .device/bin.tar.xz -C .device ashlar gpu_tests libashlar_cuda.so lib
+  rm -rf .device/ashlar .device/gpu_tests .device/libashlar_cuda.so .device/lib
   cp /usr/share/datasets/fashion-mnist/*.gz .device/data/
   du -sh .device
   echo "packed: now run 'bash ops/gpu.sh run OUT' on the GPU machine with .device/ carried"

@@ -255,6 +255,29 @@ TEST_CASE("a node with the wrong cluster token is refused, with a message on bot
   CHECK(sched.proc.wait(10) == 0);
 }
 
+TEST_CASE("CPU-only node processes never load CUDA's libraries") {
+  // The CUDA backend is a module opened on the first request for a device
+  // (gpu/cuda_module.hpp): a scheduler and a worker node computing on the CPU map none of it.
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {});
+  auto node = start({exe, "node", "--role", "worker", "--join", sched.join}, dir.file("node.log"));
+  REQUIRE(wait_for_file(dir.file("node.log"),
+                        [](const std::string& t) { return t.find("joined the cluster") != std::string::npos; }, 15s));
+  for (pid_t pid : {sched.proc.pid(), node.pid()}) {
+    auto maps = slurp("/proc/" + std::to_string(pid) + "/maps");
+    INFO("pid " << pid);
+    REQUIRE(!maps.empty());
+    CHECK(maps.find("libashlar_cuda") == std::string::npos);
+    CHECK(maps.find("libcublas") == std::string::npos);
+    CHECK(maps.find("libcudart") == std::string::npos);
+  }
+  CHECK(slurp(dir.file("node.log")).find("workers compute on the CPU") != std::string::npos);
+  node.signal(SIGTERM);
+  CHECK(node.wait(10) == 0);
+  sched.proc.signal(SIGTERM);
+  CHECK(sched.proc.wait(10) == 0);
+}
+
 TEST_CASE("a node speaking another protocol version is refused, saying expected and actual") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {});

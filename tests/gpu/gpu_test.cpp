@@ -380,6 +380,11 @@ TEST_CASE("the CUDA backend refuses a batch of the wrong width or with a bad lab
 }
 
 TEST_CASE("without a usable GPU, asking for one fails with a device_error that says why") {
+#ifdef ASHLAR_CUDA_MODULE_PATH
+  // The module is opened even on a host without the NVIDIA driver (its absence would
+  // otherwise answer before CUDA is asked): the loader and CUDA's own answer are checked.
+  ::setenv("ASHLAR_CUDA_MODULE", ASHLAR_CUDA_MODULE_PATH, 1);
+#endif
   auto devices = gpu::list_devices();
   if (devices) {
     std::printf("this machine has %zu CUDA device(s); the no-GPU path is checked where there are none\n",

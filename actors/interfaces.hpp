@@ -38,6 +38,8 @@ using lr_atom = caf::atom_constant<caf::atom("lrfactor")>;
 using restore_atom = caf::atom_constant<caf::atom("restore")>;
 using wait_atom = caf::atom_constant<caf::atom("wait")>;
 using replan_atom = caf::atom_constant<caf::atom("replan")>;
+/// The scheduler's liveness ping of a node (runtime/control/node_watch.hpp).
+using ping_atom = caf::atom_constant<caf::atom("ping")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
 /// follows membership changes, reports its status. tune_atom: gradients per update and
@@ -130,7 +132,8 @@ using node_actor = caf::typed_actor<
   caf::replies_to<wire::spawn_shard>::with<shard_actor, std::string>, // and its data endpoint, or ""
   caf::replies_to<wire::spawn_worker, scheduler_actor, profiler_actor>::with<worker_actor>,
   caf::reacts_to<wire::ctl_request>,
-  caf::replies_to<stop_atom>::with<uint32_t>>;
+  caf::replies_to<stop_atom>::with<uint32_t>,
+  caf::replies_to<ping_atom>::with<caf::ok_atom>>; // the scheduler's liveness ping
 
 /// A job a cluster placement started: what a node joining mid-run needs to add workers.
 struct running_job {
@@ -171,7 +174,8 @@ using cluster_actor = caf::typed_actor<
   caf::reacts_to<job_atom, std::string>,
   caf::reacts_to<caf::publish_atom, std::string>,
   caf::reacts_to<job_atom>,
-  caf::reacts_to<shard_atom>>; // (to itself) re-host the running job's lost shards
+  caf::reacts_to<shard_atom>,  // (to itself) re-host the running job's lost shards
+  caf::reacts_to<ping_atom>>;  // (to itself) ping the live nodes, lose the silent ones
 
 /// Registers every Ashlar message type with `cfg` under names shared by all nodes.
 void register_types(caf::actor_system_config& cfg);

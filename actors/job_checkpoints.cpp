@@ -1,4 +1,5 @@
 #include "actors/job_checkpoints.hpp"
+#include "runtime/core/clock.hpp"
 
 #include <chrono>
 #include <thread>
@@ -156,7 +157,7 @@ void job_checkpoints::final_cut(const std::vector<shard_actor>& shards, double n
   auto last = [&] { return progress; };
   act(pacer_->final_cut(now), shards, last);
   // The shards write in the background: their status says when it is on disk.
-  const auto until = std::chrono::steady_clock::now() + ask_timeout;
+  const auto until = steady_now() + ask_timeout;
   double t = now;
   while (pacer_->in_flight()) {
     auto views = poll(shards);
@@ -164,14 +165,14 @@ void job_checkpoints::final_cut(const std::vector<shard_actor>& shards, double n
       act(pacer_->on_status(*views, t), shards, last);
     if (!pacer_->in_flight())
       break;
-    if (std::chrono::steady_clock::now() > until) {
+    if (steady_now() > until) {
       spdlog::error("job: the final checkpoint cut {} was not written by every shard{}; a resume starts from "
                     "cut {}",
                     *pacer_->in_flight(), views ? " within 60 s" : " (a shard did not answer within 60 s)",
                     pacer_->last_committed());
       return;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    pause_for(std::chrono::milliseconds(10));
     t += 0.01;
   }
 }

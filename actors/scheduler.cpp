@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/control/member_plan.hpp"
+#include "runtime/core/clock.hpp"
 #include "runtime/metrics/recorder.hpp"
 #include "runtime/policy/assignment.hpp"
 #include "runtime/policy/job_planner.hpp"
@@ -203,7 +204,7 @@ void check_done(scheduler_pointer self) {
         const auto left = untaken_steps(st, stats);
         if (left == 0)
           return end_job(self, finished, failed);
-        st.all_lost_since = std::chrono::steady_clock::now();
+        st.all_lost_since = steady_now();
         self->delayed_send(self, st.cfg.worker_wait, start_atom::value);
         spdlog::warn("scheduler: every worker is lost with {} steps left; waiting up to {:g} s for a worker to join "
                      "and take them up", left, std::chrono::duration<double>(st.cfg.worker_wait).count());
@@ -215,7 +216,7 @@ void check_done(scheduler_pointer self) {
 // The wait for a worker to join ran out (a start_atom check_done sent itself): the job ends.
 void check_worker_wait(scheduler_pointer self) {
   auto& st = self->state;
-  if (!st.all_lost_since || std::chrono::steady_clock::now() - *st.all_lost_since < st.cfg.worker_wait)
+  if (!st.all_lost_since || steady_now() - *st.all_lost_since < st.cfg.worker_wait)
     return;
   uint32_t finished = 0, failed = 0;
   for (const auto& [id, m] : st.members)

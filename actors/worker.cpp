@@ -203,7 +203,8 @@ void run(worker_pointer self) {
 }
 
 // Shard `index` is reached through a data-plane stand-in when it is in another process
-// and its node serves a data plane at `endpoint`. The connection (up to 5 s) is made by a
+// and its node serves a data plane at `endpoint`. The connection (up to 30 s, each try at
+// most 5 s, a busy node tried again after a backoff) is made by a
 // detached actor, on a thread of its own, which sends the worker (shard_atom, index,
 // stand-in); a shard whose endpoint cannot be reached stays on CAF's path. Returns
 // whether a connection was started.
@@ -217,7 +218,7 @@ bool connect_data_plane(worker_pointer self, uint32_t index, const shard_actor& 
                               endpoint, key = job.data_key, shard_id = job.shards[index].shard_id,
                               worker_id = job.worker_id](caf::blocking_actor* helper) {
     auto proxy = plane->connect(shard, shard_id, endpoint, key, caf::actor_cast<caf::actor>(worker),
-                                std::chrono::seconds(5));
+                                std::chrono::seconds(30));
     if (!proxy)
       spdlog::warn("worker {}: shard {} over CAF: {}", worker_id, shard_id, describe(proxy.error()));
     helper->send(worker, shard_atom::value, index, proxy ? *proxy : shard);

@@ -15,6 +15,7 @@
 #include "actors/cluster/node.hpp"
 #include "runtime/control/cluster_membership.hpp"
 #include "runtime/control/job_lifecycle.hpp"
+#include "runtime/control/node_watch.hpp"
 #include "runtime/core/clock.hpp"
 #include "runtime/net/gate.hpp"
 #include "runtime/policy/ring.hpp"
@@ -52,6 +53,10 @@ struct cluster_state {
   std::optional<control::job_lifecycle> life;
   caf::typed_response_promise<caf::ok_atom> wait_promise;
   bool waiting = false;
+  // The scheduler's own liveness pings of the live nodes (a backstop for a loss the
+  // transport never reports), and whether the ping loop runs.
+  control::node_watch watch{system_clock()};
+  bool pinging = false;
 };
 
 using cluster_pointer = cluster_actor::stateful_pointer<cluster_state>;
@@ -189,6 +194,78 @@ void stop_late_shard(cluster_pointer self, uint32_t node_id, const wire::spawn_s
       });
 }
 
+void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id);
+
+// Node `node_id` serves shard `shard_id` (the job's shard `index`) again: the job driver
+// takes it up, unless the job ended or another started meanwhile.
+void on_shard_served(cluster_pointer self, uint32_t node_id, uint32_t shard_id, size_t index,
+                     const wire::spawn_shard& req, const shard_actor& shard, const std::string& endpoint) {
+  auto& st = self->state;
+  if (!for_running_job(st, req) || st.lost_shards.count(shard_id) == 0) {
+    // The job ended, or another started, while the node restored it: nobody wants it
+    // (unless it is what the running job uses already).
+    if (!used_by_job(st, shard_id, shard)) {
+      spdlog::info("cluster: node {} serves shard {} again, but its job no longer waits for it; stopping it",
+                   node_id, shard_id);
+      self->send_exit(shard, caf::exit_reason::user_shutdown);
+    }
+    return;
+  }
+  st.lost_shards.erase(shard_id);
+  st.rehosting.erase(shard_id);
+  self->monitor(shard);
+  if (index < st.job.shards.size())
+    st.job.shards[index] = shard;
+  if (st.job.driver)
+    caf::anon_send(st.job.driver, shard_atom::value, static_cast<uint32_t>(index), shard, endpoint);
+}
+
+// Node `node_id` could not serve shard `shard_id` again: ask it again, another node, or
+// nobody (runtime/store/serve_again.hpp decides).
+void on_serve_failed(cluster_pointer self, uint32_t node_id, uint32_t shard_id, const wire::spawn_shard& req,
+                     caf::error& err) {
+  auto& st = self->state;
+  if (!for_running_job(st, req)) {
+    if (err == caf::sec::request_timeout)
+      stop_late_shard(self, node_id, req);
+    return;
+  }
+  st.rehosting.erase(shard_id);
+  auto n = st.nodes.find(node_id);
+  const bool alive = n != st.nodes.end() && n->second.info.alive;
+  tell_why_not_served(self, shard_id,
+                      "node " + std::to_string(node_id)
+                        + (n == st.nodes.end() ? std::string{} : " (" + n->second.info.name + ")")
+                        + " could not serve it: " + describe(err));
+  const auto failure = is(err, errc::busy)                 ? serve_failure::busy
+                       : err == caf::sec::request_timeout ? serve_failure::timed_out
+                                                           : serve_failure::refused;
+  const auto retry = after_failed_serve(failure, alive);
+  switch (retry.target) {
+    case serve_retry::same_node:
+      spdlog::warn("cluster: node {} has not answered for shard {} in {} s (restoring a large store?); "
+                   "asking it again",
+                   node_id, shard_id, std::chrono::duration_cast<std::chrono::seconds>(serve_timeout).count());
+      rehost_shard(self, node_id, shard_id);
+      return;
+    case serve_retry::any_node:
+      if (alive) // its store is still held (by the lost node, frozen, or about to let go)
+        spdlog::info("cluster: node {} cannot serve shard {} yet ({}); asking again in {} ms", node_id,
+                     shard_id, describe(err), retry.after.count());
+      else
+        spdlog::error("cluster: node {} could not serve shard {} again: {}; asking the next server node",
+                      node_id, shard_id, describe(err));
+      if (!st.retry_due) {
+        st.retry_due = true;
+        self->delayed_send(self, retry.after, shard_atom::value);
+      }
+      return;
+    case serve_retry::nobody:
+      spdlog::error("cluster: node {} could not serve shard {} again: {}", node_id, shard_id, describe(err));
+      return;
+  }
+}
+
 // Hosts shard `shard_id` of the running job on `node_id` again (its node was lost): the
 // node restores it from its checkpoints and the job driver takes it from there.
 void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
@@ -217,69 +294,10 @@ void rehost_shard(cluster_pointer self, uint32_t node_id, uint32_t shard_id) {
                       "node " + std::to_string(node_id) + " (" + n->second.info.name
                         + ") was asked to serve it from its checkpoints and had not answered");
   self->request(n->second.handle, serve_timeout, req)
-    .then(
-      [=](const shard_actor& shard, const std::string& endpoint) {
-        auto& st = self->state;
-        if (!for_running_job(st, req) || st.lost_shards.count(shard_id) == 0) {
-          // The job ended, or another started, while the node restored it: nobody wants it
-          // (unless it is what the running job uses already).
-          if (!used_by_job(st, shard_id, shard)) {
-            spdlog::info("cluster: node {} serves shard {} again, but its job no longer waits for it; stopping it",
-                         node_id, shard_id);
-            self->send_exit(shard, caf::exit_reason::user_shutdown);
-          }
-          return;
-        }
-        st.lost_shards.erase(shard_id);
-        st.rehosting.erase(shard_id);
-        self->monitor(shard);
-        if (index < st.job.shards.size())
-          st.job.shards[index] = shard;
-        if (st.job.driver)
-          caf::anon_send(st.job.driver, shard_atom::value, static_cast<uint32_t>(index), shard, endpoint);
-      },
-      [=](caf::error& err) {
-        auto& st = self->state;
-        if (!for_running_job(st, req)) {
-          if (err == caf::sec::request_timeout)
-            stop_late_shard(self, node_id, req);
-          return;
-        }
-        st.rehosting.erase(shard_id);
-        auto n = st.nodes.find(node_id);
-        const bool alive = n != st.nodes.end() && n->second.info.alive;
-        tell_why_not_served(self, shard_id,
-                            "node " + std::to_string(node_id)
-                              + (n == st.nodes.end() ? std::string{} : " (" + n->second.info.name + ")")
-                              + " could not serve it: " + describe(err));
-        const auto failure = is(err, errc::busy)                 ? serve_failure::busy
-                             : err == caf::sec::request_timeout ? serve_failure::timed_out
-                                                                 : serve_failure::refused;
-        const auto retry = after_failed_serve(failure, alive);
-        switch (retry.target) {
-          case serve_retry::same_node:
-            spdlog::warn("cluster: node {} has not answered for shard {} in {} s (restoring a large store?); "
-                         "asking it again",
-                         node_id, shard_id, std::chrono::duration_cast<std::chrono::seconds>(serve_timeout).count());
-            rehost_shard(self, node_id, shard_id);
-            return;
-          case serve_retry::any_node:
-            if (alive) // its store is still held (by the lost node, frozen, or about to let go)
-              spdlog::info("cluster: node {} cannot serve shard {} yet ({}); asking again in {} ms", node_id,
-                           shard_id, describe(err), retry.after.count());
-            else
-              spdlog::error("cluster: node {} could not serve shard {} again: {}; asking the next server node",
-                            node_id, shard_id, describe(err));
-            if (!st.retry_due) {
-              st.retry_due = true;
-              self->delayed_send(self, retry.after, shard_atom::value);
-            }
-            return;
-          case serve_retry::nobody:
-            spdlog::error("cluster: node {} could not serve shard {} again: {}", node_id, shard_id, describe(err));
-            return;
-        }
-      });
+    .then([=](const shard_actor& shard, const std::string& endpoint) {
+            on_shard_served(self, node_id, shard_id, index, req, shard, endpoint);
+          },
+          [=](caf::error& err) { on_serve_failed(self, node_id, shard_id, req, err); });
 }
 
 // Every lost shard of the running job that no node restores yet goes to the server node
@@ -387,6 +405,11 @@ caf::result<wire::welcome> on_hello(cluster_pointer self, const wire::hello& h, 
   e.handle = node;
   st.nodes[id] = e;
   self->monitor(node);
+  st.watch.watch(id);
+  if (!st.pinging) {
+    st.pinging = true;
+    self->delayed_send(self, std::chrono::nanoseconds{st.watch.timing().interval_ns}, ping_atom::value);
+  }
   spdlog::info("cluster: node {} ({}) joined with roles {}, {} worker slots{}", id, h.node, to_string(h.roles),
                e.info.slots, admitted.note.empty() ? std::string{} : " (" + admitted.note + ")");
   // A node joining the running job starts workers in its free slots, up to the job's
@@ -492,74 +515,149 @@ caf::result<std::string> on_ctl(cluster_pointer self, const wire::ctl_request& r
   return make_error(errc::invalid_argument, "unknown control request");
 }
 
+// Node `id` is lost (`why`): its workers all at once; nodes that joined before the loss
+// was seen take up the workers the job now lacks.
+void lose_node(cluster_pointer self, uint32_t id, const std::string& why) {
+  auto& st = self->state;
+  auto i = st.nodes.find(id);
+  if (i == st.nodes.end() || !i->second.info.alive)
+    return;
+  auto& n = i->second;
+  n.info.alive = false;
+  st.watch.forget(id);
+  const uint32_t workers = st.members.on_lost(id);
+  spdlog::warn("cluster: node {} ({}) lost: {}{}", id, n.info.name, why,
+               workers > 0 ? ", with " + std::to_string(workers) + " of the job's workers" : std::string{});
+  if (st.job_running)
+    for (const auto& [other, m] : st.nodes)
+      if (m.info.alive)
+        start_workers_on(self, other);
+  capacity_changed(self);
+}
+
+// A monitored actor went down: a shard of the running job (served again from its
+// checkpoints), or a node.
+void on_down(cluster_pointer self, const caf::down_msg& dm) {
+  auto& st = self->state;
+  bool shard_lost = false;
+  if (st.job_running)
+    for (size_t i = 0; i < st.job.shards.size() && i < st.job.shard_templates.size(); ++i)
+      if (st.job.shards[i].address() == dm.source && !st.job.shard_templates[i].checkpoint_dir.empty()) {
+        st.lost_shards.insert(st.job.shard_templates[i].range.shard_id);
+        shard_lost = true;
+      }
+  std::vector<uint32_t> gone;
+  for (const auto& [id, n] : st.nodes)
+    if (n.handle.address() == dm.source && n.info.alive)
+      gone.push_back(id);
+  for (auto id : gone)
+    lose_node(self, id, to_string(dm.reason));
+  if (gone.empty())
+    capacity_changed(self);
+  // The shard's own node may be going down too: its loss comes first or soon after.
+  if (shard_lost)
+    self->delayed_send(self, std::chrono::milliseconds(500), shard_atom::value);
+}
+
+// Pings the live nodes that are due and loses those that answered none for the watch's
+// timeout (runtime/control/node_watch.hpp).
+void ping_nodes(cluster_pointer self) {
+  auto& st = self->state;
+  const auto timeout = std::chrono::nanoseconds{st.watch.timing().timeout_ns};
+  for (auto id : st.watch.to_ping()) {
+    auto i = st.nodes.find(id);
+    if (i == st.nodes.end() || !i->second.info.alive) {
+      st.watch.forget(id);
+      continue;
+    }
+    self->request(i->second.handle, timeout, ping_atom::value)
+      .then([=](caf::ok_atom) { self->state.watch.answered(id); }, [](caf::error&) {});
+  }
+  const auto secs = std::to_string(st.watch.timing().timeout_ns / 1000000000ull);
+  for (auto id : st.watch.silent())
+    lose_node(self, id, "it answered no liveness ping of the scheduler's for " + secs + " s");
+  self->delayed_send(self, std::chrono::nanoseconds{st.watch.timing().interval_ns} / 2, ping_atom::value);
+}
+
+// A job submitted with `train --join`: the runner (the scheduler process's main thread)
+// runs it; the answer waits for its result.
+caf::result<wire::job_result> on_job_request(cluster_pointer self, const wire::job_request& req) {
+  auto& st = self->state;
+  if (!st.cfg.runner)
+    return make_error(errc::invalid_state, "this scheduler does not accept submitted jobs");
+  if (st.job_running || st.have_promise)
+    return make_error(errc::invalid_state, "a job is already running on this cluster");
+  st.job_promise = self->make_response_promise<wire::job_result>();
+  st.have_promise = true;
+  caf::anon_send(st.cfg.runner, req);
+  return st.job_promise;
+}
+
+// The live nodes and their handles (for the job runner's placement).
+caf::result<wire::cluster_status, std::vector<node_actor>> live_nodes(const cluster_state& st) {
+  wire::cluster_status live;
+  std::vector<node_actor> handles;
+  for (const auto& [id, n] : st.nodes)
+    if (n.info.alive) {
+      live.nodes.push_back(n.info);
+      handles.push_back(n.handle);
+    }
+  return caf::make_result(std::move(live), std::move(handles));
+}
+
+// The job about to run waits for its nodes (runtime/control/job_lifecycle.hpp).
+caf::result<caf::ok_atom> on_wait(cluster_pointer self, uint32_t shards, uint32_t workers, uint64_t wait_ms) {
+  auto& st = self->state;
+  if (st.life || st.job_running)
+    return make_error(errc::invalid_state, "a job is already running or waiting on this cluster");
+  st.life.emplace(system_clock(), control::job_needs{shards, workers}, wait_ms * 1000000ull);
+  st.wait_promise = self->make_response_promise<caf::ok_atom>();
+  st.waiting = true;
+  auto promise = st.wait_promise;
+  act(self, st.life->on_capacity(st.members.free()));
+  if (st.life && st.life->state() == control::job_lifecycle::phase::waiting)
+    self->delayed_send(self, std::chrono::milliseconds(wait_ms), tick_atom::value);
+  return promise;
+}
+
+// The job runs: the job driver follows it from here.
+void on_job_started(cluster_pointer self, const running_job& job) {
+  auto& st = self->state;
+  st.job = job;
+  st.job_running = true;
+  st.members.job_started(job.workers, job.placed);
+  st.life.reset();
+  st.lost_shards.clear();
+  st.rehosting.clear();
+  for (const auto& s : job.shards)
+    self->monitor(s);
+  st.job_text = std::to_string(job.shards.size()) + " shards";
+  st.waiting_for.clear();
+}
+
+void on_job_ended(cluster_state& st) {
+  st.members.job_ended();
+  st.job_running = false;
+  st.job = running_job{};
+  st.lost_shards.clear();
+  st.rehosting.clear();
+  st.job_text.clear();
+}
+
 cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_config cfg) {
   self->state.cfg = std::move(cfg);
-  self->set_down_handler([=](caf::down_msg& dm) {
-    auto& st = self->state;
-    bool shard_lost = false;
-    if (st.job_running)
-      for (size_t i = 0; i < st.job.shards.size() && i < st.job.shard_templates.size(); ++i)
-        if (st.job.shards[i].address() == dm.source && !st.job.shard_templates[i].checkpoint_dir.empty()) {
-          st.lost_shards.insert(st.job.shard_templates[i].range.shard_id);
-          shard_lost = true;
-        }
-    for (auto& [id, n] : self->state.nodes)
-      if (n.handle.address() == dm.source && n.info.alive) {
-        n.info.alive = false;
-        const uint32_t workers = st.members.on_lost(id);
-        spdlog::warn("cluster: node {} ({}) lost: {}{}", id, n.info.name, to_string(dm.reason),
-                     workers > 0 ? ", with " + std::to_string(workers) + " of the job's workers" : std::string{});
-      }
-    // Nodes that joined before the loss was seen take up the workers the job now lacks.
-    if (st.job_running)
-      for (const auto& [id, n] : st.nodes)
-        if (n.info.alive)
-          start_workers_on(self, id);
-    capacity_changed(self);
-    // The shard's own node may be going down too: its loss comes first or soon after.
-    if (shard_lost)
-      self->delayed_send(self, std::chrono::milliseconds(500), shard_atom::value);
-  });
+  self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
   return {
+    [=](ping_atom) { ping_nodes(self); },
     [=](const wire::hello& h, const node_actor& node) -> caf::result<wire::welcome> {
       return on_hello(self, h, node);
     },
     [=](status_atom) -> caf::result<wire::cluster_status> { return cluster_status(self); },
     [=](const wire::ctl_request& req) -> caf::result<std::string> { return on_ctl(self, req); },
-    [=](const wire::job_request& req) -> caf::result<wire::job_result> {
-      auto& st = self->state;
-      if (!st.cfg.runner)
-        return make_error(errc::invalid_state, "this scheduler does not accept submitted jobs");
-      if (st.job_running || st.have_promise)
-        return make_error(errc::invalid_state, "a job is already running on this cluster");
-      st.job_promise = self->make_response_promise<wire::job_result>();
-      st.have_promise = true;
-      caf::anon_send(st.cfg.runner, req);
-      return st.job_promise;
-    },
-    [=](nodes_atom) {
-      auto& st = self->state;
-      wire::cluster_status live;
-      std::vector<node_actor> handles;
-      for (const auto& [id, n] : st.nodes)
-        if (n.info.alive) {
-          live.nodes.push_back(n.info);
-          handles.push_back(n.handle);
-        }
-      return caf::make_result(std::move(live), std::move(handles));
-    },
-    [=](wait_atom, uint32_t shards, uint32_t workers, uint64_t wait_ms) -> caf::result<caf::ok_atom> {
-      auto& st = self->state;
-      if (st.life || st.job_running)
-        return make_error(errc::invalid_state, "a job is already running or waiting on this cluster");
-      st.life.emplace(system_clock(), control::job_needs{shards, workers}, wait_ms * 1000000ull);
-      st.wait_promise = self->make_response_promise<caf::ok_atom>();
-      st.waiting = true;
-      auto promise = st.wait_promise;
-      act(self, st.life->on_capacity(st.members.free()));
-      if (st.life && st.life->state() == control::job_lifecycle::phase::waiting)
-        self->delayed_send(self, std::chrono::milliseconds(wait_ms), tick_atom::value);
-      return promise;
+    [=](const wire::job_request& req) { return on_job_request(self, req); },
+    [=](nodes_atom) { return live_nodes(self->state); },
+    [=](wait_atom, uint32_t shards, uint32_t workers, uint64_t wait_ms) {
+      return on_wait(self, shards, workers, wait_ms);
     },
     [=](tick_atom) {
       if (self->state.life)
@@ -569,19 +667,7 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
       if (self->state.life)
         act(self, self->state.life->on_stop(who));
     },
-    [=](job_atom, const running_job& job) {
-      auto& st = self->state;
-      st.job = job;
-      st.job_running = true;
-      st.members.job_started(job.workers, job.placed);
-      st.life.reset(); // it runs: the job driver follows it from here
-          st.lost_shards.clear();
-      st.rehosting.clear();
-      for (const auto& s : job.shards)
-        self->monitor(s);
-      st.job_text = std::to_string(job.shards.size()) + " shards";
-      st.waiting_for.clear();
-    },
+    [=](job_atom, const running_job& job) { on_job_started(self, job); },
     [=](job_atom, const std::string& lacking) { self->state.waiting_for = lacking; },
     // Where the cluster is published (known once its port is): named in errors and hints.
     [=](caf::publish_atom, const std::string& address) { self->state.cfg.address = address; },
@@ -601,15 +687,7 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
       self->state.retry_due = false;
       rehost_lost(self);
     },
-    [=](job_atom) {
-      auto& st = self->state;
-      st.members.job_ended();
-      st.job_running = false;
-      st.job = running_job{};
-      st.lost_shards.clear();
-      st.rehosting.clear();
-      st.job_text.clear();
-    },
+    [=](job_atom) { on_job_ended(self->state); },
   };
 }
 

@@ -4,6 +4,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <random>
 #include <optional>
 #include <sstream>
 #include <system_error>
@@ -12,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/cluster/network.hpp"
+#include "runtime/core/clock.hpp"
 #include "runtime/net/admitter.hpp"
 #include "runtime/net/tensor_frames.hpp"
 
@@ -424,7 +426,7 @@ struct data_plane::impl {
         if (stopped)
           return;
         spdlog::warn("data plane: {}", describe(s.error()));
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        pause_for(std::chrono::milliseconds(100));
         continue;
       }
       int fd = s->release();
@@ -473,6 +475,31 @@ expected<std::string> data_plane::serve(uint32_t shard_id, const shard_actor& sh
 expected<shard_actor> data_plane::connect(const shard_actor& remote, uint32_t shard_id, const std::string& endpoint,
                                           const std::string& key, const caf::actor& owner,
                                           std::chrono::milliseconds timeout) {
+  // A node admitting more connections at once than its bound drops the oldest handshakes
+  // (hundreds of workers starting together): such a refusal, before the gate said
+  // anything, is tried again after a random backoff (50 ms doubling to 1.6 s), for as long
+  // as `timeout` allows. A refusal by the gate (another job's key, ...) is final.
+  thread_local std::minstd_rand jitter{std::random_device{}()};
+  const auto deadline = steady_now() + timeout;
+  std::chrono::milliseconds backoff{50};
+  for (;;) {
+    bool busy = false;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady_now());
+    auto out = connect_once(remote, shard_id, endpoint, key, owner, std::min(left, std::chrono::milliseconds{5000}),
+                            busy);
+    auto wait = std::chrono::milliseconds{std::uniform_int_distribution<int64_t>{backoff.count() / 2,
+                                                                                 backoff.count()}(jitter)};
+    if (out || !busy || steady_now() + wait >= deadline)
+      return out;
+    pause_for(wait);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds{1600});
+  }
+}
+
+expected<shard_actor> data_plane::connect_once(const shard_actor& remote, uint32_t shard_id,
+                                               const std::string& endpoint, const std::string& key,
+                                               const caf::actor& owner, std::chrono::milliseconds timeout,
+                                               bool& busy) {
   auto colon = endpoint.rfind(':');
   int port = colon == std::string::npos ? 0 : std::atoi(endpoint.c_str() + colon + 1);
   if (port <= 0 || port > 65535)
@@ -488,6 +515,7 @@ expected<shard_actor> data_plane::connect(const shard_actor& remote, uint32_t sh
   net::handshake hs{fd, false, data_security(impl_->sys, impl_->tls, key)};
   if (net::run_handshake(hs, timeout) != net::handshake::result::admitted) {
     ::close(fd);
+    busy = hs.status() == net::gate_status::ok; // closed or out of time before the gate answered
     return make_error(errc::handshake_refused,
                       "the data plane at " + endpoint + " refused shard " + std::to_string(shard_id) + ": "
                         + (hs.status() == net::gate_status::wrong_token ? "wrong data-plane key (not this job's)"

@@ -52,7 +52,9 @@ public:
   /// CAF. It quits with remote's exit reason when remote goes down, and when `owner`
   /// goes down. If the connection breaks later, requests in flight fail with
   /// peer_unreachable and later ones go over CAF. Blocks up to `timeout` (connect and
-  /// handshake); fails with peer_unreachable or handshake_refused, naming the endpoint.
+  /// handshake, each try at most 5 s; a node too busy admitting others to answer is tried
+  /// again after a random backoff); fails with peer_unreachable or handshake_refused,
+  /// naming the endpoint.
   [[nodiscard]] expected<shard_actor> connect(const shard_actor& remote, uint32_t shard_id,
                                               const std::string& endpoint, const std::string& key,
                                               const caf::actor& owner,
@@ -65,6 +67,11 @@ public:
   struct impl;
 
 private:
+  // One try of connect(); `busy`: the node closed or ran out of time before its gate
+  // answered (worth another try).
+  expected<shard_actor> connect_once(const shard_actor& remote, uint32_t shard_id, const std::string& endpoint,
+                                     const std::string& key, const caf::actor& owner,
+                                     std::chrono::milliseconds timeout, bool& busy);
   std::shared_ptr<impl> impl_;
 };
 

@@ -306,6 +306,7 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
     },
     [=](const wire::ctl_request& req) { shut_down(self, req); },
     [=](stop_atom) -> caf::result<uint32_t> { return drop_all(self); },
+    [=](ping_atom) { return caf::ok_atom::value; },
   };
 }
 

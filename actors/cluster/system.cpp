@@ -10,6 +10,7 @@
 #include <caf/io/network/native_socket.hpp>
 #include <unistd.h>
 
+#include "runtime/core/clock.hpp"
 #include "runtime/net/handshake.hpp"
 #include "runtime/net/socket.hpp"
 
@@ -104,7 +105,7 @@ expected<caf::strong_actor_ptr> connect(caf::actor_system& sys, const endpoint& 
       last = make_error(errc::peer_unreachable, "no actor is published at " + where.to_string());
     if (last == caf::sec::request_timeout)
       break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    pause_for(std::chrono::milliseconds(200));
   }
   return make_error(errc::peer_unreachable,
                     "cannot reach the scheduler at " + where.to_string() + " within "

@@ -16,6 +16,7 @@
 #include "apps/ashlar/bench_hetero.hpp"
 #include "apps/ashlar/commands.hpp"
 #include "apps/ashlar/security_options.hpp"
+#include "runtime/core/clock.hpp"
 #include "runtime/core/log.hpp"
 #include "runtime/os/subprocess.hpp"
 #include "runtime/backend/cpu_backend.hpp"
@@ -75,11 +76,11 @@ int run_step_bench(const bench_options& o) {
   for (uint32_t i = 0; i < o.warmup; ++i)
     if (!step())
       return 1;
-  auto t0 = std::chrono::steady_clock::now();
+  auto t0 = steady_now();
   for (uint32_t i = 0; i < o.steps; ++i)
     if (!step())
       return 1;
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double secs = std::chrono::duration<double>(steady_now() - t0).count();
   double us_step = secs * 1e6 / o.steps;
   double us_sample = us_step / o.batch;
   const auto details = backend->details();
@@ -149,7 +150,7 @@ int run_wire_peer(const wire_options& o) {
   std::rename((o.port_file + ".tmp").c_str(), o.port_file.c_str());
   // Runs until the parent kills it.
   for (;;)
-    std::this_thread::sleep_for(std::chrono::seconds(1));
+    pause_for(std::chrono::seconds(1));
 }
 
 struct wire_figure {
@@ -169,7 +170,7 @@ expected<wire_figure> measure_rounds(caf::actor_system& sys, const actors::shard
   caf::error failure;
   auto on_error = [&](caf::error& e) { failure = e; };
   const auto timeout = std::chrono::seconds(60);
-  auto t0 = std::chrono::steady_clock::now();
+  auto t0 = steady_now();
   while (f.seconds < seconds && !failure) {
     // Pull: the first reply names the read; then `window` chunk requests outstanding.
     uint64_t version = 0, read_id = 0, next = 0;
@@ -209,7 +210,7 @@ expected<wire_figure> measure_rounds(caf::actor_system& sys, const actors::shard
     }
     f.bytes += params * 4;
     ++f.rounds;
-    f.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    f.seconds = std::chrono::duration<double>(steady_now() - t0).count();
   }
   if (failure)
     return failure;
@@ -238,7 +239,7 @@ int run_wire_bench(const wire_options& o) {
     std::ifstream in{port_file};
     in >> port >> data_ep;
     if (port.empty())
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      pause_for(std::chrono::milliseconds(50));
   }
   auto cleanup = [&] {
     peer->signal(SIGKILL);

@@ -13,6 +13,7 @@
 
 #include "apps/ashlar/commands.hpp"
 #include "runtime/config/train_config.hpp"
+#include "runtime/core/clock.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/data/npy.hpp"
 #include "runtime/metrics/json.hpp"
@@ -511,19 +512,26 @@ expected<clean_look> look_at(const std::string& path) {
   return clean_look{false, {}, std::move(*state)};
 }
 
-// Removes what takeovers left behind: generations no link points to any more and copies
-// never claimed (store_clean.hpp), each only if no process holds its store and nothing in
-// it changes while it is watched (a holder on another host renews its lease every half
-// second). Exit 1 on an error reading the directory.
-int clean(const checkpoint_options& o) {
+// What the messages of `ashlar checkpoint clean` start with.
+constexpr const char* clean_cmd = "ashlar checkpoint clean";
+
+// A directory a clean removes if nothing in it changes while it is watched: why it goes, its
+// path, and its state at the first look.
+struct clean_candidate {
+  clean_item item;
+  std::string path;
+  std::string state;
+};
+
+// The entries of the checkpoint directory --dir: its links and its directories. Returns the
+// exit code, 1 when it is not a directory or cannot be listed.
+int read_checkpoint_dir(const checkpoint_options& o, std::vector<checkpoint_dir_entry>& entries) {
   namespace fs = std::filesystem;
-  const char* me = "ashlar checkpoint clean";
   std::error_code ec;
   if (!fs::is_directory(o.dir, ec)) {
-    std::fprintf(stderr, "%s: %s is not a directory (a job's --checkpoint-dir)\n", me, o.dir.c_str());
+    std::fprintf(stderr, "%s: %s is not a directory (a job's --checkpoint-dir)\n", clean_cmd, o.dir.c_str());
     return 1;
   }
-  std::vector<checkpoint_dir_entry> entries;
   for (fs::directory_iterator it{o.dir, ec}, end; !ec && it != end; it.increment(ec)) {
     checkpoint_dir_entry d;
     d.name = it->path().filename().string();
@@ -536,23 +544,20 @@ int clean(const checkpoint_options& o) {
     entries.push_back(std::move(d));
   }
   if (ec) {
-    std::fprintf(stderr, "%s: cannot list %s: %s\n", me, o.dir.c_str(), ec.message().c_str());
+    std::fprintf(stderr, "%s: cannot list %s: %s\n", clean_cmd, o.dir.c_str(), ec.message().c_str());
     return 1;
   }
-  auto plan = plan_clean(entries);
-  for (const auto& k : plan.keep)
-    std::printf("kept %s: %s\n", k.name.c_str(), k.why.c_str());
-  struct candidate {
-    clean_item item;
-    std::string path;
-    std::string state;
-  };
-  std::vector<candidate> watched;
+  return 0;
+}
+
+// The first look at each directory the plan removes: one gone meanwhile or held is said and
+// left, the others go to `watched`. Returns the exit code, 1 on an error reading one.
+int first_look(const checkpoint_options& o, clean_plan& plan, std::vector<clean_candidate>& watched) {
   for (auto& r : plan.remove) {
-    const auto path = (fs::path(o.dir) / r.name).string();
+    const auto path = (std::filesystem::path(o.dir) / r.name).string();
     auto look = look_at(path);
     if (!look) {
-      std::fprintf(stderr, "%s: %s\n", me, describe(look.error()).c_str());
+      std::fprintf(stderr, "%s: %s\n", clean_cmd, describe(look.error()).c_str());
       return 1;
     }
     if (look->gone)
@@ -562,20 +567,19 @@ int clean(const checkpoint_options& o) {
     else
       watched.push_back({std::move(r), path, std::move(look->seen.state)});
   }
-  if (watched.empty()) {
-    std::printf("nothing to remove in %s\n", o.dir.c_str());
-    return 0;
-  }
-  std::printf("watching %zu director%s for %.0f s: a process still writing there keeps it\n", watched.size(),
-              watched.size() == 1 ? "y" : "ies", o.watch);
-  std::fflush(stdout);
-  std::this_thread::sleep_for(std::chrono::duration<double>(o.watch));
+  return 0;
+}
+
+// Removes each watched directory that no process holds and that did not change while it was
+// watched (--dry-run: names it), then says what that freed. Returns the exit code, 1 on an error.
+int remove_unchanged(const checkpoint_options& o, const std::vector<clean_candidate>& watched) {
+  std::error_code ec;
   uint64_t freed = 0;
   size_t removed = 0;
   for (const auto& c : watched) {
     auto look = look_at(c.path);
     if (!look) {
-      std::fprintf(stderr, "%s: %s\n", me, describe(look.error()).c_str());
+      std::fprintf(stderr, "%s: %s\n", clean_cmd, describe(look.error()).c_str());
       return 1;
     }
     if (look->gone) {
@@ -592,13 +596,13 @@ int clean(const checkpoint_options& o) {
       std::printf("would remove %s (%s): %.1f MB\n", c.item.name.c_str(), c.item.why.c_str(), bytes / 1e6);
       continue;
     }
-    const auto count = fs::remove_all(c.path, ec);
+    const auto count = std::filesystem::remove_all(c.path, ec);
     if (!ec && count == 0) {
       std::printf("%s is gone meanwhile\n", c.item.name.c_str());
       continue;
     }
     if (ec) {
-      std::fprintf(stderr, "%s: cannot remove %s: %s\n", me, c.path.c_str(), ec.message().c_str());
+      std::fprintf(stderr, "%s: cannot remove %s: %s\n", clean_cmd, c.path.c_str(), ec.message().c_str());
       return 1;
     }
     std::printf("removed %s (%s): %.1f MB\n", c.item.name.c_str(), c.item.why.c_str(), bytes / 1e6);
@@ -608,6 +612,31 @@ int clean(const checkpoint_options& o) {
   if (!o.dry_run)
     std::printf("removed %zu director%s, %.1f MB\n", removed, removed == 1 ? "y" : "ies", freed / 1e6);
   return 0;
+}
+
+// Removes what takeovers left behind: generations no link points to any more and copies
+// never claimed (store_clean.hpp), each only if no process holds its store and nothing in
+// it changes while it is watched (a holder on another host renews its lease every half
+// second). Exit 1 on an error reading the directory.
+int clean(const checkpoint_options& o) {
+  std::vector<checkpoint_dir_entry> entries;
+  if (int code = read_checkpoint_dir(o, entries))
+    return code;
+  auto plan = plan_clean(entries);
+  for (const auto& k : plan.keep)
+    std::printf("kept %s: %s\n", k.name.c_str(), k.why.c_str());
+  std::vector<clean_candidate> watched;
+  if (int code = first_look(o, plan, watched))
+    return code;
+  if (watched.empty()) {
+    std::printf("nothing to remove in %s\n", o.dir.c_str());
+    return 0;
+  }
+  std::printf("watching %zu director%s for %.0f s: a process still writing there keeps it\n", watched.size(),
+              watched.size() == 1 ? "y" : "ies", o.watch);
+  std::fflush(stdout);
+  pause_for(std::chrono::duration<double>(o.watch));
+  return remove_unchanged(o, watched);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
 #include "actors/gpu_actor.hpp"
+#include "runtime/core/clock.hpp"
 #include "runtime/os/subprocess.hpp"
 
 namespace ashlar::cli {
@@ -64,7 +65,7 @@ bool pump(std::vector<child>& children, int timeout_ms) {
       who.push_back(&c);
     }
   if (fds.empty()) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
+    pause_for(std::chrono::milliseconds(timeout_ms));
     return false;
   }
   if (::poll(fds.data(), fds.size(), timeout_ms) <= 0)
@@ -119,59 +120,111 @@ expected<std::vector<std::string>> gpus_per_worker(const std::string& spec, uint
   return out;
 }
 
-int run_launch(const launch_options& o) {
-  train_config cfg;
+// One `ashlar launch`: the processes it starts (the scheduler, then the servers and the
+// workers) and their supervision until every one has ended.
+struct launcher {
+  explicit launcher(const launch_options& opts) : o(opts) {}
+
+  const launch_options& o;
+  train_config cfg;                // the job
+  std::string plan;                // which GPU each worker process gets, or why they compute on the CPU
+  std::vector<std::string> gpus;   // per worker process, its --gpus
+  std::string exe;                 // this executable, which every node runs
+  std::string dir;                 // this launch's private directory
+  std::string port_file;           // where the scheduler writes the port it listens on
+  std::string token_file;          // every node's (and worker script's) token file, if any
+  std::vector<std::string> common; // the arguments of every node
+  std::vector<child> children;     // the scheduler first, then the servers and the workers
+  std::string join;                // the scheduler's address
+  int code = 0;                    // the exit code
+  bool stopping = false;           // the job is over: the other processes are stopping
+  bool interrupted = false;        // a signal asked the scheduler to stop the job
+  bool scripts_waiting = false;    // the job is over; --python workers are given time to end
+  std::string failed_member;       // a server or worker process that failed, and what it said last
+  std::chrono::steady_clock::time_point stop_deadline; // when stopping goes on to the next, harder step
+
+  int prepare();
+  bool write_token();
+  bool start(const std::string& prefix, const std::vector<std::string>& argv);
+  void stop_all(int sig);
+  bool start_scheduler();
+  int wait_for_scheduler();
+  bool start_servers();
+  std::string worker_pythonpath() const;
+  std::vector<std::string> worker_argv(uint32_t i, const std::string& pythonpath) const;
+  bool start_workers();
+  int supervise();
+  void on_stop_signal(int sig);
+  void on_job_over(int scheduler_code);
+  void check_members();
+  bool all_exited();
+  void stop_harder();
+  int finish();
+};
+
+// Resolves the job and its GPUs, takes the stop signals, and makes the launch's private
+// directory and the arguments every node takes. Returns the exit code, 0 when all is ready.
+int launcher::prepare() {
   if (auto err = resolve_config(o.train, cfg)) {
     std::fprintf(stderr, "ashlar launch: %s\n", describe(err).c_str());
     return 2;
   }
-  std::string plan;
-  auto gpus = gpus_per_worker(cfg.gpus, cfg.workers, plan);
-  if (!gpus) {
-    std::fprintf(stderr, "ashlar launch: %s\n", describe(gpus.error()).c_str());
+  auto per_worker = gpus_per_worker(cfg.gpus, cfg.workers, plan);
+  if (!per_worker) {
+    std::fprintf(stderr, "ashlar launch: %s\n", describe(per_worker.error()).c_str());
     return 2;
   }
-  catch_stop_signals(false); // the loop below takes them: the first stops the job, a second every process
-  const std::string exe = self_executable();
+  gpus = std::move(*per_worker);
+  catch_stop_signals(false); // supervise() takes them: the first stops the job, a second every process
+  exe = self_executable();
   char tmpl[] = "/tmp/ashlar-launch-XXXXXX";
-  std::string dir = ::mkdtemp(tmpl);
-  const std::string port_file = dir + "/port";
-  std::string token_file = o.token_file; // every node's (and worker script's) token file, if any
-  if (token_file.empty() && !std::getenv("ASHLAR_TOKEN")) {
-    // A token of this launch's own, in its private directory: only its processes (and
-    // this user) can reach the cluster it starts.
-    token_file = dir + "/token";
-    int fd = ::open(token_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    auto line = make_token() + "\n";
-    bool ok = fd >= 0 && ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
-    if (fd >= 0)
-      ::close(fd);
-    if (!ok) {
-      std::fprintf(stderr, "ashlar launch: cannot write %s\n", token_file.c_str());
-      return 1;
-    }
-  }
-  std::vector<std::string> common;
+  dir = ::mkdtemp(tmpl);
+  port_file = dir + "/port";
+  token_file = o.token_file;
+  if (token_file.empty() && !std::getenv("ASHLAR_TOKEN") && !write_token())
+    return 1;
   if (!token_file.empty())
     common = {"--token-file", token_file};
   // The job is the user's own, from this command line: its files go where it names them.
   common.insert(common.end(), {"--work-dir", "/"});
+  return 0;
+}
 
-  std::vector<child> children;
-  auto start = [&](const std::string& prefix, std::vector<std::string> argv) {
-    auto p = subprocess::start(argv);
-    if (!p) {
-      std::fprintf(stderr, "ashlar launch: %s\n", describe(p.error()).c_str());
-      return false;
-    }
-    children.push_back(child{prefix, std::move(*p), "", true, false, "", false});
-    return true;
-  };
-  auto stop_all = [&](int sig) {
-    for (auto& c : children)
-      c.proc.signal(sig);
-  };
+// Writes a token of this launch's own in its private directory: only its processes (and
+// this user) can reach the cluster it starts. Returns false when it cannot be written.
+bool launcher::write_token() {
+  token_file = dir + "/token";
+  int fd = ::open(token_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  auto line = make_token() + "\n";
+  bool ok = fd >= 0 && ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  if (fd >= 0)
+    ::close(fd);
+  if (!ok) {
+    std::fprintf(stderr, "ashlar launch: cannot write %s\n", token_file.c_str());
+    return false;
+  }
+  return true;
+}
 
+// Starts a process with `argv`, its output forwarded with `prefix`; false when it cannot start.
+bool launcher::start(const std::string& prefix, const std::vector<std::string>& argv) {
+  auto p = subprocess::start(argv);
+  if (!p) {
+    std::fprintf(stderr, "ashlar launch: %s\n", describe(p.error()).c_str());
+    return false;
+  }
+  children.push_back(child{prefix, std::move(*p), "", true, false, "", false});
+  return true;
+}
+
+// Sends `sig` to every process started.
+void launcher::stop_all(int sig) {
+  for (auto& c : children)
+    c.proc.signal(sig);
+}
+
+// Starts the scheduler node, which runs the job and exits after it; false when it cannot start.
+bool launcher::start_scheduler() {
   std::vector<std::string> sched = {exe, "node", "--role", "scheduler", "--listen", "127.0.0.1:0",
                                     "--port-file", port_file, "--exit-after-job"};
   if (!o.train.config_file.empty())
@@ -179,29 +232,36 @@ int run_launch(const launch_options& o) {
   for (auto& a : o.train.as_args())
     sched.push_back(a);
   sched.insert(sched.end(), common.begin(), common.end());
-  if (!start("[scheduler]", sched))
-    return 1;
+  return start("[scheduler]", sched);
+}
 
-  // Wait for the scheduler's port.
+// Waits (30 s at most) for the scheduler's port, then sets the address the nodes join.
+// Returns the exit code, 0 when the scheduler listens.
+int launcher::wait_for_scheduler() {
   std::string port;
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  auto deadline = steady_now() + std::chrono::seconds(30);
   while (port.empty()) {
     pump(children, 50);
     std::ifstream in{port_file};
     std::getline(in, port);
-    int code;
-    if (children[0].proc.poll_exit(code)) {
+    int exit_code;
+    if (children[0].proc.poll_exit(exit_code)) {
       pump(children, 0);
-      std::fprintf(stderr, "ashlar launch: the scheduler exited with code %d before listening\n", code);
-      return code ? code : 1;
+      std::fprintf(stderr, "ashlar launch: the scheduler exited with code %d before listening\n", exit_code);
+      return exit_code ? exit_code : 1;
     }
-    if (std::chrono::steady_clock::now() > deadline || stop_signal() != 0) {
+    if (steady_now() > deadline || stop_signal() != 0) {
       stop_all(SIGKILL);
       std::fprintf(stderr, "ashlar launch: the scheduler did not start listening within 30 s\n");
       return 1;
     }
   }
-  std::string join = "127.0.0.1:" + port;
+  join = "127.0.0.1:" + port;
+  return 0;
+}
+
+// Starts the server nodes; false (every process killed) when one cannot start.
+bool launcher::start_servers() {
   std::printf("[launch] scheduler at %s; starting %u server and %u worker processes\n", join.c_str(),
               cfg.servers, cfg.workers);
   std::fflush(stdout);
@@ -210,135 +270,180 @@ int run_launch(const launch_options& o) {
                                   "server-" + std::to_string(i), "--log-level", cfg.log_level};
     a.insert(a.end(), common.begin(), common.end());
     if (!start("[server " + std::to_string(i) + "]", a))
-      return (stop_all(SIGKILL), 1);
+      return (stop_all(SIGKILL), false);
   }
+  return true;
+}
+
+// With --python, the PYTHONPATH of the worker scripts, which finds the Python package beside
+// this executable (and says what the workers run); "" without --python.
+std::string launcher::worker_pythonpath() const {
+  std::string pythonpath;
+  if (o.python.empty())
+    return pythonpath;
+  pythonpath = python_package_dir(exe);
+  if (const char* old = std::getenv("PYTHONPATH"); old && *old)
+    pythonpath += (pythonpath.empty() ? "" : ":") + std::string{old};
+  std::printf("[launch] worker processes run %s %s%s\n", o.python_exe.c_str(), o.python.c_str(),
+              pythonpath.empty() ? "" : (" (PYTHONPATH=" + pythonpath + ")").c_str());
+  return pythonpath;
+}
+
+// The command line of worker process `i`: a worker node, or with --python the user's script.
+std::vector<std::string> launcher::worker_argv(uint32_t i, const std::string& pythonpath) const {
+  std::vector<std::string> a = {exe, "node", "--role", "worker", "--join", join, "--name",
+                                "worker-" + std::to_string(i), "--log-level", cfg.log_level,
+                                "--gpus", gpus[i]};
+  a.insert(a.end(), common.begin(), common.end());
+  if (!o.python.empty()) {
+    // The script's device, as torchrun pins a local rank: CUDA_VISIBLE_DEVICES holds
+    // this worker's GPU (none: empty, the CPU), so that ashlar.device() is "cuda" there.
+    const auto& gpu = gpus[i];
+    a = {"env", "ASHLAR_JOIN=" + join, "ASHLAR_NAME=worker-" + std::to_string(i),
+         "ASHLAR_CONFIG=" + o.train.config_file, "ASHLAR_LOCAL_RANK=" + std::to_string(i),
+         "ASHLAR_GPU=" + gpu, "CUDA_VISIBLE_DEVICES=" + (gpu == "none" ? std::string{} : gpu)};
+    if (!token_file.empty())
+      a.push_back("ASHLAR_TOKEN_FILE=" + token_file);
+    if (!pythonpath.empty())
+      a.push_back("PYTHONPATH=" + pythonpath);
+    a.insert(a.end(), {o.python_exe, o.python});
+  }
+  return a;
+}
+
+// Starts the worker processes, after saying where their GPUs are; false (every process
+// killed) when one cannot start.
+bool launcher::start_workers() {
   std::printf("[launch] %s\n", plan.c_str());
   std::fflush(stdout);
   // --python: each worker process is the user's script, which joins through the Python
   // package (ashlar.init() reads the ASHLAR_* variables set here).
-  std::string pythonpath;
-  if (!o.python.empty()) {
-    pythonpath = python_package_dir(exe);
-    if (const char* old = std::getenv("PYTHONPATH"); old && *old)
-      pythonpath += (pythonpath.empty() ? "" : ":") + std::string{old};
-    std::printf("[launch] worker processes run %s %s%s\n", o.python_exe.c_str(), o.python.c_str(),
-                pythonpath.empty() ? "" : (" (PYTHONPATH=" + pythonpath + ")").c_str());
-  }
+  const std::string pythonpath = worker_pythonpath();
   for (uint32_t i = 0; i < cfg.workers; ++i) {
-    std::vector<std::string> a = {exe, "node", "--role", "worker", "--join", join, "--name",
-                                  "worker-" + std::to_string(i), "--log-level", cfg.log_level,
-                                  "--gpus", (*gpus)[i]};
-    a.insert(a.end(), common.begin(), common.end());
-    if (!o.python.empty()) {
-      // The script's device, as torchrun pins a local rank: CUDA_VISIBLE_DEVICES holds
-      // this worker's GPU (none: empty, the CPU), so that ashlar.device() is "cuda" there.
-      const auto& gpu = (*gpus)[i];
-      a = {"env", "ASHLAR_JOIN=" + join, "ASHLAR_NAME=worker-" + std::to_string(i),
-           "ASHLAR_CONFIG=" + o.train.config_file, "ASHLAR_LOCAL_RANK=" + std::to_string(i),
-           "ASHLAR_GPU=" + gpu, "CUDA_VISIBLE_DEVICES=" + (gpu == "none" ? std::string{} : gpu)};
-      if (!token_file.empty())
-        a.push_back("ASHLAR_TOKEN_FILE=" + token_file);
-      if (!pythonpath.empty())
-        a.push_back("PYTHONPATH=" + pythonpath);
-      a.insert(a.end(), {o.python_exe, o.python});
-    }
-    if (!start("[worker " + std::to_string(i) + "]", a))
-      return (stop_all(SIGKILL), 1);
+    if (!start("[worker " + std::to_string(i) + "]", worker_argv(i, pythonpath)))
+      return (stop_all(SIGKILL), false);
     children.back().script = !o.python.empty();
   }
+  return true;
+}
 
-  int code = 0;
-  bool stopping = false;    // the job is over: the other processes are stopping
-  bool interrupted = false; // a signal asked the scheduler to stop the job
-  bool scripts_waiting = false; // the job is over; --python workers are given time to end
-  std::string failed_member;    // a server or worker process that failed, and what it said last
-  auto stop_deadline = std::chrono::steady_clock::now();
+// Forwards the processes' output and stops them as the job, a signal or a failed process
+// asks, until every one has ended. Returns the exit code.
+int launcher::supervise() {
+  stop_deadline = steady_now();
   for (;;) {
     pump(children, 100);
-    if (int sig = take_stop_signal(); sig != 0) {
-      code = 130;
-      if (!interrupted && !stopping) {
-        // The scheduler stops the job after the workers' current step, with its final
-        // evaluation and report, then the cluster; a second signal stops every process.
-        std::printf("[launch] %s: stopping the job after the workers' current step (again: stop every "
-                    "process now)\n", sig == SIGINT ? "interrupted" : "terminated");
-        interrupted = true;
-        stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-        children[0].proc.signal(SIGTERM);
-      } else {
-        std::printf("[launch] %s again: stopping every process\n", sig == SIGINT ? "interrupted" : "terminated");
-        stop_all(stopping ? SIGKILL : SIGTERM);
-        if (!stopping) {
-          stopping = true;
-          stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-        }
-      }
-      std::fflush(stdout);
-    }
+    if (int sig = take_stop_signal(); sig != 0)
+      on_stop_signal(sig);
     int sc;
-    if (!stopping && children[0].proc.poll_exit(sc)) {
-      // The job is over: the others get a polite stop, then a hard one. A worker script
-      // ends by itself when its loop does (it may save its model after): it gets the
-      // polite stop only if it has not ended 10 s later.
-      if (!interrupted)
-        code = sc;
-      stopping = true;
-      stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      for (size_t i = 1; i < children.size(); ++i)
-        if (!children[i].script || interrupted)
-          children[i].proc.signal(SIGTERM);
-      scripts_waiting = !interrupted && !o.python.empty();
-    }
-    // A server or worker process that fails while the job runs (a script without its
-    // modules, a crash before joining): the job cannot have its members, so it is stopped
-    // now, naming the process, rather than waiting for slots that will never come.
+    if (!stopping && children[0].proc.poll_exit(sc))
+      on_job_over(sc);
     if (!stopping && !interrupted)
-      for (size_t i = 1; i < children.size(); ++i) {
-        auto& c = children[i];
-        int x;
-        if (c.exited || !c.proc.poll_exit(x))
-          continue;
-        c.exited = true;
-        if (x == 0)
-          continue;
-        pump(children, 0);
-        std::printf("[launch] %s exited with code %d before the job ended%s; stopping the job\n", c.prefix.c_str(),
-                    x, c.last.empty() ? "" : (": " + c.last).c_str());
-        std::fflush(stdout);
-        failed_member = c.prefix.substr(1, c.prefix.size() - 2) + " exited with code " + std::to_string(x)
-                        + (c.last.empty() ? std::string{} : ": " + c.last);
-        code = x > 0 && x < 128 ? x : 1;
-        interrupted = true;
-        stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-        children[0].proc.signal(SIGTERM);
-        break;
-      }
-    if (interrupted && !stopping && std::chrono::steady_clock::now() > stop_deadline) {
+      check_members();
+    if (interrupted && !stopping && steady_now() > stop_deadline) {
       // The scheduler did not stop the job in time.
       stopping = true;
-      stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      stop_deadline = steady_now() + std::chrono::seconds(10);
       stop_all(SIGTERM);
     }
-    bool all_done = true;
-    for (auto& c : children) {
-      int x;
-      if (!c.proc.poll_exit(x))
-        all_done = false;
-    }
-    if (all_done)
+    if (all_exited())
       break;
-    if (stopping && std::chrono::steady_clock::now() > stop_deadline) {
-      if (scripts_waiting) {
-        scripts_waiting = false; // the scripts had their time: now the polite stop, then the hard one
-        for (auto& c : children)
-          if (c.script)
-            c.proc.signal(SIGTERM);
-        stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      } else {
-        stop_all(SIGKILL);
-      }
+    if (stopping && steady_now() > stop_deadline)
+      stop_harder();
+  }
+  return finish();
+}
+
+// A stop signal: the first asks the scheduler to stop the job, a second stops every process.
+void launcher::on_stop_signal(int sig) {
+  code = 130;
+  if (!interrupted && !stopping) {
+    // The scheduler stops the job after the workers' current step, with its final
+    // evaluation and report, then the cluster; a second signal stops every process.
+    std::printf("[launch] %s: stopping the job after the workers' current step (again: stop every "
+                "process now)\n", sig == SIGINT ? "interrupted" : "terminated");
+    interrupted = true;
+    stop_deadline = steady_now() + std::chrono::seconds(30);
+    children[0].proc.signal(SIGTERM);
+  } else {
+    std::printf("[launch] %s again: stopping every process\n", sig == SIGINT ? "interrupted" : "terminated");
+    stop_all(stopping ? SIGKILL : SIGTERM);
+    if (!stopping) {
+      stopping = true;
+      stop_deadline = steady_now() + std::chrono::seconds(20);
     }
   }
+  std::fflush(stdout);
+}
+
+// The scheduler exited with `scheduler_code`: the job is over, and the others get a polite
+// stop, then a hard one. A worker script ends by itself when its loop does (it may save its
+// model after): it gets the polite stop only if it has not ended 10 s later.
+void launcher::on_job_over(int scheduler_code) {
+  if (!interrupted)
+    code = scheduler_code;
+  stopping = true;
+  stop_deadline = steady_now() + std::chrono::seconds(10);
+  for (size_t i = 1; i < children.size(); ++i)
+    if (!children[i].script || interrupted)
+      children[i].proc.signal(SIGTERM);
+  scripts_waiting = !interrupted && !o.python.empty();
+}
+
+// A server or worker process that fails while the job runs (a script without its modules, a
+// crash before joining): the job cannot have its members, so it is stopped now, naming the
+// process, rather than waiting for slots that will never come.
+void launcher::check_members() {
+  for (size_t i = 1; i < children.size(); ++i) {
+    auto& c = children[i];
+    int x;
+    if (c.exited || !c.proc.poll_exit(x))
+      continue;
+    c.exited = true;
+    if (x == 0)
+      continue;
+    pump(children, 0);
+    std::printf("[launch] %s exited with code %d before the job ended%s; stopping the job\n", c.prefix.c_str(),
+                x, c.last.empty() ? "" : (": " + c.last).c_str());
+    std::fflush(stdout);
+    failed_member = c.prefix.substr(1, c.prefix.size() - 2) + " exited with code " + std::to_string(x)
+                    + (c.last.empty() ? std::string{} : ": " + c.last);
+    code = x > 0 && x < 128 ? x : 1;
+    interrupted = true;
+    stop_deadline = steady_now() + std::chrono::seconds(30);
+    children[0].proc.signal(SIGTERM);
+    break;
+  }
+}
+
+// Whether every process started has exited (each one polled).
+bool launcher::all_exited() {
+  bool all_done = true;
+  for (auto& c : children) {
+    int x;
+    if (!c.proc.poll_exit(x))
+      all_done = false;
+  }
+  return all_done;
+}
+
+// The stop's deadline passed: the waiting worker scripts get the polite stop, then the hard
+// one; every other process the hard one.
+void launcher::stop_harder() {
+  if (scripts_waiting) {
+    scripts_waiting = false; // the scripts had their time: now the polite stop, then the hard one
+    for (auto& c : children)
+      if (c.script)
+        c.proc.signal(SIGTERM);
+    stop_deadline = steady_now() + std::chrono::seconds(10);
+  } else {
+    stop_all(SIGKILL);
+  }
+}
+
+// Forwards the output left, says why the job failed when a member did, and removes the
+// launch's private directory. Returns the exit code.
+int launcher::finish() {
   while (pump(children, 0)) {
   }
   if (!failed_member.empty()) {
@@ -349,6 +454,20 @@ int run_launch(const launch_options& o) {
   std::remove((dir + "/token").c_str());
   ::rmdir(dir.c_str());
   return code;
+}
+
+// Runs the job as separate processes on this machine; returns the exit code.
+int run_launch(const launch_options& o) {
+  launcher launch{o};
+  if (int code = launch.prepare())
+    return code;
+  if (!launch.start_scheduler())
+    return 1;
+  if (int code = launch.wait_for_scheduler())
+    return code;
+  if (!launch.start_servers() || !launch.start_workers())
+    return 1;
+  return launch.supervise();
 }
 
 }  // namespace

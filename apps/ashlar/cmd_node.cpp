@@ -123,74 +123,403 @@ void run_submitted_job(caf::actor_system& sys, const actors::cluster_actor& clus
       caf::anon_send(cluster, actors::job_atom::value, rep.error());
 }
 
-int run_node(node_options& o) {
-  auto fail = [](int code, const std::string& msg) {
-    std::fprintf(stderr, "ashlar node: %s\n", msg.c_str());
-    return code;
-  };
+// What a node is, from its options: checked before anything starts.
+struct node_setup {
+  std::vector<wire::role> roles;
+  bool is_scheduler = false;
+  bool hosts = false; // server and/or worker
+  net::net_security sec;
+  train_config job_cfg;
+  bool generate_token = false;
+  std::string reused_token_file;
+};
+
+// Prints why the node cannot run; returns the exit code.
+int node_failed(int code, const std::string& msg) {
+  std::fprintf(stderr, "ashlar node: %s\n", msg.c_str());
+  return code;
+}
+
+// The roles and the addresses they need: an error's text, or nothing.
+std::optional<std::string> check_roles(const node_options& o, node_setup& s) {
   auto roles = actors::parse_roles(o.roles);
   if (!roles)
-    return fail(2, describe(roles.error()));
-  const bool is_scheduler = actors::has_role(*roles, wire::role::scheduler);
-  const bool hosts = actors::has_role(*roles, wire::role::server)
-                     || actors::has_role(*roles, wire::role::worker);
-  if (is_scheduler && o.listen.empty())
-    return fail(2, "the scheduler role needs --listen HOST:PORT (port 0 picks a free one)");
-  if (!is_scheduler && o.join.empty())
-    return fail(2, "a server or worker node needs --join HOST:PORT (the scheduler's address)");
-  if (!is_scheduler && !o.train.config_file.empty())
-    return fail(2, "only a scheduler runs a job from CONFIG; submit with `ashlar train CONFIG --join`");
-  train_config job_cfg;
-  if (auto err = resolve_config(o.train, job_cfg))
-    return fail(2, describe(err));
-  auto sec = load_security(o.security);
-  if (!sec)
-    return fail(2, describe(sec.error()));
-  if (is_scheduler) {
+    return describe(roles.error());
+  s.roles = *roles;
+  s.is_scheduler = actors::has_role(s.roles, wire::role::scheduler);
+  s.hosts = actors::has_role(s.roles, wire::role::server) || actors::has_role(s.roles, wire::role::worker);
+  if (s.is_scheduler && o.listen.empty())
+    return "the scheduler role needs --listen HOST:PORT (port 0 picks a free one)";
+  if (!s.is_scheduler && o.join.empty())
+    return "a server or worker node needs --join HOST:PORT (the scheduler's address)";
+  if (!s.is_scheduler && !o.train.config_file.empty())
+    return "only a scheduler runs a job from CONFIG; submit with `ashlar train CONFIG --join`";
+  return std::nullopt;
+}
+
+// Where the node listens (the scheduler's port, a server node's data port) is allowed by
+// its credentials: an error's text, or nothing.
+std::optional<std::string> check_listening(const node_options& o, const node_setup& s) {
+  if (s.is_scheduler) {
     auto ep = actors::parse_endpoint(o.listen);
     if (!ep)
-      return fail(2, "--listen: " + describe(ep.error()));
-    if (auto err = check_listen_policy(ep->host, *sec, o.security.insecure, "the scheduler"))
-      return fail(2, describe(err));
+      return "--listen: " + describe(ep.error());
+    if (auto err = check_listen_policy(ep->host, s.sec, o.security.insecure, "the scheduler"))
+      return describe(err);
   }
   // A server node listens for tensor connections on the address it reaches the scheduler
   // from (or --data-host): the same rule.
-  if (actors::has_role(*roles, wire::role::server) && !is_scheduler) {
+  if (actors::has_role(s.roles, wire::role::server) && !s.is_scheduler) {
     auto ep = actors::parse_endpoint(o.join);
     std::string data_host = o.data_host;
     if (data_host.empty() && ep)
       data_host = is_loopback(ep->host) ? ep->host : net::local_address_toward(ep->host, ep->port);
-    if (auto err = check_listen_policy(data_host, *sec, o.security.insecure, "this server node's data port"))
-      return fail(2, describe(err));
+    if (auto err = check_listen_policy(data_host, s.sec, o.security.insecure, "this server node's data port"))
+      return describe(err);
   }
+  return std::nullopt;
+}
+
+// Checks the options and loads the credentials: -1 when the node can start, else its exit code.
+int prepare_node(node_options& o, node_setup& s) {
+  if (auto why = check_roles(o, s))
+    return node_failed(2, *why);
+  if (auto err = resolve_config(o.train, s.job_cfg))
+    return node_failed(2, describe(err));
+  auto sec = load_security(o.security);
+  if (!sec)
+    return node_failed(2, describe(sec.error()));
+  s.sec = std::move(*sec);
+  if (auto why = check_listening(o, s))
+    return node_failed(2, *why);
   // Without TLS and without a token, the scheduler makes a token and writes it where the
   // join command it prints says: no one reaches an Ashlar port without credentials.
-  if (!o.security.token_file.empty() && sec->token.empty())
-    return fail(2, "--token-file " + o.security.token_file + " is empty");
-  std::string generated_token_file, reused_token_file;
-  const bool generate_token = is_scheduler && sec->token.empty() && !sec->tls;
-  if (generate_token) {
+  if (!o.security.token_file.empty() && s.sec.token.empty())
+    return node_failed(2, "--token-file " + o.security.token_file + " is empty");
+  s.generate_token = s.is_scheduler && s.sec.token.empty() && !s.sec.tls;
+  if (s.generate_token) {
     // A scheduler killed on this port left its token: take it up, so its nodes (waiting
     // for it with --rejoin-timeout) join again.
     auto ep = actors::parse_endpoint(o.listen);
-    sec->token = ep ? left_token(ep->port, reused_token_file) : std::string{};
-    if (sec->token.empty())
-      sec->token = make_token();
+    s.sec.token = ep ? left_token(ep->port, s.reused_token_file) : std::string{};
+    if (s.sec.token.empty())
+      s.sec.token = make_token();
   }
   if (o.name.empty())
     o.name = default_name();
-  if (auto err = init_logging(job_cfg.log_level))
-    return fail(2, describe(err));
-  // A signal stops a job this node runs (its workers finish their step; the job reports),
-  // then the node; the main loop below takes it.
-  catch_stop_signals(false);
+  if (auto err = init_logging(s.job_cfg.log_level))
+    return node_failed(2, describe(err));
+  return -1;
+}
 
+// A running node process: the scheduler it is or joined, the node actor hosting its
+// shards and workers, and the lifecycle that decides what happens when either is lost.
+class node_process {
+public:
+  node_process(node_options& o, node_setup& s, caf::actor_system& sys, std::shared_ptr<actors::data_plane> plane)
+      : o_(o), s_(s), sys_(sys), plane_(std::move(plane)), self_(sys) {}
+
+  // The scheduler role: the cluster actor, published; the join command printed. -1 or an exit code.
+  int start_scheduler(actors::cluster_network& network) {
+    auto ep = actors::parse_endpoint(o_.listen);
+    if (!ep)
+      return node_failed(2, "--listen: " + describe(ep.error()));
+    actors::cluster_config cc;
+    cc.runner = caf::actor_cast<caf::actor>(self_);
+    cluster_ = actors::spawn_cluster(sys_, cc);
+    auto port = network.publish(sys_, cluster_, *ep);
+    if (!port)
+      return node_failed(1, describe(port.error()));
+    address_ = ep->host + ":" + std::to_string(*port);
+    caf::anon_send(cluster_, caf::publish_atom::value, address_);
+    auto hint = join_hint(o_.security);
+    if (s_.generate_token) {
+      auto file = write_token_file(s_.sec.token, *port);
+      if (!file)
+        return node_failed(1, describe(file.error()));
+      generated_token_file_ = *file;
+      hint += " --token-file " + *file;
+    }
+    announce(hint);
+    if (!o_.port_file.empty()) {
+      std::string tmp = o_.port_file + ".tmp";
+      std::ofstream{tmp} << *port << "\n";
+      std::rename(tmp.c_str(), o_.port_file.c_str());
+    }
+    if (!s_.job_cfg.metrics_listen.empty()) {
+      // The scheduler's /metrics outlives its jobs: between jobs it says none runs.
+      auto metrics = http_endpoint::start(s_.job_cfg.metrics_listen);
+      if (!metrics)
+        return node_failed(1, describe(metrics.error()));
+      metrics_ = std::move(*metrics);
+      metrics_->publish(prometheus_text(job_metrics{}));
+      std::printf("Prometheus metrics at %s\n", metrics_->url().c_str());
+      std::fflush(stdout);
+    }
+    if (s_.sec.token.empty())
+      spdlog::info("no cluster token: nodes are admitted by their TLS certificates alone");
+    return -1;
+  }
+
+  // The server and worker roles: joins the cluster (its own, for a scheduler). -1 or an exit code.
+  int join() {
+    if (int rc = make_join_options(); rc >= 0)
+      return rc;
+    expected<actors::membership> m = caf::error{};
+    if (s_.is_scheduler) {
+      m = actors::join_cluster(sys_, cluster_, jo_);
+    } else {
+      auto ep = actors::parse_endpoint(o_.join);
+      if (!ep)
+        return node_failed(2, "--join: " + describe(ep.error()));
+      address_ = ep->to_string();
+      m = actors::join_cluster(sys_, *ep, jo_);
+    }
+    if (!m)
+      return node_failed(1, describe(m.error()));
+    node_ = m->node;
+    spdlog::info("node {}: joined the cluster at {} as node {} (roles {})", o_.name, address_, m->node_id, o_.roles);
+    if (!s_.is_scheduler) {
+      cluster_ = m->cluster;
+      self_->monitor(cluster_);
+    }
+    return -1;
+  }
+
+  // A scheduler given CONFIG runs that job first; it ends the node with --exit-after-job
+  // or when the job could not run (its nodes did not come in time, ...).
+  void run_config_job() {
+    if (!s_.is_scheduler || o_.train.config_file.empty())
+      return;
+    log_rule_notes(s_.job_cfg);
+    auto rep = run_cluster_job(sys_, cluster_, s_.job_cfg, o_.wait_timeout, metrics_.get());
+    code_ = finish_run(s_.job_cfg, rep, "ashlar node");
+    if (o_.exit_after_job || code_ != 0)
+      stop_ = true;
+  }
+
+  // From here the node's lifecycle decides (runtime/control/node_lifecycle.hpp): this loop
+  // turns the scheduler's loss, shutdowns, signals and probe answers into its events.
+  void serve() {
+    control::node_lifecycle life{system_clock(), address_, node_timing(), !s_.is_scheduler};
+    life_ = &life;
+    auto credentials = credential_paths();
+    while (!stop_) {
+      self_->receive(
+        [&](actors::stop_atom) {
+          // The node stopped its workers (a shutdown, or the drain a signal began), or the
+          // cluster asked the runner to stop.
+          act(life.state() == control::node_lifecycle::phase::draining ? life.on_drained() : life.on_shutdown());
+        },
+        [&](const wire::job_request& req) {
+          run_submitted_job(sys_, cluster_, o_, req, credentials.first, credentials.second, metrics_.get());
+        },
+        [&](caf::down_msg& dm) {
+          if (dm.source == cluster_.address()) // (not a scheduler this node left for a newer one)
+            act(life.on_scheduler_down(to_string(dm.reason)));
+        },
+        caf::after(100ms) >> [&] {
+          if (int sig = take_stop_signal(); sig != 0)
+            act(life.on_signal(signal_name(sig)));
+          if (!stop_)
+            act(life.on_time());
+        });
+    }
+    life_ = nullptr;
+  }
+
+  // Tells the nodes the cluster is done (--exit-after-job), stops what this process runs;
+  // returns the exit code.
+  int shut_down() {
+    if (s_.is_scheduler && o_.exit_after_job) // launch stops them too, this is the polite way
+      self_->request(cluster_, 5s, wire::ctl_request{wire::ctl_request::shutdown, 0, 0})
+        .receive([](const std::string&) {}, [](caf::error&) {});
+    return code_;
+  }
+
+  ~node_process() {
+    if (node_)
+      caf::anon_send_exit(node_, caf::exit_reason::user_shutdown);
+    if (cluster_ && s_.is_scheduler)
+      caf::anon_send_exit(cluster_, caf::exit_reason::user_shutdown);
+    if (gpus_)
+      gpus_->stop();
+    if (!generated_token_file_.empty())
+      std::remove(generated_token_file_.c_str());
+  }
+
+private:
+  // Prints the scheduler's address, where its token is, and the command that joins it.
+  void announce(const std::string& hint) {
+    std::printf("ashlar scheduler listening on %s%s\n", address_.c_str(), s_.sec.tls ? " (mutual TLS)" : "");
+    if (!s_.reused_token_file.empty())
+      std::printf("cluster token taken up from %s (left by a scheduler on this port that did not stop "
+                  "cleanly; its nodes join again)\n", s_.reused_token_file.c_str());
+    else if (!generated_token_file_.empty())
+      std::printf("cluster token written to %s (readable by this user only)\n", generated_token_file_.c_str());
+    std::printf("join with: ashlar node --role worker --join %s%s   (or --role server)\n", address_.c_str(),
+                hint.c_str());
+    std::fflush(stdout);
+  }
+
+  // What the node offers when it joins: roles, slots, its data plane, its GPUs. -1 or an exit code.
+  int make_join_options() {
+    jo_.name = o_.name;
+    jo_.roles = s_.roles;
+    jo_.slots = o_.slots;
+    jo_.data_dir = o_.data_dir;
+    jo_.protocol = o_.protocol;
+    jo_.owner = caf::actor_cast<caf::actor>(self_);
+    jo_.plane = plane_;
+    jo_.data_host = o_.data_host;
+    jo_.checkpoint_dir = s_.job_cfg.checkpoint_dir;
+    jo_.work_dir = o_.work_dir;
+    jo_.replace_shard = o_.replace_shard;
+    jo_.make_backend = host_backend(); // a host process's own (the Python package's), if any
+    jo_.timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.connect_timeout * 1000));
+    if (actors::has_role(s_.roles, wire::role::worker)) {
+      // A GPU actor per device (--gpus); a worker takes one while it lasts, else the CPU.
+      auto pool = actors::gpu_pool::start(sys_, s_.job_cfg.gpus, s_.job_cfg.tf32, s_.job_cfg.gpu_local_model);
+      if (!pool)
+        return node_failed(2, describe(pool.error()));
+      jo_.gpus = gpus_ = *pool;
+      std::string labels;
+      for (const auto& g : jo_.gpus->labels())
+        labels += (labels.empty() ? "" : ", ") + g;
+      if (labels.empty())
+        spdlog::info("node {}: workers compute on the CPU ({})", o_.name, jo_.gpus->why_none());
+      else
+        spdlog::info("node {}: GPUs for its workers: {}", o_.name, labels);
+    }
+    if (s_.is_scheduler && jo_.data_host.empty()) {
+      auto ep = actors::parse_endpoint(o_.listen);
+      bool wildcard = ep->host.empty() || ep->host == "0.0.0.0";
+      jo_.data_host = wildcard ? net::local_address_toward("192.0.2.1", 9) : ep->host;
+      if (jo_.data_host.empty())
+        jo_.data_host = "127.0.0.1";
+    }
+    return -1;
+  }
+
+  // What a submitted job must never write: the TLS directory, the directory of a token
+  // this node made, and a token file it was given (directories, files).
+  std::pair<std::vector<std::string>, std::vector<std::string>> credential_paths() const {
+    std::vector<std::string> dirs, files;
+    if (s_.sec.tls)
+      dirs.push_back(s_.sec.tls->dir());
+    if (!generated_token_file_.empty())
+      dirs.push_back(std::filesystem::path{generated_token_file_}.parent_path().string());
+    if (!o_.security.token_file.empty())
+      files.push_back(std::filesystem::weakly_canonical(o_.security.token_file).string());
+    return {dirs, files};
+  }
+
+  control::node_timing node_timing() const {
+    control::node_timing timing;
+    timing.rejoin_ns = static_cast<uint64_t>(std::max(0.0, o_.rejoin_timeout) * 1e9);
+    timing.settle_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(actors::heartbeat_interval + actors::connection_timeout
+                                                           + 500ms)
+        .count());
+    return timing;
+  }
+
+  // Carries out the lifecycle's actions; answers (a probe's, a rejoin's) go back to it.
+  void act(std::vector<control::node_action> actions) {
+    for (const auto& a : actions)
+      switch (a.kind) {
+        case control::node_action::stop_hosted:
+          self_->request(node_, 30s, actors::stop_atom::value)
+            .receive([](uint32_t) {},
+                     [&](caf::error& err) {
+                       spdlog::warn("node {}: its shards and workers did not all stop: {}", o_.name, describe(err));
+                     });
+          break;
+        case control::node_action::probe:
+          probe();
+          break;
+        case control::node_action::rejoin:
+          rejoin(a.wait_ns);
+          break;
+        case control::node_action::drain:
+          // Workers finish their step and leave; the node reports back with stop_atom.
+          if (node_)
+            self_->send(node_, wire::ctl_request{wire::ctl_request::shutdown, 0, 0});
+          else
+            act(life_->on_drained());
+          break;
+        case control::node_action::log_warn:
+          spdlog::warn("node {}: {}", o_.name, a.text);
+          break;
+        case control::node_action::log_info:
+          spdlog::info("node {}: {}", o_.name, a.text);
+          break;
+        case control::node_action::exit:
+          if (!a.text.empty())
+            spdlog::error("node {}: {}", o_.name, a.text);
+          if (a.code != 0)
+            code_ = a.code;
+          stop_ = true;
+          break;
+      }
+  }
+
+  static control::node_lifecycle::answer answer_of(const caf::error& err) {
+    return !err                                  ? control::node_lifecycle::answer::admitted
+           : is(err, errc::handshake_refused) ? control::node_lifecycle::answer::refused
+                                                : control::node_lifecycle::answer::failed;
+  }
+
+  // Whether the scheduler at this node's address admits it again.
+  void probe() {
+    auto probed = actors::probe_admission(sys_, *actors::parse_endpoint(address_), 1s);
+    act(life_->on_probe(answer_of(probed), describe(probed)));
+  }
+
+  // Joins the scheduler at this node's address again, as the same node process.
+  void rejoin(uint64_t wait_ns) {
+    auto again = jo_;
+    again.replace_shard = -1; // a new scheduler places the job's shards itself
+    again.timeout = std::chrono::milliseconds(wait_ns / 1000000);
+    auto m = actors::rejoin_cluster(sys_, *actors::parse_endpoint(address_), again, node_);
+    if (m) {
+      cluster_ = m->cluster;
+      self_->monitor(cluster_);
+    }
+    act(life_->on_rejoin(answer_of(m ? caf::error{} : m.error()),
+                         m ? "node " + std::to_string(m->node_id) : describe(m.error())));
+  }
+
+  node_options& o_;
+  node_setup& s_;
+  caf::actor_system& sys_;
+  std::shared_ptr<actors::data_plane> plane_;
+  caf::scoped_actor self_;
+  actors::cluster_actor cluster_;
+  actors::node_actor node_;
+  std::shared_ptr<actors::gpu_pool> gpus_; // stopped before the actor system ends
+  std::unique_ptr<http_endpoint> metrics_; // the scheduler's /metrics (run.metrics_listen)
+  actors::join_options jo_;
+  std::string address_;
+  std::string generated_token_file_;
+  control::node_lifecycle* life_ = nullptr; // while serve() runs
+  int code_ = 0;
+  bool stop_ = false;
+};
+
+int run_node(node_options& o) {
+  node_setup s;
+  if (int rc = prepare_node(o, s); rc >= 0)
+    return rc;
+  // A signal stops a job this node runs (its workers finish their step; the job reports),
+  // then the node; node_process::serve takes it.
+  catch_stop_signals(false);
   actors::cluster_system_config sys_cfg;
   caf::actor_system sys{sys_cfg};
   // Declared after the actor system: its destructor stops it first.
-  auto network = actors::cluster_network::start(sys, *sec);
+  auto network = actors::cluster_network::start(sys, s.sec);
   if (!network)
-    return fail(1, describe(network.error()));
+    return node_failed(1, describe(network.error()));
   // Tensor connections between this node's shards/workers and other nodes'; stopped (its
   // threads joined) when this function returns, before the actor system goes.
   auto data_plane = std::make_shared<actors::data_plane>(sys);
@@ -198,245 +527,16 @@ int run_node(node_options& o) {
     std::shared_ptr<actors::data_plane> p;
     ~stop_on_exit() { p->stop(); }
   } data_plane_guard{data_plane};
-  caf::scoped_actor self{sys};
-  actors::cluster_actor cluster;
-  std::unique_ptr<http_endpoint> metrics; // the scheduler's /metrics (run.metrics_listen)
-  std::string address;
-  int code = 0;
-
-  if (is_scheduler) {
-    auto ep = actors::parse_endpoint(o.listen);
-    if (!ep)
-      return fail(2, "--listen: " + describe(ep.error()));
-    actors::cluster_config cc;
-    cc.runner = caf::actor_cast<caf::actor>(self);
-    cluster = actors::spawn_cluster(sys, cc);
-    auto port = (*network)->publish(sys, cluster, *ep);
-    if (!port) {
-      caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
-      return fail(1, describe(port.error()));
-    }
-    address = ep->host + ":" + std::to_string(*port);
-    caf::anon_send(cluster, caf::publish_atom::value, address);
-    auto hint = join_hint(o.security);
-    if (generate_token) {
-      auto file = write_token_file(sec->token, *port);
-      if (!file) {
-        caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
-        return fail(1, describe(file.error()));
-      }
-      generated_token_file = *file;
-      hint += " --token-file " + *file;
-    }
-    std::printf("ashlar scheduler listening on %s%s\n", address.c_str(), sec->tls ? " (mutual TLS)" : "");
-    if (!reused_token_file.empty())
-      std::printf("cluster token taken up from %s (left by a scheduler on this port that did not stop "
-                  "cleanly; its nodes join again)\n", reused_token_file.c_str());
-    else if (!generated_token_file.empty())
-      std::printf("cluster token written to %s (readable by this user only)\n", generated_token_file.c_str());
-    std::printf("join with: ashlar node --role worker --join %s%s   (or --role server)\n", address.c_str(),
-                hint.c_str());
-    std::fflush(stdout);
-    if (!o.port_file.empty()) {
-      std::string tmp = o.port_file + ".tmp";
-      std::ofstream{tmp} << *port << "\n";
-      std::rename(tmp.c_str(), o.port_file.c_str());
-    }
-    if (!job_cfg.metrics_listen.empty()) {
-      // The scheduler's /metrics outlives its jobs: between jobs it says none runs.
-      auto ep = http_endpoint::start(job_cfg.metrics_listen);
-      if (!ep)
-        return fail(1, describe(ep.error()));
-      metrics = std::move(*ep);
-      metrics->publish(prometheus_text(job_metrics{}));
-      std::printf("Prometheus metrics at %s\n", metrics->url().c_str());
-      std::fflush(stdout);
-    }
-    if (sec->token.empty())
-      spdlog::info("no cluster token: nodes are admitted by their TLS certificates alone");
-  }
-
-  actors::node_actor node;
-  std::shared_ptr<actors::gpu_pool> gpus; // stopped before the actor system ends
-  actors::join_options jo;
-  if (hosts) {
-    jo.name = o.name;
-    jo.roles = *roles;
-    jo.slots = o.slots;
-    jo.data_dir = o.data_dir;
-    jo.protocol = o.protocol;
-    jo.owner = caf::actor_cast<caf::actor>(self);
-    jo.plane = data_plane;
-    jo.data_host = o.data_host;
-    jo.checkpoint_dir = job_cfg.checkpoint_dir;
-    jo.work_dir = o.work_dir;
-    jo.replace_shard = o.replace_shard;
-    jo.make_backend = host_backend(); // a host process's own (the Python package's), if any
-    if (actors::has_role(*roles, wire::role::worker)) {
-      // A GPU actor per device (--gpus); a worker takes one while it lasts, else the CPU.
-      auto pool = actors::gpu_pool::start(sys, job_cfg.gpus, job_cfg.tf32, job_cfg.gpu_local_model);
-      if (!pool)
-        return fail(2, describe(pool.error()));
-      jo.gpus = gpus = *pool;
-      std::string labels;
-      for (const auto& g : jo.gpus->labels())
-        labels += (labels.empty() ? "" : ", ") + g;
-      if (labels.empty())
-        spdlog::info("node {}: workers compute on the CPU ({})", o.name, jo.gpus->why_none());
-      else
-        spdlog::info("node {}: GPUs for its workers: {}", o.name, labels);
-    }
-    jo.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.connect_timeout * 1000));
-    expected<actors::membership> m = caf::error{};
-    if (is_scheduler) {
-      if (jo.data_host.empty()) {
-        auto ep = actors::parse_endpoint(o.listen);
-        bool wildcard = ep->host.empty() || ep->host == "0.0.0.0";
-        jo.data_host = wildcard ? net::local_address_toward("192.0.2.1", 9) : ep->host;
-        if (jo.data_host.empty())
-          jo.data_host = "127.0.0.1";
-      }
-      m = actors::join_cluster(sys, cluster, jo);
-    } else {
-      auto ep = actors::parse_endpoint(o.join);
-      if (!ep)
-        return fail(2, "--join: " + describe(ep.error()));
-      address = ep->to_string();
-      m = actors::join_cluster(sys, *ep, jo);
-    }
-    if (!m) {
-      if (is_scheduler)
-        caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
-      return fail(1, describe(m.error()));
-    }
-    node = m->node;
-    spdlog::info("node {}: joined the cluster at {} as node {} (roles {})", o.name, address,
-                 m->node_id, o.roles);
-    if (!is_scheduler) {
-      cluster = m->cluster;
-      self->monitor(cluster);
-    }
-  }
-
-  // What a submitted job must never write: the TLS directory, the directory of a token
-  // this node made, and a token file it was given.
-  std::vector<std::string> credential_dirs, credential_files;
-  if (sec->tls)
-    credential_dirs.push_back(sec->tls->dir());
-  if (!generated_token_file.empty())
-    credential_dirs.push_back(std::filesystem::path{generated_token_file}.parent_path().string());
-  if (!o.security.token_file.empty())
-    credential_files.push_back(std::filesystem::weakly_canonical(o.security.token_file).string());
-  bool stop = false;
-  if (is_scheduler && !o.train.config_file.empty()) {
-    log_rule_notes(job_cfg);
-    auto rep = run_cluster_job(sys, cluster, job_cfg, o.wait_timeout, metrics.get());
-    code = finish_run(job_cfg, rep, "ashlar node");
-    // A job that could not run (its nodes did not come in time, ...) ends the scheduler
-    // with the error's exit code, as a finished one does with --exit-after-job.
-    if (o.exit_after_job || code != 0)
-      stop = true;
-  }
-  // From here the node's lifecycle decides (runtime/control/node_lifecycle.hpp): this loop
-  // turns the scheduler's loss, shutdowns, signals and probe answers into its events, and
-  // carries out its actions.
-  control::node_timing timing;
-  timing.rejoin_ns = static_cast<uint64_t>(std::max(0.0, o.rejoin_timeout) * 1e9);
-  timing.settle_ns = static_cast<uint64_t>(
-    std::chrono::duration_cast<std::chrono::nanoseconds>(actors::heartbeat_interval + actors::connection_timeout + 500ms)
-      .count());
-  control::node_lifecycle life{system_clock(), address, timing, !is_scheduler};
-  auto ep = actors::parse_endpoint(address);
-  auto again = jo;
-  again.replace_shard = -1; // a new scheduler places the job's shards itself
-  std::function<void(std::vector<control::node_action>)> act = [&](std::vector<control::node_action> actions) {
-    for (const auto& a : actions)
-      switch (a.kind) {
-        case control::node_action::stop_hosted:
-          self->request(node, 30s, actors::stop_atom::value)
-            .receive([](uint32_t) {},
-                     [&](caf::error& err) {
-                       spdlog::warn("node {}: its shards and workers did not all stop: {}", o.name, describe(err));
-                     });
-          break;
-        case control::node_action::probe: {
-          auto probed = actors::probe_admission(sys, *ep, 1s);
-          act(life.on_probe(!probed                                    ? control::node_lifecycle::answer::admitted
-                            : is(probed, errc::handshake_refused) ? control::node_lifecycle::answer::refused
-                                                                  : control::node_lifecycle::answer::failed,
-                            describe(probed)));
-          break;
-        }
-        case control::node_action::rejoin: {
-          again.timeout = std::chrono::milliseconds(a.wait_ns / 1000000);
-          auto m = actors::rejoin_cluster(sys, *ep, again, node);
-          if (m) {
-            cluster = m->cluster;
-            self->monitor(cluster);
-          }
-          act(life.on_rejoin(m                                              ? control::node_lifecycle::answer::admitted
-                             : is(m.error(), errc::handshake_refused) ? control::node_lifecycle::answer::refused
-                                                                      : control::node_lifecycle::answer::failed,
-                             m ? "node " + std::to_string(m->node_id) : describe(m.error())));
-          break;
-        }
-        case control::node_action::drain:
-          // Workers finish their step and leave; the node reports back with stop_atom.
-          if (node)
-            self->send(node, wire::ctl_request{wire::ctl_request::shutdown, 0, 0});
-          else
-            act(life.on_drained());
-          break;
-        case control::node_action::log_warn:
-          spdlog::warn("node {}: {}", o.name, a.text);
-          break;
-        case control::node_action::log_info:
-          spdlog::info("node {}: {}", o.name, a.text);
-          break;
-        case control::node_action::exit:
-          if (!a.text.empty())
-            spdlog::error("node {}: {}", o.name, a.text);
-          if (a.code != 0)
-            code = a.code;
-          stop = true;
-          break;
-      }
-  };
-  while (!stop) {
-    self->receive(
-      [&](actors::stop_atom) {
-        // The node stopped its workers (a shutdown, or the drain a signal began), or the
-        // cluster asked the runner to stop.
-        act(life.state() == control::node_lifecycle::phase::draining ? life.on_drained() : life.on_shutdown());
-      },
-      [&](const wire::job_request& req) {
-        run_submitted_job(sys, cluster, o, req, credential_dirs, credential_files, metrics.get());
-      },
-      [&](caf::down_msg& dm) {
-        if (dm.source == cluster.address()) // (not a scheduler this node left for a newer one)
-          act(life.on_scheduler_down(to_string(dm.reason)));
-      },
-      caf::after(100ms) >> [&] {
-        if (int sig = take_stop_signal(); sig != 0)
-          act(life.on_signal(signal_name(sig)));
-        if (!stop)
-          act(life.on_time());
-      });
-  }
-  if (is_scheduler && o.exit_after_job) {
-    // Tell the nodes the cluster is done (launch stops them too, this is the polite way).
-    self->request(cluster, 5s, wire::ctl_request{wire::ctl_request::shutdown, 0, 0})
-      .receive([](const std::string&) {}, [](caf::error&) {});
-  }
-  if (node)
-    caf::anon_send_exit(node, caf::exit_reason::user_shutdown);
-  if (is_scheduler)
-    caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
-  if (gpus)
-    gpus->stop();
-  if (!generated_token_file.empty())
-    std::remove(generated_token_file.c_str());
-  return code;
+  node_process node{o, s, sys, data_plane};
+  if (s.is_scheduler)
+    if (int rc = node.start_scheduler(**network); rc >= 0)
+      return rc;
+  if (s.hosts)
+    if (int rc = node.join(); rc >= 0)
+      return rc;
+  node.run_config_job();
+  node.serve();
+  return node.shut_down();
 }
 
 }  // namespace

@@ -19,6 +19,174 @@ namespace ashlar::cli {
 
 namespace {
 
+using job_outcome = std::promise<expected<wire::job_result>>;
+
+// Prints a line of the job's progress from the scheduler's status, when it has trained since
+// `last` (elapsed seconds and samples at the line before), which it then updates.
+void print_progress(const wire::cluster_status& st, std::pair<double, uint64_t>& last) {
+  if (st.stats.workers.empty() || !(st.stats.elapsed_seconds > last.first))
+    return;
+  const double rate = static_cast<double>(st.stats.total_samples - std::min(last.second, st.stats.total_samples))
+                      / (st.stats.elapsed_seconds - last.first);
+  size_t training = 0;
+  for (const auto& w : st.stats.workers)
+    training += w.done ? 0 : 1;
+  std::printf("[%7.1fs] %10llu samples %8.0f samples/s  loss %.4f  %zu workers training%s%s\n",
+              st.stats.elapsed_seconds, static_cast<unsigned long long>(st.stats.total_samples), rate,
+              st.stats.loss, training, st.stage.empty() ? "" : "  stage ", st.stage.c_str());
+  std::fflush(stdout);
+  last = {st.stats.elapsed_seconds, st.stats.total_samples};
+}
+
+// Spawns the helper actor that sends the job to the scheduler at `join` and sets `outcome` to
+// its answer, or to an error once it loses the scheduler; meanwhile it prints the job's
+// progress every `every` seconds (none when 0).
+caf::actor spawn_job_watcher(caf::actor_system& sys, const actors::cluster_actor& cluster,
+                             const wire::job_request& req, const std::string& join, double every,
+                             job_outcome* outcome) {
+  return sys.spawn([cluster, req, join, every, outcome](caf::event_based_actor* self) -> caf::behavior {
+    self->monitor(cluster);
+    self->set_down_handler([self, join, outcome](caf::down_msg& dm) {
+      outcome->set_value(make_error(errc::peer_unreachable, "lost the scheduler at " + join + " ("
+                                                              + to_string(dm.reason) + ") before the job ended"));
+      self->quit();
+    });
+    self->request(cluster, caf::infinite, req)
+      .then(
+        [self, outcome](const wire::job_result& res) {
+          outcome->set_value(res);
+          self->quit();
+        },
+        [self, outcome](caf::error& err) {
+          outcome->set_value(std::move(err));
+          self->quit();
+        });
+    // The job's progress, as the scheduler's status shows it, every run.progress_interval.
+    auto last = std::make_shared<std::pair<double, uint64_t>>(0.0, 0);
+    auto asking = std::make_shared<bool>(false); // one status request at a time
+    const auto period = std::chrono::milliseconds(std::max<int64_t>(100, static_cast<int64_t>(every * 1000)));
+    if (every > 0)
+      self->delayed_send(self, period, actors::status_atom::value);
+    return {
+      [=](actors::status_atom) {
+        self->delayed_send(self, period, actors::status_atom::value);
+        if (*asking)
+          return;
+        *asking = true;
+        self->request(cluster, std::chrono::seconds(5), actors::status_atom::value)
+          .then(
+            [=](const wire::cluster_status& st) {
+              *asking = false;
+              print_progress(st, *last);
+            },
+            [=](caf::error&) { *asking = false; });
+      },
+    };
+  });
+}
+
+// Asks the scheduler to stop the job (its workers finish their step, then it reports) and
+// prints what it said.
+void ask_to_stop(caf::actor_system& sys, const actors::cluster_actor& cluster) {
+  caf::scoped_actor asker{sys};
+  asker->request(cluster, std::chrono::seconds(15), wire::ctl_request{wire::ctl_request::stop_job, 0, 0})
+    .receive([](const std::string& said) { std::printf("scheduler: %s\n", said.c_str()); },
+             [](caf::error& err) {
+               std::fprintf(stderr, "ashlar train: the scheduler did not take the stop: %s\n", describe(err).c_str());
+             });
+  std::fflush(stdout);
+}
+
+// Waits for the job's answer. Ctrl-C (or SIGTERM) asks the scheduler to stop the job: its
+// workers finish their step and it reports, here as it would have at its end; `sig` gets that
+// signal. Returns false when a second one leaves the job running (the helper stopped).
+bool wait_for_job(caf::actor_system& sys, const actors::cluster_actor& cluster, const caf::actor& helper,
+                  const std::string& join, std::future<expected<wire::job_result>>& answer, int& sig) {
+  catch_stop_signals(false);
+  while (answer.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready) {
+    const int now = take_stop_signal();
+    if (now == 0)
+      continue;
+    if (sig != 0) {
+      std::printf("ashlar train: %s again: leaving the job running on the cluster (`ashlar ctl stop-job --join %s` "
+                  "stops it)\n", signal_name(now), join.c_str());
+      std::fflush(stdout);
+      caf::anon_send_exit(helper, caf::exit_reason::user_shutdown);
+      return false;
+    }
+    sig = now;
+    std::printf("ashlar train: %s: asking the scheduler at %s to stop the job (its workers finish their step, then "
+                "it reports); %s again leaves it running\n", signal_name(now), join.c_str(), signal_name(now));
+    std::fflush(stdout);
+    ask_to_stop(sys, cluster);
+  }
+  return true;
+}
+
+// The value of `key` in the job's report `j` (quotes taken off a string), "?" when it has none.
+std::string report_field(const std::string& j, const char* key) {
+  auto at = j.find(std::string{"\""} + key + "\": ");
+  if (at == std::string::npos)
+    return "?";
+  at = j.find(": ", at) + 2;
+  auto end = j.find_first_of(",\n}", at);
+  auto v = j.substr(at, end - at);
+  if (v.size() >= 2 && v.front() == '"')
+    v = v.substr(1, v.size() - 2);
+  return v;
+}
+
+// Prints the summary `ashlar train` prints locally, from the job's report `j`: in the same
+// words and precision as a local run's summary (finish_run).
+void print_job_summary(const std::string& j) {
+  auto field = [&](const char* key) { return report_field(j, key); };
+  auto num = [&](const char* key) { return std::strtod(field(key).c_str(), nullptr); };
+  std::printf("done: policy %s, %s workers, %s shards, model %s\n", field("policy").c_str(), field("workers").c_str(),
+              field("servers").c_str(), field("model").c_str());
+  const char* why = ending_words(field("stopped_early") == "true", field("target_reached") == "true",
+                                 field("time_limited") == "true");
+  std::printf("test accuracy %.4f (loss %.4f) on %s samples, %s%.2f of %s epochs in %.1f s (%.0f samples/s)\n",
+              num("test_accuracy"), num("test_loss"), field("test_samples").c_str(), why, num("epochs_trained"),
+              field("epochs").c_str(), num("seconds"), num("samples_per_second"));
+  if (num("redone_samples") > 0 || num("reassigned_samples") > 0)
+    std::printf("work redone: %.0f samples trained again after the resume, %.0f samples of lost workers taken over "
+                "by the others\n", num("redone_samples"), num("reassigned_samples"));
+}
+
+// Writes the job's report `report_json` to run.report; false (said) when it cannot.
+bool write_report(const train_config& cfg, const std::string& report_json) {
+  std::FILE* f = std::fopen(cfg.report.c_str(), "wb");
+  const bool written = f && std::fwrite(report_json.data(), 1, report_json.size(), f) == report_json.size();
+  if (f && std::fclose(f) == 0 && written) {
+    std::printf("report written to %s\n", cfg.report.c_str());
+    return true;
+  }
+  std::fflush(stdout);
+  std::fprintf(stderr, "ashlar train: cannot write report %s: %s\n", cfg.report.c_str(), std::strerror(errno));
+  return false;
+}
+
+// Reports the job's answer `res`: its summary and report file, or why the cluster could not
+// run it. `sig`: the signal that asked to stop it, 0 if none. Returns the exit code.
+int report_job(const train_config& cfg, const expected<wire::job_result>& res, int sig) {
+  if (!res) {
+    std::fprintf(stderr, "ashlar train: the cluster could not run the job: %s\n", describe(res.error()).c_str());
+    return 1;
+  }
+  print_job_summary(res->report_json);
+  int code = 0;
+  if (!cfg.report.empty() && !write_report(cfg, res->report_json))
+    code = 1;
+  if (sig == 0 && report_field(res->report_json, "stopped_early") == "true") {
+    std::fflush(stdout);
+    std::fprintf(stderr, "ashlar train: the job was stopped on request (`ashlar ctl stop-job`, a shutdown or a "
+                         "signal to the scheduler node) before it trained its epochs\n");
+    code = 1;
+  }
+  return code == 0 && sig != 0 ? 128 + sig : code;
+}
+
+// Submits the job to the scheduler at `join` (--join) and follows it to its end; returns the exit code.
 int submit(const train_config& cfg, const std::string& join, const security_options& security) {
   auto where = actors::parse_endpoint(join);
   if (!where) {
@@ -48,139 +216,15 @@ int submit(const train_config& cfg, const std::string& join, const security_opti
     req.settings.emplace_back(k.key, setting_text(cfg, k.key));
   std::printf("submitted the job to %s; its progress follows (the scheduler's log has the rest)\n", join.c_str());
   std::fflush(stdout);
-  const double every = cfg.progress_interval;
   // The job may run for hours, so the request has no timeout; a helper actor watches the
   // scheduler meanwhile, so that losing it ends the wait with an error instead of a hang.
-  std::promise<expected<wire::job_result>> outcome;
+  job_outcome outcome;
   auto answer = outcome.get_future();
-  auto helper = sys.spawn([cluster, req, join, every, &outcome](caf::event_based_actor* self) -> caf::behavior {
-    self->monitor(cluster);
-    self->set_down_handler([self, join, &outcome](caf::down_msg& dm) {
-      outcome.set_value(make_error(errc::peer_unreachable, "lost the scheduler at " + join + " ("
-                                                             + to_string(dm.reason) + ") before the job ended"));
-      self->quit();
-    });
-    self->request(cluster, caf::infinite, req)
-      .then(
-        [self, &outcome](const wire::job_result& res) {
-          outcome.set_value(res);
-          self->quit();
-        },
-        [self, &outcome](caf::error& err) {
-          outcome.set_value(std::move(err));
-          self->quit();
-        });
-    // The job's progress, as the scheduler's status shows it, every run.progress_interval.
-    auto last = std::make_shared<std::pair<double, uint64_t>>(0.0, 0);
-    auto asking = std::make_shared<bool>(false); // one status request at a time
-    const auto period = std::chrono::milliseconds(std::max<int64_t>(100, static_cast<int64_t>(every * 1000)));
-    if (every > 0)
-      self->delayed_send(self, period, actors::status_atom::value);
-    return {
-      [=](actors::status_atom) {
-        self->delayed_send(self, period, actors::status_atom::value);
-        if (*asking)
-          return;
-        *asking = true;
-        self->request(cluster, std::chrono::seconds(5), actors::status_atom::value)
-          .then(
-            [=](const wire::cluster_status& st) {
-              *asking = false;
-              if (!st.stats.workers.empty() && st.stats.elapsed_seconds > last->first) {
-                const double rate = static_cast<double>(st.stats.total_samples - std::min(last->second, st.stats.total_samples))
-                                    / (st.stats.elapsed_seconds - last->first);
-                size_t training = 0;
-                for (const auto& w : st.stats.workers)
-                  training += w.done ? 0 : 1;
-                std::printf("[%7.1fs] %10llu samples %8.0f samples/s  loss %.4f  %zu workers training%s%s\n",
-                            st.stats.elapsed_seconds, static_cast<unsigned long long>(st.stats.total_samples), rate,
-                            st.stats.loss, training, st.stage.empty() ? "" : "  stage ", st.stage.c_str());
-                std::fflush(stdout);
-                *last = {st.stats.elapsed_seconds, st.stats.total_samples};
-              }
-            },
-            [=](caf::error&) { *asking = false; });
-      },
-    };
-  });
-  // Ctrl-C (or SIGTERM) asks the scheduler to stop the job: its workers finish their step
-  // and it reports, here as it would have at its end. A second one leaves it running.
-  catch_stop_signals(false);
+  auto helper = spawn_job_watcher(sys, cluster, req, join, cfg.progress_interval, &outcome);
   int sig = 0;
-  while (answer.wait_for(std::chrono::milliseconds(200)) != std::future_status::ready) {
-    const int now = take_stop_signal();
-    if (now == 0)
-      continue;
-    if (sig != 0) {
-      std::printf("ashlar train: %s again: leaving the job running on the cluster (`ashlar ctl stop-job --join %s` "
-                  "stops it)\n", signal_name(now), join.c_str());
-      std::fflush(stdout);
-      caf::anon_send_exit(helper, caf::exit_reason::user_shutdown);
-      return 128 + sig;
-    }
-    sig = now;
-    std::printf("ashlar train: %s: asking the scheduler at %s to stop the job (its workers finish their step, then "
-                "it reports); %s again leaves it running\n", signal_name(now), join.c_str(), signal_name(now));
-    std::fflush(stdout);
-    caf::scoped_actor asker{sys};
-    asker->request(cluster, std::chrono::seconds(15), wire::ctl_request{wire::ctl_request::stop_job, 0, 0})
-      .receive([](const std::string& said) { std::printf("scheduler: %s\n", said.c_str()); },
-               [](caf::error& err) {
-                 std::fprintf(stderr, "ashlar train: the scheduler did not take the stop: %s\n", describe(err).c_str());
-               });
-    std::fflush(stdout);
-  }
-  auto res = answer.get();
-  int code = 1;
-  if (res) {
-    // The summary `ashlar train` prints locally, from the job's report.
-    const auto& j = res->report_json;
-    auto field = [&](const char* key) -> std::string {
-      auto at = j.find(std::string{"\""} + key + "\": ");
-      if (at == std::string::npos)
-        return "?";
-      at = j.find(": ", at) + 2;
-      auto end = j.find_first_of(",\n}", at);
-      auto v = j.substr(at, end - at);
-      if (v.size() >= 2 && v.front() == '"')
-        v = v.substr(1, v.size() - 2);
-      return v;
-    };
-    auto num = [&](const char* key) { return std::strtod(field(key).c_str(), nullptr); };
-    // In the same words and precision as a local run's summary (finish_run).
-    std::printf("done: policy %s, %s workers, %s shards, model %s\n", field("policy").c_str(), field("workers").c_str(),
-                field("servers").c_str(), field("model").c_str());
-    const char* why = ending_words(field("stopped_early") == "true", field("target_reached") == "true",
-                                   field("time_limited") == "true");
-    std::printf("test accuracy %.4f (loss %.4f) on %s samples, %s%.2f of %s epochs in %.1f s (%.0f samples/s)\n",
-                num("test_accuracy"), num("test_loss"), field("test_samples").c_str(), why, num("epochs_trained"),
-                field("epochs").c_str(), num("seconds"), num("samples_per_second"));
-    if (num("redone_samples") > 0 || num("reassigned_samples") > 0)
-      std::printf("work redone: %.0f samples trained again after the resume, %.0f samples of lost workers taken over "
-                  "by the others\n", num("redone_samples"), num("reassigned_samples"));
-    code = 0;
-    if (!cfg.report.empty()) {
-      std::FILE* f = std::fopen(cfg.report.c_str(), "wb");
-      const bool written = f && std::fwrite(res->report_json.data(), 1, res->report_json.size(), f)
-                                  == res->report_json.size();
-      if (f && std::fclose(f) == 0 && written) {
-        std::printf("report written to %s\n", cfg.report.c_str());
-      } else {
-        std::fflush(stdout);
-        std::fprintf(stderr, "ashlar train: cannot write report %s: %s\n", cfg.report.c_str(), std::strerror(errno));
-        code = 1;
-      }
-    }
-    if (sig == 0 && field("stopped_early") == "true") {
-      std::fflush(stdout);
-      std::fprintf(stderr, "ashlar train: the job was stopped on request (`ashlar ctl stop-job`, a shutdown or a "
-                           "signal to the scheduler node) before it trained its epochs\n");
-      code = 1;
-    }
-  } else {
-    std::fprintf(stderr, "ashlar train: the cluster could not run the job: %s\n", describe(res.error()).c_str());
-  }
-  return code == 0 && sig != 0 ? 128 + sig : code;
+  if (!wait_for_job(sys, cluster, helper, join, answer, sig))
+    return 128 + sig;
+  return report_job(cfg, answer.get(), sig);
 }
 
 }  // namespace

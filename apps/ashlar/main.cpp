@@ -1,6 +1,7 @@
 // The `ashlar` command line: its commands, help, completion and errors (run_cli).
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
 #include "apps/ashlar/commands.hpp"
 #include "apps/ashlar/host.hpp"
@@ -128,6 +129,80 @@ std::string missing_subcommand(CLI::App& app, int argc, char** argv) {
   return path + ": which one? (`" + path + " CMD --help` for one)\n" + list;
 }
 
+// `ashlar completion bash`: the script bash sources. Returns the exit code.
+int run_completion(CLI::App& app, int argc, char** argv) {
+  if (argc < 3 || std::string{argv[2]} != "bash") {
+    std::fprintf(stderr, "ashlar completion: only bash is supported: source <(ashlar completion bash)\n");
+    return 2;
+  }
+  std::printf("%s", bash_completion(app).c_str());
+  return 0;
+}
+
+// `ashlar help [CMD]`: the help of every command, or of command CMD (one of `names`).
+// Returns the exit code.
+int run_help(CLI::App& app, int argc, char** argv, const std::vector<std::string>& names) {
+  if (argc < 3) {
+    std::printf("%s", app.help().c_str());
+    return 0;
+  }
+  const std::string what = argv[2];
+  for (auto* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    if (sub->get_name() == what) {
+      std::printf("%s", sub->help().c_str());
+      return 0;
+    }
+  std::fprintf(stderr, "ashlar help: unknown command '%s'%s; commands: %s\n", what.c_str(),
+               ashlar::did_you_mean(what, names).c_str(), CLI::detail::join(names, ", ").c_str());
+  return 2;
+}
+
+// `ashlar help [CMD]`, `ashlar version`, `ashlar completion bash`, and a mistyped command
+// named as such: the exit code when the first argument is one of these; none when it is a
+// command (or an option) for CLI11 to parse.
+std::optional<int> run_first_word(CLI::App& app, int argc, char** argv, const std::string& version) {
+  if (argc < 2 || argv[1][0] == '-')
+    return std::nullopt;
+  const std::string word = argv[1];
+  std::vector<std::string> names;
+  for (auto* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    names.push_back(sub->get_name());
+  if (word == "completion")
+    return run_completion(app, argc, argv);
+  if (word == "version") {
+    std::printf("%s\n", version.c_str());
+    return 0;
+  }
+  if (word == "help")
+    return run_help(app, argc, argv, names);
+  if (std::find(names.begin(), names.end(), word) == names.end()) {
+    for (auto w : {"help", "version", "completion"})
+      names.push_back(w);
+    std::fprintf(stderr, "ashlar: unknown command '%s'%s; commands: %s (`ashlar help CMD` for one)\n",
+                 word.c_str(), ashlar::did_you_mean(word, names).c_str(), CLI::detail::join(names, ", ").c_str());
+    return 2;
+  }
+  return std::nullopt;
+}
+
+// Parses the command line: the exit code when that ends the run (--help, --version, an
+// error); none when a command is to run.
+std::optional<int> parse_args(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version end the parse as "errors" too, with exit code 0.
+    if (e.get_exit_code() == 0)
+      return app.exit(e);
+    if (auto why = missing_subcommand(app, argc, argv); !why.empty()) {
+      std::fprintf(stderr, "%s", why.c_str());
+      return 2;
+    }
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 int ashlar::cli::run_cli(int argc, char** argv) {
@@ -146,58 +221,10 @@ int ashlar::cli::run_cli(int argc, char** argv) {
   auto config = ashlar::cli::add_config(app);
   name_value_kinds(app);
   // `ashlar help [CMD]`, `ashlar version`, and a mistyped command named as such.
-  if (argc >= 2 && argv[1][0] != '-') {
-    const std::string word = argv[1];
-    std::vector<std::string> names;
-    for (auto* sub : app.get_subcommands([](CLI::App*) { return true; }))
-      names.push_back(sub->get_name());
-    if (word == "completion") {
-      if (argc < 3 || std::string{argv[2]} != "bash") {
-        std::fprintf(stderr, "ashlar completion: only bash is supported: source <(ashlar completion bash)\n");
-        return 2;
-      }
-      std::printf("%s", bash_completion(app).c_str());
-      return 0;
-    }
-    if (word == "version") {
-      std::printf("%s\n", version.c_str());
-      return 0;
-    }
-    if (word == "help") {
-      if (argc < 3) {
-        std::printf("%s", app.help().c_str());
-        return 0;
-      }
-      const std::string what = argv[2];
-      for (auto* sub : app.get_subcommands([](CLI::App*) { return true; }))
-        if (sub->get_name() == what) {
-          std::printf("%s", sub->help().c_str());
-          return 0;
-        }
-      std::fprintf(stderr, "ashlar help: unknown command '%s'%s; commands: %s\n", what.c_str(),
-                   ashlar::did_you_mean(what, names).c_str(), CLI::detail::join(names, ", ").c_str());
-      return 2;
-    }
-    if (std::find(names.begin(), names.end(), word) == names.end()) {
-      for (auto w : {"help", "version", "completion"})
-        names.push_back(w);
-      std::fprintf(stderr, "ashlar: unknown command '%s'%s; commands: %s (`ashlar help CMD` for one)\n",
-                   word.c_str(), ashlar::did_you_mean(word, names).c_str(), CLI::detail::join(names, ", ").c_str());
-      return 2;
-    }
-  }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    // --help and --version end the parse as "errors" too, with exit code 0.
-    if (e.get_exit_code() == 0)
-      return app.exit(e);
-    if (auto why = missing_subcommand(app, argc, argv); !why.empty()) {
-      std::fprintf(stderr, "%s", why.c_str());
-      return 2;
-    }
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  if (auto code = run_first_word(app, argc, argv, version))
+    return *code;
+  if (auto code = parse_args(app, argc, argv))
+    return *code;
   if (app.got_subcommand("train"))
     return train();
   if (app.got_subcommand("bench"))

@@ -14,6 +14,7 @@
 
 #include "runtime/backend/cpu_layers.hpp"
 #include "runtime/backend/onednn_conv.hpp"
+#include "runtime/core/clock.hpp"
 
 namespace ashlar {
 
@@ -80,9 +81,9 @@ namespace {
 std::atomic<uint64_t> backend_instances{0};
 
 double seconds_of(const std::function<void()>& f) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = steady_now();
   f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return std::chrono::duration<double>(steady_now() - t0).count();
 }
 
 // Executes a compiled model layer by layer. Activations of every node are kept for the

@@ -1,3 +1,4 @@
+#include "runtime/core/clock.hpp"
 #include "runtime/net/admitter.hpp"
 
 #include <deque>
@@ -45,7 +46,7 @@ class refusal_log {
 public:
   void note(const std::string& what, const std::string& peer, const std::string& why) {
     std::lock_guard<std::mutex> guard{mtx_};
-    auto now = std::chrono::steady_clock::now();
+    auto now = steady_now();
     if (now - window_ > std::chrono::seconds(1)) {
       window_ = now;
       logged_ = 0;
@@ -145,7 +146,7 @@ struct admitter::impl {
         finish(old, handshake::result::refused);
         pending.pop_front();
       }
-      auto now = std::chrono::steady_clock::now();
+      auto now = steady_now();
       for (auto it = pending.begin(); it != pending.end();) {
         auto r = it->hs->step();
         if (r == handshake::result::pending && now > it->deadline)
@@ -211,7 +212,7 @@ bool admitter::admit(int fd, on_admitted done) {
   e.fd = fd;
   e.done = std::move(done);
   e.peer = peer_address(fd);
-  e.deadline = std::chrono::steady_clock::now() + impl_->sec.handshake_timeout;
+  e.deadline = steady_now() + impl_->sec.handshake_timeout;
   e.hs = std::make_unique<handshake>(fd, true, impl_->sec,
                                      impl_->tokens ? impl_->tokens() : std::vector<std::string>{});
   {

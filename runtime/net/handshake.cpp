@@ -1,3 +1,4 @@
+#include "runtime/core/clock.hpp"
 #include "runtime/net/handshake.hpp"
 
 #include <cerrno>
@@ -197,12 +198,12 @@ handshake::result handshake::step() {
 }
 
 handshake::result run_handshake(handshake& h, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto deadline = steady_now() + timeout;
   for (;;) {
     auto r = h.step();
     if (r != handshake::result::pending)
       return r;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady_now());
     if (left.count() <= 0)
       return h.expire("the handshake did not finish within " + std::to_string(timeout.count()) + " ms");
     pollfd p{h.fd(), h.events(), 0};

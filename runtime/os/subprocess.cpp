@@ -1,3 +1,4 @@
+#include "runtime/core/clock.hpp"
 #include "runtime/os/subprocess.hpp"
 
 #include <cerrno>
@@ -104,10 +105,10 @@ bool subprocess::poll_exit(int& code) {
 }
 
 int subprocess::wait(double seconds) {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  auto deadline = steady_now() + std::chrono::duration<double>(seconds);
   int code = -1;
   while (!poll_exit(code)) {
-    if (std::chrono::steady_clock::now() > deadline) {
+    if (steady_now() > deadline) {
       signal(SIGKILL);
       int status = 0;
       ::waitpid(pid_, &status, 0);
@@ -115,7 +116,7 @@ int subprocess::wait(double seconds) {
       code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       return code_;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    pause_for(std::chrono::milliseconds(20));
   }
   return code;
 }

@@ -373,11 +373,11 @@ void async_checkpointer::run() {
     const uint64_t kept = kept_;
     busy_ = true;
     lock.unlock();
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = steady_now();
     auto bytes = log_.save(j.version, j.cut, j.begin, j.end, j.params->data(),
                            j.velocity.empty() ? nullptr : j.velocity.data(),
                            j.average.empty() ? nullptr : j.average.data(), j.average_samples, kept);
-    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double took = std::chrono::duration<double>(steady_now() - t0).count();
     std::string failed;
     if (!bytes) {
       failed = "checkpoint cut " + std::to_string(j.cut) + " (version " + std::to_string(j.version)

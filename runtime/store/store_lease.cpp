@@ -1,3 +1,4 @@
+#include "runtime/core/clock.hpp"
 #include "runtime/store/store_lease.hpp"
 
 #include "runtime/os/subprocess.hpp"
@@ -262,7 +263,7 @@ expected<taken_over_store> take_over_store(const std::string& link) {
   // where the generation exists already: two nodes taking the store over at once cannot
   // both write into one.
   const std::string mine = link + ".taking-over-" + std::to_string(::getpid()) + "-"
-                           + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+                           + std::to_string(steady_now().time_since_epoch().count());
   {
     auto store = open_rocksdb_store(mine, open_mode::create);
     if (!store)

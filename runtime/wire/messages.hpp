@@ -98,7 +98,8 @@ private:
 
 
 /// Protocol version of these messages; bumped on any incompatible change.
-constexpr uint32_t protocol_version = 4; // 3: delta reads, stage_atom with the pull ratio; 4: models as layer lists
+constexpr uint32_t protocol_version = 5; // 3: delta reads, stage_atom with the pull ratio; 4: models as layer lists;
+                                         // 5: nodes answer the scheduler's liveness ping
 
 /// Worker id meaning "any": the scheduler picks one.
 constexpr uint32_t any_worker = 0xFFFFFFFFu;

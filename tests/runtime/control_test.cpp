@@ -6,6 +6,7 @@
 #include "runtime/control/job_lifecycle.hpp"
 #include "runtime/control/member_plan.hpp"
 #include "runtime/control/node_lifecycle.hpp"
+#include "runtime/control/node_watch.hpp"
 #include "runtime/policy/assignment.hpp"
 
 using namespace ashlar;
@@ -329,4 +330,32 @@ TEST_CASE("a plan of membership changes moves nothing for members that finished,
   members[5] = ledger_entry{member_part{32, 0, 400, 0}, false, false, false, 0};
   auto j = plan_member_changes(members, {}, {5}, done, 400, true, false);
   CHECK(j.newcomer_steps.count(5) == 1);
+}
+
+TEST_CASE("node_watch pings each live node once per interval and loses one that answers nothing for the timeout") {
+  manual_clock clock;
+  control::watch_timing t;
+  t.interval_ns = 2000000000ull;
+  t.timeout_ns = 20000000000ull;
+  control::node_watch w{clock, t};
+  w.watch(1);
+  w.watch(2);
+  CHECK(w.to_ping().empty()); // both counted as answered (and pinged) when they joined
+  clock.advance(std::chrono::seconds{2});
+  CHECK(w.to_ping() == std::vector<uint32_t>{1, 2});
+  CHECK(w.to_ping().empty()); // not again within the interval
+  for (int s = 0; s < 8; ++s) { // 4 s to 18 s
+    clock.advance(std::chrono::seconds{2});
+    w.answered(1); // node 1 answers, node 2 is silent
+    CHECK(w.silent().empty());
+    w.to_ping();
+  }
+  clock.advance(std::chrono::seconds{2}); // node 2: 20 s without an answer
+  CHECK(w.silent() == std::vector<uint32_t>{2});
+  CHECK(w.watched() == 1);
+  CHECK(w.silent().empty()); // lost once
+  w.forget(1);
+  clock.advance(std::chrono::seconds{60});
+  CHECK(w.silent().empty());
+  CHECK(w.to_ping().empty());
 }

@@ -1,0 +1,175 @@
+// The shard's sessions (runtime/server/shard_sessions.hpp): reads held and released,
+// chunked reads, delta reads, malformed pushes, and the cut schedule, on a manual clock.
+#include <catch2/catch.hpp>
+
+#include "runtime/server/shard_sessions.hpp"
+
+using namespace ashlar;
+
+namespace {
+
+struct bsp_shard {
+  manual_clock clock;
+  shard_core core;
+  shard_sessions sessions{core, clock};
+
+  explicit bsp_shard(size_t n, std::vector<uint32_t> workers = {0, 1}) : core{make_core(n)} {
+    for (auto w : workers) {
+      wire::membership_change m;
+      m.kind = wire::membership_change::join;
+      m.worker_id = w;
+      CHECK(sessions.on_member(m).released.empty());
+    }
+  }
+
+  static shard_core make_core(size_t n) {
+    sgd_config opt;
+    opt.lr = 1.0f;
+    opt.momentum = 0.0f;
+    opt.weight_decay = 0.0f;
+    auto p = make_policy("bsp", {});
+    REQUIRE(p);
+    return shard_core{shard_range{3, 0, n}, std::vector<float>(n, 1.0f), opt, std::move(*p)};
+  }
+
+  static wire::push push_of(uint32_t w, std::vector<float> g) {
+    wire::push p;
+    p.worker_id = w;
+    p.shard_id = 3;
+    p.batch_size = 1;
+    p.grad.assign(g.begin(), g.end());
+    return p;
+  }
+
+  static wire::pull_request read_of(uint32_t w) {
+    wire::pull_request r;
+    r.worker_id = w;
+    r.shard_id = 3;
+    return r;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a read the round does not allow yet is held, and the round's last push releases it with its wait") {
+  bsp_shard s{2};
+  shard_sessions::outcome out;
+  REQUIRE(s.sessions.on_push(bsp_shard::push_of(0, {1, 1}), out));
+  CHECK(out.released.empty());
+  auto held = s.sessions.on_read(bsp_shard::read_of(0));
+  REQUIRE(held);
+  CHECK_FALSE(held->reply);
+  CHECK(held->ticket != 0);
+  CHECK(s.sessions.held_reads() == 1);
+  s.clock.advance(std::chrono::milliseconds{40});
+  auto ack = s.sessions.on_push(bsp_shard::push_of(1, {3, 3}), out);
+  REQUIRE(ack);
+  CHECK(ack->version == 1);
+  REQUIRE(out.released.size() == 1);
+  CHECK(out.released[0].first == held->ticket);
+  const auto& r = out.released[0].second;
+  CHECK(r.version == 1);
+  CHECK(r.wait_ns == 40000000);
+  CHECK(r.params.size() == 2);
+  CHECK(r.params.data()[0] == Approx(1.0f - 2.0f)); // the round's mean gradient, lr 1
+  CHECK(s.sessions.held_reads() == 0);
+}
+
+TEST_CASE("a chunked read stays at the version it began at, and a chunk of no read is refused naming the shard") {
+  bsp_shard s{4};
+  auto first = bsp_shard::read_of(0);
+  first.max_floats = 2;
+  auto a = s.sessions.on_read(first);
+  REQUIRE(a);
+  REQUIRE(a->reply);
+  CHECK(a->reply->read_id != 0);
+  CHECK(a->reply->total == 4);
+  shard_sessions::outcome out;
+  REQUIRE(s.sessions.on_push(bsp_shard::push_of(0, {1, 1, 1, 1}), out));
+  REQUIRE(s.sessions.on_push(bsp_shard::push_of(1, {1, 1, 1, 1}), out));
+  REQUIRE(s.core.version() == 1);
+  auto next = first;
+  next.read_id = a->reply->read_id;
+  next.offset = 2;
+  auto b = s.sessions.on_read(next);
+  REQUIRE(b);
+  REQUIRE(b->reply);
+  CHECK(b->reply->version == 0);
+  CHECK(b->reply->params.data()[0] == 1.0f);
+  // The read ended with its last chunk: asking again is an error.
+  auto again = s.sessions.on_read(next);
+  REQUIRE_FALSE(again);
+  CHECK(describe(again.error()).find("shard 3 has no read") != std::string::npos);
+}
+
+TEST_CASE("a cut asked for at a version not made yet is due when a push makes it and one past it is refused") {
+  bsp_shard s{2};
+  auto later = s.sessions.ask_cut(7, 1);
+  REQUIRE(later);
+  CHECK_FALSE(*later);
+  shard_sessions::outcome out;
+  REQUIRE(s.sessions.on_push(bsp_shard::push_of(0, {1, 1}), out));
+  CHECK_FALSE(out.cut);
+  REQUIRE(s.sessions.on_push(bsp_shard::push_of(1, {1, 1}), out));
+  REQUIRE(out.cut);
+  CHECK(*out.cut == 7);
+  auto now = s.sessions.ask_cut(8, 1);
+  REQUIRE(now);
+  CHECK(*now);
+  auto at_once = s.sessions.ask_cut(9, 0); // 0: now
+  REQUIRE(at_once);
+  CHECK(*at_once);
+  for (uint32_t w : {0u, 1u}) {
+    auto p = bsp_shard::push_of(w, {1, 1});
+    p.base_version = 1;
+    REQUIRE(s.sessions.on_push(p, out));
+  }
+  REQUIRE(s.core.version() == 2);
+  auto stale = s.sessions.ask_cut(10, 1);
+  REQUIRE_FALSE(stale);
+  CHECK(describe(stale.error()).find("past the cut's version 1") != std::string::npos);
+  CHECK_FALSE(s.sessions.ask_cut(0, 0));
+}
+
+TEST_CASE("a malformed sparse push is refused naming the shard, the worker and what is wrong") {
+  bsp_shard s{2};
+  auto p = bsp_shard::push_of(1, {0.5f});
+  p.sparse = true;
+  p.index = {5};
+  shard_sessions::outcome out;
+  auto ack = s.sessions.on_push(p, out);
+  REQUIRE_FALSE(ack);
+  CHECK(describe(ack.error()).find("shard 3 got a sparse push from worker 1 with index 5 outside its range of 2")
+        != std::string::npos);
+  CHECK(s.core.version() == 0);
+}
+
+TEST_CASE("a member's delta read follows its view, a leaving worker's view goes, a stranger never gets one") {
+  bsp_shard s{4};
+  auto req = bsp_shard::read_of(0);
+  req.topk_ratio = 0.5f;
+  auto dense = s.sessions.on_read(req);
+  REQUIRE(dense);
+  REQUIRE(dense->reply);
+  CHECK_FALSE(dense->reply->sparse);
+  CHECK(dense->reply->view_seq != 0);
+  CHECK(s.sessions.views() == 1);
+  req.view_seq = dense->reply->view_seq;
+  auto delta = s.sessions.on_read(req);
+  REQUIRE(delta);
+  REQUIRE(delta->reply);
+  CHECK(delta->reply->sparse);
+  CHECK(delta->reply->params.size() == 2);
+  auto stranger = bsp_shard::read_of(42);
+  stranger.topk_ratio = 0.5f;
+  auto s2 = s.sessions.on_read(stranger);
+  REQUIRE(s2);
+  REQUIRE(s2->reply);
+  CHECK(s2->reply->view_seq == 0);
+  CHECK(s.sessions.views() == 1);
+  wire::membership_change leave;
+  leave.kind = wire::membership_change::leave;
+  leave.worker_id = 0;
+  s.sessions.on_member(leave);
+  CHECK(s.sessions.views() == 0);
+}

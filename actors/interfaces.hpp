@@ -87,7 +87,10 @@ using scheduler_actor = caf::typed_actor<
   caf::reacts_to<replan_atom>, // (to itself) a membership plan may follow the last
   caf::reacts_to<lr_atom, float>,
   caf::replies_to<wire::ctl_request>::with<std::string>,
-  caf::reacts_to<shard_atom, uint32_t, shard_actor, std::string>>;
+  caf::reacts_to<shard_atom, uint32_t, shard_actor, std::string>,
+  // The cluster lost the node of this name: every live member it hosted is lost with it,
+  // whether or not each worker's own loss is ever reported.
+  caf::reacts_to<nodes_atom, std::string>>;
 
 /// A worker: registers on start, then loops pull -> compute -> push until its steps are done.
 /// stop_atom: finish the current step, leave, and quit (on a ring: after the next

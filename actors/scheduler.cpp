@@ -753,6 +753,14 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       on_shard_restored(self, index, shard, endpoint);
     },
     [=](const wire::ctl_request& req) -> caf::result<std::string> { return on_ctl(self, req); },
+    [=](nodes_atom, const std::string& node) {
+      std::vector<uint32_t> lost;
+      for (const auto& [id, m] : self->state.members)
+        if (m.host == node && !m.left)
+          lost.push_back(id);
+      for (auto id : lost)
+        on_leave(self, id, true, "its node " + node + " was lost");
+    },
     [=](const wire::membership_change& m) {
       if (m.kind == wire::membership_change::join)
         return;

@@ -528,6 +528,10 @@ void lose_node(cluster_pointer self, uint32_t id, const std::string& why) {
   const uint32_t workers = st.members.on_lost(id);
   spdlog::warn("cluster: node {} ({}) lost: {}{}", id, n.info.name, why,
                workers > 0 ? ", with " + std::to_string(workers) + " of the job's workers" : std::string{});
+  // The job's scheduler loses the node's workers with it: their own losses are not always
+  // reported (a node killed while its connections were still being set up).
+  if (st.job_running && workers > 0 && st.job.scheduler)
+    self->send(st.job.scheduler, nodes_atom::value, n.info.name);
   if (st.job_running)
     for (const auto& [other, m] : st.nodes)
       if (m.info.alive)

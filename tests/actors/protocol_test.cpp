@@ -150,6 +150,7 @@ namespace {
 struct script {
   std::vector<std::pair<uint64_t, float>> bounds; // bound_atom messages, all shards
   std::vector<uint32_t> joins;                   // membership joins, all shards
+  std::vector<uint32_t> fails;                   // membership failures, all shards
   wire::cluster_stats stats;                     // the profiler's answer to get
 };
 
@@ -165,6 +166,8 @@ shard_actor recording_shard(caf::actor_system& sys, std::shared_ptr<script> s, b
           return self->make_response_promise<caf::ok_atom>(); // never delivered
         if (m.kind == wire::membership_change::join)
           s->joins.push_back(m.worker_id);
+        if (m.kind == wire::membership_change::fail)
+          s->fails.push_back(m.worker_id);
         return caf::ok_atom::value;
       },
       [](status_atom) -> wire::shard_status { return {}; },
@@ -467,6 +470,32 @@ TEST_CASE("protocol: a worker whose own computation failed fails the job, naming
   CHECK(errors->front().find("ValueError: bad batch") != std::string::npos);
 }
 
+TEST_CASE("protocol: a node the cluster lost takes its workers with it, though no worker's own loss came") {
+  // A node killed while its connections were set up may never report its workers' ends:
+  // the cluster's (nodes_atom, name) is what tells the scheduler.
+  scheduler_rig rig("bsp", 2);
+  caf::scoped_actor w0{rig.t.sys}, w1{rig.t.sys};
+  wire::register_worker on_a, on_b;
+  on_a.host = "node-a";
+  on_b.host = "node-b";
+  w0->send(rig.scheduler, on_a);
+  w1->send(rig.scheduler, on_b);
+  rig.t.run();
+  std::vector<uint32_t> ids;
+  for (auto* w : {&w0, &w1})
+    (*w)->receive([&](const wire::assignment& a, const std::vector<shard_actor>&) { ids.push_back(a.worker_id); },
+                  caf::after(std::chrono::seconds(0)) >> [] { FAIL("no assignment"); });
+  REQUIRE(ids.size() == 2);
+  caf::scoped_actor cluster{rig.t.sys};
+  cluster->send(rig.scheduler, nodes_atom::value, std::string{"node-a"});
+  rig.t.run();
+  CHECK(rig.s->fails == std::vector<uint32_t>{ids[0], ids[0]}); // both shards, worker 0 only
+  cluster->send(rig.scheduler, nodes_atom::value, std::string{"node-a"}); // lost once
+  cluster->send(rig.scheduler, nodes_atom::value, std::string{"node-c"}); // hosts none
+  rig.t.run();
+  CHECK(rig.s->fails.size() == 2);
+}
+
 TEST_CASE("protocol: with every worker lost and none joining within the wait, the job ends") {
   auto ended = std::make_shared<std::vector<std::pair<uint32_t, uint32_t>>>();
   scheduler_rig rig("bsp", 1, false, [&](scheduler_config& sc) {
@@ -522,6 +551,7 @@ scheduler_actor assigning_scheduler(caf::actor_system& sys, wire::assignment a, 
       [](lr_atom, float) {},
       [](const wire::ctl_request&) -> std::string { return ""; },
       [](shard_atom, uint32_t, const shard_actor&, const std::string&) {},
+      [](nodes_atom, const std::string&) {},
     };
   });
 }

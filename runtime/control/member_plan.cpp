@@ -1,6 +1,7 @@
 #include "runtime/control/member_plan.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace ashlar::control {
 
@@ -33,7 +34,8 @@ member_plan plan_member_changes(const std::map<uint32_t, ledger_entry>& members,
     auto left = hand_over_left(m->second.part, m->second.steps_left_at, done_of(id), {}, train_size, false);
     if (left.finished)
       continue;
-    owed += (m->second.part.steps - left.done_steps) * std::max<uint32_t>(1, m->second.part.batch);
+    owed += static_cast<uint64_t>(
+      std::ceil(static_cast<double>(m->second.part.steps - left.done_steps) * step_samples(m->second.part)));
     out.lost_steps[id] = left.done_steps;
   }
   out.handed_samples = lockstep ? owed : 0;
@@ -41,7 +43,8 @@ member_plan plan_member_changes(const std::map<uint32_t, ledger_entry>& members,
   if (!newcomers.empty())
     for (const auto& [id, m] : members)
       if (m.left && m.failed && lost.count(id) == 0 && m.part.steps > done_of(id)) {
-        owed += (m.part.steps - done_of(id)) * std::max<uint32_t>(1, m.part.batch);
+        owed += static_cast<uint64_t>(
+          std::ceil(static_cast<double>(m.part.steps - done_of(id)) * step_samples(m.part)));
         out.lost_steps[id] = done_of(id);
         ++out.taken_up;
       }

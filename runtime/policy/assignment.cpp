@@ -133,6 +133,14 @@ handover hand_over_lost(const member_part& lost, uint64_t done_steps, const std:
   return h;
 }
 
+double step_samples(const member_part& m) {
+  const uint64_t b = std::max<uint32_t>(1, m.batch);
+  if (m.data_count == 0)
+    return static_cast<double>(b);
+  const uint64_t steps_per_pass = (m.data_count + b - 1) / b;
+  return static_cast<double>(m.data_count) / static_cast<double>(steps_per_pass);
+}
+
 handover hand_over_lockstep(const std::map<uint32_t, member_part>& live, const std::map<uint32_t, uint64_t>& done,
                             uint64_t lost_owed, uint64_t train_size, bool even_rounds) {
   handover h;
@@ -143,23 +151,33 @@ handover hand_over_lockstep(const std::map<uint32_t, member_part>& live, const s
     auto d = done.find(id);
     return d == done.end() ? uint64_t{0} : d->second;
   };
-  uint64_t owed = lost_owed, batches = 0;
+  // Owed in samples: each live member's steps left at what a step of its part trains.
+  double owed = static_cast<double>(lost_owed);
   for (const auto& [id, m] : live) {
-    const uint64_t b = std::max<uint32_t>(1, m.batch);
     const uint64_t d = done_of(id);
-    owed += (m.steps > d ? m.steps - d : 0) * b;
-    batches += b;
+    owed += static_cast<double>(m.steps > d ? m.steps - d : 0) * step_samples(m);
   }
   resplit(live, train_size, h);
-  const uint64_t base = owed / batches;
-  uint64_t rest = owed - base * batches;
+  // Spread over what a step trains on each member's new part.
+  std::map<uint32_t, double> per_step;
+  double round = 0;
+  for (const auto& [id, m] : live) {
+    auto now = m;
+    if (auto p = h.parts.find(id); p != h.parts.end() && p->second.data_count > 0) {
+      now.data_begin = p->second.data_begin;
+      now.data_count = p->second.data_count;
+    }
+    per_step[id] = step_samples(now);
+    round += per_step[id];
+  }
+  const auto base = static_cast<uint64_t>(owed / round);
+  double rest = owed - static_cast<double>(base) * round;
   for (const auto& [id, m] : live) {
     uint64_t rounds = base;
-    if (rest > 0) {
+    if (rest > 1e-6) {
       rounds += 1;
-      const uint64_t b = std::max<uint32_t>(1, m.batch);
       if (!even_rounds)
-        rest = rest > b ? rest - b : 0;
+        rest -= per_step[id];
     }
     const uint64_t steps = done_of(id) + rounds;
     if (steps == m.steps)

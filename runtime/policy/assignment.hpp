@@ -82,15 +82,21 @@ struct handover {
 handover hand_over_lost(const member_part& lost, uint64_t done_steps, const std::map<uint32_t, member_part>& live,
                         uint64_t train_size, bool lockstep);
 
+/// The samples one step of a member trains, on average over a pass of its part: its batch
+/// share, or less when its part is not a whole number of batches (the last batch of each
+/// pass is smaller): data_count / ceil(data_count / batch). With no part: the batch.
+double step_samples(const member_part& m);
+
 /// Lockstep members lost: what they left untrained (`lost_owed` samples, counted once by
-/// the caller from each lost member's steps left times its batch) and what the `live`
-/// members still owe (each one's steps left, from `done`, times its batch) are trained
-/// once over the live batches. The owed samples are conserved whatever the order and
-/// number of losses: every live member gets floor(owed / sum of batches) more steps and,
-/// with `even_rounds` (a ring, whose members must take the same steps), one more each
-/// while any remain; otherwise one more only for the first members in id order until the
-/// remainder is covered, so a job never trains more than one batch past what it owes.
-/// The set is re-split over the live members as in hand_over_lost.
+/// the caller from each lost member's steps left times step_samples of its part) and what
+/// the `live` members still owe (each one's steps left, from `done`, times step_samples)
+/// are trained once over the live members' steps. The set is re-split over the live members
+/// as in hand_over_lost, and a round is what their steps train on their new parts. The
+/// owed samples are conserved whatever the order and number of losses: every live member
+/// gets floor(owed / a round) more steps and, with `even_rounds` (a ring, whose members
+/// must take the same steps), one more each while any remain; otherwise one more only for
+/// the first members in id order until the remainder is covered, so a job never trains
+/// more than one batch past what it owes.
 handover hand_over_lockstep(const std::map<uint32_t, member_part>& live, const std::map<uint32_t, uint64_t>& done,
                             uint64_t lost_owed, uint64_t train_size, bool even_rounds);
 

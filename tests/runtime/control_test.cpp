@@ -2,6 +2,8 @@
 // lockstep hand-over of lost workers' shares.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "runtime/control/cluster_membership.hpp"
 #include "runtime/control/job_lifecycle.hpp"
 #include "runtime/control/member_plan.hpp"
@@ -129,51 +131,65 @@ TEST_CASE("a node joining a running job starts workers up to the job's bound, at
 }
 
 TEST_CASE("lockstep losses hand over exactly the samples the lost workers owed, however many come") {
-  // 8 workers of batch 32, 100 steps each; worker 7 is lost after 40 steps.
+  // 8 workers of batch 32, 100 steps each; worker 7 is lost after 40 steps. A step trains
+  // step_samples of its part: parts of 1000 are 32 batches a pass, the last of 8 samples.
   std::map<uint32_t, member_part> live;
   std::map<uint32_t, uint64_t> done;
   for (uint32_t id = 0; id < 7; ++id) {
     live[id] = member_part{32, id * 1000, 1000, 100};
     done[id] = 40;
   }
-  const uint64_t owed_lost = 60 * 32;
-  auto h = hand_over_lockstep(live, done, owed_lost, 8000, false);
-  uint64_t assigned = 0;
+  CHECK(step_samples(live[0]) == Approx(1000.0 / 32));
+  const double owed_lost = 60 * step_samples(member_part{32, 7000, 1000, 100});
+  auto h = hand_over_lockstep(live, done, static_cast<uint64_t>(owed_lost), 8000, false);
+  double assigned = 0;
   for (const auto& [id, m] : live) {
+    auto now = m;
+    if (h.parts.count(id) && h.parts[id].data_count > 0)
+      now.data_count = h.parts[id].data_count;
     const uint64_t steps = h.parts.count(id) && h.parts[id].steps > 0 ? h.parts[id].steps : m.steps;
-    assigned += (steps - done[id]) * 32;
+    assigned += static_cast<double>(steps - done[id]) * step_samples(now);
   }
-  const uint64_t owed = 7 * 60 * 32 + owed_lost;
-  CHECK(assigned >= owed);
+  const double owed = 7 * 60 * step_samples(live[0]) + static_cast<uint64_t>(owed_lost);
+  CHECK(assigned >= owed - 1e-6);
   CHECK(assigned < owed + 32); // at most one batch past what is owed
-  CHECK(h.reassigned_samples == owed_lost);
+  CHECK(h.reassigned_samples == static_cast<uint64_t>(owed_lost));
 
   // Many single losses one after another add up to the same as one: nothing is rounded
   // up per loss (each used to add a round to every live worker).
   std::map<uint32_t, member_part> many;
   std::map<uint32_t, uint64_t> at;
+  const uint64_t set = 64 * 320;
   for (uint32_t id = 0; id < 64; ++id) {
-    many[id] = member_part{32, 0, 1, 100};
+    many[id] = member_part{32, id * 320, 320, 100};
     at[id] = 50;
   }
-  uint64_t total_before = 0;
-  for (const auto& [id, m] : many)
-    total_before += m.steps * 32;
+  auto left_in = [&](const std::map<uint32_t, member_part>& ms) {
+    double total = 0;
+    for (const auto& [id, m] : ms)
+      total += static_cast<double>(m.steps - at[id]) * step_samples(m);
+    return total;
+  };
+  const double owed_all = left_in(many);
   for (uint32_t lost = 63; lost >= 32; --lost) {
     const auto gone = many[lost];
     many.erase(lost);
-    auto step = hand_over_lockstep(many, at, (gone.steps - at[lost]) * 32, 64, false);
-    for (auto& [id, d] : step.parts)
+    const auto owed_gone = static_cast<uint64_t>(std::ceil((gone.steps - at[lost]) * step_samples(gone)));
+    const double before = left_in(many) + static_cast<double>(owed_gone);
+    auto step = hand_over_lockstep(many, at, owed_gone, set, false);
+    for (auto& [id, d] : step.parts) {
+      if (d.data_count > 0)
+        many[id].data_begin = d.data_begin, many[id].data_count = d.data_count;
       if (d.steps > 0)
         many[id].steps = d.steps;
-    total_before -= at[lost] * 32; // what the lost one trained stays trained
+    }
+    const double after = left_in(many);
+    CHECK(after >= before - 1e-6); // what was owed, trained once
+    CHECK(after < before + 32);    // and at most one batch past it
     at.erase(lost);
   }
-  uint64_t total_after = 0;
-  for (const auto& [id, m] : many)
-    total_after += m.steps * 32;
-  CHECK(total_after >= total_before);
-  CHECK(total_after < total_before + 32);
+  CHECK(left_in(many) >= owed_all - 1e-6);
+  CHECK(left_in(many) < owed_all + 32 * 32); // below a batch per loss: the excess is carried, not re-added
 }
 
 TEST_CASE("a ring's members keep equal steps after a hand-over") {
@@ -318,14 +334,22 @@ TEST_CASE("a plan of membership changes moves nothing for members that finished,
   done[2] = 30;
   auto p = plan_member_changes(members, {2}, {}, done, 400, true, false);
   CHECK(p.live == 2);
-  CHECK(p.handed_samples == 20 * 32);
+  const double per_step = step_samples(members[2].part); // parts of 100: 25 samples a step
+  CHECK(per_step == Approx(25.0));
+  CHECK(p.handed_samples == 20 * 25);
   CHECK(p.lost_steps.at(2) == 30);
-  uint64_t added = 0;
+  double added = 0;
   for (const auto& [id, d] : p.directives)
-    if (d.steps > 0)
-      added += (d.steps - members[id].part.steps) * 32;
-  CHECK(added + 32 >= 20 * 32 + 32); // what was owed, one batch at most past it
-  CHECK(added <= 20 * 32 + 32);
+    if (d.steps > 0) {
+      auto now = members[id].part;
+      if (d.data_count > 0)
+        now.data_count = d.data_count;
+      // What the member's steps left train on its new part, against what they trained on its old one.
+      added += static_cast<double>(d.steps - done[id]) * step_samples(now)
+               - static_cast<double>(members[id].part.steps - done[id]) * per_step;
+    }
+  CHECK(added >= 20 * 25 - 1e-6); // what was owed, one batch at most past it
+  CHECK(added <= 20 * 25 + 32);
   // A newcomer takes a part of the set and steps from the same rule.
   members[5] = ledger_entry{member_part{32, 0, 400, 0}, false, false, false, 0};
   auto j = plan_member_changes(members, {}, {5}, done, 400, true, false);

@@ -202,7 +202,8 @@ def run_job(a, tag, storm):
 
 def describe(name, run, a):
     rep = run["report"] or {}
-    rounds = rep.get("versions")
+    # Each shard makes one version a round.
+    rounds = rep["versions"] // max(1, rep.get("servers", 1)) if rep.get("versions") else None
     secs = rep.get("seconds")
     per_round = secs / rounds * 1000 if rounds and secs else None
     print(f"{name}: rc {run['rc']}{' (HUNG: killed at the timeout)' if run['hung'] else ''}, {run['seconds']:.0f} s "

@@ -1,5 +1,8 @@
 #include "actors/cluster/embed.hpp"
 
+#include <algorithm>
+#include <chrono>
+
 #include <spdlog/spdlog.h>
 
 #include "actors/cluster/node.hpp"
@@ -21,9 +24,15 @@ expected<membership> introduce(caf::actor_system& sys, const cluster_actor& clus
   caf::scoped_actor self{sys};
   membership m;
   caf::error refused;
-  self->request(cluster, std::chrono::seconds(10), h, node)
+  // As long as the connection may take (--connect-timeout): a scheduler busy admitting
+  // hundreds of workers answers late, not never.
+  const auto wait = std::max<std::chrono::milliseconds>(opts.timeout, std::chrono::seconds(10));
+  self->request(cluster, wait, h, node)
     .receive([&](const wire::welcome& w) { m.node_id = w.node_id; },
              [&](caf::error& err) { refused = std::move(err); });
+  if (refused == caf::sec::request_timeout)
+    return make_error(errc::peer_unreachable, "the scheduler did not answer this node's hello within "
+                                                + std::to_string(wait.count() / 1000) + " s");
   if (refused)
     return refused;
   m.cluster = cluster;
@@ -39,6 +48,8 @@ expected<caf::strong_actor_ptr> reach(caf::actor_system& sys, const endpoint& wh
 }
 
 caf::error refused_by(const endpoint& where, const caf::error& err) {
+  if (is(err, errc::peer_unreachable)) // no answer is no refusal: a later try may get in
+    return make_error(errc::peer_unreachable, "the scheduler at " + where.to_string() + ": " + describe(err));
   return make_error(errc::handshake_refused,
                     "the scheduler at " + where.to_string() + " refused this node: " + describe(err));
 }

@@ -173,6 +173,12 @@ def run_job(a, tag, storm):
             next_at += a.every
         time.sleep(0.2)
     hung = r.sched.alive()
+    # Node processes that ended on their own with an error while the job ran (not killed by
+    # the storm): each names why in its last log line.
+    killed = {name for e in events for name in e["killed"]}
+    failed_nodes = [f"{p.name}: {p.text().strip().splitlines()[-1] if p.text().strip() else ''}"
+                    for p in r.procs if p is not r.sched and p.name not in killed and not p.alive()
+                    and p.p.returncode not in (0, None)]
     r.sched.kill()
     r.sched.p.wait()
     took = time.time() - t0
@@ -194,7 +200,8 @@ def run_job(a, tag, storm):
     nodes_peak = max((p.peak_kb for p in r.procs if p.name.startswith("worker")), default=0)
     med = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0
     return {"rc": r.sched.p.returncode, "hung": hung, "seconds": round(took, 1), "report": report,
-            "storm_events": events, "nodes_lost_scheduler": lost, "worker_nodes": len(r.workers),
+            "storm_events": events, "nodes_lost_scheduler": lost, "failed_nodes": failed_nodes,
+            "worker_nodes": len(r.workers),
             "scheduler_peak_mb": round(r.sched.peak_kb / 1024, 1), "server_peak_mb": round(servers_peak / 1024, 1),
             "worker_node_peak_mb": round(nodes_peak / 1024, 1), "worker_node_idle_mb": round(med(r.idle_kb) / 1024, 1),
             "worker_node_training_mb": round(med(r.busy_kb) / 1024, 1), "log": r.sched.log}
@@ -265,10 +272,13 @@ def main():
         "epochs trained once (1.00-1.05x)": bool(once),
         "accuracy within 0.01 of undisturbed": delta is not None and delta >= -0.01,
         "no node lost the scheduler": storm["nodes_lost_scheduler"] == 0,
+        "no node process not killed ended with an error": not storm["failed_nodes"],
         "a slot costs <= 8 MB beyond the data": per_slot <= 8,
     }
     for k, v in checks.items():
         print(f"  {'ok ' if v else 'NOT'} {k}")
+    for f in storm["failed_nodes"]:
+        print(f"    {f}")
     summary = {"workers": a.workers, "nodes": a.nodes, "slots": a.slots, "epochs": a.epochs, "kill": a.kill,
                "join": a.join, "every_s": a.every, "minutes": a.minutes, "seed": a.seed,
                "undisturbed": {k: v for k, v in base.items() if k != "report"},

@@ -24,9 +24,10 @@ expected<membership> introduce(caf::actor_system& sys, const cluster_actor& clus
   caf::scoped_actor self{sys};
   membership m;
   caf::error refused;
-  // As long as the connection may take (--connect-timeout): a scheduler busy admitting
-  // hundreds of workers answers late, not never.
-  const auto wait = std::max<std::chrono::milliseconds>(opts.timeout, std::chrono::seconds(10));
+  // 10 s: a node whose welcome is this late gives up (and says why) rather than stay half
+  // joined; the scheduler loses it when it exits. (Waiting longer kept nodes that were
+  // killed meanwhile counted live, their connections never reported closed.)
+  const std::chrono::milliseconds wait = std::chrono::seconds(10);
   self->request(cluster, wait, h, node)
     .receive([&](const wire::welcome& w) { m.node_id = w.node_id; },
              [&](caf::error& err) { refused = std::move(err); });

@@ -23,45 +23,27 @@ import argparse
 import json
 import os
 import random
-import re
 import secrets
 import signal
-import subprocess
 import sys
 import threading
 import time
+
+import chaos  # ops/bench/chaos.py: its Proc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IMAGE_FLOATS = 784  # Fashion-MNIST's 28 x 28 pixels, held as float32
 
 
-class Proc:
+class Proc(chaos.Proc):
+    """A node process (chaos.py's), with its peak memory and its log's text."""
+
     def __init__(self, name, argv, log):
-        self.name = name
-        self.log = log
-        self.f = open(log, "ab")
-        self.p = subprocess.Popen(argv, stdout=self.f, stderr=subprocess.STDOUT, start_new_session=True)
+        super().__init__(name, argv, log)
         self.peak_kb = 0
 
-    def alive(self):
-        return self.p.poll() is None
-
     def kill(self, sig=signal.SIGKILL):
-        if self.alive():
-            try:
-                os.kill(self.p.pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def rss_kb(self):
-        try:
-            with open(f"/proc/{self.p.pid}/status") as f:
-                for line in f:
-                    if line.startswith("VmRSS:"):
-                        return int(line.split()[1])
-        except OSError:
-            return None
-        return None
+        self.signal(sig)
 
     def text(self):
         try:

@@ -2,9 +2,12 @@
 
 #include "actors/cluster/network.hpp"
 
+#include <cstdio>
 #include <fstream>
+#include <random>
 #include <thread>
 
+#include <caf/detail/get_root_uuid.hpp>
 #include <caf/io/all.hpp>
 #include <caf/io/network/default_multiplexer.hpp>
 #include <caf/io/network/native_socket.hpp>
@@ -13,6 +16,29 @@
 #include "runtime/core/clock.hpp"
 #include "runtime/net/handshake.hpp"
 #include "runtime/net/socket.hpp"
+
+// CAF 0.17.6 names a process (its node_id) by a hash of the host's MAC addresses and root
+// disk UUID, and its process id: every process of a host differs by its pid alone. Pids are
+// reused, and fast on a host that starts and kills many processes (a storm of node processes
+// and their threads wraps 32,768 pids in about a minute): a node that gets the pid of one that
+// died is taken for the dead one by every peer that still knows it (the transport drops its
+// handshake as "repeated" and routes its messages to the old connection, and the servers'
+// proxies of the dead node's workers reach the newcomer's actors). CAF 0.18 adds random
+// characters to what it hashes; this gives 0.17.6 the same: CAF calls this function (through
+// the dynamic linker, so the program's definition is the one used) once per actor system, and
+// each call returns a fresh random 128-bit string, so no two processes share a node_id.
+namespace caf::detail {
+std::string get_root_uuid() {
+  std::random_device rd;
+  std::string out;
+  for (int i = 0; i < 4; ++i) {
+    char part[9];
+    std::snprintf(part, sizeof part, "%08x", static_cast<unsigned>(rd()));
+    out += part;
+  }
+  return out;
+}
+} // namespace caf::detail
 
 namespace ashlar::actors {
 

@@ -171,3 +171,17 @@ TEST_CASE("a probe tells a node that admits connections from one that refuses th
   CHECK(is(probe_admission(b, endpoint{"127.0.0.1", 1}, 500ms), errc::peer_unreachable));
   caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
 }
+
+// CAF 0.17.6 would name both systems by the host's hash and the process id, told apart only by
+// its per-process counter in the last byte: two processes of one host would then differ by
+// their pid alone, and a node that got the pid of one that died would be taken for it. Each
+// system's name now hashes a fresh random string (actors/cluster/system.cpp).
+TEST_CASE("actor systems get node ids whose host part is random, not the host's and a reused pid") {
+  cluster_system_config ca, cb;
+  caf::actor_system a{ca}, b{cb};
+  const auto na = to_string(a.node()), nb = to_string(b.node());
+  INFO(na << " / " << nb);
+  REQUIRE(na.find('#') == 40);
+  REQUIRE(nb.find('#') == 40);
+  CHECK(na.substr(0, 38) != nb.substr(0, 38));
+}

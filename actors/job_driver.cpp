@@ -18,6 +18,7 @@
 #include "actors/server_shard.hpp"
 #include "actors/worker.hpp"
 #include "runtime/backend/cpu_backend.hpp"
+#include "runtime/control/job_timeline.hpp"
 #include "runtime/core/clock.hpp"
 #include "runtime/data/dataset.hpp"
 #include "runtime/metrics/json.hpp"
@@ -261,6 +262,7 @@ private:
     }
     scheduler_ = spawn_scheduler(sys_, scheduler_settings());
     start_ = clock_.steady_ns();
+    timeline_.emplace(clock_, timeline_settings());
     if (recorder_)
       recorder_->mark_start();
     evals_ = std::make_unique<job_evaluations>(cfg_.model, hooks_, test_);
@@ -291,7 +293,6 @@ private:
                    "trained again; resume {}, {} workers' batch shares and data positions)",
                    cfg_.checkpoint_dir, store_->cut(), done_before_, budget_, store_->redone_samples(),
                    store_->record().resumes, store_->record().workers.size());
-    next_epoch_ = static_cast<uint32_t>(done_before_ / train_->n + 1);
     return {};
   }
 
@@ -321,6 +322,23 @@ private:
     sc.observer = caf::actor_cast<caf::actor>(self_);
     sc.recorder = recorder_;
     return sc;
+  }
+
+  // When the driver acts (runtime/control/job_timeline.hpp).
+  control::timeline_settings timeline_settings() const {
+    control::timeline_settings ts;
+    ts.progress_interval = hooks_.on_progress ? cfg_.progress_interval : 0;
+    ts.eval_interval = cfg_.eval_interval;
+    ts.eval_every_epoch = cfg_.eval_every_epoch;
+    ts.epochs = cfg_.epochs;
+    ts.epoch_samples = train_->n;
+    ts.done_before = done_before_;
+    ts.budget = budget_;
+    ts.stop_at_budget = !lockstep_; // workers at their own pace are stopped from here
+    ts.time_limit = cfg_.time_limit;
+    ts.shard_wait = cfg_.shard_wait;
+    ts.metrics_every = metrics_.endpoint ? 1.0 : 0.0; // the shards' counters, once a second
+    return ts;
   }
 
   run_report report_header() const {
@@ -355,18 +373,12 @@ private:
     return static_cast<double>(done_before_ + samples) / static_cast<double>(train_->n);
   }
 
-  // -- watch: messages and ticks until every worker has left or the job fails.
+  // -- watch: messages, and a look at the job's figures whenever the timeline says something
+  // is due (runtime/control/job_timeline.hpp: progress lines, evaluations at epoch
+  // boundaries and on their interval, notes, the budget, the time limit, lost shards'
+  // deadlines; at least every max_wait for the schedule and the divergence guard), until
+  // every worker has left or the job fails.
   void watch() {
-    // Epoch boundaries and evaluations are checked every tick (a fifth of the evaluation
-    // interval, 10-100 ms, so evaluations come when due rather than on a coarser tick);
-    // progress lines go out every progress_interval. Workers at their own pace are stopped
-    // at the sample budget from here, so they get a 20 ms tick: what they train past the
-    // budget is about a tick's worth of samples.
-    int64_t tick_ms = cfg_.eval_interval > 0 ? std::clamp(static_cast<int64_t>(cfg_.eval_interval * 1000 / 5),
-                                                          int64_t{10}, int64_t{100})
-                                             : int64_t{100};
-    if (!lockstep_)
-      tick_ms = std::min<int64_t>(tick_ms, 20);
     schedule_.kind = cfg_.lr_schedule;
     schedule_.warmup_epochs = cfg_.warmup_epochs;
     scheduled_ = schedule_.kind != lr_schedule::constant || schedule_.warmup_epochs > 0;
@@ -386,14 +398,15 @@ private:
         guard_.emplace(ds);
       }
     while (!done_) {
-      // Everything queued, before the tick: a node lost and back (its shards' losses,
-      // then their restores) is taken in at once, not one message per tick.
-      if (take_message(std::chrono::milliseconds(tick_ms)))
+      // Everything queued, before the look: a node lost and back (its shards' losses,
+      // then their restores) is taken in at once, not one message per look.
+      const auto wait = std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(timeline_->wait()));
+      if (take_message(wait))
         take_queued();
       if (!done_)
         check_lost_shards();
       if (!done_)
-        on_tick();
+        on_look();
     }
   }
 
@@ -464,9 +477,7 @@ private:
     const uint64_t now = clock_.steady_ns();
     rep_.startup_seconds = static_cast<double>(now - start_) * 1e-9;
     start_ = now;
-    last_progress_ = last_eval_ = last_shard_poll_ = last_noted_ = 0;
-    for (auto& [index, since] : lost_since_)
-      since -= rep_.startup_seconds;
+    timeline_->training_started();
     if (recorder_)
       recorder_->mark_start();
     if (rep_.startup_seconds >= 0.5)
@@ -490,7 +501,7 @@ private:
       done_ = true;
       return;
     }
-    lost_since_.emplace(index, seconds());
+    timeline_->shard_lost(index);
     if (cuts_)
       cuts_->shard_lost();
     spdlog::warn("job: server shard {} was lost ({}); waiting up to {:.0f} s for it to be served again "
@@ -539,55 +550,55 @@ private:
     self_->monitor(shards_[index]);
     if (lr_sent_ != 1.0f)
       self_->send(shards_[index], lr_atom::value, lr_sent_);
-    lost_since_.erase(index);
+    timeline_->shard_back(index);
     not_served_why_.erase(index);
     self_->send(scheduler_, shard_atom::value, index, std::move(shard), std::move(endpoint));
   }
 
   void check_lost_shards() {
-    for (const auto& [index, since] : lost_since_)
-      if (seconds() - since > cfg_.shard_wait) {
-        auto why = not_served_why_.find(index);
-        failure_ = make_error(errc::peer_unreachable,
-                              "server shard " + std::to_string(ranges_[index].shard_id)
-                                + " was lost and not served again within "
-                                + std::to_string(static_cast<int>(cfg_.shard_wait)) + " s"
-                                + (why == not_served_why_.end() ? std::string{} : " (last: " + why->second + ")")
-                                + "; the job stops");
-        done_ = true;
-      }
+    for (auto index : timeline_->expired_shards()) {
+      auto why = not_served_why_.find(index);
+      failure_ = make_error(errc::peer_unreachable,
+                            "server shard " + std::to_string(ranges_[index].shard_id)
+                              + " was lost and not served again within "
+                              + std::to_string(static_cast<int>(cfg_.shard_wait)) + " s"
+                              + (why == not_served_why_.end() ? std::string{} : " (last: " + why->second + ")")
+                              + "; the job stops");
+      done_ = true;
+    }
   }
 
-  void on_tick() {
+  void on_look() {
     wire::cluster_stats stats;
     self_->request(profiler_, std::chrono::seconds(10), caf::get_atom::value)
       .receive([&](const wire::cluster_stats& s) { stats = s; }, [&](caf::error&) {});
+    const auto due = timeline_->look(stats.total_samples);
+    last_look_samples_ = stats.total_samples;
     const double now = seconds();
     if (scheduled_)
       follow_schedule(stats.total_samples, now, false);
     guard_divergence(stats, now);
     // A request to a shard whose node just died ends only at its timeout: the losses
     // queued meanwhile are taken in before the next step asks the shards again, and a
-    // tick that took any ends there (its clock and statistics are old by now: the next
+    // look that took any ends there (its clock and statistics are old by now: the next
     // one starts afresh).
     if (take_queued() || done_)
       return;
-    publish_metrics(stats, now);
+    publish_metrics(stats, due.metrics);
     if (training_) { // nothing to show before: the parameters are the initial ones
-      report_progress(stats, now);
-      evaluate_if_due(stats, now);
+      if (due.progress)
+        report_progress(stats, now);
+      evaluate_if_due(stats, now, due);
     }
     if (take_queued() || done_)
       return;
     // Checkpoint cuts, while every shard is there to write them; how far the job got, for
     // a resume to count what it trains again.
-    if (cuts_ && lost_since_.empty())
+    if (cuts_ && !timeline_->shards_lost())
       cuts_->tick(shards_, now, [&] { return progress_of(stats.total_samples, now, stats.workers); });
-    if (store_ && now - last_noted_ >= 1.0) {
+    if (store_ && due.note)
       store_->note_progress(stats.total_samples);
-      last_noted_ = now;
-    }
-    stop_if_due(stats, now);
+    stop_if_due(due);
   }
 
   // The divergence guard (runtime/optim/divergence_guard.hpp): snapshots of the model
@@ -596,7 +607,7 @@ private:
   void guard_divergence(const wire::cluster_stats& stats, double now) {
     if (stats.total_samples > 0 && std::isfinite(stats.loss) && stats.loss > 0)
       last_train_loss_ = stats.loss; // the final evaluation's entry in the history
-    if (stats.total_samples == 0 || !lost_since_.empty())
+    if (stats.total_samples == 0 || timeline_->shards_lost())
       return;
     if (!guard_) {
       if (!std::isfinite(stats.loss)) {
@@ -606,7 +617,7 @@ private:
       }
       return;
     }
-    if (!lost_since_.empty())
+    if (timeline_->shards_lost())
       return; // no snapshot nor back-off while a shard is being served again
     switch (guard_->observe(stats.loss, now, stats.total_samples)) {
       case divergence_guard::action::none:
@@ -647,28 +658,25 @@ private:
     follow_schedule(stats.total_samples, now, true);
   }
 
-  void publish_metrics(const wire::cluster_stats& stats, double now) {
+  void publish_metrics(const wire::cluster_stats& stats, bool poll_shards) {
     if (!metrics_.endpoint)
       return;
     live_.running = true;
     live_.epoch = epoch_of(stats.total_samples);
     // The shards' counters, once a second (each asks every shard).
-    if (live_.shards.empty() || now - last_shard_poll_ >= 1.0) {
+    if (live_.shards.empty() || poll_shards) {
       live_.shards.clear();
       std::vector<decltype(self_->request(shards_.front(), std::chrono::seconds(2), status_atom::value))> asked;
       for (const auto& s : shards_)
         asked.push_back(self_->request(s, std::chrono::seconds(2), status_atom::value));
       for (auto& h : asked)
         h.receive([&](const wire::shard_status& st) { live_.shards.push_back(st); }, [](caf::error&) {});
-      last_shard_poll_ = now;
     }
     live_.stats = stats;
     metrics_.endpoint->publish(prometheus_text(live_));
   }
 
   void report_progress(const wire::cluster_stats& stats, double now) {
-    if (!hooks_.on_progress || cfg_.progress_interval <= 0 || now - last_progress_ < cfg_.progress_interval)
-      return;
     progress_event ev;
     ev.seconds = now;
     ev.samples = stats.total_samples;
@@ -690,14 +698,11 @@ private:
     last_progress_ = now;
   }
 
-  // A mid-run evaluation once an epoch boundary has been crossed (within a tick of it) or
-  // the evaluation interval has passed, on a snapshot, in the background.
-  void evaluate_if_due(const wire::cluster_stats& stats, double now) {
-    const uint64_t samples = done_before_ + stats.total_samples;
-    bool epoch_due = cfg_.eval_every_epoch && next_epoch_ < cfg_.epochs && samples >= uint64_t{next_epoch_} * train_->n;
-    bool interval_due = cfg_.eval_interval > 0 && now - last_eval_ >= cfg_.eval_interval;
+  // A mid-run evaluation once an epoch boundary has been crossed (the timeline looks as the
+  // boundary comes) or the evaluation interval has passed, on a snapshot, in the background.
+  void evaluate_if_due(const wire::cluster_stats& stats, double now, const control::timeline_duties& due) {
     record_point(evals_->settle(false));
-    if (!(epoch_due || interval_due) || evals_->busy() || !lost_since_.empty())
+    if (!due.evaluate || evals_->busy())
       return;
     if (auto p = snapshot(self_, shards_, num_params_, mid_run_timeout, true)) {
       uint64_t bytes = 0;
@@ -705,11 +710,7 @@ private:
         bytes += w.bytes;
       evals_->start(std::move(*p), epoch_of(stats.total_samples), now, stats.loss, bytes);
     }
-    // Interval evaluations keep to their grid (0.25, 0.5, ... s for 0.25), unless one
-    // still running made them fall behind by more than an interval.
-    last_eval_ = interval_due ? std::max(last_eval_ + cfg_.eval_interval, now - cfg_.eval_interval) : now;
-    while (next_epoch_ <= cfg_.epochs && samples >= uint64_t{next_epoch_} * train_->n)
-      ++next_epoch_;
+    timeline_->evaluation_started(due.interval_eval, stats.total_samples);
   }
 
   void record_point(std::optional<epoch_point> pt) {
@@ -740,11 +741,11 @@ private:
 
   // Workers at their own pace stop when their samples together reach the budget; any job
   // stops at its time limit or when asked. Each worker finishes its step and leaves.
-  void stop_if_due(const wire::cluster_stats& stats, double now) {
+  void stop_if_due(const control::timeline_duties& due) {
     if (stop_sent_)
       return;
-    bool out_of_budget = !lockstep_ && done_before_ + stats.total_samples >= budget_;
-    bool out_of_time = cfg_.time_limit > 0 && now >= cfg_.time_limit;
+    const bool out_of_budget = due.stop_budget;
+    const bool out_of_time = due.stop_time;
     bool asked = (hooks_.stop_requested && hooks_.stop_requested()) || !stop_asked_.empty();
     if (!(out_of_budget || out_of_time || asked || rep_.target_reached))
       return;
@@ -756,7 +757,7 @@ private:
       if (recorder_)
         recorder_->event("stop requested", stop_asked_);
     } else if (out_of_time && !rep_.target_reached) {
-      rep_.time_limited = done_before_ + stats.total_samples < budget_;
+      rep_.time_limited = done_before_ + last_look_samples_ < budget_;
       spdlog::info("job: time limit of {} s reached; stopping the workers", cfg_.time_limit);
     }
     self_->request(scheduler_, std::chrono::seconds(10), wire::ctl_request{wire::ctl_request::shutdown, 0, 0})
@@ -767,7 +768,7 @@ private:
   expected<run_report> finish(std::vector<float>* final_params) {
     // A shard lost near the end (its node gone, to come back): the final snapshot waits
     // for it to be served again, as long as the run would have.
-    while (!lost_since_.empty() && !failure_) {
+    while (timeline_->shards_lost() && !failure_) {
       take_message(std::chrono::milliseconds(200));
       check_lost_shards();
     }
@@ -785,7 +786,7 @@ private:
     rep_.redone_samples = store_ ? store_->redone_samples() : 0;
     rep_.reassigned_samples = reassigned_->load();
     // The clean end: every shard writes the last cut; the job's record names it.
-    if (cuts_ && lost_since_.empty())
+    if (cuts_ && !timeline_->shards_lost())
       cuts_->final_cut(shards_, seconds(), progress_of(rep_.samples, rep_.seconds, last_workers));
     for (auto& s : shards_)
       self_->demonitor(s.address());
@@ -886,10 +887,10 @@ private:
   caf::error failure_;
   uint32_t finished_ = 0, failed_ = 0;
   std::string first_failure_; // the scheduler's "worker ID: why" of the first that failed
-  uint32_t next_epoch_ = 1; // the next epoch boundary to evaluate at
-  uint64_t last_samples_ = 0;
-  double last_progress_ = 0, last_eval_ = 0, last_shard_poll_ = 0, last_noted_ = 0;
-  std::map<size_t, double> lost_since_; // shards lost and not served again yet: since when
+  std::optional<control::job_timeline> timeline_; // when the driver acts
+  uint64_t last_samples_ = 0;      // at the last progress line
+  uint64_t last_look_samples_ = 0; // at the last look
+  double last_progress_ = 0;
   std::map<size_t, std::string> not_served_why_; // why a lost one is not served yet: the cluster's last try
   bool stop_sent_ = false;
   std::string stop_asked_; // who asked the cluster to stop the job (ashlar ctl stop-job, ...), if anyone

@@ -71,6 +71,13 @@ struct npy_data {
 /// clusters in `dim` dimensions around random centres, deterministic in `seed`.
 dataset make_synthetic(size_t n, size_t dim, uint32_t classes, uint64_t seed);
 
+/// Where the step that starts at `pos` of a pass over `count` samples ends, in batches of at
+/// most `batch`: a pass takes ceil(count / batch) steps of near-equal size (count / steps,
+/// give or take one), so that every step of a pass trains what step_samples
+/// (runtime/policy/assignment.hpp) counts for it, wherever the pass stands, and none is a
+/// remnant of a few samples that costs a whole round of a lockstep job.
+size_t pass_step_end(size_t count, size_t batch, size_t pos);
+
 /// Iterates over a worker's part of a data set in mini-batches, reshuffling its
 /// indices every epoch with a generator seeded from (seed, epoch): deterministic.
 class batch_cursor {
@@ -78,9 +85,10 @@ public:
   /// The cursor covers indices [begin, begin + count) of `data`.
   batch_cursor(const dataset& data, size_t begin, size_t count, uint64_t seed);
 
-  /// Copies the next `batch` samples into internal buffers and returns a view of them,
-  /// augmented as the data set says (a draw that depends only on the seed, the pass and
-  /// the position). The last batch of an epoch may be smaller. Valid until the next call.
+  /// Copies the next at most `batch` samples into internal buffers and returns a view of
+  /// them, augmented as the data set says (a draw that depends only on the seed, the pass
+  /// and the position). A pass is split into ceil(size / batch) batches of near-equal size
+  /// (pass_step_end). Valid until the next call.
   batch_view next(size_t batch);
 
   /// Completed passes over this cursor's part.

@@ -276,6 +276,24 @@ void batch_cursor::augment(size_t i, float* sample) {
   }
 }
 
+size_t pass_step_end(size_t count, size_t batch, size_t pos) {
+  if (count == 0)
+    return 0;
+  if (pos >= count)
+    return count;
+  const size_t b = std::max<size_t>(1, batch);
+  const size_t steps = (count + b - 1) / b;
+  // The step boundaries of a pass are ceil(count * j / steps), j = 1..steps (the larger
+  // steps first: a pass cut short by a new part has trained no less than step_samples a
+  // step); the step from `pos` ends at the first one past it (a resumed position may fall
+  // between two).
+  auto boundary = [&](size_t j) { return (count * j + steps - 1) / steps; };
+  size_t j = pos * steps / count;
+  while (boundary(j) <= pos)
+    ++j;
+  return boundary(j);
+}
+
 batch_view batch_cursor::next(size_t batch) {
   if (indices_.empty())
     return {};
@@ -284,7 +302,7 @@ batch_view batch_cursor::next(size_t batch) {
     ++epoch_;
     shuffle();
   }
-  size_t take = std::min(batch, indices_.size() - pos_);
+  const size_t take = pass_step_end(indices_.size(), batch, pos_) - pos_;
   const size_t dim = data_->dim;
   xb_.resize(take * dim);
   yb_.resize(take);

@@ -6,6 +6,7 @@
 
 #include "runtime/control/cluster_membership.hpp"
 #include "runtime/control/job_lifecycle.hpp"
+#include "runtime/control/job_timeline.hpp"
 #include "runtime/control/member_plan.hpp"
 #include "runtime/control/node_lifecycle.hpp"
 #include "runtime/control/node_watch.hpp"
@@ -382,4 +383,141 @@ TEST_CASE("node_watch pings each live node once per interval and loses one that 
   clock.advance(std::chrono::seconds{60});
   CHECK(w.silent().empty());
   CHECK(w.to_ping().empty());
+}
+
+// The job driver's duties as timed events (runtime/control/job_timeline.hpp): a steady job
+// of 1,000 samples a second, a set of 600, 3 epochs.
+namespace {
+struct steady_job {
+  manual_clock clock;
+  uint64_t samples = 0;
+  // Advances the clock by the timeline's wait, training at `rate` samples a second.
+  double step(job_timeline& t, double rate = 1000) {
+    const double w = t.wait();
+    clock.advance(static_cast<uint64_t>(std::ceil(w * 1e9)));
+    samples += static_cast<uint64_t>(w * rate);
+    return w;
+  }
+};
+}  // namespace
+
+TEST_CASE("the job timeline sees each epoch boundary within a few samples of it, waking rarely in between") {
+  steady_job j;
+  timeline_settings s;
+  s.eval_every_epoch = true;
+  s.epochs = 3;
+  s.epoch_samples = 600;
+  s.budget = 1800;
+  s.progress_interval = 10; // none within the run
+  s.note_every = 10;
+  job_timeline t{j.clock, s};
+  t.training_started();
+  std::vector<uint64_t> seen_at;
+  int looks = 0;
+  while (j.samples < 1800 && looks < 10000) {
+    auto d = t.look(j.samples);
+    ++looks;
+    if (d.evaluate) {
+      seen_at.push_back(j.samples);
+      t.evaluation_started(d.interval_eval, j.samples);
+    }
+    j.step(t);
+  }
+  // Boundaries at 600 and 1200 (the last epoch's is the final evaluation, not the timeline's).
+  REQUIRE(seen_at.size() == 2);
+  CHECK(seen_at[0] >= 600);
+  CHECK(seen_at[0] <= 610);
+  CHECK(seen_at[1] >= 1200);
+  CHECK(seen_at[1] <= 1210);
+  // 1.8 s of training at max_wait 0.25 s is about 8 looks, plus a few near each boundary
+  // (a 10 ms tick would be 180).
+  CHECK(looks < 40);
+}
+
+TEST_CASE("the job timeline stops workers at their own pace at the budget, and at the time limit") {
+  steady_job j;
+  timeline_settings s;
+  s.epochs = 2;
+  s.epoch_samples = 1000;
+  s.budget = 2000;
+  s.stop_at_budget = true;
+  job_timeline t{j.clock, s};
+  t.training_started();
+  uint64_t stopped_at = 0;
+  for (int i = 0; i < 10000 && stopped_at == 0; ++i) {
+    if (t.look(j.samples).stop_budget)
+      stopped_at = j.samples;
+    else
+      j.step(t, 5000);
+  }
+  CHECK(stopped_at >= 2000);
+  CHECK(stopped_at <= 2000 + 5000 * 0.005 + 1); // within a min_wait of samples past it
+
+  steady_job k;
+  timeline_settings tl;
+  tl.time_limit = 3.0;
+  tl.epoch_samples = 1000;
+  job_timeline u{k.clock, tl};
+  u.training_started();
+  double at = -1;
+  for (int i = 0; i < 1000 && at < 0; ++i) {
+    if (u.look(k.samples).stop_time)
+      at = u.seconds();
+    else
+      k.step(u);
+  }
+  CHECK(at >= 3.0);
+  CHECK(at <= 3.0 + 1e-6); // the wait ends at the limit itself
+}
+
+TEST_CASE("the job timeline's progress lines, notes and interval evaluations come on their own schedule") {
+  steady_job j;
+  timeline_settings s;
+  s.progress_interval = 1.0;
+  s.eval_interval = 0.5;
+  s.epoch_samples = 1000000;
+  s.note_every = 1.0;
+  job_timeline t{j.clock, s};
+  // Before training: no progress line, no evaluation (the parameters are the initial ones).
+  auto before = t.look(0);
+  CHECK_FALSE(before.progress);
+  CHECK_FALSE(before.evaluate);
+  j.clock.advance(std::chrono::seconds(3));
+  t.training_started();
+  CHECK(t.seconds() == 0.0);
+  int progress = 0, evals = 0, notes = 0;
+  while (t.seconds() < 10.0 - 1e-9) {
+    j.step(t);
+    auto d = t.look(j.samples);
+    progress += d.progress;
+    notes += d.note;
+    if (d.evaluate) {
+      ++evals;
+      t.evaluation_started(d.interval_eval, j.samples);
+    }
+  }
+  CHECK(progress == 10);
+  CHECK(notes == 10);
+  CHECK(evals == 20);
+}
+
+TEST_CASE("the job timeline names a lost shard whose wait is over, and none served again in time") {
+  manual_clock clock;
+  timeline_settings s;
+  s.shard_wait = 5;
+  s.epoch_samples = 100;
+  job_timeline t{clock, s};
+  t.training_started();
+  t.shard_lost(1);
+  t.shard_lost(0);
+  CHECK(t.look(0).shards_expired.empty());
+  CHECK_FALSE(t.look(0).evaluate); // none while a shard is away
+  clock.advance(std::chrono::seconds(3));
+  t.shard_back(0);
+  t.shard_lost(1); // lost again before served: its deadline stays the first loss's
+  CHECK(t.wait() <= 2.0 + s.min_wait + 1e-9);
+  clock.advance(std::chrono::milliseconds(2100));
+  auto d = t.look(0);
+  REQUIRE(d.shards_expired.size() == 1);
+  CHECK(d.shards_expired[0] == 1);
 }

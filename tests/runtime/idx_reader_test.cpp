@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <zlib.h>
 
 #include "runtime/data/dataset.hpp"
@@ -170,11 +172,11 @@ TEST_CASE("a batch cursor visits each of its samples once per epoch, in a seeded
   batch_cursor a{d, 10, 50, 9}, b{d, 10, 50, 9}, c{d, 10, 50, 10};
   std::vector<int> seen(d.n, 0);
   bool differs = false;
-  for (int i = 0; i < 7; ++i) { // 6 batches of 8 and one of 2 = 50 samples
+  for (int i = 0; i < 7; ++i) { // 50 samples in 7 batches of at most 8: one of 8, six of 7
     auto x = a.next(8);
     auto y = b.next(8);
     auto z = c.next(8);
-    REQUIRE(x.n == (i < 6 ? 8u : 2u));
+    REQUIRE(x.n == (i < 1 ? 8u : 7u));
     CHECK(std::equal(x.x, x.x + x.n, y.x));
     differs = differs || !std::equal(x.x, x.x + x.n, z.x);
     for (size_t k = 0; k < x.n; ++k)
@@ -188,13 +190,52 @@ TEST_CASE("a batch cursor visits each of its samples once per epoch, in a seeded
   CHECK(a.epoch() == 1);
 }
 
+// A lockstep job's planner counts what a step trains as step_samples: count / the pass's
+// steps. The cursor's steps must train that wherever a pass stands (a plan moves a member's
+// part mid-pass, and a new part starts a new pass): no step of a few leftover samples, and
+// no prefix of a pass behind the average.
+TEST_CASE("a pass is split into ceil(count over batch) steps of near-equal size, none behind the average") {
+  for (size_t count : {1, 5, 37, 58, 64, 65, 67, 127, 128, 129, 1000, 15000})
+    for (size_t batch : {1, 7, 8, 32, 64, 100}) {
+      const size_t steps = (count + batch - 1) / batch;
+      size_t pos = 0, n = 0, first = 0;
+      std::vector<size_t> sizes;
+      while (pos < count) {
+        const size_t end = pass_step_end(count, batch, pos);
+        REQUIRE(end > pos);
+        sizes.push_back(end - pos);
+        pos = end;
+        ++n;
+      }
+      INFO("count " << count << ", batch " << batch);
+      CHECK(n == steps);
+      CHECK(pos == count);
+      first = sizes.front();
+      const auto [lo, hi] = std::minmax_element(sizes.begin(), sizes.end());
+      CHECK(*hi <= batch);
+      CHECK(*hi - *lo <= 1);
+      CHECK(static_cast<double>(first) * static_cast<double>(steps) >= static_cast<double>(count));
+      // However far a pass got, its steps trained no less than step_samples each.
+      size_t done = 0;
+      for (size_t j = 0; j < sizes.size(); ++j) {
+        done += sizes[j];
+        CHECK(done * steps >= (j + 1) * count);
+      }
+    }
+  // A position between two boundaries (a resumed job's) ends its step at the next one.
+  CHECK(pass_step_end(67, 64, 0) == 34);
+  CHECK(pass_step_end(67, 64, 10) == 34);
+  CHECK(pass_step_end(67, 64, 34) == 67);
+  CHECK(pass_step_end(67, 64, 80) == 67);
+}
+
 TEST_CASE("a batch cursor sought to a pass and offset returns the batches a running cursor returns there") {
   auto d = index_dataset(60);
   batch_cursor running{d, 5, 37, 11};
-  for (int i = 0; i < 23; ++i) // 4 batches of 8 and one of 5 per pass: ends in pass 4, 24 in
+  for (int i = 0; i < 23; ++i) // 37 in batches of 8, 7, 8, 7, 7 per pass: ends in pass 4, 23 in
     running.next(8);
   REQUIRE(running.epoch() == 4);
-  REQUIRE(running.pos() == 24);
+  REQUIRE(running.pos() == 23);
   batch_cursor sought{d, 5, 37, 11};
   sought.next(8);
   sought.seek(running.epoch(), running.pos());
@@ -208,9 +249,9 @@ TEST_CASE("a batch cursor sought to a pass and offset returns the batches a runn
   CHECK(sought.epoch() == running.epoch());
   // Passes count from the cursor's start, so a fresh cursor at pass 0 differs from pass 4.
   batch_cursor fresh{d, 5, 37, 11};
-  fresh.seek(4, 24);
+  fresh.seek(4, 23);
   batch_cursor zero{d, 5, 37, 11};
-  zero.seek(0, 24);
+  zero.seek(0, 23);
   auto a = fresh.next(8), b = zero.next(8);
   CHECK_FALSE(std::equal(a.x, a.x + a.n, b.x));
 }

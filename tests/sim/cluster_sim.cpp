@@ -1,5 +1,7 @@
 #include "tests/sim/cluster_sim.hpp"
 
+#include "runtime/data/dataset.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -65,7 +67,9 @@ struct member {
   uint64_t steps = 0; // assigned
   uint64_t done = 0;  // applied at the shard
   bool handed = false;
-  uint64_t part = 0;  // samples in its part of the set: a step trains step_samples of it
+  uint64_t part = 0;  // samples in its part of the set
+  uint64_t begin = 0; // where the part starts (a part moved starts a new pass, as the worker's does)
+  uint64_t pos = 0;   // samples into the current pass over it: a step trains up to pass_step_end
 };
 
 struct event {
@@ -326,7 +330,7 @@ struct world {
     const uint64_t part = train_size / job_workers;
     m.part = part;
     if (first && !round_started) {
-      m.steps = (part * epochs + batch - 1) / batch;
+      m.steps = (part + batch - 1) / batch * epochs; // a pass a step per batch, as make_assignment
       add_member(m);
       if (table.size() == job_workers)
         begin_rounds();
@@ -353,14 +357,14 @@ struct world {
     // Fewer than the job's workers registered in time: the parts of those that did not are
     // owed as a lost worker's would be, and go to those that did.
     if (table.size() < job_workers && !table.empty()) {
-      const uint64_t per = (train_size / job_workers * epochs + batch - 1) / batch;
+      const uint64_t per = train_size / job_workers * epochs; // samples each missing member owed
       std::map<uint32_t, member_part> live;
       for (auto& [id, m] : table)
         live[id] = member_part{batch, 0, m.part, m.steps};
-      auto h = hand_over_lockstep(live, {}, (job_workers - table.size()) * per * batch, train_size, false);
+      auto h = hand_over_lockstep(live, {}, (job_workers - table.size()) * per, train_size, false);
       for (auto& [id, d] : h.parts) {
-        if (d.data_count > 0)
-          table[id].part = d.data_count;
+        if (d.data_count > 0 && (d.data_count != table[id].part || d.data_begin != table[id].begin))
+          table[id].part = d.data_count, table[id].begin = d.data_begin, table[id].pos = 0;
         if (d.steps > 0)
           table[id].steps = d.steps;
       }
@@ -465,7 +469,11 @@ struct world {
       if (!m.live)
         continue;
       m.done += 1;
-      applied += step_samples(member_part{batch, 0, m.part, 0});
+      // What the worker's cursor takes (runtime/data/dataset.hpp): the planner counts
+      // step_samples, and whatever the position in the pass, the two must agree.
+      const uint64_t end = pass_step_end(m.part, batch, m.pos);
+      applied += end - m.pos;
+      m.pos = end >= m.part ? 0 : end;
       res.control_work += 1;
     }
     auto applied_now = pushes;
@@ -624,8 +632,10 @@ struct world {
       tell_worker_steps(id, m.steps, true);
     }
     for (auto& [id, d] : p.directives) {
-      if (auto t = table.find(id); t != table.end() && d.data_count > 0)
-        t->second.part = d.data_count; // its part of the set moved: what its steps train too
+      if (auto t = table.find(id);
+          t != table.end() && d.data_count > 0 && (d.data_count != t->second.part || d.data_begin != t->second.begin))
+        t->second.part = d.data_count, t->second.begin = d.data_begin,
+        t->second.pos = 0; // its part moved: a new pass, at its next step
       if (d.steps > 0 && newcomers.count(id) == 0)
         set_steps(id, d.steps);
     }
@@ -818,8 +828,13 @@ sim_result run(const sim_options& opt) {
   w.epochs = scale ? std::max<uint32_t>(1, static_cast<uint32_t>(opt.minutes * 60 / 40 * 1.2)) : 1 + static_cast<uint32_t>(rng() % 3);
   if (scale)
     w.sample_ns = sec / batch; // a step a second: the storm's minutes are rounds, not samples
-  w.train_size = uint64_t{w.job_workers} * batch * (scale ? 40 : 20 + rng() % 40);
-  w.budget = (w.train_size / w.job_workers / batch) * batch * w.job_workers * w.epochs;
+  // Parts of whole batches, of a batch and a remnant, or of less than a batch (a large job
+  // on a small set: its passes are one step, and grow to two as members are lost).
+  const uint64_t per_worker = scale ? uint64_t{batch} * 40
+                                    : std::max<uint64_t>(1, uint64_t{batch} * (rng() % 3 == 0 ? rng() % 3 : 20 + rng() % 40)
+                                                              + (rng() % 2 ? rng() % batch : 0));
+  w.train_size = uint64_t{w.job_workers} * per_worker;
+  w.budget = w.train_size * w.epochs;
   w.nodes.resize(1 + worker_nodes);
   w.nodes[0].slots = 0;
   w.nodes[0].stable = true;

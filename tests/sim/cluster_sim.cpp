@@ -3,6 +3,7 @@
 #include "runtime/data/dataset.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -230,6 +231,11 @@ struct world {
   std::map<size_t, uint32_t> hellos;
   std::set<uint32_t> lost_ids;
   uint64_t short_samples = 0; // steps assigned to members that had finished, with nobody left to take them
+  // What a member's steps left train, as the planner counts them (runtime/policy/assignment.hpp).
+  static uint64_t owed_by(const member& m) {
+    const uint64_t left = m.steps > m.done ? m.steps - m.done : 0;
+    return static_cast<uint64_t>(std::ceil(static_cast<double>(left) * step_samples(member_part{batch, 0, m.part, 0})));
+  }
 
   // The scheduler's connection to node `id` (once process n) ended: the node is lost, with
   // every member that registered through it, whatever process n runs now.
@@ -505,7 +511,7 @@ struct world {
     if (m->second.done < m->second.steps && !stopping && !job_over && any_live)
       lose_member(id, false);
     else if (m->second.done < m->second.steps)
-      m->second.handed = true, short_samples += (m->second.steps - m->second.done) * batch;
+      m->second.handed = true, short_samples += owed_by(m->second);
     check_round();
     maybe_end_run();
   }
@@ -613,7 +619,7 @@ struct world {
       for (auto id : due)
         if (!table[id].failed && !table[id].handed && table[id].steps > table[id].done) {
           table[id].handed = true;
-          short_samples += (table[id].steps - table[id].done) * batch;
+          short_samples += owed_by(table[id]);
         }
       maybe_end_run();
       return;
@@ -683,7 +689,7 @@ struct world {
     for (auto& [id, m] : table) // steps that came after their member had finished
       if (!m.failed && !m.handed && m.steps > m.done) {
         m.handed = true;
-        short_samples += (m.steps - m.done) * batch;
+        short_samples += owed_by(m);
       }
     const bool trained_all = applied + 1e-6 >= static_cast<double>(budget);
     if (life)

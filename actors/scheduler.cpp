@@ -11,6 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/control/job_roster.hpp"
 #include "runtime/control/member_plan.hpp"
 #include "runtime/core/clock.hpp"
 #include "runtime/metrics/recorder.hpp"
@@ -54,9 +55,12 @@ struct scheduler_state {
   bool done_sent = false;
   std::string first_failure; // "worker ID: why" of the first worker that failed
   std::string job_error;     // why the job fails (a worker's own computation failed); empty: it does not
-  // Registrations answered only once expected_workers have joined, so every worker of
-  // the first round starts from version 0 with the full membership in place.
+  // Registrations answered only once the job's workers are ready (or at the start
+  // timeout), so every worker of the first round starts from version 0 with the full
+  // membership in place; the end, and the wait for a joiner when every worker was lost
+  // with steps left (runtime/control/job_roster.hpp).
   std::vector<std::function<void()>> start_barrier;
+  std::optional<control::job_roster> roster;
   bool started = false;
   bool stopping = false; // a shutdown request stopped every worker
   float lr_factor = 1.0f; // the learning-rate schedule's, as the job driver last sent it
@@ -66,8 +70,6 @@ struct scheduler_state {
   uint64_t next_wait = 0;
   std::map<uint64_t, std::pair<caf::actor_addr, std::function<void()>>> shard_waits;
   std::set<caf::actor_addr> lost_shards; // down, not served again yet
-  // Since when every worker is lost with steps left, waiting for one to join (worker_wait).
-  std::optional<std::chrono::steady_clock::time_point> all_lost_since;
   // Decentralized mode: which ring the live workers form, and when.
   ring_membership ring;
   // Membership changes waiting for one plan (plan_membership): lost members, and newcomers
@@ -160,7 +162,6 @@ void broadcast(scheduler_pointer self, const wire::membership_change& m,
 void end_job(scheduler_pointer self, uint32_t finished, uint32_t failed) {
   auto& st = self->state;
   st.done_sent = true;
-  st.all_lost_since.reset();
   spdlog::info("scheduler: all workers done ({} finished, {} failed)", finished, failed);
   if (st.cfg.observer)
     caf::anon_send(st.cfg.observer, done_atom::value, finished, failed, st.first_failure, st.job_error);
@@ -177,6 +178,17 @@ uint64_t untaken_steps(const scheduler_state& st, const wire::cluster_stats& sta
   return steps_left(assigned, done);
 }
 
+void start_training(scheduler_pointer self);
+
+// A timer for the roster's next deadline (the start barrier's, or the wait for a joiner).
+void arm_roster_timer(scheduler_pointer self) {
+  const uint64_t at = self->state.roster->next_timer();
+  if (at == 0)
+    return;
+  const uint64_t now = system_clock().steady_ns();
+  self->delayed_send(self, std::chrono::nanoseconds{at > now ? at - now : 0}, start_atom::value);
+}
+
 void check_done(scheduler_pointer self) {
   auto& st = self->state;
   // (A job stopped before its start barrier ends once the workers that came have left.)
@@ -188,42 +200,53 @@ void check_done(scheduler_pointer self) {
       return;
     (m.failed ? failed : finished) += 1;
   }
-  if (failed == 0 || !st.started || st.stopping || !st.job_error.empty() || st.cfg.worker_wait.count() <= 0)
-    return end_job(self, finished, failed);
+  auto act = [=](control::job_roster::action a, uint64_t left) {
+    auto& st = self->state;
+    if (a == control::job_roster::action::end)
+      return end_job(self, finished, failed);
+    if (a != control::job_roster::action::wait_for_joiner)
+      return;
+    arm_roster_timer(self);
+    spdlog::warn("scheduler: every worker is lost with {} steps left; waiting up to {:g} s for a worker to join "
+                 "and take them up", left, std::chrono::duration<double>(st.cfg.worker_wait).count());
+    record(self, "every worker lost", std::to_string(left) + " steps left");
+  };
+  if (!st.roster->may_wait(failed, st.stopping, !st.job_error.empty()))
+    return act(st.roster->all_left(failed, 0, st.stopping, !st.job_error.empty()), 0);
   // Every worker is gone, some lost: if they left steps untrained, a worker that joins
   // (a node that comes back, `ctl add-worker`) takes them up; the job waits for one.
   self->request(st.cfg.profiler, ack_timeout, caf::get_atom::value)
     .then(
       [=](const wire::cluster_stats& stats) {
         auto& st = self->state;
-        if (st.done_sent || st.all_lost_since)
+        if (st.done_sent)
           return;
         for (const auto& [id, m] : st.members)
           if (!m.left)
             return; // one joined meanwhile
         const auto left = untaken_steps(st, stats);
-        if (left == 0)
-          return end_job(self, finished, failed);
-        st.all_lost_since = steady_now();
-        self->delayed_send(self, st.cfg.worker_wait, start_atom::value);
-        spdlog::warn("scheduler: every worker is lost with {} steps left; waiting up to {:g} s for a worker to join "
-                     "and take them up", left, std::chrono::duration<double>(st.cfg.worker_wait).count());
-        record(self, "every worker lost", std::to_string(left) + " steps left");
+        act(st.roster->all_left(failed, left, st.stopping, !st.job_error.empty()), left);
       },
       [=](caf::error&) { end_job(self, finished, failed); });
 }
 
-// The wait for a worker to join ran out (a start_atom check_done sent itself): the job ends.
-void check_worker_wait(scheduler_pointer self) {
+// A roster timer fired (the start barrier's timeout, or the wait for a joiner).
+void on_roster_timer(scheduler_pointer self) {
   auto& st = self->state;
-  if (!st.all_lost_since || steady_now() - *st.all_lost_since < st.cfg.worker_wait)
-    return;
-  uint32_t finished = 0, failed = 0;
-  for (const auto& [id, m] : st.members)
-    (m.failed ? failed : finished) += 1;
-  spdlog::error("scheduler: every worker was lost and none joined within {:g} s",
-                std::chrono::duration<double>(st.cfg.worker_wait).count());
-  end_job(self, finished, failed);
+  switch (st.roster->timer()) {
+    case control::job_roster::action::start:
+      return start_training(self);
+    case control::job_roster::action::end: {
+      uint32_t finished = 0, failed = 0;
+      for (const auto& [id, m] : st.members)
+        (m.failed ? failed : finished) += 1;
+      spdlog::error("scheduler: every worker was lost and none joined within {:g} s",
+                    std::chrono::duration<double>(st.cfg.worker_wait).count());
+      return end_job(self, finished, failed);
+    }
+    default:
+      arm_roster_timer(self); // early: a timer for the roster's own deadline
+  }
 }
 
 void form_ring(scheduler_pointer self, uint32_t generation, const std::string& why = {});
@@ -244,6 +267,7 @@ std::map<uint32_t, member_part> live_parts(const scheduler_state& st) {
 uint32_t stop_workers(scheduler_pointer self) {
   auto& st = self->state;
   st.stopping = true;
+  st.roster->stop_before_start();
   uint32_t n = 0;
   for (auto& [id, m] : st.members)
     if (!m.left) {
@@ -322,7 +346,7 @@ void start_training(scheduler_pointer self) {
   auto& st = self->state;
   if (st.started || st.stopping)
     return;
-  st.started = true;
+  st.started = true; // (the roster said so: its barrier filled or timed out)
   for (auto& [id, m] : st.members)
     m.admitted = !m.left;
   if (st.start_barrier.size() < st.cfg.job.workers)
@@ -350,7 +374,10 @@ void start_training(scheduler_pointer self) {
     for (uint32_t id = 0; id < st.cfg.job.workers; ++id)
       if (st.members.count(id) == 0 || st.members[id].left) {
         const auto a = make_assignment(ctx, id, id);
-        owed += a.steps * std::max<uint32_t>(1, a.batch_size);
+        // What its steps would have trained, as a lost member's are counted: a step trains
+        // step_samples of its part, not a whole batch.
+        owed += static_cast<uint64_t>(std::ceil(
+          static_cast<double>(a.steps) * step_samples(member_part{a.batch_size, a.data_begin, a.data_count, a.steps})));
       }
     auto h = st.traits.lockstep ? hand_over_lockstep(live, {}, owed, st.cfg.train_size, st.traits.ring)
                                 : hand_over_joined(live, st.cfg.train_size);
@@ -606,7 +633,7 @@ caf::result<wire::assignment, std::vector<shard_actor>> on_register(scheduler_po
   m.data_begin = a.data_begin;
   m.data_count = a.data_count;
   st.members[id] = m;
-  st.all_lost_since.reset(); // a worker to take up what lost ones left
+  st.roster->joined(); // a worker to take up what lost ones left
   if (auto sender = self->current_sender())
     self->monitor(sender);
   if (st.lr_factor != 1.0f)
@@ -631,10 +658,10 @@ caf::result<wire::assignment, std::vector<shard_actor>> on_register(scheduler_po
       return;
     }
     st.start_barrier.push_back([=]() mutable { promise.deliver(a, self->state.cfg.shards); });
+    if (st.roster->ready() == control::job_roster::action::start)
+      return start_training(self);
     if (st.start_barrier.size() == 1)
-      self->delayed_send(self, st.cfg.start_timeout, start_atom::value);
-    if (st.start_barrier.size() >= st.cfg.job.workers)
-      start_training(self);
+      arm_roster_timer(self);
   });
   return promise;
 }
@@ -710,6 +737,9 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
   for (const auto& [id, r] : st.cfg.resume_workers)
     ctx.resume_batches[id] = r.batch;
   st.planner = make_job_planner(ctx);
+  st.roster.emplace(system_clock(), st.cfg.job.workers,
+                    static_cast<uint64_t>(std::chrono::nanoseconds{st.cfg.start_timeout}.count()),
+                    static_cast<uint64_t>(std::chrono::nanoseconds{st.cfg.worker_wait}.count()));
   // The shards are watched so that a lost one holds up no membership change (ask_shard).
   for (const auto& shard : st.cfg.shards)
     self->monitor(shard);
@@ -725,10 +755,7 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
       return on_register(self, req);
     },
     // A wait ran out: the start barrier's, or the wait for a worker to join (check_done).
-    [=](start_atom) {
-      start_training(self);
-      check_worker_wait(self);
-    },
+    [=](start_atom) { on_roster_timer(self); },
     [=](lr_atom, float factor) {
       auto& st = self->state;
       st.lr_factor = factor;

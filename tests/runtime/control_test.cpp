@@ -6,6 +6,7 @@
 
 #include "runtime/control/cluster_membership.hpp"
 #include "runtime/control/job_lifecycle.hpp"
+#include "runtime/control/job_roster.hpp"
 #include "runtime/control/job_timeline.hpp"
 #include "runtime/control/member_plan.hpp"
 #include "runtime/control/node_lifecycle.hpp"
@@ -520,4 +521,78 @@ TEST_CASE("the job timeline names a lost shard whose wait is over, and none serv
   auto d = t.look(0);
   REQUIRE(d.shards_expired.size() == 1);
   CHECK(d.shards_expired[0] == 1);
+}
+
+// The scheduler's roster (runtime/control/job_roster.hpp): the start barrier and the end.
+TEST_CASE("the roster starts training when the job's workers are ready, or at the timeout with those that came") {
+  manual_clock clock;
+  using A = job_roster::action;
+  job_roster all{clock, 3, 10'000'000'000ull, 0};
+  CHECK(all.next_timer() == 0); // nobody waits yet
+  CHECK(all.ready() == A::none);
+  const uint64_t deadline = all.next_timer();
+  CHECK(deadline == clock.steady_ns() + 10'000'000'000ull);
+  CHECK(all.ready() == A::none);
+  CHECK(all.ready() == A::start);
+  CHECK(all.started());
+  CHECK(all.ready() == A::none); // no second start
+  clock.advance(std::chrono::seconds(11));
+  CHECK(all.timer() == A::none); // a stale timer does nothing
+
+  job_roster some{clock, 4, 10'000'000'000ull, 0};
+  some.ready();
+  clock.advance(std::chrono::seconds(4));
+  some.ready();
+  CHECK(some.timer() == A::none); // early
+  clock.advance(std::chrono::seconds(6));
+  CHECK(some.timer() == A::start); // 10 s after the first, with 2 of 4
+  CHECK(some.at_barrier() == 2);
+  CHECK(some.next_timer() == 0);
+}
+
+TEST_CASE("the roster ends a job whose members are all gone, or waits for a joiner while lost ones left steps") {
+  manual_clock clock;
+  using A = job_roster::action;
+  job_roster r{clock, 1, 1'000'000'000ull, 30'000'000'000ull};
+  REQUIRE(r.ready() == A::start);
+  // Finished on their own, or stopping, or failed: the job ends.
+  {
+    job_roster done{clock, 1, 1'000'000'000ull, 30'000'000'000ull};
+    done.ready();
+    CHECK_FALSE(done.may_wait(0, false, false));
+    CHECK(done.all_left(0, 0, false, false) == A::end);
+    job_roster stopping{clock, 1, 1'000'000'000ull, 30'000'000'000ull};
+    stopping.ready();
+    CHECK(stopping.all_left(2, 40, true, false) == A::end);
+    job_roster failed{clock, 1, 1'000'000'000ull, 30'000'000'000ull};
+    failed.ready();
+    CHECK(failed.all_left(2, 40, false, true) == A::end);
+    job_roster no_wait{clock, 1, 1'000'000'000ull, 0};
+    no_wait.ready();
+    CHECK(no_wait.all_left(2, 40, false, false) == A::end);
+  }
+  // Lost with nothing left untaken: ends; with steps left: waits, a joiner ends the wait.
+  CHECK(r.may_wait(2, false, false));
+  CHECK(r.all_left(2, 40, false, false) == A::wait_for_joiner);
+  CHECK(r.next_timer() == clock.steady_ns() + 30'000'000'000ull);
+  clock.advance(std::chrono::seconds(10));
+  r.joined();
+  CHECK(r.state() == job_roster::phase::running);
+  CHECK(r.timer() == A::none);
+  // Lost again, and nobody comes within the wait: the job ends.
+  CHECK(r.all_left(3, 12, false, false) == A::wait_for_joiner);
+  clock.advance(std::chrono::seconds(29));
+  CHECK(r.timer() == A::none);
+  clock.advance(std::chrono::seconds(1));
+  CHECK(r.timer() == A::end);
+  CHECK(r.state() == job_roster::phase::ended);
+  CHECK(r.all_left(3, 12, false, false) == A::none); // once
+
+  // Stopped before its barrier filled: no start, and it ends once the workers that came left.
+  job_roster early{clock, 4, 1'000'000'000ull, 0};
+  early.ready();
+  early.stop_before_start();
+  clock.advance(std::chrono::seconds(2));
+  CHECK(early.timer() == A::none);
+  CHECK(early.all_left(0, 0, true, false) == A::end);
 }

@@ -15,6 +15,7 @@
 
 #include "runtime/control/cluster_membership.hpp"
 #include "runtime/control/job_lifecycle.hpp"
+#include "runtime/control/job_roster.hpp"
 #include "runtime/control/member_plan.hpp"
 #include "runtime/control/node_lifecycle.hpp"
 #include "runtime/core/clock.hpp"
@@ -187,6 +188,8 @@ struct world {
         case control::job_action::stop_workers:
           note("stopping the workers: " + a.text);
           stopping = true;
+          if (roster)
+            roster->stop_before_start();
           for (auto& [id, m] : table)
             if (m.live)
               stop_worker(id);
@@ -271,6 +274,8 @@ struct world {
 
   void start_job() {
     job_running = true;
+    // The scheduler's roster: its start timeout (30 s here) and its wait for a joiner (60 s).
+    roster.emplace(clock, job_workers, 30 * sec, 60 * sec);
     std::map<uint32_t, uint32_t> placed;
     uint32_t k = 0;
     std::vector<size_t> order;
@@ -338,12 +343,12 @@ struct world {
     if (first && !round_started) {
       m.steps = (part + batch - 1) / batch * epochs; // a pass a step per batch, as make_assignment
       add_member(m);
-      if (table.size() == job_workers)
+      if (roster->ready() == control::job_roster::action::start)
         begin_rounds();
       else if (!barrier_timer) {
         barrier_timer = true;
-        after(30 * sec, [this] {
-          if (!round_started && !stopping)
+        after(roster->next_timer() - now(), [this] {
+          if (roster->timer() == control::job_roster::action::start)
             begin_rounds();
         });
       }
@@ -527,6 +532,8 @@ struct world {
       job_error = "worker " + std::to_string(id) + "'s computation failed";
     if (!stopping) {
       stopping = true;
+      if (roster)
+        roster->stop_before_start();
       for (auto& [wid, mm] : table)
         if (mm.live)
           stop_worker(wid);
@@ -634,6 +641,7 @@ struct world {
     for (auto& [id, m] : joins) {
       m.steps = p.newcomer_steps[id];
       add_member(m);
+      roster->joined(); // a wait for a joiner is over
       note("worker " + std::to_string(id) + " joins for " + std::to_string(m.steps) + " steps");
       tell_worker_steps(id, m.steps, true);
     }
@@ -660,28 +668,32 @@ struct world {
   void maybe_end_run() {
     if (!job_running || job_over || (!round_started && !stopping) || live_count > 0)
       return;
-    // Every member gone: the run is over if nothing is owed (or it was stopped); else a
-    // joiner takes the owed steps up (a stable node always remains in these schedules).
+    // Every member gone: the roster says whether the run is over, or whether a joiner is
+    // waited for to take up what lost members owed (a stable node always remains in these
+    // schedules).
     uint64_t owed = 0;
+    uint32_t lost = 0;
     for (auto& [id, m] : table)
-      if (m.failed && !m.handed && m.steps > m.done)
-        owed += m.steps - m.done;
-    if (owed > 0 && !stopping && job_error.empty() && (!life || life->state() == control::job_lifecycle::phase::running)) {
-      if (!every_lost_timer) {
-        every_lost_timer = true;
-        after(60 * sec, [this] {
-          every_lost_timer = false;
-          for (auto& [id, m] : table)
-            if (m.live)
-              return;
-          end_run("every worker was lost and none joined within 60 s");
-        });
+      if (m.failed) {
+        ++lost;
+        if (!m.handed && m.steps > m.done)
+          owed += m.steps - m.done;
       }
-      return;
+    const bool stops = stopping || (life && life->state() != control::job_lifecycle::phase::running);
+    switch (roster->all_left(lost, owed, stops, !job_error.empty())) {
+      case control::job_roster::action::wait_for_joiner:
+        after(roster->next_timer() - now(), [this] {
+          if (roster->timer() == control::job_roster::action::end)
+            end_run("every worker was lost and none joined within 60 s");
+        });
+        return;
+      case control::job_roster::action::end:
+        return end_run(job_error);
+      default:
+        return;
     }
-    end_run(job_error);
   }
-  bool every_lost_timer = false;
+  std::optional<control::job_roster> roster;
 
   void end_run(const std::string& error) {
     if (job_over)

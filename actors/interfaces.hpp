@@ -42,7 +42,8 @@ using replan_atom = caf::atom_constant<caf::atom("replan")>;
 using ping_atom = caf::atom_constant<caf::atom("ping")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
-/// follows membership changes, reports its status. tune_atom: gradients per update and
+/// follows membership changes (answering with the pushes of that worker it took: a lost
+/// lockstep worker's steps that count), reports its status. tune_atom: gradients per update and
 /// async or not, for policies that adapt (see sync_policy::tune). bound_atom (a stage's
 /// settings): its learning-rate factor (second argument) and the clocks a
 /// worker may run ahead of the slowest from now on (see sync_policy::set_staleness_bound).
@@ -59,7 +60,7 @@ using ping_atom = caf::atom_constant<caf::atom("ping")>;
 using shard_actor = caf::typed_actor<
   caf::replies_to<wire::pull_request>::with<wire::pull_reply>,
   caf::replies_to<wire::push>::with<wire::push_ack>,
-  caf::replies_to<wire::membership_change>::with<caf::ok_atom>,
+  caf::replies_to<wire::membership_change>::with<uint64_t>,
   caf::replies_to<status_atom>::with<wire::shard_status>,
   caf::reacts_to<tune_atom, uint32_t, bool>,
   caf::reacts_to<bound_atom, uint64_t, float>,

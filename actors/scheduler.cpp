@@ -95,26 +95,28 @@ constexpr auto ack_timeout = std::chrono::seconds(30);
 // is lost (its node down: requests to it go nowhere until they time out) counts as having
 // acknowledged: it learns the live members when it is served again (on_shard_restored), so
 // a worker that registers while a shard is down is not held up for it.
+// `done(ok, taken)`: `taken` the pushes of the worker the shard took (nullopt: not known,
+// the shard being lost).
 void ask_shard(scheduler_pointer self, const shard_actor& shard, const wire::membership_change& m,
-               std::function<void(bool)> done) {
+               std::function<void(bool, std::optional<uint64_t>)> done) {
   auto& st = self->state;
   if (st.lost_shards.count(shard.address()) > 0)
-    return done(true);
+    return done(true, std::nullopt);
   const auto wait = st.next_wait++;
   auto fired = std::make_shared<bool>(false);
-  auto once = [=](bool ok) {
+  auto once = [=](bool ok, std::optional<uint64_t> taken) {
     if (*fired)
       return;
     *fired = true;
     self->state.shard_waits.erase(wait);
-    done(ok);
+    done(ok, taken);
   };
-  st.shard_waits[wait] = {shard.address(), [=] { once(true); }};
-  self->request(shard, ack_timeout, m).then([=](caf::ok_atom) { once(true); },
+  st.shard_waits[wait] = {shard.address(), [=] { once(true, std::nullopt); }};
+  self->request(shard, ack_timeout, m).then([=](uint64_t taken) { once(true, taken); },
                                             [=](caf::error& err) {
                                               spdlog::error("scheduler: membership change for worker {} not "
                                                             "acknowledged: {}", m.worker_id, describe(err));
-                                              once(false);
+                                              once(false, std::nullopt);
                                             });
 }
 
@@ -137,25 +139,30 @@ bool on_shard_down(scheduler_pointer self, const caf::actor_addr& source) {
 }
 
 // Sends `m` to every shard and the profiler; calls `then(ok)` once all have answered.
+// `taken`: the fewest pushes of the worker any shard that answered took (0 when none did):
+// the steps of a lockstep worker that count.
 void broadcast(scheduler_pointer self, const wire::membership_change& m,
-               std::function<void(bool)> then_fn) {
-  auto then = std::make_shared<std::function<void(bool)>>(std::move(then_fn));
+               std::function<void(bool, uint64_t)> then_fn) {
+  auto then = std::make_shared<std::function<void(bool, uint64_t)>>(std::move(then_fn));
   auto& cfg = self->state.cfg;
   auto pending = std::make_shared<size_t>(cfg.shards.size() + 1);
   auto ok = std::make_shared<bool>(true);
-  auto one = [=](bool acknowledged) {
+  auto fewest = std::make_shared<std::optional<uint64_t>>();
+  auto one = [=](bool acknowledged, std::optional<uint64_t> taken) {
     *ok = *ok && acknowledged;
+    if (taken)
+      *fewest = std::min(fewest->value_or(*taken), *taken);
     if (--*pending == 0)
-      (*then)(*ok);
+      (*then)(*ok, fewest->value_or(0));
   };
   for (auto& shard : cfg.shards)
     ask_shard(self, shard, m, one);
   self->request(cfg.profiler, ack_timeout, m)
-    .then([=](caf::ok_atom) { one(true); },
+    .then([=](caf::ok_atom) { one(true, std::nullopt); },
           [=](caf::error& err) {
             spdlog::error("scheduler: membership change for worker {} not acknowledged by the profiler: {}",
                           m.worker_id, describe(err));
-            one(false);
+            one(false, std::nullopt);
           });
 }
 
@@ -171,10 +178,12 @@ void end_job(scheduler_pointer self, uint32_t finished, uint32_t failed) {
 uint64_t untaken_steps(const scheduler_state& st, const wire::cluster_stats& stats) {
   std::map<uint32_t, uint64_t> assigned, done;
   for (const auto& [id, m] : st.members)
-    if (m.left && m.failed)
+    if (m.left && m.failed) {
       assigned[id] = m.steps;
+      done[id] = m.steps_left_at; // what it said, or the shards took of it
+    }
   for (const auto& w : stats.workers)
-    done[w.worker_id] = w.steps;
+    done[w.worker_id] = std::max(done[w.worker_id], w.steps);
   return steps_left(assigned, done);
 }
 
@@ -314,8 +323,16 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
                                                : " left";
       form_ring(self, generation, "worker " + std::to_string(id) + how);
     }
-  broadcast(self, m, [=](bool) { check_done(self); });
-  hand_over(self, id);
+  // A lockstep member's last step counts when its push reached the shards before it was
+  // lost (the profiler hears of a step only after its pull): the shards say how many of its
+  // pushes they took, and its share is handed over once they have.
+  broadcast(self, m, [=](bool, uint64_t taken) {
+    auto& st = self->state;
+    if (auto i = st.members.find(id); i != st.members.end() && st.traits.lockstep && !st.traits.ring)
+      i->second.steps_left_at = std::max(i->second.steps_left_at, std::min(taken, i->second.steps));
+    hand_over(self, id);
+    check_done(self);
+  });
 }
 
 // Decentralized mode: the live workers form a ring in id order; each learns the ring's
@@ -646,7 +663,7 @@ caf::result<wire::assignment, std::vector<shard_actor>> on_register(scheduler_po
   wire::membership_change join;
   join.kind = wire::membership_change::join;
   join.worker_id = id;
-  broadcast(self, join, [=](bool ok) mutable {
+  broadcast(self, join, [=](bool ok, uint64_t) mutable {
     auto& st = self->state;
     if (!ok) {
       promise.deliver(
@@ -699,7 +716,7 @@ void on_shard_restored(scheduler_pointer self, uint32_t index, const shard_actor
     wire::membership_change join;
     join.kind = wire::membership_change::join;
     join.worker_id = id;
-    ask_shard(self, shard, join, [=](bool) {
+    ask_shard(self, shard, join, [=](bool, std::optional<uint64_t>) {
       if (--*pending == 0)
         tell_workers();
     });

@@ -192,11 +192,13 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
       deliver(self, std::move(out));
       return *ack;
     },
-    [=](const wire::membership_change& m) -> caf::ok_atom {
+    // Answered with the pushes of the worker this shard took (runtime/server/shard_sessions.hpp).
+    [=](const wire::membership_change& m) -> uint64_t {
       spdlog::debug("shard {}: worker {} {}", self->state.core->range().shard_id, m.worker_id,
                     m.kind == wire::membership_change::join ? "joined" : "left (" + m.reason + ")");
+      const uint64_t taken = self->state.sessions->pushes_of(m.worker_id);
       deliver(self, self->state.sessions->on_member(m));
-      return caf::ok_atom::value;
+      return taken;
     },
     [=](tune_atom, uint32_t k, bool async) { self->state.core->tune(k, async); },
     [=](checkpoint_atom, uint64_t cut, uint64_t at_version, uint64_t committed) {

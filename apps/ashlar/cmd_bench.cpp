@@ -135,7 +135,7 @@ int run_wire_peer(const wire_options& o) {
                                       opt, std::move(*policy)));
   caf::scoped_actor self{sys};
   self->request(shard, std::chrono::seconds(5), wire::membership_change{wire::membership_change::join, 0, ""})
-    .receive([](caf::ok_atom) {}, [](caf::error&) {});
+    .receive([](uint64_t) {}, [](caf::error&) {});
   auto port = (*network)->publish(sys, shard, actors::endpoint{"127.0.0.1", 0});
   if (!port)
     return 1;

@@ -35,7 +35,7 @@ struct timeline_settings {
   double metrics_every = 0;     ///< s between metrics refreshes; 0: no endpoint
   /// The longest wait between two looks at the job's figures: the divergence guard and the
   /// learning-rate schedule follow the loss and the epochs at this resolution.
-  double max_wait = 0.25;
+  double max_wait = 0.1;
   /// The shortest wait: a boundary predicted to be nearer is looked at this soon.
   double min_wait = 0.005;
 };

@@ -41,13 +41,14 @@ member_plan plan_member_changes(const std::map<uint32_t, ledger_entry>& members,
   out.handed_samples = lockstep ? owed : 0;
   // Steps members lost earlier left when nobody was live: the newcomers take them up.
   if (!newcomers.empty())
-    for (const auto& [id, m] : members)
-      if (m.left && m.failed && lost.count(id) == 0 && m.part.steps > done_of(id)) {
-        owed += static_cast<uint64_t>(
-          std::ceil(static_cast<double>(m.part.steps - done_of(id)) * step_samples(m.part)));
-        out.lost_steps[id] = done_of(id);
+    for (const auto& [id, m] : members) {
+      const uint64_t d = std::max(m.steps_left_at, done_of(id)); // what it said, or the shards did
+      if (m.left && m.failed && lost.count(id) == 0 && m.part.steps > d) {
+        owed += static_cast<uint64_t>(std::ceil(static_cast<double>(m.part.steps - d) * step_samples(m.part)));
+        out.lost_steps[id] = d;
         ++out.taken_up;
       }
+    }
   if (owed == 0 && newcomers.empty()) { // members that finished their steps: nothing to move
     out.live = 0;
     return out;

@@ -200,6 +200,8 @@ expected<wire::push_ack> shard_sessions::on_push(const wire::push& msg, outcome&
   ack.outcome = pushed->kind == push_decision::apply    ? wire::push_ack::applied
                 : pushed->kind == push_decision::buffer ? wire::push_ack::buffered
                                                         : wire::push_ack::dropped;
+  if (complete && ack.outcome != wire::push_ack::dropped)
+    ++taken_[msg.worker_id];
   return ack;
 }
 

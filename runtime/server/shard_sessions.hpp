@@ -52,6 +52,13 @@ public:
   /// A worker joined or left: a leaving one's reads and view are dropped, and what its
   /// leaving released is returned.
   outcome on_member(const wire::membership_change& m);
+  /// The pushes of `worker` this shard took into a version or a round (not dropped), whole:
+  /// under a lockstep policy, the steps of it that count, its last one included when it
+  /// pushed before it was lost (the scheduler hands over only what is left after them).
+  uint64_t pushes_of(uint32_t worker) const {
+    auto i = taken_.find(worker);
+    return i == taken_.end() ? 0 : i->second;
+  }
 
   /// The policy changed (a wider staleness bound): the held reads it now lets go.
   outcome release();
@@ -106,6 +113,7 @@ private:
   std::vector<float> dense_;              // a sparse push, densified
   std::map<uint32_t, pull_view> views_;   // delta reads: by worker, members only
   std::set<uint32_t> members_;            // workers the scheduler announced (join, not yet left)
+  std::map<uint32_t, uint64_t> taken_;    // whole pushes taken (applied or buffered), by worker
   uint64_t next_view_seq_ = 1;
   topk_scratch topk_;                     // delta reads: selection scratch
   std::vector<float> diff_, values_;      //   the difference from the view, the values sent

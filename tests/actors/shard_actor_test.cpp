@@ -47,7 +47,7 @@ struct fixture {
 
   void join(const shard_actor& s, uint32_t w) {
     wire::membership_change m{wire::membership_change::join, w, ""};
-    self->request(s, 5s, m).receive([](caf::ok_atom) {}, [](caf::error& e) { FAIL(describe(e)); });
+    self->request(s, 5s, m).receive([](uint64_t) {}, [](caf::error& e) { FAIL(describe(e)); });
   }
 
   wire::push_ack push(const shard_actor& s, uint32_t w, uint64_t base, std::vector<float> g) {
@@ -108,7 +108,7 @@ TEST_CASE("a worker leaving a BSP shard releases the others' held reads") {
   f.push(s, 0, 0, {1});
   f.self->send(s, wire::pull_request{0, 0, false});
   wire::membership_change leave{wire::membership_change::leave, 1, "done"};
-  f.self->request(s, 5s, leave).receive([](caf::ok_atom) {}, [](caf::error& e) { FAIL(describe(e)); });
+  f.self->request(s, 5s, leave).receive([](uint64_t) {}, [](caf::error& e) { FAIL(describe(e)); });
   wire::pull_reply reply;
   f.self->receive([&](const wire::pull_reply& r) { reply = r; }, caf::after(5s) >> [] { FAIL("no reply"); });
   CHECK(reply.version == 1);
@@ -242,7 +242,7 @@ TEST_CASE("a shard answers a worker it keeps a view of with delta reads, and a s
   CHECK(again.params.to_vector() == std::vector<float>{0, 0, 3.0f, 0, 0, 0, -0.5f, 0, 0, -1.0f});
   // A worker that leaves and joins again starts over too.
   wire::membership_change leave{wire::membership_change::leave, 0, "test"};
-  f.self->request(s, 5s, leave).receive([](caf::ok_atom) {}, [](caf::error& e) { FAIL(describe(e)); });
+  f.self->request(s, 5s, leave).receive([](uint64_t) {}, [](caf::error& e) { FAIL(describe(e)); });
   f.join(s, 0);
   CHECK_FALSE(pull(again.view_seq).sparse);
   f.self->send_exit(s, caf::exit_reason::user_shutdown);

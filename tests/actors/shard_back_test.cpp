@@ -79,7 +79,7 @@ shard_actor silent_shard(caf::actor_system& sys) {
     return {
       [self](const wire::pull_request&) { return self->make_response_promise<wire::pull_reply>(); },
       [self](const wire::push&) { return self->make_response_promise<wire::push_ack>(); },
-      [self](const wire::membership_change&) { return self->make_response_promise<caf::ok_atom>(); },
+      [self](const wire::membership_change&) { return self->make_response_promise<uint64_t>(); },
       [self](status_atom) { return self->make_response_promise<wire::shard_status>(); },
       [](tune_atom, uint32_t, bool) {},
       [](bound_atom, uint64_t, float) {},

@@ -72,7 +72,7 @@ struct fixture {
   caf::error join(const shard_actor& s, uint32_t w) {
     caf::error err;
     self->request(s, 5s, wire::membership_change{wire::membership_change::join, w, ""})
-      .receive([](caf::ok_atom) {}, [&](caf::error& e) { err = e; });
+      .receive([](uint64_t) {}, [&](caf::error& e) { err = e; });
     return err;
   }
 

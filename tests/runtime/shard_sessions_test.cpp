@@ -173,3 +173,32 @@ TEST_CASE("a member's delta read follows its view, a leaving worker's view goes,
   s.sessions.on_member(leave);
   CHECK(s.sessions.views() == 0);
 }
+
+// A lockstep worker lost while it waits for its round has pushed that round's step: the
+// shard counts it (the scheduler hands over what is left after it), a dropped push does not.
+TEST_CASE("the shard counts each worker's whole pushes it took, its last round's buffered one included") {
+  bsp_shard s{2};
+  shard_sessions::outcome out;
+  REQUIRE(s.sessions.on_push(bsp_shard::push_of(0, {1, 1}), out));
+  REQUIRE(s.sessions.on_push(bsp_shard::push_of(1, {1, 1}), out)); // round 1 applied
+  auto round2 = [](uint32_t w) {
+    auto p = bsp_shard::push_of(w, {1, 1});
+    p.base_version = 1;
+    return p;
+  };
+  REQUIRE(s.sessions.on_push(round2(0), out)); // round 2: buffered
+  CHECK(s.sessions.pushes_of(0) == 2);
+  CHECK(s.sessions.pushes_of(1) == 1);
+  auto dropped = s.sessions.on_push(round2(0), out); // a second push in one round: dropped
+  REQUIRE(dropped);
+  CHECK(dropped->outcome == wire::push_ack::dropped);
+  CHECK(s.sessions.pushes_of(0) == 2);
+  CHECK(s.sessions.pushes_of(7) == 0); // a worker it never heard from
+  wire::membership_change lost;
+  lost.kind = wire::membership_change::fail;
+  lost.worker_id = 0;
+  s.sessions.on_member(lost);
+  CHECK(s.core.version() == 1); // worker 1 has not pushed round 2: it waits for it
+  REQUIRE(s.sessions.on_push(round2(1), out));
+  CHECK(s.core.version() == 2); // the lost worker's buffered push is in the round
+}

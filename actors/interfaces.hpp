@@ -40,6 +40,9 @@ using wait_atom = caf::atom_constant<caf::atom("wait")>;
 using replan_atom = caf::atom_constant<caf::atom("replan")>;
 /// The scheduler's liveness ping of a node (runtime/control/node_watch.hpp).
 using ping_atom = caf::atom_constant<caf::atom("ping")>;
+/// A node got its welcome (its id): the scheduler starts workers on it and counts its slots
+/// from then on.
+using welcomed_atom = caf::atom_constant<caf::atom("welcomed")>;
 
 /// One server shard: serves pulls (held back while its policy says wait), takes pushes,
 /// follows membership changes (answering with the pushes of that worker it took: a lost
@@ -179,7 +182,9 @@ using cluster_actor = caf::typed_actor<
   caf::reacts_to<caf::publish_atom, std::string>,
   caf::reacts_to<job_atom>,
   caf::reacts_to<shard_atom>,  // (to itself) re-host the running job's lost shards
-  caf::reacts_to<ping_atom>>;  // (to itself) ping the live nodes, lose the silent ones
+  caf::reacts_to<ping_atom>,   // (to itself) ping the live nodes, lose the silent ones
+  caf::reacts_to<welcomed_atom, uint32_t>, // a node confirms its welcome (its id)
+  caf::reacts_to<wait_atom, uint32_t>>;    // (to itself) a node's time to confirm is over
 
 /// Registers every Ashlar message type with `cfg` under names shared by all nodes.
 void register_types(caf::actor_system_config& cfg);

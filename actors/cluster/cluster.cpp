@@ -30,7 +30,15 @@ using namespace std::chrono_literals;
 struct node_entry {
   wire::node_info info;
   node_actor handle;
+  // The node confirmed its welcome: only then does it get workers and shards. (A welcome
+  // can miss its node: one killed before it arrived is otherwise counted live, holding its
+  // workers in every round, while its loss is never reported.)
+  bool confirmed = false;
+  int32_t replace_shard = -1; // the shard its hello asked to serve again, once confirmed
 };
+
+/// How long a node that was welcomed has to confirm it before it is lost.
+constexpr auto confirm_within = std::chrono::seconds(15);
 
 struct cluster_state {
   static constexpr const char* name = "ashlar.cluster";
@@ -83,6 +91,9 @@ void add_worker_on(cluster_pointer self, uint32_t node_id) {
 // Starts on node `node_id` the workers the running job may still take there (its free
 // slots, up to train.max_workers: control::cluster_membership::to_start_on).
 void start_workers_on(cluster_pointer self, uint32_t node_id) {
+  auto n = self->state.nodes.find(node_id);
+  if (n == self->state.nodes.end() || !n->second.confirmed)
+    return;
   const uint32_t k = self->state.job_running ? self->state.members.to_start_on(node_id) : 0;
   if (k > 0)
     spdlog::info("cluster: node {} starts {} worker(s) for the job", node_id, k);
@@ -309,7 +320,7 @@ void rehost_lost(cluster_pointer self) {
     return;
   uint32_t target = 0;
   for (const auto& [id, n] : st.nodes)
-    if (n.info.alive && has_role(n.info.roles, wire::role::server))
+    if (n.info.alive && n.confirmed && has_role(n.info.roles, wire::role::server))
       target = id;
   if (target == 0) { // the next server node to join takes them
     for (auto s : st.lost_shards)
@@ -421,6 +432,7 @@ caf::result<wire::welcome> on_hello(cluster_pointer self, const wire::hello& h, 
   e.info.roles = h.roles;
   e.info.slots = admitted.slots;
   e.handle = node;
+  e.replace_shard = h.replace_shard;
   st.nodes[id] = e;
   self->monitor(node);
   st.watch.watch(id);
@@ -430,18 +442,34 @@ caf::result<wire::welcome> on_hello(cluster_pointer self, const wire::hello& h, 
   }
   spdlog::info("cluster: node {} ({}) joined with roles {}, {} worker slots{}", id, h.node, to_string(h.roles),
                e.info.slots, admitted.note.empty() ? std::string{} : " (" + admitted.note + ")");
-  // A node joining the running job starts workers in its free slots, up to the job's
-  // bound (train.max_workers).
+  // It serves once it confirms its welcome (on_welcomed).
+  self->delayed_send(self, confirm_within, wait_atom::value, id);
+  return wire::welcome{id, st.cfg.address};
+}
+
+// Node `id` confirmed its welcome: a node joining the running job starts workers in its
+// free slots, up to the job's bound (train.max_workers); a server node serves the shard it
+// asked for, or the job's lost ones, from their checkpoints.
+void on_welcomed(cluster_pointer self, uint32_t id) {
+  auto& st = self->state;
+  auto i = st.nodes.find(id);
+  if (i == st.nodes.end() || !i->second.info.alive || i->second.confirmed)
+    return;
+  i->second.confirmed = true;
   start_workers_on(self, id);
   capacity_changed(self);
-  if (h.replace_shard >= 0) {
-    rehost_shard(self, id, static_cast<uint32_t>(h.replace_shard));
-  } else if (has_role(h.roles, wire::role::server)) {
-    // A server node joining a job that lost shards serves them again, from their
-    // checkpoints.
+  if (i->second.replace_shard >= 0)
+    rehost_shard(self, id, static_cast<uint32_t>(i->second.replace_shard));
+  else if (has_role(i->second.info.roles, wire::role::server))
     rehost_lost(self);
-  }
-  return wire::welcome{id, st.cfg.address};
+}
+
+// Node `id`'s time to confirm its welcome is over: one that did not is lost.
+void on_confirm_due(cluster_pointer self, uint32_t id) {
+  auto i = self->state.nodes.find(id);
+  if (i != self->state.nodes.end() && i->second.info.alive && !i->second.confirmed)
+    lose_node(self, id, "it did not confirm its welcome within " + std::to_string(confirm_within.count())
+                          + " s (it never got it, or died first)");
 }
 
 // The cluster's nodes, and while a job runs, its statistics and each shard's status.
@@ -494,7 +522,7 @@ caf::result<std::string> on_ctl(cluster_pointer self, const wire::ctl_request& r
       auto plan = std::make_shared<placement>();
       plan->want = std::max<uint32_t>(1, req.count);
       for (const auto& [id, n] : st.nodes)
-        if (n.info.alive && n.info.slots > 0)
+        if (n.info.alive && n.confirmed && n.info.slots > 0)
           plan->nodes.push_back(id);
       plan->promise = self->make_response_promise<std::string>();
       place_next(self, plan);
@@ -620,7 +648,7 @@ caf::result<wire::cluster_status, std::vector<node_actor>> live_nodes(const clus
   wire::cluster_status live;
   std::vector<node_actor> handles;
   for (const auto& [id, n] : st.nodes)
-    if (n.info.alive) {
+    if (n.info.alive && n.confirmed) {
       live.nodes.push_back(n.info);
       handles.push_back(n.handle);
     }
@@ -671,6 +699,8 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
   return {
     [=](ping_atom) { ping_nodes(self); },
+    [=](welcomed_atom, uint32_t id) { on_welcomed(self, id); },
+    [=](wait_atom, uint32_t id) { on_confirm_due(self, id); },
     [=](const wire::hello& h, const node_actor& node) -> caf::result<wire::welcome> {
       return on_hello(self, h, node);
     },

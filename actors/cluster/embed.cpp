@@ -31,6 +31,8 @@ expected<membership> introduce(caf::actor_system& sys, const cluster_actor& clus
   self->request(cluster, wait, h, node)
     .receive([&](const wire::welcome& w) { m.node_id = w.node_id; },
              [&](caf::error& err) { refused = std::move(err); });
+  if (!refused) // the scheduler counts the node's slots once it knows the welcome arrived
+    self->send(cluster, welcomed_atom::value, m.node_id);
   if (refused == caf::sec::request_timeout)
     return make_error(errc::peer_unreachable, "the scheduler did not answer this node's hello within "
                                                 + std::to_string(wait.count() / 1000) + " s");

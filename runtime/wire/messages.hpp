@@ -100,7 +100,8 @@ private:
 /// Protocol version of these messages; bumped on any incompatible change.
 constexpr uint32_t protocol_version = 6; // 3: delta reads, stage_atom with the pull ratio; 4: models as layer lists;
                                          // 5: nodes answer the scheduler's liveness ping; 6: a shard answers a
-                                         // membership change with the pushes of the worker it took
+                                         // membership change with the pushes of the worker it took, a node
+                                         // confirms its welcome
 
 /// Worker id meaning "any": the scheduler picks one.
 constexpr uint32_t any_worker = 0xFFFFFFFFu;

@@ -34,7 +34,7 @@ struct node_entry {
   // can miss its node: one killed before it arrived is otherwise counted live, holding its
   // workers in every round, while its loss is never reported.)
   bool confirmed = false;
-  int32_t replace_shard = -1; // the shard its hello asked to serve again, once confirmed
+  int64_t replace_shard = -1; // the shard its hello asked to serve again, once confirmed
 };
 
 /// How long a node that was welcomed has to confirm it before it is lost.
@@ -387,26 +387,10 @@ void place_next(cluster_pointer self, std::shared_ptr<placement> plan) {
       });
 }
 
-
 void lose_node(cluster_pointer self, uint32_t id, const std::string& why);
 
-// A live node's process whose id (its CAF node id: host and process id) a joining node now
-// has must have exited: a process id is reused only once its process is gone. Its loss may
-// not have been reported (a process killed while the transport set its connection up), and
-// the transport would route the newcomer's messages to the old connection: the old entry is
-// lost now, so that its workers are handed over rather than held in every round.
-void forget_reused_process(cluster_pointer self, const wire::hello& h, const node_actor& node) {
-  std::vector<uint32_t> stale;
-  for (const auto& [id, n] : self->state.nodes)
-    if (n.info.alive && n.handle && n.handle.node() == node.node())
-      stale.push_back(id);
-  for (auto id : stale)
-    lose_node(self, id, "node " + h.node + " joined from the same process id (" + to_string(node.node())
-                          + "): this one's process has exited");
-}
-
-// A node says hello: admitted if it speaks this protocol; a worker node joining a running
-// job starts workers in its slots, a server node may serve a lost shard again.
+// A node says hello: admitted if it speaks this protocol and its slots are within the
+// cluster's bound; it serves once it confirms the welcome (on_welcomed).
 caf::result<wire::welcome> on_hello(cluster_pointer self, const wire::hello& h, const node_actor& node) {
   auto& st = self->state;
   if (h.protocol != wire::protocol_version) {
@@ -417,7 +401,6 @@ caf::result<wire::welcome> on_hello(cluster_pointer self, const wire::hello& h, 
                         + std::to_string(wire::protocol_version) + ", this node speaks "
                         + std::to_string(h.protocol));
   }
-  forget_reused_process(self, h, node);
   const uint32_t id = st.next_node;
   const auto admitted = st.members.on_join(id, has_role(h.roles, wire::role::server),
                                            has_role(h.roles, wire::role::worker) ? h.slots : 0);

@@ -2,6 +2,8 @@
 
 #include "runtime/net/admitter.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <deque>
 #include <list>
 #include <map>
@@ -20,6 +22,7 @@
 #include <openssl/ssl.h>
 #include <poll.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 namespace ashlar::actors {
@@ -33,6 +36,42 @@ using caf::io::network::rw_state;
 void set_nodelay(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+// CAF names a connection by its socket's number, and BASP cleans a closed connection's
+// state up after the socket is closed. A connection accepted in between could get the same
+// number (the kernel hands out the lowest free one) and be taken for the closed one: its
+// route erased with the old one's, its welcome sent nowhere, its own death never reported.
+// (The storm bench lost welcomes that way while the scheduler took in the losses of nodes
+// killed a moment before.) Each connection is moved to a number that cycles through the
+// descriptor range instead, so that a number comes back only after thousands of others.
+int fresh_number(int fd) {
+  static std::atomic<uint32_t> next{0};
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0)
+    return fd;
+  const int lo = 256;
+  const int hi = static_cast<int>(std::min<rlim_t>(rl.rlim_cur, rlim_t{1} << 16)) - 64;
+  if (hi - lo < 64)
+    return fd;
+  const int floor = lo + static_cast<int>(next.fetch_add(1) % static_cast<uint32_t>(hi - lo));
+  int moved = ::fcntl(fd, F_DUPFD_CLOEXEC, floor);
+  if (moved < 0)
+    moved = ::fcntl(fd, F_DUPFD_CLOEXEC, lo); // the numbers above are taken: any above lo
+  if (moved < 0)
+    return fd;
+  ::close(fd);
+  return moved;
+}
+
+// A node holds a connection per peer and a data connection per worker and shard: the soft
+// limit on descriptors (often 1,024) is raised to the hard one.
+void raise_descriptor_limit() {
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = std::min<rlim_t>(rl.rlim_max, rlim_t{1} << 20);
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
 }
 
 // Reads and writes an admitted connection, plain or through TLS, and checks each BASP
@@ -123,7 +162,7 @@ public:
   bool new_connection() override {
     if (detached())
       return false;
-    int fd = acceptor_.accepted_socket();
+    int fd = fresh_number(acceptor_.accepted_socket());
     set_nodelay(fd);
     caf::intrusive_ptr<admitting_doorman> door{this};
     bool taken = gk_->admit(fd, [door](net::admitter::admitted a) {
@@ -172,6 +211,7 @@ protected:
     auto fd = caf::io::network::new_tcp_connection(host, port);
     if (!fd)
       return make_error(errc::peer_unreachable, "cannot connect to " + where + ": " + system().render(fd.error()));
+    *fd = fresh_number(*fd);
     caf::io::network::nonblocking(*fd, true);
     set_nodelay(*fd);
     net::handshake hs{*fd, false, sec};
@@ -220,6 +260,7 @@ cluster_network::~cluster_network() {
 }
 
 expected<std::shared_ptr<cluster_network>> cluster_network::start(caf::actor_system& sys, net::net_security sec) {
+  raise_descriptor_limit();
   auto p = std::make_unique<impl>();
   p->sys = &sys;
   p->gk = std::make_shared<net::admitter>(std::move(sec), "network");

@@ -13,6 +13,7 @@
 
 #include <caf/scheduler/test_coordinator.hpp>
 
+#include "actors/cluster/cluster.hpp"
 #include "actors/interfaces.hpp"
 #include "actors/scheduler.hpp"
 #include "actors/server_shard.hpp"
@@ -650,4 +651,78 @@ TEST_CASE("protocol: a worker whose shard is lost mid-step waits for its replace
     caf::anon_send_exit(s, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(wc.scheduler, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(wc.profiler, caf::exit_reason::user_shutdown);
+}
+
+namespace {
+
+// A node actor that answers the scheduler's pings and counts the workers it is asked for.
+node_actor counting_node(caf::actor_system& sys, std::shared_ptr<int> asked) {
+  return sys.spawn([asked](node_actor::pointer) -> node_actor::behavior_type {
+    return {
+      [](const wire::spawn_shard&) -> caf::result<shard_actor, std::string> {
+        return make_error(errc::invalid_state, "no shards here");
+      },
+      [asked](const wire::spawn_worker&, const scheduler_actor&, const profiler_actor&) -> caf::result<worker_actor> {
+        ++*asked;
+        return make_error(errc::invalid_state, "no workers here");
+      },
+      [](const wire::ctl_request&) {},
+      [](stop_atom) -> uint32_t { return 0; },
+      [](ping_atom) -> caf::ok_atom { return caf::ok_atom::value; },
+    };
+  });
+}
+
+}  // namespace
+
+// A welcome can miss its node (seen under a storm of joins and losses), and a node killed
+// before it arrived was never reported lost: the cluster offers a node to a job only once
+// it confirmed its welcome, and loses one that has not within 15 s.
+TEST_CASE("protocol: a node is offered to jobs once it confirms its welcome, and lost if it never does") {
+  stepped t;
+  auto cluster = spawn_cluster(t.sys, cluster_config{"127.0.0.1:7400", {}});
+  auto asked = std::make_shared<int>(0);
+  auto quiet = counting_node(t.sys, asked), prompt = counting_node(t.sys, asked);
+  caf::scoped_actor a{t.sys}, b{t.sys};
+  wire::hello h;
+  h.roles = {wire::role::worker};
+  h.slots = 4;
+  h.node = "never-confirms";
+  a->send(cluster, h, quiet);
+  h.node = "confirms";
+  b->send(cluster, h, prompt);
+  t.run();
+  auto wa = take<wire::welcome>(a), wb = take<wire::welcome>(b);
+  REQUIRE(wa);
+  REQUIRE(wb);
+  auto placeable = [&] {
+    std::vector<std::string> names;
+    a->send(cluster, nodes_atom::value);
+    t.run();
+    a->receive([&](const wire::cluster_status& s, const std::vector<node_actor>&) {
+      for (const auto& n : s.nodes)
+        names.push_back(n.name);
+    }, caf::after(std::chrono::seconds(0)) >> [] {});
+    return names;
+  };
+  CHECK(placeable().empty()); // welcomed, not confirmed: no job is placed on either
+  b->send(cluster, welcomed_atom::value, wb->node_id);
+  t.run();
+  CHECK(placeable() == std::vector<std::string>{"confirms"});
+  // The confirmation deadline (15 s; the pings every 2 s come due first).
+  for (int i = 0; i < 40; ++i) {
+    t.sched.trigger_timeout();
+    t.run();
+  }
+  a->send(cluster, status_atom::value);
+  t.run();
+  auto st = take<wire::cluster_status>(a);
+  REQUIRE(st);
+  REQUIRE(st->nodes.size() == 2);
+  for (const auto& n : st->nodes)
+    CHECK(n.alive == (n.name == "confirms"));
+  CHECK(*asked == 0); // no job: nobody was asked for workers
+  caf::anon_send_exit(cluster, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(quiet, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(prompt, caf::exit_reason::user_shutdown);
 }

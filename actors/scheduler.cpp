@@ -35,6 +35,9 @@ struct member {
   bool failed = false;
   bool admitted = false; // training: it started with the job or was admitted to it
   uint64_t steps_left_at = 0; // the steps it said it trained when it left (0: it did not say)
+  uint32_t directives = 0;    // batch directives sent to it (its reports say how many it took)
+  std::vector<std::pair<uint64_t, double>> earlier; // what its steps trained before its part took effect
+  member_part part() const { return member_part{batch, data_begin, data_count, steps, earlier}; }
 };
 
 using registration = caf::typed_response_promise<wire::assignment, std::vector<shard_actor>>;
@@ -268,7 +271,7 @@ std::map<uint32_t, member_part> live_parts(const scheduler_state& st) {
   std::map<uint32_t, member_part> out;
   for (const auto& [id, m] : st.members)
     if (!m.left && m.admitted)
-      out[id] = member_part{m.batch, m.data_begin, m.data_count, m.steps};
+      out[id] = m.part();
   return out;
 }
 
@@ -448,11 +451,13 @@ void apply_plan(scheduler_pointer self, const job_plan& plan) {
     if (auto w = worker(id)) {
       self->send(*w, batch_atom::value, b.share, b.from_step, b.data_begin, b.data_count, b.steps);
       auto& m = st.members[id];
-      m.batch = b.share;
-      m.data_begin = b.data_begin;
-      m.data_count = b.data_count;
-      if (b.steps > 0)
-        m.steps = b.steps;
+      ++m.directives;
+      const auto now = after_directive(m.part(), b);
+      m.batch = now.batch;
+      m.data_begin = now.data_begin;
+      m.data_count = now.data_count;
+      m.steps = now.steps;
+      m.earlier = now.earlier;
     }
 }
 
@@ -567,11 +572,17 @@ size_t plan_membership(scheduler_pointer self, const wire::cluster_stats& stats)
     return 0;
   }
   std::map<uint32_t, uint64_t> done;
-  for (const auto& w : stats.workers)
+  for (const auto& w : stats.workers) {
     done[w.worker_id] = w.steps;
+    // A member that corrected its steps for a directive (steps_after_directive) and
+    // reported since: its own count is the ledger's.
+    auto m = st.members.find(w.worker_id);
+    if (m != st.members.end() && !m->second.left && w.steps_target > 0 && w.directives == m->second.directives)
+      m->second.steps = w.steps_target;
+  }
   std::map<uint32_t, control::ledger_entry> ledger;
   for (const auto& [id, m] : st.members)
-    ledger[id] = control::ledger_entry{member_part{m.batch, m.data_begin, m.data_count, m.steps}, m.left, m.failed,
+    ledger[id] = control::ledger_entry{m.part(), m.left, m.failed,
                                        m.admitted, m.steps_left_at};
   std::set<uint32_t> newcomers;
   for (auto& j : joins) {

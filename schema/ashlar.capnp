@@ -277,6 +277,8 @@ struct ProfileReport {
   batch @13 :UInt32;       # the batch share in force
   position @14 :DataPosition; # where the worker's data cursor stands after this step
   denseBytes @15 :UInt64;  # what the step's pulls and pushes would have moved uncompressed
+  stepsTarget @16 :UInt64; # the steps the worker trains in all, as it counts them now
+  directives @17 :UInt32;  # batch directives it has taken from the scheduler
 }
 
 # A worker's place in its part of the training set: the part, the cursor's shuffle seed,
@@ -311,6 +313,8 @@ struct WorkerStats {
   batch @18 :UInt32;              # the batch share in force
   position @19 :DataPosition;     # the data cursor, as of the last report
   denseBytes @20 :UInt64;         # what the pulls and pushes would have moved uncompressed
+  stepsTarget @21 :UInt64;        # the steps it trains in all, as of the last report
+  directives @22 :UInt32;         # batch directives it had taken then
 }
 
 struct ClusterStats {

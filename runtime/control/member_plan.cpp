@@ -7,7 +7,7 @@ namespace ashlar::control {
 
 member_plan plan_member_changes(const std::map<uint32_t, ledger_entry>& members, const std::set<uint32_t>& lost,
                                 const std::set<uint32_t>& newcomers, const std::map<uint32_t, uint64_t>& done_in,
-                                uint64_t train_size, bool lockstep, bool ring) {
+                                uint64_t train_size, bool lockstep, bool ring, uint64_t lead_steps) {
   member_plan out;
   auto done = done_in;
   for (auto id : newcomers)
@@ -34,8 +34,7 @@ member_plan plan_member_changes(const std::map<uint32_t, ledger_entry>& members,
     auto left = hand_over_left(m->second.part, m->second.steps_left_at, done_of(id), {}, train_size, false);
     if (left.finished)
       continue;
-    owed += static_cast<uint64_t>(
-      std::ceil(static_cast<double>(m->second.part.steps - left.done_steps) * step_samples(m->second.part)));
+    owed += static_cast<uint64_t>(std::ceil(samples_left(m->second.part, left.done_steps)));
     out.lost_steps[id] = left.done_steps;
   }
   out.handed_samples = lockstep ? owed : 0;
@@ -44,7 +43,7 @@ member_plan plan_member_changes(const std::map<uint32_t, ledger_entry>& members,
     for (const auto& [id, m] : members) {
       const uint64_t d = std::max(m.steps_left_at, done_of(id)); // what it said, or the shards did
       if (m.left && m.failed && lost.count(id) == 0 && m.part.steps > d) {
-        owed += static_cast<uint64_t>(std::ceil(static_cast<double>(m.part.steps - d) * step_samples(m.part)));
+        owed += static_cast<uint64_t>(std::ceil(samples_left(m.part, d)));
         out.lost_steps[id] = d;
         ++out.taken_up;
       }
@@ -54,7 +53,7 @@ member_plan plan_member_changes(const std::map<uint32_t, ledger_entry>& members,
     return out;
   }
   if (lockstep) {
-    auto h = hand_over_lockstep(live, done, owed, train_size, ring);
+    auto h = hand_over_lockstep(live, done, owed, train_size, ring, lead_steps);
     for (auto id : newcomers) {
       auto d = h.parts.find(id);
       out.newcomer_steps[id] = d == h.parts.end() ? 0 : d->second.steps;

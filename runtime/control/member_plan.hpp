@@ -42,11 +42,13 @@ struct member_plan {
 /// Plans `lost` (members that left since the last plan; those that had trained all their
 /// steps hand nothing over) and `newcomers` (admitted now, their steps to be set) over
 /// `members`, with `done` the steps each member trained as the profiler counts them.
-/// Lockstep jobs keep the samples owed, once (hand_over_lockstep; `ring`: equal steps);
+/// Lockstep jobs keep the samples owed, once (hand_over_lockstep, with `lead_steps` on a
+/// member's old part; `ring`: equal steps);
 /// others re-split the set and give a newcomer as many steps as the live member with the
 /// most left. With nobody live, lost members' steps wait for a newcomer.
 member_plan plan_member_changes(const std::map<uint32_t, ledger_entry>& members, const std::set<uint32_t>& lost,
                                 const std::set<uint32_t>& newcomers, const std::map<uint32_t, uint64_t>& done,
-                                uint64_t train_size, bool lockstep, bool ring);
+                                uint64_t train_size, bool lockstep, bool ring,
+                                uint64_t lead_steps = directive_lead);
 
 }  // namespace ashlar::control

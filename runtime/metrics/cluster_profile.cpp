@@ -69,6 +69,8 @@ void cluster_profile::observe(const wire::profile_report& r) {
   s.bytes += r.bytes;
   s.dense_bytes += r.dense_bytes;
   s.stage_changes = r.stage_changes;
+  s.steps_target = r.steps_target;
+  s.directives = r.directives;
   s.batch = r.batch;
   s.position = r.position;
   // A step that pushed (push time), or during which an overlapped commit landed (the

@@ -141,8 +141,60 @@ double step_samples(const member_part& m) {
   return static_cast<double>(m.data_count) / static_cast<double>(steps_per_pass);
 }
 
+double samples_between(const member_part& m, uint64_t a, uint64_t b) {
+  double out = 0;
+  uint64_t begin = 0;
+  for (const auto& [end, samples] : m.earlier) {
+    const uint64_t lo = std::max(a, begin), hi = std::min(b, end);
+    if (hi > lo)
+      out += static_cast<double>(hi - lo) * samples;
+    begin = std::max(begin, end);
+  }
+  const uint64_t lo = std::max(a, begin);
+  if (b > lo)
+    out += static_cast<double>(b - lo) * step_samples(m);
+  return out;
+}
+
+double samples_left(const member_part& m, uint64_t done) { return samples_between(m, done, m.steps); }
+
+member_part after_directive(const member_part& m, const batch_directive& d) {
+  member_part out = m;
+  out.earlier.clear();
+  // What its steps before d.from_step train stays as it was planned.
+  uint64_t begin = 0;
+  for (const auto& [end, samples] : m.earlier) {
+    if (begin >= d.from_step)
+      break;
+    out.earlier.emplace_back(std::min(end, d.from_step), samples);
+    begin = end;
+  }
+  const double now = step_samples(m);
+  if (begin < d.from_step) {
+    if (!out.earlier.empty() && out.earlier.back().second == now)
+      out.earlier.back().first = d.from_step;
+    else
+      out.earlier.emplace_back(d.from_step, now);
+  }
+  if (d.share > 0)
+    out.batch = d.share;
+  if (d.data_count > 0)
+    out.data_begin = d.data_begin, out.data_count = d.data_count;
+  if (d.steps > 0)
+    out.steps = d.steps;
+  return out;
+}
+
+uint64_t steps_after_directive(uint64_t steps, uint64_t from, uint64_t taken, double old_step, double new_step) {
+  if (steps == 0 || taken <= from || new_step <= 0)
+    return steps;
+  const double planned = static_cast<double>(steps > from ? steps - from : 0) * new_step;
+  const double rest = planned - static_cast<double>(taken - from) * old_step;
+  return taken + (rest > 0 ? static_cast<uint64_t>(std::llround(rest / new_step)) : 0);
+}
+
 handover hand_over_lockstep(const std::map<uint32_t, member_part>& live, const std::map<uint32_t, uint64_t>& done,
-                            uint64_t lost_owed, uint64_t train_size, bool even_rounds) {
+                            uint64_t lost_owed, uint64_t train_size, bool even_rounds, uint64_t lead_steps) {
   handover h;
   if (live.empty())
     return h;
@@ -153,12 +205,22 @@ handover hand_over_lockstep(const std::map<uint32_t, member_part>& live, const s
   };
   // Owed in samples: each live member's steps left at what a step of its part trains.
   double owed = static_cast<double>(lost_owed);
+  for (const auto& [id, m] : live)
+    owed += samples_left(m, done_of(id));
+  resplit(live, train_size, h);
+  // A member goes on with its old part for the steps a directive takes to reach it (its
+  // step in flight, and one more); its new part starts at `from` (a ring's members switch
+  // at their next step and keep equal steps, and one without a count in `done` has not
+  // started: no lead).
+  std::map<uint32_t, uint64_t> from;
   for (const auto& [id, m] : live) {
     const uint64_t d = done_of(id);
-    owed += static_cast<double>(m.steps > d ? m.steps - d : 0) * step_samples(m);
+    const bool counted = done.count(id) > 0; // not yet started: its part moves at once
+    const uint64_t lead = even_rounds || !counted ? 0 : std::min(lead_steps, m.steps > d ? m.steps - d : 0);
+    from[id] = d + lead;
+    owed -= samples_between(m, d, d + lead);
   }
-  resplit(live, train_size, h);
-  // Spread over what a step trains on each member's new part.
+  // The rest is spread over what a step trains on each member's new part.
   std::map<uint32_t, double> per_step;
   double round = 0;
   for (const auto& [id, m] : live) {
@@ -170,6 +232,7 @@ handover hand_over_lockstep(const std::map<uint32_t, member_part>& live, const s
     per_step[id] = step_samples(now);
     round += per_step[id];
   }
+  owed = std::max(0.0, owed);
   const auto base = static_cast<uint64_t>(owed / round);
   double rest = owed - static_cast<double>(base) * round;
   for (const auto& [id, m] : live) {
@@ -179,12 +242,14 @@ handover hand_over_lockstep(const std::map<uint32_t, member_part>& live, const s
       if (!even_rounds)
         rest -= per_step[id];
     }
-    const uint64_t steps = done_of(id) + rounds;
-    if (steps == m.steps)
+    const uint64_t steps = from[id] + rounds;
+    auto moved = h.parts.find(id);
+    if (steps == m.steps && moved == h.parts.end())
       continue;
     auto& dir = h.parts[id];
     if (dir.data_count == 0) // its part stays: only its steps change
       dir = batch_directive{m.batch, 0, m.data_begin, m.data_count};
+    dir.from_step = from[id];
     dir.steps = steps;
   }
   return h;

@@ -7,6 +7,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/policy/job_planner.hpp"
 #include "runtime/wire/messages.hpp"
@@ -57,11 +59,15 @@ wire::assignment make_assignment(const assignment_context& ctx, uint32_t id, uin
 uint64_t steps_left(const std::map<uint32_t, uint64_t>& assigned, const std::map<uint32_t, uint64_t>& done);
 
 /// A live member as the scheduler knows it: its batch share, its part of the training
-/// set, and the steps it was told to train.
+/// set, and the steps it was told to train. A directive moves a part from a later step,
+/// so its steps before trained earlier parts: `earlier` holds (end, samples) in order, the
+/// steps before each end (and from the one before) training `samples` each; its steps from
+/// the last end on train its part.
 struct member_part {
   uint32_t batch = 0;
   uint64_t data_begin = 0, data_count = 0;
   uint64_t steps = 0;
+  std::vector<std::pair<uint64_t, double>> earlier;
 };
 
 /// How the training set is covered again after a membership change: every live member's
@@ -87,18 +93,47 @@ handover hand_over_lost(const member_part& lost, uint64_t done_steps, const std:
 /// pass is smaller): data_count / ceil(data_count / batch). With no part: the batch.
 double step_samples(const member_part& m);
 
+/// The samples a member's steps [a, b) train: on its earlier parts, then step_samples of
+/// its part.
+double samples_between(const member_part& m, uint64_t a, uint64_t b);
+
+/// The samples a member with `done` steps taken still trains: samples_between(done, steps).
+double samples_left(const member_part& m, uint64_t done);
+
+/// The member as the ledger keeps it once `d` is sent: its part (if moved) and batch share
+/// from d.from_step (what its steps before train kept in `earlier`), its steps (if given).
+member_part after_directive(const member_part& m, const batch_directive& d);
+
+/// Steps a lockstep member takes on its old part while a directive of a membership change
+/// reaches it: the one in flight as the plan is made (the profiler counts it when it ends),
+/// and one more for the messages. The directive moves its part from that step on.
+constexpr uint64_t directive_lead = 2;
+
+/// The steps a lockstep member trains in all under a directive whose new part starts at
+/// step `from` (its from_step), received after it had already taken `taken` steps: the
+/// steps past `from` trained its old part (`old_step` samples each, step_samples of it),
+/// where the plan counted steps of `new_step` samples. The member trains the plan's
+/// samples from `from` on, less what those steps trained: `taken` plus the rest in steps
+/// of `new_step`, to the nearest step. A directive without steps (0), or one that came in
+/// time, is taken as it is.
+uint64_t steps_after_directive(uint64_t steps, uint64_t from, uint64_t taken, double old_step, double new_step);
+
 /// Lockstep members lost: what they left untrained (`lost_owed` samples, counted once by
 /// the caller from each lost member's steps left times step_samples of its part) and what
 /// the `live` members still owe (each one's steps left, from `done`, times step_samples)
 /// are trained once over the live members' steps. The set is re-split over the live members
-/// as in hand_over_lost, and a round is what their steps train on their new parts. The
-/// owed samples are conserved whatever the order and number of losses: every live member
-/// gets floor(owed / a round) more steps and, with `even_rounds` (a ring, whose members
-/// must take the same steps), one more each while any remain; otherwise one more only for
-/// the first members in id order until the remainder is covered, so a job never trains
-/// more than one batch past what it owes.
+/// as in hand_over_lost; each member trains `directive_lead` more steps on its old part
+/// (fewer if it has fewer left; none in a ring, or if `done` has no count of it), and its
+/// new part from there (the
+/// directive's from_step), a round being what the members' steps train on their new
+/// parts. The owed samples are conserved whatever the order and number of losses: every
+/// live member gets floor(owed / a round) more steps and, with `even_rounds` (a ring, whose
+/// members must take the same steps), one more each while any remain; otherwise one more
+/// only for the first members in id order until the remainder is covered, so a job never
+/// trains more than one batch past what it owes.
 handover hand_over_lockstep(const std::map<uint32_t, member_part>& live, const std::map<uint32_t, uint64_t>& done,
-                            uint64_t lost_owed, uint64_t train_size, bool even_rounds);
+                            uint64_t lost_owed, uint64_t train_size, bool even_rounds,
+                            uint64_t lead_steps = directive_lead);
 
 /// A member that left (lost, removed, or done): how many of its `left.steps` it trained,
 /// and what the live members take over. The steps done are what it said when it left

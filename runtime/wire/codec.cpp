@@ -524,6 +524,8 @@ void fill(schema::ClusterStats::Builder b, const cluster_stats& x) {
     o.setBatch(w.batch);
     fill(o.initPosition(), w.position);
     o.setDenseBytes(w.dense_bytes);
+    o.setStepsTarget(w.steps_target);
+    o.setDirectives(w.directives);
   }
   b.setTotalSamples(x.total_samples);
   b.setElapsedSeconds(x.elapsed_seconds);
@@ -555,6 +557,8 @@ void read(schema::ClusterStats::Reader r, cluster_stats& out) {
     s.batch = w.getBatch();
     s.position = read(w.getPosition());
     s.dense_bytes = w.getDenseBytes();
+    s.steps_target = w.getStepsTarget();
+    s.directives = w.getDirectives();
     out.workers.push_back(s);
   }
   out.total_samples = r.getTotalSamples();
@@ -613,6 +617,8 @@ words encode(const profile_report& x) {
   b.setBatch(x.batch);
   fill(b.initPosition(), x.position);
   b.setDenseBytes(x.dense_bytes);
+  b.setStepsTarget(x.steps_target);
+  b.setDirectives(x.directives);
   return to_words(mb);
 }
 
@@ -634,6 +640,8 @@ caf::error decode(const uint64_t* d, size_t n, profile_report& out) {
     out.batch = r.getBatch();
     out.position = read(r.getPosition());
     out.dense_bytes = r.getDenseBytes();
+    out.steps_target = r.getStepsTarget();
+    out.directives = r.getDirectives();
     return caf::error{};
   });
 }

@@ -98,10 +98,11 @@ private:
 
 
 /// Protocol version of these messages; bumped on any incompatible change.
-constexpr uint32_t protocol_version = 6; // 3: delta reads, stage_atom with the pull ratio; 4: models as layer lists;
+constexpr uint32_t protocol_version = 7; // 3: delta reads, stage_atom with the pull ratio; 4: models as layer lists;
                                          // 5: nodes answer the scheduler's liveness ping; 6: a shard answers a
                                          // membership change with the pushes of the worker it took, a node
-                                         // confirms its welcome
+                                         // confirms its welcome; 7: a membership directive's from_step is
+                                         // the step it was planned from, reports carry the worker's steps
 
 /// Worker id meaning "any": the scheduler picks one.
 constexpr uint32_t any_worker = 0xFFFFFFFFu;
@@ -327,6 +328,8 @@ struct profile_report {
   uint64_t wait_ns = 0;
   uint64_t bytes = 0; // tensor bytes pulled and pushed in this step
   uint32_t stage_changes = 0; // behaviour changes (stage switches) so far
+  uint64_t steps_target = 0;  // the steps the worker trains in all, as it counts them now
+  uint32_t directives = 0;    // batch directives it has taken from the scheduler
   uint64_t start_ns = 0;          // when the step began (wall clock, ns since the Unix epoch)
   uint64_t compute_offset_ns = 0; // the computation began this long after start_ns
   uint64_t staleness = 0;         // largest staleness the shards reported for the push
@@ -350,6 +353,8 @@ struct worker_stats {
   uint64_t bytes = 0;
   double compute_per_sample = 0; // smoothed compute seconds per sample
   uint32_t stage_changes = 0;
+  uint64_t steps_target = 0;        // the steps it trains in all, as of the last report
+  uint32_t directives = 0;          // batch directives it had taken then
   double staleness = 0;             // smoothed staleness of the worker's pushes
   double predicted_speed = 0;       // compute samples/s predicted for the next window (GRU)
   double observed_speed = 0;        // compute samples/s over the last window

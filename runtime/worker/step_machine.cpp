@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "runtime/optim/local_steps.hpp"
+#include "runtime/policy/assignment.hpp"
 #include "runtime/optim/sgd.hpp"
 
 namespace ashlar {
@@ -182,16 +183,28 @@ void step_machine::on_stop() {
 
 void step_machine::on_batch(uint32_t batch, uint64_t from_step, uint64_t data_begin, uint64_t data_count,
                             uint64_t steps) {
+  ++directives_;
   if (batch == 0)
     return;
+  // A membership change: the new part from step `from_step`, or at once if this worker
+  // took more steps meanwhile, corrected for them (a ring keeps its members' steps equal,
+  // as planned, and switches at its next step).
+  const uint64_t taken = step_ + (in_step_ ? 1 : 0);
+  if (steps > 0 && mode_ != step_mode::ring) {
+    const double old_step = step_samples(member_part{job_.batch_size, job_.data_begin, job_.data_count, 0});
+    const double new_step = step_samples(member_part{batch, data_begin, data_count, 0});
+    steps = steps_after_directive(steps, from_step, taken, old_step, new_step);
+  }
   if (steps > 0 && steps != job_.steps) {
-    spdlog::info("worker {}: trains {} steps in all (was {}): a lost member's share handed over", job_.worker_id,
+    spdlog::info("worker {}: trains {} steps in all (was {}): the job's membership changed", job_.worker_id,
                  steps, job_.steps);
     job_.steps = steps;
   }
-  next_batch_ = batch;
-  next_batch_from_ = from_step;
-  next_data_ = {data_begin, data_count};
+  // This part replaces those planned from its step on.
+  const uint64_t from = steps > 0 && (mode_ == step_mode::ring || taken > from_step) ? 0 : from_step;
+  while (!next_parts_.empty() && next_parts_.back().from >= from)
+    next_parts_.pop_back();
+  next_parts_.push_back(part_change{from, batch, data_begin, data_count});
 }
 
 void step_machine::on_local_steps(uint32_t h) {
@@ -220,8 +233,7 @@ void step_machine::on_stage(const std::string& stage, uint32_t h, float lr_scale
   switch_mode(next);
 }
 
-caf::error step_machine::take_data_part() {
-  auto [begin, count] = next_data_;
+caf::error step_machine::take_data_part(uint64_t begin, uint64_t count) {
   if (count == 0 || (begin == job_.data_begin && count == job_.data_count))
     return caf::none;
   if (begin + count > data_.n)

@@ -262,7 +262,7 @@ private:
   bool begin_commit();
   void end_local_step();
   void commit_landed();
-  caf::error take_data_part();
+  caf::error take_data_part(uint64_t begin, uint64_t count);
 
   void ring_begin();
   void ring_start(std::vector<float> values);
@@ -315,12 +315,18 @@ private:
   uint32_t local_done_ = 0;
   std::vector<float> acc_;
   uint32_t acc_samples_ = 0;
-  uint32_t next_batch_ = 0; // allocation: batch size from step next_batch_from_ on
-  uint64_t next_batch_from_ = 0;
-  std::pair<uint64_t, uint64_t> next_data_; // and the part of the training set (begin, count)
+  // Batch shares and parts of the training set the scheduler moved, each from a step on,
+  // in order of that step.
+  struct part_change {
+    uint64_t from = 0;
+    uint32_t batch = 0;
+    uint64_t begin = 0, count = 0;
+  };
+  std::deque<part_change> next_parts_;
   uint32_t push_samples_ = 0; // the batch weight of the gradient pushed
   std::string stage_;          // the stage in force (ASHL), "" if the policy has none
   uint32_t stage_changes_ = 0;
+  uint32_t directives_ = 0; // batch directives taken (reported, so the scheduler knows which its ledger matches)
   float local_lr_scale_ = 1.0f;    // the stage's learning-rate factor for local steps
   float schedule_lr_scale_ = 1.0f; // the learning-rate schedule's factor
   // Ring: place on the ring, the all-reduce in progress, chunks that came early.

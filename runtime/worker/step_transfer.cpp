@@ -45,10 +45,9 @@ void step_machine::on_step() {
   }
   last_follows_ = false;
   step_begin_wall_ = static_cast<uint64_t>(clock_.wall_ns());
-  if (next_batch_ > 0 && step_ >= next_batch_from_) {
-    job_.batch_size = next_batch_;
-    next_batch_ = 0;
-    if (auto err = take_data_part())
+  for (; !next_parts_.empty() && next_parts_.front().from <= step_; next_parts_.pop_front()) {
+    job_.batch_size = next_parts_.front().batch;
+    if (auto err = take_data_part(next_parts_.front().begin, next_parts_.front().count))
       return fail(describe(err));
   }
   in_step_ = true;
@@ -408,6 +407,8 @@ void step_machine::report_step(uint64_t push_ns) {
   rep.bytes = step_bytes_;
   rep.dense_bytes = step_dense_;
   rep.stage_changes = stage_changes_;
+  rep.steps_target = job_.steps;
+  rep.directives = directives_;
   rep.start_ns = step_begin_wall_;
   rep.compute_offset_ns = compute_offset_ns_;
   rep.staleness = step_staleness_;

@@ -103,10 +103,14 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   CHECK(pr2.loss == 0.5);
   pr.start_ns = 1'700'000'000'000'000'000;
   pr.compute_offset_ns = 12345;
+  pr.steps_target = 77;
+  pr.directives = 3;
   pr.staleness = 6;
   REQUIRE_FALSE(decode(encode(pr), pr2));
   CHECK(pr2.start_ns == pr.start_ns);
   CHECK(pr2.compute_offset_ns == 12345);
+  CHECK(pr2.steps_target == 77);
+  CHECK(pr2.directives == 3);
   CHECK(pr2.staleness == 6);
   pr.batch = 96;
   pr.position = {1000, 5000, 77, 3, 640};

@@ -132,6 +132,50 @@ TEST_CASE("a node joining a running job starts workers up to the job's bound, at
   CHECK(m.to_start_on(5) == 0);
 }
 
+namespace {
+
+// What a lockstep member trains from step `done` on under its directive (if any): its old
+// part up to the directive's from_step, its new part after.
+double trains_from(const member_part& old, const std::map<uint32_t, batch_directive>& dirs, uint32_t id,
+                   uint64_t done) {
+  auto d = dirs.find(id);
+  if (d == dirs.end())
+    return static_cast<double>(old.steps - done) * step_samples(old);
+  auto now = old;
+  if (d->second.data_count > 0)
+    now.data_begin = d->second.data_begin, now.data_count = d->second.data_count;
+  const uint64_t steps = d->second.steps > 0 ? d->second.steps : old.steps;
+  const uint64_t from = std::max(done, std::min(d->second.from_step, steps));
+  return static_cast<double>(from - done) * step_samples(old) + static_cast<double>(steps - from) * step_samples(now);
+}
+
+} // namespace
+
+TEST_CASE("the samples a member still trains count its steps on earlier parts, and a late directive is corrected") {
+  // 10 steps on a part of 64 (batch 32: steps of 32); a directive moves it to a part of 40
+  // (two steps of 20) from step 6, for 12 steps in all.
+  member_part m{32, 0, 64, 10};
+  CHECK(samples_left(m, 4) == Approx(6 * 32.0));
+  auto after = after_directive(m, batch_directive{32, 6, 64, 40, 12});
+  CHECK(after.steps == 12);
+  CHECK(after.data_count == 40);
+  CHECK(samples_between(after, 4, 6) == Approx(2 * 32.0)); // the old part's
+  CHECK(samples_left(after, 4) == Approx(2 * 32.0 + 6 * 20.0));
+  // Another directive from step 8 keeps steps 6 and 7 on the part of 40, and one from step
+  // 5 (before the first took effect) replaces it from there.
+  auto again = after_directive(after, batch_directive{32, 8, 0, 96, 14});
+  CHECK(samples_between(again, 4, 10) == Approx(2 * 32.0 + 2 * 20.0 + 2 * 32.0));
+  auto sooner = after_directive(after, batch_directive{32, 5, 0, 96, 14});
+  CHECK(samples_between(sooner, 4, 10) == Approx(1 * 32.0 + 5 * 32.0));
+  // A directive in time is taken as it is; one that came 2 steps late trained 2 old steps
+  // (32 each) where the plan counted the new part's (20 each): 2 x 12 samples fewer to go,
+  // a step less to the nearest step.
+  CHECK(steps_after_directive(12, 6, 6, 32.0, 20.0) == 12);
+  CHECK(steps_after_directive(12, 6, 8, 32.0, 20.0) == 8 + 3);
+  CHECK(steps_after_directive(12, 6, 20, 32.0, 20.0) == 20); // past all of it: nothing more
+  CHECK(steps_after_directive(0, 6, 8, 32.0, 20.0) == 0);    // no steps: as it was
+}
+
 TEST_CASE("lockstep losses hand over exactly the samples the lost workers owed, however many come") {
   // 8 workers of batch 32, 100 steps each; worker 7 is lost after 40 steps. A step trains
   // step_samples of its part: parts of 1000 are 32 batches a pass, the last of 8 samples.
@@ -146,11 +190,9 @@ TEST_CASE("lockstep losses hand over exactly the samples the lost workers owed, 
   auto h = hand_over_lockstep(live, done, static_cast<uint64_t>(owed_lost), 8000, false);
   double assigned = 0;
   for (const auto& [id, m] : live) {
-    auto now = m;
-    if (h.parts.count(id) && h.parts[id].data_count > 0)
-      now.data_count = h.parts[id].data_count;
-    const uint64_t steps = h.parts.count(id) && h.parts[id].steps > 0 ? h.parts[id].steps : m.steps;
-    assigned += static_cast<double>(steps - done[id]) * step_samples(now);
+    assigned += trains_from(m, h.parts, id, done[id]);
+    REQUIRE(h.parts.count(id) > 0);
+    CHECK(h.parts[id].from_step == 40 + directive_lead); // its old part while the directive comes
   }
   const double owed = 7 * 60 * step_samples(live[0]) + static_cast<uint64_t>(owed_lost);
   CHECK(assigned >= owed - 1e-6);
@@ -158,14 +200,17 @@ TEST_CASE("lockstep losses hand over exactly the samples the lost workers owed, 
   CHECK(h.reassigned_samples == static_cast<uint64_t>(owed_lost));
 
   // Many single losses one after another add up to the same as one: nothing is rounded
-  // up per loss (each used to add a round to every live worker).
+  // up per loss (each used to add a round to every live worker). Parts of 30 samples (one
+  // step a pass) grow past the batch of 32 (two steps a pass) as members are lost, so a
+  // step on the old part and one on the new part train different samples.
   std::map<uint32_t, member_part> many;
   std::map<uint32_t, uint64_t> at;
-  const uint64_t set = 64 * 320;
+  const uint64_t set = 64 * 30;
   for (uint32_t id = 0; id < 64; ++id) {
-    many[id] = member_part{32, id * 320, 320, 100};
+    many[id] = member_part{32, id * 30, 30, 100};
     at[id] = 50;
   }
+  double trained = 0; // what the members' steps on their old parts trained, loss by loss
   auto left_in = [&](const std::map<uint32_t, member_part>& ms) {
     double total = 0;
     for (const auto& [id, m] : ms)
@@ -179,19 +224,28 @@ TEST_CASE("lockstep losses hand over exactly the samples the lost workers owed, 
     const auto owed_gone = static_cast<uint64_t>(std::ceil((gone.steps - at[lost]) * step_samples(gone)));
     const double before = left_in(many) + static_cast<double>(owed_gone);
     auto step = hand_over_lockstep(many, at, owed_gone, set, false);
-    for (auto& [id, d] : step.parts) {
-      if (d.data_count > 0)
-        many[id].data_begin = d.data_begin, many[id].data_count = d.data_count;
-      if (d.steps > 0)
-        many[id].steps = d.steps;
-    }
-    const double after = left_in(many);
+    double after = 0;
+    for (const auto& [id, m] : many)
+      after += trains_from(m, step.parts, id, at[id]);
     CHECK(after >= before - 1e-6); // what was owed, trained once
     CHECK(after < before + 32);    // and at most one batch past it
+    // Each member takes its directive's lead on its old part, then is at its new part.
+    for (auto& [id, m] : many) {
+      auto d = step.parts.find(id);
+      if (d == step.parts.end())
+        continue;
+      const uint64_t from = std::min(d->second.from_step, d->second.steps);
+      trained += static_cast<double>(from - at[id]) * step_samples(m);
+      at[id] = from;
+      if (d->second.data_count > 0)
+        m.data_begin = d->second.data_begin, m.data_count = d->second.data_count;
+      m.steps = d->second.steps;
+    }
     at.erase(lost);
   }
-  CHECK(left_in(many) >= owed_all - 1e-6);
-  CHECK(left_in(many) < owed_all + 32 * 32); // below a batch per loss: the excess is carried, not re-added
+  const double total = trained + left_in(many);
+  CHECK(total >= owed_all - 1e-6);
+  CHECK(total < owed_all + 32 * 32); // below a batch per loss: the excess is carried, not re-added
 }
 
 TEST_CASE("a ring's members keep equal steps after a hand-over") {

@@ -132,6 +132,52 @@ TEST_CASE("step machine: pull every shard, compute, push every shard, report, ne
   CHECK(r.m->steps_done() == 1);
 }
 
+namespace {
+
+// One whole step from its start: every pull answered, a computation, every push acked.
+// Returns its report.
+wire::profile_report one_step(rig& r) {
+  r.m->on_step();
+  r.answer_pulls(r.actions(), 1.0f);
+  r.actions();
+  r.compute(0.0f);
+  for (const auto& p : all<step::send_push>(r.actions()))
+    r.m->on_push_ack(p.shard, p.gen, p.floats, {});
+  auto reports = all<step::report>(r.actions());
+  REQUIRE(reports.size() == 1);
+  return reports[0].rep;
+}
+
+}  // namespace
+
+TEST_CASE("step machine: a membership directive moves the part from its step on, and one that comes after that "
+          "step counts the steps taken on the old part") {
+  rig r; // 40 samples at batch 4: 10 steps a pass
+  r.m->begin();
+  r.actions();
+  one_step(r);
+  one_step(r);
+  // Planned when the profiler had counted 2 steps: its old part for 2 more, then [0, 20).
+  r.m->on_batch(4, 4, 0, 20, 12);
+  auto third = one_step(r);
+  CHECK(third.position.count == 40);
+  CHECK(third.steps_target == 12);
+  CHECK(third.directives == 1);
+  CHECK(one_step(r).position.count == 40);
+  auto fifth = one_step(r);
+  CHECK(fifth.position.count == 20);
+  CHECK(fifth.position.begin == 0);
+  // A directive planned from step 3 that comes after 5 steps: 2 of its steps trained the
+  // old part's 4 samples, not the new part's 3 (6 samples: 2 steps of 3). The plan's
+  // (9 - 3) steps of 3 = 18 samples, less 8 trained: 10 more, 3 steps to the nearest.
+  r.m->on_batch(4, 3, 20, 6, 9);
+  auto sixth = one_step(r);
+  CHECK(sixth.position.count == 6);
+  CHECK(sixth.position.begin == 20);
+  CHECK(sixth.steps_target == 5 + 3);
+  CHECK(sixth.directives == 2);
+}
+
 TEST_CASE("step machine: a worker stopped while it computes drops that step's gradient and leaves without pushing "
           "it, its steps before that all pushed and reported") {
   rig r([](wire::assignment& a) { a.policy = "kasync"; });

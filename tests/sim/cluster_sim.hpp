@@ -27,6 +27,11 @@ struct sim_options {
   /// The hand-over of the version before the lockstep fix (one rounded-up round per loss):
   /// for showing that the invariant catches it.
   bool legacy_handover = false;
+  /// The version before directives had a lead: a plan counts every step a member has left
+  /// at its new part, the member moves to it at once and takes the steps as they are,
+  /// though the steps it took since the profiler counted trained its old part: for showing
+  /// that the invariant catches it.
+  bool uncorrected_directives = false;
 };
 
 struct sim_result {

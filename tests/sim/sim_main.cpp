@@ -30,9 +30,11 @@ int main(int argc, char** argv) {
       opt.verbose = true;
     else if (std::strcmp(argv[i], "--legacy-handover") == 0)
       opt.legacy_handover = true;
+    else if (std::strcmp(argv[i], "--uncorrected-directives") == 0)
+      opt.uncorrected_directives = true;
     else {
       std::fprintf(stderr, "ashlar-sim: unknown argument %s\nusage: ashlar-sim [--seed N | --seeds N] [--workers W "
-                           "--nodes K --minutes M] [--verbose] [--legacy-handover]\n", argv[i]);
+                           "--nodes K --minutes M] [--verbose] [--legacy-handover] [--uncorrected-directives]\n", argv[i]);
       return 2;
     }
   }

@@ -609,7 +609,7 @@ TEST_CASE("a worker process killed (SIGKILL) mid-job hands its untrained share t
   CHECK(json_number(report, "test_accuracy") > 0.6);
   // The survivors' parts now tile the whole set: [0, 4500) and [4500, 9000).
   std::string worker_logs = slurp(dir.file("worker-0.log")) + slurp(dir.file("worker-1.log"));
-  CHECK(worker_logs.find("a lost member's share handed over") != std::string::npos);
+  CHECK(worker_logs.find("the job's membership changed") != std::string::npos);
 }
 
 TEST_CASE("ctl remove-worker lets a worker finish its step and leave, and SIGTERM does the same") {

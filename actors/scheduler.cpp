@@ -64,7 +64,7 @@ struct scheduler_state {
   // with steps left (runtime/control/job_roster.hpp).
   std::vector<std::function<void()>> start_barrier;
   std::optional<control::job_roster> roster;
-  bool started = false;
+  bool started() const { return roster && roster->began(); } // training started (it may have ended since)
   bool stopping = false; // a shutdown request stopped every worker
   float lr_factor = 1.0f; // the learning-rate schedule's, as the job driver last sent it
   uint64_t reassigned = 0; // lost members' untrained samples handed to the others
@@ -204,7 +204,7 @@ void arm_roster_timer(scheduler_pointer self) {
 void check_done(scheduler_pointer self) {
   auto& st = self->state;
   // (A job stopped before its start barrier ends once the workers that came have left.)
-  if (st.done_sent || (!st.started && !st.stopping && st.registered < st.cfg.job.workers))
+  if (st.done_sent || (!st.started() && !st.stopping && st.registered < st.cfg.job.workers))
     return;
   uint32_t finished = 0, failed = 0;
   for (const auto& [id, m] : st.members) {
@@ -317,7 +317,7 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
   m.kind = failed ? wire::membership_change::fail : wire::membership_change::leave;
   m.worker_id = id;
   m.reason = reason;
-  if (st.started && st.traits.ring && !st.stopping)
+  if (st.started() && st.traits.ring && !st.stopping)
     if (auto generation = st.ring.on_leave(failed, early)) {
       const bool asked = reason.rfind(wire::stopped_on_request, 0) == 0;
       const std::string how = failed           ? " was lost"
@@ -364,9 +364,8 @@ void form_ring(scheduler_pointer self, uint32_t generation, const std::string& w
 
 void start_training(scheduler_pointer self) {
   auto& st = self->state;
-  if (st.started || st.stopping)
+  if (st.stopping) // (the roster said start, once: its barrier filled or timed out)
     return;
-  st.started = true; // (the roster said so: its barrier filled or timed out)
   for (auto& [id, m] : st.members)
     m.admitted = !m.left;
   if (st.start_barrier.size() < st.cfg.job.workers)
@@ -546,7 +545,7 @@ void ask_replan(scheduler_pointer self) {
 
 void hand_over(scheduler_pointer self, uint32_t lost) {
   auto& st = self->state;
-  if (!st.started || st.stopping || st.done_sent)
+  if (!st.started() || st.stopping || st.done_sent)
     return;
   st.handover_due.insert(lost);
   ask_replan(self);
@@ -681,7 +680,7 @@ caf::result<wire::assignment, std::vector<shard_actor>> on_register(scheduler_po
         make_error(errc::peer_unreachable, "a shard or the profiler did not acknowledge worker " + std::to_string(id)));
       return;
     }
-    if (st.started) {
+    if (st.started()) {
       admit_to_running_job(self, a, promise);
       return;
     }

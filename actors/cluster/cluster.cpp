@@ -30,15 +30,12 @@ using namespace std::chrono_literals;
 struct node_entry {
   wire::node_info info;
   node_actor handle;
-  // The node confirmed its welcome: only then does it get workers and shards. (A welcome
-  // can miss its node: one killed before it arrived is otherwise counted live, holding its
+  // (Whether it confirmed its welcome, and so serves, is the membership's: a welcome can
+  // miss its node, and one killed before it arrived would otherwise count live, holding its
   // workers in every round, while its loss is never reported.)
-  bool confirmed = false;
   int64_t replace_shard = -1; // the shard its hello asked to serve again, once confirmed
 };
 
-/// How long a node that was welcomed has to confirm it before it is lost.
-constexpr auto confirm_within = std::chrono::seconds(15);
 
 struct cluster_state {
   static constexpr const char* name = "ashlar.cluster";
@@ -92,7 +89,7 @@ void add_worker_on(cluster_pointer self, uint32_t node_id) {
 // slots, up to train.max_workers: control::cluster_membership::to_start_on).
 void start_workers_on(cluster_pointer self, uint32_t node_id) {
   auto n = self->state.nodes.find(node_id);
-  if (n == self->state.nodes.end() || !n->second.confirmed)
+  if (n == self->state.nodes.end() || !self->state.members.serving(node_id))
     return;
   const uint32_t k = self->state.job_running ? self->state.members.to_start_on(node_id) : 0;
   if (k > 0)
@@ -320,7 +317,7 @@ void rehost_lost(cluster_pointer self) {
     return;
   uint32_t target = 0;
   for (const auto& [id, n] : st.nodes)
-    if (n.info.alive && n.confirmed && has_role(n.info.roles, wire::role::server))
+    if (n.info.alive && st.members.serving(id) && has_role(n.info.roles, wire::role::server))
       target = id;
   if (target == 0) { // the next server node to join takes them
     for (auto s : st.lost_shards)
@@ -426,7 +423,7 @@ caf::result<wire::welcome> on_hello(cluster_pointer self, const wire::hello& h, 
   spdlog::info("cluster: node {} ({}) joined with roles {}, {} worker slots{}", id, h.node, to_string(h.roles),
                e.info.slots, admitted.note.empty() ? std::string{} : " (" + admitted.note + ")");
   // It serves once it confirms its welcome (on_welcomed).
-  self->delayed_send(self, confirm_within, wait_atom::value, id);
+  self->delayed_send(self, std::chrono::nanoseconds{st.members.limits().confirm_within_ns}, wait_atom::value, id);
   return wire::welcome{id, st.cfg.address};
 }
 
@@ -436,9 +433,8 @@ caf::result<wire::welcome> on_hello(cluster_pointer self, const wire::hello& h, 
 void on_welcomed(cluster_pointer self, uint32_t id) {
   auto& st = self->state;
   auto i = st.nodes.find(id);
-  if (i == st.nodes.end() || !i->second.info.alive || i->second.confirmed)
+  if (i == st.nodes.end() || !i->second.info.alive || !st.members.on_confirmed(id))
     return;
-  i->second.confirmed = true;
   start_workers_on(self, id);
   capacity_changed(self);
   if (i->second.replace_shard >= 0)
@@ -449,9 +445,11 @@ void on_welcomed(cluster_pointer self, uint32_t id) {
 
 // Node `id`'s time to confirm its welcome is over: one that did not is lost.
 void on_confirm_due(cluster_pointer self, uint32_t id) {
-  auto i = self->state.nodes.find(id);
-  if (i != self->state.nodes.end() && i->second.info.alive && !i->second.confirmed)
-    lose_node(self, id, "it did not confirm its welcome within " + std::to_string(confirm_within.count())
+  auto& st = self->state;
+  auto i = st.nodes.find(id);
+  if (i != st.nodes.end() && i->second.info.alive && st.members.confirm_due(id))
+    lose_node(self, id, "it did not confirm its welcome within "
+                          + std::to_string(st.members.limits().confirm_within_ns / 1'000'000'000ull)
                           + " s (it never got it, or died first)");
 }
 
@@ -505,7 +503,7 @@ caf::result<std::string> on_ctl(cluster_pointer self, const wire::ctl_request& r
       auto plan = std::make_shared<placement>();
       plan->want = std::max<uint32_t>(1, req.count);
       for (const auto& [id, n] : st.nodes)
-        if (n.info.alive && n.confirmed && n.info.slots > 0)
+        if (n.info.alive && st.members.serving(id) && n.info.slots > 0)
           plan->nodes.push_back(id);
       plan->promise = self->make_response_promise<std::string>();
       place_next(self, plan);
@@ -631,7 +629,7 @@ caf::result<wire::cluster_status, std::vector<node_actor>> live_nodes(const clus
   wire::cluster_status live;
   std::vector<node_actor> handles;
   for (const auto& [id, n] : st.nodes)
-    if (n.info.alive && n.confirmed) {
+    if (n.info.alive && st.members.serving(id)) {
       live.nodes.push_back(n.info);
       handles.push_back(n.handle);
     }

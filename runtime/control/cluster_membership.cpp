@@ -15,8 +15,26 @@ cluster_membership::admission cluster_membership::on_join(uint32_t id, bool serv
   if (a.slots < slots)
     a.note = "offered " + std::to_string(slots) + " worker slots; a node is granted at most "
              + std::to_string(limits_.slots_per_node);
-  nodes_[id] = node{true, server, a.slots, 0};
+  nodes_[id] = node{true, false, server, a.slots, 0};
   return a;
+}
+
+bool cluster_membership::on_confirmed(uint32_t id) {
+  auto n = nodes_.find(id);
+  if (n == nodes_.end() || !n->second.live || n->second.confirmed)
+    return false;
+  n->second.confirmed = true;
+  return true;
+}
+
+bool cluster_membership::confirm_due(uint32_t id) const {
+  auto n = nodes_.find(id);
+  return n != nodes_.end() && n->second.live && !n->second.confirmed;
+}
+
+bool cluster_membership::serving(uint32_t id) const {
+  auto n = nodes_.find(id);
+  return n != nodes_.end() && n->second.live && n->second.confirmed;
 }
 
 uint32_t cluster_membership::on_lost(uint32_t id) {
@@ -33,7 +51,7 @@ uint32_t cluster_membership::on_lost(uint32_t id) {
 capacity cluster_membership::free() const {
   capacity c;
   for (const auto& [id, n] : nodes_) {
-    if (!n.live)
+    if (!n.live || !n.confirmed)
       continue;
     c.server_nodes += n.server ? 1 : 0;
     c.worker_slots += n.slots > n.job_workers ? n.slots - n.job_workers : 0;
@@ -52,7 +70,7 @@ void cluster_membership::job_started(uint32_t workers, const std::map<uint32_t, 
 
 uint32_t cluster_membership::to_start_on(uint32_t id) const {
   auto n = nodes_.find(id);
-  if (job_size_ == 0 || n == nodes_.end() || !n->second.live)
+  if (job_size_ == 0 || n == nodes_.end() || !n->second.live || !n->second.confirmed)
     return 0;
   const uint32_t have = job_workers();
   const uint32_t lacking = job_size_ > have ? job_size_ - have : 0;

@@ -19,6 +19,9 @@ struct membership_limits {
   uint32_t slots_per_node = 256;
   /// Most nodes the cluster admits at once. Default: 4096.
   uint32_t max_nodes = 4096;
+  /// How long a welcomed node has to confirm its welcome before it is lost (it never got
+  /// it, or died first). Default: 15 s.
+  uint64_t confirm_within_ns = 15'000'000'000ull;
 };
 
 class cluster_membership {
@@ -30,19 +33,29 @@ public:
     uint32_t slots = 0;   ///< granted: min(offered, slots_per_node)
     std::string note;     ///< why it got fewer than it offered, or why it was refused
   };
-  /// Node `id` joined, a server node or not, offering `slots` worker slots.
+  /// Node `id` joined, a server node or not, offering `slots` worker slots. It is welcomed,
+  /// and serves (gets workers and shards, counts in free()) once it confirms the welcome.
   admission on_join(uint32_t id, bool server, uint32_t slots);
+  /// Node `id` confirmed its welcome: true the first time, for a live node (the adapter then
+  /// starts workers and shards on it).
+  bool on_confirmed(uint32_t id);
+  /// The adapter's timer, confirm_within_ns after the join: true if node `id` is live and has
+  /// not confirmed (the adapter then loses it).
+  bool confirm_due(uint32_t id) const;
+  /// Whether node `id` is live and confirmed its welcome.
+  bool serving(uint32_t id) const;
   /// Node `id` was lost: the running job's workers it hosted, all lost in this one event
   /// (0 for a node unknown or lost already).
   uint32_t on_lost(uint32_t id);
 
-  /// The live server nodes and the worker slots of live nodes not taken by the job.
+  /// The serving server nodes and the worker slots of serving nodes not taken by the job.
   capacity free() const;
   /// The running job, which may hold at most `workers` workers, placed `placed[node]` of
   /// them on each node.
   void job_started(uint32_t workers, const std::map<uint32_t, uint32_t>& placed);
   /// How many of the job's workers to start on node `id` (one that joined while it runs,
-  /// or live when others were lost): its free slots, up to what the job may still hold.
+  /// or live when others were lost): its free slots, up to what the job may still hold; 0
+  /// until it serves.
   uint32_t to_start_on(uint32_t id) const;
   /// `n` more of the job's workers run on node `id` (started there; an add-worker request).
   void placed(uint32_t id, uint32_t n);
@@ -58,6 +71,7 @@ public:
 private:
   struct node {
     bool live = true;
+    bool confirmed = false;
     bool server = false;
     uint32_t slots = 0;
     uint32_t job_workers = 0;

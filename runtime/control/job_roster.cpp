@@ -14,6 +14,7 @@ job_roster::action job_roster::ready() {
   if (ready_ < expected_)
     return action::none;
   phase_ = phase::running;
+  began_ = true;
   return action::start;
 }
 
@@ -21,6 +22,7 @@ job_roster::action job_roster::timer() {
   const uint64_t now = clock_.steady_ns();
   if (phase_ == phase::barrier && !stopped_ && ready_ > 0 && now - first_ready_ns_ >= start_timeout_ns_) {
     phase_ = phase::running;
+    began_ = true;
     return action::start;
   }
   if (phase_ == phase::waiting_for_joiner && now - waiting_since_ns_ >= joiner_wait_ns_) {

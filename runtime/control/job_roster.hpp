@@ -52,6 +52,8 @@ public:
 
   phase state() const { return phase_; }
   bool started() const { return phase_ == phase::running || phase_ == phase::waiting_for_joiner; }
+  /// Training started (the barrier filled or timed out), whether or not the job ended since.
+  bool began() const { return began_; }
   uint32_t at_barrier() const { return ready_; }
   uint32_t expected() const { return expected_; }
 
@@ -62,6 +64,7 @@ private:
   phase phase_ = phase::barrier;
   uint32_t ready_ = 0;
   bool stopped_ = false;
+  bool began_ = false;
   uint64_t first_ready_ns_ = 0, waiting_since_ns_ = 0;
 };
 

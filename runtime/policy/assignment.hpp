@@ -68,6 +68,10 @@ struct member_part {
   uint64_t data_begin = 0, data_count = 0;
   uint64_t steps = 0;
   std::vector<std::pair<uint64_t, double>> earlier;
+
+  member_part(uint32_t b = 0, uint64_t begin = 0, uint64_t count = 0, uint64_t s = 0,
+              std::vector<std::pair<uint64_t, double>> before = {})
+      : batch(b), data_begin(begin), data_count(count), steps(s), earlier(std::move(before)) {}
 };
 
 /// How the training set is covered again after a membership change: every live member's
@@ -106,8 +110,11 @@ member_part after_directive(const member_part& m, const batch_directive& d);
 
 /// Steps a lockstep member takes on its old part while a directive of a membership change
 /// reaches it: the one in flight as the plan is made (the profiler counts it when it ends),
-/// and one more for the messages. The directive moves its part from that step on.
-constexpr uint64_t directive_lead = 2;
+/// the one a round that the losses released may have begun (the plan waits for the shards'
+/// acknowledgements), and one for the messages. The directive moves its part from that step
+/// on; one that still comes later is corrected for (steps_after_directive), to the nearest
+/// step.
+constexpr uint64_t directive_lead = 3;
 
 /// The steps a lockstep member trains in all under a directive whose new part starts at
 /// step `from` (its from_step), received after it had already taken `taken` steps: the

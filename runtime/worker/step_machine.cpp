@@ -193,7 +193,12 @@ void step_machine::on_batch(uint32_t batch, uint64_t from_step, uint64_t data_be
   if (steps > 0 && mode_ != step_mode::ring) {
     const double old_step = step_samples(member_part{job_.batch_size, job_.data_begin, job_.data_count, 0});
     const double new_step = step_samples(member_part{batch, data_begin, data_count, 0});
+    const uint64_t planned = steps;
     steps = steps_after_directive(steps, from_step, taken, old_step, new_step);
+    if (taken > from_step)
+      spdlog::info("worker {}: a membership directive for step {} came after step {}: {} steps in all, not {} (its "
+                   "steps since trained its old part)",
+                   job_.worker_id, from_step, taken, steps, planned);
   }
   if (steps > 0 && steps != job_.steps) {
     spdlog::info("worker {}: trains {} steps in all (was {}): the job's membership changed", job_.worker_id,

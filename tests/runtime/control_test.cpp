@@ -103,6 +103,9 @@ TEST_CASE("a node is granted at most the slots the cluster allows one node, what
   CHECK(a.admitted);
   CHECK(a.slots == 256);
   CHECK(a.note.find("offered 100000 worker slots") == 0);
+  CHECK(m.free().worker_slots == 0); // it serves once it confirms its welcome
+  CHECK(m.on_confirmed(1));
+  CHECK_FALSE(m.on_confirmed(1)); // once
   CHECK(m.free().worker_slots == 256);
   for (uint32_t id = 2; id <= 8; ++id)
     CHECK(m.on_join(id, id == 2, 1).admitted);
@@ -113,9 +116,10 @@ TEST_CASE("a node is granted at most the slots the cluster allows one node, what
 
 TEST_CASE("a node joining a running job starts workers up to the job's bound, at most its free slots") {
   cluster_membership m;
-  m.on_join(1, true, 0);
-  m.on_join(2, false, 32);
-  m.on_join(3, false, 32);
+  for (uint32_t id = 1; id <= 3; ++id) {
+    m.on_join(id, id == 1, id == 1 ? 0 : 32);
+    m.on_confirmed(id);
+  }
   m.job_started(64, {{2, 32}, {3, 32}});
   CHECK(m.job_workers() == 64);
   CHECK(m.free().worker_slots == 0);
@@ -123,13 +127,31 @@ TEST_CASE("a node joining a running job starts workers up to the job's bound, at
   CHECK(m.on_lost(3) == 0);  // told twice: counted once
   CHECK(m.job_workers() == 32);
   m.on_join(4, false, 100000);
+  CHECK(m.to_start_on(4) == 0); // not before it confirms its welcome
+  m.on_confirmed(4);
   CHECK(m.to_start_on(4) == 32);
   m.placed(4, 32);
   CHECK(m.to_start_on(4) == 0);
   m.on_join(5, false, 8);
+  m.on_confirmed(5);
   CHECK(m.to_start_on(5) == 0); // the job has all its workers
   m.job_ended();
   CHECK(m.to_start_on(5) == 0);
+}
+
+TEST_CASE("a welcomed node that does not confirm is given up on, and a lost one confirms nothing") {
+  cluster_membership m;
+  m.on_join(1, false, 4);
+  CHECK_FALSE(m.serving(1));
+  CHECK(m.confirm_due(1)); // the adapter's timer: not confirmed, so lost
+  CHECK(m.on_lost(1) == 0);
+  CHECK_FALSE(m.on_confirmed(1)); // a confirmation after the loss counts for nothing
+  CHECK_FALSE(m.confirm_due(1));
+  m.on_join(2, false, 4);
+  CHECK(m.on_confirmed(2));
+  CHECK(m.serving(2));
+  CHECK_FALSE(m.confirm_due(2));
+  CHECK(m.limits().confirm_within_ns == 15'000'000'000ull);
 }
 
 namespace {
@@ -589,6 +611,7 @@ TEST_CASE("the roster starts training when the job's workers are ready, or at th
   CHECK(all.ready() == A::none);
   CHECK(all.ready() == A::start);
   CHECK(all.started());
+  CHECK(all.began());
   CHECK(all.ready() == A::none); // no second start
   clock.advance(std::chrono::seconds(11));
   CHECK(all.timer() == A::none); // a stale timer does nothing
@@ -615,6 +638,8 @@ TEST_CASE("the roster ends a job whose members are all gone, or waits for a join
     done.ready();
     CHECK_FALSE(done.may_wait(0, false, false));
     CHECK(done.all_left(0, 0, false, false) == A::end);
+    CHECK_FALSE(done.started());
+    CHECK(done.began()); // it trained, and ended
     job_roster stopping{clock, 1, 1'000'000'000ull, 30'000'000'000ull};
     stopping.ready();
     CHECK(stopping.all_left(2, 40, true, false) == A::end);
@@ -649,4 +674,5 @@ TEST_CASE("the roster ends a job whose members are all gone, or waits for a join
   clock.advance(std::chrono::seconds(2));
   CHECK(early.timer() == A::none);
   CHECK(early.all_left(0, 0, true, false) == A::end);
+  CHECK_FALSE(early.began()); // ended before its start: it never trained
 }

@@ -47,6 +47,7 @@ struct node_state {
   // Its lifecycle once it joined (control::node_lifecycle): it loses, probes, settles and
   // rejoins its scheduler by the rule `ashlar node` follows.
   std::shared_ptr<control::node_lifecycle> lifecycle;
+  bool welcome_lost = false; // its next welcome does not arrive (as a connection taken for another's)
 };
 
 struct part_change {
@@ -254,16 +255,40 @@ struct world {
       return;
     nd.id = id;
     res.control_work += 1;
-    if (!nd.lifecycle && n != 0)
-      nd.lifecycle = std::make_shared<control::node_lifecycle>(clock, "the scheduler", control::node_timing{});
     if (adm.slots > members.limits().slots_per_node)
       violate("node " + std::to_string(id) + " was granted " + std::to_string(adm.slots) + " slots, past the limit");
     note("node " + std::to_string(id) + " joined with " + std::to_string(adm.slots) + " slots");
+    // Welcomed; it serves once it confirms, and is lost if it has not in time.
+    after(members.limits().confirm_within_ns, [this, n, id] {
+      if (!members.confirm_due(id))
+        return;
+      note("node " + std::to_string(id) + " did not confirm its welcome in time");
+      node_down(n, id);
+      if (nodes[n].up && nodes[n].id == 0 && !nodes[n].lifecycle) // its join failed: it joins again
+        after(sec, [this, n] { node_hello(n); });
+    });
+    if (nd.welcome_lost) {
+      nd.welcome_lost = false;
+      note("node " + std::to_string(id) + "'s welcome is lost");
+      return;
+    }
+    send_to_node(n, [this, n, id] {
+      auto& nd = nodes[n];
+      if (!nd.lifecycle && n != 0)
+        nd.lifecycle = std::make_shared<control::node_lifecycle>(clock, "the scheduler", control::node_timing{});
+      send_to_scheduler(n, [this, n, id] { on_welcomed(n, id); });
+    });
+  }
+
+  // Node `id` confirmed its welcome: it serves, and takes the job's workers it lacks.
+  void on_welcomed(size_t n, uint32_t id) {
+    if (!members.on_confirmed(id))
+      return;
     if (job_running && !stopping) {
       const uint32_t k = members.to_start_on(id);
       members.placed(id, k);
       for (uint32_t j = 0; j < k; ++j)
-        start_worker(n, false);
+        start_worker(n);
     }
     if (life)
       act(life->on_capacity(members.free()));
@@ -300,7 +325,7 @@ struct world {
           const uint32_t more = members.to_start_on(nodes[j].id);
           members.placed(nodes[j].id, more);
           for (uint32_t x = 0; x < more; ++x)
-            start_worker(j, false);
+            start_worker(j);
         }
     if (life)
       act(life->on_capacity(members.free()));
@@ -316,17 +341,19 @@ struct world {
     uint32_t k = 0;
     std::vector<size_t> order;
     for (size_t n = 1; n < nodes.size(); ++n)
-      if (nodes[n].id != 0)
+      if (members.serving(nodes[n].id))
         order.push_back(n);
     for (size_t n : order)
       for (uint32_t s = 0; s < nodes[n].slots && k < job_workers; ++s, ++k) {
         placed[nodes[n].id] += 1;
-        start_worker(n, true);
+        start_worker(n);
       }
     members.job_started(job_workers, placed);
   }
 
-  void start_worker(size_t n, bool first) {
+  void start_worker(size_t n) {
+    if (!members.serving(nodes[n].id))
+      violate("a worker started on node " + std::to_string(nodes[n].id) + ", which has not confirmed its welcome");
     worker_state w;
     w.id = next_worker++;
     w.node = n;
@@ -337,9 +364,9 @@ struct world {
     starting[w.id] = {n, nodes[n].id};
     res.max_workers_held = std::max<uint32_t>(res.max_workers_held, held());
     const uint32_t id = w.id;
-    send_to_node(n, [this, id, n, first] {
+    send_to_node(n, [this, id, n] {
       // the node starts the worker, which registers
-      send_to_scheduler(n, [this, id, n, first] { register_member(id, n, first); });
+      send_to_scheduler(n, [this, id, n] { register_member(id, n); });
     });
   }
 
@@ -366,7 +393,7 @@ struct world {
     pushes.erase(m.id);
   }
 
-  void register_member(uint32_t id, size_t n, bool first) {
+  void register_member(uint32_t id, size_t n) {
     starting.erase(id);
     if (job_over || stopping)
       return stop_worker_direct(id);
@@ -932,6 +959,8 @@ sim_result run(const sim_options& opt) {
   w.opt = opt;
   w.rng.seed(opt.seed * 0x9E3779B97F4A7C15ull + 1);
   auto& rng = w.rng;
+  std::mt19937_64 side_rng(opt.seed * 0xD1B54A32D192ED03ull + 7); // draws that leave rng's sequence as it was
+  auto side = [&side_rng] { return side_rng(); };
   const bool scale = opt.workers > 0;
   // The job.
   const uint32_t worker_nodes = scale ? std::max<uint32_t>(1, opt.nodes) : 1 + static_cast<uint32_t>(rng() % 6);
@@ -1021,7 +1050,13 @@ sim_result run(const sim_options& opt) {
       case join: {
         w.nodes.push_back(node_state{0, true, false, false, 1 + static_cast<uint32_t>(rng() % 3), false, 0, nullptr});
         const size_t m = w.nodes.size() - 1;
+        // Some joining nodes never get their welcome, and some of those die before the
+        // scheduler gives up on them (drawn apart, so the other draws stay as they were).
+        const uint64_t fate = side() % 4;
+        w.nodes[m].welcome_lost = fate >= 2;
         w.at(t, [&w, m] { w.node_hello(m); });
+        if (fate == 3)
+          w.at(t + (1 + side() % 5) * sec, [&w, m] { w.crash(m); });
         break;
       }
       case huge: {

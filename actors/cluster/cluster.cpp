@@ -449,7 +449,7 @@ void on_confirm_due(cluster_pointer self, uint32_t id) {
   auto i = st.nodes.find(id);
   if (i != st.nodes.end() && i->second.info.alive && st.members.confirm_due(id))
     lose_node(self, id, "it did not confirm its welcome within "
-                          + std::to_string(st.members.limits().confirm_within_ns / 1'000'000'000ull)
+                          + std::to_string(st.members.limits().confirm_within_ns / 1000000000ull)
                           + " s (it never got it, or died first)");
 }
 

@@ -21,6 +21,9 @@
 #include "runtime/control/node_lifecycle.hpp"
 #include "runtime/core/clock.hpp"
 #include "runtime/policy/assignment.hpp"
+#include "runtime/worker/step_machine.hpp"
+
+#include <spdlog/spdlog.h>
 
 namespace ashlar::sim {
 
@@ -50,26 +53,16 @@ struct node_state {
   bool welcome_lost = false; // its next welcome does not arrive (as a connection taken for another's)
 };
 
-struct part_change {
-  uint64_t from = 0, begin = 0, count = 0;
-};
-
 struct worker_state {
   uint32_t id = 0;
   size_t node = 0;        // index into world::nodes
   double speed = 1.0;
   bool alive = true;      // its process runs
-  bool computing = false;
-  uint64_t steps = 0;     // as the worker was told
-  uint64_t done = 0;      // pushes applied
   uint64_t raise_at = 0;  // its script raises before this step (0: never)
-  bool pushed = false;    // pushed in the current round
-  // Its part of the set and its cursor, as the worker's own (runtime/data/dataset.hpp): a
-  // part moved by a directive takes effect at its next step, a new pass.
-  uint64_t part = 0, begin = 0, pos = 0;
-  std::deque<part_change> next_parts; // parts that take effect at later steps, in order
-  double step_samples_now = 0; // what the step in flight trains
-  uint32_t directives = 0;     // directives taken (its reports carry the count)
+  // The worker's own step machine (runtime/worker/step_machine.hpp), as a worker actor runs
+  // it: its steps, its data part and the directives' parts, its corrections and reports.
+  std::shared_ptr<step_machine> machine;
+  bool computing = false;
 };
 
 // What the scheduler tells a worker: its start, or a directive of a membership change
@@ -390,7 +383,7 @@ struct world {
       return;
     m.live = false;
     --live_count;
-    pushes.erase(m.id);
+    held_pulls.erase(m.id); // (its buffered push stays in the round, as the BSP policy keeps it)
   }
 
   void register_member(uint32_t id, size_t n) {
@@ -456,85 +449,114 @@ struct world {
     send_to_node(w->second.node, [this, id, o] { take_order(id, o); });
   }
 
-  // ---- a worker ---------------------------------------------------------------------------
-  // As step_machine::on_batch: a directive whose new part starts at a step the worker has
-  // already passed is corrected for the steps between, which trained its old part.
+  // ---- a worker: its real step machine, its compute a paced delay ------------------------
+  static constexpr uint64_t model_params = 4;
+  dataset data; // the training set the workers' cursors walk (one feature a sample)
+
   void take_order(uint32_t id, const worker_order& o) {
     auto& w = workers[id];
     if (!w.alive)
       return;
     if (o.start) {
-      w.part = o.part, w.begin = o.begin, w.pos = 0;
-      w.steps = o.steps;
-      return compute(id);
+      if (w.machine)
+        return;
+      wire::assignment a;
+      a.worker_id = id;
+      a.shards = {shard_range{0, 0, model_params}};
+      a.batch_size = batch;
+      a.data_begin = o.begin;
+      a.data_count = o.part;
+      a.steps = o.steps;
+      a.seed = id + 1;
+      a.policy = "bsp";
+      a.chunks_in_flight = 2;
+      w.machine = std::make_shared<step_machine>(a, data, model_params, clock);
+      w.machine->begin();
+      return drive(id);
     }
-    ++w.directives;
-    uint64_t steps = o.steps;
-    const uint64_t part = o.part > 0 ? o.part : w.part;
-    const uint64_t taken = w.done + (w.computing || w.pushed ? 1 : 0);
-    if (steps > 0) {
-      steps = opt.uncorrected_directives ? steps
-                                         : steps_after_directive(steps, o.from, taken,
-                                                                 step_samples(member_part{batch, 0, w.part, 0}),
-                                                                 step_samples(member_part{batch, 0, part, 0}));
-      if (steps != o.steps)
-        note("worker " + std::to_string(id) + " takes " + std::to_string(steps) + " steps, not " +
-             std::to_string(o.steps) + ": it took " + std::to_string(taken) + ", past step " + std::to_string(o.from));
-      w.steps = steps;
-    }
-    // A later part replaces those planned from its step on (as the worker's does).
-    const uint64_t from = taken > o.from || opt.uncorrected_directives ? 0 : o.from;
-    while (!w.next_parts.empty() && w.next_parts.back().from >= from)
-      w.next_parts.pop_back();
-    if (o.part > 0)
-      w.next_parts.push_back(part_change{from, o.begin, o.part});
-    finish_if_done(id);
+    if (!w.machine)
+      return;
+    // (The version before directives led: the part moves at the worker's next step, and
+    // its steps are taken as they are.)
+    const uint64_t from = opt.uncorrected_directives ? w.machine->steps_done() + (w.computing ? 1 : 0) : o.from;
+    w.machine->on_batch(batch, from, o.part > 0 ? o.begin : w.machine->job().data_begin,
+                        o.part > 0 ? o.part : w.machine->job().data_count, o.steps);
+    drive(id);
   }
 
-  void compute(uint32_t id) {
+  // Carries out what worker `id`'s step machine asked for.
+  void drive(uint32_t id) {
     auto& w = workers[id];
-    if (!w.alive || w.computing || w.pushed)
+    if (!w.machine)
       return;
-    if (w.done >= w.steps)
-      return finish_if_done(id);
-    w.computing = true;
-    for (; !w.next_parts.empty() && w.next_parts.front().from <= w.done; w.next_parts.pop_front()) {
-      const auto& c = w.next_parts.front();
-      if (c.begin != w.begin || c.count != w.part) // a moved part: a new pass from this step
-        w.begin = c.begin, w.part = c.count, w.pos = 0;
+    for (auto& act : w.machine->take_actions()) {
+      if (!w.alive)
+        return;
+      if (auto* p = std::get_if<step::send_pull>(&act)) {
+        const uint64_t gen = p->gen;
+        send_to_scheduler(w.node, [this, id, gen] { shard_pull(id, gen); });
+      } else if (auto* p = std::get_if<step::send_push>(&act)) {
+        const uint64_t gen = p->gen, floats = p->floats;
+        const double samples = p->msg.batch_size;
+        send_to_scheduler(w.node, [this, id, gen, floats, samples] { shard_push(id, gen, floats, samples); });
+      } else if (auto* c = std::get_if<step::compute>(&act)) {
+        compute(id, c->batch.n);
+      } else if (auto* r = std::get_if<step::report>(&act)) {
+        const uint64_t done = r->rep.step + 1, target = r->rep.steps_target;
+        const uint32_t dirs = r->rep.directives;
+        send_to_scheduler(w.node, [this, id, done, target, dirs] { on_report(id, done, target, dirs); });
+      } else if (std::holds_alternative<step::next_step>(act)) {
+        after(0, [this, id] {
+          auto& w = workers[id];
+          if (w.alive && w.machine) {
+            w.machine->on_step();
+            drive(id);
+          }
+        });
+      } else if (std::holds_alternative<step::finish>(act)) {
+        w.alive = false;
+        send_to_scheduler(w.node, [this, id] { on_leave(id); });
+      } else if (auto* f = std::get_if<step::fail>(&act)) {
+        violate("worker " + std::to_string(id) + " failed: " + f->why);
+        w.alive = false;
+      } else {
+        violate("worker " + std::to_string(id) + "'s step machine asked for what a BSP worker does not");
+      }
     }
-    // What the worker's cursor takes (runtime/data/dataset.hpp): the planner counts
-    // step_samples, and whatever the position in the pass, the two must agree.
-    const uint64_t end = pass_step_end(w.part, batch, w.pos);
-    w.step_samples_now = static_cast<double>(end - w.pos);
-    w.pos = end >= w.part ? 0 : end;
+  }
+
+  void compute(uint32_t id, size_t n) {
+    auto& w = workers[id];
+    w.computing = true;
     const uint64_t d = static_cast<uint64_t>(static_cast<double>(batch * sample_ns) / w.speed);
-    after(d, [this, id] {
+    after(d, [this, id, n] {
       auto& w = workers[id];
       if (!w.alive)
         return;
       if (nodes[w.node].frozen) // a frozen process computes nothing until it thaws
-        return after(50 * ms, [this, id] { workers[id].computing = false, compute(id); });
-      w.computing = false;
-      if (w.raise_at != 0 && w.done + 1 >= w.raise_at) {
-        w.alive = false;
-        if (true_cause.empty() || true_cause.rfind("stopped", 0) == 0) // an error outranks a stop
-          true_cause = "failed: worker " + std::to_string(id) + "'s computation failed";
-        note("worker " + std::to_string(id) + "'s script raises");
-        return send_to_scheduler(w.node, [this, id] { on_error(id); });
-      }
-      w.pushed = true;
-      const double samples = w.step_samples_now;
-      send_to_scheduler(w.node, [this, id, samples] { on_push(id, samples); });
+        return after(50 * ms, [this, id, n] { finish_compute(id, n); });
+      finish_compute(id, n);
     });
   }
-
-  void finish_if_done(uint32_t id) {
+  void finish_compute(uint32_t id, size_t n) {
     auto& w = workers[id];
-    if (!w.alive || w.computing || w.done < w.steps)
+    if (!w.alive)
       return;
-    w.alive = false;
-    send_to_scheduler(w.node, [this, id] { on_leave(id); });
+    if (nodes[w.node].frozen)
+      return after(50 * ms, [this, id, n] { finish_compute(id, n); });
+    w.computing = false;
+    if (w.raise_at != 0 && w.machine->steps_done() + 1 >= w.raise_at) {
+      w.alive = false;
+      if (true_cause.empty() || true_cause.rfind("stopped", 0) == 0) // an error outranks a stop
+        true_cause = "failed: worker " + std::to_string(id) + "'s computation failed";
+      note("worker " + std::to_string(id) + "'s script raises");
+      return send_to_scheduler(w.node, [this, id] { on_error(id); });
+    }
+    batch_stats st;
+    st.n = n;
+    st.loss_sum = static_cast<double>(n);
+    w.machine->on_computed(st);
+    drive(id);
   }
 
   void stop_worker(uint32_t id) {
@@ -547,16 +569,58 @@ struct world {
     auto& w = workers[id];
     if (!w.alive)
       return;
+    if (w.machine) { // it leaves after its step in flight
+      w.machine->on_stop();
+      return drive(id);
+    }
     w.alive = false;
     send_to_scheduler(w.node, [this, id] { on_leave(id); });
   }
 
   // ---- the shard (BSP) and the scheduler's ledger -----------------------------------------
-  void on_push(uint32_t id, double samples) {
+  // A pull waits while the worker's push of this round is not applied (BSP); a push is
+  // acknowledged as buffered, and applied with the round.
+  std::map<uint32_t, uint64_t> held_pulls;
+  void shard_pull(uint32_t id, uint64_t gen) {
+    auto m = table.find(id);
+    if (m == table.end() || !m->second.live)
+      return; // a member dropped already: its read is refused
+    if (pushes.count(id) > 0) {
+      held_pulls[id] = gen;
+      return;
+    }
+    answer_pull(id, gen);
+  }
+  void answer_pull(uint32_t id, uint64_t gen) {
+    auto w = workers.find(id);
+    if (w == workers.end())
+      return;
+    send_to_node(w->second.node, [this, id, gen] {
+      auto& w = workers[id];
+      if (!w.alive || !w.machine)
+        return;
+      wire::pull_reply r;
+      r.version = round;
+      r.total = model_params;
+      r.params = wire::tensor(model_params, 0.0f);
+      w.machine->on_pull_reply(0, gen, r);
+      drive(id);
+    });
+  }
+  void shard_push(uint32_t id, uint64_t gen, uint64_t floats, double samples) {
     auto m = table.find(id);
     if (m == table.end() || !m->second.live)
       return; // a member dropped already: its push is refused
     pushes[id] = samples;
+    m->second.done += 1; // taken: what the shard answers a membership change with
+    auto w = workers.find(id);
+    send_to_node(w->second.node, [this, id, gen, floats] {
+      auto& w = workers[id];
+      if (!w.alive || !w.machine)
+        return;
+      w.machine->on_push_ack(0, gen, floats, wire::push_ack{});
+      drive(id);
+    });
     check_round();
   }
   std::map<uint32_t, double> pushes; // this round's, and the samples each trained
@@ -565,17 +629,18 @@ struct world {
     if (!round_started)
       return;
     // The shard waits for every live member (it knows members, not their step counts): a
-    // member whose steps are done leaves, and is then no longer waited for. (`pushes` holds
-    // live members' only.)
-    if (live_count == 0 || pushes.size() < live_count)
+    // member whose steps are done leaves, and is then no longer waited for. A push of a
+    // member that has gone since is applied with the round.
+    if (live_count == 0 || pushes.empty())
+      return;
+    size_t live_pushed = 0;
+    for (const auto& [id, samples] : pushes)
+      live_pushed += table[id].live ? 1 : 0;
+    if (live_pushed < live_count)
       return;
     ++round;
     ++res.rounds;
     for (auto [id, samples] : pushes) {
-      auto& m = table[id];
-      if (!m.live)
-        continue;
-      m.done += 1;
       applied += samples;
       res.control_work += 1;
     }
@@ -583,21 +648,12 @@ struct world {
     pushes.clear();
     check_bounds();
     for (auto [id, samples] : applied_now) {
-      auto w = workers.find(id);
-      if (w == workers.end() || !table[id].live)
+      auto h = held_pulls.find(id);
+      if (h == held_pulls.end() || !table[id].live)
         continue;
-      send_to_node(w->second.node, [this, id] {
-        auto& w = workers[id];
-        if (!w.alive)
-          return;
-        w.done += 1;
-        w.pushed = false;
-        // its step report, to the profiler the scheduler asks
-        const uint64_t done = w.done, target = w.steps;
-        const uint32_t dirs = w.directives;
-        send_to_scheduler(w.node, [this, id, done, target, dirs] { on_report(id, done, target, dirs); });
-        compute(id);
-      });
+      const uint64_t gen = h->second;
+      held_pulls.erase(h);
+      answer_pull(id, gen);
     }
   }
 
@@ -657,7 +713,6 @@ struct world {
       mark_gone(m);
       m.failed = true;
     }
-    pushes.erase(id);
     if (stopping || job_over)
       return;
     owed_at_loss[id] = m.steps > m.done ? (m.steps - m.done) * batch : 0;
@@ -954,7 +1009,22 @@ struct world {
 
 }  // namespace
 
+namespace {
+std::string fmt_num(double x) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", x);
+  return b;
+}
+}  // namespace
+
 sim_result run(const sim_options& opt) {
+  // The workers' step machines log as a worker does; a run of thousands of them says only
+  // what goes wrong.
+  struct quiet {
+    spdlog::level::level_enum was = spdlog::get_level();
+    quiet() { spdlog::set_level(spdlog::level::warn); }
+    ~quiet() { spdlog::set_level(was); }
+  } keep_quiet;
   world w;
   w.opt = opt;
   w.rng.seed(opt.seed * 0x9E3779B97F4A7C15ull + 1);
@@ -980,6 +1050,7 @@ sim_result run(const sim_options& opt) {
                                     : std::max<uint64_t>(1, uint64_t{batch} * (rng() % 3 == 0 ? rng() % 3 : 20 + rng() % 40)
                                                               + (rng() % 2 ? rng() % batch : 0));
   w.train_size = uint64_t{w.job_workers} * per_worker;
+  w.data = make_synthetic(w.train_size, 1, 2, opt.seed);
   w.budget = w.train_size * w.epochs;
   w.nodes.resize(1 + worker_nodes);
   w.nodes[0].slots = 0;
@@ -1087,11 +1158,13 @@ sim_result run(const sim_options& opt) {
     }
   }
   if (scale) {
-    // Every simulated minute 10% of the nodes crash, and as many new ones join.
-    const uint64_t period = 60 * sec;
-    const uint32_t churn = std::max<uint32_t>(1, worker_nodes / 10);
+    // Every period (a simulated minute) 10% of the nodes (or `churn`) crash, and as many new
+    // ones join (after `join_delay_s`: a node process takes a while to start).
+    const uint64_t period = static_cast<uint64_t>(opt.period_s * 1e9);
+    const uint32_t churn = opt.churn > 0 ? opt.churn : std::max<uint32_t>(1, worker_nodes / 10);
+    const uint64_t join_delay = static_cast<uint64_t>(opt.join_delay_s * 1e9);
     for (uint64_t t = period / 2; t < static_cast<uint64_t>(opt.minutes * 60) * sec; t += period) {
-      w.at(w.now() + t, [&w, churn] {
+      w.at(w.now() + t, [&w, churn, join_delay] {
         std::vector<size_t> up;
         for (size_t n = 2; n < w.nodes.size(); ++n)
           if (w.nodes[n].up && w.nodes[n].id != 0)
@@ -1102,7 +1175,7 @@ sim_result run(const sim_options& opt) {
         for (uint32_t i = 0; i < churn; ++i) {
           w.nodes.push_back(node_state{0, true, false, false, w.nodes[1].slots, false, 0, nullptr});
           const size_t m = w.nodes.size() - 1;
-          w.after(w.latency() + i * ms, [&w, m] { w.node_hello(m); });
+          w.after(join_delay + w.latency() + i * ms, [&w, m] { w.node_hello(m); });
         }
       });
     }
@@ -1134,8 +1207,9 @@ sim_result run(const sim_options& opt) {
       const auto& wk = w.workers[id];
       w.note("member " + std::to_string(id) + (m.live ? " live" : " gone") + " steps " + std::to_string(m.steps)
              + " done " + std::to_string(m.done) + "; worker " + (wk.alive ? "alive" : "ended") + " steps "
-             + std::to_string(wk.steps) + " done " + std::to_string(wk.done) + (wk.computing ? " computing" : "")
-             + (wk.pushed ? " pushed" : "") + (w.pushes.count(id) ? " (push in)" : ""));
+             + std::to_string(wk.machine ? wk.machine->job().steps : 0) + " done "
+             + std::to_string(wk.machine ? wk.machine->steps_done() : 0) + (wk.computing ? " computing" : "")
+             + (w.pushes.count(id) ? " (push in)" : ""));
     }
   if (r.ok && !w.job_over)
     w.violate("the job did not end within " + std::to_string((limit - 1000000000ull) / sec) + " simulated s");
@@ -1155,7 +1229,10 @@ sim_result run(const sim_options& opt) {
     }
   }
   r.replay = "ashlar-sim --seed " + std::to_string(opt.seed) + (opt.workers ? " --workers " + std::to_string(opt.workers)
-             + " --nodes " + std::to_string(opt.nodes) : std::string{}) + (opt.legacy_handover ? " --legacy-handover" : "")
+             + " --nodes " + std::to_string(opt.nodes) + " --minutes " + fmt_num(opt.minutes)
+             + (opt.period_s != 60 ? " --period " + fmt_num(opt.period_s) : std::string{})
+             + (opt.churn > 0 ? " --churn " + std::to_string(opt.churn) : std::string{})
+             + (opt.join_delay_s > 0 ? " --join-delay " + fmt_num(opt.join_delay_s) : std::string{}) : std::string{}) + (opt.legacy_handover ? " --legacy-handover" : "")
              + (opt.uncorrected_directives ? " --uncorrected-directives" : "")
              + " --verbose";
   return r;

@@ -1,7 +1,9 @@
 // A deterministic simulator of an Ashlar cluster's control plane: one thread, simulated
 // time and network, the real control-plane machines (runtime/control: the job's
 // lifecycle, the cluster's membership, the plan of membership changes, each node's
-// lifecycle) driving simulated nodes and workers whose compute is a paced delay. A seed
+// lifecycle, the start barrier) driving simulated nodes, a BSP shard, and workers that run
+// the real step machine (runtime/worker/step_machine.hpp) with a paced delay for their
+// compute: their data parts, directives, corrections and reports are the worker's own. A seed
 // draws a schedule of faults (a node crashed, frozen and thawed, partitioned and healed,
 // nodes joining, a node asking for 100000 slots, a script that raises, a stop, a shutdown
 // while the job waits); after every event the invariants are checked, and the first one
@@ -22,6 +24,11 @@ struct sim_options {
   uint32_t workers = 0;
   uint32_t nodes = 0;
   double minutes = 0;
+  /// Scale runs: seconds between two waves of losses and joins, the nodes each wave
+  /// replaces (0: 10% of them), and how long a joining node takes to say hello.
+  double period_s = 60;
+  uint32_t churn = 0;
+  double join_delay_s = 0;
   /// Print each event as it happens.
   bool verbose = false;
   /// The hand-over of the version before the lockstep fix (one rounded-up round per loss):

@@ -26,6 +26,12 @@ int main(int argc, char** argv) {
       opt.nodes = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
     else if (arg("--minutes"))
       opt.minutes = std::strtod(argv[++i], nullptr);
+    else if (arg("--period"))
+      opt.period_s = std::strtod(argv[++i], nullptr);
+    else if (arg("--churn"))
+      opt.churn = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
+    else if (arg("--join-delay"))
+      opt.join_delay_s = std::strtod(argv[++i], nullptr);
     else if (std::strcmp(argv[i], "--verbose") == 0)
       opt.verbose = true;
     else if (std::strcmp(argv[i], "--legacy-handover") == 0)
@@ -34,7 +40,7 @@ int main(int argc, char** argv) {
       opt.uncorrected_directives = true;
     else {
       std::fprintf(stderr, "ashlar-sim: unknown argument %s\nusage: ashlar-sim [--seed N | --seeds N] [--workers W "
-                           "--nodes K --minutes M] [--verbose] [--legacy-handover] [--uncorrected-directives]\n", argv[i]);
+                           "--nodes K --minutes M [--period S] [--churn K] [--join-delay S]] [--verbose] [--legacy-handover] [--uncorrected-directives]\n", argv[i]);
       return 2;
     }
   }

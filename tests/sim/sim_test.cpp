@@ -67,9 +67,9 @@ TEST_CASE("a storm of node losses under the old per-loss hand-over trains past 1
 
 TEST_CASE("hand-overs that count the step in flight at the new part train past or short of the epochs, and not "
           "with directives that lead") {
-  // Seeds where the version before the lead breaks the bound: 2449 trains 1,604 samples of
-  // 1,472, 1737 stops at 0.93x (members finish on their old parts before the directive).
-  for (uint64_t seed : {2449u, 1737u}) {
+  // Seeds where the version before the lead breaks the bound: 6288 trains 577 samples of
+  // 512, 10764 stops at 0.96x (members finish on their old parts before the directive).
+  for (uint64_t seed : {6288u, 10764u}) {
     sim_options opt;
     opt.seed = seed;
     opt.uncorrected_directives = true;

@@ -181,7 +181,7 @@ void end_job(scheduler_pointer self, uint32_t finished, uint32_t failed) {
 uint64_t untaken_steps(const scheduler_state& st, const wire::cluster_stats& stats) {
   std::map<uint32_t, uint64_t> assigned, done;
   for (const auto& [id, m] : st.members)
-    if (m.left && m.failed) {
+    if (m.left && m.failed && m.admitted) { // (one lost before the start is counted missing then)
       assigned[id] = m.steps;
       done[id] = m.steps_left_at; // what it said, or the shards took of it
     }
@@ -586,7 +586,8 @@ size_t plan_membership(scheduler_pointer self, const wire::cluster_stats& stats)
   std::set<uint32_t> newcomers;
   for (auto& j : joins) {
     newcomers.insert(j.a.worker_id);
-    st.members[j.a.worker_id].admitted = true;
+    auto& m = st.members[j.a.worker_id];
+    m.admitted = !m.left; // one lost before this plan was owed nothing, and is owed nothing after
   }
   auto p = control::plan_member_changes(ledger, due, newcomers, done, st.cfg.train_size, st.traits.lockstep,
                                         st.traits.ring);

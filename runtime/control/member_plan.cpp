@@ -29,7 +29,7 @@ member_plan plan_member_changes(const std::map<uint32_t, ledger_entry>& members,
   uint64_t owed = 0;
   for (auto id : lost) {
     auto m = members.find(id);
-    if (m == members.end())
+    if (m == members.end() || !m->second.admitted) // lost before its admission: owed nothing
       continue;
     auto left = hand_over_left(m->second.part, m->second.steps_left_at, done_of(id), {}, train_size, false);
     if (left.finished)
@@ -42,7 +42,7 @@ member_plan plan_member_changes(const std::map<uint32_t, ledger_entry>& members,
   if (!newcomers.empty())
     for (const auto& [id, m] : members) {
       const uint64_t d = std::max(m.steps_left_at, done_of(id)); // what it said, or the shards did
-      if (m.left && m.failed && lost.count(id) == 0 && m.part.steps > d) {
+      if (m.left && m.failed && m.admitted && lost.count(id) == 0 && m.part.steps > d) {
         owed += static_cast<uint64_t>(std::ceil(samples_left(m.part, d)));
         out.lost_steps[id] = d;
         ++out.taken_up;

@@ -40,7 +40,7 @@ struct member_plan {
 };
 
 /// Plans `lost` (members that left since the last plan; those that had trained all their
-/// steps hand nothing over) and `newcomers` (admitted now, their steps to be set) over
+/// steps, or were lost before they were admitted, hand nothing over) and `newcomers` (admitted now, their steps to be set) over
 /// `members`, with `done` the steps each member trained as the profiler counts them.
 /// Lockstep jobs keep the samples owed, once (hand_over_lockstep, with `lead_steps` on a
 /// member's old part; `ring`: equal steps);

@@ -432,6 +432,15 @@ TEST_CASE("a plan of membership changes moves nothing for members that finished,
   members[5] = ledger_entry{member_part{32, 0, 400, 0}, false, false, false, 0};
   auto j = plan_member_changes(members, {}, {5}, done, 400, true, false);
   CHECK(j.newcomer_steps.count(5) == 1);
+  // A joiner lost before the plan that admits it (its node killed as it registered) was
+  // owed nothing: the steps of its registration are no share of the job's.
+  members[6] = ledger_entry{member_part{32, 0, 100, 50}, true, true, false, 0};
+  for (const std::set<uint32_t>& joining : {std::set<uint32_t>{}, std::set<uint32_t>{6}}) {
+    auto k = plan_member_changes(members, {6}, joining, done, 400, true, false);
+    CHECK(k.handed_samples == 0);
+    CHECK(k.lost_steps.count(6) == 0);
+    CHECK(k.newcomer_steps[6] == 0);
+  }
 }
 
 TEST_CASE("node_watch pings each live node once per interval and loses one that answers nothing for the timeout") {

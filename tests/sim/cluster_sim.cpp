@@ -311,6 +311,18 @@ struct world {
         lose_member(wid);
     for (auto i = starting.begin(); i != starting.end();)
       i = i->second.second == id ? starting.erase(i) : std::next(i);
+    // Joiners registered through it and not yet admitted are lost too, as the scheduler
+    // counts them: they trained nothing and hand nothing over.
+    for (auto i = joins_due.begin(); i != joins_due.end();)
+      if (i->second.node_id == id) {
+        note("worker " + std::to_string(i->first) + ", not yet admitted, is lost with it");
+        unadmitted_lost[i->first] = i->second;
+        owed_at_loss[i->first] = 0;
+        i = joins_due.erase(i);
+        ask_replan();
+      } else {
+        ++i;
+      }
     // Nodes that joined before the loss was seen take up the workers the job now lacks.
     if (job_running && !stopping && !job_over)
       for (size_t j = 1; j < nodes.size(); ++j)
@@ -396,8 +408,8 @@ struct world {
     m.node_id = nodes[n].id;
     const uint64_t part = train_size / job_workers;
     m.part = part;
+    m.steps = (part + batch - 1) / batch * epochs; // a pass a step per batch, as make_assignment
     if (!round_started) { // before the start every registration joins the barrier, as the scheduler's
-      m.steps = (part + batch - 1) / batch * epochs; // a pass a step per batch, as make_assignment
       add_member(m);
       if (roster->ready() == control::job_roster::action::start)
         begin_rounds();
@@ -423,12 +435,14 @@ struct world {
     note("training starts with " + std::to_string(table.size()) + " workers");
     // Fewer than the job's workers registered in time: the parts of those that did not are
     // owed as a lost worker's would be, and go to those that did.
-    if (table.size() < job_workers && !table.empty()) {
-      const uint64_t per = train_size / job_workers * epochs; // samples each missing member owed
-      std::map<uint32_t, member_part> live;
-      for (auto& [id, m] : table)
+    // (A member lost before the start is missing too, as the scheduler's start_training counts.)
+    std::map<uint32_t, member_part> live;
+    for (auto& [id, m] : table)
+      if (m.live)
         live[id] = member_part{batch, 0, m.part, m.steps};
-      auto h = hand_over_lockstep(live, {}, (job_workers - table.size()) * per, train_size, false);
+    if (live.size() < job_workers && !live.empty()) {
+      const uint64_t per = train_size / job_workers * epochs; // samples each missing member owed
+      auto h = hand_over_lockstep(live, {}, (job_workers - live.size()) * per, train_size, false);
       for (auto& [id, d] : h.parts) {
         if (d.data_count > 0 && (d.data_count != table[id].part || d.data_begin != table[id].begin))
           table[id].part = d.data_count, table[id].begin = d.data_begin;
@@ -437,7 +451,8 @@ struct world {
       }
     }
     for (auto& [id, m] : table)
-      tell_worker(id, worker_order{m.steps, m.begin, m.part, 0, true});
+      if (m.live)
+        tell_worker(id, worker_order{m.steps, m.begin, m.part, 0, true});
   }
 
   void tell_worker(uint32_t id, worker_order o) {
@@ -713,6 +728,10 @@ struct world {
       mark_gone(m);
       m.failed = true;
     }
+    if (!round_started) { // before the start: a missing member, counted then; owed nothing after
+      m.handed = true;
+      return;
+    }
     if (stopping || job_over)
       return;
     owed_at_loss[id] = m.steps > m.done ? (m.steps - m.done) * batch : 0;
@@ -724,6 +743,7 @@ struct world {
   // for, in one plan, and no plan sooner than 250 ms after one that told live workers
   // anything.
   std::map<uint32_t, member> joins_due;
+  std::map<uint32_t, member> unadmitted_lost; // joiners lost before their plan
   bool replan_cooling = false;
   void ask_replan() {
     if (handover_asked || replan_cooling)
@@ -767,6 +787,12 @@ struct world {
     for (auto id : due)
       if (!table[id].handed)
         lost.insert(id);
+    for (auto& [id, m] : unadmitted_lost) {
+      ledger[id] = control::ledger_entry{m.ledger(), true, true, false, 0};
+      lost.insert(id);
+    }
+    auto unadmitted = std::move(unadmitted_lost);
+    unadmitted_lost.clear();
     // (The hand-over before this one, kept to show the storm invariant catches it: each
     // loss on its own, rounded up to a round of every live worker; joins in equal rounds.)
     auto p = control::plan_member_changes(ledger, opt.legacy_handover ? std::set<uint32_t>{} : lost, newcomers, done,
@@ -797,6 +823,10 @@ struct world {
       return;
     }
     for (const auto& [id, steps] : p.lost_steps) {
+      if (auto u = unadmitted.find(id); u != unadmitted.end()) { // it was owed nothing
+        record_handover(id, (u->second.steps - std::min(u->second.steps, steps)) * batch);
+        continue;
+      }
       auto& m = table[id];
       record_handover(id, (m.steps - std::min(m.steps, steps)) * batch);
       m.handed = true;
@@ -1122,12 +1152,15 @@ sim_result run(const sim_options& opt) {
         w.nodes.push_back(node_state{0, true, false, false, 1 + static_cast<uint32_t>(rng() % 3), false, 0, nullptr});
         const size_t m = w.nodes.size() - 1;
         // Some joining nodes never get their welcome, and some of those die before the
-        // scheduler gives up on them (drawn apart, so the other draws stay as they were).
+        // scheduler gives up on them; some die as their workers register (drawn apart, so
+        // the other draws stay as they were).
         const uint64_t fate = side() % 4;
         w.nodes[m].welcome_lost = fate >= 2;
         w.at(t, [&w, m] { w.node_hello(m); });
         if (fate == 3)
           w.at(t + (1 + side() % 5) * sec, [&w, m] { w.crash(m); });
+        if (fate == 1) // killed as its workers register, before the plan that admits them
+          w.at(t + side() % (8 * ms), [&w, m] { w.crash(m); });
         break;
       }
       case huge: {

@@ -81,7 +81,7 @@ struct member {
   bool failed = false;  // lost (its node), not left on its own
   bool live = true;
   uint64_t steps = 0; // assigned
-  uint64_t done = 0;  // applied at the shard
+  uint64_t done = 0;  // pushes the shard took (buffered or applied), as it answers a loss
   uint64_t reported = 0;   // steps as the worker last reported them (the profiler's count)
   uint32_t directives = 0; // directives sent to it
   bool handed = false;

@@ -28,16 +28,14 @@ struct member {
   caf::actor_addr addr;
   caf::strong_actor_ptr handle;
   std::string host;
-  uint64_t steps = 0; // assigned
-  uint32_t batch = 0; // its batch share and part of the training set, as last sent
-  uint64_t data_begin = 0, data_count = 0;
+  // Its batch share, part of the training set and steps as last sent, and what its steps
+  // trained on earlier parts (runtime/policy/assignment.hpp).
+  member_part part;
   bool left = false;
   bool failed = false;
   bool admitted = false; // training: it started with the job or was admitted to it
   uint64_t steps_left_at = 0; // the steps it said it trained when it left (0: it did not say)
   uint32_t directives = 0;    // batch directives sent to it (its reports say how many it took)
-  std::vector<std::pair<uint64_t, double>> earlier; // what its steps trained before its part took effect
-  member_part part() const { return member_part{batch, data_begin, data_count, steps, earlier}; }
 };
 
 using registration = caf::typed_response_promise<wire::assignment, std::vector<shard_actor>>;
@@ -182,7 +180,7 @@ uint64_t untaken_steps(const scheduler_state& st, const wire::cluster_stats& sta
   std::map<uint32_t, uint64_t> assigned, done;
   for (const auto& [id, m] : st.members)
     if (m.left && m.failed && m.admitted) { // (one lost before the start is counted missing then)
-      assigned[id] = m.steps;
+      assigned[id] = m.part.steps;
       done[id] = m.steps_left_at; // what it said, or the shards took of it
     }
   for (const auto& w : stats.workers)
@@ -271,7 +269,7 @@ std::map<uint32_t, member_part> live_parts(const scheduler_state& st) {
   std::map<uint32_t, member_part> out;
   for (const auto& [id, m] : st.members)
     if (!m.left && m.admitted)
-      out[id] = m.part();
+      out[id] = m.part;
   return out;
 }
 
@@ -332,7 +330,7 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
   broadcast(self, m, [=](bool, uint64_t taken) {
     auto& st = self->state;
     if (auto i = st.members.find(id); i != st.members.end() && st.traits.lockstep && !st.traits.ring)
-      i->second.steps_left_at = std::max(i->second.steps_left_at, std::min(taken, i->second.steps));
+      i->second.steps_left_at = std::max(i->second.steps_left_at, std::min(taken, i->second.part.steps));
     hand_over(self, id);
     check_done(self);
   });
@@ -451,12 +449,7 @@ void apply_plan(scheduler_pointer self, const job_plan& plan) {
       self->send(*w, batch_atom::value, b.share, b.from_step, b.data_begin, b.data_count, b.steps);
       auto& m = st.members[id];
       ++m.directives;
-      const auto now = after_directive(m.part(), b);
-      m.batch = now.batch;
-      m.data_begin = now.data_begin;
-      m.data_count = now.data_count;
-      m.steps = now.steps;
-      m.earlier = now.earlier;
+      m.part = after_directive(m.part, b);
     }
 }
 
@@ -577,11 +570,11 @@ size_t plan_membership(scheduler_pointer self, const wire::cluster_stats& stats)
     // reported since: its own count is the ledger's.
     auto m = st.members.find(w.worker_id);
     if (m != st.members.end() && !m->second.left && w.steps_target > 0 && w.directives == m->second.directives)
-      m->second.steps = w.steps_target;
+      m->second.part.steps = w.steps_target;
   }
   std::map<uint32_t, control::ledger_entry> ledger;
   for (const auto& [id, m] : st.members)
-    ledger[id] = control::ledger_entry{m.part(), m.left, m.failed,
+    ledger[id] = control::ledger_entry{m.part, m.left, m.failed,
                                        m.admitted, m.steps_left_at};
   std::set<uint32_t> newcomers;
   for (auto& j : joins) {
@@ -595,7 +588,7 @@ size_t plan_membership(scheduler_pointer self, const wire::cluster_stats& stats)
     return 0;
   std::string ids;
   for (const auto& [id, steps] : p.lost_steps) {
-    st.members[id].steps = steps;
+    st.members[id].part.steps = steps;
     if (due.count(id) > 0)
       ids += (ids.empty() ? "" : ", ") + std::to_string(id);
   }
@@ -617,7 +610,7 @@ size_t plan_membership(scheduler_pointer self, const wire::cluster_stats& stats)
   plan.batches = std::move(p.directives);
   for (auto& j : joins) {
     j.a.steps = p.newcomer_steps[j.a.worker_id];
-    st.members[j.a.worker_id].steps = j.a.steps;
+    st.members[j.a.worker_id].part.steps = j.a.steps;
     spdlog::info("scheduler: worker {} joins the running job for {} steps", j.a.worker_id, j.a.steps);
     j.promise.deliver(j.a, st.cfg.shards);
     // The newcomer takes a part of the set of its own (the others' shrink), from their
@@ -656,10 +649,7 @@ caf::result<wire::assignment, std::vector<shard_actor>> on_register(scheduler_po
   m.addr = caf::actor_cast<caf::actor_addr>(self->current_sender());
   m.handle = self->current_sender();
   m.host = req.host;
-  m.steps = a.steps;
-  m.batch = a.batch_size;
-  m.data_begin = a.data_begin;
-  m.data_count = a.data_count;
+  m.part = member_part{a.batch_size, a.data_begin, a.data_count, a.steps};
   st.members[id] = m;
   st.roster->joined(); // a worker to take up what lost ones left
   if (auto sender = self->current_sender())

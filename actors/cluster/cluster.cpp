@@ -36,7 +36,6 @@ struct node_entry {
   int64_t replace_shard = -1; // the shard its hello asked to serve again, once confirmed
 };
 
-
 struct cluster_state {
   static constexpr const char* name = "ashlar.cluster";
   cluster_config cfg;
@@ -88,9 +87,6 @@ void add_worker_on(cluster_pointer self, uint32_t node_id) {
 // Starts on node `node_id` the workers the running job may still take there (its free
 // slots, up to train.max_workers: control::cluster_membership::to_start_on).
 void start_workers_on(cluster_pointer self, uint32_t node_id) {
-  auto n = self->state.nodes.find(node_id);
-  if (n == self->state.nodes.end() || !self->state.members.serving(node_id))
-    return;
   const uint32_t k = self->state.job_running ? self->state.members.to_start_on(node_id) : 0;
   if (k > 0)
     spdlog::info("cluster: node {} starts {} worker(s) for the job", node_id, k);

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Runs the README's commands as a new user would copy them, and fails on the first that fails.
+"""Runs the README's (or a guide's) commands as a new user would copy them, and fails on the first
+that fails.
 
-Every ```sh block of README.md runs, in order, as one bash script (so `F=...` carries to the
+Every ```sh block of README.md (or of each --file, or of every docs/guides/*.md with --guides)
+runs, in order, as one bash script (so `F=...` carries to the
 lines after it) with `set -e`, in a scratch directory that links the repository's top-level
 entries (so ./build/apps/ashlar and ops/configs/... resolve and outputs such as r.json land
-in the scratch directory), with HOME in the scratch directory (cluster tokens under
+in the scratch directory; each file gets a scratch directory of its own), with HOME in the scratch directory (cluster tokens under
 ~/.ashlar) and the `ashlar` of `bash ops/install.sh PREFIX` first on PATH, as the README
 tells a user to install it. What a user does by hand is done by this script:
 
@@ -23,11 +25,13 @@ tells a user to install it. What a user does by hand is done by this script:
 A block fails on a non-zero exit, on a daemon that exits before it joins, or on output that
 no command should print (a crash, an uncaught exception, a sanitizer report).
 
-  python3 ops/readme-run.py            # what CI runs (a ctest)
+  python3 ops/readme-run.py            # README.md: what CI runs (a ctest)
   python3 ops/readme-run.py --all      # also the long blocks
   python3 ops/readme-run.py --list     # the blocks and what this script does with each
   python3 ops/readme-run.py --only 445 # one block, by the line of its fence
   python3 ops/readme-run.py --smoke    # only the blocks marked smoke
+  python3 ops/readme-run.py --file docs/guides/checkpoints.md   # a guide's commands (repeatable)
+  python3 ops/readme-run.py --guides   # every guide under docs/guides, one after another
 """
 import argparse
 import os
@@ -143,20 +147,10 @@ def script_of(cmds, full):
     return "\n".join(body) + "\n"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--all", action="store_true", help="also the long blocks and the setup commands")
-    ap.add_argument("--list", action="store_true", help="list the blocks and what would run")
-    ap.add_argument("--keep", metavar="DIR", help="run in DIR (kept) instead of a temporary directory")
-    ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"))
-    ap.add_argument("--timeout", type=float, default=900, help="seconds per block (default 900)")
-    ap.add_argument("--only", type=int, metavar="LINE", help="run only the block whose fence is on README line LINE")
-    ap.add_argument("--smoke", action="store_true", help="run only the blocks marked <!-- readme-run: smoke -->")
-    args = ap.parse_args()
-
-    found = blocks(args.readme)
+def plan_of(path, args):
+    """(line, commands or None, why not run) for each ```sh block of PATH."""
     plan = []
-    for line, directive, text in found:
+    for line, directive, text in blocks(path):
         kind, _, reason = directive.partition(" ")
         if args.only and line != args.only:
             plan.append((line, None, "not the --only block"))
@@ -166,46 +160,33 @@ def main():
             plan.append((line, None, f"{kind}: {reason}"))
         else:
             plan.append((line, commands(text), ""))
-    if args.list:
-        for line, cmds, why in plan:
-            print(f"README.md:{line}: " + (why if cmds is None else f"runs {len(cmds)} command(s)"))
-        return 0
+    return plan
 
-    if not os.access(os.path.join(ROOT, "build/apps/ashlar"), os.X_OK):
-        print("readme-run: build/apps/ashlar is missing: run bash ops/build.sh first", file=sys.stderr)
-        return 2
-    work = args.keep or tempfile.mkdtemp(prefix="ashlar-readme-")
+
+def run_file(path, plan, work, env, args):
+    """Runs PLAN's blocks in WORK (a scratch directory linking the repository's entries);
+    returns the number of blocks that failed (0 or 1: it stops at the first)."""
+    name = os.path.relpath(path, ROOT)
     os.makedirs(work, exist_ok=True)
     for entry in os.listdir(ROOT):
         dst = os.path.join(work, entry)
         if entry != ".git" and not os.path.lexists(dst):
             os.symlink(os.path.join(ROOT, entry), dst)
-    env = dict(os.environ)
+    env = dict(env)
     env["HOME"] = os.path.join(work, "home")
     os.makedirs(env["HOME"], exist_ok=True)
-    env.pop("ASHLAR_HOME", None)
-    prefix = os.path.join(work, "prefix")
-    # The README's install step: `bash ops/install.sh PREFIX`, PREFIX/bin on PATH.
-    r = subprocess.run(["bash", os.path.join(ROOT, "ops/install.sh"), prefix], env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if r.returncode != 0:
-        print(r.stdout, "readme-run: bash ops/install.sh failed", file=sys.stderr)
-        return 1
-    env["PATH"] = os.path.join(prefix, "bin") + os.pathsep + env["PATH"]
-    print(f"readme-run: in {work}, `ashlar` from {prefix}/bin")
-
-    failed = 0
+    print(f"readme-run: {name} in {work}")
     for line, cmds, why in plan:
         if cmds is None:
-            print(f"\n== README.md:{line}: not run ({why})")
+            print(f"\n== {name}:{line}: not run ({why})")
             continue
-        print(f"\n== README.md:{line}: {len(cmds)} command(s)", flush=True)
-        path = os.path.join(work, f"block-{line}.sh")
-        with open(path, "w") as f:
+        print(f"\n== {name}:{line}: {len(cmds)} command(s)", flush=True)
+        script = os.path.join(work, f"block-{line}.sh")
+        with open(script, "w") as f:
             f.write(script_of(cmds, args.all))
         start = time.time()
         # Its own process group: on a timeout the block and every daemon it started end.
-        proc = subprocess.Popen(["bash", path], cwd=work, env=env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(["bash", script], cwd=work, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             out, _ = proc.communicate(timeout=args.timeout)
@@ -220,20 +201,78 @@ def main():
             out, _ = proc.communicate()
             rc = f"timeout after {args.timeout:g} s"
         logs = ""
-        for name in sorted(os.listdir(work)):
-            if name.startswith("node-") and name.endswith(".log.pid"):
-                os.remove(os.path.join(work, name))
-            elif name.startswith("node-") and name.endswith(".log"):
-                logs += open(os.path.join(work, name), errors="replace").read()
-                os.rename(os.path.join(work, name), os.path.join(work, f"block-{line}-{name}"))
+        for entry in sorted(os.listdir(work)):
+            if entry.startswith("node-") and entry.endswith(".log.pid"):
+                os.remove(os.path.join(work, entry))
+            elif entry.startswith("node-") and entry.endswith(".log"):
+                logs += open(os.path.join(work, entry), errors="replace").read()
+                os.rename(os.path.join(work, entry), os.path.join(work, f"block-{line}-{entry}"))
         sys.stdout.write(out)
         bad = BAD_OUTPUT.search(out + logs)
         if rc != 0 or bad:
-            failed += 1
             why = f"exit {rc}" if rc != 0 else f"printed '{bad.group(0)}'"
-            print(f"== README.md:{line}: FAILED ({why}, {time.time() - start:.0f} s); files in {work}")
+            print(f"== {name}:{line}: FAILED ({why}, {time.time() - start:.0f} s); files in {work}")
+            return 1
+        print(f"== {name}:{line}: ok ({time.time() - start:.0f} s)")
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--all", action="store_true", help="also the long blocks and the setup commands")
+    ap.add_argument("--list", action="store_true", help="list the blocks and what would run")
+    ap.add_argument("--keep", metavar="DIR", help="run in DIR (kept) instead of a temporary directory")
+    ap.add_argument("--file", "--readme", dest="files", action="append", metavar="FILE",
+                    help="a Markdown file whose blocks to run (repeatable; default README.md)")
+    ap.add_argument("--guides", action="store_true", help="every docs/guides/*.md, in name order")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per block (default 900)")
+    ap.add_argument("--only", type=int, metavar="LINE", help="run only the block whose fence is on line LINE")
+    ap.add_argument("--smoke", action="store_true", help="run only the blocks marked <!-- readme-run: smoke -->")
+    args = ap.parse_args()
+
+    files = []
+    for f in args.files or []:
+        path = f if os.path.isabs(f) or os.path.exists(f) else os.path.join(ROOT, f)
+        if not os.path.isfile(path):
+            print(f"readme-run: no such file: {f}", file=sys.stderr)
+            return 2
+        files.append(os.path.abspath(path))
+    if args.guides:
+        guides = os.path.join(ROOT, "docs", "guides")
+        files += [os.path.join(guides, g) for g in sorted(os.listdir(guides)) if g.endswith(".md")]
+    if not files:
+        files = [os.path.join(ROOT, "README.md")]
+    plans = [(path, plan_of(path, args)) for path in files]
+    if args.list:
+        for path, plan in plans:
+            for line, cmds, why in plan:
+                print(f"{os.path.relpath(path, ROOT)}:{line}: " + (why if cmds is None else f"runs {len(cmds)} command(s)"))
+        return 0
+
+    if not os.access(os.path.join(ROOT, "build/apps/ashlar"), os.X_OK):
+        print("readme-run: build/apps/ashlar is missing: run bash ops/build.sh first", file=sys.stderr)
+        return 2
+    work = args.keep or tempfile.mkdtemp(prefix="ashlar-readme-")
+    os.makedirs(work, exist_ok=True)
+    env = dict(os.environ)
+    env.pop("ASHLAR_HOME", None)
+    prefix = os.path.join(work, "prefix")
+    # The README's install step: `bash ops/install.sh PREFIX`, PREFIX/bin on PATH.
+    r = subprocess.run(["bash", os.path.join(ROOT, "ops/install.sh"), prefix], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        print(r.stdout, "readme-run: bash ops/install.sh failed", file=sys.stderr)
+        return 1
+    env["PATH"] = os.path.join(prefix, "bin") + os.pathsep + env["PATH"]
+    print(f"readme-run: `ashlar` and `ashlar-plot` from {prefix}/bin")
+
+    failed = 0
+    for path, plan in plans:
+        # One file: the scratch directory itself (as before); several: one under it each.
+        sub = work if len(plans) == 1 else os.path.join(work, os.path.splitext(os.path.basename(path))[0])
+        failed = run_file(path, plan, sub, env, args)
+        if failed:
             break
-        print(f"== README.md:{line}: ok ({time.time() - start:.0f} s)")
     if not failed and not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     print("\nreadme-run: " + ("every command ran" if not failed else "a block failed"))

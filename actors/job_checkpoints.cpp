@@ -111,9 +111,13 @@ void job_checkpoints::act(const cut_action& a, const std::vector<shard_actor>& s
       return;
     }
     case cut_action::commit:
-      if (auto err = store_.commit(a.cut, pending_.samples, pending_.seconds, pending_.workers, pending_.stage))
-        spdlog::error("job: committing checkpoint cut {} to {} failed: {}", a.cut, dir_, describe(err));
-      else
+      if (auto err = store_.commit(a.cut, pending_.samples, pending_.seconds, pending_.workers, pending_.stage)) {
+        // The shards keep the cut the record names, not this one.
+        pacer_->commit_failed(a.cut);
+        spdlog::error("job: committing checkpoint cut {} to {} failed: {}; the job goes on, and a resume starts "
+                      "from cut {}",
+                      a.cut, dir_, describe(err), pacer_->last_committed());
+      } else
         spdlog::debug("job: checkpoint cut {} committed ({} samples)", a.cut, pending_.samples);
       return;
     case cut_action::abandon:

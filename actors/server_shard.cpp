@@ -113,6 +113,7 @@ caf::result<uint64_t> ask_cut(shard_pointer self, uint64_t cut, uint64_t at_vers
                                              + " keeps no checkpoints");
   if (cut != 0) // a restore's cut stands until a later one
     st.writer->keep_cut(std::max(st.writer->kept_cut(), committed));
+  st.writer->new_cut(); // an earlier write's failure says nothing of this cut
   auto now = st.sessions->ask_cut(cut, at_version);
   if (!now)
     return std::move(now.error());

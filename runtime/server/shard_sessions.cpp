@@ -134,10 +134,8 @@ shard_sessions::outcome shard_sessions::release() {
 
 // After a version was made: the cut waiting for it, if this is its version.
 void shard_sessions::after_version(outcome& out) {
-  if (due_cut_ && core_.version() >= due_cut_->second) {
-    out.cut = due_cut_->first;
-    due_cut_.reset();
-  }
+  if (auto cut = cuts_.on_version(core_.version()))
+    out.cut = *cut;
 }
 
 // The push into the core: a sparse one densified, a chunk of a larger one used as it
@@ -225,18 +223,7 @@ shard_sessions::outcome shard_sessions::on_member(const wire::membership_change&
 }
 
 expected<bool> shard_sessions::ask_cut(uint64_t cut, uint64_t at_version) {
-  if (cut == 0)
-    return make_error(errc::invalid_argument, "checkpoint cut 0 is not a cut");
-  due_cut_.reset();
-  if (at_version != 0 && at_version < core_.version())
-    return make_error(errc::invalid_state, "shard " + std::to_string(core_.range().shard_id) + " was at version "
-                                             + std::to_string(core_.version()) + ", past the cut's version "
-                                             + std::to_string(at_version));
-  if (at_version > core_.version()) {
-    due_cut_.emplace(cut, at_version);
-    return false;
-  }
-  return true;
+  return cuts_.ask(cut, at_version, core_.version(), core_.range().shard_id);
 }
 
 }  // namespace ashlar

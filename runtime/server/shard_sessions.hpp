@@ -19,6 +19,7 @@
 #include "runtime/core/clock.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/server/shard_core.hpp"
+#include "runtime/store/cut_schedule.hpp"
 #include "runtime/wire/messages.hpp"
 
 namespace ashlar {
@@ -117,7 +118,7 @@ private:
   uint64_t next_view_seq_ = 1;
   topk_scratch topk_;                     // delta reads: selection scratch
   std::vector<float> diff_, values_;      //   the difference from the view, the values sent
-  std::optional<std::pair<uint64_t, uint64_t>> due_cut_; // cut, at version
+  cut_schedule cuts_;                     // the cut asked for at a later version
 };
 
 }  // namespace ashlar

@@ -346,6 +346,11 @@ void async_checkpointer::keep_cut(uint64_t cut) {
   kept_ = cut;
 }
 
+void async_checkpointer::new_cut() {
+  std::lock_guard<std::mutex> lock{mu_};
+  totals_.error.clear();
+}
+
 uint64_t async_checkpointer::kept_cut() const {
   std::lock_guard<std::mutex> lock{mu_};
   return kept_;

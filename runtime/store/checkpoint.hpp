@@ -140,6 +140,9 @@ public:
 
   /// The job's last committed cut, which the writes from now on keep (checkpoint_log::save).
   void keep_cut(uint64_t cut);
+  /// A new cut was asked for: the failure of an earlier write (a disk that was full) no
+  /// longer says anything about it; totals().error is the new cut's from now on.
+  void new_cut();
   uint64_t kept_cut() const;
 
   struct totals {

@@ -40,6 +40,7 @@ cut_action cut_pacer::on_status(const std::vector<shard_cut_view>& shards, doubl
     }
     if (all) {
       flight_.reset();
+      committed_before_ = last_committed_;
       last_committed_ = cut;
       return {cut_action::commit, cut, 0, ""};
     }
@@ -69,6 +70,11 @@ std::optional<cut_action> cut_pacer::missed(uint64_t cut, const std::string& why
   flight_.reset();
   margin_ = std::min<uint64_t>(margin_ * 2, 1 << 16);
   return cut_action{cut_action::abandon, cut, 0, why};
+}
+
+void cut_pacer::commit_failed(uint64_t cut) {
+  if (cut == last_committed_)
+    last_committed_ = committed_before_;
 }
 
 cut_action cut_pacer::final_cut(double now) { return begin(0, now); }

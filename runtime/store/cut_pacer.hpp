@@ -51,6 +51,10 @@ public:
   /// cut is abandoned and later ones look twice as many rounds ahead. Nothing when
   /// `cut` is not in flight.
   std::optional<cut_action> missed(uint64_t cut, const std::string& why);
+  /// The job's record of cut `cut`, just committed, could not be written (a full disk):
+  /// the last committed cut is the one before it again, which the shards keep (a resume
+  /// goes back to what the record names). Nothing when `cut` is not the last committed.
+  void commit_failed(uint64_t cut);
   /// How many rounds past the newest reported version a lockstep cut is taken.
   uint64_t margin() const { return margin_; }
 
@@ -62,6 +66,7 @@ private:
   uint64_t every_;
   bool lockstep_;
   uint64_t last_committed_;
+  uint64_t committed_before_ = 0; // the last committed cut before the newest commit
   uint64_t next_;
   double timeout_s_;
   uint64_t margin_ = 2;

@@ -660,3 +660,42 @@ TEST_CASE("a checkpoint store's log damaged in the middle fails to open, naming 
   REQUIRE(k2);
   CHECK_FALSE(k2->has_value());
 }
+
+namespace {
+// A store in memory whose disk can fill: while `full`, writes fail as RocksDB's do.
+class full_disk_store : public ashlar::kv_store {
+public:
+  bool full = false;
+  caf::error write(const ashlar::kv_batch& b) override {
+    if (full)
+      return ashlar::make_error(ashlar::errc::io_error, "IO error: No space left on device");
+    return mem_->write(b);
+  }
+  ashlar::expected<std::optional<std::string>> get(const std::string& k) const override { return mem_->get(k); }
+  ashlar::expected<std::vector<std::string>> keys(const std::string& p) const override { return mem_->keys(p); }
+  std::string where() const override { return "memory"; }
+
+private:
+  std::unique_ptr<ashlar::kv_store> mem_ = ashlar::make_memory_store();
+};
+}  // namespace
+
+TEST_CASE("a checkpoint writer reports a write that failed on a full disk until the next cut is asked for, then "
+          "writes it once the disk has room") {
+  full_disk_store store;
+  ashlar::async_checkpointer w{store, 0, 3};
+  auto params = std::make_shared<const std::vector<float>>(4, 1.0f);
+  store.full = true;
+  w.submit(5, 1, 0, 4, params, {});
+  w.flush();
+  CHECK(w.stats().error.find("No space left") != std::string::npos);
+  CHECK(w.stats().newest_cut == 0);
+  CHECK(w.stats().failures == 1);
+  w.new_cut(); // cut 2 is asked for: cut 1's failure says nothing of it
+  CHECK(w.stats().error.empty());
+  store.full = false;
+  w.submit(7, 2, 0, 4, params, {});
+  w.flush();
+  CHECK(w.stats().error.empty());
+  CHECK(w.stats().newest_cut == 2);
+}

@@ -103,3 +103,20 @@ TEST_CASE("the final cut starts at once, replacing one in flight, even with peri
   CHECK(f.at_version == 0);
   CHECK(p.on_status(at({1000}, 4), 2.1).kind == cut_action::commit);
 }
+
+TEST_CASE("a cut whose job record could not be written is not the cut the shards keep") {
+  cut_pacer p{1, false, 0};
+  p.on_status(at({0, 0}), 0.0);
+  REQUIRE(p.on_status(at({1, 1}), 1.0).kind == cut_action::start);
+  REQUIRE(p.on_status(at({2, 2}, 1), 1.1).kind == cut_action::commit);
+  CHECK(p.last_committed() == 1);
+  REQUIRE(p.on_status(at({3, 3}, 1), 2.0).kind == cut_action::start);
+  REQUIRE(p.on_status(at({4, 4}, 2), 2.1).kind == cut_action::commit);
+  p.commit_failed(2); // the job's store is full
+  CHECK(p.last_committed() == 1);
+  p.commit_failed(1); // not the last commit: nothing changes
+  CHECK(p.last_committed() == 1);
+  auto next = p.on_status(at({5, 5}, 2), 3.0);
+  REQUIRE(next.kind == cut_action::start);
+  CHECK(next.cut == 3); // ids are never reused
+}

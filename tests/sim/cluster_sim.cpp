@@ -21,6 +21,11 @@
 #include "runtime/control/node_lifecycle.hpp"
 #include "runtime/core/clock.hpp"
 #include "runtime/policy/assignment.hpp"
+#include "runtime/store/checkpoint.hpp"
+#include "runtime/store/cut_pacer.hpp"
+#include "runtime/store/cut_schedule.hpp"
+#include "runtime/store/job_store.hpp"
+#include "runtime/store/kv_store.hpp"
 #include "runtime/worker/step_machine.hpp"
 
 #include <spdlog/spdlog.h>
@@ -89,6 +94,39 @@ struct member {
   uint64_t begin = 0; // where the part starts
   std::vector<std::pair<uint64_t, double>> earlier; // what its steps trained before its part took effect
   member_part ledger() const { return member_part{batch, begin, part, steps, earlier}; }
+};
+
+// A store in memory whose disk can fill: while `full`, every write fails as RocksDB's does
+// on a full disk, and nothing of the batch lands.
+class filling_store : public kv_store {
+public:
+  explicit filling_store(std::string name) : name_(std::move(name)) {}
+  bool full = false;
+  caf::error write(const kv_batch& b) override {
+    if (full)
+      return make_error(errc::io_error, name_ + ": IO error: No space left on device");
+    return mem_->write(b);
+  }
+  expected<std::optional<std::string>> get(const std::string& key) const override { return mem_->get(key); }
+  expected<std::vector<std::string>> keys(const std::string& prefix) const override { return mem_->keys(prefix); }
+  std::string where() const override { return name_; }
+
+private:
+  std::string name_;
+  std::unique_ptr<kv_store> mem_ = make_memory_store();
+};
+
+// A server shard's checkpoints: its versions (one per BSP round), the cut it was asked for
+// at a later version (the real cut_schedule), and its records in the real checkpoint_log.
+struct shard_disk {
+  uint32_t id = 0;
+  std::unique_ptr<filling_store> disk;
+  std::unique_ptr<checkpoint_log> log;
+  cut_schedule cuts;
+  uint64_t version = 0;
+  uint64_t newest_cut = 0; // on disk
+  std::string error;       // why its last write failed
+  uint64_t kept = 0;       // the job's last committed cut, as the driver said
 };
 
 struct event {
@@ -432,6 +470,7 @@ struct world {
 
   void begin_rounds() {
     round_started = true;
+    after(100 * ms, [this] { cut_tick(); });
     note("training starts with " + std::to_string(table.size()) + " workers");
     // Fewer than the job's workers registered in time: the parts of those that did not are
     // owed as a lost worker's would be, and go to those that did.
@@ -655,6 +694,7 @@ struct world {
       return;
     ++round;
     ++res.rounds;
+    shard_made_version();
     for (auto [id, samples] : pushes) {
       applied += samples;
       res.control_work += 1;
@@ -897,17 +937,232 @@ struct world {
   std::optional<control::job_roster> roster;
 
   void end_run(const std::string& error) {
-    if (job_over)
+    if (job_over || ending)
       return;
     for (auto& [id, m] : table) // steps that came after their member had finished
       if (!m.failed && !m.handed && m.steps > m.done) {
         m.handed = true;
         short_samples += owed_by(m);
       }
-    const bool trained_all = applied + 1e-6 >= static_cast<double>(budget);
-    if (life)
-      act(life->on_run_ended(error, trained_all));
     job_running = false;
+    if (pacer && !ending) { // the clean end: every shard writes the last cut first
+      ending = true;
+      end_error = error;
+      end_began = now();
+      auto a = pacer->final_cut(now_s());
+      final_cut = a.cut;
+      disk_full_at_end = any_disk_full();
+      cut_act(a);
+      // (the driver polls once the shards answered the order)
+      return after(10 * ms, [this] { final_cut_tick(); });
+    }
+    if (life)
+      act(life->on_run_ended(error, applied + 1e-6 >= static_cast<double>(budget)));
+  }
+
+  // ---- checkpoint cuts ---------------------------------------------------------------------
+  // The job driver's cut_pacer, two shards' cut_schedule and checkpoint_log, the job's record
+  // of committed cuts (save_job_record), each on a store whose disk can fill: a lockstep cut
+  // every few rounds, and the last one as the job ends.
+  std::vector<shard_disk> shard_disks;
+  std::mt19937_64 disk_rng; // draws of the disks' own, apart from the schedule's
+  std::unique_ptr<filling_store> job_disk;
+  std::optional<cut_pacer> pacer;
+  std::map<uint64_t, uint64_t> cut_version; // cut -> the version it was asked at (0: each its own)
+  double cut_samples = 0;                   // the samples as the cut in flight started
+  bool ending = false;                      // the run ended; its last cut is being written
+  std::string end_error;
+  uint64_t end_began = 0;
+  uint64_t commits = 0;
+  uint64_t final_cut = 0;
+  bool disk_full_at_end = false; // a disk was full while the last cut was written
+  std::string last_abandon;
+  bool any_disk_full() const {
+    bool full = job_disk->full;
+    for (const auto& d : shard_disks)
+      full = full || d.disk->full;
+    return full;
+  }
+
+  void setup_checkpoints(uint64_t every) {
+    job_disk = std::make_unique<filling_store>("the job's store");
+    for (uint32_t k = 0; k < 2; ++k) {
+      shard_disk d;
+      d.id = k;
+      d.disk = std::make_unique<filling_store>("shard " + std::to_string(k) + "'s store");
+      d.log = std::make_unique<checkpoint_log>(*d.disk, k, 3);
+      shard_disks.push_back(std::move(d));
+    }
+    job_record start; // the job's start record, in before any shard writes a cut
+    if (auto e = save_job_record(*job_disk, start))
+      violate("the job's start record: " + describe(e));
+    pacer.emplace(every, true, 0);
+  }
+  shard_disk* disk_of(const std::string& what) {
+    for (auto& d : shard_disks)
+      if (what == "shard " + std::to_string(d.id))
+        return &d;
+    return nullptr;
+  }
+  void fill_disk(const std::string& what, bool full) {
+    auto* d = disk_of(what);
+    (d ? *d->disk : *job_disk).full = full;
+    disk_full_at_end = disk_full_at_end || (ending && full);
+    note("the disk of " + what + (full ? " is full" : " has room again"));
+  }
+
+  // A BSP round made a version on every shard: a cut due at it is written.
+  void shard_made_version() {
+    for (auto& d : shard_disks) {
+      ++d.version;
+      if (auto c = d.cuts.on_version(d.version))
+        write_cut(d, *c);
+    }
+  }
+  // The shard hands the version over to its writer (async_checkpointer), which has it on
+  // disk (or fails) a little later.
+  void write_cut(shard_disk& d, uint64_t cut) {
+    const uint64_t version = d.version;
+    const uint32_t k = d.id;
+    after(ms + disk_rng() % (30 * ms), [this, k, cut, version] {
+      auto& d = shard_disks[k];
+      std::vector<float> params(4, static_cast<float>(version)); // what the shard held at that version
+      auto r = d.log->save(version, cut, 0, params.size(), params.data(), nullptr, nullptr, 0, d.kept);
+      if (!r) {
+        d.error = describe(r.error());
+        note("shard " + std::to_string(d.id) + " could not write cut " + std::to_string(cut) + ": " + d.error);
+        return check_cuts(0);
+      }
+      d.error.clear();
+      d.newest_cut = std::max(d.newest_cut, cut);
+      note("shard " + std::to_string(d.id) + " wrote cut " + std::to_string(cut) + " at version "
+           + std::to_string(version));
+    });
+  }
+  // The driver's order reaches shard k: it keeps the last committed cut, and writes now,
+  // later, or refuses (past the version).
+  void order_cut(shard_disk& d, uint64_t cut, uint64_t at, uint64_t committed) {
+    d.kept = std::max(d.kept, committed);
+    if (!opt.stale_cut_error)
+      d.error.clear(); // (async_checkpointer::new_cut)
+    auto now_or_later = d.cuts.ask(cut, at, d.version, d.id);
+    if (!now_or_later) {
+      const std::string why = describe(now_or_later.error());
+      return after(latency(), [this, cut, why] {
+        if (auto a = pacer->missed(cut, why))
+          cut_act(*a);
+      });
+    }
+    if (*now_or_later)
+      write_cut(d, cut);
+  }
+  void cut_act(const cut_action& a) {
+    switch (a.kind) {
+      case cut_action::none:
+        return;
+      case cut_action::start: {
+        cut_samples = applied;
+        cut_version[a.cut] = a.at_version;
+        const uint64_t committed = pacer->last_committed();
+        note("checkpoint cut " + std::to_string(a.cut) + " asked at version " + std::to_string(a.at_version));
+        for (size_t k = 0; k < shard_disks.size(); ++k)
+          after(latency(), [this, k, a, committed] { order_cut(shard_disks[k], a.cut, a.at_version, committed); });
+        return;
+      }
+      case cut_action::commit: {
+        job_record r;
+        r.cut = a.cut;
+        r.samples = static_cast<uint64_t>(cut_samples);
+        if (auto e = save_job_record(*job_disk, r)) {
+          note("committing cut " + std::to_string(a.cut) + " failed: " + describe(e));
+          if (!opt.uncommitted_cut_kept)
+            pacer->commit_failed(a.cut);
+        } else {
+          ++commits;
+          note("checkpoint cut " + std::to_string(a.cut) + " committed");
+          check_cut_versions(a.cut);
+        }
+        return check_cuts(0);
+      }
+      case cut_action::abandon:
+        last_abandon = a.why;
+        note("checkpoint cut " + std::to_string(a.cut) + " abandoned: " + a.why);
+        return check_cuts(0);
+    }
+  }
+  void cut_tick() {
+    if (!pacer || !job_running || ending)
+      return;
+    cut_act(pacer->on_status(cut_views(), now_s()));
+    after(100 * ms, [this] { cut_tick(); });
+  }
+  std::vector<shard_cut_view> cut_views() const {
+    std::vector<shard_cut_view> v;
+    for (const auto& d : shard_disks)
+      v.push_back({d.version, d.newest_cut, d.error});
+    return v;
+  }
+  // The job's last cut, at each shard's version as the run ended; the outcome once it is
+  // committed, abandoned, or 60 s passed (as job_checkpoints::final_cut).
+  void final_cut_tick() {
+    cut_act(pacer->on_status(cut_views(), now_s()));
+    if (pacer->in_flight() && now() < end_began + 60 * sec)
+      return after(10 * ms, [this] { final_cut_tick(); });
+    check_cuts(0);
+    // Where every disk had room while it was written, the last cut went in.
+    if (!disk_full_at_end && pacer->last_committed() != final_cut)
+      violate("the job's last cut " + std::to_string(final_cut) + " was not committed, though every disk had room"
+              + (last_abandon.empty() ? std::string{} : " (abandoned: " + last_abandon + ")"));
+    if (life)
+      act(life->on_run_ended(end_error, applied + 1e-6 >= static_cast<double>(budget)));
+  }
+
+  // A committed cut is one version of the model: every shard's record of it at the version
+  // the cut was asked at (lockstep), holding what the shard had then.
+  void check_cut_versions(uint64_t cut) {
+    std::optional<uint64_t> v;
+    for (auto& d : shard_disks) {
+      auto rec = d.log->load(cut);
+      if (!rec)
+        return violate("committed cut " + std::to_string(cut) + ": shard " + std::to_string(d.id)
+                       + "'s record: " + describe(rec.error()));
+      const uint64_t at = cut_version[cut];
+      if ((at != 0 && rec->version != at) || (v && *v != rec->version))
+        return violate("committed cut " + std::to_string(cut) + " mixes versions: shard " + std::to_string(d.id)
+                       + " wrote version " + std::to_string(rec->version) + " (asked at "
+                       + std::to_string(at) + ", another shard wrote " + std::to_string(v.value_or(at)) + ")");
+      for (float x : rec->params)
+        if (x != static_cast<float>(rec->version))
+          return violate("committed cut " + std::to_string(cut) + ": shard " + std::to_string(d.id)
+                         + " wrote parameters of another version than " + std::to_string(rec->version));
+      v = rec->version;
+    }
+  }
+  // Nothing committed is lost: the newest cut the job's record names is intact on every
+  // shard, and a resume starts from it.
+  void check_cuts(int) {
+    if (!pacer)
+      return;
+    auto records = load_job_cuts(*job_disk);
+    if (!records)
+      return violate("the job's record does not load: " + describe(records.error()));
+    std::vector<uint64_t> committed;
+    for (const auto& r : *records)
+      committed.push_back(r.cut);
+    const uint64_t newest = committed.empty() ? 0 : *std::max_element(committed.begin(), committed.end());
+    std::vector<shard_cuts> held;
+    for (auto& d : shard_disks) {
+      auto intact = d.log->intact_cuts();
+      if (!intact)
+        return violate("shard " + std::to_string(d.id) + "'s cuts do not load: " + describe(intact.error()));
+      held.push_back({d.id, *intact});
+    }
+    auto choice = choose_cut(committed, held, "the job's checkpoints");
+    if (!choice)
+      return violate("a resume would fail: " + describe(choice.error()));
+    if (choice->cut != newest)
+      return violate("a resume would start from cut " + std::to_string(choice->cut) + ", not the newest committed, "
+                     + std::to_string(newest) + " (" + choice->passed_over + ")");
   }
 
   // ---- invariants --------------------------------------------------------------------------
@@ -1123,6 +1378,19 @@ sim_result run(const sim_options& opt) {
       if (w.life)
         w.act(w.life->on_stop("the cluster was shut down by ashlar ctl shutdown"));
     });
+  // Checkpoint cuts every few rounds; in some schedules a disk fills for a while (a shard's,
+  // or the job's store): drawn apart, so the other draws stay as they were.
+  auto& disk_rng = w.disk_rng;
+  disk_rng.seed(opt.seed * 0x94D049BB133111EBull + 13);
+  w.setup_checkpoints(2 + disk_rng() % 6);
+  if (disk_rng() % 3 == 0) {
+    const uint64_t which = disk_rng() % 3;
+    const std::string what = which == 2 ? std::string{"the job's store"} : "shard " + std::to_string(which);
+    const uint64_t t = w.now() + sec + disk_rng() % std::max<uint64_t>(1, est);
+    const uint64_t d = 100 * ms + disk_rng() % std::max<uint64_t>(1, est / 2);
+    w.at(t, [&w, what] { w.fill_disk(what, true); });
+    w.at(t + d, [&w, what] { w.fill_disk(what, false); });
+  }
   w.act(w.life->on_capacity(w.members.free()));
   w.at(w.now() + w.wait_ns, [&w] {
     if (w.true_cause.empty() && w.life && w.life->state() == control::job_lifecycle::phase::waiting)
@@ -1267,6 +1535,8 @@ sim_result run(const sim_options& opt) {
              + (opt.churn > 0 ? " --churn " + std::to_string(opt.churn) : std::string{})
              + (opt.join_delay_s > 0 ? " --join-delay " + fmt_num(opt.join_delay_s) : std::string{}) : std::string{}) + (opt.legacy_handover ? " --legacy-handover" : "")
              + (opt.uncorrected_directives ? " --uncorrected-directives" : "")
+             + (opt.uncommitted_cut_kept ? " --uncommitted-cut-kept" : "")
+             + (opt.stale_cut_error ? " --stale-cut-error" : "")
              + " --verbose";
   return r;
 }

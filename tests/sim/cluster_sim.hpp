@@ -6,8 +6,13 @@
 // compute: their data parts, directives, corrections and reports are the worker's own. A seed
 // draws a schedule of faults (a node crashed, frozen and thawed, partitioned and healed,
 // nodes joining, a node asking for 100000 slots, a script that raises, a stop, a shutdown
-// while the job waits); after every event the invariants are checked, and the first one
-// broken ends the run with a replay command.
+// while the job waits, a disk that fills for a while under a shard's checkpoints or the
+// job's record); after every event the invariants are checked, and the first one broken
+// ends the run with a replay command. Checkpoint cuts run on the real cut_pacer (the job
+// driver's), cut_schedule and checkpoint_log (each shard's) and job record, on stores in
+// memory: a committed cut is one version on every shard, the newest committed cut stays
+// intact everywhere (a resume starts from it), and where every disk had room the job's
+// last cut goes in.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +44,14 @@ struct sim_options {
   /// though the steps it took since the profiler counted trained its old part: for showing
   /// that the invariant catches it.
   bool uncorrected_directives = false;
+  /// The version before a failed commit was rolled back: a cut whose job record could not
+  /// be written (a full disk) counted as committed, and the shards kept it instead of the
+  /// one the record names: for showing that the invariant catches it.
+  bool uncommitted_cut_kept = false;
+  /// The version before a new cut cleared a shard's write error: a write that failed on a
+  /// full disk abandoned every later cut at once, until one was written anyway: for showing
+  /// that the invariant catches it.
+  bool stale_cut_error = false;
 };
 
 struct sim_result {

@@ -38,9 +38,13 @@ int main(int argc, char** argv) {
       opt.legacy_handover = true;
     else if (std::strcmp(argv[i], "--uncorrected-directives") == 0)
       opt.uncorrected_directives = true;
+    else if (std::strcmp(argv[i], "--uncommitted-cut-kept") == 0)
+      opt.uncommitted_cut_kept = true;
+    else if (std::strcmp(argv[i], "--stale-cut-error") == 0)
+      opt.stale_cut_error = true;
     else {
       std::fprintf(stderr, "ashlar-sim: unknown argument %s\nusage: ashlar-sim [--seed N | --seeds N] [--workers W "
-                           "--nodes K --minutes M [--period S] [--churn K] [--join-delay S]] [--verbose] [--legacy-handover] [--uncorrected-directives]\n", argv[i]);
+                           "--nodes K --minutes M [--period S] [--churn K] [--join-delay S]] [--verbose] [--legacy-handover] [--uncorrected-directives] [--uncommitted-cut-kept] [--stale-cut-error]\n", argv[i]);
       return 2;
     }
   }

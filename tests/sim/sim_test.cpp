@@ -80,6 +80,33 @@ TEST_CASE("hand-overs that count the step in flight at the new part train past o
   }
 }
 
+TEST_CASE("a full disk under the job's record keeps its last committed cut on every shard, and not when a failed "
+          "commit counted as committed") {
+  // Seed 9929: the job's store is full for cuts 9 to 11; the shards write them and, told
+  // that cut 11 was committed, drop cut 8, the newest the record names.
+  sim_options opt;
+  opt.seed = 9929;
+  opt.uncommitted_cut_kept = true;
+  auto old = run(opt);
+  CHECK_FALSE(old.ok);
+  CHECK(old.violation.find("a resume would fail") != std::string::npos);
+  opt.uncommitted_cut_kept = false;
+  require_ok(run(opt));
+}
+
+TEST_CASE("a shard's disk that was full abandons the cut it failed, and not the job's last cut after it") {
+  // Seed 9653: shard 1's disk fills and empties again before the job ends; its old write
+  // error abandoned the final cut before the shard wrote it.
+  sim_options opt;
+  opt.seed = 9653;
+  opt.stale_cut_error = true;
+  auto old = run(opt);
+  CHECK_FALSE(old.ok);
+  CHECK(old.violation.find("last cut") != std::string::npos);
+  opt.stale_cut_error = false;
+  require_ok(run(opt));
+}
+
 TEST_CASE("1,000 workers over 100 nodes with 10% of the nodes replaced every minute train their epochs once") {
   sim_options opt;
   opt.workers = 1000;

@@ -822,6 +822,8 @@ private:
           [&](const wire::shard_status& st) {
             rep_.versions += st.version;
             rep_.dropped += st.dropped;
+            if (st.shard_id == 0)
+              rep_.applied_samples = st.samples;
             staleness_sum += st.staleness_sum;
             pushes += st.applied + st.dropped;
           },

@@ -549,6 +549,22 @@ void admit_to_running_job(scheduler_pointer self, wire::assignment a, registrati
   ask_replan(self);
 }
 
+// What a lockstep job's steps cover after a change of members: every admitted member's
+// steps as planned (a lost one's as it took them), in epochs of the set. A change keeps
+// the job's epochs; the line says where it did not.
+void log_planned_epochs(const scheduler_state& st) {
+  if (st.cfg.train_size == 0)
+    return;
+  double samples = 0;
+  for (const auto& [id, m] : st.members)
+    if (m.admitted)
+      samples += samples_between(m.part, 0, m.part.steps);
+  const double epochs = samples / static_cast<double>(st.cfg.train_size);
+  const double job = st.cfg.job.epochs * st.cfg.remaining;
+  spdlog::info("scheduler: the members' steps now cover {:.4f} epochs of the job's {:g} ({:.4f}x)", epochs, job,
+               job > 0 ? epochs / job : 0.0);
+}
+
 // Returns the live workers the plan concerned (0: it sent nothing).
 size_t plan_membership(scheduler_pointer self, const wire::cluster_stats& stats) {
   auto& st = self->state;
@@ -620,6 +636,8 @@ size_t plan_membership(scheduler_pointer self, const wire::cluster_stats& stats)
   apply_plan(self, plan);
   if (st.traits.ring && !joins.empty()) // a ring of the members and the newcomers, who agree on the model first
     form_ring(self, st.ring.on_join(), std::to_string(joins.size()) + " worker(s) joined");
+  if (st.traits.lockstep && !st.traits.ring)
+    log_planned_epochs(st);
   return p.live;
 }
 

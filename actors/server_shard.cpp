@@ -151,6 +151,7 @@ wire::shard_status status_of(const shard_state& st) {
   s.dropped = c.dropped;
   s.staleness_sum = c.staleness_sum;
   s.staleness_max = c.staleness_max;
+  s.samples = c.samples;
   s.live_workers.assign(core.policy().live().begin(), core.policy().live().end());
   s.pending_reads = static_cast<uint32_t>(st.sessions->held_reads());
   if (st.writer) {

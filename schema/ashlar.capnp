@@ -256,6 +256,7 @@ struct ShardStatus {
   pendingReads @10 :UInt32;
   cut @11 :UInt64;          # the newest checkpoint cut on disk (0: none)
   cutError @12 :Text;       # why the last checkpoint write failed, or ""
+  samples @13 :UInt64;      # the samples of the gradients that went into updates
 }
 
 # ---- Profiling and stages -------------------------------------------------------------

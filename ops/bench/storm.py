@@ -197,7 +197,10 @@ def describe(name, run, a):
     per_round = secs / rounds * 1000 if rounds and secs else None
     print(f"{name}: rc {run['rc']}{' (HUNG: killed at the timeout)' if run['hung'] else ''}, {run['seconds']:.0f} s "
           f"wall, test accuracy {rep.get('test_accuracy')}, epochs trained {rep.get('epochs_trained')} of "
-          f"{rep.get('epochs')}, {rounds} rounds"
+          f"{rep.get('epochs')}"
+          + (f" (applied by shard 0: {rep['applied_samples'] / rep['train_samples']:.4f})"
+             if rep.get("applied_samples") and rep.get("train_samples") else "")
+          + f", {rounds} rounds"
           + (f" ({per_round:.1f} ms a round)" if per_round else "")
           + (f", error: {rep['error']}" if rep.get("error") else ""), flush=True)
     if not run["report"]:

@@ -79,12 +79,11 @@ std::vector<rule_change> policy_rule_changes(const train_config& cfg) {
       // a fixed batch each more worker adds samples to a round and not progress. The round
       // (of the workers at the start) is held to about one recipe batch: batch / workers
       // to the nearest multiple of 8, at least 16 (from 4 workers at batch 64). Trials at
-      // batch 64, three runs each: the CNN on 4 and 5 workers reached 90% after 89-95 s at
-      // 16 against 95-105 s at 32 and 24 (docs/bench/cnn-random/batch-trials-4-workers/),
-      // the MLP on 4 workers 85% after 2.8 s against 3.0 s (docs/bench/random/
-      // mlp-1124-batch-16/), on another machine 3.5 s against 2.9 s (its 0.5 ms per sample
-      // loses rate at small batches on 2 cores: docs/bench/random/one-batch-rule/); on 3
-      // workers 24 took 2.5-2.8 s, 32 2.6-3.0 s and 16 3.0 s.
+      // batch 64, three runs each (`ashlar bench hetero --profile random`): the CNN on 4 and
+      // 5 workers reached 90% after 89-95 s at 16 against 95-105 s at 32 and 24, the MLP on
+      // 4 workers 85% after 2.8 s against 3.0 s, on another machine 3.5 s against 2.9 s (its
+      // 0.5 ms per sample loses rate at small batches on 2 cores); on 3 workers 24 took
+      // 2.5-2.8 s, 32 2.6-3.0 s and 16 3.0 s.
       const uint32_t half = std::max<uint32_t>(16, cfg.batch_size / 2);
       const double round_share = static_cast<double>(cfg.batch_size) / w;
       const uint32_t by_round = std::max<uint32_t>(16, static_cast<uint32_t>(std::lround(round_share / 8)) * 8);

@@ -85,7 +85,8 @@ std::string to_json(const run_report& r) {
     << "  \"time_limited\": " << (r.time_limited ? "true" : "false") << ",\n"
     << "  \"epochs_trained\": " << num(r.epochs_trained) << ",\n"
     << "  \"redone_samples\": " << r.redone_samples << ",\n"
-    << "  \"reassigned_samples\": " << r.reassigned_samples << ",\n";
+    << "  \"reassigned_samples\": " << r.reassigned_samples << ",\n"
+    << "  \"applied_samples\": " << r.applied_samples << ",\n";
   if (!r.error.empty())
     o << "  \"error\": " << str(r.error) << ",\n";
   o

@@ -53,6 +53,9 @@ struct run_report {
   bool time_limited = false;      // stopped at run.time_limit before its epochs were done
   double epochs_trained = 0;      // the job's samples so far over the training set (a resumed job's included)
   uint64_t redone_samples = 0;     // a resume: samples the interrupted run trained past its last cut, trained again
+  /// The samples whose gradients shard 0 applied in this run (a push cut short: its
+  /// share): what was trained, as against `samples`, what the workers reported.
+  uint64_t applied_samples = 0;
   uint64_t reassigned_samples = 0; // lost or removed workers' untrained samples the others took over, summed over handovers
   std::string error;              // why the run failed ("" if it did not); the other figures are then partial
   std::vector<epoch_point> history;

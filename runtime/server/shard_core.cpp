@@ -58,6 +58,7 @@ std::shared_ptr<const std::vector<float>> shard_core::average_copy() const {
 }
 
 void shard_core::note_update(uint64_t samples) {
+  counters_.samples += samples;
   if (!keeps_average() || samples == 0)
     return;
   average_seen_ += samples;

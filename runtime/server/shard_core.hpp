@@ -30,6 +30,7 @@ struct shard_counters {
   uint64_t dropped = 0;
   uint64_t staleness_sum = 0;
   uint64_t staleness_max = 0;
+  uint64_t samples = 0;    // the samples of the gradients that went into updates (a push cut short: its share)
 };
 
 class shard_core {

@@ -475,6 +475,7 @@ void fill(schema::ShardStatus::Builder b, const shard_status& x) {
   b.setPendingReads(x.pending_reads);
   b.setCut(x.cut);
   b.setCutError(x.cut_error);
+  b.setSamples(x.samples);
 }
 
 caf::error read(schema::ShardStatus::Reader r, shard_status& out) {
@@ -492,6 +493,7 @@ caf::error read(schema::ShardStatus::Reader r, shard_status& out) {
   out.live_workers.clear();
   for (auto w : r.getLiveWorkers())
     out.live_workers.push_back(w);
+  out.samples = r.getSamples();
   out.pending_reads = r.getPendingReads();
   out.cut = r.getCut();
   out.cut_error = r.getCutError().cStr();

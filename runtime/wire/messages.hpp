@@ -315,6 +315,7 @@ struct shard_status {
   uint32_t pending_reads = 0;
   uint64_t cut = 0;       // the newest checkpoint cut on disk (0: none)
   std::string cut_error;  // why the last checkpoint write failed, or ""
+  uint64_t samples = 0;   // the samples of the gradients that went into updates
 };
 
 struct profile_report {

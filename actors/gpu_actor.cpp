@@ -213,7 +213,7 @@ expected<gpu_selection> select_gpus(const std::string& spec) {
     return err;
   gpu_selection out;
   if (spec == "none" || spec.empty()) {
-    out.why_none = "no GPU requested (--gpus none)";
+    out.why_none = spec.empty() ? "no GPU asked for (--gpus auto uses the GPUs there are)" : "no GPU: --gpus none";
     return out;
   }
   auto found = gpu::list_devices();

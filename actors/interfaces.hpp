@@ -158,6 +158,11 @@ struct running_job {
   /// its free slots up to that bound.
   uint32_t workers = 0;
   std::map<uint32_t, uint32_t> placed;
+  /// The samples the job trains in all (its epochs of the training set, what a resumed job
+  /// has left) and the training set's: `ashlar status` and `train --join` show epochs and
+  /// the time left from them.
+  uint64_t job_samples = 0;
+  uint64_t train_samples = 0;
 };
 
 /// The scheduler process's front door, published on its listen address: nodes say hello

@@ -299,10 +299,16 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
   i->second.left = true;
   i->second.failed = failed;
   i->second.steps_left_at = steps_done;
+  // A worker the job's end stopped (its samples or time reached, a stop of the job) says
+  // "stopped on request", as one removed alone does: the log names which.
+  const std::string on_request = wire::stopped_on_request;
+  const std::string why = st.stopping && reason.rfind(on_request, 0) == 0
+                            ? "stopped as the job ends" + reason.substr(on_request.size())
+                            : reason;
   if (failed)
-    spdlog::warn("scheduler: worker {} removed: {}", id, reason);
+    spdlog::warn("scheduler: worker {} removed: {}", id, why);
   else
-    spdlog::info("scheduler: worker {} left: {}", id, reason);
+    spdlog::info("scheduler: worker {} left: {}", id, why);
   if (failed && st.first_failure.empty())
     st.first_failure = "worker " + std::to_string(id) + ": " + reason;
   if (error && st.job_error.empty()) {
@@ -675,8 +681,10 @@ caf::result<wire::assignment, std::vector<shard_actor>> on_register(scheduler_po
   if (st.lr_factor != 1.0f)
     self->send(caf::actor_cast<worker_actor>(m.handle), lr_atom::value, st.lr_factor);
   const std::string where = req.host.empty() ? std::string{"local"} : req.host;
-  spdlog::info("scheduler: worker {} joined ({}), samples [{}, {}), batch {}, {} steps", id, where, a.data_begin,
-               a.data_begin + a.data_count, a.batch_size, a.steps);
+  // (a policy that is not lockstep trains until the job's samples are reached: its steps
+  // are a bound)
+  spdlog::info("scheduler: worker {} joined ({}), samples [{}, {}), batch {}, {}{} steps", id, where, a.data_begin,
+               a.data_begin + a.data_count, a.batch_size, st.traits.lockstep ? "" : "up to ", a.steps);
   record(self, "worker joined", where + ", batch " + std::to_string(a.batch_size), id);
   auto promise = self->make_response_promise<wire::assignment, std::vector<shard_actor>>();
   wire::membership_change join;

@@ -334,6 +334,19 @@ void with_machine(worker_pointer self, F f) {
   }
 }
 
+// How a shard's actor ended, in words: stopped with its job or its node, or lost.
+std::string shard_end(const caf::error& reason) {
+  if (reason == caf::exit_reason::user_shutdown)
+    return "was stopped (its job ended or its node shut down)";
+  if (reason == caf::exit_reason::normal)
+    return "ended";
+  if (reason == caf::exit_reason::remote_link_unreachable)
+    return "was lost (its node became unreachable)";
+  if (reason == caf::exit_reason::kill)
+    return "was lost (stopped by the job driver: its node was given up on)";
+  return "was lost (" + to_string(reason) + ")";
+}
+
 worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config cfg) {
   self->state.cfg = std::move(cfg);
   self->set_down_handler([=](caf::down_msg& dm) {
@@ -341,8 +354,7 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
     for (size_t i = 0; i < st.shards.size(); ++i)
       if (st.shards[i].address() == dm.source)
         return with_machine(self, [&](step_machine& m) {
-          m.on_shard_down(i, "shard " + std::to_string(m.job().shards[i].shard_id) + " was lost ("
-                               + to_string(dm.reason) + ")");
+          m.on_shard_down(i, "shard " + std::to_string(m.job().shards[i].shard_id) + " " + shard_end(dm.reason));
         });
   });
   return {

@@ -6,6 +6,9 @@ the equivalent PyTorch model and evaluates it on the test set, as Ashlar does.
     /usr/bin/python3 ops/torch_eval.py model.npz --npy DIR             # your x_test.npy, y_test.npy
     /usr/bin/python3 ops/torch_eval.py model.npz --save model.pt       # also a state_dict
 
+The state_dict's keys are the export's (LAYER.weight, LAYER.bias): the layers of
+ashlar_torch.build(model).mods, which load it with load_state_dict.
+
 Prints one JSON line: the test accuracy and loss PyTorch computes with Ashlar's weights.
 """
 import argparse
@@ -69,7 +72,14 @@ def main():
     p.add_argument("--save", default="", help="also write the PyTorch state_dict here")
     a = p.parse_args()
 
-    archive = np.load(a.npz)
+    how = "make one with `ashlar checkpoint export DIR --out model.npz`"
+    try:
+        archive = np.load(a.npz)
+    except (OSError, ValueError) as e:
+        sys.exit(f"torch_eval.py: cannot read {a.npz}: {e}")
+    if not hasattr(archive, "files") or "ashlar_model" not in archive.files:
+        sys.exit(f"torch_eval.py: {a.npz} is not an Ashlar export (a .npz with the model's layers and "
+                 f"ashlar_model); {how}")
     spec = json.loads(bytes(archive["ashlar_model"]).decode())
     model = ashlar_torch.model_of({"input": spec["input"], "classes": spec["classes"], "layers": spec["layers"]})
     net = ashlar_torch.build(model)
@@ -89,7 +99,9 @@ def main():
             loss += torch.nn.functional.cross_entropy(logits, t, reduction="sum").item()
             correct += (logits.argmax(1) == t).sum().item()
     if a.save:
-        torch.save(net.state_dict(), a.save)
+        # Keyed as the export is (LAYER.weight, LAYER.bias): ashlar_torch.build(model).mods
+        # loads it with load_state_dict.
+        torch.save(net.mods.state_dict(), a.save)
     print(json.dumps({"framework": "pytorch " + torch.__version__, "test_accuracy": correct / len(x),
                       "test_loss": loss / len(x), "samples": len(x), "params": spec["params"]}))
 

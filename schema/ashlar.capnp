@@ -109,6 +109,8 @@ struct ClusterStatus {
   shards @2 :List(ShardStatus);
   stage @3 :Text;
   job @4 :Text;            # a one-line description of the running job, empty when idle
+  jobSamples @5 :UInt64;   # the samples the running job trains in all (0: none runs)
+  trainSamples @6 :UInt64; # its training set's
 }
 
 # A worker asks to take part in training.

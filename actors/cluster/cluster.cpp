@@ -336,6 +336,7 @@ struct placement {
   size_t next = 0;
   std::vector<uint32_t> nodes;
   std::vector<std::string> refusals;
+  std::map<std::string, uint32_t> placed_on; // node name -> workers started there
   caf::response_promise promise;
 };
 
@@ -345,8 +346,12 @@ void place_next(cluster_pointer self, std::shared_ptr<placement> plan) {
   auto& st = self->state;
   if (plan->started == plan->want || plan->next >= plan->nodes.size() || !st.job_running) {
     if (plan->started > 0) {
+      std::string where;
+      for (const auto& [name, k] : plan->placed_on)
+        where += (where.empty() ? "" : ", ") + name + (k > 1 ? " (" + std::to_string(k) + ")" : "");
       plan->promise.deliver("started " + std::to_string(plan->started) + " of " + std::to_string(plan->want)
-                            + " worker(s)");
+                            + " worker(s), on " + where + "; each registers with the scheduler under the next "
+                            "free id (`ashlar status` lists them)");
       return;
     }
     std::string why;
@@ -371,6 +376,8 @@ void place_next(cluster_pointer self, std::shared_ptr<placement> plan) {
         spdlog::info("cluster: started a worker on node {}", node_id);
         self->state.members.placed(node_id, 1);
         ++plan->started;
+        auto at = self->state.nodes.find(node_id);
+        ++plan->placed_on[at != self->state.nodes.end() ? at->second.info.name : "node " + std::to_string(node_id)];
         place_next(self, plan);
       },
       [=](caf::error& err) {
@@ -461,6 +468,8 @@ caf::result<wire::cluster_status> cluster_status(cluster_pointer self) {
                                      + (st.waiting_for.empty() ? std::string{} : ": " + st.waiting_for)
                                  : "idle";
   out->job = st.job_text;
+  out->job_samples = st.job.job_samples;
+  out->train_samples = st.job.train_samples;
   if (!st.job_running)
     return *out;
   auto promise = self->make_response_promise<wire::cluster_status>();
@@ -841,6 +850,8 @@ caf::error cluster_placement::start_workers(const train_config& cfg, const sched
   // A job grows to train.max_workers as nodes join (0: twice train.workers), no further.
   const uint32_t cap = cfg.max_workers > 0 ? cfg.max_workers : 2 * cfg.workers;
   running_job job{scheduler, profiler, shards_, tmpl, templates_, driver_, cap, {}};
+  job.train_samples = train->n;
+  job.job_samples = static_cast<uint64_t>(static_cast<double>(train->n) * cfg.epochs);
   {
     uint32_t k = 0;
     for (size_t i : order)
@@ -867,17 +878,31 @@ caf::error cluster_placement::start_workers(const train_config& cfg, const sched
       ++next;
     }
   }
+  // A node lost while it starts its workers (a storm of losses, a node killed as the job
+  // starts) leaves its workers missing: the scheduler's start barrier and hand-over cover
+  // them as they cover any worker lost before the start. Only a job none of whose workers
+  // started fails here.
   caf::error first;
+  std::map<std::string, std::pair<uint32_t, std::string>> failed; // node name -> workers, why
   for (auto& a : asked) {
     caf::error err;
     a.answer.receive([&](worker_actor& w) { workers_.push_back(std::move(w)); },
                      [&](caf::error& e) { err = std::move(e); });
-    if (err && !first)
+    if (!err)
+      continue;
+    if (!first)
       first = make_error(errc::peer_unreachable, "node " + nodes->infos[a.node].name + " could not start worker "
                                                    + std::to_string(a.id) + ": " + describe(err));
+    auto& f = failed[nodes->infos[a.node].name];
+    ++f.first;
+    f.second = describe(err);
   }
-  if (first)
+  if (first && workers_.empty())
     return first;
+  for (const auto& [name, f] : failed)
+    spdlog::warn("cluster: node {} did not start {} worker(s) of the job ({}); the job goes on without them, "
+                 "their share going to the others",
+                 name, f.first, f.second);
   if (next < cfg.workers)
     spdlog::warn("cluster: only {} worker slots for {} workers; training starts when the "
                  "scheduler's start timeout passes or more worker nodes join",

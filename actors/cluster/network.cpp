@@ -1,5 +1,6 @@
 #include "actors/cluster/network.hpp"
 
+#include "actors/cluster/system.hpp"
 #include "runtime/net/admitter.hpp"
 
 #include <algorithm>
@@ -209,8 +210,11 @@ protected:
     const auto& sec = gk_->security();
     auto where = host + ":" + std::to_string(port);
     auto fd = caf::io::network::new_tcp_connection(host, port);
-    if (!fd)
-      return make_error(errc::peer_unreachable, "cannot connect to " + where + ": " + system().render(fd.error()));
+    if (!fd) // (connection_refused: see connect() in system.cpp)
+      return make_error(errc::peer_unreachable, "cannot connect to " + where + ": "
+                                                  + (fd.error() == caf::sec::cannot_connect_to_node
+                                                       ? std::string{connection_refused}
+                                                       : system().render(fd.error())));
     *fd = fresh_number(*fd);
     caf::io::network::nonblocking(*fd, true);
     set_nodelay(*fd);

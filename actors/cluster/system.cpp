@@ -101,10 +101,25 @@ caf::error probe_admission(caf::actor_system& sys, const endpoint& where, std::c
   return out;
 }
 
+namespace {
+// Why a connection failed, in words (CAF's codes otherwise print as tuples).
+bool refused(const caf::error& e) {
+  return e == caf::sec::cannot_connect_to_node || describe(e).find(connection_refused) != std::string::npos;
+}
+std::string connect_failure(const caf::error& e) {
+  if (refused(e))
+    return connection_refused;
+  if (e == caf::sec::request_timeout)
+    return "no answer";
+  return describe(e);
+}
+}  // namespace
+
 expected<caf::strong_actor_ptr> connect(caf::actor_system& sys, const endpoint& where,
-                                        std::chrono::milliseconds timeout) {
+                                        std::chrono::milliseconds timeout, std::chrono::milliseconds refused_for) {
   using clock = std::chrono::steady_clock;
-  auto deadline = clock::now() + timeout;
+  const auto began = clock::now();
+  auto deadline = began + timeout;
   auto net = network_of(sys);
   if (!net)
     return make_error(errc::invalid_state, "no cluster network is set up in this process "
@@ -131,12 +146,14 @@ expected<caf::strong_actor_ptr> connect(caf::actor_system& sys, const endpoint& 
       last = make_error(errc::peer_unreachable, "no actor is published at " + where.to_string());
     if (last == caf::sec::request_timeout)
       break;
+    // A port nobody listens on: a client asks a few times, a daemon until its timeout.
+    if (refused(last) && refused_for.count() > 0 && clock::now() - began >= refused_for)
+      break;
     pause_for(std::chrono::milliseconds(200));
   }
   return make_error(errc::peer_unreachable,
-                    "cannot reach the scheduler at " + where.to_string() + " within "
-                      + std::to_string(timeout.count() / 1000.0).substr(0, 4) + " s ("
-                      + describe(last) + "); is `ashlar node --role scheduler` running there?");
+                    "cannot reach the scheduler at " + where.to_string() + " ("
+                      + connect_failure(last) + "); is `ashlar node --role scheduler` running there?");
 }
 
 expected<std::string> load_token(const std::string& file, const char* env_token) {

@@ -34,12 +34,18 @@ public:
   cluster_system_config();
 };
 
+/// What a connection to a port nobody listens on fails with, in its error's text.
+inline constexpr const char* connection_refused = "connection refused: nothing listens there";
+
 /// Connects to the actor published at `where`, retrying refused connections until
-/// `timeout` has passed (a node may start before its scheduler). Never blocks longer than
+/// `timeout` has passed (a node may start before its scheduler), or for `refused_for` (0: as long) where
+/// nothing listens (a client at a dead port hears so at once). Never blocks longer than
 /// `timeout`, even against a peer that accepts but never answers. Fails with
-/// peer_unreachable naming the address.
+/// peer_unreachable naming the address and why, in words.
 [[nodiscard]] expected<caf::strong_actor_ptr> connect(caf::actor_system& sys, const endpoint& where,
-                                                      std::chrono::milliseconds timeout);
+                                                      std::chrono::milliseconds timeout,
+                                                      std::chrono::milliseconds refused_for =
+                                                        std::chrono::milliseconds(0));
 
 /// Whether the node at `where` admits a connection now: a TCP connection and the
 /// admission handshake (TLS, token) with this system's security, nothing of CAF's, closed

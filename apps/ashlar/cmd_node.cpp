@@ -186,7 +186,7 @@ int prepare_node(node_options& o, node_setup& s) {
     return node_failed(2, *why);
   if (auto err = resolve_config(o.train, s.job_cfg))
     return node_failed(2, describe(err));
-  auto sec = load_security(o.security);
+  auto sec = load_security(o.security, o.join);
   if (!sec)
     return node_failed(2, describe(sec.error()));
   s.sec = std::move(*sec);

@@ -28,7 +28,7 @@ int with_cluster(const client_options& o, const char* who, F f) {
     std::fprintf(stderr, "%s: --join: %s\n", who, describe(where.error()).c_str());
     return 2;
   }
-  auto sec = load_security(o.security);
+  auto sec = load_security(o.security, o.join);
   if (!sec) {
     std::fprintf(stderr, "%s: %s\n", who, describe(sec.error()).c_str());
     return 2;
@@ -40,7 +40,9 @@ int with_cluster(const client_options& o, const char* who, F f) {
     std::fprintf(stderr, "%s: %s\n", who, describe(net.error()).c_str());
     return 1;
   }
-  auto ptr = actors::connect(sys, *where, std::chrono::milliseconds(static_cast<int64_t>(o.timeout * 1000)));
+  // A dead port is said at once; a scheduler that answers slowly is waited for.
+  auto ptr = actors::connect(sys, *where, std::chrono::milliseconds(static_cast<int64_t>(o.timeout * 1000)),
+                             std::chrono::milliseconds(1000));
   if (!ptr) {
     std::fprintf(stderr, "%s: %s\n", who, describe(ptr.error()).c_str());
     return 1;

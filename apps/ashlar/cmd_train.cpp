@@ -13,7 +13,13 @@
 #include "apps/ashlar/host.hpp"
 #include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
+#include "runtime/config/policy_rules.hpp"
+#include "runtime/config/train_config.hpp"
+#include "runtime/core/clock.hpp"
+#include "runtime/policy/sync_policy.hpp"
 #include "runtime/core/log.hpp"
+#include "runtime/core/number_text.hpp"
+#include "runtime/metrics/progress_text.hpp"
 
 namespace ashlar::cli {
 
@@ -28,12 +34,19 @@ void print_progress(const wire::cluster_status& st, std::pair<double, uint64_t>&
     return;
   const double rate = static_cast<double>(st.stats.total_samples - std::min(last.second, st.stats.total_samples))
                       / (st.stats.elapsed_seconds - last.first);
-  size_t training = 0;
-  for (const auto& w : st.stats.workers)
-    training += w.done ? 0 : 1;
-  std::printf("[%7.1fs] %10llu samples %8.0f samples/s  loss %.4f  %zu workers training%s%s\n",
-              st.stats.elapsed_seconds, static_cast<unsigned long long>(st.stats.total_samples), rate,
-              st.stats.loss, training, st.stage.empty() ? "" : "  stage ", st.stage.c_str());
+  const uint64_t done = st.stats.total_samples;
+  // As a local run's line: the epoch (where the scheduler said the job's size), the time
+  // in and left, and the workers' speeds.
+  std::string epoch;
+  if (st.train_samples > 0 && st.job_samples > 0)
+    epoch = "epoch " + number_text("%.2f", static_cast<double>(done) / static_cast<double>(st.train_samples)) + "/"
+            + number_text("%.0f", static_cast<double>(st.job_samples) / static_cast<double>(st.train_samples)) + "  ";
+  else
+    epoch = std::to_string(done) + " samples  ";
+  std::printf("%s %s%s  %8.0f samples/s  loss %.4f%s%s  per-worker samples/s:%s\n",
+              log_stamp(system_clock().wall_ns()).c_str(), epoch.c_str(),
+              time_left(st.stats.elapsed_seconds, done, st.job_samples, rate).c_str(), rate, st.stats.loss,
+              st.stage.empty() ? "" : "  stage ", st.stage.c_str(), worker_rates(st.stats.workers).c_str());
   std::fflush(stdout);
   last = {st.stats.elapsed_seconds, st.stats.total_samples};
 }
@@ -148,9 +161,7 @@ void print_job_summary(const std::string& j) {
   std::printf("test accuracy %.4f (loss %.4f) on %s samples, %s%.2f of %s epochs in %.1f s (%.0f samples/s)\n",
               num("test_accuracy"), num("test_loss"), field("test_samples").c_str(), why, num("epochs_trained"),
               field("epochs").c_str(), num("seconds"), num("samples_per_second"));
-  if (num("redone_samples") > 0 || num("reassigned_samples") > 0)
-    std::printf("work redone: %.0f samples trained again after the resume, %.0f samples of lost workers taken over "
-                "by the others\n", num("redone_samples"), num("reassigned_samples"));
+  print_work_moved(num("redone_samples"), num("reassigned_samples"));
 }
 
 // Writes the job's report `report_json` to run.report; false (said) when it cannot.
@@ -193,7 +204,7 @@ int submit(const train_config& cfg, const std::string& join, const security_opti
     std::fprintf(stderr, "ashlar train: --join: %s\n", describe(where.error()).c_str());
     return 2;
   }
-  auto sec = load_security(security);
+  auto sec = load_security(security, join);
   if (!sec) {
     std::fprintf(stderr, "ashlar train: %s\n", describe(sec.error()).c_str());
     return 2;
@@ -229,15 +240,62 @@ int submit(const train_config& cfg, const std::string& join, const security_opti
 
 }  // namespace
 
+// The configuration reference (docs/guides/configuration-reference.md is its output; a
+// test checks that they match): every key the code reads, by section, with its variable
+// and help, and what each policy's rules derive from the shipped defaults at 4 workers.
+std::string config_reference() {
+  std::string out =
+    "# Configuration reference\n\n"
+    "Every key Ashlar reads, as `ashlar config reference` prints it from the code's own table (a test checks "
+    "that this page matches). A key is set in a TOML file (`[section]` then `key = value`), in the "
+    "environment (the variable beside it), or with `--set section.key=value`; the last of these wins. "
+    "`ashlar config show CONFIG.toml` prints each key's effective value and where it came from.\n";
+  std::string section;
+  for (const auto& k : config_keys()) {
+    const std::string s = k.key.substr(0, k.key.find('.'));
+    if (s != section) {
+      section = s;
+      out += "\n## " + s + "\n\n| key | environment | what it sets (default) |\n|---|---|---|\n";
+    }
+    std::string help = k.help;
+    for (size_t i = 0; (i = help.find('|', i)) != std::string::npos; i += 2)
+      help.replace(i, 1, "\\|");
+    out += "| `" + k.key + "` | `" + k.env + "` | " + help + " |\n";
+  }
+  out += "\n## What each policy's rules derive\n\n"
+         "`train.lr`, `train.momentum` and `train.batch_size` are the recipe of synchronous training; each policy "
+         "adapts them by a stated rule unless you set the key yourself (a flag, `--set`, the environment) or set "
+         "`train.policy_rules = false`. From the defaults, at 4 workers:\n\n| policy | key | value | rule |\n"
+         "|---|---|---|---|\n";
+  for (const auto& p : policy_names()) {
+    train_config cfg;
+    cfg.policy = p;
+    cfg.workers = 4;
+    const auto changes = policy_rule_changes(cfg);
+    if (changes.empty())
+      out += "| " + p + " | | | the recipe as it is |\n";
+    for (const auto& c : changes)
+      out += "| " + p + " | `" + c.key + "` | " + c.value + " | " + c.why + " |\n";
+  }
+  return out;
+}
+
 command_fn add_config(CLI::App& app) {
   auto o = std::make_shared<train_options>();
   auto* cmd = app.add_subcommand("config", "Show a configuration: every key's effective value and its source");
   cmd->require_subcommand(1);
+  auto* reference = cmd->add_subcommand("reference", "every configuration key, its environment variable and help, "
+                                                     "and each policy's rules, as a Markdown page");
+  reference->callback([] {});
   auto* show = cmd->add_subcommand("show", "every key's effective value and where it came from (default, file:line, "
                                            "env, flag, --set, the policy's rule), as `train` would run it");
   show->footer(key_help());
   add_train_options(show, *o);
-  return [o] {
+  return [o, reference] {
+    if (reference->parsed()) {
+      std::fputs(config_reference().c_str(), stdout);
+      return 0;
+    }
     train_config cfg;
     if (auto err = resolve_config(*o, cfg)) {
       std::fprintf(stderr, "ashlar config show: %s\n", describe(err).c_str());

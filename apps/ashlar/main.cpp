@@ -5,7 +5,9 @@
 
 #include "apps/ashlar/commands.hpp"
 #include "apps/ashlar/host.hpp"
+#include "runtime/config/train_config.hpp"
 #include "runtime/core/suggest.hpp"
+#include "runtime/policy/sync_policy.hpp"
 
 namespace {
 
@@ -64,9 +66,20 @@ std::string bash_completion(CLI::App& app) {
       cases += "    " + sub->get_name() + ") inner=1; case ${COMP_WORDS[2]} in " + inner_cases + "*) words=\""
                + words + names + "\" ;; esac ;;\n";
   }
+  std::string policies, keys;
+  for (const auto& n : ashlar::policy_names())
+    policies += (policies.empty() ? "" : " ") + n;
+  for (const auto& k : ashlar::config_keys())
+    keys += (keys.empty() ? "" : " ") + k.key + "=";
   return "# bash completion for ashlar: source <(ashlar completion bash)\n"
          "_ashlar() {\n"
-         "  local cur=${COMP_WORDS[COMP_CWORD]} words inner=0\n"
+         "  local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} words inner=0\n"
+         "  case $prev in\n"
+         "    --policy) COMPREPLY=($(compgen -W \"" + policies + "\" -- \"$cur\")); return ;;\n"
+         "    --set) compopt -o nospace 2>/dev/null; COMPREPLY=($(compgen -W \"" + keys + "\" -- \"$cur\")); return ;;\n"
+         "    --gpus) COMPREPLY=($(compgen -W \"auto none\" -- \"$cur\")); return ;;\n"
+         "    --log-level) COMPREPLY=($(compgen -W \"trace debug info warn error off\" -- \"$cur\")); return ;;\n"
+         "  esac\n"
          "  if [ \"$COMP_CWORD\" -eq 1 ]; then\n"
          "    COMPREPLY=($(compgen -W \"" + subs + " help version completion --help --version\" -- \"$cur\"))\n"
          "    return\n"
@@ -147,6 +160,20 @@ int run_help(CLI::App& app, int argc, char** argv, const std::vector<std::string
     return 0;
   }
   const std::string what = argv[2];
+  if (what == "completion") {
+    std::printf("ashlar completion bash: a bash completion script for every command, option and value\n"
+                "(policy names after --policy, configuration keys after --set). Load it with\n"
+                "  source <(ashlar completion bash)\n");
+    return 0;
+  }
+  if (what == "version") {
+    std::printf("ashlar version: the build's facts (version, compiler, libraries, GPU support)\n");
+    return 0;
+  }
+  if (what == "help") {
+    std::printf("ashlar help [CMD]: every command, or one command's options\n");
+    return 0;
+  }
   for (auto* sub : app.get_subcommands([](CLI::App*) { return true; }))
     if (sub->get_name() == what) {
       std::printf("%s", sub->help().c_str());
@@ -185,9 +212,64 @@ std::optional<int> run_first_word(CLI::App& app, int argc, char** argv, const st
   return std::nullopt;
 }
 
+// The command the leading words of `argv` select (`ashlar ctl stop-job ...`: stop-job).
+CLI::App* chosen_command(CLI::App& app, int argc, char** argv) {
+  CLI::App* at = &app;
+  for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
+    CLI::App* next = nullptr;
+    for (auto* sub : at->get_subcommands([](CLI::App*) { return true; }))
+      if (sub->get_name() == argv[i])
+        next = sub;
+    if (next == nullptr)
+      break;
+    at = next;
+  }
+  return at;
+}
+
+// A long option the chosen command does not have (`--epoch 1`, `--polcy bsp`): named, with
+// the nearest one it has, before CLI11 reads its value as a positional argument and says
+// something else ("arguments were not expected: 1", "File does not exist: bsp"). Empty
+// when every option is known.
+std::string unknown_option(CLI::App& app, int argc, char** argv) {
+  CLI::App* at = chosen_command(app, argc, argv);
+  if (at == &app)
+    return "";
+  std::vector<std::string> names;
+  std::vector<std::string> valued; // options that take a value: the next word is theirs
+  for (CLI::App* a = at; a != nullptr; a = a->get_parent())
+    for (auto* o : a->get_options())
+      for (const auto& n : o->get_lnames()) {
+        names.push_back("--" + n);
+        if (o->get_items_expected_min() > 0)
+          valued.push_back("--" + n);
+      }
+  std::string path = "ashlar " + at->get_name();
+  if (at->get_parent() != &app)
+    path = "ashlar " + at->get_parent()->get_name() + " " + at->get_name();
+  for (int i = 1; i < argc; ++i) {
+    const std::string w = argv[i];
+    if (w == "--")
+      break;
+    if (w.size() < 3 || w.compare(0, 2, "--") != 0)
+      continue;
+    const std::string name = w.substr(0, w.find('='));
+    if (std::find(names.begin(), names.end(), name) == names.end())
+      return path + ": unknown option '" + name + "'" + ashlar::did_you_mean(name, names) + "; `" + path
+             + " --help` lists them\n";
+    if (w.find('=') == std::string::npos && std::find(valued.begin(), valued.end(), name) != valued.end())
+      ++i; // its value, whatever it looks like
+  }
+  return "";
+}
+
 // Parses the command line: the exit code when that ends the run (--help, --version, an
 // error); none when a command is to run.
 std::optional<int> parse_args(CLI::App& app, int argc, char** argv) {
+  if (auto why = unknown_option(app, argc, argv); !why.empty()) {
+    std::fprintf(stderr, "%s", why.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

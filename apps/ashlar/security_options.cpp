@@ -12,6 +12,8 @@
 
 #include "actors/cluster/system.hpp"
 
+#include <spdlog/spdlog.h>
+
 namespace ashlar::cli {
 
 void add_security_options(CLI::App* cmd, security_options& o, bool listens) {
@@ -52,6 +54,25 @@ expected<net::net_security> load_security(const security_options& o) {
   }
   sec.max_message = static_cast<uint64_t>(o.max_message_mb * 1024 * 1024);
   sec.handshake_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.handshake_timeout * 1000));
+  return sec;
+}
+
+expected<net::net_security> load_security(const security_options& o, const std::string& join) {
+  auto sec = load_security(o);
+  if (!sec || !sec->token.empty() || sec->tls || !o.token_file.empty())
+    return sec;
+  const auto colon = join.rfind(':');
+  if (colon == std::string::npos)
+    return sec;
+  const long port = std::strtol(join.c_str() + colon + 1, nullptr, 10);
+  if (port <= 0 || port > 65535)
+    return sec;
+  std::string path;
+  auto token = left_token(static_cast<uint16_t>(port), path);
+  if (!token.empty()) {
+    sec->token = token;
+    spdlog::debug("using the cluster token in {}", path);
+  }
   return sec;
 }
 

@@ -25,6 +25,10 @@ void add_security_options(CLI::App* cmd, security_options& o, bool listens);
 /// The token (--token-file, else $ASHLAR_TOKEN) and TLS credentials (--tls, else
 /// $ASHLAR_TLS_DIR). Fails naming the file.
 [[nodiscard]] expected<net::net_security> load_security(const security_options& o);
+/// The same for a client of the cluster at `join` (HOST:PORT): without --token-file,
+/// $ASHLAR_TOKEN or TLS, the token a scheduler on this host wrote for that port
+/// (~/.ashlar/cluster-PORT.token, or under $ASHLAR_HOME), where there is one.
+[[nodiscard]] expected<net::net_security> load_security(const security_options& o, const std::string& join);
 
 /// True for addresses only this host reaches (127.0.0.0/8, ::1, localhost).
 bool is_loopback(const std::string& host);

@@ -1,3 +1,5 @@
+#include "runtime/core/clock.hpp"
+#include "runtime/metrics/progress_text.hpp"
 #include "apps/ashlar/train_options.hpp"
 
 #include <algorithm>
@@ -86,7 +88,7 @@ void add_train_options(CLI::App* cmd, train_options& o, bool with_config) {
   cmd->add_option("--seed", o.seed, "seed for initial parameters and data order (train.seed)");
   cmd->add_option("--batch-size", o.batch, "mini-batch size per worker (train.batch_size)");
   cmd->add_option("--lr", o.lr, "learning rate (train.lr)");
-  cmd->add_option("--data-dir", o.data_dir, "Fashion-MNIST directory (data.dir)");
+  cmd->add_option("--data-dir", o.data_dir, "the data set's directory (data.dir): Fashion-MNIST's files, or .npy files with data.source=npy");
   cmd->add_option("--report", o.report, "write a JSON summary to FILE (run.report)");
   cmd->add_option("--gpus", o.gpus, "GPUs for the workers: auto, none or 0,1,... (run.gpus)");
   cmd->add_option("--checkpoint-dir", o.checkpoint_dir,
@@ -154,6 +156,13 @@ std::string explain(const train_config& cfg) {
   return out;
 }
 
+void print_work_moved(double redone, double reassigned) {
+  if (redone > 0)
+    std::printf("work redone: %.0f samples trained again after the resume\n", redone);
+  if (reassigned > 0)
+    std::printf("work moved: %.0f samples of workers lost or removed were trained by the others\n", reassigned);
+}
+
 std::string worker_rates(const std::vector<wire::worker_stats>& workers) {
   std::vector<const wire::worker_stats*> live;
   for (const auto& w : workers)
@@ -185,17 +194,21 @@ actors::job_hooks print_hooks(uint32_t epochs) {
   hooks.on_progress = [epochs, last](const actors::progress_event& ev) {
     const std::string per = worker_rates(ev.workers);
     *last = std::max(*last, ev.seconds);
-    std::printf("[%6.1fs] epoch %5.2f/%u  %8s samples/s  loss %.4f  lr %.3g  per-worker samples/s:%s\n",
-                *last, ev.epoch, epochs, rate(ev.samples_per_second).c_str(), ev.loss, ev.lr, per.c_str());
+    // (the samples of the whole job, from the epoch the samples make)
+    const uint64_t total = ev.epoch > 0 ? static_cast<uint64_t>(std::llround(ev.samples / ev.epoch * epochs)) : 0;
+    std::printf("%s epoch %5.2f/%u  %s  %8s samples/s  loss %.4f  lr %.3g  per-worker samples/s:%s\n",
+                log_stamp(system_clock().wall_ns()).c_str(), ev.epoch, epochs,
+                time_left(*last, ev.samples, total, ev.samples_per_second).c_str(), rate(ev.samples_per_second).c_str(),
+                ev.loss, ev.lr, per.c_str());
     std::fflush(stdout);
   };
   hooks.on_epoch = [last](const epoch_point& p) {
     const bool later = *last > p.seconds + 0.05;
     *last = std::max(*last, p.seconds);
-    std::printf("[%6.1fs] epoch %.2f: test accuracy %.4f, train loss %.4f", *last, p.epoch, p.test_accuracy,
-                p.train_loss);
+    std::printf("%s epoch %.2f: test accuracy %.4f, train loss %.4f", log_stamp(system_clock().wall_ns()).c_str(),
+                p.epoch, p.test_accuracy, p.train_loss);
     if (later)
-      std::printf(" (the model as of %.1f s)", p.seconds);
+      std::printf(" (the model as of %.1f s in)", p.seconds);
     std::printf("\n");
     std::fflush(stdout);
   };
@@ -230,10 +243,7 @@ int finish_run(const train_config& cfg, const expected<run_report>& rep, const c
   std::printf("test accuracy %.4f (loss %.4f) on %lu samples, %s%.2f of %u epochs in %.1f s (%s samples/s)\n",
               rep->test_accuracy, rep->test_loss, static_cast<unsigned long>(rep->test_samples), why,
               rep->epochs_trained, rep->epochs, rep->seconds, rate(rep->samples_per_second).c_str());
-  if (rep->redone_samples > 0 || rep->reassigned_samples > 0)
-    std::printf("work redone: %lu samples trained again after the resume, %lu samples of lost workers taken over "
-                "by the others\n",
-                static_cast<unsigned long>(rep->redone_samples), static_cast<unsigned long>(rep->reassigned_samples));
+  print_work_moved(static_cast<double>(rep->redone_samples), static_cast<double>(rep->reassigned_samples));
   std::fflush(stdout);
   if (!cfg.report.empty()) {
     if (auto err = write_report(*rep, cfg.report)) {

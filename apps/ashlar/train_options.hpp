@@ -49,6 +49,10 @@ constexpr size_t max_listed_workers = 8;
 /// slowest: w17=1.2K w3=1.3K w99=1.4K".
 std::string worker_rates(const std::vector<wire::worker_stats>& workers);
 
+/// The summary's lines on work done twice or moved: samples trained again after a resume,
+/// and samples of lost or removed workers the others trained (each only when there are).
+void print_work_moved(double redone, double reassigned);
+
 /// Hooks that print progress lines and epoch evaluations to stdout.
 actors::job_hooks print_hooks(uint32_t epochs);
 

@@ -1,3 +1,4 @@
+#include <filesystem>
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -185,7 +186,20 @@ expected<dataset> load_fashion_mnist(const std::string& dir, split which) {
                       "Fashion-MNIST directory " + dir
                         + " does not exist (install Debian's dataset-fashion-mnist, or set "
                           "data.dir / --data-dir / ASHLAR_DATA_DIR)");
-  return load_idx(pick("images-idx3-ubyte"), pick("labels-idx1-ubyte"));
+  const auto images = pick("images-idx3-ubyte");
+  if (::stat(images.c_str(), &st) != 0) {
+    // A directory of .npy files, read as Fashion-MNIST's: say which source reads them.
+    std::error_code ec;
+    for (std::filesystem::directory_iterator it{dir, ec}, end; !ec && it != end; it.increment(ec))
+      if (it->path().extension() == ".npy")
+        return make_error(errc::io_error, "cannot open " + images + ": " + dir + " holds .npy files ("
+                                            + it->path().filename().string()
+                                            + "); read them with data.source=npy (--set data.source=npy)");
+    return make_error(errc::io_error, "cannot open " + images + ": " + dir + " holds no Fashion-MNIST files "
+                                        "(train-images-idx3-ubyte[.gz] and the others); for .npy files set "
+                                        "data.source=npy");
+  }
+  return load_idx(images, pick("labels-idx1-ubyte"));
 }
 
 void dataset::truncate(size_t limit) {

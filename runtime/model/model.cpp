@@ -258,14 +258,17 @@ std::vector<layer_spec> model_spec::resolved() const {
   if (!layers.empty()) {
     out = layers;
   } else {
-    if (!input.flat())
-      out.push_back(layer_spec{layer_kind::flatten});
+    if (!input.flat()) {
+      layer_spec flat;
+      flat.kind = layer_kind::flatten;
+      out.push_back(flat);
+    }
     for (auto h : hidden) {
       layer_spec d;
       d.kind = layer_kind::dense;
       d.out = h;
       out.push_back(d);
-      out.push_back(layer_spec{layer_kind::relu});
+      out.push_back(layer_spec{}); // relu
     }
     layer_spec last;
     last.kind = layer_kind::dense;
@@ -492,7 +495,7 @@ std::string model_spec::to_string() const {
   auto layers_now = resolved();
   for (size_t i = 0; i < layers_now.size(); ++i)
     s += (i ? "-" : "") + std::string{layers_now[i].layernorm ? "layernorm" : ashlar::to_string(layers_now[i].kind)};
-  return s + " (" + std::to_string(num_params()) + " params)";
+  return s;
 }
 
 std::optional<mlp_spec> model_spec::as_mlp() const {

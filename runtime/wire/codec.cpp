@@ -871,6 +871,8 @@ words encode(const cluster_status& x) {
     fill(shards[i], x.shards[i]);
   b.setStage(x.stage);
   b.setJob(x.job);
+  b.setJobSamples(x.job_samples);
+  b.setTrainSamples(x.train_samples);
   return to_words(mb);
 }
 
@@ -897,6 +899,8 @@ caf::error decode(const uint64_t* d, size_t n, cluster_status& out) {
     }
     out.stage = r.getStage();
     out.job = r.getJob();
+    out.job_samples = r.getJobSamples();
+    out.train_samples = r.getTrainSamples();
     return caf::none;
   });
 }

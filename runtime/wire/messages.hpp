@@ -386,6 +386,8 @@ struct cluster_status {
   std::vector<shard_status> shards;
   std::string stage;
   std::string job;
+  uint64_t job_samples = 0;   // the samples the running job trains in all (0: none runs)
+  uint64_t train_samples = 0; // its training set's
 };
 
 }  // namespace ashlar::wire

@@ -66,6 +66,52 @@ TEST_CASE("an unknown option exits non-zero naming it") {
   CHECK(has(r, "--bogus"));
 }
 
+TEST_CASE("a mistyped option is named with the one meant, before its value is read as the config") {
+  auto epoch = run("train " + config + " --epoch 1");
+  CHECK(epoch.code == 2);
+  CHECK(has(epoch, "ashlar train: unknown option '--epoch' (did you mean '--epochs'?)"));
+  auto polcy = run("train --polcy bsp " + config);
+  CHECK(polcy.code == 2);
+  CHECK(has(polcy, "unknown option '--polcy' (did you mean '--policy'?)"));
+  CHECK_FALSE(has(polcy, "File does not exist"));
+  auto eq = run("ctl stop-jb --join 127.0.0.1:1"); // a mistyped command still says which
+  CHECK(eq.code == 2);
+  CHECK(has(eq, "stop-job"));
+  // A value that looks like an option is the option's value, not an option.
+  auto value = run("train " + config + " --set --epochs");
+  CHECK(value.code == 2);
+  CHECK_FALSE(has(value, "unknown option '--epochs'"));
+}
+
+TEST_CASE("ashlar config reference lists every key and each policy's rules, and the guide's page is its output") {
+  auto r = run("config reference");
+  CHECK(r.code == 0);
+  for (auto s : {"| `train.lr` |", "ASHLAR_DATA_DIR", "## data", "| asp | `train.lr` |", "| bsp | | |"})
+    CHECK(has(r, s));
+  std::ifstream in{std::string{ASHLAR_SOURCE_DIR} + "/docs/guides/configuration-reference.md"};
+  std::stringstream page;
+  page << in.rdbuf();
+  INFO("docs/guides/configuration-reference.md drifted from the code: regenerate it with "
+       "`./build/apps/ashlar config reference > docs/guides/configuration-reference.md`");
+  CHECK(page.str() == r.out);
+}
+
+TEST_CASE("ashlar-plot says what is wrong with its input, without a traceback") {
+  ashlar::test::temp_dir dir;
+  const std::string plot = "/usr/bin/python3 " + std::string{ASHLAR_SOURCE_DIR} + "/ops/plot ";
+  auto missing = shell(plot + dir.file("none.jsonl"));
+  CHECK(missing.code == 2);
+  CHECK(has(missing, "none.jsonl: no such file"));
+  auto report = shell(plot + dir.write("r.json", "{\n  \"policy\": \"bsp\",\n  \"workers\": 2\n}\n"));
+  CHECK(report.code != 0);
+  CHECK(has(report, "is a job report (--report)"));
+  auto extra = shell(plot + dir.write("m.jsonl", "{}\n") + " " + dir.path() + " more");
+  CHECK(extra.code == 2);
+  CHECK(has(extra, "unexpected argument(s) more"));
+  for (const auto* r : {&missing, &report, &extra})
+    CHECK_FALSE(has(*r, "Traceback"));
+}
+
 TEST_CASE("an unknown config key exits non-zero naming the key and file") {
   ashlar::test::temp_dir dir;
   auto path = dir.write("bad.toml", "[train]\nworkers = 2\nbatchsize = 3\n");
@@ -135,6 +181,14 @@ TEST_CASE("bash completion completes commands and a command's options") {
   CHECK(has(r, "4:verify")); // a command's own commands
   CHECK(has(r, "5:--out"));  // and their options
   CHECK(run("completion zsh").code == 2);
+  auto values = shell("bash -c 'source <(" + std::string{ASHLAR_BINARY} + " completion bash); "
+                      "COMP_WORDS=(ashlar train --policy as); COMP_CWORD=3; _ashlar; echo \"6:${COMPREPLY[*]}\"; "
+                      "COMP_WORDS=(ashlar train --set train.epo); COMP_CWORD=3; _ashlar; echo \"7:${COMPREPLY[*]}\"'");
+  CHECK(has(values, "6:asp ashl"));        // policy names
+  CHECK(has(values, "7:train.epochs="));  // configuration keys
+  auto help = run("help completion");
+  CHECK(help.code == 0);
+  CHECK(has(help, "source <(ashlar completion bash)"));
 }
 
 TEST_CASE("config show prints every key's effective value and its source, a policy's rule included") {

@@ -433,7 +433,10 @@ TEST_CASE("a GPU pool without GPUs gives every worker the CPU and says why, and 
   CHECK((*none)->labels().empty());
   auto c = (*none)->next_worker()(spec);
   CHECK(std::string{c.backend->name()} == "cpu");
-  CHECK(c.note == "on the CPU: no GPU requested (--gpus none)");
+  CHECK(c.note == "on the CPU: no GPU: --gpus none");
+  auto unasked = actors::gpu_pool::start(sys, "", false);
+  REQUIRE(unasked);
+  CHECK((*unasked)->next_worker()(spec).note == "on the CPU: no GPU asked for (--gpus auto uses the GPUs there are)");
   CHECK(c.quiet);
   auto bad = actors::gpu_pool::start(sys, "0,x", false);
   REQUIRE_FALSE(bad);

@@ -821,6 +821,23 @@ cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std
   return out;
 }
 
+namespace {
+// What every worker of the job is spawned from (a node fills in its id).
+wire::spawn_worker worker_template(const train_config& cfg, const dataset& train) {
+  wire::spawn_worker tmpl;
+  tmpl.data_dir = cfg.data_dir;
+  tmpl.data_source = to_string(cfg.data_source);
+  tmpl.train_limit = cfg.data_source == data_source_kind::synthetic ? train.n : cfg.train_limit;
+  tmpl.seed = cfg.seed;
+  tmpl.input_width = static_cast<uint32_t>(cfg.model.input.size());
+  tmpl.input = cfg.model.input;
+  tmpl.classes = cfg.model.classes;
+  tmpl.crop_padding = cfg.crop_padding;
+  tmpl.hflip = cfg.hflip;
+  return tmpl;
+}
+}  // namespace
+
 caf::error cluster_placement::start_workers(const train_config& cfg, const scheduler_actor& scheduler,
                                             const profiler_actor& profiler,
                                             std::shared_ptr<const dataset> train) {
@@ -828,16 +845,7 @@ caf::error cluster_placement::start_workers(const train_config& cfg, const sched
   auto nodes = list_nodes(self, cluster_);
   if (!nodes)
     return nodes.error();
-  wire::spawn_worker tmpl;
-  tmpl.data_dir = cfg.data_dir;
-  tmpl.data_source = to_string(cfg.data_source);
-  tmpl.train_limit = cfg.data_source == data_source_kind::synthetic ? train->n : cfg.train_limit;
-  tmpl.seed = cfg.seed;
-  tmpl.input_width = static_cast<uint32_t>(cfg.model.input.size());
-  tmpl.input = cfg.model.input;
-  tmpl.classes = cfg.model.classes;
-  tmpl.crop_padding = cfg.crop_padding;
-  tmpl.hflip = cfg.hflip;
+  const auto tmpl = worker_template(cfg, *train);
   // Worker ids go to the nodes' slots in the order of the nodes' names ("worker-0" before
   // "worker-1", "worker-10"), not of their joining: a launched cluster's node worker-i hosts worker i.
   std::vector<size_t> order(nodes->infos.size());

@@ -684,7 +684,9 @@ TEST_CASE("ashlar train --join runs a job on a standing cluster (two shards on i
   CHECK(json_number(report, "test_accuracy") > 0.6);
   // The submitter streamed the job's progress and ends with the summary train prints.
   const auto submitted = slurp(dir.file("train.log"));
-  CHECK(std::regex_search(submitted, std::regex{"samples/s  loss [0-9.]+  [0-9]+ workers training"}));
+  // (as a local run's line: the epoch, the time in, the workers' speeds)
+  CHECK(std::regex_search(submitted, std::regex{"epoch [0-9.]+/[0-9]+  [0-9.]+ s in.* samples/s  loss [0-9.]+ .*"
+                                                "per-worker samples/s: w[0-9]+="}));
   CHECK(submitted.find("done: policy bsp, 1 workers, 2 shards") != std::string::npos);
   CHECK(submitted.find("test accuracy 0.") != std::string::npos);
   std::smatch m;

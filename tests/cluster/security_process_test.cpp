@@ -531,6 +531,17 @@ TEST_CASE("a scheduler started again on the port of a killed one takes up the to
                       dir.file("worker.log"));
   REQUIRE(wait_for_file(dir.file("worker.log"),
                         [](const std::string& t) { return t.find("joined the cluster") != std::string::npos; }, 20s));
+  // A client on this host without --token-file finds the token the scheduler wrote for the
+  // port; under another home (no token there) it is refused.
+  auto status = start({"/usr/bin/env", "-u", "ASHLAR_TOKEN", home, exe, "status", "--join", join},
+                      dir.file("status.log"));
+  CHECK(status.wait(20) == 0);
+  CHECK(slurp(dir.file("status.log")).find("worker") != std::string::npos);
+  temp_dir elsewhere;
+  auto refused = start({"/usr/bin/env", "-u", "ASHLAR_TOKEN", "ASHLAR_HOME=" + elsewhere.path(), exe, "status",
+                        "--join", join},
+                       dir.file("refused.log"));
+  CHECK(refused.wait(20) != 0);
   first.signal(SIGKILL);
   first.wait(10);
   REQUIRE(wait_for_file(dir.file("worker.log"),

@@ -304,6 +304,12 @@ TEST_CASE("workers at their own pace stop at train.epochs: adsp and asp train wh
     CHECK(std::stod(m[1]) >= 2.0);
     CHECK(std::stod(m[1]) <= 2.15); // a step in flight per worker past the budget, at most a tick's worth
     CHECK(has(r, "epoch ")); // progress lines came while the workers ran
+    CHECK(has(r, " s in, about ")); // with the time left
+    // Workers the job's end stopped are not "stopped on request"; their steps are a bound.
+    CHECK(has(r, "left: stopped as the job ends after "));
+    CHECK_FALSE(has(r, "left: stopped on request"));
+    CHECK(has(r, "batch 64, up to "));
+    CHECK_FALSE(has(r, "work redone"));
   }
 }
 

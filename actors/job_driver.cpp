@@ -356,11 +356,13 @@ private:
   }
 
   void stop_all() {
+    // The workers first: a worker still stepping (a job that failed or was stopped) would
+    // otherwise see its shards go and log them as lost.
+    where_.on_job_end();
+    self_->send_exit(scheduler_, caf::exit_reason::user_shutdown);
+    self_->send_exit(profiler_, caf::exit_reason::user_shutdown);
     for (auto& s : shards_)
       self_->send_exit(s, caf::exit_reason::user_shutdown);
-    self_->send_exit(profiler_, caf::exit_reason::user_shutdown);
-    self_->send_exit(scheduler_, caf::exit_reason::user_shutdown);
-    where_.on_job_end();
     if (metrics_.endpoint) {
       live_.running = false;
       metrics_.endpoint->publish(prometheus_text(live_));

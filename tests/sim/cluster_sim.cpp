@@ -433,6 +433,8 @@ struct world {
       return;
     m.live = false;
     --live_count;
+    if (pushes.count(m.id) > 0)
+      --live_pushed; // its push stays in the round; the round no longer waits for it
     held_pulls.erase(m.id); // (its buffered push stays in the round, as the BSP policy keeps it)
   }
 
@@ -665,6 +667,8 @@ struct world {
     auto m = table.find(id);
     if (m == table.end() || !m->second.live)
       return; // a member dropped already: its push is refused
+    if (pushes.count(id) == 0)
+      ++live_pushed;
     pushes[id] = samples;
     m->second.done += 1; // taken: what the shard answers a membership change with
     auto w = workers.find(id);
@@ -678,6 +682,7 @@ struct world {
     check_round();
   }
   std::map<uint32_t, double> pushes; // this round's, and the samples each trained
+  size_t live_pushed = 0;             // of those, pushes of members still live (kept as they come and go)
 
   void check_round() {
     if (!round_started)
@@ -687,9 +692,6 @@ struct world {
     // member that has gone since is applied with the round.
     if (live_count == 0 || pushes.empty())
       return;
-    size_t live_pushed = 0;
-    for (const auto& [id, samples] : pushes)
-      live_pushed += table[id].live ? 1 : 0;
     if (live_pushed < live_count)
       return;
     ++round;
@@ -701,6 +703,7 @@ struct world {
     }
     auto applied_now = pushes;
     pushes.clear();
+    live_pushed = 0;
     check_bounds();
     for (auto [id, samples] : applied_now) {
       auto h = held_pulls.find(id);

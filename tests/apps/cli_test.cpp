@@ -2,6 +2,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -588,6 +589,14 @@ TEST_CASE("ashlar ctl takes --join before or after its subcommand, and names an 
   auto r = run("ctl shutdown");
   CHECK(r.code == 2);
   CHECK(has(r, "--join is required"));
+  // A dead port, at the default timeout (10 s): said at once, in words.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto dead = run("status --join 127.0.0.1:1");
+  const auto took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(dead.code == 1);
+  CHECK(has(dead, "connection refused: nothing listens there"));
+  CHECK_FALSE(has(dead, "system_error("));
+  CHECK(took < 5.0);
 }
 
 TEST_CASE("Ctrl-C (SIGINT) stops ashlar train after the workers' current step: the final evaluation and report, "

@@ -39,6 +39,10 @@ struct node_entry {
 struct cluster_state {
   static constexpr const char* name = "ashlar.cluster";
   cluster_config cfg;
+  // ashlar ctl shutdown while a job runs: the job stops first (its workers finish their
+  // step, it reports that it was stopped), then the nodes; by this time at the latest.
+  std::optional<wire::ctl_request> shutdown_after_job;
+  uint64_t shutdown_by_ns = 0;
   std::map<uint32_t, node_entry> nodes;
   uint32_t next_node = 1;
   bool job_running = false;
@@ -488,6 +492,8 @@ caf::result<wire::cluster_status> cluster_status(cluster_pointer self) {
   return promise;
 }
 
+void shut_down_nodes(cluster_pointer self, const wire::ctl_request& req);
+
 caf::result<std::string> on_ctl(cluster_pointer self, const wire::ctl_request& req) {
   auto& st = self->state;
   switch (req.op) {
@@ -519,15 +525,20 @@ caf::result<std::string> on_ctl(cluster_pointer self, const wire::ctl_request& r
         act(self, st.life->on_stop("the cluster was shut down by ashlar ctl shutdown"));
       uint32_t k = 0;
       for (auto& [id, n] : st.nodes)
-        if (n.info.alive) {
-          self->send(n.handle, req);
-          ++k;
-        }
-      if (st.cfg.runner)
-        caf::anon_send(st.cfg.runner, stop_atom::value);
-      spdlog::info("cluster: shutting down on request: {} nodes{}", k, st.job_running ? " and the running job" : "");
-      return "shutting down the cluster: " + std::to_string(k) + " nodes"
-             + (st.job_running ? std::string{", the running job (its workers finish their step)"} : std::string{});
+        k += n.info.alive ? 1 : 0;
+      if (st.job_running && st.job.driver) {
+        // The job first: its nodes' shards and workers stay until it has stopped and reported.
+        st.shutdown_after_job = req;
+        st.shutdown_by_ns = system_clock().steady_ns() + 60ull * 1000000000ull;
+        caf::anon_send(st.job.driver, stop_atom::value, std::string{"the cluster was shut down by ashlar ctl shutdown"});
+        self->delayed_send(self, std::chrono::seconds(61), tick_atom::value);
+        spdlog::info("cluster: shutting down on request: the running job stops first, then {} nodes", k);
+        return "shutting down the cluster: the running job (its workers finish their step), then " + std::to_string(k)
+               + " nodes";
+      }
+      shut_down_nodes(self, req);
+      spdlog::info("cluster: shutting down on request: {} nodes", k);
+      return "shutting down the cluster: " + std::to_string(k) + " nodes";
     }
     case wire::ctl_request::stop_job: {
       if (st.life) {
@@ -558,8 +569,10 @@ void lose_node(cluster_pointer self, uint32_t id, const std::string& why) {
   n.info.alive = false;
   st.watch.forget(id);
   const uint32_t workers = st.members.on_lost(id);
-  spdlog::warn("cluster: node {} ({}) lost: {}{}", id, n.info.name, why,
-               workers > 0 ? ", with " + std::to_string(workers) + " of the job's workers" : std::string{});
+  // (a node that shut down with the cluster, or on its own between jobs, is no warning)
+  spdlog::log(workers > 0 || st.job_running || why != "it shut down" ? spdlog::level::warn : spdlog::level::info,
+              "cluster: node {} ({}) {}: {}{}", id, n.info.name, why == "it shut down" ? "left" : "lost", why,
+              workers > 0 ? ", with " + std::to_string(workers) + " of the job's workers" : std::string{});
   // The job's scheduler loses the node's workers with it: their own losses are not always
   // reported (a node killed while its connections were still being set up).
   if (st.job_running && workers > 0 && st.job.scheduler)
@@ -587,7 +600,10 @@ void on_down(cluster_pointer self, const caf::down_msg& dm) {
     if (n.handle.address() == dm.source && n.info.alive)
       gone.push_back(id);
   for (auto id : gone)
-    lose_node(self, id, to_string(dm.reason));
+    lose_node(self, id, dm.reason == caf::exit_reason::user_shutdown ? std::string{"it shut down"}
+                        : dm.reason == caf::exit_reason::remote_link_unreachable
+                          ? std::string{"its connection was lost"}
+                          : to_string(dm.reason));
   if (gone.empty())
     capacity_changed(self);
   // The shard's own node may be going down too: its loss comes first or soon after.
@@ -671,6 +687,17 @@ void on_job_started(cluster_pointer self, const running_job& job) {
   st.waiting_for.clear();
 }
 
+// The cluster's end: every node shuts down, and the process that runs the cluster.
+void shut_down_nodes(cluster_pointer self, const wire::ctl_request& req) {
+  auto& st = self->state;
+  st.shutdown_after_job.reset();
+  for (auto& [id, n] : st.nodes)
+    if (n.info.alive)
+      self->send(n.handle, req);
+  if (st.cfg.runner)
+    caf::anon_send(st.cfg.runner, stop_atom::value);
+}
+
 void on_job_ended(cluster_state& st) {
   st.members.job_ended();
   st.job_running = false;
@@ -700,6 +727,11 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
     [=](tick_atom) {
       if (self->state.life)
         act(self, self->state.life->on_time());
+      // A job that did not stop within the shutdown's grace: the nodes go anyway.
+      if (self->state.shutdown_after_job && system_clock().steady_ns() >= self->state.shutdown_by_ns) {
+        spdlog::warn("cluster: the running job did not stop within 60 s; shutting the nodes down");
+        shut_down_nodes(self, *self->state.shutdown_after_job);
+      }
     },
     [=](stop_atom, const std::string& who) {
       if (self->state.life)
@@ -725,7 +757,11 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
       self->state.retry_due = false;
       rehost_lost(self);
     },
-    [=](job_atom) { on_job_ended(self->state); },
+    [=](job_atom) {
+      on_job_ended(self->state);
+      if (self->state.shutdown_after_job)
+        shut_down_nodes(self, *self->state.shutdown_after_job);
+    },
   };
 }
 

@@ -1048,7 +1048,8 @@ TEST_CASE("ctl shutdown while a submitted job waits for its nodes ends the job a
 }
 
 TEST_CASE("ctl stop-job stops a running job: its submitter prints the report's summary and exits 1 saying it was "
-          "stopped, and Ctrl-C on train --join stops the job with its report and exits 130") {
+          "stopped, Ctrl-C on train --join stops the job with its report and exits 130, and ctl shutdown stops the "
+          "running job first, with its report") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {});
   auto nodes = start_server_and_worker(dir, sched.join, 1);
@@ -1086,8 +1087,29 @@ TEST_CASE("ctl stop-job stops a running job: its submitter prints the report's s
         != std::string::npos);
   CHECK(slurp(dir.file("again.log")).find("report written to") != std::string::npos);
   CHECK(slurp(dir.file("r2.json")).find("\"stopped_early\": true") != std::string::npos);
-  sched.proc.signal(SIGTERM);
-  CHECK(sched.proc.wait(15) == 0);
+
+  // ctl shutdown while a job runs: the job stops first and reports that it was stopped (not
+  // that a shard was lost), then the nodes and the scheduler go.
+  auto third = start(job_args(dir.file("r3.json")), dir.file("third.log"));
+  REQUIRE(wait_for_file(dir.file("scheduler.log"),
+                        [](const std::string& t) {
+                          size_t n = 0;
+                          for (auto at = t.find("training starts"); at != std::string::npos;
+                               at = t.find("training starts", at + 1))
+                            ++n;
+                          return n >= 3;
+                        },
+                        60s));
+  std::this_thread::sleep_for(1s);
+  auto down = start({exe, "ctl", "--join", sched.join, "shutdown"}, dir.file("down.log"));
+  CHECK(down.wait(20) == 0);
+  CHECK(slurp(dir.file("down.log")).find("the running job (its workers finish their step), then") != std::string::npos);
+  CHECK(third.wait(60) == 1);
+  INFO(slurp(dir.file("third.log")));
+  CHECK(slurp(dir.file("third.log")).find("the job was stopped on request") != std::string::npos);
+  CHECK(slurp(dir.file("third.log")).find("was lost") == std::string::npos);
+  CHECK(slurp(dir.file("r3.json")).find("\"stopped_early\": true") != std::string::npos);
+  CHECK(sched.proc.wait(30) == 0);
 }
 
 TEST_CASE("a worker node offering 100000 slots is granted 256, and a running job grows on it only to "

@@ -22,6 +22,7 @@
 #include "apps/ashlar/host.hpp"
 #include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
+#include "runtime/os/memory.hpp"
 #include "runtime/control/node_lifecycle.hpp"
 #include "runtime/core/clock.hpp"
 #include "runtime/os/subprocess.hpp"
@@ -109,6 +110,12 @@ void run_submitted_job(caf::actor_system& sys, const actors::cluster_actor& clus
                          std::string{what} + " " + *path + " would overwrite this node's credentials");
       *path = *inside;
     }
+    // The scheduler's process holds the job driver's copies of the parameters (the first,
+    // the divergence guard's snapshot, an evaluation's, the final): a model this host
+    // cannot hold is refused before anything is allocated, as a local run refuses it.
+    if (!err)
+      if (auto big = check_model_memory(cfg.model.num_params(), 4, available_memory_bytes(), cfg.model.to_string()))
+        err = located(big, "the scheduler's host");
     if (err) {
       spdlog::warn("scheduler: refused a submitted job: {}", describe(err));
       caf::anon_send(cluster, actors::job_atom::value, err);

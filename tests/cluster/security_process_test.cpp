@@ -209,6 +209,18 @@ TEST_CASE("a submitted job may write only inside the nodes' work directories, an
           != std::string::npos);
     CHECK(slurp(dir.file("work/token")) == token + "\n");
   }
+  {
+    // A model the scheduler's host cannot hold (2.06e9 parameters) is refused there, with
+    // the estimate, before anything is allocated; the scheduler serves the next job.
+    auto argv = job;
+    argv.insert(argv.begin(), exe);
+    argv.insert(argv.end(), {"--set", "model.hidden=45000,45000"});
+    auto p = start(argv, dir.file("huge.log"));
+    CHECK(p.wait(60) == 1);
+    INFO(slurp(dir.file("huge.log")));
+    CHECK(slurp(dir.file("huge.log")).find("does not fit in this machine's memory") != std::string::npos);
+    CHECK(slurp(dir.file("huge.log")).find("the scheduler's host") != std::string::npos);
+  }
   CHECK_FALSE(std::filesystem::exists(dir.file("outside.json")));
   CHECK_FALSE(std::filesystem::exists(dir.file("escape.jsonl")));
   // Relative paths land inside, checkpoints included.

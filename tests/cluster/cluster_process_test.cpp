@@ -1073,12 +1073,16 @@ TEST_CASE("ctl stop-job stops a running job: its submitter prints the report's s
 
   // Ctrl-C on the submitter: the job stops after the workers' step and reports to it.
   auto again = start(job_args(dir.file("r2.json")), dir.file("again.log"));
-  REQUIRE(wait_for_file(dir.file("scheduler.log"),
-                        [](const std::string& t) {
-                          auto first = t.find("training starts");
-                          return first != std::string::npos && t.find("training starts", first + 1) != std::string::npos;
-                        },
-                        60s));
+  // The scheduler's log says "training starts" once a job: the `n`th job has started.
+  auto started = [](size_t n) {
+    return [n](const std::string& t) {
+      size_t k = 0;
+      for (auto at = t.find("training starts"); at != std::string::npos; at = t.find("training starts", at + 1))
+        ++k;
+      return k >= n;
+    };
+  };
+  REQUIRE(wait_for_file(dir.file("scheduler.log"), started(2), 60s));
   std::this_thread::sleep_for(1s);
   again.signal(SIGINT);
   CHECK(again.wait(60) == 130);
@@ -1091,15 +1095,7 @@ TEST_CASE("ctl stop-job stops a running job: its submitter prints the report's s
   // ctl shutdown while a job runs: the job stops first and reports that it was stopped (not
   // that a shard was lost), then the nodes and the scheduler go.
   auto third = start(job_args(dir.file("r3.json")), dir.file("third.log"));
-  REQUIRE(wait_for_file(dir.file("scheduler.log"),
-                        [](const std::string& t) {
-                          size_t n = 0;
-                          for (auto at = t.find("training starts"); at != std::string::npos;
-                               at = t.find("training starts", at + 1))
-                            ++n;
-                          return n >= 3;
-                        },
-                        60s));
+  REQUIRE(wait_for_file(dir.file("scheduler.log"), started(3), 60s));
   std::this_thread::sleep_for(1s);
   auto down = start({exe, "ctl", "--join", sched.join, "shutdown"}, dir.file("down.log"));
   CHECK(down.wait(20) == 0);

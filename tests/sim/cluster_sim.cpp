@@ -1034,7 +1034,7 @@ struct world {
       if (!r) {
         d.error = describe(r.error());
         note("shard " + std::to_string(d.id) + " could not write cut " + std::to_string(cut) + ": " + d.error);
-        return check_cuts(0);
+        return check_cuts();
       }
       d.error.clear();
       d.newest_cut = std::max(d.newest_cut, cut);
@@ -1085,12 +1085,12 @@ struct world {
           note("checkpoint cut " + std::to_string(a.cut) + " committed");
           check_cut_versions(a.cut);
         }
-        return check_cuts(0);
+        return check_cuts();
       }
       case cut_action::abandon:
         last_abandon = a.why;
         note("checkpoint cut " + std::to_string(a.cut) + " abandoned: " + a.why);
-        return check_cuts(0);
+        return check_cuts();
     }
   }
   void cut_tick() {
@@ -1111,7 +1111,7 @@ struct world {
     cut_act(pacer->on_status(cut_views(), now_s()));
     if (pacer->in_flight() && now() < end_began + 60 * sec)
       return after(10 * ms, [this] { final_cut_tick(); });
-    check_cuts(0);
+    check_cuts();
     // Where every disk had room while it was written, the last cut went in.
     if (!disk_full_at_end && pacer->last_committed() != final_cut)
       violate("the job's last cut " + std::to_string(final_cut) + " was not committed, though every disk had room"
@@ -1143,7 +1143,7 @@ struct world {
   }
   // Nothing committed is lost: the newest cut the job's record names is intact on every
   // shard, and a resume starts from it.
-  void check_cuts(int) {
+  void check_cuts() {
     if (!pacer)
       return;
     auto records = load_job_cuts(*job_disk);

@@ -19,6 +19,18 @@ void require_ok(const sim_result& r) {
 
 }  // namespace
 
+// A fault the invariants must catch: the schedule `opt` breaks one (naming `violation`,
+// where given) under the older rule `legacy`, and keeps every one under the current.
+void old_fails_new_holds(sim_options opt, bool sim_options::*legacy, const char* violation = nullptr) {
+  opt.*legacy = true;
+  auto old = run(opt);
+  CHECK_FALSE(old.ok);
+  if (violation != nullptr)
+    CHECK(old.violation.find(violation) != std::string::npos);
+  opt.*legacy = false;
+  require_ok(run(opt));
+}
+
 TEST_CASE("300 seeded schedules of crashes, freezes, partitions, joins, raises and stops keep every invariant") {
   int broken = 0;
   std::set<std::string> outcomes;
@@ -57,12 +69,7 @@ TEST_CASE("a storm of node losses under the old per-loss hand-over trains past 1
   opt.nodes = 16;
   opt.minutes = 2;
   opt.seed = 3;
-  opt.legacy_handover = true;
-  auto old = run(opt);
-  CHECK_FALSE(old.ok);
-  CHECK(old.violation.find("over 1.05x") != std::string::npos);
-  opt.legacy_handover = false;
-  require_ok(run(opt));
+  old_fails_new_holds(opt, &sim_options::legacy_handover, "over 1.05x");
 }
 
 TEST_CASE("hand-overs that count the step in flight at the new part train past or short of the epochs, and not "
@@ -72,11 +79,7 @@ TEST_CASE("hand-overs that count the step in flight at the new part train past o
   for (uint64_t seed : {6288u, 10764u}) {
     sim_options opt;
     opt.seed = seed;
-    opt.uncorrected_directives = true;
-    auto old = run(opt);
-    CHECK_FALSE(old.ok);
-    opt.uncorrected_directives = false;
-    require_ok(run(opt));
+    old_fails_new_holds(opt, &sim_options::uncorrected_directives);
   }
 }
 
@@ -86,12 +89,7 @@ TEST_CASE("a full disk under the job's record keeps its last committed cut on ev
   // that cut 11 was committed, drop cut 8, the newest the record names.
   sim_options opt;
   opt.seed = 9929;
-  opt.uncommitted_cut_kept = true;
-  auto old = run(opt);
-  CHECK_FALSE(old.ok);
-  CHECK(old.violation.find("a resume would fail") != std::string::npos);
-  opt.uncommitted_cut_kept = false;
-  require_ok(run(opt));
+  old_fails_new_holds(opt, &sim_options::uncommitted_cut_kept, "a resume would fail");
 }
 
 TEST_CASE("a shard's disk that was full abandons the cut it failed, and not the job's last cut after it") {
@@ -99,12 +97,7 @@ TEST_CASE("a shard's disk that was full abandons the cut it failed, and not the 
   // error abandoned the final cut before the shard wrote it.
   sim_options opt;
   opt.seed = 9653;
-  opt.stale_cut_error = true;
-  auto old = run(opt);
-  CHECK_FALSE(old.ok);
-  CHECK(old.violation.find("last cut") != std::string::npos);
-  opt.stale_cut_error = false;
-  require_ok(run(opt));
+  old_fails_new_holds(opt, &sim_options::stale_cut_error, "last cut");
 }
 
 TEST_CASE("1,000 workers over 100 nodes with 10% of the nodes replaced every minute train their epochs once") {

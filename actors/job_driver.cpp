@@ -146,7 +146,7 @@ expected<metrics_target> open_metrics(const train_config& cfg, const job_hooks& 
 expected<std::shared_ptr<run_recorder>> open_recorder(const train_config& cfg) {
   if (cfg.trace.empty() && cfg.metrics.empty())
     return std::shared_ptr<run_recorder>{};
-  auto rec = run_recorder::open(cfg.trace, cfg.metrics);
+  auto rec = run_recorder::open(cfg.trace, cfg.metrics, cfg.confine_root);
   if (!rec)
     return rec.error();
   std::string speeds;
@@ -177,10 +177,16 @@ public:
   }
 
   expected<run_report> run(std::vector<float>* final_params) {
-    if (auto err = prepare())
+    // A job that fails before it trains (a file it may not read, a shard that cannot
+    // start) ends its placement too: the cluster takes the next job.
+    if (auto err = prepare()) {
+      end_placement();
       return err;
-    if (auto err = spawn())
+    }
+    if (auto err = spawn()) {
+      end_placement();
       return err;
+    }
     watch();
     rep_.seconds = seconds();
     record_point(evals_->settle(true)); // the last mid-run evaluation, if one is still running
@@ -200,7 +206,7 @@ private:
       if (auto err = check_output_file(cfg_.report, "run.report"))
         return err;
     if (!cfg_.contention.empty()) {
-      auto profile = load_contention(cfg_.contention);
+      auto profile = load_contention(cfg_.contention, cfg_.confine_root);
       if (!profile)
         return profile.error();
       contention_ = std::move(*profile);
@@ -355,10 +361,16 @@ private:
     return rep;
   }
 
+  void end_placement() {
+    if (!placement_ended_)
+      where_.on_job_end();
+    placement_ended_ = true;
+  }
+
   void stop_all() {
     // The workers first: a worker still stepping (a job that failed or was stopped) would
     // otherwise see its shards go and log them as lost.
-    where_.on_job_end();
+    end_placement();
     self_->send_exit(scheduler_, caf::exit_reason::user_shutdown);
     self_->send_exit(profiler_, caf::exit_reason::user_shutdown);
     for (auto& s : shards_)
@@ -872,6 +884,7 @@ private:
   uint64_t budget_ = 0, done_before_ = 0, num_params_ = 0;
   std::vector<shard_range> ranges_;
   bool lockstep_ = true;
+  bool placement_ended_ = false;
   // spawn
   std::shared_ptr<run_recorder> recorder_;
   metrics_target metrics_;

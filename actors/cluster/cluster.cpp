@@ -759,6 +759,8 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
     },
     [=](job_atom) {
       on_job_ended(self->state);
+      if (!self->state.waiting) // a job that failed before it started: its lifecycle ends too
+        self->state.life.reset();
       if (self->state.shutdown_after_job)
         shut_down_nodes(self, *self->state.shutdown_after_job);
     },

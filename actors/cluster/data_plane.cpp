@@ -82,11 +82,18 @@ net::net_security data_security(caf::actor_system& sys, const std::shared_ptr<ne
   return sec;
 }
 
-// After admission: back to a blocking socket, sealed with keys from the TLS session.
-expected<net::tcp_socket> admitted_socket(int fd, SSL* ssl, const std::string& peer, bool server) {
+// After admission: back to a blocking socket, sealed with keys from the TLS session, or
+// without TLS from the gate's handshake.
+expected<net::tcp_socket> admitted_socket(int fd, SSL* ssl, const net::session_keys* keys, const std::string& peer,
+                                          bool server) {
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   net::tcp_socket sock{fd, peer};
-  if (ssl) {
+  if (keys) {
+    if (server)
+      sock.seal(keys->server_tx, keys->client_tx);
+    else
+      sock.seal(keys->client_tx, keys->server_tx);
+  } else if (ssl) {
     uint8_t client_tx[32], server_tx[32];
     bool ok = net::tls_export_keys(ssl, client_tx, server_tx);
     SSL_free(ssl);
@@ -328,7 +335,7 @@ struct data_plane::impl {
 
   // On the admitter's thread: the peer proved `a.token`; serve it on a thread of its own.
   void on_admitted(net::admitter::admitted a) {
-    auto sock = admitted_socket(a.fd, a.ssl, a.peer, true);
+    auto sock = admitted_socket(a.fd, a.ssl, a.sealed ? &a.keys : nullptr, a.peer, true);
     if (!sock) {
       spdlog::warn("data plane: {}", describe(sock.error()));
       return;
@@ -521,7 +528,9 @@ expected<shard_actor> data_plane::connect_once(const shard_actor& remote, uint32
                         + (hs.status() == net::gate_status::wrong_token ? "wrong data-plane key (not this job's)"
                                                                          : hs.why()));
   }
-  auto sock = admitted_socket(fd, hs.release_ssl(), endpoint, false);
+  SSL* ssl = hs.release_ssl();
+  const auto keys = hs.keys();
+  auto sock = admitted_socket(fd, ssl, hs.sealed() ? &keys : nullptr, endpoint, false);
   if (!sock)
     return sock.error();
   auto c = std::make_shared<connection>();

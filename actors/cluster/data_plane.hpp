@@ -12,8 +12,9 @@
 // has credentials, then proof of the job's data-plane key (the scheduler hands it out
 // over the admitted CAF connections; it never crosses the data connection), within a
 // deadline, on one admission thread. Only then does it get a thread of its own (at most
-// 1024 per node). With TLS, frames are sealed with AES-128-GCM under keys exported from
-// the TLS session, so the reader thread and the writing actor need no lock. A shard node
+// 1024 per node). Frames are sealed with AES-128-GCM (runtime/net/records.hpp) under keys
+// exported from the TLS session, or without TLS derived from the gate's handshake, so
+// the reader thread and the writing actor need no lock. A shard node
 // reads no further from a connection with 32 requests unanswered (backpressure).
 #pragma once
 

@@ -2,6 +2,7 @@
 
 #include "actors/cluster/system.hpp"
 #include "runtime/net/admitter.hpp"
+#include "runtime/net/records.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -9,6 +10,7 @@
 #include <list>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include <caf/io/all.hpp>
@@ -75,12 +77,36 @@ void raise_descriptor_limit() {
   }
 }
 
-// Reads and writes an admitted connection, plain or through TLS, and checks each BASP
-// header it reads before CAF sees it.
+// How an admitted connection is protected: TLS (ssl), or sealed records under the keys of
+// the gate's handshake (records.hpp).
+struct protection {
+  SSL* ssl = nullptr;
+  bool sealed = false;
+  bool server = false;
+  net::session_keys keys;
+};
+
+protection protection_of(net::handshake& hs, bool server) {
+  protection p;
+  p.server = server;
+  p.ssl = hs.release_ssl();
+  p.sealed = hs.sealed();
+  if (p.sealed)
+    p.keys = hs.keys();
+  return p;
+}
+
+// Reads and writes an admitted connection through TLS or sealed records, and checks each
+// BASP header it reads before CAF sees it.
 class guarded_policy {
 public:
-  guarded_policy(SSL* ssl, uint64_t max_message, std::string peer)
-    : ssl_(ssl), guard_(max_message), peer_(std::move(peer)) {}
+  guarded_policy(protection p, uint64_t max_message, std::string peer)
+    : ssl_(p.ssl), guard_(max_message), peer_(std::move(peer)) {
+    if (p.sealed) {
+      reader_.emplace(p.server ? p.keys.client_tx : p.keys.server_tx);
+      writer_.emplace(p.server ? p.keys.server_tx : p.keys.client_tx);
+    }
+  }
   guarded_policy(const guarded_policy&) = delete;
   ~guarded_policy() {
     if (ssl_)
@@ -89,7 +115,7 @@ public:
 
   rw_state read_some(size_t& result, native_socket fd, void* buf, size_t len) {
     result = 0;
-    long n = net::tls_io::read_some(ssl_, fd, buf, len);
+    long n = reader_ ? read_sealed(fd, buf, len) : net::tls_io::read_some(ssl_, fd, buf, len);
     if (n < 0)
       return rw_state::failure;
     if (n > 0 && !guard_.inspect(static_cast<const uint8_t*>(buf), static_cast<size_t>(n))) {
@@ -102,27 +128,82 @@ public:
 
   rw_state write_some(size_t& result, native_socket fd, const void* buf, size_t len) {
     result = 0;
-    long n = net::tls_io::write_some(ssl_, fd, buf, len);
+    long n = writer_ ? write_sealed(fd, static_cast<const uint8_t*>(buf), len)
+                     : net::tls_io::write_some(ssl_, fd, buf, len);
     if (n < 0)
       return rw_state::failure;
     result = static_cast<size_t>(n);
     return rw_state::success;
   }
 
-  // Records TLS has decrypted already are invisible to poll(): read them now.
-  bool must_read_more(native_socket, size_t) { return ssl_ && SSL_pending(ssl_) > 0; }
+  // Bytes TLS or the record reader hold already are invisible to poll(): read them now.
+  bool must_read_more(native_socket, size_t) {
+    size_t n = 0;
+    return ssl_ ? SSL_pending(ssl_) > 0 : reader_ && reader_->ready(n) && n > 0;
+  }
 
 private:
+  long read_sealed(native_socket fd, void* buf, size_t len) {
+    size_t have = 0;
+    if (!reader_->ready(have))
+      return broken();
+    if (have == 0) {
+      size_t room = 0;
+      uint8_t* at = reader_->space(room);
+      long got = net::tls_io::read_some(nullptr, fd, at, room);
+      if (got < 0)
+        return -1;
+      if (!reader_->commit(static_cast<size_t>(got)))
+        return broken();
+    }
+    return static_cast<long>(reader_->take(static_cast<uint8_t*>(buf), len));
+  }
+
+  long broken() {
+    spdlog::warn("network: closed the connection from {}: {}", peer_, reader_->why());
+    return -1;
+  }
+
+  // CAF offers the same bytes again until they are reported written: a record sealed from
+  // them is reported once it is sent whole, and nothing new is sealed before.
+  long write_sealed(native_socket fd, const uint8_t* buf, size_t len) {
+    size_t done = 0;
+    for (;;) {
+      if (writer_->idle()) {
+        done += std::exchange(sealed_, 0);
+        if (done == len)
+          break;
+        sealed_ = writer_->seal(buf + done, len - done);
+        if (sealed_ == 0)
+          return -1;
+      }
+      size_t n = 0;
+      const uint8_t* p = writer_->pending(n);
+      long put = net::tls_io::write_some(nullptr, fd, p, n);
+      if (put < 0)
+        return -1;
+      if (put == 0)
+        break;
+      writer_->sent(static_cast<size_t>(put));
+    }
+    if (done == len)
+      writer_->release();
+    return static_cast<long>(done);
+  }
+
   SSL* ssl_;
+  std::optional<net::record_reader> reader_;
+  std::optional<net::record_writer> writer_;
+  size_t sealed_ = 0; // bytes of CAF's buffer in the record being sent
   net::basp_frame_guard guard_;
   std::string peer_;
 };
 
 class guarded_scribe : public caf::io::scribe {
 public:
-  guarded_scribe(default_multiplexer& mpx, native_socket fd, SSL* ssl, uint64_t max_message, std::string peer)
+  guarded_scribe(default_multiplexer& mpx, native_socket fd, protection p, uint64_t max_message, std::string peer)
     : caf::io::scribe(caf::io::network::conn_hdl_from_socket(fd)),
-      stream_(mpx, fd, ssl, max_message, std::move(peer)) {}
+      stream_(mpx, fd, p, max_message, std::move(peer)) {}
 
   void configure_read(caf::io::receive_policy::config config) override {
     stream_.configure_read(config);
@@ -169,7 +250,8 @@ public:
     bool taken = gk_->admit(fd, [door](net::admitter::admitted a) {
       if (!a.peer_name.empty())
         spdlog::debug("network: admitted {} ({})", a.peer, a.peer_name);
-      door->mpx().dispatch([door, a] { door->hand_over(a.fd, a.ssl, a.peer); });
+      protection p{a.ssl, a.sealed, true, a.keys};
+      door->mpx().dispatch([door, fd = a.fd, p, peer = a.peer] { door->hand_over(fd, p, peer); });
     });
     if (!taken)
       ::close(fd);
@@ -177,15 +259,15 @@ public:
   }
 
   // On the network thread, after admission: the connection becomes BASP's.
-  void hand_over(int fd, SSL* ssl, const std::string& peer) {
+  void hand_over(int fd, const protection& p, const std::string& peer) {
     if (detached() || parent() == nullptr) {
-      if (ssl)
-        SSL_free(ssl);
+      if (p.ssl)
+        SSL_free(p.ssl);
       ::close(fd);
       return;
     }
     auto& mpx = acceptor_.backend();
-    auto scribe = caf::make_counted<guarded_scribe>(mpx, fd, ssl, gk_->security().max_message, peer);
+    auto scribe = caf::make_counted<guarded_scribe>(mpx, fd, p, gk_->security().max_message, peer);
     auto hdl = scribe->hdl();
     parent()->add_scribe(std::move(scribe));
     doorman::new_connection(&mpx, hdl);
@@ -223,8 +305,8 @@ protected:
       ::close(*fd); // the handshake frees its TLS session
       return make_error(errc::handshake_refused, "connecting to " + where + ": " + hs.why());
     }
-    return caf::io::scribe_ptr{caf::make_counted<guarded_scribe>(mpx(), *fd, hs.release_ssl(), sec.max_message,
-                                                                 where)};
+    return caf::io::scribe_ptr{caf::make_counted<guarded_scribe>(mpx(), *fd, protection_of(hs, false),
+                                                                 sec.max_message, where)};
   }
 
   caf::expected<caf::io::doorman_ptr> open(uint16_t port, const char* addr, bool reuse) override {

@@ -102,6 +102,7 @@ struct wire_options {
   uint32_t window = train_config{}.chunks_in_flight;
   std::string port_file;
   std::string tls_dir;
+  bool unsealed = false;
   bool json = false;
 };
 
@@ -114,6 +115,7 @@ expected<std::shared_ptr<actors::cluster_network>> bench_network(caf::actor_syst
   auto sec = load_security(so);
   if (!sec)
     return sec.error();
+  sec->seal_records = !o.unsealed;
   return actors::cluster_network::start(sys, *sec);
 }
 
@@ -229,6 +231,8 @@ int run_wire_bench(const wire_options& o) {
                                         "--port-file", port_file};
   if (!o.tls_dir.empty())
     peer_argv.insert(peer_argv.end(), {"--tls", o.tls_dir});
+  if (o.unsealed)
+    peer_argv.push_back("--unsealed");
   auto peer = subprocess::start(peer_argv, dir + "/peer.log");
   if (!peer) {
     std::fprintf(stderr, "ashlar bench: %s\n", describe(peer.error()).c_str());
@@ -325,11 +329,15 @@ command_fn add_bench(CLI::App& app) {
   wire_cmd->add_option("--window", w->window, "chunks in flight, as train.chunks_in_flight")->capture_default_str();
   wire_cmd->add_flag("--json", w->json, "print one JSON object");
   wire_cmd->add_option("--tls", w->tls_dir, "both processes use mutual TLS with this directory's credentials");
+  wire_cmd->add_flag("--unsealed", w->unsealed,
+                     "without TLS, both processes send plain bytes after the handshake instead of sealed "
+                     "records (to measure what sealing costs; nodes always seal)");
   auto* peer_cmd = cmd->add_subcommand("wire-peer", "the other process of `bench wire`");
   peer_cmd->group("");
   peer_cmd->add_option("--params", w->params)->required();
   peer_cmd->add_option("--port-file", w->port_file)->required();
   peer_cmd->add_option("--tls", w->tls_dir);
+  peer_cmd->add_flag("--unsealed", w->unsealed);
   auto h = std::make_shared<hetero_options>();
   auto* hetero_cmd = cmd->add_subcommand("hetero", "every sync policy on the same paced heterogeneous workers: "
                                                    "time to target accuracy, throughput, staleness");

@@ -76,11 +76,71 @@ expected<run_report> run_cluster_job(caf::actor_system& sys, const actors::clust
   return actors::run_job(sys, cfg, where, hooks);
 }
 
-// A job submitted with `ashlar train --join`: its settings checked (its files only under
-// this node's work directory, never over its credentials), then run on the cluster's
-// nodes; the answer goes to the cluster actor, which passes it to the submitter.
+// A submitted job's files: only inside this node's work directory, never over its
+// credentials; opened beneath it again where they are used (run.confine_root).
+caf::error confine_job_files(train_config& cfg, const node_options& o, const std::vector<std::string>& credential_dirs,
+                             const std::vector<std::string>& credential_files) {
+  for (auto* path : {&cfg.trace, &cfg.metrics, &cfg.checkpoint_dir, &cfg.contention}) {
+    if (path->empty())
+      continue;
+    auto what = path == &cfg.trace     ? "run.trace"
+                : path == &cfg.metrics ? "run.metrics"
+                : path == &cfg.contention ? "train.contention"
+                                          : "run.checkpoint_dir";
+    auto inside = confine_path(o.work_dir, *path, what);
+    if (!inside)
+      return inside.error();
+    // Nor over this node's own credentials, wherever the work directory is.
+    bool secret = false;
+    for (const auto& d : credential_dirs)
+      secret = secret || (!d.empty() && confine_path(d, *inside, what));
+    for (const auto& f : credential_files)
+      secret = secret || f == *inside;
+    if (secret)
+      return make_error(errc::invalid_argument,
+                        std::string{what} + " " + *path + " would overwrite this node's credentials");
+    *path = *inside;
+  }
+  cfg.confine_root = o.work_dir.empty() ? "." : o.work_dir;
+  return caf::none;
+}
+
+// What a submitted job may make this host do beyond its files: read the data set the
+// operator serves (or one under the work directory), listen only where the scheduler
+// listens, and hold its model in memory. The report is the submitter's to write.
+caf::error check_submitted_job(train_config& cfg, const node_options& o, const train_config& own) {
+  cfg.report.clear();
+  if (cfg.data_dir != own.data_dir && cfg.data_source != data_source_kind::synthetic) {
+    auto inside = confine_path(o.work_dir, cfg.data_dir, "data.dir");
+    if (!inside)
+      return make_error(errc::invalid_argument, "data.dir " + cfg.data_dir + " is not one this scheduler serves: "
+                                                  "its own data directory (" + own.data_dir
+                                                  + ", ashlar node --data-dir) or one under its --work-dir");
+    cfg.data_dir = *inside;
+  }
+  if (!cfg.metrics_listen.empty() && cfg.metrics_listen != own.metrics_listen) {
+    auto ep = actors::parse_endpoint(cfg.metrics_listen);
+    auto mine = actors::parse_endpoint(o.listen);
+    const bool same_host = ep && mine && (ep->host == mine->host || (is_loopback(ep->host) && is_loopback(mine->host)));
+    if (!same_host)
+      return make_error(errc::invalid_argument,
+                        "run.metrics_listen " + cfg.metrics_listen + ": a submitted job may listen only on the "
+                          + "scheduler's own address (" + (mine ? mine->host : o.listen)
+                          + "); the operator serves /metrics with `ashlar node --metrics-listen`");
+  }
+  // The scheduler's process holds the job driver's copies of the parameters (the first,
+  // the divergence guard's snapshot, an evaluation's, the final): a model this host
+  // cannot hold is refused before anything is allocated, as a local run refuses it.
+  if (auto big = check_model_memory(cfg.model.num_params(), 4, available_memory_bytes(), cfg.model.to_string()))
+    return located(big, "the scheduler's host");
+  return caf::none;
+}
+
+// A job submitted with `ashlar train --join`: its settings checked, then run on the
+// cluster's nodes; the answer goes to the cluster actor, which passes it to the submitter.
 void run_submitted_job(caf::actor_system& sys, const actors::cluster_actor& cluster, const node_options& o,
-                       const wire::job_request& req, const std::vector<std::string>& credential_dirs,
+                       const train_config& own, const wire::job_request& req,
+                       const std::vector<std::string>& credential_dirs,
                        const std::vector<std::string>& credential_files, http_endpoint* metrics) {
     train_config cfg;
     caf::error err;
@@ -89,33 +149,10 @@ void run_submitted_job(caf::actor_system& sys, const actors::cluster_actor& clus
         err = apply_setting(cfg, k, v);
     if (!err)
       err = validate(cfg);
-    // A submitted job writes only inside this node's work directory.
-    for (auto* path : {&cfg.trace, &cfg.metrics, &cfg.checkpoint_dir}) {
-      if (err || path->empty())
-        continue;
-      auto what = path == &cfg.trace ? "run.trace" : path == &cfg.metrics ? "run.metrics" : "run.checkpoint_dir";
-      auto inside = confine_path(o.work_dir, *path, what);
-      if (!inside) {
-        err = inside.error();
-        continue;
-      }
-      // Nor over this node's own credentials, wherever the work directory is.
-      bool secret = false;
-      for (const auto& d : credential_dirs)
-        secret = secret || (!d.empty() && confine_path(d, *inside, what));
-      for (const auto& f : credential_files)
-        secret = secret || f == *inside;
-      if (secret)
-        err = make_error(errc::invalid_argument,
-                         std::string{what} + " " + *path + " would overwrite this node's credentials");
-      *path = *inside;
-    }
-    // The scheduler's process holds the job driver's copies of the parameters (the first,
-    // the divergence guard's snapshot, an evaluation's, the final): a model this host
-    // cannot hold is refused before anything is allocated, as a local run refuses it.
     if (!err)
-      if (auto big = check_model_memory(cfg.model.num_params(), 4, available_memory_bytes(), cfg.model.to_string()))
-        err = located(big, "the scheduler's host");
+      err = confine_job_files(cfg, o, credential_dirs, credential_files);
+    if (!err)
+      err = check_submitted_job(cfg, o, own);
     if (err) {
       spdlog::warn("scheduler: refused a submitted job: {}", describe(err));
       caf::anon_send(cluster, actors::job_atom::value, err);
@@ -319,7 +356,8 @@ public:
           act(life.state() == control::node_lifecycle::phase::draining ? life.on_drained() : life.on_shutdown());
         },
         [&](const wire::job_request& req) {
-          run_submitted_job(sys_, cluster_, o_, req, credentials.first, credentials.second, metrics_.get());
+          run_submitted_job(sys_, cluster_, o_, s_.job_cfg, req, credentials.first, credentials.second,
+                            metrics_.get());
         },
         [&](caf::down_msg& dm) {
           if (dm.source == cluster_.address()) // (not a scheduler this node left for a newer one)

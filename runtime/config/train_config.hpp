@@ -166,6 +166,9 @@ struct run_settings {
   /// commit on the device between commits (run.gpu_local_model); false: the parameters
   /// go in and the gradient out every step. Default: true.
   bool gpu_local_model = true;
+  /// Not a key: set by a node for a job submitted to it. Every file the job opens (trace,
+  /// metrics, contention profile) is opened beneath this directory at the moment of use.
+  std::string confine_root;
   /// Serve Prometheus metrics at http://HOST:PORT/metrics while the job runs
   /// (run.metrics_listen, e.g. "0.0.0.0:9400"); empty = none. Default: "".
   std::string metrics_listen;

@@ -9,6 +9,10 @@
 
 #include "runtime/core/clock.hpp"
 #include "runtime/metrics/json.hpp"
+#include "runtime/os/paths.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
 
 namespace ashlar {
 
@@ -37,19 +41,24 @@ std::string span(const char* name, double ts_us, double dur_us, int64_t tid, con
 }  // namespace
 
 expected<std::shared_ptr<run_recorder>> run_recorder::open(const std::string& trace_path,
-                                                           const std::string& metrics_path) {
+                                                           const std::string& metrics_path, const std::string& root) {
   std::shared_ptr<run_recorder> r{new run_recorder};
-  auto open_one = [](const std::string& path, std::FILE*& f) -> caf::error {
+  auto open_one = [&root](const std::string& path, const char* what, std::FILE*& f) -> caf::error {
     if (path.empty())
       return caf::none;
-    f = std::fopen(path.c_str(), "w");
-    if (!f)
+    auto fd = open_confined(root, path, O_WRONLY | O_CREAT | O_TRUNC, what);
+    if (!fd)
+      return fd.error();
+    f = ::fdopen(*fd, "w");
+    if (!f) {
+      ::close(*fd);
       return make_error(errc::io_error, "cannot write " + path + ": " + std::strerror(errno));
+    }
     return caf::none;
   };
-  if (auto err = open_one(trace_path, r->trace_))
+  if (auto err = open_one(trace_path, "run.trace", r->trace_))
     return err;
-  if (auto err = open_one(metrics_path, r->metrics_))
+  if (auto err = open_one(metrics_path, "run.metrics", r->metrics_))
     return err;
   r->trace_path_ = trace_path;
   r->metrics_path_ = metrics_path;

@@ -20,10 +20,12 @@ namespace ashlar {
 
 class run_recorder {
 public:
-  /// Opens (truncates) the files; an empty path records nothing there. Fails with
-  /// io_error naming the path that cannot be written.
+  /// Opens (truncates) the files; an empty path records nothing there. With `root`,
+  /// beneath it (runtime/os/paths.hpp: open_confined). Fails with io_error naming the path
+  /// that cannot be written, invalid_argument for one that leads outside root.
   [[nodiscard]] static expected<std::shared_ptr<run_recorder>> open(const std::string& trace_path,
-                                                                  const std::string& metrics_path);
+                                                                  const std::string& metrics_path,
+                                                                  const std::string& root = "");
   ~run_recorder();
   run_recorder(const run_recorder&) = delete;
   run_recorder& operator=(const run_recorder&) = delete;

@@ -109,6 +109,9 @@ struct admitter::impl {
       a.peer_name = e.hs->peer_name();
       a.token = e.hs->matched();
       a.ssl = e.hs->release_ssl();
+      a.sealed = e.hs->sealed();
+      if (a.sealed)
+        a.keys = e.hs->keys();
       // `done` owns the connection from here; it must not let an exception out, and one
       // that does is logged rather than ending the process.
       try {

@@ -21,6 +21,8 @@ public:
     std::string peer;     // host:port
     std::string peer_name; // certificate name ("" without TLS)
     std::string token;    // the token the peer proved
+    bool sealed = false;  // without TLS: sealed records under `keys` (records.hpp)
+    session_keys keys;
   };
   /// Called on the admitter's thread once a connection is admitted.
   using on_admitted = std::function<void(admitted)>;

@@ -57,6 +57,15 @@ std::array<uint8_t, gate_mac_bytes> gate_mac(const std::string& key, const char*
   return out;
 }
 
+session_keys derive_session_keys(const std::string& token, const gate_nonce& nonce_c, const gate_nonce& nonce_s) {
+  session_keys k;
+  auto c = gate_mac(token, "ashlar records client to server", nonce_c, nonce_s);
+  auto s = gate_mac(token, "ashlar records server to client", nonce_c, nonce_s);
+  std::copy(c.begin(), c.end(), k.client_tx);
+  std::copy(s.begin(), s.end(), k.server_tx);
+  return k;
+}
+
 bool equal_secret(const uint8_t* a, const uint8_t* b, size_t n) {
   return CRYPTO_memcmp(a, b, n) == 0;
 }

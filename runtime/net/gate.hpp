@@ -8,6 +8,10 @@
 //   client -> server  proof      HMAC(token, "ashlar client" | nonce_c | nonce_s)  32 bytes
 //   server -> client  verdict    status(1) HMAC(token, "ashlar server" | nonce_s | nonce_c)
 //
+// After the verdict, a connection without TLS carries only sealed records (records.hpp)
+// under keys both ends derive from the token and both nonces (session_keys): a peer that
+// passed someone else's handshake through cannot write a byte the other end accepts.
+//
 // A refused peer gets a status byte saying why (wrong token, protocol version, TLS
 // needed) and the connection is closed. The state machines below only transform bytes;
 // runtime/net/handshake.hpp drives them over sockets.
@@ -22,7 +26,7 @@ namespace ashlar::net {
 
 constexpr size_t gate_nonce_bytes = 32;
 constexpr size_t gate_mac_bytes = 32;
-constexpr uint8_t gate_version = 1;
+constexpr uint8_t gate_version = 2; // 2: sealed records after the verdict
 /// "ASHLGATE": the first eight bytes a client sends.
 constexpr char gate_magic[8] = {'A', 'S', 'H', 'L', 'G', 'A', 'T', 'E'};
 constexpr size_t gate_hello_bytes = 8 + 1 + 1 + gate_nonce_bytes;
@@ -53,6 +57,15 @@ std::array<uint8_t, gate_mac_bytes> gate_mac(const std::string& key, const char*
 /// Constant-time equality of two byte ranges of the same length.
 bool equal_secret(const uint8_t* a, const uint8_t* b, size_t n);
 
+/// The record keys of one admitted connection, one per direction.
+struct session_keys {
+  uint8_t client_tx[32] = {};
+  uint8_t server_tx[32] = {};
+};
+
+/// HMAC-SHA256(token, label | nonce_c | nonce_s) for each direction's label.
+session_keys derive_session_keys(const std::string& token, const gate_nonce& nonce_c, const gate_nonce& nonce_s);
+
 /// Where a handshake stands.
 enum class gate_state { running, admitted, refused };
 
@@ -74,6 +87,8 @@ public:
   const std::string& why() const { return why_; }
   /// The token the admitted peer proved.
   const std::string& matched() const { return tokens_[matched_]; }
+  /// The record keys, once admitted.
+  session_keys keys() const { return derive_session_keys(tokens_[matched_], nonce_c_, nonce_s_); }
 
   /// Sends a challenge with status needs_tls (for a plain client that reached a TLS port).
   static std::vector<uint8_t> needs_tls_reply();
@@ -104,6 +119,8 @@ public:
   const std::string& why() const { return why_; }
   /// The status the server sent (ok unless it refused).
   gate_status status() const { return status_; }
+  /// The record keys, once admitted.
+  session_keys keys() const { return derive_session_keys(token_, nonce_c_, nonce_s_); }
 
 private:
   std::string token_;

@@ -59,7 +59,7 @@ long tls_io::write_some(SSL* ssl, int fd, const void* buf, size_t len) {
 }
 
 handshake::handshake(int fd, bool server, const net_security& sec, std::vector<std::string> tokens)
-  : fd_(fd), server_(server) {
+  : fd_(fd), server_(server), seal_(sec.seal_records) {
   if (server && !tokens.empty())
     server_gate_.emplace(std::move(tokens));
   else if (server)
@@ -82,6 +82,7 @@ handshake::~handshake() {
 }
 
 SSL* handshake::release_ssl() {
+  had_tls_ = had_tls_ || ssl_ != nullptr;
   return std::exchange(ssl_, nullptr);
 }
 

@@ -27,6 +27,9 @@ struct net_security {
   std::chrono::milliseconds handshake_timeout{5000};
   /// Connections a node admits at once (the oldest is dropped beyond). Default: 64.
   size_t max_pending = 64;
+  /// Sealed records after the gate on connections without TLS (records.hpp). Only the
+  /// wire bench turns it off, on both ends, to measure what sealing costs.
+  bool seal_records = true;
 };
 
 class handshake {
@@ -53,6 +56,11 @@ public:
   int fd() const { return fd_; }
   /// Client side: what the server answered (wrong_token when it refused the token).
   gate_status status() const { return client_gate_ ? client_gate_->status() : gate_status::ok; }
+  /// Whether what follows goes in sealed records (records.hpp): on every admitted
+  /// connection without TLS (a TLS session protects the others).
+  bool sealed() const { return seal_ && ssl_ == nullptr && !had_tls_; }
+  /// The record keys (once admitted).
+  session_keys keys() const { return server_gate_ ? server_gate_->keys() : client_gate_->keys(); }
   /// Server side: the token the admitted peer proved.
   std::string matched() const { return server_gate_ ? server_gate_->matched() : std::string{}; }
   /// Ends the handshake as refused (its deadline passed).
@@ -67,6 +75,8 @@ private:
   bool server_;
   SSL* ssl_ = nullptr;
   bool sniffed_ = false;
+  bool had_tls_ = false;
+  bool seal_ = true;
   bool tls_done_ = false;
   std::optional<gate_server> server_gate_;
   std::optional<gate_client> client_gate_;

@@ -1,4 +1,5 @@
 #include "runtime/net/socket.hpp"
+#include "runtime/net/records.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -128,35 +129,18 @@ caf::error tcp_socket::write_raw(iovec* iov, int count) {
   return {};
 }
 
-// ---- sealed records: [plaintext length, 4 bytes BE][ciphertext][16-byte tag] ----
-// The nonce is a per-direction record counter; the length is authenticated data.
+// ---- sealed records (records.hpp) ----
 
 struct tcp_socket::aead {
-  static constexpr size_t max_record = size_t{1} << 20;
-  static constexpr size_t tag_bytes = 16;
-  struct direction {
-    EVP_CIPHER_CTX* ctx = EVP_CIPHER_CTX_new();
-    uint8_t key[32];
-    uint64_t counter = 0;
-    std::vector<uint8_t> buf;
-    ~direction() { EVP_CIPHER_CTX_free(ctx); }
-    void nonce(uint8_t (&iv)[12]) {
-      std::memset(iv, 0, 4);
-      for (int i = 0; i < 8; ++i)
-        iv[4 + i] = static_cast<uint8_t>(counter >> (56 - 8 * i));
-      ++counter;
-    }
-  };
-  direction tx, rx;
+  aead(const uint8_t (&tx_key)[32], const uint8_t (&rx_key)[32]) : tx(tx_key), rx(rx_key) {}
+  record_cipher tx, rx;
+  std::vector<uint8_t> out;   // the record being written
   std::vector<uint8_t> plain; // the record being read
   size_t plain_at = 0;
 };
 
 void tcp_socket::seal(const uint8_t (&tx_key)[32], const uint8_t (&rx_key)[32]) {
-  auto a = std::make_shared<aead>();
-  std::memcpy(a->tx.key, tx_key, 32);
-  std::memcpy(a->rx.key, rx_key, 32);
-  aead_ = std::move(a);
+  aead_ = std::make_shared<aead>(tx_key, rx_key);
 }
 
 int tcp_socket::release() {
@@ -173,10 +157,10 @@ caf::error tcp_socket::read_exact(void* buf, size_t n) {
       uint8_t head[4];
       if (auto err = read_raw(head, 4))
         return err;
-      uint32_t len = (uint32_t{head[0]} << 24) | (uint32_t{head[1]} << 16) | (uint32_t{head[2]} << 8) | head[3];
-      if (len == 0 || len > aead::max_record)
+      const size_t len = record_cipher::length_of(head);
+      if (len == 0 || len > max_record_bytes)
         return make_error(errc::malformed_message, "a sealed record of " + std::to_string(len) + " bytes from "
-                                                     + peer_ + " (at most " + std::to_string(aead::max_record) + ")");
+                                                     + peer_ + " (at most " + std::to_string(max_record_bytes) + ")");
       // A record the caller wants whole is read and opened in its own buffer (no copy);
       // otherwise in ours, and handed out piece by piece.
       const bool direct = n >= len;
@@ -185,20 +169,12 @@ caf::error tcp_socket::read_exact(void* buf, size_t n) {
         a.plain.resize(len);
         dst = a.plain.data();
       }
-      uint8_t tag[aead::tag_bytes];
+      uint8_t tag[record_tag_bytes];
       if (auto err = read_raw(dst, len))
         return err;
       if (auto err = read_raw(tag, sizeof tag))
         return err;
-      uint8_t iv[12];
-      a.rx.nonce(iv);
-      int outl = 0;
-      bool ok = EVP_DecryptInit_ex(a.rx.ctx, EVP_aes_128_gcm(), nullptr, a.rx.key, iv) == 1
-                && EVP_DecryptUpdate(a.rx.ctx, nullptr, &outl, head, 4) == 1
-                && EVP_DecryptUpdate(a.rx.ctx, dst, &outl, dst, static_cast<int>(len)) == 1
-                && EVP_CIPHER_CTX_ctrl(a.rx.ctx, EVP_CTRL_GCM_SET_TAG, aead::tag_bytes, tag) == 1
-                && EVP_DecryptFinal_ex(a.rx.ctx, dst + outl, &outl) == 1;
-      if (!ok)
+      if (!a.rx.open(head, dst, len, tag))
         return make_error(errc::malformed_message, "a record from " + peer_ + " failed authentication");
       if (direct) {
         out += len;
@@ -220,35 +196,26 @@ caf::error tcp_socket::write_all(iovec* iov, int count) {
   if (!aead_)
     return write_raw(iov, count);
   auto& t = aead_->tx;
+  auto& buf = aead_->out;
   int i = 0;
   size_t off = 0;
   for (;;) {
-    // One record: up to max_record bytes gathered from the buffers, sealed as they are copied.
+    // One record: up to write_record_bytes gathered from the buffers, sealed as they are copied.
     size_t total = 0;
     for (int k = i; k < count; ++k)
       total += iov[k].iov_len - (k == i ? off : 0);
     if (total == 0)
       return {};
-    size_t len = std::min(total, aead::max_record);
-    t.buf.resize(4 + len + aead::tag_bytes);
-    uint8_t* head = t.buf.data();
-    head[0] = static_cast<uint8_t>(len >> 24);
-    head[1] = static_cast<uint8_t>(len >> 16);
-    head[2] = static_cast<uint8_t>(len >> 8);
-    head[3] = static_cast<uint8_t>(len);
-    uint8_t iv[12];
-    t.nonce(iv);
-    int outl = 0;
-    if (EVP_EncryptInit_ex(t.ctx, EVP_aes_128_gcm(), nullptr, t.key, iv) != 1
-        || EVP_EncryptUpdate(t.ctx, nullptr, &outl, head, 4) != 1)
+    size_t len = std::min(total, write_record_bytes);
+    buf.resize(record_head_bytes + len + record_tag_bytes);
+    uint8_t* head = buf.data();
+    if (!t.begin(head, len))
       return make_error(errc::io_error, "cannot seal a record for " + peer_);
-    uint8_t* dst = head + 4;
+    uint8_t* dst = head + record_head_bytes;
     size_t left = len;
     while (left > 0) {
       size_t piece = std::min(left, iov[i].iov_len - off);
-      if (EVP_EncryptUpdate(t.ctx, dst, &outl, static_cast<const uint8_t*>(iov[i].iov_base) + off,
-                            static_cast<int>(piece))
-          != 1)
+      if (!t.update(static_cast<const uint8_t*>(iov[i].iov_base) + off, piece, dst))
         return make_error(errc::io_error, "cannot seal a record for " + peer_);
       dst += piece;
       left -= piece;
@@ -258,10 +225,9 @@ caf::error tcp_socket::write_all(iovec* iov, int count) {
         off = 0;
       }
     }
-    if (EVP_EncryptFinal_ex(t.ctx, dst, &outl) != 1
-        || EVP_CIPHER_CTX_ctrl(t.ctx, EVP_CTRL_GCM_GET_TAG, aead::tag_bytes, dst) != 1)
+    if (!t.finish(dst))
       return make_error(errc::io_error, "cannot seal a record for " + peer_);
-    iovec whole{t.buf.data(), t.buf.size()};
+    iovec whole{buf.data(), buf.size()};
     if (auto err = write_raw(&whole, 1))
       return err;
   }

@@ -1,7 +1,14 @@
 #include "runtime/os/paths.hpp"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <vector>
 
+#include <fcntl.h>
+#include <linux/openat2.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 namespace ashlar {
@@ -24,6 +31,112 @@ expected<std::string> confine_path(const std::string& root, const std::string& p
     return make_error(errc::invalid_argument, what + " " + path + " lies outside this node's work directory "
                                                 + base.string() + " (--work-dir)");
   return resolved.string();
+}
+
+namespace {
+
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
+
+// openat2(RESOLVE_BENEATH), or where the kernel lacks it (before 5.6) a walk of the
+// path one component at a time with O_NOFOLLOW, which refuses every symbolic link.
+int open_beneath(int dirfd, const fs::path& rel, int flags, unsigned mode) {
+#ifdef SYS_openat2
+  open_how how{};
+  how.flags = static_cast<uint64_t>(flags);
+  how.mode = (flags & O_CREAT) ? mode : 0;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  long fd = ::syscall(SYS_openat2, dirfd, rel.c_str(), &how, sizeof how);
+  if (fd >= 0 || errno != ENOSYS)
+    return static_cast<int>(fd);
+#endif
+  int at = ::dup(dirfd);
+  std::vector<fs::path> parts(rel.begin(), rel.end());
+  for (size_t i = 0; at >= 0 && i < parts.size(); ++i) {
+    if (parts[i] == ".." ) {
+      ::close(at);
+      errno = EXDEV;
+      return -1;
+    }
+    const bool last = i + 1 == parts.size();
+    int next = ::openat(at, parts[i].c_str(), last ? flags | O_NOFOLLOW : O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
+                        mode);
+    ::close(at);
+    at = next;
+  }
+  return at;
+}
+
+} // namespace
+
+expected<int> open_confined(const std::string& root, const std::string& path, int flags, const std::string& what,
+                            unsigned mode) {
+  flags |= O_CLOEXEC;
+  if (root.empty()) {
+    int fd = ::open(path.c_str(), flags, mode);
+    if (fd < 0)
+      return make_error(errc::io_error, what + ": cannot open " + path + ": " + errno_text(errno));
+    return fd;
+  }
+  std::error_code ec;
+  const fs::path base = fs::canonical(root, ec);
+  if (ec)
+    return make_error(errc::io_error, what + ": the work directory " + root + " cannot be opened: " + ec.message());
+  fs::path p{path};
+  fs::path rel = p.is_absolute() ? p.lexically_normal().lexically_relative(base) : p.lexically_normal();
+  const auto outside = [&] {
+    return make_error(errc::invalid_argument, what + " " + path + " lies outside this node's work directory "
+                                                + base.string() + " (--work-dir), through .. or a symbolic link");
+  };
+  if (rel.empty() || *rel.begin() == "..")
+    return outside();
+  int dirfd = ::open(base.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (dirfd < 0)
+    return make_error(errc::io_error, what + ": the work directory " + base.string() + " cannot be opened: "
+                                        + errno_text(errno));
+  int fd = open_beneath(dirfd, rel, flags, mode);
+  const int e = errno;
+  ::close(dirfd);
+  if (fd >= 0)
+    return fd;
+  if (e == EXDEV || e == ELOOP)
+    return outside();
+  return make_error(errc::io_error, what + ": cannot open " + path + ": " + errno_text(e));
+}
+
+expected<std::string> read_small_file(const std::string& root, const std::string& path, size_t limit,
+                                      const std::string& what) {
+  auto fd = open_confined(root, path, O_RDONLY | O_NONBLOCK, what);
+  if (!fd)
+    return fd.error();
+  struct stat st {};
+  std::string out;
+  caf::error err;
+  if (::fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode))
+    err = make_error(errc::invalid_argument, what + " " + path + " is not a regular file");
+  else if (static_cast<uint64_t>(st.st_size) > limit)
+    err = make_error(errc::invalid_argument, what + " " + path + " has " + std::to_string(st.st_size)
+                                               + " bytes, more than the " + std::to_string(limit) + " allowed");
+  char buf[65536];
+  while (!err) {
+    ssize_t n = ::read(*fd, buf, sizeof buf);
+    if (n == 0)
+      break;
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      err = make_error(errc::io_error, what + ": cannot read " + path + ": " + errno_text(errno));
+    else if (out.size() + static_cast<size_t>(n) > limit) // it grew since fstat
+      err = make_error(errc::invalid_argument, what + " " + path + " has more than the "
+                                                 + std::to_string(limit) + " bytes allowed");
+    else
+      out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(*fd);
+  if (err)
+    return err;
+  return out;
 }
 
 caf::error check_output_file(const std::string& path, const std::string& key) {

@@ -14,6 +14,21 @@ namespace ashlar {
 [[nodiscard]] expected<std::string> confine_path(const std::string& root, const std::string& path,
                                                  const std::string& what);
 
+/// Opens `path` at the moment of use. With `root` empty, as given (the operator's own
+/// paths). Otherwise beneath root: openat2 with RESOLVE_BENEATH from a descriptor of root,
+/// so neither ".." nor a symbolic link (one planted after the job was checked included)
+/// leads out; an absolute path must name a place inside root. `flags` as for open(2)
+/// (O_CLOEXEC is added). Fails with invalid_argument (outside root) or io_error, naming
+/// `what` and the path as given; an error says nothing of what exists outside root.
+[[nodiscard]] expected<int> open_confined(const std::string& root, const std::string& path, int flags,
+                                          const std::string& what, unsigned mode = 0644);
+
+/// The whole content of a regular file of at most `limit` bytes, opened by open_confined:
+/// a device, a FIFO, a directory or a larger file fails before more than `limit` bytes are
+/// read.
+[[nodiscard]] expected<std::string> read_small_file(const std::string& root, const std::string& path,
+                                                    size_t limit, const std::string& what);
+
 /// Checks before any work starts that a file can be written at `path` later: its
 /// directory exists and is writable, and the path is not a directory (nor an existing
 /// file that cannot be written). Fails with io_error naming `key` and the path.

@@ -1,4 +1,5 @@
 #include "runtime/pacing/contention.hpp"
+#include "runtime/os/paths.hpp"
 
 #include <fstream>
 #include <sstream>
@@ -42,13 +43,11 @@ expected<contention_profile> parse_contention(const std::string& text, const std
   return out;
 }
 
-expected<contention_profile> load_contention(const std::string& path) {
-  std::ifstream in{path};
-  if (!in)
-    return make_error(errc::io_error, "cannot read contention profile " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_contention(ss.str(), path);
+expected<contention_profile> load_contention(const std::string& path, const std::string& root) {
+  auto text = read_small_file(root, path, max_contention_bytes, "train.contention");
+  if (!text)
+    return text.error();
+  return parse_contention(*text, path);
 }
 
 double slowdown(const contention_profile& p, uint32_t worker, double t_s) {

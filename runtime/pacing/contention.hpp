@@ -27,8 +27,12 @@ using contention_profile = std::vector<contention_interval>;
 [[nodiscard]] expected<contention_profile> parse_contention(const std::string& text,
                                                            const std::string& origin);
 
-/// Reads and parses a profile file (io_error naming the path if unreadable).
-[[nodiscard]] expected<contention_profile> load_contention(const std::string& path);
+/// Largest contention profile read: 1 MiB.
+constexpr size_t max_contention_bytes = size_t{1} << 20;
+
+/// Reads a profile from a regular file of at most max_contention_bytes (opened beneath
+/// `root` when given: runtime/os/paths.hpp).
+[[nodiscard]] expected<contention_profile> load_contention(const std::string& path, const std::string& root = "");
 
 /// The slowdown of `worker` at `t_s` seconds: the product of the factors of every interval
 /// covering it (1 when none does).

@@ -1,4 +1,5 @@
 #include "runtime/store/job_store.hpp"
+#include "runtime/os/paths.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -125,6 +126,16 @@ expected<cut_choice> choose_cut(const std::vector<uint64_t>& committed, const st
 expected<std::optional<job_store>> job_store::open(const train_config& cfg) {
   if (cfg.checkpoint_dir.empty())
     return std::optional<job_store>{};
+  // A submitted job's directory was resolved inside the work directory when it came in;
+  // resolved again now, a symbolic link planted since would lead elsewhere.
+  if (!cfg.confine_root.empty()) {
+    auto now = confine_path(cfg.confine_root, cfg.checkpoint_dir, "run.checkpoint_dir");
+    if (!now)
+      return now.error();
+    if (*now != cfg.checkpoint_dir)
+      return make_error(errc::invalid_argument, "run.checkpoint_dir " + cfg.checkpoint_dir
+                                                  + " now leads elsewhere (a symbolic link on the way changed)");
+  }
   std::error_code ec;
   std::filesystem::create_directories(cfg.checkpoint_dir, ec);
   if (ec)

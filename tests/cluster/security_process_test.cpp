@@ -18,11 +18,13 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "actors/local_job.hpp"
 #include "actors/interfaces.hpp"
 #include "runtime/net/gate.hpp"
+#include "runtime/net/records.hpp"
 #include "runtime/net/tls.hpp"
 #include "process_helpers.hpp"
 
@@ -69,8 +71,8 @@ bool closed_by_peer(int fd, std::chrono::milliseconds limit) {
   return false;
 }
 
-// Passes the token gate as a client on a blocking socket.
-bool pass_gate(int fd, const std::string& tok) {
+// Passes the token gate as a client on a blocking socket; `keys` gets the record keys.
+bool pass_gate(int fd, const std::string& tok, net::session_keys* keys = nullptr) {
   net::gate_client c{tok};
   while (c.state() == net::gate_state::running) {
     auto out = c.take_output();
@@ -82,7 +84,18 @@ bool pass_gate(int fd, const std::string& tok) {
       return false;
     c.feed(buf, static_cast<size_t>(n));
   }
+  if (keys)
+    *keys = c.keys();
   return c.state() == net::gate_state::admitted;
+}
+
+// `bytes` as one sealed record from the client side of a connection keyed `keys`.
+std::vector<uint8_t> sealed_record(const net::session_keys& keys, const std::vector<char>& bytes) {
+  net::record_writer w{keys.client_tx};
+  REQUIRE(w.seal(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()) == bytes.size());
+  size_t n = 0;
+  const uint8_t* p = w.pending(n);
+  return {p, p + n};
 }
 
 // A BASP header as CAF writes it, announcing `payload` bytes.
@@ -221,6 +234,29 @@ TEST_CASE("a submitted job may write only inside the nodes' work directories, an
     CHECK(slurp(dir.file("huge.log")).find("does not fit in this machine's memory") != std::string::npos);
     CHECK(slurp(dir.file("huge.log")).find("the scheduler's host") != std::string::npos);
   }
+  {
+    // What the job would have this host read or bind: a device, a link to one, a FIFO in
+    // the work directory, a data set the scheduler does not serve, a listener on every
+    // interface of a scheduler that listens on loopback.
+    std::filesystem::create_symlink("/dev/zero", dir.file("work/zero"));
+    REQUIRE(::mkfifo(dir.file("work/fifo").c_str(), 0600) == 0);
+    const std::vector<std::pair<std::string, std::string>> refused = {
+      {"train.contention=/dev/zero", "lies outside this node's work directory"},
+      {"train.contention=zero", "lies outside this node's work directory"},
+      {"train.contention=fifo", "is not a regular file"},
+      {"data.dir=/etc", "is not one this scheduler serves"},
+      {"run.metrics_listen=0.0.0.0:" + std::to_string(20000 + ::getpid() % 20000),
+       "a submitted job may listen only on the scheduler's own address"}};
+    for (const auto& [setting, why] : refused) {
+      auto argv = job;
+      argv.insert(argv.begin(), exe);
+      argv.insert(argv.end(), {"--set", setting});
+      auto p = start(argv, dir.file("host.log"));
+      CHECK(p.wait(60) == 1);
+      INFO(setting << ": " << slurp(dir.file("host.log")));
+      CHECK(slurp(dir.file("host.log")).find(why) != std::string::npos);
+    }
+  }
   CHECK_FALSE(std::filesystem::exists(dir.file("outside.json")));
   CHECK_FALSE(std::filesystem::exists(dir.file("escape.jsonl")));
   // Relative paths land inside, checkpoints included.
@@ -229,7 +265,7 @@ TEST_CASE("a submitted job may write only inside the nodes' work directories, an
   argv.insert(argv.end(), {"--set", "run.trace=t.json", "--set", "run.checkpoint_dir=ck"});
   auto ok = start(argv, dir.file("ok.log"));
   CHECK(ok.wait(120) == 0);
-  INFO(slurp(dir.file("ok.log")));
+  INFO(slurp(dir.file("ok.log")) << "\nscheduler: " << slurp(dir.file("scheduler.log")));
   CHECK(std::filesystem::exists(dir.file("work/t.json")));
   CHECK(std::filesystem::exists(dir.file("work/ck")));
   sched.proc.signal(SIGTERM);
@@ -252,11 +288,17 @@ TEST_CASE("a 32-byte header announcing 4 GiB is dropped before allocation, from 
     CHECK(closed_by_peer(fd, 6s));
     ::close(fd);
   }
-  // A peer with the token passes the gate; its announcement closes the connection.
+  // A peer with the token passes the gate; its announcement (sealed, as members send)
+  // closes the connection; so does the same header unsealed.
   for (int i = 0; i < 2; ++i) {
     int fd = raw_connect(sched.join);
-    REQUIRE(pass_gate(fd, token));
-    ::send(fd, header.data(), header.size(), MSG_NOSIGNAL);
+    net::session_keys keys;
+    REQUIRE(pass_gate(fd, token, &keys));
+    auto record = sealed_record(keys, header);
+    if (i == 0)
+      ::send(fd, record.data(), record.size(), MSG_NOSIGNAL);
+    else
+      ::send(fd, header.data(), header.size(), MSG_NOSIGNAL);
     CHECK(closed_by_peer(fd, 6s));
     ::close(fd);
   }
@@ -267,6 +309,7 @@ TEST_CASE("a 32-byte header announcing 4 GiB is dropped before allocation, from 
   auto log = slurp(dir.file("scheduler.log"));
   CHECK(log.find("it is not an Ashlar node") != std::string::npos);
   CHECK(log.find("it announced a message of 4294967295 bytes, more than the limit of 268435456") != std::string::npos);
+  CHECK(log.find("not a sealed Ashlar stream") != std::string::npos);
   sched.proc.signal(SIGTERM);
   CHECK(sched.proc.wait(10) == 0);
 }
@@ -415,6 +458,11 @@ struct relay {
   std::atomic<bool> stop{false};
   std::mutex mtx;
   std::string seen;
+  std::string upstream; // what clients sent (toward the target)
+  // When set: a client's first `pass` bytes are forwarded, the rest of what it sends is
+  // dropped and `swap_in` goes to the target instead.
+  size_t pass = 0;
+  std::string swap_in;
   std::thread thread;
 
   explicit relay(std::string to) : target(std::move(to)) {
@@ -439,8 +487,13 @@ struct relay {
     std::lock_guard<std::mutex> guard{mtx};
     return seen;
   }
+  std::string sent_upstream() {
+    std::lock_guard<std::mutex> guard{mtx};
+    return upstream;
+  }
   void run() {
     std::vector<std::pair<int, int>> pairs;
+    std::vector<size_t> forwarded_up;
     while (!stop) {
       std::vector<pollfd> fds{{listener, POLLIN, 0}};
       for (auto& [a, b] : pairs) {
@@ -452,8 +505,10 @@ struct relay {
       if (fds[0].revents & POLLIN) {
         int c = ::accept(listener, nullptr, nullptr);
         int s = c >= 0 ? try_connect(target) : -1;
-        if (c >= 0 && s >= 0)
+        if (c >= 0 && s >= 0) {
           pairs.emplace_back(c, s);
+          forwarded_up.push_back(0);
+        }
         else if (c >= 0)
           ::close(c);
       }
@@ -468,10 +523,21 @@ struct relay {
           ::shutdown(to, SHUT_WR);
           continue;
         }
-        {
-          std::lock_guard<std::mutex> guard{mtx};
-          seen.append(buf, static_cast<size_t>(n));
+        std::lock_guard<std::mutex> guard{mtx};
+        seen.append(buf, static_cast<size_t>(n));
+        if (i % 2 == 1 && !swap_in.empty()) {
+          auto& forwarded = forwarded_up[(i - 1) / 2];
+          if (forwarded < pass) {
+            auto take = std::min(pass - forwarded, static_cast<size_t>(n));
+            (void) ::send(to, buf, take, MSG_NOSIGNAL);
+            forwarded += take;
+            if (forwarded == pass)
+              (void) ::send(to, swap_in.data(), swap_in.size(), MSG_NOSIGNAL);
+          }
+          continue;
         }
+        if (i % 2 == 1)
+          upstream.append(buf, static_cast<size_t>(n));
         (void) ::send(to, buf, static_cast<size_t>(n), MSG_NOSIGNAL);
       }
     }
@@ -484,7 +550,8 @@ struct relay {
 
 } // namespace
 
-TEST_CASE("a relay between a node and the scheduler never sees the token, and with TLS sees nothing readable") {
+TEST_CASE("a relay between a node and the scheduler never sees the token nor anything readable, with or without "
+          "TLS") {
   temp_dir dir;
   const std::string ca = dir.file("ca");
   REQUIRE(net::ensure_ca(ca));
@@ -510,9 +577,8 @@ TEST_CASE("a relay between a node and the scheduler never sees the token, and wi
     auto bytes = r.captured();
     CHECK(bytes.size() > 100);
     CHECK(bytes.find(token) == std::string::npos);
-    // Without TLS the control messages are readable (the node's name in its hello); with
-    // TLS nothing is.
-    CHECK((bytes.find("relayed-worker-node") != std::string::npos) == !tls);
+    // The node's name in its hello: sealed records without TLS, TLS records with it.
+    CHECK(bytes.find("relayed-worker-node") == std::string::npos);
     node.signal(SIGTERM);
     node.wait(10);
     sched.proc.signal(SIGTERM);
@@ -581,4 +647,71 @@ TEST_CASE("a scheduler started again on the port of a killed one takes up the to
   CHECK(slurp(token_file).find(std::string(64, 'a')) == std::string::npos);
   third.signal(SIGTERM);
   CHECK(third.wait(20) == 0);
+}
+
+TEST_CASE("a relay without the token that passes a status handshake through and swaps in a recorded ctl "
+          "shutdown cannot stop the scheduler") {
+  // Recorded on one cluster: the bytes `ctl shutdown` sends after the gate's hello and proof.
+  std::string recorded;
+  {
+    temp_dir dir;
+    auto sched = start_scheduler(dir, {});
+    relay r{sched.join};
+    auto ctl = start({exe, "ctl", "shutdown", "--join", "127.0.0.1:" + std::to_string(r.port)}, dir.file("ctl.log"));
+    CHECK(ctl.wait(30) == 0);
+    CHECK(sched.proc.wait(30) == 0);
+    recorded = r.sent_upstream();
+  }
+  const size_t gate_bytes = net::gate_hello_bytes + net::gate_mac_bytes;
+  REQUIRE(recorded.size() > gate_bytes);
+  // Another cluster: a member's `status` passes the gate through the relay, then the relay
+  // sends the recording in place of what status sends.
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {});
+  relay r{sched.join};
+  {
+    std::lock_guard<std::mutex> guard{r.mtx};
+    r.pass = gate_bytes;
+    r.swap_in = recorded.substr(gate_bytes);
+  }
+  auto status = start({exe, "status", "--join", "127.0.0.1:" + std::to_string(r.port)}, dir.file("status.log"));
+  status.wait(30);
+  std::this_thread::sleep_for(2s);
+  int code = -1;
+  CHECK_FALSE(sched.proc.poll_exit(code));
+  CHECK(status_rc(dir, sched.join, "status-after.log") == 0);
+  CHECK(slurp(dir.file("scheduler.log")).find("failed authentication") != std::string::npos);
+  sched.proc.signal(SIGTERM);
+  CHECK(sched.proc.wait(10) == 0);
+}
+
+TEST_CASE("a symbolic link planted in the work directory while a submitted job waits for its nodes does not lead "
+          "its files out") {
+  temp_dir dir;
+  std::filesystem::create_directories(dir.file("work/t"));
+  std::filesystem::create_directories(dir.file("outside"));
+  auto sched = start_scheduler(dir, {"--work-dir", dir.file("work")});
+  auto server = start({exe, "node", "--role", "server", "--join", sched.join, "--work-dir", dir.file("work")},
+                      dir.file("server.log"));
+  auto submit = start({exe, "train", config, "--join", sched.join, "--workers", "2", "--servers", "1", "--epochs", "1",
+                       "--set", "data.train_limit=3000", "--set", "data.test_limit=500", "--set",
+                       "run.trace=t/trace.json", "--set", "run.metrics=t/metrics.jsonl"},
+                      dir.file("submit.log"));
+  REQUIRE(wait_for_file(dir.file("scheduler.log"),
+                        [](const std::string& t) { return t.find("running a submitted job") != std::string::npos; },
+                        30s));
+  // Checked and accepted; now t becomes a link to a directory outside, then the workers come.
+  std::filesystem::remove(dir.file("work/t"));
+  std::filesystem::create_directory_symlink(dir.file("outside"), dir.file("work/t"));
+  auto worker = start({exe, "node", "--role", "worker", "--slots", "2", "--join", sched.join},
+                      dir.file("worker.log"));
+  CHECK(submit.wait(60) == 1);
+  INFO(slurp(dir.file("submit.log")));
+  CHECK(slurp(dir.file("submit.log")).find("lies outside this node's work directory") != std::string::npos);
+  CHECK(std::filesystem::is_empty(dir.file("outside")));
+  CHECK(status_rc(dir, sched.join, "status.log") == 0);
+  sched.proc.signal(SIGTERM);
+  CHECK(sched.proc.wait(20) == 0);
+  server.wait(20);
+  worker.wait(20);
 }

@@ -13,6 +13,7 @@
 
 #include "runtime/net/gate.hpp"
 #include "runtime/net/handshake.hpp"
+#include "runtime/net/records.hpp"
 #include "runtime/os/paths.hpp"
 #include "temp_dir.hpp"
 
@@ -95,6 +96,123 @@ TEST_CASE("a recorded handshake does not admit a replay: each side's nonce is fr
   s2.feed(client_bytes.data() + gate_hello_bytes, gate_mac_bytes);
   CHECK(s2.state() == gate_state::refused);
   CHECK(s2.why() == "it did not prove it knows the cluster token");
+}
+
+namespace {
+
+// What `w` seals from `data`, in records, as it would cross the wire.
+std::vector<uint8_t> seal_all(record_writer& w, const std::vector<uint8_t>& data) {
+  std::vector<uint8_t> wire;
+  for (size_t at = 0; at < data.size();) {
+    size_t took = w.seal(data.data() + at, data.size() - at);
+    REQUIRE(took > 0);
+    at += took;
+    size_t n = 0;
+    const uint8_t* p = w.pending(n);
+    wire.insert(wire.end(), p, p + n);
+    w.sent(n);
+  }
+  return wire;
+}
+
+// Feeds `wire` to `r` `chunk` bytes at a time; the plaintext it gave until it broke.
+std::vector<uint8_t> open_all(record_reader& r, const std::vector<uint8_t>& wire, size_t chunk, bool& ok) {
+  std::vector<uint8_t> plain;
+  ok = true;
+  for (size_t at = 0; at < wire.size() && ok;) {
+    size_t room = 0;
+    uint8_t* into = r.space(room);
+    size_t n = std::min({chunk, room, wire.size() - at});
+    std::memcpy(into, wire.data() + at, n);
+    at += n;
+    ok = r.commit(n);
+    size_t have = 0;
+    while (ok && (ok = r.ready(have)) && have > 0) {
+      std::vector<uint8_t> piece(std::min<size_t>(have, 3000));
+      piece.resize(r.take(piece.data(), piece.size()));
+      plain.insert(plain.end(), piece.begin(), piece.end());
+    }
+  }
+  return plain;
+}
+
+} // namespace
+
+TEST_CASE("both ends of an admitted handshake derive the same record keys, which differ per connection") {
+  gate_client c{"t"};
+  gate_server s{"t"};
+  converse(c, s);
+  REQUIRE(s.state() == gate_state::admitted);
+  CHECK(std::memcmp(c.keys().client_tx, s.keys().client_tx, 32) == 0);
+  CHECK(std::memcmp(c.keys().server_tx, s.keys().server_tx, 32) == 0);
+  CHECK(std::memcmp(c.keys().client_tx, c.keys().server_tx, 32) != 0);
+  gate_client c2{"t"};
+  gate_server s2{"t"};
+  converse(c2, s2);
+  CHECK(std::memcmp(c.keys().client_tx, c2.keys().client_tx, 32) != 0);
+}
+
+TEST_CASE("sealed records carry bytes whole and unreadable, in any split, and refuse what was altered, "
+          "replayed, reordered or sealed under another key") {
+  uint8_t key[32] = {1, 2, 3};
+  uint8_t other[32] = {9};
+  std::vector<uint8_t> data(3 * max_record_bytes + 12345);
+  for (size_t i = 0; i < data.size(); ++i)
+    data[i] = static_cast<uint8_t>(i * 7 + i / 1000);
+  const std::string marker = "a readable marker";
+  std::copy(marker.begin(), marker.end(), data.begin() + 100);
+  record_writer w{key};
+  auto wire = seal_all(w, data);
+  const size_t records = (data.size() + write_record_bytes - 1) / write_record_bytes;
+  CHECK(wire.size() == data.size() + records * (record_head_bytes + record_tag_bytes));
+  CHECK_FALSE(contains(wire, marker));
+  for (size_t chunk : {size_t{1} << 20, size_t{4096}, size_t{777}}) {
+    record_reader r{key};
+    bool ok = false;
+    CHECK(open_all(r, wire, chunk, ok) == data);
+    CHECK(ok);
+  }
+  SECTION("one flipped bit anywhere") {
+    for (size_t at : {size_t{0}, size_t{5}, size_t{200}, write_record_bytes + 3, wire.size() - 1}) {
+      auto bad = wire;
+      bad[at] ^= 0x10;
+      record_reader r{key};
+      bool ok = true;
+      auto plain = open_all(r, bad, 65536, ok);
+      CHECK_FALSE(ok);
+      CHECK(plain.size() < data.size());
+      CHECK_FALSE(r.why().empty());
+    }
+  }
+  SECTION("a record replayed, or two swapped") {
+    const size_t rec = record_head_bytes + write_record_bytes + record_tag_bytes;
+    auto replayed = wire;
+    replayed.insert(replayed.begin() + rec, wire.begin(), wire.begin() + rec);
+    auto swapped = wire;
+    std::swap_ranges(swapped.begin(), swapped.begin() + rec, swapped.begin() + rec);
+    for (auto* bad : {&replayed, &swapped}) {
+      record_reader r{key};
+      bool ok = true;
+      auto plain = open_all(r, *bad, 65536, ok);
+      CHECK_FALSE(ok);
+      CHECK(plain.size() <= write_record_bytes);
+      CHECK(r.why().find("failed authentication") != std::string::npos);
+    }
+  }
+  SECTION("another key") {
+    record_reader r{other};
+    bool ok = true;
+    CHECK(open_all(r, wire, 65536, ok).empty());
+    CHECK_FALSE(ok);
+  }
+  SECTION("a length over the bound is refused before its bytes arrive") {
+    std::vector<uint8_t> huge = {0x7f, 0xff, 0xff, 0xff, 1, 2, 3};
+    record_reader r{key};
+    bool ok = true;
+    open_all(r, huge, 64, ok);
+    CHECK_FALSE(ok);
+    CHECK(r.why().find("at most") != std::string::npos);
+  }
 }
 
 TEST_CASE("a wrong token is refused on both sides, saying why") {

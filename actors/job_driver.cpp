@@ -361,6 +361,20 @@ private:
     return rep;
   }
 
+  // A model that ends with values that are not finite diverged, whatever the guard saw:
+  // the job fails and says so rather than reporting chance accuracy as a result.
+  caf::error diverged_at_end(const std::vector<float>& params) const {
+    const auto bad = std::find_if(params.begin(), params.end(), [](float x) { return !std::isfinite(x); });
+    if (bad == params.end())
+      return caf::none;
+    std::string guard = guard_ ? " after " + std::to_string(guard_->backoffs()) + " back-off(s) of the divergence "
+                                   "guard (learning rate x" + std::to_string(guard_->lr_scale()).substr(0, 6) + ")"
+                               : std::string{};
+    return make_error(errc::numerical_error, "the training diverged: the final parameters hold "
+                                               + std::string{std::isnan(*bad) ? "NaN" : "infinite"} + " values"
+                                               + guard + "; lower train.lr");
+  }
+
   void end_placement() {
     if (!placement_ended_)
       where_.on_job_end();
@@ -793,6 +807,8 @@ private:
       params = snapshot(self_, shards_, num_params_, final_timeout, true);
     if (!params && !failure_)
       failure_ = params.error();
+    if (params && !failure_)
+      failure_ = diverged_at_end(*params);
     collect_shard_counters();
     auto last_workers = collect_worker_figures();
     rep_.samples_per_second = rep_.seconds > 0 ? rep_.samples / rep_.seconds : 0;
@@ -817,6 +833,9 @@ private:
     auto ev = evals_->evaluate(*params);
     if (!ev)
       return ev.error();
+    if (!std::isfinite(ev->mean_loss()))
+      return make_error(errc::numerical_error, "the training diverged: the final model's test loss is not finite; "
+                                               "lower train.lr");
     rep_.test_accuracy = ev->accuracy();
     rep_.test_loss = ev->mean_loss();
     rep_.history.push_back(epoch_point{static_cast<double>(rep_.samples) / static_cast<double>(train_->n), rep_.seconds,

@@ -20,6 +20,7 @@
 #include "runtime/core/log.hpp"
 #include "runtime/core/number_text.hpp"
 #include "runtime/metrics/progress_text.hpp"
+#include "runtime/metrics/report.hpp"
 
 namespace ashlar::cli {
 
@@ -182,6 +183,13 @@ bool write_report(const train_config& cfg, const std::string& report_json) {
 int report_job(const train_config& cfg, const expected<wire::job_result>& res, int sig) {
   if (!res) {
     std::fprintf(stderr, "ashlar train: the cluster could not run the job: %s\n", describe(res.error()).c_str());
+    // As a local run's: a job that failed past its configuration leaves its report, with the error.
+    if (!cfg.report.empty() && !is(res.error(), errc::invalid_config) && !is(res.error(), errc::invalid_argument)) {
+      auto failed = failed_report(cfg.policy, cfg.model.to_string(), cfg.workers, cfg.servers, cfg.epochs,
+                                  describe(res.error()));
+      if (!write_report(failed, cfg.report))
+        std::printf("report (with the error) written to %s\n", cfg.report.c_str());
+    }
     return 1;
   }
   print_job_summary(res->report_json);

@@ -686,7 +686,7 @@ TEST_CASE("a relay without the token that passes a status handshake through and 
 }
 
 TEST_CASE("a symbolic link planted in the work directory while a submitted job waits for its nodes does not lead "
-          "its files out") {
+          "its files out, and a job that diverges fails with the divergence in its report") {
   temp_dir dir;
   std::filesystem::create_directories(dir.file("work/t"));
   std::filesystem::create_directories(dir.file("outside"));
@@ -710,6 +710,15 @@ TEST_CASE("a symbolic link planted in the work directory while a submitted job w
   CHECK(slurp(dir.file("submit.log")).find("lies outside this node's work directory") != std::string::npos);
   CHECK(std::filesystem::is_empty(dir.file("outside")));
   CHECK(status_rc(dir, sched.join, "status.log") == 0);
+  // The cluster takes the next job: one that diverges fails, and its report says so.
+  auto diverged = start({exe, "train", config, "--join", sched.join, "--workers", "2", "--servers", "1", "--epochs", "1",
+                         "--set", "data.train_limit=6000", "--set", "data.test_limit=500", "--set", "train.lr=1e30",
+                         "--report", dir.file("diverged.json")},
+                        dir.file("diverged.log"));
+  CHECK(diverged.wait(120) == 1);
+  INFO(slurp(dir.file("diverged.log")));
+  CHECK(slurp(dir.file("diverged.log")).find("the training diverged") != std::string::npos);
+  CHECK(slurp(dir.file("diverged.json")).find("the training diverged") != std::string::npos);
   sched.proc.signal(SIGTERM);
   CHECK(sched.proc.wait(20) == 0);
   server.wait(20);

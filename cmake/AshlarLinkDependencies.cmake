@@ -21,11 +21,6 @@ find_package(tomlplusplus REQUIRED)
 # OpenSSL: TLS between nodes, HMAC for the token handshake, certificates (`ashlar cert`).
 find_package(OpenSSL 3 REQUIRED)
 
-# cpp-httplib serves /metrics. Debian builds it as a shared library; its .pc file carries
-# the feature macros (TLS, zlib, brotli) the header must be compiled with.
-find_package(PkgConfig REQUIRED)
-pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
-
 # CAF 0.17 ships neither a CMake config nor a .pc file: wrap it as imported targets.
 find_path(CAF_INCLUDE_DIR caf/all.hpp REQUIRED)
 foreach(_lib core io)

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libcaf-dev capnproto libcapnp-dev librocksdb-dev libspdlog-dev libfmt-dev catch2
-  libopenblas-dev libdnnl-dev libcli11-dev libtomlplusplus-dev zlib1g-dev libssl-dev libcpp-httplib-dev
+  libopenblas-dev libdnnl-dev libcli11-dev libtomlplusplus-dev zlib1g-dev libssl-dev
   dataset-fashion-mnist python3 python3-matplotlib python3-numpy curl
   clang-14 libfuzzer-14-dev libclang-rt-14-dev
   python3-dev pybind11-dev python3-pytest python3-torch

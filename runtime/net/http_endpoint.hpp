@@ -1,6 +1,8 @@
 // A small HTTP server for Prometheus to scrape: GET /metrics answers the text last
-// published (text/plain; version=0.0.4). It runs on a thread of its own, so a slow or
-// stuck scraper never touches the actors; the job driver publishes a fresh text as it goes.
+// published (text/plain; version=0.0.4). One thread polls every connection, so a slow or
+// stuck scraper never touches the actors nor holds up another scraper: each connection
+// has 3 s for its whole request and answer, a request at most 8 KiB, and beyond 64
+// connections the oldest is closed. The job driver publishes a fresh text as it goes.
 #pragma once
 
 #include <cstdint>

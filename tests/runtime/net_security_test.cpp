@@ -3,6 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <poll.h>
+#include <netinet/in.h>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -13,6 +16,7 @@
 
 #include "runtime/net/gate.hpp"
 #include "runtime/net/handshake.hpp"
+#include "runtime/net/http_endpoint.hpp"
 #include "runtime/net/records.hpp"
 #include "runtime/os/paths.hpp"
 #include "temp_dir.hpp"
@@ -436,4 +440,88 @@ TEST_CASE("confine_path keeps a requested path inside the work directory, throug
   CHECK_FALSE(confine_path(work, dir.file("work-sibling/x"), "run.trace")); // a prefix is not a parent
   std::filesystem::create_directory_symlink(dir.path(), dir.file("work/link"));
   CHECK_FALSE(confine_path(work, "link/outside", "run.trace"));
+}
+
+namespace {
+
+int connect_local(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  return fd;
+}
+
+// A whole GET of `path`: the answer, or "" if none came within `limit`.
+std::string http_get(uint16_t port, const std::string& path, std::chrono::milliseconds limit) {
+  int fd = connect_local(port);
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n";
+  (void) ::send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  std::string out;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  char buf[4096];
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0)
+      continue;
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0)
+      break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("/metrics answers within its deadline while ten clients trickle their requests a byte at a time and a "
+          "hundred more hold connections open") {
+  auto ep = http_endpoint::start("127.0.0.1", 0);
+  REQUIRE(ep);
+  (*ep)->publish("ashlar_up 1\n");
+  std::vector<int> trickling;
+  for (int i = 0; i < 10; ++i)
+    trickling.push_back(connect_local((*ep)->port()));
+  std::vector<int> idle;
+  for (int i = 0; i < 100; ++i)
+    idle.push_back(connect_local((*ep)->port()));
+  std::atomic<bool> stop{false};
+  std::thread trickle{[&] {
+    const std::string head = "GET /metrics HTTP/1.1\r\nHost: slow\r\n";
+    for (size_t k = 0; !stop; k = (k + 1) % head.size()) {
+      for (int fd : trickling)
+        (void) ::send(fd, head.data() + k, 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    }
+  }};
+  int answered = 0;
+  for (int i = 0; i < 10; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto answer = http_get((*ep)->port(), "/metrics", std::chrono::seconds(2));
+    const auto took = std::chrono::steady_clock::now() - t0;
+    CHECK(answer.rfind("HTTP/1.1 200 OK", 0) == 0);
+    CHECK(answer.find("ashlar_up 1") != std::string::npos);
+    CHECK(took < std::chrono::milliseconds(500));
+    answered += answer.find("ashlar_up 1") != std::string::npos;
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  CHECK(answered == 10);
+  // The tricklers were closed at their deadline (3 s for the whole request).
+  int closed = 0;
+  for (int fd : trickling) {
+    char c;
+    pollfd p{fd, POLLIN, 0};
+    closed += ::poll(&p, 1, 0) == 1 && ::recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+  }
+  CHECK(closed == 10);
+  stop = true;
+  trickle.join();
+  for (int fd : trickling)
+    ::close(fd);
+  for (int fd : idle)
+    ::close(fd);
+  CHECK(http_get((*ep)->port(), "/nothing", std::chrono::seconds(2)).rfind("HTTP/1.1 404", 0) == 0);
 }

@@ -43,6 +43,8 @@ struct node_options {
   std::string listen;
   std::string join;
   uint32_t slots = 1;
+  bool oversubscribe = false;
+  uint32_t max_job_workers = 4096;
   security_options security;
   std::string port_file;
   std::string name;
@@ -110,6 +112,12 @@ caf::error confine_job_files(train_config& cfg, const node_options& o, const std
 // listens, and hold its model in memory. The report is the submitter's to write.
 caf::error check_submitted_job(train_config& cfg, const node_options& o, const train_config& own) {
   cfg.report.clear();
+  const uint32_t asked = std::max(cfg.workers, cfg.max_workers);
+  if (asked > o.max_job_workers)
+    return make_error(errc::invalid_argument, "the job asks for " + std::to_string(asked)
+                                                + " workers; this cluster runs at most "
+                                                + std::to_string(o.max_job_workers)
+                                                + " (ashlar node --role scheduler --max-job-workers)");
   if (cfg.data_dir != own.data_dir && cfg.data_source != data_source_kind::synthetic) {
     auto inside = confine_path(o.work_dir, cfg.data_dir, "data.dir");
     if (!inside)
@@ -198,6 +206,14 @@ std::optional<std::string> check_roles(const node_options& o, node_setup& s) {
     return "a server or worker node needs --join HOST:PORT (the scheduler's address)";
   if (!s.is_scheduler && !o.train.config_file.empty())
     return "only a scheduler runs a job from CONFIG; submit with `ashlar train CONFIG --join`";
+  if (actors::has_role(s.roles, wire::role::worker) && !o.oversubscribe) {
+    const unsigned cores = std::thread::hardware_concurrency();
+    const uint32_t limit = host_slot_limit(cores, available_memory_bytes());
+    if (o.slots > limit)
+      return "--slots " + std::to_string(o.slots) + ": this host offers at most " + std::to_string(limit)
+             + " worker slots (64 per core on its " + std::to_string(cores)
+             + " cores, one per 32 MiB of available memory); say --oversubscribe to offer more";
+  }
   return std::nullopt;
 }
 
@@ -601,6 +617,12 @@ command_fn add_node(CLI::App& app) {
   cmd->add_option("--listen", o->listen, "scheduler: HOST:PORT to listen on (port 0: any free port)");
   cmd->add_option("--join", o->join, "server/worker: the scheduler's HOST:PORT");
   cmd->add_option("--slots", o->slots, "worker: how many workers this node may host")->capture_default_str();
+  cmd->add_flag("--oversubscribe", o->oversubscribe,
+                "worker: offer more slots than this host's cores and memory allow (64 per core, one per "
+                "32 MiB available)");
+  cmd->add_option("--max-job-workers", o->max_job_workers,
+                  "scheduler: refuse a submitted job asking for more workers (train.workers, train.max_workers)")
+    ->capture_default_str();
   add_security_options(cmd, o->security, true);
   cmd->add_option("--port-file", o->port_file, "scheduler: write the port it listens on to FILE");
   cmd->add_option("--name", o->name, "node name in logs (default host:pid)");

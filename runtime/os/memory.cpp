@@ -1,10 +1,19 @@
 #include "runtime/os/memory.hpp"
 
+#include <algorithm>
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 
 namespace ashlar {
+
+uint32_t host_slot_limit(unsigned cores, uint64_t available) {
+  uint64_t limit = uint64_t{64} * std::max(1u, cores);
+  if (available > 0)
+    limit = std::min<uint64_t>(limit, available / (uint64_t{32} << 20));
+  return static_cast<uint32_t>(std::max<uint64_t>(1, limit));
+}
 
 uint64_t available_memory_bytes() {
   std::ifstream in{"/proc/meminfo"};

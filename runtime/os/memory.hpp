@@ -12,6 +12,11 @@ namespace ashlar {
 /// bytes; 0 where it cannot be read.
 uint64_t available_memory_bytes();
 
+/// Worker slots a node offers at most unless its operator says more (`ashlar node
+/// --oversubscribe`): 64 per core and one per 32 MiB of available memory, the smaller
+/// (`available` 0: unknown, cores only); at least 1.
+uint32_t host_slot_limit(unsigned cores, uint64_t available);
+
 /// Refuses a job whose model copies would not fit: `params` floats held `copies` times
 /// (the shards' parameters and optimizer state, each local worker's parameters,
 /// gradients and commits) against `available` bytes (0: unknown, not checked). Fails

@@ -1108,8 +1108,8 @@ TEST_CASE("ctl stop-job stops a running job: its submitter prints the report's s
   CHECK(sched.proc.wait(30) == 0);
 }
 
-TEST_CASE("a worker node offering 100000 slots is granted 256, and a running job grows on it only to "
-          "train.max_workers") {
+TEST_CASE("a worker node refuses to offer 100000 slots its host cannot hold, and told to oversubscribe it is granted "
+          "256, and a running job grows on it only to train.max_workers") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "1", "--servers", "1", "--epochs", "3",
                                      "--set", "data.train_limit=6000", "--set", "data.test_limit=1000", "--set",
@@ -1117,7 +1117,12 @@ TEST_CASE("a worker node offering 100000 slots is granted 256, and a running job
                                      "train.sample_ms=0.3", "--report", dir.file("r.json")});
   auto nodes = start_server_and_worker(dir, sched.join, 1);
   REQUIRE(wait_for_training(dir));
-  auto big = start({exe, "node", "--role", "worker", "--slots", "100000", "--join", sched.join, "--name", "big"},
+  auto refused = start({exe, "node", "--role", "worker", "--slots", "100000", "--join", sched.join}, dir.file("no.log"));
+  CHECK(refused.wait(30) == 2);
+  CHECK(slurp(dir.file("no.log")).find("this host offers at most") != std::string::npos);
+  CHECK(slurp(dir.file("no.log")).find("--oversubscribe") != std::string::npos);
+  auto big = start({exe, "node", "--role", "worker", "--slots", "100000", "--oversubscribe", "--join", sched.join,
+                    "--name", "big"},
                    dir.file("big.log"));
   CHECK(sched.proc.wait(120) == 0);
   const auto log = slurp(dir.file("scheduler.log"));

@@ -245,6 +245,7 @@ TEST_CASE("a submitted job may write only inside the nodes' work directories, an
       {"train.contention=zero", "lies outside this node's work directory"},
       {"train.contention=fifo", "is not a regular file"},
       {"data.dir=/etc", "is not one this scheduler serves"},
+      {"train.workers=100000", "the job asks for 100000 workers; this cluster runs at most 4096"},
       {"run.metrics_listen=0.0.0.0:" + std::to_string(20000 + ::getpid() % 20000),
        "a submitted job may listen only on the scheduler's own address"}};
     for (const auto& [setting, why] : refused) {

@@ -18,6 +18,7 @@
 #include "runtime/net/handshake.hpp"
 #include "runtime/net/http_endpoint.hpp"
 #include "runtime/net/records.hpp"
+#include "runtime/os/memory.hpp"
 #include "runtime/os/paths.hpp"
 #include "temp_dir.hpp"
 
@@ -524,4 +525,11 @@ TEST_CASE("/metrics answers within its deadline while ten clients trickle their 
   for (int fd : idle)
     ::close(fd);
   CHECK(http_get((*ep)->port(), "/nothing", std::chrono::seconds(2)).rfind("HTTP/1.1 404", 0) == 0);
+}
+
+TEST_CASE("a host offers 64 worker slots a core and one per 32 MiB available, the smaller, at least one") {
+  CHECK(host_slot_limit(2, 24ull << 30) == 128);
+  CHECK(host_slot_limit(64, 2ull << 30) == 64);
+  CHECK(host_slot_limit(0, 0) == 64);
+  CHECK(host_slot_limit(8, 10ull << 20) == 1);
 }

@@ -100,8 +100,8 @@ protection protection_of(net::handshake& hs, bool server) {
 // BASP header it reads before CAF sees it.
 class guarded_policy {
 public:
-  guarded_policy(protection p, uint64_t max_message, std::string peer)
-    : ssl_(p.ssl), guard_(max_message), peer_(std::move(peer)) {
+  guarded_policy(protection p, uint64_t max_message, std::shared_ptr<net::inflight_budget> budget, std::string peer)
+    : ssl_(p.ssl), guard_(max_message, std::move(budget)), peer_(std::move(peer)) {
     if (p.sealed) {
       reader_.emplace(p.server ? p.keys.client_tx : p.keys.server_tx);
       writer_.emplace(p.server ? p.keys.server_tx : p.keys.client_tx);
@@ -201,9 +201,10 @@ private:
 
 class guarded_scribe : public caf::io::scribe {
 public:
-  guarded_scribe(default_multiplexer& mpx, native_socket fd, protection p, uint64_t max_message, std::string peer)
+  guarded_scribe(default_multiplexer& mpx, native_socket fd, protection p, uint64_t max_message,
+                 std::shared_ptr<net::inflight_budget> budget, std::string peer)
     : caf::io::scribe(caf::io::network::conn_hdl_from_socket(fd)),
-      stream_(mpx, fd, p, max_message, std::move(peer)) {}
+      stream_(mpx, fd, p, max_message, std::move(budget), std::move(peer)) {}
 
   void configure_read(caf::io::receive_policy::config config) override {
     stream_.configure_read(config);
@@ -238,8 +239,9 @@ private:
 
 class admitting_doorman : public caf::io::network::doorman_impl {
 public:
-  admitting_doorman(default_multiplexer& mpx, native_socket fd, std::shared_ptr<net::admitter> gk)
-    : caf::io::network::doorman_impl(mpx, fd), gk_(std::move(gk)) {}
+  admitting_doorman(default_multiplexer& mpx, native_socket fd, std::shared_ptr<net::admitter> gk,
+                    std::shared_ptr<net::inflight_budget> budget)
+    : caf::io::network::doorman_impl(mpx, fd), gk_(std::move(gk)), budget_(std::move(budget)) {}
 
   bool new_connection() override {
     if (detached())
@@ -267,7 +269,7 @@ public:
       return;
     }
     auto& mpx = acceptor_.backend();
-    auto scribe = caf::make_counted<guarded_scribe>(mpx, fd, p, gk_->security().max_message, peer);
+    auto scribe = caf::make_counted<guarded_scribe>(mpx, fd, p, gk_->security().max_message, budget_, peer);
     auto hdl = scribe->hdl();
     parent()->add_scribe(std::move(scribe));
     doorman::new_connection(&mpx, hdl);
@@ -277,13 +279,15 @@ public:
 
 private:
   std::shared_ptr<net::admitter> gk_;
+  std::shared_ptr<net::inflight_budget> budget_;
 };
 
 // The middleman actor whose connect and open go through admission.
 class admitting_middleman : public caf::io::middleman_actor_impl {
 public:
   admitting_middleman(caf::actor_config& cfg, caf::actor broker, std::shared_ptr<net::admitter> gk)
-    : caf::io::middleman_actor_impl(cfg, std::move(broker)), gk_(std::move(gk)) {}
+    : caf::io::middleman_actor_impl(cfg, std::move(broker)), gk_(std::move(gk)),
+      budget_(std::make_shared<net::inflight_budget>(gk_->security().max_in_flight)) {}
 
   const char* name() const override { return "ashlar.middleman"; }
 
@@ -306,19 +310,20 @@ protected:
       return make_error(errc::handshake_refused, "connecting to " + where + ": " + hs.why());
     }
     return caf::io::scribe_ptr{caf::make_counted<guarded_scribe>(mpx(), *fd, protection_of(hs, false),
-                                                                 sec.max_message, where)};
+                                                                 sec.max_message, budget_, where)};
   }
 
   caf::expected<caf::io::doorman_ptr> open(uint16_t port, const char* addr, bool reuse) override {
     auto fd = caf::io::network::new_tcp_acceptor_impl(port, addr, reuse);
     if (!fd)
       return std::move(fd.error());
-    return caf::io::doorman_ptr{caf::make_counted<admitting_doorman>(mpx(), *fd, gk_)};
+    return caf::io::doorman_ptr{caf::make_counted<admitting_doorman>(mpx(), *fd, gk_, budget_)};
   }
 
 private:
   default_multiplexer& mpx() { return static_cast<default_multiplexer&>(system().middleman().backend()); }
   std::shared_ptr<net::admitter> gk_;
+  std::shared_ptr<net::inflight_budget> budget_; // the process's bytes of messages in flight
 };
 
 std::mutex registry_mtx;

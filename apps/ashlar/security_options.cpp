@@ -11,6 +11,7 @@
 
 
 #include "actors/cluster/system.hpp"
+#include "runtime/core/number_text.hpp"
 
 #include <spdlog/spdlog.h>
 
@@ -34,6 +35,12 @@ void add_security_options(CLI::App* cmd, security_options& o, bool listens) {
     ->capture_default_str()
     ->check(CLI::Range(1.0, 2000.0))
     ->group("Security");
+  cmd->add_option("--max-in-flight-mb", o.max_in_flight_mb,
+                  "the bytes of messages this process receives at once over all its connections; a "
+                  "connection whose announcement would pass it is closed (at least --max-message-mb)")
+    ->capture_default_str()
+    ->check(CLI::Range(1.0, 65536.0))
+    ->group("Security");
 }
 
 expected<net::net_security> load_security(const security_options& o) {
@@ -53,6 +60,11 @@ expected<net::net_security> load_security(const security_options& o) {
     sec.tls = *ctx;
   }
   sec.max_message = static_cast<uint64_t>(o.max_message_mb * 1024 * 1024);
+  if (o.max_in_flight_mb < o.max_message_mb)
+    return make_error(errc::invalid_argument, "--max-in-flight-mb " + number_text("%g", o.max_in_flight_mb)
+                                                + " is below --max-message-mb " + number_text("%g", o.max_message_mb)
+                                                + ": no message of the largest size could ever be received");
+  sec.max_in_flight = static_cast<uint64_t>(o.max_in_flight_mb * 1024 * 1024);
   sec.handshake_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.handshake_timeout * 1000));
   return sec;
 }

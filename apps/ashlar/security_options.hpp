@@ -16,6 +16,7 @@ struct security_options {
   std::string tls_dir;
   bool insecure = false;
   double max_message_mb = 256;
+  double max_in_flight_mb = 1024;
   double handshake_timeout = 5;
 };
 

@@ -223,6 +223,33 @@ std::vector<uint8_t> gate_client::take_output() {
   return std::exchange(out_, {});
 }
 
+bool inflight_budget::take(uint64_t n) {
+  uint64_t used = used_.load();
+  do {
+    if (used + n > total_)
+      return false;
+  } while (!used_.compare_exchange_weak(used, used + n));
+  return true;
+}
+
+basp_frame_guard& basp_frame_guard::operator=(basp_frame_guard&& other) noexcept {
+  release();
+  limit_ = other.limit_;
+  budget_ = std::move(other.budget_);
+  reserved_ = std::exchange(other.reserved_, 0);
+  payload_left_ = std::exchange(other.payload_left_, 0);
+  std::memcpy(header_, other.header_, header_bytes);
+  header_have_ = std::exchange(other.header_have_, 0);
+  why_ = std::move(other.why_);
+  return *this;
+}
+
+void basp_frame_guard::release() {
+  if (budget_ && reserved_ > 0)
+    budget_->give(reserved_);
+  reserved_ = 0;
+}
+
 bool basp_frame_guard::inspect(const uint8_t* data, size_t n) {
   while (n > 0) {
     if (payload_left_ > 0) {
@@ -230,6 +257,8 @@ bool basp_frame_guard::inspect(const uint8_t* data, size_t n) {
       payload_left_ -= skip;
       data += skip;
       n -= skip;
+      if (payload_left_ == 0)
+        release(); // whole: the receiver hands it on
       continue;
     }
     size_t take = std::min(n, header_bytes - header_have_);
@@ -247,6 +276,16 @@ bool basp_frame_guard::inspect(const uint8_t* data, size_t n) {
              + std::to_string(limit_) + " (--max-message-mb)";
       return false;
     }
+    // Small messages (control, 1 MiB chunks) stay out of the budget: each connection holds
+    // at most one, and a budget taken by big ones must not starve them.
+    const bool budgeted = budget_ && len > unbudgeted_message_bytes;
+    if (budgeted && !budget_->take(len)) {
+      why_ = "it announced a message of " + std::to_string(len) + " bytes while messages of "
+             + std::to_string(budget_->used()) + " bytes were being received; the process takes at most "
+             + std::to_string(budget_->total()) + " in flight (--max-in-flight-mb)";
+      return false;
+    }
+    reserved_ = budgeted ? len : 0;
     payload_left_ = len;
   }
   return true;

@@ -18,6 +18,8 @@
 #pragma once
 
 #include <array>
+#include <atomic>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -134,15 +136,41 @@ private:
   std::string why_;
 };
 
+/// Messages up to this size are not counted against an inflight_budget: 2 MiB.
+constexpr uint64_t unbudgeted_message_bytes = uint64_t{2} << 20;
+
+/// The bytes of messages a process is receiving (announced, their buffers allocated, not
+/// yet whole), across all its connections, against a total. Thread-safe.
+class inflight_budget {
+public:
+  explicit inflight_budget(uint64_t total) : total_(total) {}
+  /// Takes n bytes; false (nothing taken) if that would pass the total.
+  bool take(uint64_t n);
+  void give(uint64_t n) { used_.fetch_sub(n); }
+  uint64_t total() const { return total_; }
+  uint64_t used() const { return used_.load(); }
+
+private:
+  std::atomic<uint64_t> used_{0};
+  uint64_t total_;
+};
+
 /// Watches the byte stream of CAF's BASP protocol as it is read (32-byte headers, each
 /// followed by its payload_len bytes) and refuses a header announcing more than `limit`
-/// payload bytes, before the receiver allocates the buffer for it.
+/// payload bytes, or (beyond unbudgeted_message_bytes) more than `budget` has left for the
+/// whole process, before the receiver allocates the buffer for it. A message's bytes stay taken from the budget
+/// until it is whole (or the connection closes).
 class basp_frame_guard {
 public:
   static constexpr size_t header_bytes = 32;
   static constexpr size_t length_offset = 4; // uint32, big-endian
 
-  explicit basp_frame_guard(uint64_t limit) : limit_(limit) {}
+  explicit basp_frame_guard(uint64_t limit, std::shared_ptr<inflight_budget> budget = nullptr)
+    : limit_(limit), budget_(std::move(budget)) {}
+  ~basp_frame_guard() { release(); }
+  basp_frame_guard(const basp_frame_guard&) = delete;
+  basp_frame_guard& operator=(const basp_frame_guard&) = delete;
+  basp_frame_guard& operator=(basp_frame_guard&& other) noexcept;
 
   /// Inspects the next n bytes of the stream; false if they complete a header over the
   /// limit (why() says which size).
@@ -151,7 +179,11 @@ public:
   uint64_t limit() const { return limit_; }
 
 private:
+  void release();
+
   uint64_t limit_;
+  std::shared_ptr<inflight_budget> budget_;
+  uint64_t reserved_ = 0; // of budget_, for the message being received
   uint64_t payload_left_ = 0;
   uint8_t header_[header_bytes] = {};
   size_t header_have_ = 0;

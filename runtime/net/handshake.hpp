@@ -23,6 +23,9 @@ struct net_security {
   std::shared_ptr<tls_context> tls;
   /// Largest message an admitted peer may announce. Default: 256 MiB.
   uint64_t max_message = uint64_t{256} << 20;
+  /// The bytes of messages over 2 MiB the process receives at once, over all its
+  /// connections (a connection whose announcement would pass it is closed). Default: 1 GiB.
+  uint64_t max_in_flight = uint64_t{1} << 30;
   /// A connection must finish TLS and the gate within this time. Default: 5 s.
   std::chrono::milliseconds handshake_timeout{5000};
   /// Connections a node admits at once (the oldest is dropped beyond). Default: 64.

@@ -315,6 +315,41 @@ TEST_CASE("a 32-byte header announcing 4 GiB is dropped before allocation, from 
   CHECK(sched.proc.wait(10) == 0);
 }
 
+TEST_CASE("64 members each announcing the largest message hold at most the process's 1 GiB in flight, and the "
+          "scheduler answers on") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {});
+  const int pid = sched.proc.pid();
+  REQUIRE(status_rc(dir, sched.join, "before.log") == 0);
+  const long rss_before = rss_mb(pid);
+  auto announce = basp_header(256u << 20);
+  announce.resize(announce.size() + 4096, 'x'); // and the first 4 KiB of it
+  std::vector<int> held;
+  for (int i = 0; i < 64; ++i) {
+    int fd = raw_connect(sched.join);
+    net::session_keys keys;
+    REQUIRE(pass_gate(fd, token, &keys));
+    auto record = sealed_record(keys, announce);
+    ::send(fd, record.data(), record.size(), MSG_NOSIGNAL);
+    held.push_back(fd);
+  }
+  std::this_thread::sleep_for(1s);
+  const long rss_after = rss_mb(pid);
+  INFO("RSS " << rss_before << " MB -> " << rss_after << " MB");
+  CHECK(rss_after < rss_before + 1024 + 64);
+  CHECK(status_rc(dir, sched.join, "during.log") == 0);
+  int closed = 0;
+  for (int fd : held)
+    closed += closed_by_peer(fd, 100ms);
+  CHECK(closed >= 60); // the four the budget took stay open, waiting for their bytes
+  for (int fd : held)
+    ::close(fd);
+  auto log = slurp(dir.file("scheduler.log"));
+  CHECK(log.find("the process takes at most 1073741824 in flight (--max-in-flight-mb)") != std::string::npos);
+  sched.proc.signal(SIGTERM);
+  CHECK(sched.proc.wait(10) == 0);
+}
+
 TEST_CASE("connections that never finish the handshake hold no thread and are closed by the deadline") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {});

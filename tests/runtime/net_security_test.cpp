@@ -533,3 +533,32 @@ TEST_CASE("a host offers 64 worker slots a core and one per 32 MiB available, th
   CHECK(host_slot_limit(0, 0) == 64);
   CHECK(host_slot_limit(8, 10ull << 20) == 1);
 }
+
+TEST_CASE("guards sharing a process budget refuse a big message past it, take small ones anyway, and give its bytes "
+          "back when a message is whole or its connection goes") {
+  auto budget = std::make_shared<inflight_budget>(uint64_t{5} << 20);
+  auto a = std::make_unique<basp_frame_guard>(uint64_t{256} << 20, budget);
+  basp_frame_guard b{uint64_t{256} << 20, budget};
+  auto big = header_with_length(4u << 20);
+  CHECK(a->inspect(big.data(), big.size()));
+  CHECK(budget->used() == (4u << 20));
+  CHECK_FALSE(b.inspect(big.data(), big.size()));
+  CHECK(b.why().find("--max-in-flight-mb") != std::string::npos);
+  basp_frame_guard c{uint64_t{256} << 20, budget};
+  auto small = header_with_length(1000);
+  CHECK(c.inspect(small.data(), small.size()));
+  std::vector<uint8_t> payload(1000);
+  CHECK(c.inspect(payload.data(), payload.size()));
+  // a's message arrives whole: its bytes go back.
+  std::vector<uint8_t> rest((4u << 20) - 1);
+  CHECK(a->inspect(rest.data(), rest.size()));
+  CHECK(budget->used() == (4u << 20));
+  CHECK(a->inspect(rest.data(), 1));
+  CHECK(budget->used() == 0);
+  basp_frame_guard d{uint64_t{256} << 20, budget};
+  CHECK(d.inspect(big.data(), big.size()));
+  CHECK(budget->used() == (4u << 20));
+  a.reset();
+  d = basp_frame_guard{1 << 20};
+  CHECK(budget->used() == 0);
+}

@@ -1,7 +1,9 @@
 #include "runtime/core/clock.hpp"
 #include "runtime/net/admitter.hpp"
 
+#include <algorithm>
 #include <deque>
+#include <map>
 #include <list>
 #include <mutex>
 #include <thread>
@@ -85,6 +87,7 @@ struct admitter::impl {
     on_admitted done;
     std::chrono::steady_clock::time_point deadline;
     std::string peer;
+    std::string source; // the peer's address without its port
   };
 
   net_security sec;
@@ -127,6 +130,29 @@ struct admitter::impl {
     e.fd = -1;
   }
 
+  // Beyond the cap, the source with the most connections being admitted loses its
+  // oldest: a flood from one address pushes out only its own connections, never another's,
+  // and a peer that holds connections open without finishing the handshake delays no one
+  // for long.
+  void make_room(std::list<entry>& pending) {
+    if (pending.size() <= sec.max_pending)
+      return;
+    std::map<std::string, size_t> per_source;
+    for (const auto& e : pending)
+      ++per_source[e.source];
+    while (pending.size() > sec.max_pending) {
+      auto most = std::max_element(per_source.begin(), per_source.end(),
+                                   [](const auto& x, const auto& y) { return x.second < y.second; });
+      auto old = std::find_if(pending.begin(), pending.end(), [&](const entry& e) { return e.source == most->first; });
+      old->hs->expire("more than " + std::to_string(sec.max_pending) + " connections were being admitted at once; "
+                      "the oldest of the source with the most (" + most->first + ", "
+                      + std::to_string(most->second) + ") was dropped");
+      finish(*old, handshake::result::refused);
+      pending.erase(old);
+      --most->second;
+    }
+  }
+
   void run() {
     std::list<entry> pending;
     std::vector<pollfd> fds;
@@ -140,15 +166,7 @@ struct admitter::impl {
           incoming.pop_front();
         }
       }
-      // Beyond the cap the oldest goes: a peer that holds connections open without
-      // finishing the handshake delays no one for long.
-      while (pending.size() > sec.max_pending) {
-        auto& old = pending.front();
-        old.hs->expire("more than " + std::to_string(sec.max_pending)
-                       + " connections were being admitted at once; the oldest was dropped");
-        finish(old, handshake::result::refused);
-        pending.pop_front();
-      }
+      make_room(pending);
       auto now = steady_now();
       for (auto it = pending.begin(); it != pending.end();) {
         auto r = it->hs->step();
@@ -215,6 +233,7 @@ bool admitter::admit(int fd, on_admitted done) {
   e.fd = fd;
   e.done = std::move(done);
   e.peer = peer_address(fd);
+  e.source = e.peer.substr(0, e.peer.rfind(':'));
   e.deadline = steady_now() + impl_->sec.handshake_timeout;
   e.hs = std::make_unique<handshake>(fd, true, impl_->sec,
                                      impl_->tokens ? impl_->tokens() : std::vector<std::string>{});

@@ -1,6 +1,7 @@
 // Admits accepted connections on one thread: TLS and the token gate (handshake.hpp) for
 // every connection a listener accepted, each within a deadline for the whole handshake,
-// at most `max_pending` at once (the oldest is dropped beyond). An unauthenticated peer
+// at most `max_pending` at once (beyond, the oldest of the source address with the most is
+// dropped, so a flood from one address pushes out only its own). An unauthenticated peer
 // holds no thread and a few hundred bytes at most; refusals are logged, rate-limited.
 #pragma once
 

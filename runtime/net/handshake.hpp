@@ -28,7 +28,8 @@ struct net_security {
   uint64_t max_in_flight = uint64_t{1} << 30;
   /// A connection must finish TLS and the gate within this time. Default: 5 s.
   std::chrono::milliseconds handshake_timeout{5000};
-  /// Connections a node admits at once (the oldest is dropped beyond). Default: 64.
+  /// Connections a node admits at once (beyond, the oldest of the source with the most is
+  /// dropped). Default: 64.
   size_t max_pending = 64;
   /// Sealed records after the gate on connections without TLS (records.hpp). Only the
   /// wire bench turns it off, on both ends, to measure what sealing costs.

@@ -4,9 +4,11 @@
 // clear error, and a job trained under all of it ends where it would have.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <mutex>
 #include <thread>
@@ -17,6 +19,7 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -72,10 +75,14 @@ bool closed_by_peer(int fd, std::chrono::milliseconds limit) {
 }
 
 // Passes the token gate as a client on a blocking socket; `keys` gets the record keys.
-bool pass_gate(int fd, const std::string& tok, net::session_keys* keys = nullptr) {
+// `pause` before each answer: a peer far away (each round trip that long).
+bool pass_gate(int fd, const std::string& tok, net::session_keys* keys = nullptr,
+               std::chrono::milliseconds pause = std::chrono::milliseconds(0)) {
   net::gate_client c{tok};
   while (c.state() == net::gate_state::running) {
     auto out = c.take_output();
+    if (!out.empty() && pause.count() > 0)
+      std::this_thread::sleep_for(pause);
     if (!out.empty() && ::send(fd, out.data(), out.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(out.size()))
       return false;
     uint8_t buf[64];
@@ -346,6 +353,108 @@ TEST_CASE("64 members each announcing the largest message hold at most the proce
     ::close(fd);
   auto log = slurp(dir.file("scheduler.log"));
   CHECK(log.find("the process takes at most 1073741824 in flight (--max-in-flight-mb)") != std::string::npos);
+  sched.proc.signal(SIGTERM);
+  CHECK(sched.proc.wait(10) == 0);
+}
+
+namespace {
+
+// A connection to `join` from the local address `from` (another loopback address makes
+// another source); -1 if it could not be made.
+int connect_from(const std::string& from, const std::string& join) {
+  auto colon = join.rfind(':');
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(std::stoi(join.substr(colon + 1))));
+  ::inet_pton(AF_INET, join.substr(0, colon).c_str(), &a.sin_addr);
+  sockaddr_in b{};
+  b.sin_family = AF_INET;
+  ::inet_pton(AF_INET, from.c_str(), &b.sin_addr);
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    return -1;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&b), sizeof b) != 0
+      || ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Milliseconds each of `n` handshakes from 127.0.0.1 took (connect to admitted), of a
+// peer 20 ms away; a refused one counts in `refused`.
+std::vector<double> timed_handshakes(const std::string& join, int n, int& refused) {
+  std::vector<double> ms;
+  for (int i = 0; i < n; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    int fd = connect_from("127.0.0.1", join);
+    const bool ok = fd >= 0 && pass_gate(fd, token, nullptr, 20ms);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    refused += !ok;
+    if (fd >= 0)
+      ::close(fd);
+    std::this_thread::sleep_for(30ms);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms;
+}
+
+} // namespace
+
+TEST_CASE("under a flood of 5000 connections a second from one source, every handshake from another source (a "
+          "peer 20 ms away) is admitted, with little latency added") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {});
+  int refused_before = 0;
+  auto before = timed_handshakes(sched.join, 16, refused_before);
+  CHECK(refused_before == 0);
+  std::atomic<bool> stop{false};
+  std::atomic<long> made{0};
+  // Connections that never speak, from 127.0.0.2, each closed 1 s later (or sooner, if
+  // this process would run out of descriptors).
+  struct rlimit rl {};
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+  rl.rlim_cur = rl.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &rl);
+  ::getrlimit(RLIMIT_NOFILE, &rl);
+  const size_t most_open = std::min<size_t>(5000, rl.rlim_cur > 512 ? rl.rlim_cur - 256 : 256);
+  std::thread flood{[&] {
+    std::deque<std::pair<std::chrono::steady_clock::time_point, int>> open;
+    auto next = std::chrono::steady_clock::now();
+    while (!stop) {
+      next += std::chrono::microseconds(200);
+      int fd = connect_from("127.0.0.2", sched.join);
+      const auto now = std::chrono::steady_clock::now();
+      if (fd >= 0) {
+        ++made;
+        open.emplace_back(now, fd);
+      }
+      while (!open.empty() && (now - open.front().first > 1s || open.size() > most_open)) {
+        ::close(open.front().second);
+        open.pop_front();
+      }
+      if (next > now)
+        std::this_thread::sleep_until(next);
+    }
+    for (auto& o : open)
+      ::close(o.second);
+  }};
+  std::this_thread::sleep_for(1s);
+  const long at_start = made;
+  const auto t0 = std::chrono::steady_clock::now();
+  int refused = 0;
+  auto during = timed_handshakes(sched.join, 32, refused);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double rate = static_cast<double>(made - at_start) / secs;
+  stop = true;
+  flood.join();
+  const double added = during[during.size() / 2] - before[before.size() / 2];
+  INFO("flood " << rate << " connections/s; median handshake " << before[before.size() / 2] << " ms before, "
+                << during[during.size() / 2] << " ms during (added " << added << " ms)");
+  CHECK(rate > 3000);
+  CHECK(refused == 0);
+  CHECK(added <= 100);
+  CHECK(status_rc(dir, sched.join, "after.log") == 0);
   sched.proc.signal(SIGTERM);
   CHECK(sched.proc.wait(10) == 0);
 }

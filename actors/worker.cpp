@@ -8,6 +8,7 @@
 #include "actors/cluster/data_plane.hpp"
 #include "actors/gpu_call.hpp"
 #include "runtime/backend/cpu_backend.hpp"
+#include "runtime/os/memory.hpp"
 #include "runtime/worker/step_machine.hpp"
 
 namespace ashlar::actors {
@@ -279,6 +280,12 @@ void take_assignment(worker_pointer self, const wire::assignment& a, const std::
   auto plan = compile(a.model);
   if (!plan)
     return fail(self, "the scheduler's model: " + describe(plan.error()));
+  // Its parameters, gradient, commit and velocity must fit in what this host has now, as
+  // a local run checks before it starts: a model sent by the scheduler is refused here
+  // before anything is allocated for it.
+  if (auto big = check_model_memory(plan->num_params, 4, available_memory_bytes(), a.model.to_string()))
+    return fail(self, describe(located(big, st.cfg.host.empty() ? std::string{"this worker's host"}
+                                                                 : "node " + st.cfg.host)));
   auto choice = st.cfg.make_backend ? st.cfg.make_backend(a.model) : cpu_choice(a.model, "");
   if (!choice.backend)
     return fail(self, "no compute backend for model " + a.model.to_string() + ": " + choice.note);

@@ -35,6 +35,7 @@ constexpr int max_in_flight = 32;
 /// One TCP connection, shared by its reader thread and the actor that writes to it.
 struct connection {
   net::tcp_socket sock;
+  std::shared_ptr<void> hold; // shard side: the admitter's count of the source's open connections
   std::atomic<bool> done{false};
   // Shard side: requests handed to the shard and not yet answered.
   std::mutex mtx;
@@ -69,6 +70,9 @@ struct connection {
 
 using connection_ptr = std::shared_ptr<connection>;
 
+/// Admitted connections a node serves at once. Default: 1024.
+constexpr size_t max_data_connections = 1024;
+
 // TLS credentials (given to the data plane, else its process's cluster network's, if
 // any) and `key` as the token.
 net::net_security data_security(caf::actor_system& sys, const std::shared_ptr<net::tls_context>& tls,
@@ -79,6 +83,9 @@ net::net_security data_security(caf::actor_system& sys, const std::shared_ptr<ne
   if (tls)
     sec.tls = tls;
   sec.token = key;
+  // The workers of a host reach a shard node from one address, up to the node's whole
+  // connection cap: the cap, not a share per address, bounds them here.
+  sec.max_per_source = max_data_connections;
   return sec;
 }
 
@@ -280,8 +287,7 @@ struct data_plane::impl {
   explicit impl(caf::actor_system& s) : sys(s) {
   }
 
-  /// Admitted connections a node serves at once. Default: 1024.
-  static constexpr size_t max_connections = 1024;
+  static constexpr size_t max_connections = max_data_connections;
 
   caf::actor_system& sys;
   std::shared_ptr<net::tls_context> tls;
@@ -342,6 +348,7 @@ struct data_plane::impl {
     }
     auto c = std::make_shared<connection>();
     c->sock = std::move(*sock);
+    c->hold = std::move(a.hold);
     std::lock_guard<std::mutex> guard{mtx};
     reap();
     if (stopped)

@@ -84,6 +84,7 @@ struct protection {
   bool sealed = false;
   bool server = false;
   net::session_keys keys;
+  std::shared_ptr<void> hold; // the admitter's count of the source's open connections
 };
 
 protection protection_of(net::handshake& hs, bool server) {
@@ -101,7 +102,7 @@ protection protection_of(net::handshake& hs, bool server) {
 class guarded_policy {
 public:
   guarded_policy(protection p, uint64_t max_message, std::shared_ptr<net::inflight_budget> budget, std::string peer)
-    : ssl_(p.ssl), guard_(max_message, std::move(budget)), peer_(std::move(peer)) {
+    : ssl_(p.ssl), hold_(std::move(p.hold)), guard_(max_message, std::move(budget)), peer_(std::move(peer)) {
     if (p.sealed) {
       reader_.emplace(p.server ? p.keys.client_tx : p.keys.server_tx);
       writer_.emplace(p.server ? p.keys.server_tx : p.keys.client_tx);
@@ -192,6 +193,7 @@ private:
   }
 
   SSL* ssl_;
+  std::shared_ptr<void> hold_;
   std::optional<net::record_reader> reader_;
   std::optional<net::record_writer> writer_;
   size_t sealed_ = 0; // bytes of CAF's buffer in the record being sent
@@ -252,7 +254,7 @@ public:
     bool taken = gk_->admit(fd, [door](net::admitter::admitted a) {
       if (!a.peer_name.empty())
         spdlog::debug("network: admitted {} ({})", a.peer, a.peer_name);
-      protection p{a.ssl, a.sealed, true, a.keys};
+      protection p{a.ssl, a.sealed, true, a.keys, a.hold};
       door->mpx().dispatch([door, fd = a.fd, p, peer = a.peer] { door->hand_over(fd, p, peer); });
     });
     if (!taken)

@@ -35,6 +35,11 @@ void add_security_options(CLI::App* cmd, security_options& o, bool listens) {
     ->capture_default_str()
     ->check(CLI::Range(1.0, 2000.0))
     ->group("Security");
+  cmd->add_option("--max-connections-per-address", o.max_per_source,
+                  "refuse a connection from an address that holds this many admitted connections already")
+    ->capture_default_str()
+    ->check(CLI::Range(1, 1 << 20))
+    ->group("Security");
   cmd->add_option("--max-in-flight-mb", o.max_in_flight_mb,
                   "the bytes of messages this process receives at once over all its connections; a "
                   "connection whose announcement would pass it is closed (at least --max-message-mb)")
@@ -65,6 +70,7 @@ expected<net::net_security> load_security(const security_options& o) {
                                                 + " is below --max-message-mb " + number_text("%g", o.max_message_mb)
                                                 + ": no message of the largest size could ever be received");
   sec.max_in_flight = static_cast<uint64_t>(o.max_in_flight_mb * 1024 * 1024);
+  sec.max_per_source = o.max_per_source;
   sec.handshake_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.handshake_timeout * 1000));
   return sec;
 }

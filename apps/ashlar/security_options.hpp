@@ -17,6 +17,7 @@ struct security_options {
   bool insecure = false;
   double max_message_mb = 256;
   double max_in_flight_mb = 1024;
+  uint32_t max_per_source = 512;
   double handshake_timeout = 5;
 };
 

@@ -92,6 +92,33 @@ struct admitter::impl {
 
   net_security sec;
   std::string what;
+  // Admitted connections open per source address (shared with the holds handed out).
+  struct open_counts {
+    std::mutex mtx;
+    std::map<std::string, size_t> by_source;
+  };
+  std::shared_ptr<open_counts> open = std::make_shared<open_counts>();
+
+  // A hold on one of `source`'s connections: given back when the connection's owner drops it.
+  std::shared_ptr<void> hold(const std::string& source) {
+    {
+      std::lock_guard<std::mutex> guard{open->mtx};
+      ++open->by_source[source];
+    }
+    auto counts = open;
+    return std::shared_ptr<void>(nullptr, [counts, source](void*) {
+      std::lock_guard<std::mutex> guard{counts->mtx};
+      auto it = counts->by_source.find(source);
+      if (it != counts->by_source.end() && --it->second == 0)
+        counts->by_source.erase(it);
+    });
+  }
+
+  size_t open_from(const std::string& source) {
+    std::lock_guard<std::mutex> guard{open->mtx};
+    auto it = open->by_source.find(source);
+    return it == open->by_source.end() ? 0 : it->second;
+  }
   tokens_fn tokens;
   std::mutex mtx;
   bool stopped = false;
@@ -115,6 +142,7 @@ struct admitter::impl {
       a.sealed = e.hs->sealed();
       if (a.sealed)
         a.keys = e.hs->keys();
+      a.hold = hold(e.source);
       // `done` owns the connection from here; it must not let an exception out, and one
       // that does is logged rather than ending the process.
       try {
@@ -234,6 +262,12 @@ bool admitter::admit(int fd, on_admitted done) {
   e.done = std::move(done);
   e.peer = peer_address(fd);
   e.source = e.peer.substr(0, e.peer.rfind(':'));
+  if (impl_->open_from(e.source) >= impl_->sec.max_per_source) {
+    refusals().note(impl_->what, e.peer, std::to_string(impl_->sec.max_per_source) + " connections from "
+                                             + e.source + " are open, the most one address may hold");
+    ::close(fd);
+    return true;
+  }
   e.deadline = steady_now() + impl_->sec.handshake_timeout;
   e.hs = std::make_unique<handshake>(fd, true, impl_->sec,
                                      impl_->tokens ? impl_->tokens() : std::vector<std::string>{});

@@ -24,6 +24,7 @@ public:
     std::string token;    // the token the peer proved
     bool sealed = false;  // without TLS: sealed records under `keys` (records.hpp)
     session_keys keys;
+    std::shared_ptr<void> hold; // counts toward its source's open connections while held
   };
   /// Called on the admitter's thread once a connection is admitted.
   using on_admitted = std::function<void(admitted)>;

@@ -459,6 +459,34 @@ TEST_CASE("under a flood of 5000 connections a second from one source, every han
   CHECK(sched.proc.wait(10) == 0);
 }
 
+TEST_CASE("an address holding as many admitted connections as allowed gets no more, while another address gets "
+          "in, and gets in again once it closes some") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {"--max-connections-per-address", "8"});
+  std::vector<int> held;
+  for (int i = 0; i < 8; ++i) {
+    int fd = connect_from("127.0.0.2", sched.join);
+    REQUIRE(fd >= 0);
+    REQUIRE(pass_gate(fd, token));
+    held.push_back(fd);
+  }
+  int ninth = connect_from("127.0.0.2", sched.join);
+  REQUIRE(ninth >= 0);
+  CHECK_FALSE(pass_gate(ninth, token));
+  ::close(ninth);
+  CHECK(status_rc(dir, sched.join, "other.log") == 0); // from 127.0.0.1
+  for (int fd : held)
+    ::close(fd);
+  std::this_thread::sleep_for(500ms);
+  int again = connect_from("127.0.0.2", sched.join);
+  CHECK(pass_gate(again, token));
+  ::close(again);
+  CHECK(slurp(dir.file("scheduler.log")).find("8 connections from 127.0.0.2 are open, the most one address may hold")
+        != std::string::npos);
+  sched.proc.signal(SIGTERM);
+  CHECK(sched.proc.wait(10) == 0);
+}
+
 TEST_CASE("connections that never finish the handshake hold no thread and are closed by the deadline") {
   temp_dir dir;
   auto sched = start_scheduler(dir, {});

@@ -26,6 +26,18 @@ void record_cipher::next_nonce(uint8_t (&iv)[12]) {
   ++counter_;
 }
 
+bool record_cipher::keyed(bool sealing) {
+  const int want = sealing ? 1 : 2;
+  if (ctx_->c == nullptr)
+    return false;
+  if (ctx_->keyed == want)
+    return true;
+  const bool ok = sealing ? EVP_EncryptInit_ex(ctx_->c, EVP_aes_128_gcm(), nullptr, key_, nullptr) == 1
+                          : EVP_DecryptInit_ex(ctx_->c, EVP_aes_128_gcm(), nullptr, key_, nullptr) == 1;
+  ctx_->keyed = ok ? want : 0;
+  return ok;
+}
+
 size_t record_cipher::length_of(const uint8_t* head) {
   return (size_t{head[0]} << 24) | (size_t{head[1]} << 16) | (size_t{head[2]} << 8) | head[3];
 }
@@ -38,14 +50,7 @@ bool record_cipher::begin(uint8_t* head, size_t len) {
   uint8_t iv[12];
   next_nonce(iv);
   int outl = 0;
-  if (ctx_->c == nullptr)
-    return false;
-  if (ctx_->keyed != 1) {
-    if (EVP_EncryptInit_ex(ctx_->c, EVP_aes_128_gcm(), nullptr, key_, nullptr) != 1)
-      return false;
-    ctx_->keyed = 1;
-  }
-  return EVP_EncryptInit_ex(ctx_->c, nullptr, nullptr, nullptr, iv) == 1
+  return keyed(true) && EVP_EncryptInit_ex(ctx_->c, nullptr, nullptr, nullptr, iv) == 1
          && EVP_EncryptUpdate(ctx_->c, nullptr, &outl, head, record_head_bytes) == 1;
 }
 
@@ -66,14 +71,7 @@ bool record_cipher::open(const uint8_t* head, uint8_t* data, size_t len, const u
   next_nonce(iv);
   int outl = 0;
   uint8_t none[16];
-  if (ctx_->c == nullptr)
-    return false;
-  if (ctx_->keyed != 2) {
-    if (EVP_DecryptInit_ex(ctx_->c, EVP_aes_128_gcm(), nullptr, key_, nullptr) != 1)
-      return false;
-    ctx_->keyed = 2;
-  }
-  return EVP_DecryptInit_ex(ctx_->c, nullptr, nullptr, nullptr, iv) == 1
+  return keyed(false) && EVP_DecryptInit_ex(ctx_->c, nullptr, nullptr, nullptr, iv) == 1
          && EVP_DecryptUpdate(ctx_->c, nullptr, &outl, head, record_head_bytes) == 1
          && EVP_DecryptUpdate(ctx_->c, data, &outl, data, static_cast<int>(len)) == 1
          && EVP_CIPHER_CTX_ctrl(ctx_->c, EVP_CTRL_GCM_SET_TAG, record_tag_bytes, const_cast<uint8_t*>(tag)) == 1

@@ -50,6 +50,8 @@ public:
 
 private:
   void next_nonce(uint8_t (&iv)[12]);
+  // The key schedule, made once for the direction's use (sealing or opening).
+  bool keyed(bool sealing);
   struct ctx;
   std::unique_ptr<ctx> ctx_;
   uint8_t key_[32];

@@ -27,6 +27,9 @@ constexpr size_t max_record_bytes = size_t{1} << 20;
 /// What writers put in one record: small enough that a record is still in cache when the
 /// kernel copies it out (sealing) or when it is opened after the kernel copied it in.
 constexpr size_t write_record_bytes = size_t{1} << 18;
+/// What a data connection seals into before sending: records stream through it, so its
+/// memory does not grow with the size of the messages it writes.
+constexpr size_t seal_buffer_bytes = size_t{1} << 16;
 
 /// One direction's key and record counter.
 class record_cipher {

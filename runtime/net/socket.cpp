@@ -143,6 +143,10 @@ void tcp_socket::seal(const uint8_t (&tx_key)[32], const uint8_t (&rx_key)[32]) 
   aead_ = std::make_shared<aead>(tx_key, rx_key);
 }
 
+size_t tcp_socket::record_buffer_bytes() const {
+  return aead_ ? aead_->out.capacity() + aead_->plain.capacity() : 0;
+}
+
 int tcp_socket::release() {
   return std::exchange(fd_, -1);
 }
@@ -188,6 +192,10 @@ caf::error tcp_socket::read_exact(void* buf, size_t n) {
     a.plain_at += take;
     out += take;
     n -= take;
+    if (a.plain_at == a.plain.size() && a.plain.capacity() > seal_buffer_bytes) {
+      std::vector<uint8_t>().swap(a.plain); // a record read in pieces: its buffer is not kept while idle
+      a.plain_at = 0;
+    }
   }
   return {};
 }
@@ -195,42 +203,49 @@ caf::error tcp_socket::read_exact(void* buf, size_t n) {
 caf::error tcp_socket::write_all(iovec* iov, int count) {
   if (!aead_)
     return write_raw(iov, count);
+  // Each buffer starts a record of its own (a frame's header, metadata and payload are
+  // read one by one, each straight into its destination, so the reader keeps no record
+  // buffer), and records are sealed into a small fixed buffer sent whenever it fills: a
+  // connection holds seal_buffer_bytes however large its messages.
   auto& t = aead_->tx;
   auto& buf = aead_->out;
-  int i = 0;
-  size_t off = 0;
-  for (;;) {
-    // One record: up to write_record_bytes gathered from the buffers, sealed as they are copied.
-    size_t total = 0;
-    for (int k = i; k < count; ++k)
-      total += iov[k].iov_len - (k == i ? off : 0);
-    if (total == 0)
-      return {};
-    size_t len = std::min(total, write_record_bytes);
-    buf.resize(record_head_bytes + len + record_tag_bytes);
-    uint8_t* head = buf.data();
-    if (!t.begin(head, len))
-      return make_error(errc::io_error, "cannot seal a record for " + peer_);
-    uint8_t* dst = head + record_head_bytes;
-    size_t left = len;
-    while (left > 0) {
-      size_t piece = std::min(left, iov[i].iov_len - off);
-      if (!t.update(static_cast<const uint8_t*>(iov[i].iov_base) + off, piece, dst))
-        return make_error(errc::io_error, "cannot seal a record for " + peer_);
-      dst += piece;
-      left -= piece;
-      off += piece;
-      if (off == iov[i].iov_len) {
-        ++i;
-        off = 0;
+  buf.resize(seal_buffer_bytes);
+  size_t used = 0;
+  auto flush = [&]() -> caf::error {
+    iovec whole{buf.data(), used};
+    used = 0;
+    return write_raw(&whole, 1);
+  };
+  auto room = [&](size_t n) -> caf::error { return buf.size() - used < n ? flush() : caf::error{}; };
+  const auto failed = [&] { return make_error(errc::io_error, "cannot seal a record for " + peer_); };
+  for (int k = 0; k < count; ++k) {
+    auto* src = static_cast<const uint8_t*>(iov[k].iov_base);
+    for (size_t left = iov[k].iov_len; left > 0;) {
+      const size_t len = std::min(left, write_record_bytes);
+      if (auto err = room(record_head_bytes))
+        return err;
+      if (!t.begin(buf.data() + used, len))
+        return failed();
+      used += record_head_bytes;
+      for (size_t rem = len; rem > 0;) {
+        if (auto err = room(1))
+          return err;
+        const size_t piece = std::min(rem, buf.size() - used);
+        if (!t.update(src, piece, buf.data() + used))
+          return failed();
+        used += piece;
+        src += piece;
+        rem -= piece;
       }
+      if (auto err = room(record_tag_bytes))
+        return err;
+      if (!t.finish(buf.data() + used))
+        return failed();
+      used += record_tag_bytes;
+      left -= len;
     }
-    if (!t.finish(dst))
-      return make_error(errc::io_error, "cannot seal a record for " + peer_);
-    iovec whole{buf.data(), buf.size()};
-    if (auto err = write_raw(&whole, 1))
-      return err;
   }
+  return used > 0 ? flush() : caf::error{};
 }
 
 caf::error tcp_socket::set_timeout(std::chrono::milliseconds t) {

@@ -46,11 +46,14 @@ public:
   void shutdown();
 
   /// From now on every byte is sealed with AES-128-GCM (the first 16 bytes of each key,
-  /// as TLS's own default suite): writes in records of at most
-  /// 1 MiB under `tx_key`, reads under `rx_key` (a record that fails authentication
+  /// as TLS's own default suite): writes in records of at most 256 KiB, each buffer
+  /// of a write starting a record of its own, under `tx_key`; reads under `rx_key`
+  /// (records of at most 1 MiB; a record that fails authentication
   /// fails the read). Reads and writes may then still run on two threads.
   void seal(const uint8_t (&tx_key)[32], const uint8_t (&rx_key)[32]);
   bool sealed() const { return aead_ != nullptr; }
+  /// Bytes of record buffers the connection keeps between reads and writes.
+  size_t record_buffer_bytes() const;
 
   /// Gives up the descriptor (the socket no longer closes it).
   int release();

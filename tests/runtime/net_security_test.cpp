@@ -18,6 +18,7 @@
 #include "runtime/net/handshake.hpp"
 #include "runtime/net/http_endpoint.hpp"
 #include "runtime/net/records.hpp"
+#include "runtime/net/socket.hpp"
 #include "runtime/os/memory.hpp"
 #include "runtime/os/paths.hpp"
 #include "temp_dir.hpp"
@@ -218,6 +219,48 @@ TEST_CASE("sealed records carry bytes whole and unreadable, in any split, and re
     CHECK_FALSE(ok);
     CHECK(r.why().find("at most") != std::string::npos);
   }
+}
+
+TEST_CASE("a sealed connection carries frames of any size whole, read piece by piece or in one, and keeps "
+          "at most its fixed record buffers between messages") {
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  tcp_socket a{fds[0], "a"}, b{fds[1], "b"};
+  uint8_t k1[32] = {1}, k2[32] = {2};
+  a.seal(k1, k2);
+  b.seal(k2, k1);
+  std::vector<uint8_t> head(32, 7), meta(3 * 8, 9), payload(3 * write_record_bytes + 4000);
+  for (size_t i = 0; i < payload.size(); ++i)
+    payload[i] = static_cast<uint8_t>(i * 13 + i / 977);
+  std::thread writer([&] {
+    for (int round = 0; round < 3; ++round) {
+      iovec iov[4] = {{head.data(), head.size()}, {nullptr, 0}, {meta.data(), meta.size()},
+                      {payload.data(), payload.size()}};
+      CHECK_FALSE(a.write_all(iov, 4));
+    }
+  });
+  for (int round = 0; round < 2; ++round) { // as frames are read: header, metadata, payload
+    std::vector<uint8_t> h(32), m(meta.size()), p(payload.size());
+    REQUIRE_FALSE(b.read_exact(h.data(), h.size()));
+    REQUIRE_FALSE(b.read_exact(m.data(), m.size()));
+    REQUIRE_FALSE(b.read_exact(p.data(), p.size()));
+    CHECK(h == head);
+    CHECK(m == meta);
+    CHECK(p == payload);
+    CHECK(b.record_buffer_bytes() == 0); // every record opened where the caller wanted it
+  }
+  std::vector<uint8_t> all;
+  for (size_t got = 0, want = head.size() + meta.size() + payload.size(); got < want;) {
+    uint8_t piece[1000]; // in pieces smaller than a record
+    const size_t n = std::min(sizeof piece, want - got);
+    REQUIRE_FALSE(b.read_exact(piece, n));
+    all.insert(all.end(), piece, piece + n);
+    got += n;
+  }
+  writer.join();
+  CHECK(std::equal(payload.begin(), payload.end(), all.begin() + 32 + 24));
+  CHECK(a.record_buffer_bytes() <= seal_buffer_bytes);
+  CHECK(b.record_buffer_bytes() <= seal_buffer_bytes);
 }
 
 TEST_CASE("a wrong token is refused on both sides, saying why") {

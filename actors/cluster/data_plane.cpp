@@ -37,25 +37,46 @@ struct connection {
   net::tcp_socket sock;
   std::shared_ptr<void> hold; // shard side: the admitter's count of the source's open connections
   std::atomic<bool> done{false};
-  // Shard side: requests handed to the shard and not yet answered.
+  // Shard side: requests handed to the shard and not yet answered, each with the bytes it
+  // holds of the node's in-flight budget (a push's tensor), given back when it is answered
+  // or, at the latest, when the connection is gone.
+  std::shared_ptr<net::inflight_budget> budget;
   std::mutex mtx;
   std::condition_variable cv;
   int in_flight = 0;
+  uint64_t next_ticket = 0;
+  std::map<uint64_t, uint64_t> held; // ticket -> budgeted bytes
 
-  // Blocks while max_in_flight requests are outstanding; false once the connection ends.
-  bool acquire() {
+  ~connection() {
+    for (const auto& [ticket, bytes] : held)
+      budget->give(bytes);
+  }
+
+  // Blocks while max_in_flight requests are outstanding; then the request holding `bytes`
+  // of the budget gets a ticket. Nothing once the connection ends.
+  std::optional<uint64_t> acquire(uint64_t bytes) {
     std::unique_lock<std::mutex> lock{mtx};
     cv.wait(lock, [&] { return in_flight < max_in_flight || done; });
     if (done)
-      return false;
+      return std::nullopt;
     ++in_flight;
-    return true;
+    if (bytes > 0)
+      held.emplace(next_ticket, bytes);
+    return next_ticket++;
   }
-  void release() {
+  // The request with `ticket` was answered.
+  void release(uint64_t ticket) {
+    uint64_t bytes = 0;
     {
       std::lock_guard<std::mutex> lock{mtx};
       --in_flight;
+      if (auto it = held.find(ticket); it != held.end()) {
+        bytes = it->second;
+        held.erase(it);
+      }
     }
+    if (bytes > 0)
+      budget->give(bytes);
     cv.notify_one();
   }
   void end() {
@@ -121,31 +142,31 @@ expected<net::tcp_socket> admitted_socket(int fd, SSL* ssl, const net::session_k
 /// as the shard gives it (held reads do not block later requests). Detached: its writes
 /// may block on the socket.
 caf::behavior shard_server(caf::event_based_actor* self, connection_ptr c, shard_actor shard) {
-  auto fail = [=](uint64_t seq, const caf::error& e) {
+  auto fail = [=](uint64_t seq, uint64_t ticket, const caf::error& e) {
     if (auto err = net::write_text_frame(c->sock, net::frame_kind::error, seq, describe(e)))
       c->sock.shutdown();
-    c->release();
+    c->release(ticket);
   };
   return {
-    [=](uint64_t seq, wire::pull_request& r) {
+    [=](uint64_t seq, uint64_t ticket, wire::pull_request& r) {
       self->request(shard, caf::infinite, std::move(r))
         .then(
           [=](wire::pull_reply& rep) {
             if (auto err = net::write_frame(c->sock, seq, rep))
               c->sock.shutdown();
-            c->release();
+            c->release(ticket);
           },
-          [=](caf::error& e) { fail(seq, e); });
+          [=](caf::error& e) { fail(seq, ticket, e); });
     },
-    [=](uint64_t seq, wire::push& p) {
+    [=](uint64_t seq, uint64_t ticket, wire::push& p) {
       self->request(shard, caf::infinite, std::move(p))
         .then(
           [=](wire::push_ack& ack) {
             if (auto err = net::write_frame(c->sock, seq, ack))
               c->sock.shutdown();
-            c->release();
+            c->release(ticket);
           },
-          [=](caf::error& e) { fail(seq, e); });
+          [=](caf::error& e) { fail(seq, ticket, e); });
     },
   };
 }
@@ -299,6 +320,37 @@ struct data_plane::impl {
   std::thread acceptor;
   std::map<uint32_t, served> shards;
   std::list<running> conns;
+  // The tensors of requests this node reads and has not answered, over all connections:
+  // the process's --max-in-flight-mb, a budget of its own (the cluster network's bounds
+  // CAF's messages). A tensor waits for room rather than being refused, since a shard
+  // applies pushes without waiting for others.
+  std::shared_ptr<net::inflight_budget> budget;
+  std::chrono::milliseconds grace{30000};
+
+  // Caller holds mtx.
+  const std::shared_ptr<net::inflight_budget>& the_budget() {
+    if (!budget) {
+      auto net = network_of(sys);
+      budget = std::make_shared<net::inflight_budget>(net ? net->security().max_in_flight
+                                                          : net::net_security{}.max_in_flight);
+    }
+    return budget;
+  }
+
+  // Before a request's tensor of `bytes` is allocated: room in the budget (waited for),
+  // and a deadline for the tensor to arrive whole.
+  caf::error reserve(connection& c, uint64_t bytes, uint64_t& taken) {
+    const auto allowed = net::message_deadline(bytes, grace);
+    if (!c.budget->take_within(bytes, allowed))
+      return make_error(errc::busy, "a tensor of " + std::to_string(bytes >> 20) + " MiB waited "
+                                      + std::to_string(allowed.count() / 1000) + " s for room in this node's budget "
+                                      + "for tensors in flight (" + std::to_string(c.budget->total() >> 20)
+                                      + " MiB, --max-in-flight-mb; " + std::to_string(c.budget->used() >> 20)
+                                      + " MiB taken by other connections)");
+    taken = bytes;
+    c.sock.set_read_deadline(steady_now() + allowed);
+    return {};
+  }
 
   // Joins the threads of connections that ended. Caller holds mtx.
   void reap() {
@@ -350,6 +402,7 @@ struct data_plane::impl {
     c->sock = std::move(*sock);
     c->hold = std::move(a.hold);
     std::lock_guard<std::mutex> guard{mtx};
+    c->budget = the_budget();
     reap();
     if (stopped)
       return;
@@ -410,23 +463,29 @@ struct data_plane::impl {
     auto server = sys.spawn<caf::detached>(shard_server, c, *shard);
     for (;;) {
       net::inbound_frame req;
-      auto err = net::read_frame(c->sock, req, max_payload);
+      uint64_t taken = 0; // of the budget, for this request's tensor
+      auto err = net::read_frame(c->sock, req, max_payload,
+                                 [&](uint64_t bytes) { return reserve(*c, bytes, taken); });
+      c->sock.set_read_deadline(std::nullopt);
+      auto ticket = err ? std::nullopt : std::optional<uint64_t>{0};
       if (err) {
-        if (!is(err, errc::peer_unreachable))
+        if (!is(err, errc::peer_unreachable) || describe(err).find("deadline") != std::string::npos)
           spdlog::warn("data plane: closing the connection from {}: {}", c->sock.peer(), describe(err));
-        break;
-      }
-      if (req.kind != net::frame_kind::pull && req.kind != net::frame_kind::push) {
+      } else if (req.kind != net::frame_kind::pull && req.kind != net::frame_kind::push) {
         spdlog::warn("data plane: closing the connection from {}: unexpected frame kind {}", c->sock.peer(),
                      static_cast<uint32_t>(req.kind));
+        ticket.reset();
+      } else {
+        ticket = c->acquire(taken);
+      }
+      if (!ticket) {
+        c->budget->give(taken);
         break;
       }
-      if (!c->acquire())
-        break;
       if (req.kind == net::frame_kind::pull)
-        caf::anon_send(server, req.seq, std::move(req.pull));
+        caf::anon_send(server, req.seq, *ticket, std::move(req.pull));
       else
-        caf::anon_send(server, req.seq, std::move(req.push));
+        caf::anon_send(server, req.seq, *ticket, std::move(req.push));
     }
     caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
     c->end();
@@ -452,6 +511,17 @@ struct data_plane::impl {
 };
 
 data_plane::data_plane(caf::actor_system& sys) : impl_(std::make_shared<impl>(sys)) {
+}
+
+void data_plane::limit_in_flight(uint64_t total, std::chrono::milliseconds grace) {
+  std::lock_guard<std::mutex> guard{impl_->mtx};
+  impl_->budget = std::make_shared<net::inflight_budget>(total);
+  impl_->grace = grace;
+}
+
+uint64_t data_plane::in_flight_bytes() const {
+  std::lock_guard<std::mutex> guard{impl_->mtx};
+  return impl_->budget ? impl_->budget->used() : 0;
 }
 
 void data_plane::use_tls(std::shared_ptr<net::tls_context> tls) {

@@ -15,7 +15,8 @@
 // 1024 per node). Frames are sealed with AES-128-GCM (runtime/net/records.hpp) under keys
 // exported from the TLS session, or without TLS derived from the gate's handshake, so
 // the reader thread and the writing actor need no lock. A shard node
-// reads no further from a connection with 32 requests unanswered (backpressure).
+// reads no further from a connection with 32 requests unanswered, nor past its budget for
+// tensors in flight over all connections (limit_in_flight): backpressure, not refusal.
 #pragma once
 
 #include <chrono>
@@ -39,6 +40,17 @@ public:
   /// TLS credentials for this data plane's connections. Default: those of the process's
   /// cluster network (network.hpp), if any.
   void use_tls(std::shared_ptr<net::tls_context> tls);
+
+  /// Shard side: the bytes of request tensors this node reads and has not yet answered,
+  /// over all its connections (default: the process network's
+  /// --max-in-flight-mb, else 1 GiB; one tensor larger than that is taken alone). A
+  /// tensor past it waits, its bytes left in the peer's TCP buffers, up to
+  /// net::message_deadline (grace + 1 s a MiB), and must then arrive whole within that
+  /// time; else its connection is closed and named in the log. Connections admitted
+  /// before a call keep the budget they had.
+  void limit_in_flight(uint64_t total, std::chrono::milliseconds grace = std::chrono::seconds(30));
+  /// Shard side: the bytes of that budget taken now.
+  uint64_t in_flight_bytes() const;
 
   /// Shard side: makes `shard` reachable for clients presenting `key`. The first call
   /// listens on `host` (any free port). Returns the endpoint "host:port" to advertise.

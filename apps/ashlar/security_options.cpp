@@ -41,8 +41,9 @@ void add_security_options(CLI::App* cmd, security_options& o, bool listens) {
     ->check(CLI::Range(1, 1 << 20))
     ->group("Security");
   cmd->add_option("--max-in-flight-mb", o.max_in_flight_mb,
-                  "the bytes of messages this process receives at once over all its connections; a "
-                  "connection whose announcement would pass it is closed (at least --max-message-mb)")
+                  "the bytes of messages this process receives at once over all its cluster connections (a "
+                  "connection whose announcement would pass it is closed), and apart from those the bytes of "
+                  "tensors its data plane holds unapplied (a push past it waits) (at least --max-message-mb)")
     ->capture_default_str()
     ->check(CLI::Range(1.0, 65536.0))
     ->group("Security");

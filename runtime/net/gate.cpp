@@ -224,12 +224,32 @@ std::vector<uint8_t> gate_client::take_output() {
 }
 
 bool inflight_budget::take(uint64_t n) {
-  uint64_t used = used_.load();
-  do {
-    if (used + n > total_)
-      return false;
-  } while (!used_.compare_exchange_weak(used, used + n));
+  std::lock_guard<std::mutex> lock{mtx_};
+  if (!fits(n))
+    return false;
+  used_ += n;
   return true;
+}
+
+bool inflight_budget::take_within(uint64_t n, std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> lock{mtx_};
+  if (!freed_.wait_for(lock, wait, [&] { return fits(n); }))
+    return false;
+  used_ += n;
+  return true;
+}
+
+void inflight_budget::give(uint64_t n) {
+  {
+    std::lock_guard<std::mutex> lock{mtx_};
+    used_ -= std::min(n, used_);
+  }
+  freed_.notify_all();
+}
+
+uint64_t inflight_budget::used() const {
+  std::lock_guard<std::mutex> lock{mtx_};
+  return used_;
 }
 
 basp_frame_guard& basp_frame_guard::operator=(basp_frame_guard&& other) noexcept {

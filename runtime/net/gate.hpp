@@ -19,6 +19,9 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <memory>
 #include <cstdint>
 #include <string>
@@ -140,20 +143,35 @@ private:
 constexpr uint64_t unbudgeted_message_bytes = uint64_t{2} << 20;
 
 /// The bytes of messages a process is receiving (announced, their buffers allocated, not
-/// yet whole), across all its connections, against a total. Thread-safe.
+/// yet whole or not yet applied), across all its connections, against a total.
+/// Thread-safe. A message larger than the total is taken only while nothing else is.
 class inflight_budget {
 public:
   explicit inflight_budget(uint64_t total) : total_(total) {}
   /// Takes n bytes; false (nothing taken) if that would pass the total.
   bool take(uint64_t n);
-  void give(uint64_t n) { used_.fetch_sub(n); }
+  /// Takes n bytes, waiting up to `wait` for others to give theirs back; false (nothing
+  /// taken) if they did not in time.
+  bool take_within(uint64_t n, std::chrono::milliseconds wait);
+  void give(uint64_t n);
   uint64_t total() const { return total_; }
-  uint64_t used() const { return used_.load(); }
+  uint64_t used() const;
 
 private:
-  std::atomic<uint64_t> used_{0};
+  bool fits(uint64_t n) const { return used_ + n <= total_ || used_ == 0; }
+  mutable std::mutex mtx_;
+  std::condition_variable freed_;
+  uint64_t used_ = 0;
   uint64_t total_;
 };
+
+/// How long a message over unbudgeted_message_bytes may wait for room in a budget, and
+/// then take to arrive whole: `grace` plus a second a MiB (a link of 1 MB/s still
+/// delivers; a peer that trickles slower is closed and its bytes given back).
+inline std::chrono::milliseconds message_deadline(uint64_t bytes,
+                                                  std::chrono::milliseconds grace = std::chrono::seconds(30)) {
+  return grace + std::chrono::milliseconds((bytes >> 20) * 1000);
+}
 
 /// Watches the byte stream of CAF's BASP protocol as it is read (32-byte headers, each
 /// followed by its payload_len bytes) and refuses a header announcing more than `limit`

@@ -1,5 +1,6 @@
 #include "runtime/net/socket.hpp"
 #include "runtime/net/records.hpp"
+#include "runtime/core/clock.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -67,7 +68,8 @@ tcp_socket::tcp_socket(tcp_socket&& other) noexcept
   : fd_(std::exchange(other.fd_, -1)),
     peer_(std::move(other.peer_)),
     shut_(other.shut_.load()),
-    aead_(std::move(other.aead_)) {
+    aead_(std::move(other.aead_)),
+    deadline_(other.deadline_) {
 }
 
 tcp_socket& tcp_socket::operator=(tcp_socket&& other) noexcept {
@@ -78,6 +80,7 @@ tcp_socket& tcp_socket::operator=(tcp_socket&& other) noexcept {
     peer_ = std::move(other.peer_);
     shut_ = other.shut_.load();
     aead_ = std::move(other.aead_);
+    deadline_ = other.deadline_;
   }
   return *this;
 }
@@ -85,6 +88,17 @@ tcp_socket& tcp_socket::operator=(tcp_socket&& other) noexcept {
 caf::error tcp_socket::read_raw(void* buf, size_t n) {
   auto* p = static_cast<char*>(buf);
   while (n > 0) {
+    if (deadline_) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline_ - steady_now());
+      pollfd pf{fd_, POLLIN, 0};
+      int ready = left.count() > 0 ? ::poll(&pf, 1, static_cast<int>(std::min<int64_t>(left.count(), 60000))) : 0;
+      if (ready < 0 && errno == EINTR)
+        continue;
+      if (ready == 0 && steady_now() >= *deadline_)
+        return make_error(errc::peer_unreachable, "a message from " + peer_ + " did not arrive whole by its deadline");
+      if (ready == 0)
+        continue;
+    }
     ssize_t got = ::recv(fd_, p, n, 0);
     if (got > 0) {
       p += got;

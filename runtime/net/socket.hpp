@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <sys/uio.h>
@@ -42,6 +43,11 @@ public:
   /// Read and write timeout; zero: none (block until data or error).
   [[nodiscard]] caf::error set_timeout(std::chrono::milliseconds t);
 
+  /// Reads must be done by `deadline` (a read still waiting then fails with
+  /// peer_unreachable, saying so), however the bytes trickle in; std::nullopt: no
+  /// deadline (the timeout of set_timeout still applies to each wait).
+  void set_read_deadline(std::optional<std::chrono::steady_clock::time_point> deadline) { deadline_ = deadline; }
+
   /// Ends both directions; blocked reads and writes return an error. Idempotent.
   void shutdown();
 
@@ -68,6 +74,7 @@ private:
   std::string peer_;
   std::atomic<bool> shut_{false};
   std::shared_ptr<aead> aead_;
+  std::optional<std::chrono::steady_clock::time_point> deadline_;
 };
 
 /// Connects to host:port, failing with peer_unreachable (naming the address) after

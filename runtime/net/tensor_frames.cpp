@@ -93,7 +93,8 @@ caf::error malformed(const tcp_socket& sock, const std::string& what) {
 
 } // namespace
 
-caf::error read_frame(tcp_socket& sock, inbound_frame& out, uint64_t max_payload) {
+caf::error read_frame(tcp_socket& sock, inbound_frame& out, uint64_t max_payload,
+                      const std::function<caf::error(uint64_t)>& before_payload) {
   frame_header h;
   if (auto err = sock.read_exact(&h, sizeof h))
     return err;
@@ -122,6 +123,9 @@ caf::error read_frame(tcp_socket& sock, inbound_frame& out, uint64_t max_payload
   if (auto err = sock.read_exact(meta.data(), h.meta_bytes))
     return err;
   wire::tensor tensor;
+  if (h.payload_bytes > 0 && before_payload)
+    if (auto err = before_payload(h.payload_bytes))
+      return err;
   if (h.payload_bytes > 0) {
     tensor.resize(h.payload_bytes / sizeof(float));
     if (auto err = sock.read_exact(tensor.data(), h.payload_bytes))

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "runtime/net/socket.hpp"
@@ -48,8 +49,11 @@ struct inbound_frame {
 /// malformed_message naming the peer; a closed connection with peer_unreachable.
 /// A frame announcing a tensor of more than `max_payload` bytes fails before anything is
 /// allocated for it (a shard node passes what its shard's range can take).
+/// `before_payload`, if given, is called with a tensor's byte count once its header
+/// passed these checks and before its buffer is allocated; its error ends the read.
 [[nodiscard]] caf::error read_frame(tcp_socket& sock, inbound_frame& out,
-                                    uint64_t max_payload = wire::max_message_bytes);
+                                    uint64_t max_payload = wire::max_message_bytes,
+                                    const std::function<caf::error(uint64_t)>& before_payload = {});
 
 /// Writes one frame. The message's tensor (params or grad) is sent from its vector, which
 /// is left as it was.

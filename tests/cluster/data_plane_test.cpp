@@ -8,10 +8,14 @@
 
 #include "actors/cluster/data_plane.hpp"
 #include "actors/server_shard.hpp"
+#include "runtime/net/handshake.hpp"
 #include "runtime/net/socket.hpp"
+#include "runtime/net/tensor_frames.hpp"
+#include "runtime/wire/codec.hpp"
 #include "runtime/net/tls.hpp"
 #include "../runtime/temp_dir.hpp"
 
+#include <fcntl.h>
 #include <fstream>
 #include <thread>
 
@@ -90,6 +94,30 @@ struct fixture {
     return out;
   }
 };
+
+// A client of the data port that proves `key` and sends its hello for shard 0, as a
+// stand-in does: the connection sealed, ready for frames.
+net::tcp_socket admitted_client(const std::string& ep, const std::string& key) {
+  auto colon = ep.rfind(':');
+  auto raw = net::connect_tcp(ep.substr(0, colon), static_cast<uint16_t>(std::stoi(ep.substr(colon + 1))), 2s);
+  REQUIRE(raw);
+  int fd = raw->release();
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  net::net_security sec;
+  sec.token = key;
+  net::handshake hs{fd, false, sec};
+  REQUIRE(net::run_handshake(hs, 5s) == net::handshake::result::admitted);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  net::tcp_socket sock{fd, ep};
+  const auto keys = hs.keys();
+  sock.seal(keys.client_tx, keys.server_tx);
+  REQUIRE_FALSE(sock.set_timeout(5s));
+  REQUIRE_FALSE(net::write_text_frame(sock, net::frame_kind::hello, 0, std::to_string(wire::protocol_version) + " 0"));
+  net::inbound_frame welcome;
+  REQUIRE_FALSE(net::read_frame(sock, welcome));
+  REQUIRE(welcome.kind == net::frame_kind::welcome);
+  return sock;
+}
 
 }  // namespace
 
@@ -371,4 +399,54 @@ TEST_CASE("a delta read crosses the data plane with its indices and values") {
   CHECK(delta.index == std::vector<uint32_t>{10, 700});
   CHECK(delta.params.to_vector() == std::vector<float>{10.0f - 1.0f, 700.0f + 2.0f});
   CHECK(delta.view_seq > dense.view_seq);
+}
+
+TEST_CASE("a shard node's tensors in flight are bounded over all its connections: a push past the budget waits "
+          "for room, and a peer that trickles its tensor is closed at its deadline and gives its bytes back") {
+  fixture f;
+  const size_t n = 4096; // 16 KiB a push
+  f.plane->limit_in_flight(20 << 10, 1s);
+  auto s = f.make("asp", n);
+  auto ep = f.serve(s);
+  REQUIRE_FALSE(f.join(s, 0));
+  // The trickler announces a whole push, sends 1 KiB of its tensor, and stalls.
+  auto slow = admitted_client(ep, "k1");
+  wire::push announced{0, 0, 0, 1, {}};
+  auto meta = wire::encode(announced);
+  struct {
+    uint32_t magic = net::frame_magic;
+    uint32_t kind = static_cast<uint32_t>(net::frame_kind::push);
+    uint64_t seq = 1, meta_bytes = 0, payload_bytes = 0;
+  } head;
+  head.meta_bytes = meta.size() * sizeof(uint64_t);
+  head.payload_bytes = n * sizeof(float);
+  std::vector<float> part(256, 0.5f);
+  iovec iov[3] = {{&head, sizeof head}, {meta.data(), head.meta_bytes}, {part.data(), part.size() * sizeof(float)}};
+  REQUIRE_FALSE(slow.write_all(iov, 3));
+  for (int i = 0; i < 50 && f.plane->in_flight_bytes() == 0; ++i)
+    std::this_thread::sleep_for(20ms);
+  CHECK(f.plane->in_flight_bytes() == n * sizeof(float));
+  std::this_thread::sleep_for(300ms);
+  // A well-behaved stand-in's push waits for the trickler's bytes, then goes through on
+  // its own connection (it was not closed: the next push does not wait).
+  auto proxy = f.connect(s, ep);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ack = f.push(proxy, 0, 0, wire::tensor(n, 1.0f));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  REQUIRE(ack);
+  CHECK(ack->version == 1);
+  CHECK(waited >= 400ms);
+  char b;
+  REQUIRE_FALSE(slow.set_timeout(5s));
+  CHECK(slow.read_exact(&b, 1)); // the trickler's connection was closed
+  const auto t1 = std::chrono::steady_clock::now();
+  REQUIRE(f.push(proxy, 0, 1, wire::tensor(n, 1.0f)));
+  CHECK(std::chrono::steady_clock::now() - t1 < 500ms);
+  auto after = f.pull(s, 0);
+  REQUIRE(after);
+  CHECK(after->version == 2);
+  CHECK(after->params[10] == Approx(10.0f - 2.0f)); // nothing of the trickler's half push applied
+  for (int i = 0; i < 50 && f.plane->in_flight_bytes() != 0; ++i)
+    std::this_thread::sleep_for(20ms);
+  CHECK(f.plane->in_flight_bytes() == 0);
 }

@@ -605,3 +605,25 @@ TEST_CASE("guards sharing a process budget refuse a big message past it, take sm
   d = basp_frame_guard{1 << 20};
   CHECK(budget->used() == 0);
 }
+
+TEST_CASE("a budget waited on takes its bytes when others give theirs back, not past the wait, and takes a "
+          "message larger than itself only alone") {
+  inflight_budget budget{1000};
+  REQUIRE(budget.take(800));
+  CHECK_FALSE(budget.take_within(300, std::chrono::milliseconds(50)));
+  CHECK(budget.used() == 800);
+  std::thread giver{[&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    budget.give(800);
+  }};
+  CHECK(budget.take_within(300, std::chrono::seconds(10)));
+  giver.join();
+  CHECK(budget.used() == 300);
+  CHECK_FALSE(budget.take(5000)); // larger than the total: not beside another message
+  budget.give(300);
+  CHECK(budget.take(5000));
+  CHECK_FALSE(budget.take(1));
+  budget.give(5000);
+  CHECK(budget.used() == 0);
+  CHECK(message_deadline(uint64_t{256} << 20) == std::chrono::milliseconds(30000 + 256000));
+}

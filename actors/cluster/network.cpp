@@ -1,6 +1,7 @@
 #include "actors/cluster/network.hpp"
 
 #include "actors/cluster/system.hpp"
+#include "runtime/core/clock.hpp"
 #include "runtime/net/admitter.hpp"
 #include "runtime/net/records.hpp"
 
@@ -101,8 +102,10 @@ protection protection_of(net::handshake& hs, bool server) {
 // BASP header it reads before CAF sees it.
 class guarded_policy {
 public:
-  guarded_policy(protection p, uint64_t max_message, std::shared_ptr<net::inflight_budget> budget, std::string peer)
+  guarded_policy(native_socket fd, protection p, uint64_t max_message, std::shared_ptr<net::inflight_budget> budget,
+                 std::string peer)
     : ssl_(p.ssl), hold_(std::move(p.hold)), guard_(max_message, std::move(budget)), peer_(std::move(peer)) {
+    guard_.watch(fd, peer_);
     if (p.sealed) {
       reader_.emplace(p.server ? p.keys.client_tx : p.keys.server_tx);
       writer_.emplace(p.server ? p.keys.server_tx : p.keys.client_tx);
@@ -206,7 +209,7 @@ public:
   guarded_scribe(default_multiplexer& mpx, native_socket fd, protection p, uint64_t max_message,
                  std::shared_ptr<net::inflight_budget> budget, std::string peer)
     : caf::io::scribe(caf::io::network::conn_hdl_from_socket(fd)),
-      stream_(mpx, fd, p, max_message, std::move(budget), std::move(peer)) {}
+      stream_(mpx, fd, fd, p, max_message, std::move(budget), std::move(peer)) {}
 
   void configure_read(caf::io::receive_policy::config config) override {
     stream_.configure_read(config);
@@ -289,7 +292,13 @@ class admitting_middleman : public caf::io::middleman_actor_impl {
 public:
   admitting_middleman(caf::actor_config& cfg, caf::actor broker, std::shared_ptr<net::admitter> gk)
     : caf::io::middleman_actor_impl(cfg, std::move(broker)), gk_(std::move(gk)),
-      budget_(std::make_shared<net::inflight_budget>(gk_->security().max_in_flight)) {}
+      budget_(std::make_shared<net::inflight_budget>(gk_->security().max_in_flight)) {
+    // A message that holds budget and stalls is cut at its deadline (checked each second).
+    gk_->on_tick([budget = budget_] {
+      for (const auto& why : budget->cut_expired(ashlar::steady_now()))
+        spdlog::warn("network: closed the connection from {}", why);
+    });
+  }
 
   const char* name() const override { return "ashlar.middleman"; }
 

@@ -121,6 +121,7 @@ struct admitter::impl {
   }
   tokens_fn tokens;
   std::mutex mtx;
+  std::function<void()> tick; // on_tick()
   bool stopped = false;
   std::deque<entry> incoming;
   int wake[2] = {-1, -1};
@@ -195,6 +196,13 @@ struct admitter::impl {
         }
       }
       make_room(pending);
+      std::function<void()> each_tick;
+      {
+        std::lock_guard<std::mutex> guard{mtx};
+        each_tick = tick;
+      }
+      if (each_tick)
+        each_tick();
       auto now = steady_now();
       for (auto it = pending.begin(); it != pending.end();) {
         auto r = it->hs->step();
@@ -279,6 +287,14 @@ bool admitter::admit(int fd, on_admitted done) {
   }
   impl_->poke();
   return true;
+}
+
+void admitter::on_tick(std::function<void()> f) {
+  {
+    std::lock_guard<std::mutex> guard{impl_->mtx};
+    impl_->tick = std::move(f);
+  }
+  impl_->poke();
 }
 
 void admitter::stop() {

@@ -41,6 +41,9 @@ public:
   /// admitted. False if stopped (the caller closes fd).
   bool admit(int fd, on_admitted done);
 
+  /// Runs `tick` on the admitter's thread at least once a second (replacing any before).
+  void on_tick(std::function<void()> tick);
+
   /// Closes every connection being admitted and joins the thread. Idempotent.
   void stop();
 

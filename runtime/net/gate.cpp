@@ -4,6 +4,12 @@
 #include <cstring>
 #include <utility>
 
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "runtime/core/clock.hpp"
+
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -252,11 +258,53 @@ uint64_t inflight_budget::used() const {
   return used_;
 }
 
+uint64_t inflight_budget::take_held(uint64_t n, std::chrono::steady_clock::time_point deadline, int fd,
+                                   const std::string& peer) {
+  std::lock_guard<std::mutex> lock{mtx_};
+  if (!fits(n))
+    return 0;
+  used_ += n;
+  const uint64_t id = next_hold_++;
+  holds_.emplace(id, hold{n, deadline, fd >= 0 ? ::fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1, peer});
+  return id;
+}
+
+void inflight_budget::give_held(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lock{mtx_};
+    auto it = holds_.find(id);
+    if (it == holds_.end())
+      return;
+    used_ -= std::min(it->second.bytes, used_);
+    if (it->second.fd >= 0)
+      ::close(it->second.fd);
+    holds_.erase(it);
+  }
+  freed_.notify_all();
+}
+
+std::vector<std::string> inflight_budget::cut_expired(std::chrono::steady_clock::time_point now) {
+  std::vector<std::string> cut;
+  std::lock_guard<std::mutex> lock{mtx_};
+  for (auto& [id, h] : holds_) {
+    if (h.fd < 0 || now < h.deadline)
+      continue;
+    ::shutdown(h.fd, SHUT_RDWR);
+    ::close(h.fd);
+    h.fd = -1;
+    cut.push_back(h.peer + ": a message of " + std::to_string(h.bytes) + " bytes did not arrive whole by its "
+                  "deadline (30 s and a second a MiB), its connection is closed");
+  }
+  return cut;
+}
+
 basp_frame_guard& basp_frame_guard::operator=(basp_frame_guard&& other) noexcept {
   release();
   limit_ = other.limit_;
   budget_ = std::move(other.budget_);
   reserved_ = std::exchange(other.reserved_, 0);
+  fd_ = std::exchange(other.fd_, -1);
+  peer_ = std::move(other.peer_);
   payload_left_ = std::exchange(other.payload_left_, 0);
   std::memcpy(header_, other.header_, header_bytes);
   header_have_ = std::exchange(other.header_have_, 0);
@@ -266,7 +314,7 @@ basp_frame_guard& basp_frame_guard::operator=(basp_frame_guard&& other) noexcept
 
 void basp_frame_guard::release() {
   if (budget_ && reserved_ > 0)
-    budget_->give(reserved_);
+    budget_->give_held(reserved_);
   reserved_ = 0;
 }
 
@@ -299,13 +347,14 @@ bool basp_frame_guard::inspect(const uint8_t* data, size_t n) {
     // Small messages (control, 1 MiB chunks) stay out of the budget: each connection holds
     // at most one, and a budget taken by big ones must not starve them.
     const bool budgeted = budget_ && len > unbudgeted_message_bytes;
-    if (budgeted && !budget_->take(len)) {
+    const uint64_t held = budgeted ? budget_->take_held(len, steady_now() + message_deadline(len), fd_, peer_) : 0;
+    if (budgeted && held == 0) {
       why_ = "it announced a message of " + std::to_string(len) + " bytes while messages of "
              + std::to_string(budget_->used()) + " bytes were being received; the process takes at most "
              + std::to_string(budget_->total()) + " in flight (--max-in-flight-mb)";
       return false;
     }
-    reserved_ = budgeted ? len : 0;
+    reserved_ = held;
     payload_left_ = len;
   }
   return true;

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <map>
 #include <memory>
 #include <cstdint>
 #include <string>
@@ -157,12 +158,30 @@ public:
   uint64_t total() const { return total_; }
   uint64_t used() const;
 
+  /// Takes n bytes (as take()) for a message on connection `fd` that must arrive whole by
+  /// `deadline`; returns the hold's id (0: nothing taken). The budget keeps its own
+  /// descriptor of the connection until give_held().
+  uint64_t take_held(uint64_t n, std::chrono::steady_clock::time_point deadline, int fd, const std::string& peer);
+  /// Gives a hold's bytes back (0: none).
+  void give_held(uint64_t id);
+  /// Shuts down (both directions, once) the connection of every hold whose deadline is
+  /// before `now`, so that its owner sees it end and gives the bytes back; says which.
+  std::vector<std::string> cut_expired(std::chrono::steady_clock::time_point now);
+
 private:
+  struct hold {
+    uint64_t bytes;
+    std::chrono::steady_clock::time_point deadline;
+    int fd; // a dup of the connection's, so never another connection's number; -1 once cut
+    std::string peer;
+  };
   bool fits(uint64_t n) const { return used_ + n <= total_ || used_ == 0; }
   mutable std::mutex mtx_;
   std::condition_variable freed_;
   uint64_t used_ = 0;
   uint64_t total_;
+  uint64_t next_hold_ = 1;
+  std::map<uint64_t, hold> holds_;
 };
 
 /// How long a message over unbudgeted_message_bytes may wait for room in a budget, and
@@ -190,6 +209,13 @@ public:
   basp_frame_guard& operator=(const basp_frame_guard&) = delete;
   basp_frame_guard& operator=(basp_frame_guard&& other) noexcept;
 
+  /// The connection a budgeted message holds its bytes for, cut if the message does not
+  /// arrive whole within message_deadline() (inflight_budget::cut_expired).
+  void watch(int fd, std::string peer) {
+    fd_ = fd;
+    peer_ = std::move(peer);
+  }
+
   /// Inspects the next n bytes of the stream; false if they complete a header over the
   /// limit (why() says which size).
   bool inspect(const uint8_t* data, size_t n);
@@ -201,7 +227,9 @@ private:
 
   uint64_t limit_;
   std::shared_ptr<inflight_budget> budget_;
-  uint64_t reserved_ = 0; // of budget_, for the message being received
+  uint64_t reserved_ = 0; // the hold in budget_ of the message being received (0: none)
+  int fd_ = -1;
+  std::string peer_;
   uint64_t payload_left_ = 0;
   uint8_t header_[header_bytes] = {};
   size_t header_have_ = 0;

@@ -14,6 +14,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "runtime/core/clock.hpp"
+#include "runtime/net/admitter.hpp"
 #include "runtime/net/gate.hpp"
 #include "runtime/net/handshake.hpp"
 #include "runtime/net/http_endpoint.hpp"
@@ -626,4 +628,37 @@ TEST_CASE("a budget waited on takes its bytes when others give theirs back, not 
   budget.give(5000);
   CHECK(budget.used() == 0);
   CHECK(message_deadline(uint64_t{256} << 20) == std::chrono::milliseconds(30000 + 256000));
+}
+
+TEST_CASE("a big message that holds budget and stalls has its connection cut at its deadline, by the admitter's "
+          "tick, and only then") {
+  int fds[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  auto budget = std::make_shared<inflight_budget>(uint64_t{64} << 20);
+  basp_frame_guard g{uint64_t{256} << 20, budget};
+  g.watch(fds[0], "10.0.0.9:4000");
+  auto big = header_with_length(32u << 20);
+  REQUIRE(g.inspect(big.data(), big.size()));
+  CHECK(budget->used() == (32u << 20));
+  CHECK(budget->cut_expired(steady_now()).empty()); // 30 s + 32 s from now
+  auto cut = budget->cut_expired(steady_now() + std::chrono::seconds(63));
+  REQUIRE(cut.size() == 1);
+  CHECK(cut[0].find("10.0.0.9:4000") != std::string::npos);
+  CHECK(cut[0].find("33554432 bytes") != std::string::npos);
+  CHECK(budget->cut_expired(steady_now() + std::chrono::hours(1)).empty()); // once
+  char c;
+  CHECK(::recv(fds[1], &c, 1, 0) == 0); // the peer sees the connection end
+  CHECK(budget->used() == (32u << 20)); // until its owner drops it
+  g = basp_frame_guard{1 << 20};
+  CHECK(budget->used() == 0);
+  ::close(fds[0]);
+  ::close(fds[1]);
+
+  admitter a{net_security{}, "test"};
+  std::atomic<int> ticks{0};
+  a.on_tick([&] { ++ticks; });
+  for (int i = 0; i < 300 && ticks < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(ticks >= 2); // one at once, the next within a second
+  a.stop();
 }

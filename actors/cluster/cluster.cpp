@@ -759,8 +759,12 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
     },
     [=](job_atom) {
       on_job_ended(self->state);
-      if (!self->state.waiting) // a job that failed before it started: its lifecycle ends too
-        self->state.life.reset();
+      // A job that ended after its start and before it trained (a file refused as it was
+      // prepared): the lifecycle that followed it ends it, and with it the job's hold on
+      // the cluster.
+      auto& life = self->state.life;
+      if (life && life->state() != control::job_lifecycle::phase::waiting)
+        act(self, life->on_run_ended("it ended before it trained", false));
       if (self->state.shutdown_after_job)
         shut_down_nodes(self, *self->state.shutdown_after_job);
     },

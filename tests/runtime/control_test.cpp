@@ -85,6 +85,26 @@ TEST_CASE("a running job asked to stop stops its workers and ends stopped unless
   CHECK(done.outcome().kind == job_outcome::trained);
 }
 
+TEST_CASE("a job that ends after its start and before it trained fails naming why, or ends stopped if asked to "
+          "stop, and then hears nothing more") {
+  manual_clock clock;
+  job_lifecycle job{clock, job_needs{1, 2}, second};
+  REQUIRE(has(job.on_capacity(capacity{1, 2}), job_action::start));
+  auto acts = job.on_run_ended("it ended before it trained", false);
+  REQUIRE(has(acts, job_action::ended));
+  CHECK(job.outcome().kind == job_outcome::failed);
+  CHECK(job.summary() == "failed: it ended before it trained");
+  CHECK(job.on_capacity(capacity{1, 4}).empty());
+  CHECK(job.on_stop("late").empty());
+  CHECK(job.on_run_ended("again").empty());
+
+  job_lifecycle asked{clock, job_needs{1, 1}, second};
+  asked.on_capacity(capacity{1, 1});
+  REQUIRE(has(asked.on_stop("stopped by ashlar ctl stop-job"), job_action::stop_workers));
+  asked.on_run_ended("", false);
+  CHECK(asked.outcome().kind == job_outcome::stopped);
+}
+
 TEST_CASE("a worker whose script raised fails the job with that cause, whatever the run says after") {
   manual_clock clock;
   job_lifecycle job{clock, job_needs{1, 2}, second};

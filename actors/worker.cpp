@@ -27,6 +27,7 @@ struct worker_state {
   caf::actor ring_next;
   float lr_factor = 1.0f;       // the schedule's, if it came before the assignment
   bool stopped = false;         // left or failed
+  uint32_t assigned = wire::any_worker; // its id in the job, once assigned
   bool kernels_logged = false;  // the backend's choices, once after its first step
   bool training = false;        // every shard's handle is final and the machine has begun
   uint32_t connecting = 0;      // data-plane connections under way
@@ -41,7 +42,7 @@ void leave(worker_pointer self, wire::membership_change::kind_t kind, const std:
   if (st.stopped)
     return;
   st.stopped = true;
-  const uint32_t id = st.machine ? st.machine->job().worker_id : wire::any_worker;
+  const uint32_t id = st.machine ? st.machine->job().worker_id : st.assigned;
   const bool failed = kind == wire::membership_change::fail || kind == wire::membership_change::error;
   if (failed)
     spdlog::error("worker {}: {}", id, reason);
@@ -275,6 +276,7 @@ void stand_in_ready(worker_pointer self, uint32_t index, shard_actor shard) {
 // The assignment is here: the backend for its model, the shards, the step machine.
 void take_assignment(worker_pointer self, const wire::assignment& a, const std::vector<shard_actor>& shards) {
   auto& st = self->state;
+  st.assigned = a.worker_id;
   if (shards.size() != a.shards.size())
     return fail(self, "malformed assignment from the scheduler");
   auto plan = compile(a.model);
@@ -283,9 +285,12 @@ void take_assignment(worker_pointer self, const wire::assignment& a, const std::
   // Its parameters, gradient, commit and velocity must fit in what this host has now, as
   // a local run checks before it starts: a model sent by the scheduler is refused here
   // before anything is allocated for it.
+  // The model is the job's: a host that cannot hold it fails the job, naming why, rather
+  // than waiting for another worker to take its place.
   if (auto big = check_model_memory(plan->num_params, 4, available_memory_bytes(), a.model.to_string()))
-    return fail(self, describe(located(big, st.cfg.host.empty() ? std::string{"this worker's host"}
-                                                                 : "node " + st.cfg.host)));
+    return leave(self, wire::membership_change::error,
+                 describe(located(big, st.cfg.host.empty() ? std::string{"this worker's host"}
+                                                           : "node " + st.cfg.host)));
   auto choice = st.cfg.make_backend ? st.cfg.make_backend(a.model) : cpu_choice(a.model, "");
   if (!choice.backend)
     return fail(self, "no compute backend for model " + a.model.to_string() + ": " + choice.note);

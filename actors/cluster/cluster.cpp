@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "actors/cluster/data_plane.hpp"
+#include "actors/cluster/network.hpp"
 #include "actors/cluster/node.hpp"
 #include "runtime/control/cluster_membership.hpp"
 #include "runtime/control/job_lifecycle.hpp"
@@ -799,6 +800,29 @@ expected<node_list> list_nodes(caf::scoped_actor& self, const cluster_actor& clu
   return out;
 }
 
+// A shard's parameters cross the cluster network whole (to host it, to restore it, to a
+// worker whose data connection is lost): a shard past what a message may carry would be
+// refused by the node it is sent to. Such a job is refused here, saying how many shards
+// it needs.
+caf::error check_shard_sizes(caf::actor_system& sys, const std::vector<shard_range>& ranges) {
+  auto net = network_of(sys);
+  const uint64_t limit = net ? net->security().max_message : net::net_security{}.max_message;
+  uint64_t largest = 0, total = 0;
+  for (const auto& r : ranges) {
+    largest = std::max<uint64_t>(largest, r.end - r.begin);
+    total += r.end - r.begin;
+  }
+  const uint64_t room = limit > (1u << 20) ? limit - (1u << 20) : limit; // the message's other fields
+  if (largest * sizeof(float) <= room)
+    return {};
+  const uint64_t need = (total * sizeof(float) + room - 1) / room;
+  return make_error(errc::invalid_config, "a shard of " + std::to_string(largest) + " parameters ("
+                                            + std::to_string(largest * sizeof(float) >> 20) + " MiB) is more than a "
+                                            + "message between nodes may carry (--max-message-mb "
+                                            + std::to_string(limit >> 20) + "): give the job at least "
+                                            + std::to_string(need) + " shards (--servers)");
+}
+
 }  // namespace
 
 cluster_placement::cluster_placement(caf::actor_system& sys, cluster_actor cluster)
@@ -818,6 +842,8 @@ cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std
       servers.push_back(i);
   if (servers.empty())
     return make_error(errc::invalid_state, "no server node has joined the cluster");
+  if (auto err = check_shard_sizes(sys_, ranges))
+    return err;
   std::vector<shard_actor> out;
   std::vector<std::string> endpoints;
   key_ = cfg.data_plane ? make_data_key() : std::string{};

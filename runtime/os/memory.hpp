@@ -2,15 +2,24 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "runtime/core/error.hpp"
 
 namespace ashlar {
 
-/// The memory available to new allocations now (MemAvailable in /proc/meminfo), in
-/// bytes; 0 where it cannot be read.
+/// The memory available to new allocations now, in bytes: MemAvailable in /proc/meminfo,
+/// or less where this process's cgroup limits it (cgroup_memory_room); 0 where neither
+/// can be read.
 uint64_t available_memory_bytes();
+
+/// Room left under the memory limits of the cgroup this process is in and its ancestors,
+/// the least of them: cgroup v2 memory.max less memory.current, or v1
+/// memory.limit_in_bytes less memory.usage_in_bytes. Read beneath `root` ("/" on a
+/// machine; a test passes a directory laid out the same way). nullopt where no limit is
+/// set or nothing can be read.
+std::optional<uint64_t> cgroup_memory_room(const std::string& root = "/");
 
 /// Worker slots a node offers at most unless its operator says more (`ashlar node
 /// --oversubscribe`): 64 per core and one per 32 MiB of available memory, the smaller

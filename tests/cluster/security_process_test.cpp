@@ -242,6 +242,19 @@ TEST_CASE("a submitted job may write only inside the nodes' work directories, an
     CHECK(slurp(dir.file("huge.log")).find("the scheduler's host") != std::string::npos);
   }
   {
+    // A shard larger than a message between nodes may carry (70 M parameters on one
+    // shard, 268 MiB) is refused, saying how many shards the job needs; the server node
+    // it would have been sent to stays in the cluster.
+    auto argv = job;
+    argv.insert(argv.begin(), exe);
+    argv.insert(argv.end(), {"--set", "model.hidden=8000,8000"});
+    auto p = start(argv, dir.file("wide.log"));
+    CHECK(p.wait(60) == 1);
+    INFO(slurp(dir.file("wide.log")));
+    CHECK(slurp(dir.file("wide.log")).find("give the job at least 2 shards (--servers)") != std::string::npos);
+    CHECK(slurp(dir.file("server.log")).find("lost the scheduler") == std::string::npos);
+  }
+  {
     // What the job would have this host read or bind: a device, a link to one, a FIFO in
     // the work directory, a data set the scheduler does not serve, a listener on every
     // interface of a scheduler that listens on loopback.

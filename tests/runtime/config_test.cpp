@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <map>
 
 #include "runtime/config/train_config.hpp"
@@ -178,6 +179,46 @@ TEST_CASE("a model that would not fit in memory is refused before it is allocate
   CHECK(describe(err).find("about 18.0 GiB") != std::string::npos);
   CHECK(describe(err).find("8.0 GiB is available") != std::string::npos);
   CHECK(available_memory_bytes() > 0); // /proc/meminfo on Linux
+}
+
+TEST_CASE("the memory a process may take is bounded by its cgroup and every ancestor's limit, v1 or v2") {
+  using ashlar::test::temp_dir;
+  namespace fs = std::filesystem;
+  auto put = [](const temp_dir& t, const std::string& rel, const std::string& text) {
+    fs::create_directories(fs::path{t.file(rel)}.parent_path());
+    t.write(rel, text);
+  };
+  temp_dir v1;
+  put(v1, "proc/self/cgroup", "9:cpu:/\n4:memory:/jobs/a\n0::/\n");
+  put(v1, "sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n"); // unlimited
+  put(v1, "sys/fs/cgroup/memory/jobs/memory.limit_in_bytes", "800000000\n");
+  put(v1, "sys/fs/cgroup/memory/jobs/memory.usage_in_bytes", "700000000\n");
+  put(v1, "sys/fs/cgroup/memory/jobs/a/memory.limit_in_bytes", "1000000000\n");
+  put(v1, "sys/fs/cgroup/memory/jobs/a/memory.usage_in_bytes", "300000000\n");
+  CHECK(cgroup_memory_room(v1.path()) == std::optional<uint64_t>{100000000}); // the parent's room
+  temp_dir v2;
+  put(v2, "proc/self/cgroup", "0::/user.slice/run\n");
+  put(v2, "sys/fs/cgroup/cgroup.controllers", "memory\n");
+  put(v2, "sys/fs/cgroup/user.slice/memory.max", "2000000\n");
+  put(v2, "sys/fs/cgroup/user.slice/memory.current", "500000\n");
+  put(v2, "sys/fs/cgroup/user.slice/run/memory.max", "max\n");
+  put(v2, "sys/fs/cgroup/user.slice/run/memory.current", "400000\n");
+  CHECK(cgroup_memory_room(v2.path()) == std::optional<uint64_t>{1500000});
+  temp_dir container; // a cgroup namespace: the hierarchy's root is the container's own
+  put(container, "proc/self/cgroup", "0::/kubepods/pod1/c\n");
+  put(container, "sys/fs/cgroup/memory.max", "1073741824\n");
+  put(container, "sys/fs/cgroup/memory.current", "73741824\n");
+  CHECK(cgroup_memory_room(container.path()) == std::optional<uint64_t>{1000000000});
+  temp_dir none;
+  put(none, "proc/self/cgroup", "0::/\n");
+  put(none, "sys/fs/cgroup/memory.max", "max\n");
+  CHECK_FALSE(cgroup_memory_room(none.path()));
+  temp_dir over; // usage past its limit: no room, not a wrapped number
+  put(over, "proc/self/cgroup", "4:memory:/\n");
+  put(over, "sys/fs/cgroup/memory/memory.limit_in_bytes", "1000\n");
+  put(over, "sys/fs/cgroup/memory/memory.usage_in_bytes", "5000\n");
+  CHECK(cgroup_memory_room(over.path()) == std::optional<uint64_t>{0});
+  CHECK_FALSE(cgroup_memory_room("/nonexistent-root"));
 }
 
 TEST_CASE("an output file is checked before any work: its directory must exist and be writable") {

@@ -1,0 +1,75 @@
+// A byte stream between two processes of one host through shared memory: a ring in a
+// memfd segment, one writer and one reader, for the data plane's co-located peers (issue
+// 54: the same frames as over TCP, at the speed of memory).
+//
+// The segment is a header (magic, capacity, the written and read positions as 64-bit
+// counters, futex words, a closed flag) followed by `capacity` bytes. The writer copies
+// into free space and moves `written` on; the reader copies out and moves `read` on; each
+// waits on a futex (shared, not private: the two are different processes) when the ring is
+// empty or full, and wakes the other only when it waits. The peer shares the memory, so
+// nothing in the header is trusted: positions that make no sense, a capacity other than
+// the mapping's, a wrong magic end the stream with an error naming the ring, never an
+// access outside the mapping; bytes are copied out before anyone decodes them.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <sys/uio.h>
+
+#include "runtime/core/error.hpp"
+
+namespace ashlar::net {
+
+class shm_ring {
+public:
+  shm_ring() = default;
+  ~shm_ring();
+  shm_ring(shm_ring&& other) noexcept;
+  shm_ring& operator=(shm_ring&& other) noexcept;
+  shm_ring(const shm_ring&) = delete;
+  shm_ring& operator=(const shm_ring&) = delete;
+
+  /// A new ring of `capacity` bytes (rounded up to a page) in a memfd named `name`
+  /// (mode 0600, close-on-exec, its size sealed). Fails with io_error naming the call.
+  [[nodiscard]] static expected<shm_ring> create(size_t capacity, const std::string& name);
+  /// Maps the ring of a segment another process made (fd is duplicated; the caller keeps
+  /// its own). Fails with malformed_message if the segment is not a ring of its size.
+  [[nodiscard]] static expected<shm_ring> attach(int fd, const std::string& name);
+
+  bool valid() const { return base_ != nullptr; }
+  /// The segment's descriptor, to pass to the peer (SCM_RIGHTS).
+  int fd() const { return fd_; }
+  size_t capacity() const { return capacity_; }
+  const std::string& name() const { return name_; }
+
+  /// Writes every byte of the buffers, waiting for room as the reader frees it. Fails
+  /// with peer_unreachable once the ring is closed, or when no room came within
+  /// `patience` (the reader is gone or stuck).
+  [[nodiscard]] caf::error write_all(const iovec* iov, int count,
+                                     std::chrono::milliseconds patience = std::chrono::seconds(60));
+  /// Reads exactly n bytes, waiting for them. Fails with peer_unreachable once the ring
+  /// is closed and empty, or when nothing came within `patience`; with malformed_message
+  /// when the header no longer makes sense.
+  [[nodiscard]] caf::error read_exact(void* buf, size_t n,
+                                      std::chrono::milliseconds patience = std::chrono::hours(24 * 365));
+
+  /// Marks the ring closed and wakes both ends (either end may call it, any thread).
+  void close();
+
+private:
+  struct header;
+  header* head() const { return reinterpret_cast<header*>(base_); }
+  uint8_t* data() const;
+  caf::error broken(const std::string& why) const;
+
+  int fd_ = -1;
+  void* base_ = nullptr;
+  size_t mapped_ = 0;
+  size_t capacity_ = 0;
+  std::string name_;
+};
+
+}  // namespace ashlar::net

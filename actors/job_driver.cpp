@@ -414,17 +414,8 @@ private:
       follow_schedule(0, 0.0, true);
     // The divergence guard starts from the parameters the job starts from. A ring's
     // workers hold the model themselves: there, a loss that is not finite stops the job.
-    if (cfg_.divergence_guard && !traits_of(cfg_.policy).ring)
-      // (Waiting as long as the final snapshot: without it the guard would be off.)
-      if (auto p = snapshot(self_, shards_, num_params_, final_timeout)) {
-        good_ = std::move(*p);
-        // The no-progress rule stays off: on small slices and slow starters (a residual
-        // network under kasync, 2400 samples an epoch) it backed off runs that were
-        // learning. Divergence is a loss that is not finite or rises far above its start.
-        divergence_settings ds;
-        ds.start_hint = std::log(static_cast<double>(std::max<uint32_t>(cfg_.model.classes, 2)));
-        guard_.emplace(ds);
-      }
+    guard_wanted_ = cfg_.divergence_guard && !traits_of(cfg_.policy).ring;
+    start_guard();
     while (!done_) {
       // Everything queued, before the look: a node lost and back (its shards' losses,
       // then their restores) is taken in at once, not one message per look.
@@ -629,6 +620,27 @@ private:
     stop_if_due(due);
   }
 
+  // The guard's first snapshot, if it is wanted and not taken yet: at the start, or at a
+  // later look once no shard is lost (a shard lost as the job starts must not hold the
+  // driver up past the snapshot's timeout, nor leave the job without a guard).
+  void start_guard() {
+    if (!guard_wanted_ || guard_ || timeline_->shards_lost() || clock_.steady_ns() < guard_retry_ns_)
+      return;
+    auto p = snapshot(self_, shards_, num_params_, mid_run_timeout);
+    if (!p) { // tried again in 30 s, so that a loss not yet noticed is taken in first
+      guard_retry_ns_ = clock_.steady_ns() + 30000000000ull;
+      spdlog::debug("job: the divergence guard's first snapshot failed ({}); taken again later", describe(p.error()));
+      return;
+    }
+    good_ = std::move(*p);
+    // The no-progress rule stays off: on small slices and slow starters (a residual
+    // network under kasync, 2400 samples an epoch) it backed off runs that were
+    // learning. Divergence is a loss that is not finite or rises far above its start.
+    divergence_settings ds;
+    ds.start_hint = std::log(static_cast<double>(std::max<uint32_t>(cfg_.model.classes, 2)));
+    guard_.emplace(ds);
+  }
+
   // The divergence guard (runtime/optim/divergence_guard.hpp): snapshots of the model
   // while the loss is near its best; on divergence the last one goes back on the shards
   // and the learning rate halves; past its back-offs, or without a guard, the job stops.
@@ -637,6 +649,7 @@ private:
       last_train_loss_ = stats.loss; // the final evaluation's entry in the history
     if (stats.total_samples == 0 || timeline_->shards_lost())
       return;
+    start_guard();
     if (!guard_) {
       if (!std::isfinite(stats.loss)) {
         failure_ = make_error(errc::numerical_error, "the training loss is not finite (lr too high? "
@@ -936,6 +949,8 @@ private:
   std::map<uint32_t, uint64_t> last_worker_samples_; // each worker's samples at the last progress line
   double last_train_loss_ = 0; // the newest finite training loss the profiler reported
   std::optional<divergence_guard> guard_; // run.divergence_guard, for jobs whose model the shards hold
+  bool guard_wanted_ = false;             // ... once its first snapshot is taken
+  uint64_t guard_retry_ns_ = 0;           // not before (steady ns), after a failed one
   std::vector<float> good_;               // the guard's last snapshot of the parameters
 };
 

@@ -15,6 +15,8 @@
 #include "actors/cluster/network.hpp"
 #include "runtime/core/clock.hpp"
 #include "runtime/net/admitter.hpp"
+#include "runtime/net/shm_channel.hpp"
+#include "runtime/net/socket.hpp"
 #include "runtime/net/tensor_frames.hpp"
 
 #include <condition_variable>
@@ -35,6 +37,10 @@ constexpr int max_in_flight = 32;
 /// One TCP connection, shared by its reader thread and the actor that writes to it.
 struct connection {
   net::tcp_socket sock;
+  // A peer on this host, once both proved it: frames go through shared memory, and the
+  // socket above carries nothing more but says when the peer is gone.
+  std::unique_ptr<net::shm_channel> shm;
+  net::byte_channel& chan() { return shm ? static_cast<net::byte_channel&>(*shm) : sock; }
   std::shared_ptr<void> hold; // shard side: the admitter's count of the source's open connections
   std::atomic<bool> done{false};
   // Shard side: requests handed to the shard and not yet answered, each with the bytes it
@@ -79,8 +85,14 @@ struct connection {
       budget->give(bytes);
     cv.notify_one();
   }
-  void end() {
+  // Wakes whoever reads or writes; the reader thread then ends the connection.
+  void cut() {
     sock.shutdown();
+    if (shm)
+      shm->close();
+  }
+  void end() {
+    cut();
     {
       std::lock_guard<std::mutex> lock{mtx};
       done = true;
@@ -143,8 +155,8 @@ expected<net::tcp_socket> admitted_socket(int fd, SSL* ssl, const net::session_k
 /// may block on the socket.
 caf::behavior shard_server(caf::event_based_actor* self, connection_ptr c, shard_actor shard) {
   auto fail = [=](uint64_t seq, uint64_t ticket, const caf::error& e) {
-    if (auto err = net::write_text_frame(c->sock, net::frame_kind::error, seq, describe(e)))
-      c->sock.shutdown();
+    if (auto err = net::write_text_frame(c->chan(), net::frame_kind::error, seq, describe(e)))
+      c->cut();
     c->release(ticket);
   };
   return {
@@ -152,8 +164,8 @@ caf::behavior shard_server(caf::event_based_actor* self, connection_ptr c, shard
       self->request(shard, caf::infinite, std::move(r))
         .then(
           [=](wire::pull_reply& rep) {
-            if (auto err = net::write_frame(c->sock, seq, rep))
-              c->sock.shutdown();
+            if (auto err = net::write_frame(c->chan(), seq, rep))
+              c->cut();
             c->release(ticket);
           },
           [=](caf::error& e) { fail(seq, ticket, e); });
@@ -162,8 +174,8 @@ caf::behavior shard_server(caf::event_based_actor* self, connection_ptr c, shard
       self->request(shard, caf::infinite, std::move(p))
         .then(
           [=](wire::push_ack& ack) {
-            if (auto err = net::write_frame(c->sock, seq, ack))
-              c->sock.shutdown();
+            if (auto err = net::write_frame(c->chan(), seq, ack))
+              c->cut();
             c->release(ticket);
           },
           [=](caf::error& e) { fail(seq, ticket, e); });
@@ -184,7 +196,7 @@ struct proxy_state {
   bool broken = false;
   ~proxy_state() {
     if (conn)
-      conn->sock.shutdown();
+      conn->cut();
   }
 };
 
@@ -195,7 +207,7 @@ void connection_lost(proxy_pointer self, const caf::error& why) {
   if (st.broken)
     return;
   st.broken = true;
-  st.conn->sock.shutdown();
+  st.conn->cut();
   spdlog::warn("data plane: connection to shard {} at {} lost ({}); its pulls and pushes go over "
                "CAF from now on",
                st.shard_id, st.endpoint, describe(why));
@@ -215,7 +227,7 @@ void forward(proxy_pointer self, Request& req) {
   }
   uint64_t seq = st.next_seq++;
   st.pending.emplace(seq, self->make_response_promise());
-  if (auto err = net::write_frame(st.conn->sock, seq, req))
+  if (auto err = net::write_frame(st.conn->chan(), seq, req))
     connection_lost(self, err);
 }
 
@@ -267,7 +279,7 @@ caf::behavior shard_proxy(proxy_pointer self, connection_ptr conn, shard_actor r
 void proxy_reader(connection_ptr c, caf::actor_addr proxy, uint32_t shard_id) {
   for (;;) {
     net::inbound_frame f;
-    auto err = net::read_frame(c->sock, f);
+    auto err = net::read_frame(c->chan(), f);
     auto to = caf::actor_cast<caf::actor>(proxy);
     if (!to)
       break;
@@ -326,6 +338,8 @@ struct data_plane::impl {
   // applies pushes without waiting for others.
   std::shared_ptr<net::inflight_budget> budget;
   std::chrono::milliseconds grace{30000};
+  // Peers on this host may switch to shared memory (both ends must allow it).
+  bool shared_memory = true;
 
   // Caller holds mtx.
   const std::shared_ptr<net::inflight_budget>& the_budget() {
@@ -348,7 +362,7 @@ struct data_plane::impl {
                                       + " MiB, --max-in-flight-mb; " + std::to_string(c.budget->used() >> 20)
                                       + " MiB taken by other connections)");
     taken = bytes;
-    c.sock.set_read_deadline(steady_now() + allowed);
+    c.chan().set_read_deadline(steady_now() + allowed);
     return {};
   }
 
@@ -418,55 +432,86 @@ struct data_plane::impl {
     }
   }
 
-  // Shard side, after admission: the hello names the shard, then requests go to a
-  // shard_server actor.
-  void serve_connection(const connection_ptr& c, const std::string& key) {
+  // Shard side, after admission: the hello names the shard; the peer learns only about
+  // the shards of the job whose key it proved. Nothing if refused (the peer is told why).
+  std::optional<served> read_hello(const connection_ptr& c, const std::string& key, std::string& hello,
+                                   uint32_t& shard_id) {
     auto refuse = [&](const std::string& why) {
       spdlog::warn("data plane: refused a connection from {}: {}", c->sock.peer(), why);
       (void) net::write_text_frame(c->sock, net::frame_kind::error, 0, why);
+      return std::nullopt;
     };
     net::inbound_frame f;
-    if (auto err = c->sock.set_timeout(std::chrono::seconds(5))) {
-      c->end();
-      return;
-    }
-    if (auto err = net::read_frame(c->sock, f); err || f.kind != net::frame_kind::hello) {
-      refuse(err ? describe(err) : "the first frame is not a hello");
-      c->end();
-      return;
-    }
+    if (auto err = c->sock.set_timeout(std::chrono::seconds(5)))
+      return std::nullopt;
+    if (auto err = net::read_frame(c->sock, f); err || f.kind != net::frame_kind::hello)
+      return refuse(err ? describe(err) : "the first frame is not a hello");
+    hello = f.text;
     std::istringstream in{f.text};
-    uint32_t protocol = 0, shard_id = 0;
+    uint32_t protocol = 0;
     in >> protocol >> shard_id;
-    std::optional<shard_actor> shard;
-    uint64_t max_payload = wire::max_message_bytes;
-    if (protocol != wire::protocol_version) {
-      refuse("protocol version mismatch: this node speaks " + std::to_string(wire::protocol_version)
-             + ", the peer " + std::to_string(protocol));
-    } else {
-      std::lock_guard<std::mutex> guard{mtx};
-      auto it = shards.find(shard_id);
-      // The peer proved a job's key: it learns only about that job's shards.
-      if (it == shards.end() || it->second.key != key)
-        refuse("no shard " + std::to_string(shard_id) + " of this job is served here");
-      else {
-        shard = it->second.shard;
-        max_payload = it->second.max_payload;
-      }
+    if (protocol != wire::protocol_version)
+      return refuse("protocol version mismatch: this node speaks " + std::to_string(wire::protocol_version)
+                    + ", the peer " + std::to_string(protocol));
+    std::lock_guard<std::mutex> guard{mtx};
+    auto it = shards.find(shard_id);
+    if (it == shards.end() || it->second.key != key)
+      return refuse("no shard " + std::to_string(shard_id) + " of this job is served here");
+    return it->second;
+  }
+
+  // The welcome, and with it the path: shared memory where the peer offered it and both
+  // proved they share this host (runtime/net/shm_channel.hpp), else TCP. False if the
+  // connection broke.
+  bool welcome(const connection_ptr& c, const std::string& hello, uint32_t shard_id) {
+    std::string text, why = "the peer offered no shared memory";
+    net::shm_pending pending;
+    auto name = net::shm_name_in_hello(hello);
+    if (name && !shared_memory)
+      why = "this node serves over TCP only";
+    else if (name) {
+      auto offer = net::shm_server_offer(*name, pending, std::chrono::seconds(5));
+      if (offer)
+        text = *offer;
+      else
+        why = describe(offer.error());
     }
-    if (!shard || net::write_text_frame(c->sock, net::frame_kind::welcome, 0, "")
-        || c->sock.set_timeout(std::chrono::milliseconds{0})) {
+    const bool offered = !text.empty();
+    if (name && !offered)
+      text = "tcp " + why; // the peer logs why its path is TCP
+    if (net::write_text_frame(c->sock, net::frame_kind::welcome, 0, text))
+      return false;
+    if (offered) {
+      auto ch = net::shm_switch_server(c->sock, pending, std::chrono::seconds(5), why);
+      if (!ch)
+        return false;
+      c->shm = std::move(*ch);
+    }
+    if (c->sock.set_timeout(std::chrono::milliseconds{0}))
+      return false;
+    spdlog::debug("data plane: {} connected to shard {} over {}", c->sock.peer(), shard_id,
+                  c->shm ? std::string{"shared memory"} : "TCP (" + why + ")");
+    return true;
+  }
+
+  // Shard side, after admission: hello, welcome, then requests go to a shard_server actor.
+  void serve_connection(const connection_ptr& c, const std::string& key) {
+    std::string hello;
+    uint32_t shard_id = 0;
+    auto served_shard = read_hello(c, key, hello, shard_id);
+    if (!served_shard || !welcome(c, hello, shard_id)) {
       c->end();
       return;
     }
-    spdlog::debug("data plane: {} connected to shard {}", c->sock.peer(), shard_id);
-    auto server = sys.spawn<caf::detached>(shard_server, c, *shard);
+    const auto shard = served_shard->shard;
+    const auto max_payload = served_shard->max_payload;
+    auto server = sys.spawn<caf::detached>(shard_server, c, shard);
     for (;;) {
       net::inbound_frame req;
       uint64_t taken = 0; // of the budget, for this request's tensor
-      auto err = net::read_frame(c->sock, req, max_payload,
+      auto err = net::read_frame(c->chan(), req, max_payload,
                                  [&](uint64_t bytes) { return reserve(*c, bytes, taken); });
-      c->sock.set_read_deadline(std::nullopt);
+      c->chan().set_read_deadline(std::nullopt);
       auto ticket = err ? std::nullopt : std::optional<uint64_t>{0};
       if (err) {
         if (!is(err, errc::peer_unreachable) || describe(err).find("deadline") != std::string::npos)
@@ -522,6 +567,11 @@ void data_plane::limit_in_flight(uint64_t total, std::chrono::milliseconds grace
 uint64_t data_plane::in_flight_bytes() const {
   std::lock_guard<std::mutex> guard{impl_->mtx};
   return impl_->budget ? impl_->budget->used() : 0;
+}
+
+void data_plane::use_shared_memory(bool allow) {
+  std::lock_guard<std::mutex> guard{impl_->mtx};
+  impl_->shared_memory = allow;
 }
 
 void data_plane::use_tls(std::shared_ptr<net::tls_context> tls) {
@@ -614,7 +664,17 @@ expected<shard_actor> data_plane::connect_once(const shard_actor& remote, uint32
   c->sock = std::move(*sock);
   if (auto err = c->sock.set_timeout(timeout))
     return err;
-  auto hello = std::to_string(wire::protocol_version) + " " + std::to_string(shard_id);
+  // Offers shared memory: a peer on this host passes its rings to this socket.
+  std::optional<net::shm_offer> offer;
+  std::string why = "this process uses TCP only";
+  if (impl_->shared_memory) {
+    if (auto o = net::offer_shm())
+      offer.emplace(std::move(*o));
+    else
+      why = describe(o.error());
+  }
+  auto hello = std::to_string(wire::protocol_version) + " " + std::to_string(shard_id)
+               + (offer ? net::shm_hello_part(*offer) : "");
   if (auto err = net::write_text_frame(c->sock, net::frame_kind::hello, 0, hello))
     return err;
   net::inbound_frame f;
@@ -626,6 +686,14 @@ expected<shard_actor> data_plane::connect_once(const shard_actor& remote, uint32
   if (f.kind != net::frame_kind::welcome)
     return make_error(errc::malformed_message, "the data plane at " + endpoint + " answered the hello with "
                                                  "frame kind " + std::to_string(static_cast<uint32_t>(f.kind)));
+  if (offer) {
+    auto ch = net::shm_switch_client(c->sock, *offer, f.text, timeout, why);
+    if (!ch)
+      return ch.error();
+    c->shm = std::move(*ch);
+  }
+  spdlog::info("data plane: shard {} at {} over {}", shard_id, endpoint,
+               c->shm ? std::string{"shared memory (same host)"} : "TCP (" + why + ")");
   if (auto err = c->sock.set_timeout(std::chrono::milliseconds{0}))
     return err;
   {

@@ -8,6 +8,11 @@
 // actor per remote shard. The stand-in has the shard's interface, so the worker does not
 // know which path a message takes.
 //
+// A worker on the shard node's host moves its frames through shared memory instead of
+// TCP, after both ends proved they share the host over the admitted connection (the TCP
+// connection then only tells when the peer is gone); large tensors are copied once,
+// straight from one process's memory into the other's.
+//
 // A connection is admitted like a node's (runtime/net/admitter.hpp): TLS when the process
 // has credentials, then proof of the job's data-plane key (the scheduler hands it out
 // over the admitted CAF connections; it never crosses the data connection), within a
@@ -40,6 +45,11 @@ public:
   /// TLS credentials for this data plane's connections. Default: those of the process's
   /// cluster network (network.hpp), if any.
   void use_tls(std::shared_ptr<net::tls_context> tls);
+
+  /// Whether peers on this host may switch from TCP to shared memory once both proved
+  /// they share it (runtime/net/shm_channel.hpp). Default: yes. Each connection's path is
+  /// logged on the worker side (info) and the shard side (debug).
+  void use_shared_memory(bool allow);
 
   /// Shard side: the bytes of request tensors this node reads and has not yet answered,
   /// over all its connections (default: the process network's

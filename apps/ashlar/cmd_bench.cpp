@@ -14,6 +14,7 @@
 #include "actors/server_shard.hpp"
 #include "apps/ashlar/bench_gpu.hpp"
 #include "apps/ashlar/bench_hetero.hpp"
+#include "apps/ashlar/bench_transport.hpp"
 #include "apps/ashlar/commands.hpp"
 #include "apps/ashlar/security_options.hpp"
 #include "runtime/core/clock.hpp"
@@ -350,7 +351,16 @@ command_fn add_bench(CLI::App& app) {
   add_gpu_bench_options(gpu_cmd, *g);
   gpu_cmd->footer("Example:\n  ashlar bench gpu --hidden 256,128 --hidden 4096,4096 --batch 256\n"
                   "  (ops/gpu.sh runs it beside PyTorch on a GPU machine)");
-  return [o, step, w, wire_cmd, peer_cmd, h, hetero_cmd, g, gpu_cmd] {
+  auto t = std::make_shared<transport_options>();
+  CLI::App* transport_cmd = nullptr;
+  CLI::App* transport_peer = nullptr;
+  add_transport_bench(cmd, *t, transport_cmd, transport_peer);
+  return [o, step, w, wire_cmd, peer_cmd, h, hetero_cmd, g, gpu_cmd, t, transport_cmd, transport_peer] {
+    if (transport_cmd->parsed() || transport_peer->parsed()) {
+      if (init_logging("warn"))
+        return 2;
+      return run_transport(*t, transport_peer->parsed());
+    }
     if (gpu_cmd->parsed()) {
       if (init_logging("warn"))
         return 2;

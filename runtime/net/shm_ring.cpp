@@ -81,6 +81,9 @@ struct shm_ring::header {
   std::atomic<uint32_t> room_seq;         // futex: bumped when room comes and the writer waits
   std::atomic<uint32_t> writer_waits;
   alignas(64) std::atomic<uint32_t> closed;
+  alignas(64) std::atomic<uint64_t> fetched; // moved on by the reader only: lent pieces copied
+  std::atomic<uint32_t> fetch_seq;           // futex: bumped when a piece was copied and the writer waits
+  std::atomic<uint32_t> fetch_waits;
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "the ring's positions are shared between processes: they must be lock-free");
@@ -97,7 +100,8 @@ shm_ring::shm_ring(shm_ring&& other) noexcept
     base_(std::exchange(other.base_, nullptr)),
     mapped_(std::exchange(other.mapped_, 0)),
     capacity_(std::exchange(other.capacity_, 0)),
-    name_(std::move(other.name_)) {
+    name_(std::move(other.name_)),
+    watch_(std::move(other.watch_)) {
 }
 
 shm_ring& shm_ring::operator=(shm_ring&& other) noexcept {
@@ -111,6 +115,7 @@ shm_ring& shm_ring::operator=(shm_ring&& other) noexcept {
     mapped_ = std::exchange(other.mapped_, 0);
     capacity_ = std::exchange(other.capacity_, 0);
     name_ = std::move(other.name_);
+    watch_ = std::move(other.watch_);
   }
   return *this;
 }
@@ -185,8 +190,46 @@ void shm_ring::close() {
   h->closed.store(1);
   h->data_seq.fetch_add(1);
   h->room_seq.fetch_add(1);
+  h->fetch_seq.fetch_add(1);
   futex_wake(&h->data_seq);
   futex_wake(&h->room_seq);
+  futex_wake(&h->fetch_seq);
+}
+
+caf::error shm_ring::still_waiting(std::chrono::steady_clock::time_point since, std::chrono::milliseconds patience,
+                                   const char* what) {
+  const auto now = steady_now();
+  if (now - since > patience)
+    return make_error(errc::peer_unreachable, "shared-memory ring " + name_ + ": " + what + " within "
+                                                + std::to_string(patience.count()) + " ms");
+  if (watch_ && now - watched_ >= std::chrono::seconds(1)) {
+    watched_ = now;
+    return watch_();
+  }
+  return {};
+}
+
+void shm_ring::mark_fetched() {
+  auto* h = head();
+  h->fetched.fetch_add(1);
+  nudge(h->fetch_waits, h->fetch_seq);
+}
+
+caf::error shm_ring::await_fetched(uint64_t count, std::chrono::milliseconds patience) {
+  if (base_ == nullptr)
+    return make_error(errc::invalid_state, "shared-memory ring " + name_ + " is not open");
+  auto* h = head();
+  const auto since = steady_now();
+  for (;;) {
+    const uint64_t f = h->fetched.load(std::memory_order_acquire);
+    if (f >= count) // a reader that claims more than it was lent only fools itself
+      return {};
+    if (h->closed.load())
+      return make_error(errc::peer_unreachable, "shared-memory ring " + name_ + " closed");
+    if (auto err = still_waiting(since, patience, "the peer took no lent buffer"))
+      return err;
+    park(h->fetch_waits, h->fetch_seq, h->fetched, f, h->closed, patience);
+  }
 }
 
 caf::error shm_ring::write_all(const iovec* iov, int count, std::chrono::milliseconds patience) {
@@ -205,14 +248,13 @@ caf::error shm_ring::write_all(const iovec* iov, int count, std::chrono::millise
       if (w - r > capacity_)
         return broken("positions " + std::to_string(r) + " and " + std::to_string(w) + " make no sense");
       const size_t room = capacity_ - static_cast<size_t>(w - r);
-      if (room == 0) {
-        if (steady_now() - waiting_since > patience)
-          return make_error(errc::peer_unreachable, "shared-memory ring " + name_ + ": no room within "
-                                                      + std::to_string(patience.count()) + " ms");
+      if (room < std::min(left, hand_over())) { // in pieces, as the reader takes them
+        if (auto err = still_waiting(waiting_since, patience, "no room"))
+          return err;
         park(h->writer_waits, h->room_seq, h->read, r, h->closed, patience);
         continue;
       }
-      const size_t n = std::min(left, room);
+      const size_t n = std::min({left, room, hand_over()});
       const size_t at = static_cast<size_t>(w % capacity_), first = std::min(n, capacity_ - at); // then wraps
       std::memcpy(data() + at, src, first);
       std::memcpy(data(), src + first, n - first);
@@ -238,12 +280,14 @@ caf::error shm_ring::read_exact(void* buf, size_t n, std::chrono::milliseconds p
     if (w - r > capacity_)
       return broken("positions " + std::to_string(r) + " and " + std::to_string(w) + " make no sense");
     const size_t have = static_cast<size_t>(w - r);
-    if (have == 0) {
-      if (h->closed.load())
+    // Bytes are taken in pieces of a quarter ring (or what the read still needs): the two
+    // ends trading small pieces would spend their time on each other's cache lines.
+    const bool closed = h->closed.load();
+    if (have < std::min(n, hand_over()) && !(closed && have > 0)) {
+      if (closed)
         return make_error(errc::peer_unreachable, "shared-memory ring " + name_ + " closed");
-      if (steady_now() - waiting_since > patience)
-        return make_error(errc::peer_unreachable, "shared-memory ring " + name_ + ": nothing within "
-                                                    + std::to_string(patience.count()) + " ms");
+      if (auto err = still_waiting(waiting_since, patience, "nothing"))
+        return err;
       park(h->reader_waits, h->data_seq, h->written, w, h->closed, patience);
       continue;
     }

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <sys/uio.h>
@@ -59,17 +60,36 @@ public:
   /// Marks the ring closed and wakes both ends (either end may call it, any thread).
   void close();
 
+  /// Reader side: one more piece the writer lent by reference (shm_channel) was copied.
+  void mark_fetched();
+  /// Writer side: waits until the reader has copied `count` lent pieces in all (the
+  /// writer's buffers may then change). Fails as write_all does.
+  [[nodiscard]] caf::error await_fetched(uint64_t count,
+                                         std::chrono::milliseconds patience = std::chrono::hours(24 * 365));
+
+  /// Called about once a second while this end waits (for bytes, room or a fetch): an
+  /// error it returns ends the wait with that error (the caller's way to notice a peer
+  /// that died without closing the ring, or a deadline).
+  void watch(std::function<caf::error()> check) { watch_ = std::move(check); }
+
 private:
   struct header;
   header* head() const { return reinterpret_cast<header*>(base_); }
   uint8_t* data() const;
+  /// The piece the two ends hand over at once: a quarter of the ring.
+  size_t hand_over() const { return capacity_ / 4; }
   caf::error broken(const std::string& why) const;
+  // The common part of every wait: closed, out of patience, or the watch's error.
+  caf::error still_waiting(std::chrono::steady_clock::time_point since, std::chrono::milliseconds patience,
+                           const char* what);
 
   int fd_ = -1;
   void* base_ = nullptr;
   size_t mapped_ = 0;
   size_t capacity_ = 0;
   std::string name_;
+  std::function<caf::error()> watch_;
+  std::chrono::steady_clock::time_point watched_{};
 };
 
 }  // namespace ashlar::net

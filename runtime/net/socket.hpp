@@ -13,16 +13,17 @@
 #include <sys/uio.h>
 
 #include "runtime/core/error.hpp"
+#include "runtime/net/byte_channel.hpp"
 
 namespace ashlar::net {
 
 /// One connected TCP socket. Owns its descriptor (closed on destruction). shutdown() may
 /// be called from any thread to wake a thread blocked in read or write on it.
-class tcp_socket {
+class tcp_socket final : public byte_channel {
 public:
   tcp_socket() = default;
   tcp_socket(int fd, std::string peer);
-  ~tcp_socket();
+  ~tcp_socket() override;
   tcp_socket(tcp_socket&& other) noexcept;
   tcp_socket& operator=(tcp_socket&& other) noexcept;
   tcp_socket(const tcp_socket&) = delete;
@@ -31,14 +32,14 @@ public:
   bool valid() const { return fd_ >= 0; }
   int fd() const { return fd_; }
   /// "host:port" of the other end, for messages.
-  const std::string& peer() const { return peer_; }
+  const std::string& peer() const override { return peer_; }
 
   /// Reads exactly n bytes. Fails with peer_unreachable when the peer closes or the
   /// connection breaks (or the timeout set by set_timeout passes).
-  [[nodiscard]] caf::error read_exact(void* buf, size_t n);
+  [[nodiscard]] caf::error read_exact(void* buf, size_t n) override;
 
   /// Writes every byte of the buffers, in order.
-  [[nodiscard]] caf::error write_all(iovec* iov, int count);
+  [[nodiscard]] caf::error write_all(iovec* iov, int count) override;
 
   /// Read and write timeout; zero: none (block until data or error).
   [[nodiscard]] caf::error set_timeout(std::chrono::milliseconds t);
@@ -46,7 +47,9 @@ public:
   /// Reads must be done by `deadline` (a read still waiting then fails with
   /// peer_unreachable, saying so), however the bytes trickle in; std::nullopt: no
   /// deadline (the timeout of set_timeout still applies to each wait).
-  void set_read_deadline(std::optional<std::chrono::steady_clock::time_point> deadline) { deadline_ = deadline; }
+  void set_read_deadline(std::optional<std::chrono::steady_clock::time_point> deadline) override {
+    deadline_ = deadline;
+  }
 
   /// Ends both directions; blocked reads and writes return an error. Idempotent.
   void shutdown();

@@ -21,7 +21,7 @@ struct frame_header {
 static_assert(sizeof(frame_header) == 32);
 
 // The payload may come in two parts (a sparse push: its values, then its indices).
-caf::error write_parts(tcp_socket& sock, frame_kind kind, uint64_t seq, const void* meta, size_t meta_n,
+caf::error write_parts(byte_channel& sock, frame_kind kind, uint64_t seq, const void* meta, size_t meta_n,
                        const void* payload, size_t payload_n, const void* payload2 = nullptr,
                        size_t payload2_n = 0) {
   frame_header h;
@@ -37,7 +37,7 @@ caf::error write_parts(tcp_socket& sock, frame_kind kind, uint64_t seq, const vo
 }
 
 template <class T>
-caf::error write_message(tcp_socket& sock, frame_kind kind, uint64_t seq, const T& x) {
+caf::error write_message(byte_channel& sock, frame_kind kind, uint64_t seq, const T& x) {
   auto w = wire::encode(x);
   return write_parts(sock, kind, seq, w.data(), w.size() * sizeof(uint64_t), nullptr, 0);
 }
@@ -45,7 +45,7 @@ caf::error write_message(tcp_socket& sock, frame_kind kind, uint64_t seq, const 
 // Sends x with its tensor as the payload; the tensor is moved out for the encoding and
 // moved back, so it is neither copied nor lost.
 template <class T, class Tensor>
-caf::error write_with_tensor(tcp_socket& sock, frame_kind kind, uint64_t seq, T& x,
+caf::error write_with_tensor(byte_channel& sock, frame_kind kind, uint64_t seq, T& x,
                              Tensor T::*tensor) {
   Tensor t = std::move(x.*tensor);
   x.*tensor = {};
@@ -72,7 +72,7 @@ caf::error split_sparse(wire::tensor& payload, std::vector<uint32_t>& index, con
 // Sends a sparse message: values and indices both travel as payload, beside metadata
 // that holds neither; both are moved out for the encoding and moved back.
 template <class T, class Values>
-caf::error write_sparse(tcp_socket& sock, frame_kind kind, uint64_t seq, T& x, Values T::*values) {
+caf::error write_sparse(byte_channel& sock, frame_kind kind, uint64_t seq, T& x, Values T::*values) {
   if (x.index.size() != (x.*values).size())
     return make_error(errc::shape_mismatch, "a sparse message with " + std::to_string(x.index.size())
                                               + " indices and " + std::to_string((x.*values).size()) + " values");
@@ -87,13 +87,13 @@ caf::error write_sparse(tcp_socket& sock, frame_kind kind, uint64_t seq, T& x, V
                      (x.*values).size() * sizeof(float), x.index.data(), x.index.size() * sizeof(uint32_t));
 }
 
-caf::error malformed(const tcp_socket& sock, const std::string& what) {
+caf::error malformed(const byte_channel& sock, const std::string& what) {
   return make_error(errc::malformed_message, "data connection with " + sock.peer() + ": " + what);
 }
 
 } // namespace
 
-caf::error read_frame(tcp_socket& sock, inbound_frame& out, uint64_t max_payload,
+caf::error read_frame(byte_channel& sock, inbound_frame& out, uint64_t max_payload,
                       const std::function<caf::error(uint64_t)>& before_payload) {
   frame_header h;
   if (auto err = sock.read_exact(&h, sizeof h))
@@ -159,27 +159,27 @@ caf::error read_frame(tcp_socket& sock, inbound_frame& out, uint64_t max_payload
   return {};
 }
 
-caf::error write_frame(tcp_socket& sock, uint64_t seq, const wire::pull_request& x) {
+caf::error write_frame(byte_channel& sock, uint64_t seq, const wire::pull_request& x) {
   return write_message(sock, frame_kind::pull, seq, x);
 }
 
-caf::error write_frame(tcp_socket& sock, uint64_t seq, wire::pull_reply& x) {
+caf::error write_frame(byte_channel& sock, uint64_t seq, wire::pull_reply& x) {
   if (x.sparse)
     return write_sparse(sock, frame_kind::pull_reply, seq, x, &wire::pull_reply::params);
   return write_with_tensor(sock, frame_kind::pull_reply, seq, x, &wire::pull_reply::params);
 }
 
-caf::error write_frame(tcp_socket& sock, uint64_t seq, wire::push& x) {
+caf::error write_frame(byte_channel& sock, uint64_t seq, wire::push& x) {
   if (x.sparse)
     return write_sparse(sock, frame_kind::push, seq, x, &wire::push::grad);
   return write_with_tensor(sock, frame_kind::push, seq, x, &wire::push::grad);
 }
 
-caf::error write_frame(tcp_socket& sock, uint64_t seq, const wire::push_ack& x) {
+caf::error write_frame(byte_channel& sock, uint64_t seq, const wire::push_ack& x) {
   return write_message(sock, frame_kind::push_ack, seq, x);
 }
 
-caf::error write_text_frame(tcp_socket& sock, frame_kind kind, uint64_t seq, const std::string& text) {
+caf::error write_text_frame(byte_channel& sock, frame_kind kind, uint64_t seq, const std::string& text) {
   return write_parts(sock, kind, seq, text.data(), text.size(), nullptr, 0);
 }
 

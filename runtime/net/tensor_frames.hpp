@@ -12,7 +12,7 @@
 #include <functional>
 #include <string>
 
-#include "runtime/net/socket.hpp"
+#include "runtime/net/byte_channel.hpp"
 #include "runtime/wire/codec.hpp"
 #include "runtime/wire/messages.hpp"
 
@@ -51,17 +51,17 @@ struct inbound_frame {
 /// allocated for it (a shard node passes what its shard's range can take).
 /// `before_payload`, if given, is called with a tensor's byte count once its header
 /// passed these checks and before its buffer is allocated; its error ends the read.
-[[nodiscard]] caf::error read_frame(tcp_socket& sock, inbound_frame& out,
+[[nodiscard]] caf::error read_frame(byte_channel& sock, inbound_frame& out,
                                     uint64_t max_payload = wire::max_message_bytes,
                                     const std::function<caf::error(uint64_t)>& before_payload = {});
 
 /// Writes one frame. The message's tensor (params or grad) is sent from its vector, which
 /// is left as it was.
-[[nodiscard]] caf::error write_frame(tcp_socket& sock, uint64_t seq, const wire::pull_request& x);
-[[nodiscard]] caf::error write_frame(tcp_socket& sock, uint64_t seq, wire::pull_reply& x);
-[[nodiscard]] caf::error write_frame(tcp_socket& sock, uint64_t seq, wire::push& x);
-[[nodiscard]] caf::error write_frame(tcp_socket& sock, uint64_t seq, const wire::push_ack& x);
-[[nodiscard]] caf::error write_text_frame(tcp_socket& sock, frame_kind kind, uint64_t seq,
+[[nodiscard]] caf::error write_frame(byte_channel& sock, uint64_t seq, const wire::pull_request& x);
+[[nodiscard]] caf::error write_frame(byte_channel& sock, uint64_t seq, wire::pull_reply& x);
+[[nodiscard]] caf::error write_frame(byte_channel& sock, uint64_t seq, wire::push& x);
+[[nodiscard]] caf::error write_frame(byte_channel& sock, uint64_t seq, const wire::push_ack& x);
+[[nodiscard]] caf::error write_text_frame(byte_channel& sock, frame_kind kind, uint64_t seq,
                                           const std::string& text);
 
 }  // namespace ashlar::net

@@ -8,6 +8,8 @@
 #include <vector>
 #include <sstream>
 
+#include <sys/mman.h>
+
 namespace ashlar {
 
 uint32_t host_slot_limit(unsigned cores, uint64_t available) {
@@ -127,6 +129,20 @@ caf::error check_model_memory(uint64_t params, uint64_t copies, uint64_t availab
                 static_cast<double>(available) / (1u << 30));
   return make_error(errc::invalid_config, "model " + model + " does not fit in this machine's memory: it needs "
                                             + text + "; use a smaller model, fewer workers per process, or a cluster");
+}
+
+void prefer_huge_pages(const void* p, size_t bytes) {
+  constexpr uintptr_t huge = uintptr_t{2} << 20;
+  if (bytes < 2 * huge)
+    return;
+  const auto from = (reinterpret_cast<uintptr_t>(p) + huge - 1) & ~(huge - 1);
+  const auto to = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(huge - 1);
+  if (to <= from)
+    return;
+  auto* at = reinterpret_cast<void*>(from);
+  constexpr int collapse = 25; // MADV_COLLAPSE (Linux 6.1); older kernels refuse it, harmlessly
+  if (::madvise(at, to - from, MADV_HUGEPAGE) == 0)
+    (void) ::madvise(at, to - from, collapse);
 }
 
 }  // namespace ashlar

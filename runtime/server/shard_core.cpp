@@ -1,5 +1,7 @@
 #include "runtime/server/shard_core.hpp"
 
+#include "runtime/os/memory.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -15,6 +17,7 @@ shard_core::shard_core(shard_range range, std::vector<float> params, sgd_config 
     opt_(opt),
     policy_(std::move(policy)),
     acc_(params_->size(), 0.0f) {
+  prefer_huge_pages(params_->data(), params_->size() * sizeof(float));
 }
 
 caf::error shard_core::restore(uint64_t version, std::vector<float> params, std::vector<float> velocity,
@@ -27,6 +30,7 @@ caf::error shard_core::restore(uint64_t version, std::vector<float> params, std:
                                               + std::to_string(average.size()) + " averages for a range of "
                                               + std::to_string(range_.size()));
   params_ = std::make_shared<std::vector<float>>(std::move(params));
+  prefer_huge_pages(params_->data(), params_->size() * sizeof(float));
   spare_.reset();
   if (velocity.empty())
     velocity.assign(range_.size(), 0.0f);
@@ -73,8 +77,10 @@ float* shard_core::writable_params() {
   // Only this class hands out references, so a count of 1 stays 1. The fence after
   // reading the counts orders the last reader's accesses before our writes.
   const bool shared = params_.use_count() > 1;
-  if (shared && (!spare_ || spare_.use_count() > 1))
+  if (shared && (!spare_ || spare_.use_count() > 1)) {
     spare_ = std::make_shared<std::vector<float>>(params_->size());
+    prefer_huge_pages(spare_->data(), spare_->size() * sizeof(float)); // every pull copies it
+  }
   std::atomic_thread_fence(std::memory_order_acquire);
   if (shared) {
     std::copy(params_->begin(), params_->end(), spare_->begin());

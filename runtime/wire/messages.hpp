@@ -14,13 +14,26 @@
 #include "runtime/model/model.hpp"
 #include "runtime/pacing/contention.hpp"
 #include "runtime/tensor/layout.hpp"
+#include "runtime/wire/blocks.hpp"
 
 namespace ashlar::wire {
 
 /// Leaves new elements uninitialized: message buffers are written whole right after they
-/// are sized, so zero-filling them first would only cost time.
+/// are sized, so zero-filling them first would only cost time. Large buffers come from
+/// the block cache (blocks.hpp): memory already mapped, not fresh pages.
 template <class T>
 struct uninitialized_allocator : std::allocator<T> {
+  T* allocate(size_t n) {
+    if (n * sizeof(T) >= block_threshold)
+      return static_cast<T*>(take_block(n * sizeof(T)));
+    return std::allocator<T>::allocate(n);
+  }
+  void deallocate(T* p, size_t n) noexcept {
+    if (n * sizeof(T) >= block_threshold)
+      give_block(p, n * sizeof(T));
+    else
+      std::allocator<T>::deallocate(p, n);
+  }
   template <class U>
   struct rebind {
     using other = uninitialized_allocator<U>;

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "runtime/net/socket.hpp"
 #include "runtime/net/tensor_frames.hpp"
 
 using namespace ashlar::net;

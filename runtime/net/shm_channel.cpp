@@ -1,0 +1,439 @@
+#include "runtime/net/shm_channel.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "runtime/core/clock.hpp"
+#include "runtime/net/gate.hpp"
+#include "runtime/net/socket.hpp"
+#include "runtime/net/tensor_frames.hpp"
+
+namespace ashlar::net {
+
+namespace {
+
+// A piece's head in the ring: its length (the top bit says lent) and, if lent, where the
+// buffer is in the writer's memory.
+struct piece_head {
+  uint64_t length = 0;
+  uint64_t address = 0;
+};
+constexpr uint64_t lent_bit = uint64_t{1} << 63;
+
+// The proof each end writes raw into its ring before the switch: the nonce and the
+// address of this process's own copy of it.
+constexpr size_t nonce_chars = 32;
+struct proof {
+  char nonce[nonce_chars];
+  uint64_t address;
+};
+
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
+
+caf::error unreachable(const std::string& peer, const std::string& what) {
+  return make_error(errc::peer_unreachable, "shared-memory channel with " + peer + ": " + what);
+}
+
+sockaddr_un abstract_address(const std::string& name, socklen_t& len) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  addr.sun_path[0] = '\0'; // abstract: no file, per network namespace
+  std::memcpy(addr.sun_path + 1, name.data(), std::min(name.size(), sizeof addr.sun_path - 2));
+  len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return addr;
+}
+
+bool is_hex(const std::string& s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+  });
+}
+
+// The kernel's word on who is at the other end of a Unix-domain socket.
+expected<ucred> peer_credentials(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    return make_error(errc::io_error, "SO_PEERCRED: " + errno_text(errno));
+  if (cred.uid != ::geteuid())
+    return make_error(errc::handshake_refused, "the peer runs as another user (uid " + std::to_string(cred.uid) + ")");
+  if (cred.pid <= 0)
+    return make_error(errc::handshake_refused, "the peer's process is not visible from here (another pid namespace)");
+  return cred;
+}
+
+// Client: accepts one connection on the offer and takes the two descriptors it carries.
+caf::error receive_segments(shm_offer& offer, std::chrono::milliseconds timeout, int (&fds)[2], int& pid) {
+  pollfd p{offer.fd, POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(timeout.count())) != 1)
+    return make_error(errc::peer_unreachable, "no shared-memory segments came within "
+                                                + std::to_string(timeout.count()) + " ms");
+  int conn = ::accept4(offer.fd, nullptr, nullptr, SOCK_CLOEXEC);
+  if (conn < 0)
+    return make_error(errc::io_error, "accept on the shared-memory offer: " + errno_text(errno));
+  auto cred = peer_credentials(conn);
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  timeval tv{static_cast<time_t>(timeout.count() / 1000), static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
+  ::setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const ssize_t got = cred ? ::recvmsg(conn, &msg, MSG_CMSG_CLOEXEC) : -1;
+  ::close(conn);
+  if (!cred)
+    return cred.error();
+  cmsghdr* c = got == 1 ? CMSG_FIRSTHDR(&msg) : nullptr;
+  if (c == nullptr || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS
+      || c->cmsg_len != CMSG_LEN(2 * sizeof(int)) || (msg.msg_flags & MSG_CTRUNC) != 0) {
+    // Whatever came is closed: nothing of it is used.
+    if (c != nullptr && c->cmsg_type == SCM_RIGHTS)
+      for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i)
+        ::close(reinterpret_cast<int*>(CMSG_DATA(c))[i]);
+    return make_error(errc::malformed_message, "the shared-memory offer received no pair of segments");
+  }
+  std::memcpy(fds, CMSG_DATA(c), sizeof fds);
+  pid = cred->pid;
+  return {};
+}
+
+// Server: passes the two descriptors to the client's offer.
+caf::error send_segments(const std::string& name, int a, int b, int& pid) {
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0)
+    return make_error(errc::io_error, "socket(AF_UNIX): " + errno_text(errno));
+  socklen_t len = 0;
+  auto addr = abstract_address(name, len);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return make_error(errc::peer_unreachable, "the peer's offer is not reachable from here (" + errno_text(e)
+                                                + "): not on this host, or in another network namespace");
+  }
+  auto cred = peer_credentials(fd);
+  char byte = 'S';
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+  const int fds[2] = {a, b};
+  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
+  const ssize_t sent = cred ? ::sendmsg(fd, &msg, MSG_NOSIGNAL) : -1;
+  const int e = errno;
+  ::close(fd);
+  if (!cred)
+    return cred.error();
+  if (sent != 1)
+    return make_error(errc::io_error, "passing the shared-memory segments: " + errno_text(e));
+  pid = cred->pid;
+  return {};
+}
+
+// Reads the peer's proof from `ring` and checks it: the nonce sent over TCP, and the same
+// nonce read out of the peer's memory.
+caf::error check_proof(shm_ring& ring, const std::string& nonce, int pid, std::chrono::milliseconds timeout) {
+  proof p{};
+  if (auto err = ring.read_exact(&p, sizeof p, timeout))
+    return err;
+  if (nonce.size() != nonce_chars || std::memcmp(p.nonce, nonce.data(), nonce_chars) != 0)
+    return make_error(errc::handshake_refused, "the segments do not carry this connection's nonce "
+                                                 "(they were not made by this connection's peer)");
+  char theirs[nonce_chars];
+  if (auto err = read_peer_memory(pid, p.address, theirs, sizeof theirs))
+    return make_error(errc::handshake_refused, "cannot read the peer's memory (" + describe(err)
+                                                 + "): another user, a ptrace policy or a seccomp filter");
+  if (std::memcmp(theirs, nonce.data(), nonce_chars) != 0)
+    return make_error(errc::handshake_refused, "the peer's copy of the nonce differs (another process?)");
+  return {};
+}
+
+caf::error write_proof(shm_ring& ring, const std::string& nonce, std::chrono::milliseconds timeout) {
+  proof p{};
+  std::memcpy(p.nonce, nonce.data(), std::min(nonce.size(), nonce_chars));
+  p.address = reinterpret_cast<uint64_t>(nonce.data());
+  iovec iov{&p, sizeof p};
+  return ring.write_all(&iov, 1, timeout);
+}
+
+caf::error say(tcp_socket& sock, const std::string& text) {
+  return write_text_frame(sock, frame_kind::welcome, 0, text);
+}
+
+expected<std::string> hear(tcp_socket& sock) {
+  inbound_frame f;
+  if (auto err = read_frame(sock, f))
+    return err;
+  if (f.kind != frame_kind::welcome)
+    return make_error(errc::malformed_message, "data connection with " + sock.peer() + ": frame kind "
+                                                 + std::to_string(static_cast<uint32_t>(f.kind))
+                                                 + " while choosing the path");
+  return f.text;
+}
+
+} // namespace
+
+// ---- the channel ----
+
+shm_channel::shm_channel(shm_ring tx, shm_ring rx, int peer_pid, int liveness_fd, std::string peer)
+  : tx_(std::move(tx)), rx_(std::move(rx)), peer_pid_(peer_pid), liveness_fd_(liveness_fd), peer_(std::move(peer)) {
+  tx_.watch([this] { return watch(false); });
+  rx_.watch([this] { return watch(true); });
+}
+
+shm_channel::~shm_channel() {
+  close();
+}
+
+void shm_channel::close() {
+  tx_.close();
+  rx_.close();
+}
+
+void shm_channel::set_read_deadline(std::optional<std::chrono::steady_clock::time_point> deadline) {
+  deadline_ns_ = deadline ? std::chrono::duration_cast<std::chrono::nanoseconds>(deadline->time_since_epoch()).count()
+                          : 0;
+}
+
+// While waiting: the TCP connection carries nothing after the switch, so anything on it
+// (its end, above all) means the peer is gone.
+caf::error shm_channel::watch(bool reading) {
+  if (liveness_fd_ >= 0) {
+    pollfd p{liveness_fd_, POLLIN | POLLRDHUP, 0};
+    if (::poll(&p, 1, 0) != 0)
+      return unreachable(peer_, std::string{"the peer's connection ended while "} + (reading ? "reading" : "writing"));
+  }
+  const int64_t d = deadline_ns_.load();
+  if (d != 0 && reading && steady_now().time_since_epoch() > std::chrono::nanoseconds{d})
+    return unreachable(peer_, "the read's deadline passed");
+  return {};
+}
+
+caf::error shm_channel::write_all(iovec* iov, int count) {
+  // Heads and small buffers go into the ring in one write; large buffers are lent.
+  std::vector<piece_head> heads(static_cast<size_t>(count));
+  std::vector<iovec> out;
+  out.reserve(2 * static_cast<size_t>(count));
+  uint64_t lent = 0;
+  for (int i = 0; i < count; ++i) {
+    if (iov[i].iov_len == 0)
+      continue;
+    auto& h = heads[static_cast<size_t>(i)];
+    const bool lend = iov[i].iov_len >= lend_threshold;
+    h.length = iov[i].iov_len | (lend ? lent_bit : 0);
+    h.address = lend ? reinterpret_cast<uint64_t>(iov[i].iov_base) : 0;
+    out.push_back({&h, sizeof h});
+    if (lend)
+      ++lent;
+    else
+      out.push_back(iov[i]);
+  }
+  if (auto err = tx_.write_all(out.data(), static_cast<int>(out.size())))
+    return err;
+  lent_ += lent;
+  return lent > 0 ? tx_.await_fetched(lent_) : caf::error{};
+}
+
+caf::error shm_channel::read_exact(void* buf, size_t n) {
+  auto* at = static_cast<uint8_t*>(buf);
+  while (n > 0) {
+    if (piece_left_ == 0) {
+      piece_head h;
+      if (auto err = rx_.read_exact(&h, sizeof h))
+        return err;
+      piece_left_ = h.length & ~lent_bit;
+      piece_lent_ = (h.length & lent_bit) != 0;
+      piece_addr_ = h.address;
+      if (piece_left_ == 0)
+        return make_error(errc::malformed_message, "shared-memory channel with " + peer_ + ": an empty piece");
+      continue;
+    }
+    const size_t k = static_cast<size_t>(std::min<uint64_t>(n, piece_left_));
+    if (piece_lent_) {
+      if (auto err = read_peer_memory(peer_pid_, piece_addr_, at, k))
+        return err;
+      piece_addr_ += k;
+    } else if (auto err = rx_.read_exact(at, k)) {
+      return err;
+    }
+    piece_left_ -= k;
+    if (piece_left_ == 0 && piece_lent_)
+      rx_.mark_fetched();
+    at += k;
+    n -= k;
+  }
+  return {};
+}
+
+caf::error read_peer_memory(int pid, uint64_t addr, void* buf, size_t n) {
+  auto* out = static_cast<uint8_t*>(buf);
+  while (n > 0) {
+    iovec local{out, n};
+    iovec remote{reinterpret_cast<void*>(addr), n};
+    const ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (got <= 0) {
+      const int e = got < 0 ? errno : EFAULT;
+      if (e == ESRCH)
+        return make_error(errc::peer_unreachable, "process " + std::to_string(pid) + " is gone");
+      return make_error(e == EFAULT ? errc::malformed_message : errc::peer_unreachable,
+                        "reading " + std::to_string(n) + " bytes lent by process " + std::to_string(pid) + ": "
+                          + errno_text(e));
+    }
+    out += got;
+    addr += static_cast<uint64_t>(got);
+    n -= static_cast<size_t>(got);
+  }
+  return {};
+}
+
+// ---- the switch ----
+
+shm_offer::shm_offer(shm_offer&& o) noexcept : fd(std::exchange(o.fd, -1)), name(std::move(o.name)) {
+}
+
+shm_offer& shm_offer::operator=(shm_offer&& o) noexcept {
+  if (this != &o) {
+    if (fd >= 0)
+      ::close(fd);
+    fd = std::exchange(o.fd, -1);
+    name = std::move(o.name);
+  }
+  return *this;
+}
+
+shm_offer::~shm_offer() {
+  if (fd >= 0)
+    ::close(fd);
+}
+
+expected<shm_offer> offer_shm() {
+  shm_offer o;
+  o.name = "ashlar-dp-" + random_hex(16);
+  o.fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (o.fd < 0)
+    return make_error(errc::io_error, "socket(AF_UNIX): " + errno_text(errno));
+  socklen_t len = 0;
+  auto addr = abstract_address(o.name, len);
+  if (::bind(o.fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(o.fd, 4) != 0)
+    return make_error(errc::io_error, "listening on a shared-memory offer: " + errno_text(errno));
+  return o;
+}
+
+std::string shm_hello_part(const shm_offer& offer) {
+  return " shm=" + offer.name.substr(offer.name.rfind('-') + 1);
+}
+
+std::optional<std::string> shm_name_in_hello(const std::string& hello) {
+  auto at = hello.find(" shm=");
+  if (at == std::string::npos)
+    return std::nullopt;
+  auto hex = hello.substr(at + 5, 32);
+  if (hex.size() != 32 || !is_hex(hex))
+    return std::nullopt;
+  return "ashlar-dp-" + hex;
+}
+
+expected<std::string> shm_server_offer(const std::string& name, shm_pending& pending,
+                                       std::chrono::milliseconds timeout) {
+  auto c2s = shm_ring::create(shm_channel::ring_bytes, "ashlar-dp-c2s");
+  auto s2c = c2s ? shm_ring::create(shm_channel::ring_bytes, "ashlar-dp-s2c") : expected<shm_ring>{c2s.error()};
+  if (!s2c)
+    return s2c.error();
+  if (auto err = send_segments(name, c2s->fd(), s2c->fd(), pending.peer_pid))
+    return err;
+  pending.nonce = random_hex(nonce_chars / 2);
+  if (auto err = write_proof(*s2c, pending.nonce, timeout))
+    return err;
+  pending.c2s.emplace(std::move(*c2s));
+  pending.s2c.emplace(std::move(*s2c));
+  return "shm " + pending.nonce;
+}
+
+expected<std::unique_ptr<shm_channel>> shm_switch_client(tcp_socket& sock, shm_offer& offer,
+                                                         const std::string& welcome,
+                                                         std::chrono::milliseconds timeout, std::string& why) {
+  if (welcome.rfind("shm ", 0) != 0) {
+    why = welcome.rfind("tcp ", 0) == 0 ? "the shard node: " + welcome.substr(4)
+                                        : "the shard node offered no shared memory";
+    return std::unique_ptr<shm_channel>{};
+  }
+  const std::string nonce = welcome.substr(4);
+  int fds[2] = {-1, -1};
+  int pid = 0;
+  std::optional<shm_ring> c2s, s2c;
+  auto err = receive_segments(offer, timeout, fds, pid);
+  if (!err) {
+    auto a = shm_ring::attach(fds[0], "ashlar-dp-c2s");
+    auto b = a ? shm_ring::attach(fds[1], "ashlar-dp-s2c") : expected<shm_ring>{a.error()};
+    ::close(fds[0]);
+    ::close(fds[1]);
+    if (b) {
+      c2s.emplace(std::move(*a));
+      s2c.emplace(std::move(*b));
+      err = check_proof(*s2c, nonce, pid, timeout);
+    } else {
+      err = b.error();
+    }
+  }
+  if (!err)
+    err = write_proof(*c2s, nonce, timeout); // `nonce` stays put until the server's answer
+  if (err) {
+    why = describe(err);
+    if (auto e = say(sock, "tcp " + why))
+      return e;
+    return std::unique_ptr<shm_channel>{};
+  }
+  if (auto e = say(sock, "shm"))
+    return e;
+  auto answer = hear(sock);
+  if (!answer)
+    return answer.error();
+  if (*answer != "shm") {
+    why = "the shard node: " + answer->substr(std::min<size_t>(4, answer->size()));
+    return std::unique_ptr<shm_channel>{};
+  }
+  return std::make_unique<shm_channel>(std::move(*c2s), std::move(*s2c), pid, sock.fd(), sock.peer());
+}
+
+expected<std::unique_ptr<shm_channel>> shm_switch_server(tcp_socket& sock, shm_pending& pending,
+                                                         std::chrono::milliseconds timeout, std::string& why) {
+  auto answer = hear(sock);
+  if (!answer)
+    return answer.error();
+  if (*answer != "shm") {
+    why = "the peer: " + answer->substr(std::min<size_t>(4, answer->size()));
+    return std::unique_ptr<shm_channel>{};
+  }
+  if (auto err = check_proof(*pending.c2s, pending.nonce, pending.peer_pid, timeout)) {
+    why = describe(err);
+    if (auto e = say(sock, "tcp " + why))
+      return e;
+    return std::unique_ptr<shm_channel>{};
+  }
+  if (auto e = say(sock, "shm"))
+    return e;
+  return std::make_unique<shm_channel>(std::move(*pending.s2c), std::move(*pending.c2s), pending.peer_pid,
+                                       sock.fd(), sock.peer());
+}
+
+}  // namespace ashlar::net

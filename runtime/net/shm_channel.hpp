@@ -1,0 +1,128 @@
+// The data plane between two processes of one host: frames through a pair of shared-memory
+// rings (shm_ring.hpp) instead of TCP, with every large buffer copied once, straight from
+// the writer's memory into the reader's (process_vm_readv), instead of twice through the
+// ring.
+//
+// Each buffer a writer hands over becomes a piece in the ring: a 16-byte head {length, lent
+// flag, address}, then, for a small buffer, its bytes. A buffer of lend_threshold bytes or
+// more is lent instead: only its address travels, the reader copies it out of the writer's
+// memory, and the writer waits until it has (so the buffer may change once write_all
+// returns, as with TCP). The reader copies only into the buffers it asked to fill, from
+// the one process it proved is the peer: a lying head makes a malformed frame, never a
+// write outside the reader's buffers.
+//
+// The switch from TCP happens after the admitted handshake, on the sealed connection,
+// where nothing can be forged (shm_switch_client / shm_switch_server below):
+//   1. the client names an abstract Unix-domain socket it listens on, in its hello;
+//   2. the server makes the two rings (memfd, mode 0600, size sealed), passes them to that
+//      socket with SCM_RIGHTS (the kernel names the receiver's process: SO_PEERCRED), writes
+//      a random nonce and the address of a copy of it into its ring, and sends the nonce
+//      over TCP;
+//   3. the client checks that the rings it received carry that nonce, and that it can read
+//      the server's copy of it from the server's memory, then writes the nonce and the
+//      address of its own copy into its ring and answers "shm" over TCP;
+//   4. the server checks the same the other way and answers "shm".
+// Any step that fails leaves both on TCP, saying why. A peer on another host cannot reach
+// the socket (abstract names are per network namespace, and a name is random); a process
+// of another job or user that reaches it has no nonce; a peer whose memory this process may
+// not read (another user, a ptrace policy, a seccomp filter) stays on TCP.
+//
+// After the switch the TCP connection carries nothing and is watched: its end (the peer
+// exited, was killed, or closed) ends the channel within about a second.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "runtime/net/byte_channel.hpp"
+#include "runtime/net/shm_ring.hpp"
+
+namespace ashlar::net {
+
+class tcp_socket;
+
+class shm_channel final : public byte_channel {
+public:
+  /// Buffers of this many bytes or more are lent, not copied into the ring. 16 KiB.
+  static constexpr size_t lend_threshold = size_t{16} << 10;
+  /// Each ring's size: room for small pieces only. 64 KiB.
+  static constexpr size_t ring_bytes = size_t{64} << 10;
+
+  /// `tx`: the ring this end writes, `rx`: the one it reads; `peer_pid`: the process lent
+  /// buffers are read from; `liveness_fd`: the TCP connection whose end ends the channel
+  /// (not owned; -1: none).
+  shm_channel(shm_ring tx, shm_ring rx, int peer_pid, int liveness_fd, std::string peer);
+  ~shm_channel() override;
+
+  [[nodiscard]] caf::error read_exact(void* buf, size_t n) override;
+  [[nodiscard]] caf::error write_all(iovec* iov, int count) override;
+  void set_read_deadline(std::optional<std::chrono::steady_clock::time_point> deadline) override;
+  const std::string& peer() const override { return peer_; }
+
+  /// Ends both directions (either end, any thread): waiting reads and writes fail.
+  void close();
+
+private:
+  caf::error watch(bool reading);
+
+  shm_ring tx_, rx_;
+  int peer_pid_;
+  int liveness_fd_;
+  std::string peer_;
+  std::atomic<int64_t> deadline_ns_{0}; // 0: none
+  // Writer side: pieces lent in all. Reader side: the piece being read.
+  uint64_t lent_ = 0;
+  uint64_t piece_left_ = 0;
+  uint64_t piece_addr_ = 0;
+  bool piece_lent_ = false;
+};
+
+/// Client side, before the hello: an abstract Unix-domain socket with a random name to
+/// receive the rings on.
+struct shm_offer {
+  int fd = -1;
+  std::string name; // without the leading NUL
+  shm_offer() = default;
+  shm_offer(shm_offer&& o) noexcept;
+  shm_offer& operator=(shm_offer&& o) noexcept;
+  ~shm_offer();
+};
+[[nodiscard]] expected<shm_offer> offer_shm();
+
+/// What the hello carries after "<protocol> <shard>": " shm=<name>".
+std::string shm_hello_part(const shm_offer& offer);
+/// The offered name in a hello's text, if any (checked: hex only).
+std::optional<std::string> shm_name_in_hello(const std::string& hello);
+
+/// Server side, once it accepted the hello: makes the rings, passes them, proves itself.
+/// Returns the text of its welcome ("shm <nonce>") and keeps what it needs in `pending`;
+/// on failure (the client is not on this host, ...) an error saying why: the welcome is
+/// then "tcp <why>".
+struct shm_pending {
+  std::optional<shm_ring> c2s, s2c;
+  int peer_pid = 0;
+  std::string nonce; // its bytes are read from this process by the peer: keep it put
+};
+[[nodiscard]] expected<std::string> shm_server_offer(const std::string& name, shm_pending& pending,
+                                                     std::chrono::milliseconds timeout);
+
+/// Client side, after a welcome: the whole switch (steps 3 and 4) over `sock`. Returns
+/// the channel, or nothing when the path stays TCP, with `why` saying why; fails only
+/// when the TCP connection itself failed.
+[[nodiscard]] expected<std::unique_ptr<shm_channel>> shm_switch_client(tcp_socket& sock, shm_offer& offer,
+                                                                        const std::string& welcome,
+                                                                        std::chrono::milliseconds timeout,
+                                                                        std::string& why);
+/// Server side, after it sent its welcome: step 4. Same results.
+[[nodiscard]] expected<std::unique_ptr<shm_channel>> shm_switch_server(tcp_socket& sock, shm_pending& pending,
+                                                                        std::chrono::milliseconds timeout,
+                                                                        std::string& why);
+
+/// Copies n bytes at `addr` in process `pid` into buf (process_vm_readv).
+[[nodiscard]] caf::error read_peer_memory(int pid, uint64_t addr, void* buf, size_t n);
+
+}  // namespace ashlar::net

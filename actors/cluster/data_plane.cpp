@@ -40,6 +40,7 @@ struct connection {
   // A peer on this host, once both proved it: frames go through shared memory, and the
   // socket above carries nothing more but says when the peer is gone.
   std::unique_ptr<net::shm_channel> shm;
+  std::atomic<bool> on_shm{false}; // shm is set (for other threads' counts)
   net::byte_channel& chan() { return shm ? static_cast<net::byte_channel&>(*shm) : sock; }
   std::shared_ptr<void> hold; // shard side: the admitter's count of the source's open connections
   std::atomic<bool> done{false};
@@ -486,6 +487,7 @@ struct data_plane::impl {
       if (!ch)
         return false;
       c->shm = std::move(*ch);
+      c->on_shm = c->shm != nullptr;
     }
     if (c->sock.set_timeout(std::chrono::milliseconds{0}))
       return false;
@@ -572,6 +574,14 @@ uint64_t data_plane::in_flight_bytes() const {
 void data_plane::use_shared_memory(bool allow) {
   std::lock_guard<std::mutex> guard{impl_->mtx};
   impl_->shared_memory = allow;
+}
+
+size_t data_plane::shared_memory_connections() const {
+  std::lock_guard<std::mutex> guard{impl_->mtx};
+  size_t n = 0;
+  for (const auto& r : impl_->conns)
+    n += r.conn->on_shm && !r.conn->done ? 1 : 0;
+  return n;
 }
 
 void data_plane::use_tls(std::shared_ptr<net::tls_context> tls) {
@@ -691,6 +701,7 @@ expected<shard_actor> data_plane::connect_once(const shard_actor& remote, uint32
     if (!ch)
       return ch.error();
     c->shm = std::move(*ch);
+    c->on_shm = c->shm != nullptr;
   }
   spdlog::info("data plane: shard {} at {} over {}", shard_id, endpoint,
                c->shm ? std::string{"shared memory (same host)"} : "TCP (" + why + ")");

@@ -50,6 +50,8 @@ public:
   /// they share it (runtime/net/shm_channel.hpp). Default: yes. Each connection's path is
   /// logged on the worker side (info) and the shard side (debug).
   void use_shared_memory(bool allow);
+  /// Open connections (either side) whose frames go through shared memory.
+  size_t shared_memory_connections() const;
 
   /// Shard side: the bytes of request tensors this node reads and has not yet answered,
   /// over all its connections (default: the process network's

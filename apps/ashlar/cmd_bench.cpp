@@ -104,6 +104,7 @@ struct wire_options {
   std::string port_file;
   std::string tls_dir;
   bool unsealed = false;
+  bool tcp_only = false;
   bool json = false;
 };
 
@@ -275,9 +276,11 @@ int run_wire_bench(const wire_options& o) {
   }
   auto shard = caf::actor_cast<actors::shard_actor>(*ptr);
   actors::data_plane plane{sys};
+  plane.use_shared_memory(!o.tcp_only);
   caf::scoped_actor owner{sys};
   auto direct = plane.connect(shard, 0, data_ep, "bench", caf::actor_cast<caf::actor>(owner),
                               std::chrono::seconds(5));
+  const bool over_shm = plane.shared_memory_connections() > 0;
   expected<wire_figure> d = direct ? measure_rounds(sys, *direct, o.params, o.chunk, o.window, o.seconds) : direct.error();
   auto c = measure_rounds(sys, shard, o.params, o.chunk, o.window, o.seconds);
   if (direct)
@@ -289,17 +292,18 @@ int run_wire_bench(const wire_options& o) {
     return 1;
   }
   if (o.json)
-    std::printf("{\"params\": %lu, \"rounds\": %lu, \"seconds\": %.3f, \"bytes\": %lu, "
+    std::printf("{\"path\": \"%s\", \"params\": %lu, \"rounds\": %lu, \"seconds\": %.3f, \"bytes\": %lu, "
                 "\"bytes_per_second\": %.0f, \"caf_rounds\": %lu, \"caf_bytes_per_second\": %.0f}\n",
-                static_cast<unsigned long>(o.params), static_cast<unsigned long>(d->rounds), d->seconds,
+                over_shm ? "shm" : "tcp", static_cast<unsigned long>(o.params), static_cast<unsigned long>(d->rounds), d->seconds,
                 static_cast<unsigned long>(d->bytes), d->rate(), static_cast<unsigned long>(c->rounds),
                 c->rate());
   else
     std::printf("ashlar wire, %lu-parameter shard in another process:\n"
-                "  data plane (direct TCP): %lu pull+push rounds in %.1f s: %.1f MB/s\n"
-                "  CAF middleman:           %lu pull+push rounds in %.1f s: %.1f MB/s\n",
-                static_cast<unsigned long>(o.params), static_cast<unsigned long>(d->rounds), d->seconds,
-                d->rate() / 1e6, static_cast<unsigned long>(c->rounds), c->seconds, c->rate() / 1e6);
+                "  data plane (%s): %lu pull+push rounds in %.1f s: %.1f MB/s\n"
+                "  CAF middleman: %lu pull+push rounds in %.1f s: %.1f MB/s\n",
+                static_cast<unsigned long>(o.params), over_shm ? "shared memory" : "TCP",
+                static_cast<unsigned long>(d->rounds), d->seconds, d->rate() / 1e6,
+                static_cast<unsigned long>(c->rounds), c->seconds, c->rate() / 1e6);
   return 0;
 }
 
@@ -329,6 +333,8 @@ command_fn add_bench(CLI::App& app) {
     ->capture_default_str();
   wire_cmd->add_option("--window", w->window, "chunks in flight, as train.chunks_in_flight")->capture_default_str();
   wire_cmd->add_flag("--json", w->json, "print one JSON object");
+  wire_cmd->add_flag("--tcp", w->tcp_only, "the data plane over TCP even though the peer is on this host (by "
+                                           "default it switches to shared memory)");
   wire_cmd->add_option("--tls", w->tls_dir, "both processes use mutual TLS with this directory's credentials");
   wire_cmd->add_flag("--unsealed", w->unsealed,
                      "without TLS, both processes send plain bytes after the handshake instead of sealed "
@@ -373,8 +379,11 @@ command_fn add_bench(CLI::App& app) {
     }
     if (step->parsed())
       return run_step_bench(*o);
-    if (wire_cmd->parsed())
+    if (wire_cmd->parsed()) {
+      if (init_logging("warn"))
+        return 2;
       return run_wire_bench(*w);
+    }
     if (peer_cmd->parsed())
       return run_wire_peer(*w);
     return 2;

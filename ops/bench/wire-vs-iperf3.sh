@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Pull+push bytes/s between two processes for a ~6M-parameter shard, over Ashlar's data
-# plane (direct TCP, what workers use) and over CAF's middleman, in the chunks a worker
+# Pull+push bytes/s between two processes of this host for a ~6M-parameter shard, over
+# Ashlar's data plane (direct TCP, what workers on other hosts use; shared memory, what
+# workers on the shard's host use) and over CAF's middleman, in the chunks a worker
 # uses (train.chunk_floats) and whole, against raw loopback TCP measured by iperf3 in the
 # same run. Three ways of protecting the bytes after the handshake: none (--unsealed, a
 # bench-only switch), sealed records under keys from the token handshake (what nodes do
 # without TLS), and mutual TLS (the data plane's frames sealed under keys from the TLS
 # session; CAF's connections in TLS). The machine is noisy, so the four are measured
 # alternately, `rounds` times, and each ratio reported is the median of per-round ratios.
+# Then one push and one pull of 1, 16 and 100 MB tensors per path (shared memory, TCP)
+# beside memcpy of the same size (`ashlar bench transport`), and iperf3's stream.
 #   bash ops/bench/wire-vs-iperf3.sh [build-dir] [params] [seconds] [rounds]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,16 +32,20 @@ trap 'rm -rf "$tls"' EXIT
 "$ashlar" cert --ca "$tls/ca" --out "$tls/node" --name bench >/dev/null
 results=()
 for ((r = 0; r < rounds; ++r)); do
-  results+=("$("$ashlar" bench wire --params "$params" --seconds "$seconds" --json --unsealed)")
-  results+=("$("$ashlar" bench wire --params "$params" --seconds "$seconds" --json)")
-  results+=("$("$ashlar" bench wire --params "$params" --seconds "$seconds" --json --tls "$tls/node")")
+  results+=("$("$ashlar" bench wire --tcp --params "$params" --seconds "$seconds" --json --unsealed 2>/dev/null)")
+  results+=("$("$ashlar" bench wire --tcp --params "$params" --seconds "$seconds" --json 2>/dev/null)")
+  results+=("$("$ashlar" bench wire --tcp --params "$params" --seconds "$seconds" --json --tls "$tls/node" 2>/dev/null)")
   results+=("$(iperf | tr -d '\n')")
 done
-w=$("$ashlar" bench wire --params "$params" --seconds "$seconds" --chunk 0 --json)
-/usr/bin/python3 - "$w" "${results[@]}" <<'PY'
+w=$("$ashlar" bench wire --tcp --params "$params" --seconds "$seconds" --chunk 0 --json 2>/dev/null)
+shm=$("$ashlar" bench wire --params "$params" --seconds "$seconds" --json 2>/dev/null)
+transport=$("$ashlar" bench transport --json 2>/dev/null | tr '\n' ' ')
+/usr/bin/python3 - "$w" "$shm" "$transport" "${results[@]}" <<'PY'
 import json, statistics, sys
 w = json.loads(sys.argv[1])
-runs = [tuple(json.loads(sys.argv[i + k]) for k in range(4)) for i in range(2, len(sys.argv), 4)]
+shm = json.loads(sys.argv[2])
+transport = [json.loads(x) for x in sys.argv[3].replace("} {", "}\n{").split("\n") if x.strip()]
+runs = [tuple(json.loads(sys.argv[i + k]) for k in range(4)) for i in range(4, len(sys.argv), 4)]
 tcp = [i["end"]["sum_received"]["bits_per_second"] / 8 for *_, i in runs]
 plain = [u["bytes_per_second"] for u, *_ in runs]
 caf_plain = [u["caf_bytes_per_second"] for u, *_ in runs]
@@ -62,6 +69,7 @@ rows = [
     ("data plane, sealed records (the default)", med(sealed)),
     ("data plane, TLS (sealed under TLS keys)", med(tls)),
     ("data plane, sealed, whole shard per message", w["bytes_per_second"]),
+    ("data plane, shared memory (same host, default)", shm["bytes_per_second"]),
     ("CAF middleman, unsealed", med(caf_plain)),
     ("CAF middleman, sealed records (the default)", med(caf_sealed)),
     ("CAF middleman, TLS", med(caf_tls)),
@@ -78,4 +86,12 @@ print(f"median of per-round ratios, data plane sealed / unsealed: {ratio(sealed,
 print(f"median of per-round ratios, CAF sealed / unsealed:        {ratio(caf_sealed, caf_plain):.3f}")
 print(f"median of per-round ratios, data plane TLS / unsealed:    {ratio(tls, plain):.3f}")
 print(f"median of per-round ratios, CAF TLS / unsealed:           {ratio(caf_tls, caf_plain):.3f}")
+print()
+print("one push and one pull of a tensor, no shard work (GB/s); shm/memcpy and shm/TCP on push+pull")
+print(f"{'MB':>4} {'memcpy':>7} {'shm push':>9} {'shm pull':>9} {'TCP push':>9} {'TCP pull':>9} {'iperf3':>7} "
+      f"{'shm/memcpy':>11} {'shm/TCP':>8}")
+for t in transport:
+    print(f"{t['mb']:>4} {t['memcpy_gbs']:>7.2f} {t['shm_push_gbs']:>9.2f} {t['shm_pull_gbs']:>9.2f} "
+          f"{t['tcp_push_gbs']:>9.2f} {t['tcp_pull_gbs']:>9.2f} {med_tcp / 1e9:>7.2f} "
+          f"{t['shm_gbs'] / t['memcpy_gbs']:>11.2f} {t['shm_gbs'] / t['tcp_gbs']:>8.2f}")
 PY

@@ -121,16 +121,25 @@ net::tcp_socket admitted_client(const std::string& ep, const std::string& key) {
 
 }  // namespace
 
-TEST_CASE("pulls, pushes and status through the data plane match the shard's own answers") {
+TEST_CASE("pulls, pushes and status through the data plane match the shard's own answers, over shared memory and "
+          "over TCP") {
+  const bool shm = GENERATE(true, false);
   fixture f;
-  auto s = f.make("asp", 1000);
+  f.plane->use_shared_memory(shm);
+  const size_t n = 1 << 20; // 4 MB tensors: lent, not copied through the ring
+  auto s = f.make("asp", n);
   auto proxy = f.connect(s, f.serve(s));
+  // Both ends of the one connection are in this process's data plane (the shard's end
+  // takes its channel just after it answered).
+  for (int i = 0; i < 100 && f.plane->shared_memory_connections() != (shm ? 2u : 0u); ++i)
+    std::this_thread::sleep_for(10ms);
+  CHECK(f.plane->shared_memory_connections() == (shm ? 2u : 0u));
   REQUIRE_FALSE(f.join(proxy, 0)); // over CAF, delegated
   auto before = f.pull(proxy, 0);
   REQUIRE(before);
-  CHECK(before->params.size() == 1000);
+  CHECK(before->params.size() == n);
   CHECK(before->params[999] == 999.0f);
-  auto ack = f.push(proxy, 0, before->version, wire::tensor(1000, 0.5f));
+  auto ack = f.push(proxy, 0, before->version, wire::tensor(n, 0.5f));
   REQUIRE(ack);
   CHECK(ack->outcome == wire::push_ack::applied);
   CHECK(ack->version == 1);
@@ -149,7 +158,9 @@ TEST_CASE("pulls, pushes and status through the data plane match the shard's own
 }
 
 TEST_CASE("a read the policy holds back is answered over the data plane once the round completes") {
+  const bool shm = GENERATE(true, false);
   fixture f;
+  f.plane->use_shared_memory(shm);
   auto s = f.make("bsp", 4);
   auto proxy = f.connect(s, f.serve(s));
   REQUIRE_FALSE(f.join(s, 0));
@@ -347,7 +358,9 @@ TEST_CASE("a stand-in quits with its shard's exit reason, so a worker monitoring
 }
 
 TEST_CASE("a sparse push crosses the data plane with its indices and is applied at them") {
+  const bool shm = GENERATE(true, false);
   fixture f;
+  f.plane->use_shared_memory(shm);
   auto s = f.make("asp", 1000);
   auto proxy = f.connect(s, f.serve(s));
   REQUIRE_FALSE(f.join(proxy, 0));

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A scheduler and a server+worker node in two network namespaces joined by a veth pair, so
-# the join and every message cross a real interface. Exits 77 (ctest: skipped) where
+# the join and every message cross a real interface; one more worker node beside each. The
+# worker node beside the server reaches it through shared memory; the one in the other
+# namespace (another host, as far as sockets go) over TCP, and says why. Exits 77 (ctest: skipped) where
 # network namespaces cannot be made (not root, no iproute2, no permission).
 #   netns_test.sh ASHLAR_BINARY CONFIG
 set -u
@@ -33,8 +35,10 @@ ip -n "$b" addr add 10.231.7.2/24 dev "$vb" && ip -n "$b" link set "$vb" up && i
 # Beyond loopback, so mutual TLS: a CA and one certificate per node.
 "$exe" cert --ca "$dir/ca" --out "$dir/tls-a" --name sched >/dev/null || { echo "FAILED: ashlar cert"; exit 1; }
 "$exe" cert --ca "$dir/ca" --out "$dir/tls-b" --name across-veth >/dev/null || exit 1
+"$exe" cert --ca "$dir/ca" --out "$dir/tls-c" --name beside-server >/dev/null || exit 1
+"$exe" cert --ca "$dir/ca" --out "$dir/tls-d" --name beside-sched >/dev/null || exit 1
 ip netns exec "$a" "$exe" node --role scheduler --listen 10.231.7.1:0 --port-file "$dir/port" --tls "$dir/tls-a" \
-  "$config" --exit-after-job --workers 1 --servers 1 --epochs 1 --set data.train_limit=3000 \
+  "$config" --exit-after-job --workers 3 --servers 1 --epochs 1 --set data.train_limit=3000 \
   --set data.test_limit=500 --set run.progress_interval=0 --report "$dir/r.json" >"$dir/sched.log" 2>&1 &
 sched=$!
 pids+=("$sched")
@@ -43,6 +47,12 @@ for _ in $(seq 1 100); do [[ -s "$dir/port" ]] && break; sleep 0.1; done
 port=$(cat "$dir/port")
 ip netns exec "$b" "$exe" node --role server,worker --name across-veth --join "10.231.7.1:$port" \
   --tls "$dir/tls-b" >"$dir/node.log" 2>&1 &
+pids+=("$!")
+ip netns exec "$b" "$exe" node --role worker --name beside-server --join "10.231.7.1:$port" \
+  --tls "$dir/tls-c" >"$dir/near.log" 2>&1 &
+pids+=("$!")
+ip netns exec "$a" "$exe" node --role worker --name beside-sched --join "10.231.7.1:$port" \
+  --tls "$dir/tls-d" >"$dir/far.log" 2>&1 &
 pids+=("$!")
 code=1
 for _ in $(seq 1 600); do
@@ -54,4 +64,10 @@ if [[ $code -ne 0 ]]; then echo "FAILED: scheduler exit code $code"; cat "$dir/n
 grep -q "across-veth" "$dir/sched.log" || { echo "FAILED: the node did not join across the veth pair"; exit 1; }
 grep -q '"test_accuracy"' "$dir/r.json" || { echo "FAILED: no report"; exit 1; }
 grep -q "mutual TLS" "$dir/sched.log" || { echo "FAILED: the scheduler did not use TLS"; exit 1; }
-echo "passed: nodes in two network namespaces trained over mutual TLS, 10.231.7.1 <-> 10.231.7.2"
+grep -q "over shared memory (same host)" "$dir/near.log" \
+  || { cat "$dir/near.log"; echo "FAILED: the worker node beside the server did not use shared memory"; exit 1; }
+grep -qE "over TCP \(the shard node: .*offer is not reachable from here" "$dir/far.log" \
+  || { cat "$dir/far.log"; echo "FAILED: the worker node in the other namespace did not say it took TCP, and why"; exit 1; }
+if grep -q "over shared memory" "$dir/far.log"; then echo "FAILED: shared memory across namespaces"; exit 1; fi
+echo "passed: nodes in two network namespaces trained over mutual TLS, 10.231.7.1 <-> 10.231.7.2; the worker"
+echo "beside the server used shared memory, the one across the veth pair TCP"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # libFuzzer over Ashlar's decoders: every Cap'n Proto message, the token gate and BASP
-# frame guard, data-plane frames (plain and sealed), checkpoint records, TOML configs,
+# frame guard, data-plane frames (plain and sealed, and through the shared-memory
+# channel's pieces), checkpoint records, TOML configs,
 # .npy and IDX files (harnesses in tests/fuzz). Builds build-fuzz with clang-14 (ASan,
 # UBSan), replays every kept crash in tests/fuzz/regressions, then fuzzes each harness.
 #   bash ops/fuzz.sh            # 10 s per harness (what CI runs)
@@ -22,7 +23,7 @@ mkdir -p "$build/crashes"
 export ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 status=0
 printf '%-8s %12s %8s %s\n' harness executions exec/s result
-for h in wire gate frames files; do
+for h in wire gate frames files shm; do
   exe="$build/tests/fuzz/fuzz_$h"
   corpus="$build/corpus/$h"
   mkdir -p "$corpus"

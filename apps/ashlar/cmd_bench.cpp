@@ -221,6 +221,25 @@ expected<wire_figure> measure_rounds(caf::actor_system& sys, const actors::shard
   return f;
 }
 
+// The wire bench's figures: the data plane's (over `path`) and CAF's.
+void print_wire(const wire_options& o, bool over_shm, const wire_figure& dp, const wire_figure& caf_fig) {
+  const auto* d = &dp;
+  const auto* c = &caf_fig;
+  if (o.json)
+    std::printf("{\"path\": \"%s\", \"params\": %lu, \"rounds\": %lu, \"seconds\": %.3f, \"bytes\": %lu, "
+                "\"bytes_per_second\": %.0f, \"caf_rounds\": %lu, \"caf_bytes_per_second\": %.0f}\n",
+                over_shm ? "shm" : "tcp", static_cast<unsigned long>(o.params), static_cast<unsigned long>(d->rounds), d->seconds,
+                static_cast<unsigned long>(d->bytes), d->rate(), static_cast<unsigned long>(c->rounds),
+                c->rate());
+  else
+    std::printf("ashlar wire, %lu-parameter shard in another process:\n"
+                "  data plane (%s): %lu pull+push rounds in %.1f s: %.1f MB/s\n"
+                "  CAF middleman: %lu pull+push rounds in %.1f s: %.1f MB/s\n",
+                static_cast<unsigned long>(o.params), over_shm ? "shared memory" : "TCP",
+                static_cast<unsigned long>(d->rounds), d->seconds, d->rate() / 1e6,
+                static_cast<unsigned long>(c->rounds), c->seconds, c->rate() / 1e6);
+}
+
 // Pull + push of a `params`-float shard in another process, as fast as one worker can:
 // over the data plane (what workers use between processes) and over CAF's middleman.
 int run_wire_bench(const wire_options& o) {
@@ -291,19 +310,7 @@ int run_wire_bench(const wire_options& o) {
     std::fprintf(stderr, "ashlar bench: %s\n", describe(!d ? d.error() : c.error()).c_str());
     return 1;
   }
-  if (o.json)
-    std::printf("{\"path\": \"%s\", \"params\": %lu, \"rounds\": %lu, \"seconds\": %.3f, \"bytes\": %lu, "
-                "\"bytes_per_second\": %.0f, \"caf_rounds\": %lu, \"caf_bytes_per_second\": %.0f}\n",
-                over_shm ? "shm" : "tcp", static_cast<unsigned long>(o.params), static_cast<unsigned long>(d->rounds), d->seconds,
-                static_cast<unsigned long>(d->bytes), d->rate(), static_cast<unsigned long>(c->rounds),
-                c->rate());
-  else
-    std::printf("ashlar wire, %lu-parameter shard in another process:\n"
-                "  data plane (%s): %lu pull+push rounds in %.1f s: %.1f MB/s\n"
-                "  CAF middleman: %lu pull+push rounds in %.1f s: %.1f MB/s\n",
-                static_cast<unsigned long>(o.params), over_shm ? "shared memory" : "TCP",
-                static_cast<unsigned long>(d->rounds), d->seconds, d->rate() / 1e6,
-                static_cast<unsigned long>(c->rounds), c->seconds, c->rate() / 1e6);
+  print_wire(o, over_shm, *d, *c);
   return 0;
 }
 

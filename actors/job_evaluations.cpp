@@ -24,6 +24,10 @@ void lower_thread_priority() {
 
 job_evaluations::job_evaluations(const model_spec& model, const job_hooks& hooks, const dataset& test)
   : test_(test) {
+  if (test.compact()) { // evaluated whole: as floats, here only
+    floats_.emplace(test);
+    floats_->expand();
+  }
   if (auto cpu = make_cpu_backend(model)) {
     backend_ = std::move(*cpu);
   } else if (hooks.make_backend) {
@@ -43,7 +47,7 @@ job_evaluations::~job_evaluations() {
 expected<batch_stats> job_evaluations::evaluate(const std::vector<float>& params) const {
   if (!backend_)
     return missing_;
-  return backend_->evaluate(params.data(), test_.all());
+  return backend_->evaluate(params.data(), floats_ ? floats_->all() : test_.all());
 }
 
 void job_evaluations::start(std::vector<float> params, double epoch, double at, double loss, uint64_t bytes) {

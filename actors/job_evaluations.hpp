@@ -45,6 +45,7 @@ private:
     uint64_t bytes = 0;
   };
   const dataset& test_;
+  std::optional<dataset> floats_; // the test set as floats, if it is kept as bytes
   std::unique_ptr<compute_backend> backend_;
   caf::error missing_;
   std::optional<pending> pending_;

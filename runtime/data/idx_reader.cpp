@@ -160,12 +160,10 @@ expected<dataset> load_idx(const std::string& images_path, const std::string& la
       return make_error(errc::corrupt_data, labels_path + ": label " + std::to_string(d.y[i])
                                               + " at index " + std::to_string(i)
                                               + " is not in [0, 10)");
-  d.x.resize(n * d.dim);
-  const uint8_t* px = img->data() + 16;
-  const float scale = 1.0f / (255.0f * fmnist_std);
-  const float shift = fmnist_mean / fmnist_std;
-  for (size_t i = 0; i < d.x.size(); ++i)
-    d.x[i] = static_cast<float>(px[i]) * scale - shift;
+  // Kept as the bytes they are; each batch is standardized as it is made.
+  d.pixels.assign(img->begin() + 16, img->begin() + 16 + static_cast<std::ptrdiff_t>(n * d.dim));
+  d.pixel_scale = 1.0f / (255.0f * fmnist_std);
+  d.pixel_shift = fmnist_mean / fmnist_std;
   return d;
 }
 
@@ -206,8 +204,34 @@ void dataset::truncate(size_t limit) {
   if (limit == 0 || limit >= n)
     return;
   n = limit;
-  x.resize(n * dim);
+  if (compact()) {
+    pixels.resize(n * dim);
+    pixels.shrink_to_fit();
+  } else {
+    x.resize(n * dim);
+    x.shrink_to_fit();
+  }
   y.resize(n);
+}
+
+void dataset::sample(size_t i, float* out) const {
+  if (!compact()) {
+    std::memcpy(out, x.data() + i * dim, dim * sizeof(float));
+    return;
+  }
+  const uint8_t* px = pixels.data() + i * dim;
+  for (size_t j = 0; j < dim; ++j)
+    out[j] = static_cast<float>(px[j]) * pixel_scale - pixel_shift;
+}
+
+void dataset::expand() {
+  if (!compact())
+    return;
+  x.resize(n * dim);
+  for (size_t i = 0; i < n; ++i)
+    sample(i, x.data() + i * dim);
+  pixels.clear();
+  pixels.shrink_to_fit();
 }
 
 dataset make_synthetic(size_t n, size_t dim, uint32_t classes, uint64_t seed) {
@@ -322,7 +346,7 @@ batch_view batch_cursor::next(size_t batch) {
   yb_.resize(take);
   for (size_t i = 0; i < take; ++i) {
     uint32_t idx = indices_[pos_ + i];
-    std::memcpy(xb_.data() + i * dim, data_->x.data() + size_t{idx} * dim, dim * sizeof(float));
+    data_->sample(idx, xb_.data() + i * dim);
     yb_[i] = data_->y[idx];
     if (data_->crop_padding > 0 || data_->hflip)
       augment(pos_ + i, xb_.data() + i * dim);

@@ -16,9 +16,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > 60000) // the whole input fits in the ring: the writer never waits
     return 0;
   auto w = shm_ring::create(64 << 10, "fuzz");
-  auto r = w ? shm_ring::attach(w->fd(), "fuzz") : w;
+  if (!w)
+    return 0;
+  auto r = shm_ring::attach(w->fd(), "fuzz");
   auto unused = shm_ring::create(4096, "unused");
-  if (!w || !r || !unused)
+  if (!r || !unused)
     return 0;
   iovec iov{const_cast<uint8_t*>(data), size};
   if (size > 0 && w->write_all(&iov, 1))

@@ -71,9 +71,29 @@ TEST_CASE("the IDX reader loads well-formed plain and gzip files") {
     CHECK(d->n == 3);
     CHECK(d->dim == 4);
     CHECK(d->y == std::vector<uint8_t>{0, 1, 2});
-    // Pixel 0 is 0: standardized to -mean/std.
-    CHECK(d->x[0] == Approx(-0.2860f / 0.3530f));
-    CHECK(d->x[1] == Approx((37 / 255.0f - 0.2860f) / 0.3530f));
+    // Kept as bytes, a quarter of floats' memory; a sample standardizes them, pixel 0
+    // (0) to -mean/std.
+    CHECK(d->compact());
+    CHECK(d->x.empty());
+    CHECK(d->pixels.size() == 12);
+    float s0[4];
+    d->sample(0, s0);
+    CHECK(s0[0] == Approx(-0.2860f / 0.3530f));
+    CHECK(s0[1] == Approx((37 / 255.0f - 0.2860f) / 0.3530f));
+    // As floats, the same values; a cursor's batch too.
+    auto e = *d;
+    e.expand();
+    CHECK_FALSE(e.compact());
+    REQUIRE(e.x.size() == 12);
+    CHECK(e.x[1] == s0[1]);
+    batch_cursor c{*d, 0, 3, 1};
+    auto b = c.next(3);
+    REQUIRE(b.n == 3);
+    for (size_t k = 0; k < 3; ++k) {
+      float one[4];
+      d->sample(b.y[k], one); // labels 0, 1, 2 name their sample
+      CHECK(std::equal(one, one + 4, b.x + k * 4));
+    }
   }
 }
 

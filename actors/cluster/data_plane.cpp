@@ -99,6 +99,8 @@ struct connection {
       done = true;
     }
     cv.notify_all();
+    if (budget)
+      budget->wake(); // a reader waiting for room in it stops waiting
   }
 };
 
@@ -356,7 +358,10 @@ struct data_plane::impl {
   // and a deadline for the tensor to arrive whole.
   caf::error reserve(connection& c, uint64_t bytes, uint64_t& taken) {
     const auto allowed = net::message_deadline(bytes, grace);
-    if (!c.budget->take_within(bytes, allowed))
+    const bool took = c.budget->take_within(bytes, allowed, &c.done);
+    if (!took && c.done)
+      return make_error(errc::peer_unreachable, "the connection ended while its tensor waited for room");
+    if (!took)
       return make_error(errc::busy, "a tensor of " + std::to_string(bytes >> 20) + " MiB waited "
                                       + std::to_string(allowed.count() / 1000) + " s for room in this node's budget "
                                       + "for tensors in flight (" + std::to_string(c.budget->total() >> 20)

@@ -237,12 +237,18 @@ bool inflight_budget::take(uint64_t n) {
   return true;
 }
 
-bool inflight_budget::take_within(uint64_t n, std::chrono::milliseconds wait) {
+bool inflight_budget::take_within(uint64_t n, std::chrono::milliseconds wait, const std::atomic<bool>* cancel) {
   std::unique_lock<std::mutex> lock{mtx_};
-  if (!freed_.wait_for(lock, wait, [&] { return fits(n); }))
+  auto cancelled = [&] { return cancel != nullptr && cancel->load(); };
+  if (!freed_.wait_for(lock, wait, [&] { return fits(n) || cancelled(); }) || cancelled())
     return false;
   used_ += n;
   return true;
+}
+
+void inflight_budget::wake() {
+  std::lock_guard<std::mutex> lock{mtx_}; // a waiter between its look and its wait is not missed
+  freed_.notify_all();
 }
 
 void inflight_budget::give(uint64_t n) {

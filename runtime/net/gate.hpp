@@ -152,8 +152,11 @@ public:
   /// Takes n bytes; false (nothing taken) if that would pass the total.
   bool take(uint64_t n);
   /// Takes n bytes, waiting up to `wait` for others to give theirs back; false (nothing
-  /// taken) if they did not in time.
-  bool take_within(uint64_t n, std::chrono::milliseconds wait);
+  /// taken) if they did not in time, or once `*cancel` is true (the caller's connection
+  /// ended: whoever sets it calls wake()).
+  bool take_within(uint64_t n, std::chrono::milliseconds wait, const std::atomic<bool>* cancel = nullptr);
+  /// Wakes every take_within, to look at its `cancel` again.
+  void wake();
   void give(uint64_t n);
   uint64_t total() const { return total_; }
   uint64_t used() const;

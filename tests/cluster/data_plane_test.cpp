@@ -463,3 +463,38 @@ TEST_CASE("a shard node's tensors in flight are bounded over all its connections
     std::this_thread::sleep_for(20ms);
   CHECK(f.plane->in_flight_bytes() == 0);
 }
+
+TEST_CASE("a node stopped while a connection waits for room in its budget stops at once, not at the wait's end") {
+  fixture f;
+  const size_t n = 4096; // 16 KiB a push
+  f.plane->limit_in_flight(20 << 10); // the default grace: a wait of 30 s and more
+  auto s = f.make("asp", n);
+  auto ep = f.serve(s);
+  REQUIRE_FALSE(f.join(s, 0));
+  // Two peers announce a whole push each and send nothing of it: the first takes 16 KiB
+  // of the 20, the second waits for room.
+  auto announce = [&](net::tcp_socket& sock) {
+    wire::push announced{0, 0, 0, 1, {}};
+    auto meta = wire::encode(announced);
+    struct {
+      uint32_t magic = net::frame_magic;
+      uint32_t kind = static_cast<uint32_t>(net::frame_kind::push);
+      uint64_t seq = 1, meta_bytes = 0, payload_bytes = 0;
+    } head;
+    head.meta_bytes = meta.size() * sizeof(uint64_t);
+    head.payload_bytes = n * sizeof(float);
+    iovec iov[2] = {{&head, sizeof head}, {meta.data(), head.meta_bytes}};
+    REQUIRE_FALSE(sock.write_all(iov, 2));
+  };
+  auto first = admitted_client(ep, "k1");
+  announce(first);
+  for (int i = 0; i < 50 && f.plane->in_flight_bytes() == 0; ++i)
+    std::this_thread::sleep_for(20ms);
+  REQUIRE(f.plane->in_flight_bytes() == n * sizeof(float));
+  auto second = admitted_client(ep, "k1");
+  announce(second);
+  std::this_thread::sleep_for(300ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  f.plane->stop();
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+}

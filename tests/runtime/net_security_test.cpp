@@ -630,6 +630,22 @@ TEST_CASE("a budget waited on takes its bytes when others give theirs back, not 
   CHECK(message_deadline(uint64_t{256} << 20) == std::chrono::milliseconds(30000 + 256000));
 }
 
+TEST_CASE("a wait for room in the budget ends as soon as its connection ends, not at the wait's end") {
+  inflight_budget budget{1000};
+  REQUIRE(budget.take(800));
+  std::atomic<bool> ended{false};
+  std::thread ender{[&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    ended = true;
+    budget.wake();
+  }};
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_FALSE(budget.take_within(300, std::chrono::seconds(30), &ended));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  ender.join();
+  CHECK(budget.used() == 800); // nothing taken
+}
+
 TEST_CASE("a big message that holds budget and stalls has its connection cut at its deadline, by the admitter's "
           "tick, and only then") {
   int fds[2];

@@ -72,6 +72,9 @@ expected<std::vector<uint8_t>> read_idx(const std::string& path, size_t header, 
                                                 + " GiB of data in its header; refused before reading it");
       }
       limit = header + elements;
+      // One buffer of the declared size, filled in place (growing it by doubling would
+      // copy it and hold two for a moment); a lying header reserves at most 256 MiB.
+      out.reserve(static_cast<size_t>(std::min<uint64_t>(limit + 1, uint64_t{256} << 20)));
     }
   }
   if (out.size() > limit) { // more than the header declares: stop reading here
@@ -161,7 +164,10 @@ expected<dataset> load_idx(const std::string& images_path, const std::string& la
                                               + " at index " + std::to_string(i)
                                               + " is not in [0, 10)");
   // Kept as the bytes they are; each batch is standardized as it is made.
-  d.pixels.assign(img->begin() + 16, img->begin() + 16 + static_cast<std::ptrdiff_t>(n * d.dim));
+  // The file's own buffer becomes the pixels (no second copy, even for a moment).
+  img->erase(img->begin(), img->begin() + 16);
+  img->resize(n * d.dim);
+  d.pixels = std::move(*img);
   d.pixel_scale = 1.0f / (255.0f * fmnist_std);
   d.pixel_shift = fmnist_mean / fmnist_std;
   return d;

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,10 +26,12 @@ struct dataset {
   std::vector<float> x;
   std::vector<uint8_t> y;
   /// Samples kept as bytes, as IDX files hold them (a quarter of the memory of floats: the
-  /// training set of Fashion-MNIST is 47 MB, not 188): `x` is then empty and value j of
-  /// sample i is pixels[i * dim + j] * pixel_scale - pixel_shift. Batches are made from
-  /// either (batch_cursor); whole-set views need floats (expand()).
-  std::vector<uint8_t> pixels;
+  /// training set of Fashion-MNIST is 47 MB, not 188), `n * dim` of them, read-only and
+  /// shared by every copy of the data set (and, through the host's data cache, by every
+  /// process that loaded the same file: pixel_cache.hpp): `x` is then empty and value j
+  /// of sample i is pixels[i * dim + j] * pixel_scale - pixel_shift. Batches are made
+  /// from either (batch_cursor); whole-set views need floats (expand()).
+  std::shared_ptr<const uint8_t> pixels;
   float pixel_scale = 1.0f;
   float pixel_shift = 0.0f;
   /// Augmentation applied by batch_cursor (training sets only): random crop after zero
@@ -36,7 +39,7 @@ struct dataset {
   uint32_t crop_padding = 0;
   bool hflip = false;
 
-  bool compact() const { return !pixels.empty(); }
+  bool compact() const { return pixels != nullptr; }
   /// Writes sample i's `dim` floats to `out`.
   void sample(size_t i, float* out) const;
   /// Keeps the samples as floats from now on (x filled from pixels, pixels dropped).

@@ -8,6 +8,7 @@
 #include <zlib.h>
 
 #include "runtime/data/dataset.hpp"
+#include "runtime/data/pixel_cache.hpp"
 
 namespace ashlar {
 
@@ -164,10 +165,13 @@ expected<dataset> load_idx(const std::string& images_path, const std::string& la
                                               + " at index " + std::to_string(i)
                                               + " is not in [0, 10)");
   // Kept as the bytes they are; each batch is standardized as it is made.
-  // The file's own buffer becomes the pixels (no second copy, even for a moment).
+  // The file's own buffer becomes the pixels (no second copy, even for a moment), or the
+  // host's shared copy of them.
+  uint8_t header[16];
+  std::memcpy(header, img->data(), sizeof header);
   img->erase(img->begin(), img->begin() + 16);
   img->resize(n * d.dim);
-  d.pixels = std::move(*img);
+  d.pixels = share_pixels(images_path, header, std::move(*img));
   d.pixel_scale = 1.0f / (255.0f * fmnist_std);
   d.pixel_shift = fmnist_mean / fmnist_std;
   return d;
@@ -210,10 +214,7 @@ void dataset::truncate(size_t limit) {
   if (limit == 0 || limit >= n)
     return;
   n = limit;
-  if (compact()) {
-    pixels.resize(n * dim);
-    pixels.shrink_to_fit();
-  } else {
+  if (!compact()) {
     x.resize(n * dim);
     x.shrink_to_fit();
   }
@@ -225,7 +226,7 @@ void dataset::sample(size_t i, float* out) const {
     std::memcpy(out, x.data() + i * dim, dim * sizeof(float));
     return;
   }
-  const uint8_t* px = pixels.data() + i * dim;
+  const uint8_t* px = pixels.get() + i * dim;
   for (size_t j = 0; j < dim; ++j)
     out[j] = static_cast<float>(px[j]) * pixel_scale - pixel_shift;
 }
@@ -236,8 +237,7 @@ void dataset::expand() {
   x.resize(n * dim);
   for (size_t i = 0; i < n; ++i)
     sample(i, x.data() + i * dim);
-  pixels.clear();
-  pixels.shrink_to_fit();
+  pixels.reset();
 }
 
 dataset make_synthetic(size_t n, size_t dim, uint32_t classes, uint64_t seed) {

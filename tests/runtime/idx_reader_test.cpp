@@ -1,6 +1,10 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <unistd.h>
+#include <filesystem>
+#include <thread>
+#include <sys/stat.h>
 
 #include <zlib.h>
 
@@ -59,8 +63,27 @@ std::string error_text(const expected<dataset>& r) {
 
 }  // namespace
 
+namespace {
+
+// The host's data cache in a directory of the test's, for the scope.
+struct cache_in {
+  explicit cache_in(const std::string& dir) { ::setenv("ASHLAR_CACHE_DIR", dir.c_str(), 1); }
+  ~cache_in() { ::unsetenv("ASHLAR_CACHE_DIR"); }
+};
+
+size_t files_in(const std::string& dir) {
+  size_t n = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator{dir, ec}; !ec && it != std::filesystem::directory_iterator{}; ++it)
+    ++n;
+  return n;
+}
+
+}  // namespace
+
 TEST_CASE("the IDX reader loads well-formed plain and gzip files") {
   temp_dir dir;
+  cache_in cache{dir.file("cache")};
   auto img = images(3, 2, 2);
   auto lbl = labels(3);
   for (bool gz : {false, true}) {
@@ -75,7 +98,6 @@ TEST_CASE("the IDX reader loads well-formed plain and gzip files") {
     // (0) to -mean/std.
     CHECK(d->compact());
     CHECK(d->x.empty());
-    CHECK(d->pixels.size() == 12);
     float s0[4];
     d->sample(0, s0);
     CHECK(s0[0] == Approx(-0.2860f / 0.3530f));
@@ -293,4 +315,66 @@ TEST_CASE("an IDX file is decompressed no further than its header declares: a gz
   auto h = load_idx(hp, lp);
   REQUIRE_FALSE(h);
   CHECK(describe(h.error()).find("declares more than 8 GiB") != std::string::npos);
+}
+
+TEST_CASE("processes that load one IDX file map one shared copy of its pixels from the host's cache, and a copy "
+          "that is not theirs or not whole is not used") {
+  temp_dir dir;
+  cache_in cache{dir.file("cache")};
+  auto img = images(3, 2, 2);
+  auto ip = dir.write("i", img);
+  auto lp = dir.write("l", labels(3));
+  auto first = load_idx(ip, lp);
+  REQUIRE(first);
+  CHECK(files_in(dir.file("cache")) == 1);
+  auto second = load_idx(ip, lp);
+  REQUIRE(second);
+  // The second maps the file the first wrote: the same pages, read-only.
+  const auto cached = std::filesystem::directory_iterator{dir.file("cache")}->path().string();
+  struct stat st{};
+  REQUIRE(::stat(cached.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK(st.st_size == 16 + 12);
+  float a[4], b[4];
+  for (size_t i = 0; i < 3; ++i) {
+    first->sample(i, a);
+    second->sample(i, b);
+    CHECK(std::equal(a, a + 4, b));
+  }
+  // What sample i holds, from the file's bytes.
+  auto expect = [&](size_t i, float* out) {
+    for (size_t j = 0; j < 4; ++j)
+      out[j] = static_cast<float>(img[16 + i * 4 + j]) * (1.0f / (255.0f * 0.3530f)) - 0.2860f / 0.3530f;
+  };
+  first->pixels.reset(); // the mappings go before the copy is tampered with
+  second->pixels.reset();
+  // A copy cut short (a process of this user died writing it in place, a full disk) is
+  // not mapped: the loader decodes the file again and writes a whole copy.
+  ::truncate(cached.c_str(), 20);
+  auto third = load_idx(ip, lp);
+  REQUIRE(third);
+  third->sample(2, b);
+  expect(2, a);
+  CHECK(std::equal(a, a + 4, b));
+  CHECK(std::filesystem::file_size(cached) == 16 + 12);
+  // A link planted in its place is not followed.
+  std::filesystem::remove(cached);
+  std::filesystem::create_symlink(ip, cached);
+  auto fourth = load_idx(ip, lp);
+  REQUIRE(fourth);
+  fourth->sample(1, b);
+  expect(1, a);
+  CHECK(std::equal(a, a + 4, b));
+  // The source changes: its new copy replaces the old one.
+  img.back() = 200;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100)); // a new modification time
+  dir.write("i", img);
+  auto fifth = load_idx(ip, lp);
+  REQUIRE(fifth);
+  fifth->sample(2, b);
+  CHECK(b[3] == Approx((200 / 255.0f - 0.2860f) / 0.3530f));
+  size_t copies = 0;
+  for (const auto& e : std::filesystem::directory_iterator{dir.file("cache")})
+    copies += e.is_symlink() ? 0 : 1;
+  CHECK(copies == 1);
 }

@@ -111,8 +111,9 @@ caf::error receive_segments(shm_offer& offer, std::chrono::milliseconds timeout,
   return {};
 }
 
-// Server: passes the two descriptors to the client's offer.
-caf::error send_segments(const std::string& name, int a, int b, int& pid) {
+// Server: connects to the client's offer (before any segment is made: a client on
+// another host costs nothing more); the kernel names the process at the other end.
+expected<int> connect_offer(const std::string& name, int& pid) {
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0)
     return make_error(errc::io_error, "socket(AF_UNIX): " + errno_text(errno));
@@ -125,6 +126,16 @@ caf::error send_segments(const std::string& name, int a, int b, int& pid) {
                                                 + "): not on this host, or in another network namespace");
   }
   auto cred = peer_credentials(fd);
+  if (!cred) {
+    ::close(fd);
+    return cred.error();
+  }
+  pid = cred->pid;
+  return fd;
+}
+
+// Server: passes the two descriptors over the offer's connection, and closes it.
+caf::error pass_segments(int fd, int a, int b) {
   char byte = 'S';
   iovec iov{&byte, 1};
   alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
@@ -139,14 +150,11 @@ caf::error send_segments(const std::string& name, int a, int b, int& pid) {
   c->cmsg_len = CMSG_LEN(2 * sizeof(int));
   const int fds[2] = {a, b};
   std::memcpy(CMSG_DATA(c), fds, sizeof fds);
-  const ssize_t sent = cred ? ::sendmsg(fd, &msg, MSG_NOSIGNAL) : -1;
+  const ssize_t sent = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
   const int e = errno;
   ::close(fd);
-  if (!cred)
-    return cred.error();
   if (sent != 1)
     return make_error(errc::io_error, "passing the shared-memory segments: " + errno_text(e));
-  pid = cred->pid;
   return {};
 }
 
@@ -355,11 +363,16 @@ std::optional<std::string> shm_name_in_hello(const std::string& hello) {
 
 expected<std::string> shm_server_offer(const std::string& name, shm_pending& pending,
                                        std::chrono::milliseconds timeout) {
+  auto offer = connect_offer(name, pending.peer_pid);
+  if (!offer)
+    return offer.error();
   auto c2s = shm_ring::create(shm_channel::ring_bytes, "ashlar-dp-c2s");
   auto s2c = c2s ? shm_ring::create(shm_channel::ring_bytes, "ashlar-dp-s2c") : expected<shm_ring>{c2s.error()};
-  if (!s2c)
+  if (!s2c) {
+    ::close(*offer);
     return s2c.error();
-  if (auto err = send_segments(name, c2s->fd(), s2c->fd(), pending.peer_pid))
+  }
+  if (auto err = pass_segments(*offer, c2s->fd(), s2c->fd()))
     return err;
   pending.nonce = random_hex(nonce_chars / 2);
   if (auto err = write_proof(*s2c, pending.nonce, timeout))

@@ -121,7 +121,7 @@ constexpr uint64_t directive_lead = 3;
 /// steps past `from` trained its old part (`old_step` samples each, step_samples of it),
 /// where the plan counted steps of `new_step` samples. The member trains the plan's
 /// samples from `from` on, less what those steps trained: `taken` plus the rest in steps
-/// of `new_step`, to the nearest step. A directive without steps (0), or one that came in
+/// of `new_step`, rounded up (never short of the plan). A directive without steps (0), or one that came in
 /// time, is taken as it is.
 uint64_t steps_after_directive(uint64_t steps, uint64_t from, uint64_t taken, double old_step, double new_step);
 

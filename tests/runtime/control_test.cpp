@@ -214,6 +214,8 @@ TEST_CASE("the samples a member still trains count its steps on earlier parts, a
   // a step less to the nearest step.
   CHECK(steps_after_directive(12, 6, 6, 32.0, 20.0) == 12);
   CHECK(steps_after_directive(12, 6, 8, 32.0, 20.0) == 8 + 3);
+  // Rounded up, never short: 120 planned less 3 x 32 leaves 24, 1.2 steps of 20: 2 more.
+  CHECK(steps_after_directive(12, 6, 9, 32.0, 20.0) == 9 + 2);
   CHECK(steps_after_directive(12, 6, 20, 32.0, 20.0) == 20); // past all of it: nothing more
   CHECK(steps_after_directive(0, 6, 8, 32.0, 20.0) == 0);    // no steps: as it was
 }

@@ -169,12 +169,13 @@ TEST_CASE("step machine: a membership directive moves the part from its step on,
   CHECK(fifth.position.begin == 0);
   // A directive planned from step 3 that comes after 5 steps: 2 of its steps trained the
   // old part's 4 samples, not the new part's 3 (6 samples: 2 steps of 3). The plan's
-  // (9 - 3) steps of 3 = 18 samples, less 8 trained: 10 more, 3 steps to the nearest.
+  // (9 - 3) steps of 3 = 18 samples, less 8 trained: 10 more, 4 steps (rounded up: 3
+  // would leave a sample untrained).
   r.m->on_batch(4, 3, 20, 6, 9);
   auto sixth = one_step(r);
   CHECK(sixth.position.count == 6);
   CHECK(sixth.position.begin == 20);
-  CHECK(sixth.steps_target == 5 + 3);
+  CHECK(sixth.steps_target == 5 + 4);
   CHECK(sixth.directives == 2);
 }
 

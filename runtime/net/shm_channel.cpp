@@ -73,6 +73,23 @@ expected<ucred> peer_credentials(int fd) {
   return cred;
 }
 
+// One byte of data carrying two descriptors (SCM_RIGHTS): the message both ends of the
+// offer's connection use.
+struct rights_message {
+  char byte = 'S';
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr msg{};
+  rights_message() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  rights_message(const rights_message&) = delete;
+  rights_message& operator=(const rights_message&) = delete;
+};
+
 // Client: accepts one connection on the offer and takes the two descriptors it carries.
 caf::error receive_segments(shm_offer& offer, std::chrono::milliseconds timeout, int (&fds)[2], int& pid) {
   pollfd p{offer.fd, POLLIN, 0};
@@ -83,14 +100,8 @@ caf::error receive_segments(shm_offer& offer, std::chrono::milliseconds timeout,
   if (conn < 0)
     return make_error(errc::io_error, "accept on the shared-memory offer: " + errno_text(errno));
   auto cred = peer_credentials(conn);
-  char byte = 0;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  rights_message m;
+  msghdr& msg = m.msg;
   timeval tv{static_cast<time_t>(timeout.count() / 1000), static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
   ::setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   const ssize_t got = cred ? ::recvmsg(conn, &msg, MSG_CMSG_CLOEXEC) : -1;
@@ -136,14 +147,8 @@ expected<int> connect_offer(const std::string& name, int& pid) {
 
 // Server: passes the two descriptors over the offer's connection, and closes it.
 caf::error pass_segments(int fd, int a, int b) {
-  char byte = 'S';
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  rights_message m;
+  msghdr& msg = m.msg;
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;

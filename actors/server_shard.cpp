@@ -1,3 +1,4 @@
+#include "runtime/os/paths.hpp"
 #include "actors/server_shard.hpp"
 
 #include <filesystem>
@@ -243,9 +244,17 @@ shard_actor spawn_shard(caf::actor_system& sys, std::unique_ptr<shard_core> core
 expected<shard_persistence> open_shard_persistence(const std::string& dir, uint32_t keep, bool resume,
                                                    shard_core& core, const store_owner& owner) {
   const auto id = core.range().shard_id;
-  const std::string path = dir + "/shard-" + std::to_string(id);
+  const std::string named = dir + "/shard-" + std::to_string(id);
+  // Opened through the held directory where there is one; named by the directory as given.
+  const std::string path = owner.pinned ? owner.pinned->path() + "/shard-" + std::to_string(id) : named;
+  // A path through the held directory, as the user named it (for messages).
+  const auto shown = [&](const std::string& p) {
+    const std::string at = owner.pinned ? owner.pinned->path() : std::string{};
+    return !at.empty() && p.compare(0, at.size(), at) == 0 ? dir + p.substr(at.size()) : p;
+  };
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  if (!owner.pinned)
+    std::filesystem::create_directories(dir, ec);
   if (ec)
     return make_error(errc::io_error, "cannot create the checkpoint directory " + dir + ": " + ec.message());
   auto gen = store_generation_of(path);
@@ -261,32 +270,33 @@ expected<shard_persistence> open_shard_persistence(const std::string& dir, uint3
     if (!*lease)
       return store.error(); // a holder without a lease: nothing tells whether it runs
     const double now = std::chrono::duration<double>(steady_now().time_since_epoch()).count();
-    const auto seen = owner.watch->observe(path, **lease, now, owner.stale_s);
+    const auto seen = owner.watch->observe(named, **lease, now, owner.stale_s);
     const auto holder = lease_holder(**lease);
     if (!seen.stale)
-      return make_error(errc::busy, "shard " + std::to_string(id) + ": its checkpoint store " + gen->path
+      return make_error(errc::busy, "shard " + std::to_string(id) + ": its checkpoint store " + shown(gen->path)
                                       + " is held by " + holder + (seen.unchanged_s > 0 ? ", whose lease has not "
                                         "changed for " + fmt_seconds(seen.unchanged_s) : std::string{})
                                       + "; it is taken over once that lease has not changed for "
                                       + fmt_seconds(owner.stale_s) + " (a holder that runs renews it twice a "
                                         "second)");
     auto taken = take_over_store(path);
-    owner.watch->forget(path);
+    owner.watch->forget(named);
     if (!taken)
       return taken.error();
     spdlog::warn("shard {}: took over its checkpoint store from {}, whose lease had not changed for {} (a process "
                  "frozen or hung): {} now holds its records; {} is left to that process",
-                 id, holder, fmt_seconds(seen.unchanged_s), taken->now.path, taken->abandoned);
+                 id, holder, fmt_seconds(seen.unchanged_s), shown(taken->now.path), shown(taken->abandoned));
     *gen = taken->now;
     store = std::move(taken->store);
   }
   if (!store)
     return store.error();
   if (owner.watch)
-    owner.watch->forget(path);
+    owner.watch->forget(named);
   shard_persistence p;
   p.store = std::move(*store);
   p.keep = keep;
+  p.pin = owner.pinned;
   auto lease = store_lease::take(gen->path, owner.holder.empty() ? default_lease_holder() : owner.holder);
   if (!lease)
     return lease.error();
@@ -299,13 +309,13 @@ expected<shard_persistence> open_shard_persistence(const std::string& dir, uint3
     if (!*c) {
       // Serving a lost shard again from nothing would mix a fresh range into a trained
       // model: refused (this node cannot see the shard's checkpoints).
-      return make_error(errc::invalid_state, "shard " + std::to_string(id) + ": no checkpoint in " + path
+      return make_error(errc::invalid_state, "shard " + std::to_string(id) + ": no checkpoint in " + named
                                                + " to serve it again from (is the job's checkpoint directory "
                                                  "reachable from this node?)");
     } else {
       auto& ck = **c;
       if (ck.begin != core.range().begin || ck.end != core.range().end)
-        return make_error(errc::shape_mismatch, "shard " + std::to_string(id) + ": the checkpoint in " + path
+        return make_error(errc::shape_mismatch, "shard " + std::to_string(id) + ": the checkpoint in " + named
                                                   + " holds [" + std::to_string(ck.begin) + ", "
                                                   + std::to_string(ck.end) + "), this job's shard is ["
                                                   + std::to_string(core.range().begin) + ", "
@@ -315,7 +325,7 @@ expected<shard_persistence> open_shard_persistence(const std::string& dir, uint3
                                   ck.average_samples))
         return err;
       spdlog::info("shard {}: restored version {} ({}) from {}", id, version,
-                   ck.cut != 0 ? "checkpoint cut " + std::to_string(ck.cut) : std::string{"its stop record"}, path);
+                   ck.cut != 0 ? "checkpoint cut " + std::to_string(ck.cut) : std::string{"its stop record"}, named);
     }
   }
   return p;

@@ -10,6 +10,10 @@
 #include "runtime/store/kv_store.hpp"
 #include "runtime/store/store_lease.hpp"
 
+namespace ashlar {
+class pinned_dir;
+}
+
 namespace ashlar::actors {
 
 /// Where a shard checkpoints its range (see runtime/store/checkpoint.hpp).
@@ -20,6 +24,8 @@ struct shard_persistence {
   uint32_t keep = 3;
   /// The store's lease, renewed while the shard holds the store (store_lease.hpp).
   std::shared_ptr<store_lease> lease;
+  /// The checkpoint directory held open, where the store was opened through it.
+  std::shared_ptr<pinned_dir> pin;
 };
 
 /// Who opens a shard's store, and that node's watch over stores other processes hold.
@@ -33,6 +39,10 @@ struct store_owner {
   lease_watch* watch = nullptr;
   /// How long that lease must stand still. Default: lease_stale_s.
   double stale_s = lease_stale_s;
+  /// The checkpoint directory held open (a submitted job's, beneath the node's work
+  /// directory: pin_confined_dir): the store is opened through it, never through a link
+  /// planted on the way since. Null: opened by its name.
+  std::shared_ptr<pinned_dir> pinned;
 };
 
 /// Opens the checkpoint store of shard `shard_id` in `dir` (DIR/shard-ID, created), takes

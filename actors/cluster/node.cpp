@@ -99,11 +99,16 @@ caf::result<shard_actor, std::string> host_shard(node_pointer self, wire::spawn_
   if (!has_role(st.cfg.roles, wire::role::server))
     return make_error(errc::invalid_state, "node " + st.cfg.name + " has no server role");
   std::string dir = !st.cfg.checkpoint_dir.empty() ? st.cfg.checkpoint_dir : req.checkpoint_dir;
+  std::shared_ptr<pinned_dir> pinned; // the job's directory, held open beneath the work directory
   if (st.cfg.checkpoint_dir.empty() && !req.checkpoint_dir.empty() && !st.cfg.work_dir.empty()) {
     auto inside = confine_path(st.cfg.work_dir, req.checkpoint_dir, "the job's checkpoint directory");
     if (!inside)
       return inside.error();
     dir = *inside;
+    auto held = pin_confined_dir(st.cfg.work_dir, dir, "the job's checkpoint directory");
+    if (!held)
+      return held.error();
+    pinned = std::make_shared<pinned_dir>(std::move(*held));
   }
   // Asked again for a shard this node already serves from that store for the same job
   // (and is not stopping): the cluster's earlier request timed out while the store was
@@ -134,7 +139,8 @@ caf::result<shard_actor, std::string> host_shard(node_pointer self, wire::spawn_
   shard_persistence persistence;
   if (!req.checkpoint_dir.empty()) {
     auto p = open_shard_persistence(dir, req.checkpoint_keep, req.resume, *core,
-                                    store_owner{"node " + st.cfg.name + ", " + default_lease_holder(), &st.leases});
+                                    store_owner{"node " + st.cfg.name + ", " + default_lease_holder(), &st.leases,
+                                                lease_stale_s, pinned});
     if (!p)
       return p.error();
     persistence = std::move(*p);

@@ -105,6 +105,62 @@ expected<int> open_confined(const std::string& root, const std::string& path, in
   return make_error(errc::io_error, what + ": cannot open " + path + ": " + errno_text(e));
 }
 
+pinned_dir::~pinned_dir() {
+  if (fd_ >= 0)
+    ::close(fd_);
+}
+
+pinned_dir& pinned_dir::operator=(pinned_dir&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0)
+      ::close(fd_);
+    fd_ = o.fd_;
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+std::string pinned_dir::path() const {
+  return "/proc/self/fd/" + std::to_string(fd_);
+}
+
+expected<pinned_dir> pin_confined_dir(const std::string& root, const std::string& path, const std::string& what) {
+  std::error_code ec;
+  const fs::path base = fs::canonical(root, ec);
+  if (ec)
+    return make_error(errc::io_error, what + ": the work directory " + root + " cannot be opened: " + ec.message());
+  fs::path p{path};
+  fs::path rel = p.is_absolute() ? p.lexically_normal().lexically_relative(base) : p.lexically_normal();
+  if (rel.empty() || *rel.begin() == "..")
+    return make_error(errc::invalid_argument, what + " " + path + " lies outside this node's work directory "
+                                                + base.string() + " (--work-dir)");
+  pinned_dir at{::open(base.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC)};
+  if (!at.valid())
+    return make_error(errc::io_error, what + ": the work directory " + base.string() + " cannot be opened: "
+                                        + errno_text(errno));
+  for (const auto& part : rel) {
+    if (part.empty() || part == ".")
+      continue;
+    if (part == "..")
+      return make_error(errc::invalid_argument, what + " " + path + " leads out through ..");
+    int fd = -1;
+    for (int tries = 0; fd < 0 && tries < 2; ++tries) {
+      fd = ::openat(at.fd(), part.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0 && errno == ENOENT && ::mkdirat(at.fd(), part.c_str(), 0755) != 0 && errno != EEXIST)
+        break;
+    }
+    if (fd < 0) {
+      const int e = errno;
+      if (e == ENOTDIR || e == ELOOP)
+        return make_error(errc::invalid_argument, what + " " + path + ": " + part.string()
+                                                    + " on the way is not a directory (a symbolic link or a file)");
+      return make_error(errc::io_error, what + ": cannot make or open " + path + ": " + errno_text(e));
+    }
+    at = pinned_dir{fd};
+  }
+  return at;
+}
+
 expected<std::string> read_small_file(const std::string& root, const std::string& path, size_t limit,
                                       const std::string& what) {
   auto fd = open_confined(root, path, O_RDONLY | O_NONBLOCK, what);

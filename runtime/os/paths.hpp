@@ -23,6 +23,32 @@ namespace ashlar {
 [[nodiscard]] expected<int> open_confined(const std::string& root, const std::string& path, int flags,
                                           const std::string& what, unsigned mode = 0644);
 
+/// A directory held open: path() (/proc/self/fd/N) names that very directory for as long
+/// as this lives, whatever is renamed or linked on the way to it since it was opened.
+class pinned_dir {
+public:
+  pinned_dir() = default;
+  explicit pinned_dir(int fd) : fd_(fd) {}
+  ~pinned_dir();
+  pinned_dir(pinned_dir&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  pinned_dir& operator=(pinned_dir&& o) noexcept;
+  pinned_dir(const pinned_dir&) = delete;
+  pinned_dir& operator=(const pinned_dir&) = delete;
+  bool valid() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  std::string path() const;
+
+private:
+  int fd_ = -1;
+};
+
+/// The directory `path` beneath `root` (as open_confined takes it), made where missing
+/// (mode 0755), each component opened from the one before without following a symbolic
+/// link, and held open. Fails with invalid_argument where a link or ".." is on the way or
+/// the path lies outside root, io_error otherwise, naming `what` and the path as given.
+[[nodiscard]] expected<pinned_dir> pin_confined_dir(const std::string& root, const std::string& path,
+                                                    const std::string& what);
+
 /// The whole content of a regular file of at most `limit` bytes, opened by open_confined:
 /// a device, a FIFO, a directory or a larger file fails before more than `limit` bytes are
 /// read.

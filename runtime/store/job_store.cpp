@@ -127,21 +127,23 @@ expected<std::optional<job_store>> job_store::open(const train_config& cfg) {
   if (cfg.checkpoint_dir.empty())
     return std::optional<job_store>{};
   // A submitted job's directory was resolved inside the work directory when it came in;
-  // resolved again now, a symbolic link planted since would lead elsewhere.
+  // now it is opened beneath it and held: a symbolic link planted on the way since (or
+  // while the store opens) cannot lead the store elsewhere.
+  std::shared_ptr<pinned_dir> pin;
+  std::string dir = cfg.checkpoint_dir;
   if (!cfg.confine_root.empty()) {
-    auto now = confine_path(cfg.confine_root, cfg.checkpoint_dir, "run.checkpoint_dir");
-    if (!now)
-      return now.error();
-    if (*now != cfg.checkpoint_dir)
-      return make_error(errc::invalid_argument, "run.checkpoint_dir " + cfg.checkpoint_dir
-                                                  + " now leads elsewhere (a symbolic link on the way changed)");
+    auto held = pin_confined_dir(cfg.confine_root, cfg.checkpoint_dir, "run.checkpoint_dir");
+    if (!held)
+      return held.error();
+    pin = std::make_shared<pinned_dir>(std::move(*held));
+    dir = pin->path();
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec)
+      return make_error(errc::io_error, "cannot create the checkpoint directory " + dir + ": " + ec.message());
   }
-  std::error_code ec;
-  std::filesystem::create_directories(cfg.checkpoint_dir, ec);
-  if (ec)
-    return make_error(errc::io_error, "cannot create the checkpoint directory " + cfg.checkpoint_dir + ": "
-                                        + ec.message());
-  auto store = open_rocksdb_store(cfg.checkpoint_dir + "/job", open_mode::create);
+  auto store = open_rocksdb_store(dir + "/job", open_mode::create);
   if (!store)
     return store.error();
   auto cuts = load_job_cuts(**store);
@@ -151,6 +153,7 @@ expected<std::optional<job_store>> job_store::open(const train_config& cfg) {
   if (!cuts->empty())
     old = cuts->front();
   job_store js;
+  js.pin_ = std::move(pin);
   js.store_ = std::move(*store);
   js.keep_ = cfg.checkpoint_keep;
   js.record_.settings = job_settings(cfg);

@@ -16,6 +16,8 @@
 
 namespace ashlar {
 
+class pinned_dir;
+
 struct train_config;
 
 /// Settings a resumed job must share with the checkpointed one, as "key=value": all but
@@ -90,6 +92,7 @@ public:
                                   const std::vector<wire::worker_stats>& workers, const std::string& stage);
 
 private:
+  std::shared_ptr<pinned_dir> pin_; // the directory beneath the work directory (a submitted job)
   std::unique_ptr<kv_store> store_;
   uint32_t keep_ = 3;
   std::vector<job_record> candidates_; // committed cuts, newest first (a resume)

@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <fcntl.h>
@@ -486,6 +487,42 @@ TEST_CASE("confine_path keeps a requested path inside the work directory, throug
   CHECK_FALSE(confine_path(work, dir.file("work-sibling/x"), "run.trace")); // a prefix is not a parent
   std::filesystem::create_directory_symlink(dir.path(), dir.file("work/link"));
   CHECK_FALSE(confine_path(work, "link/outside", "run.trace"));
+}
+
+TEST_CASE("a pinned checkpoint directory is made beneath the work directory and keeps naming itself when a "
+          "symbolic link replaces it on the way") {
+  temp_dir dir;
+  std::filesystem::create_directories(dir.file("work"));
+  std::filesystem::create_directories(dir.file("outside"));
+  const std::string work = dir.file("work");
+  auto pin = pin_confined_dir(work, "jobs/ck", "run.checkpoint_dir");
+  REQUIRE(pin);
+  CHECK(std::filesystem::is_directory(work + "/jobs/ck"));
+  // The directory's name is swapped for a link out of the work directory after the pin:
+  // what is written through the pin still lands in the directory that was pinned.
+  std::filesystem::rename(work + "/jobs", work + "/jobs-moved");
+  std::filesystem::create_directory_symlink(dir.file("outside"), work + "/jobs");
+  {
+    std::ofstream f{pin->path() + "/written"};
+    f << "x";
+  }
+  CHECK(std::filesystem::exists(work + "/jobs-moved/ck/written"));
+  CHECK_FALSE(std::filesystem::exists(dir.file("outside/ck/written")));
+  CHECK_FALSE(std::filesystem::exists(dir.file("outside/written")));
+  // Pinned again now, the link on the way is refused, and so are .. and a path outside.
+  auto again = pin_confined_dir(work, "jobs/ck", "run.checkpoint_dir");
+  REQUIRE_FALSE(again);
+  CHECK(describe(again.error()).find("run.checkpoint_dir jobs/ck: jobs on the way is not a directory")
+        != std::string::npos);
+  // A file opened at its use (a trace) goes through no link either.
+  auto trace = open_confined(work, "jobs/trace.json", O_WRONLY | O_CREAT, "run.trace");
+  REQUIRE_FALSE(trace);
+  CHECK(describe(trace.error()).find("run.trace jobs/trace.json lies outside this node's work directory")
+        != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir.file("outside/trace.json")));
+  CHECK_FALSE(pin_confined_dir(work, "../outside", "run.checkpoint_dir"));
+  CHECK_FALSE(pin_confined_dir(work, dir.file("outside"), "run.checkpoint_dir"));
+  CHECK_FALSE(std::filesystem::exists(dir.file("outside/ck")));
 }
 
 namespace {

@@ -241,6 +241,37 @@ shard_actor spawn_shard(caf::actor_system& sys, std::unique_ptr<shard_core> core
   return sys.spawn(shard_behavior, std::move(core), std::move(persistence));
 }
 
+// A shard served again mid-job: its core restored from the newest intact record in
+// `store` (named `named`); none there is refused.
+static caf::error restore_newest(kv_store& store, uint32_t id, uint32_t keep, shard_core& core, const std::string& named) {
+  checkpoint_log log{store, id, keep};
+  auto c = log.load_latest();
+  if (!c)
+    return c.error();
+  if (!*c) {
+    // Serving a lost shard again from nothing would mix a fresh range into a trained
+    // model: refused (this node cannot see the shard's checkpoints).
+    return make_error(errc::invalid_state, "shard " + std::to_string(id) + ": no checkpoint in " + named
+                                             + " to serve it again from (is the job's checkpoint directory "
+                                               "reachable from this node?)");
+  } else {
+    auto& ck = **c;
+    if (ck.begin != core.range().begin || ck.end != core.range().end)
+      return make_error(errc::shape_mismatch, "shard " + std::to_string(id) + ": the checkpoint in " + named
+                                                + " holds [" + std::to_string(ck.begin) + ", "
+                                                + std::to_string(ck.end) + "), this job's shard is ["
+                                                + std::to_string(core.range().begin) + ", "
+                                                + std::to_string(core.range().end) + ")");
+    const auto version = ck.version;
+    if (auto err = core.restore(version, std::move(ck.params), std::move(ck.velocity), std::move(ck.average),
+                                ck.average_samples))
+      return err;
+    spdlog::info("shard {}: restored version {} ({}) from {}", id, version,
+                 ck.cut != 0 ? "checkpoint cut " + std::to_string(ck.cut) : std::string{"its stop record"}, named);
+  }
+  return caf::none;
+}
+
 expected<shard_persistence> open_shard_persistence(const std::string& dir, uint32_t keep, bool resume,
                                                    shard_core& core, const store_owner& owner) {
   const auto id = core.range().shard_id;
@@ -301,33 +332,9 @@ expected<shard_persistence> open_shard_persistence(const std::string& dir, uint3
   if (!lease)
     return lease.error();
   p.lease = std::move(*lease);
-  if (resume) {
-    checkpoint_log log{*p.store, id, keep};
-    auto c = log.load_latest();
-    if (!c)
-      return c.error();
-    if (!*c) {
-      // Serving a lost shard again from nothing would mix a fresh range into a trained
-      // model: refused (this node cannot see the shard's checkpoints).
-      return make_error(errc::invalid_state, "shard " + std::to_string(id) + ": no checkpoint in " + named
-                                               + " to serve it again from (is the job's checkpoint directory "
-                                                 "reachable from this node?)");
-    } else {
-      auto& ck = **c;
-      if (ck.begin != core.range().begin || ck.end != core.range().end)
-        return make_error(errc::shape_mismatch, "shard " + std::to_string(id) + ": the checkpoint in " + named
-                                                  + " holds [" + std::to_string(ck.begin) + ", "
-                                                  + std::to_string(ck.end) + "), this job's shard is ["
-                                                  + std::to_string(core.range().begin) + ", "
-                                                  + std::to_string(core.range().end) + ")");
-      const auto version = ck.version;
-      if (auto err = core.restore(version, std::move(ck.params), std::move(ck.velocity), std::move(ck.average),
-                                  ck.average_samples))
-        return err;
-      spdlog::info("shard {}: restored version {} ({}) from {}", id, version,
-                   ck.cut != 0 ? "checkpoint cut " + std::to_string(ck.cut) : std::string{"its stop record"}, named);
-    }
-  }
+  if (resume)
+    if (auto err = restore_newest(*p.store, id, keep, core, named))
+      return err;
   return p;
 }
 

@@ -313,6 +313,9 @@ void take_assignment(worker_pointer self, const wire::assignment& a, const std::
                   &st.machine->pulled_buffer(), &st.machine->velocity_buffer()})
     if (!v->empty())
       st.host_locks.push_back(st.backend->lock_host_memory(v->data(), v->size() * sizeof(float)));
+  // Nothing holds the gradient's address (no page lock): it is given back between steps.
+  st.machine->release_gradient_between_steps(
+    std::none_of(st.host_locks.begin(), st.host_locks.end(), [](const auto& l) { return l != nullptr; }));
   spdlog::debug("worker {}: {} backend, {} steps", a.worker_id, st.backend->name(), a.steps);
   if (a.data_endpoints.size() == shards.size())
     for (uint32_t i = 0; i < shards.size(); ++i)

@@ -150,6 +150,12 @@ public:
   /// from it (compute, take_commit and rebase actions). Call before begin().
   void set_model_held(bool held);
   bool model_held() const { return held_; }
+  /// Whether grad() may be given back once a step's pushes hold their copies of it, and
+  /// taken again (zeroed) when the next step computes: the workers of a node with many
+  /// slots then hold gradients only while they compute or send (a few at a time), not
+  /// one each. Only where nothing outside keeps grad()'s address (no page lock). Not on a
+  /// ring, nor while a commit overlaps local steps.
+  void release_gradient_between_steps(bool yes) { release_grad_ = yes; }
   /// The buffers of commits taken from the backend and of overlapped commits' pulls;
   /// sized once the model is held (a backend may lock them).
   std::vector<float>& commit_buffer() { return commit_; }
@@ -272,6 +278,7 @@ private:
   void read_mirror(bool then_compute);
   void mirror_done();
   void ring_send_next();
+  void gradient_sent();
   void ring_drain();
   void ring_finish();
 
@@ -371,6 +378,7 @@ private:
   // The backend keeps the local model: whether its copy is current (no pull since it was
   // sent), and whether the step in flight ran there.
   bool held_ = false;
+  bool release_grad_ = false;
   bool held_current_ = false;
   bool held_step_ = false;
   bool velocity_on_host_ = true; // local_velocity_ is the latest (else the backend's is)

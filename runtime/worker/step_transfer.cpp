@@ -203,6 +203,8 @@ void step_machine::compute_step() {
   compute_offset_ns_ = compute_t0_ > step_begin_ ? compute_t0_ - step_begin_ : 0;
   auto batch = cursor_->next(job_.batch_size);
   batch_n_ = static_cast<uint32_t>(batch.n);
+  if (grad_.size() != params_.size()) // given back after the last step's pushes
+    grad_.assign(params_.size(), 0.0f);
   // A step on the local model (local steps, or a commit open or in flight) runs where
   // the model is kept.
   // (A commit opened by a step on this side, when local steps began while that step
@@ -326,6 +328,18 @@ void step_machine::send_push_chunk(size_t i) {
   msg.grad.assign(from, from + static_cast<std::ptrdiff_t>(len));
   t.next += len;
   emit(step::send_push{i, gen_, len, std::move(msg)});
+  gradient_sent();
+}
+
+// Every push of the step holds its copy of the gradient: its buffer is given back until
+// the next step computes (release_gradient_between_steps).
+void step_machine::gradient_sent() {
+  if (!release_grad_ || mode_ == step_mode::ring || commit_inflight_ || mirror_push_ || held_)
+    return;
+  for (const auto& t : transfers_)
+    if (t.next < t.total)
+      return;
+  std::vector<float>().swap(grad_);
 }
 
 // Top-k with error feedback: one sparse push per shard carries the largest entries of
@@ -354,6 +368,7 @@ void step_machine::send_sparse_pushes() {
     transfers_[i].next = transfers_[i].total;
     emit(step::send_push{i, gen_, transfers_[i].total, std::move(msg)});
   }
+  gradient_sent();
 }
 
 void step_machine::on_push_ack(size_t i, uint64_t gen, uint64_t floats, const wire::push_ack& ack) {

@@ -136,8 +136,11 @@ struct executor {
           });
       return;
     }
-    computed(self, a.held ? st.backend->local_step(a.load, a.velocity, a.commit, a.batch, a.lr, a.momentum)
-                          : st.backend->train_step(m.params().data(), a.batch, m.grad().data())); // run() goes on
+    auto stats = a.held ? st.backend->local_step(a.load, a.velocity, a.commit, a.batch, a.lr, a.momentum)
+                        : st.backend->train_step(m.params().data(), a.batch, m.grad().data());
+    if (m.gives_back_between_steps())
+      st.backend->release_scratch();
+    computed(self, std::move(stats)); // run() goes on
   }
 
   // The commit's sum from the backend that keeps the model: a blocking call (a GPU's
@@ -313,8 +316,9 @@ void take_assignment(worker_pointer self, const wire::assignment& a, const std::
                   &st.machine->pulled_buffer(), &st.machine->velocity_buffer()})
     if (!v->empty())
       st.host_locks.push_back(st.backend->lock_host_memory(v->data(), v->size() * sizeof(float)));
-  // Nothing holds the gradient's address (no page lock): it is given back between steps.
-  st.machine->release_gradient_between_steps(
+  // Many workers to a core, and nothing holds the step's buffers (no page lock): they are
+  // given back between steps.
+  st.machine->give_back_between_steps(st.cfg.give_back_between_steps &&
     std::none_of(st.host_locks.begin(), st.host_locks.end(), [](const auto& l) { return l != nullptr; }));
   spdlog::debug("worker {}: {} backend, {} steps", a.worker_id, st.backend->name(), a.steps);
   if (a.data_endpoints.size() == shards.size())

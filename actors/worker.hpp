@@ -34,6 +34,11 @@ struct worker_config {
   /// If set, pulls from and pushes to shards in other processes go over this data plane
   /// when the assignment names their data endpoints. Default: none (CAF only).
   std::shared_ptr<data_plane> plane;
+  /// Whether a step's buffers (gradient, batch, the CPU backend's activations) are given
+  /// back between steps (step_machine::give_back_between_steps): set where one process
+  /// hosts more workers than it has cores, so that they compute a few at a time and held
+  /// buffers would mostly lie idle. Costs a few percent of step time. Default: no.
+  bool give_back_between_steps = false;
 };
 
 /// Spawns a worker; it starts when it receives start_atom. On any error (a shard

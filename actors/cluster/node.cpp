@@ -7,6 +7,7 @@
 #include <set>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -210,6 +211,7 @@ caf::result<worker_actor> host_worker(node_pointer self, const wire::spawn_worke
   wc.requested_id = req.requested_id;
   wc.host = st.cfg.name;
   wc.plane = st.cfg.plane;
+  wc.give_back_between_steps = st.cfg.slots > std::max(1u, std::thread::hardware_concurrency());
   uint32_t gpu_slot = UINT32_MAX;
   if (st.cfg.make_backend)
     wc.make_backend = st.cfg.make_backend;

@@ -64,6 +64,10 @@ public:
   /// that gains nothing (the CPU) or the memory cannot be locked; calls work either way.
   /// `p` must outlive the handle.
   virtual std::shared_ptr<void> lock_host_memory(void* p, size_t bytes);
+  /// Gives back the memory a step works in (activations and their gradients); the next
+  /// step takes it again. For workers that share a node's cores many to a core, where
+  /// only those computing need it. Default: nothing.
+  virtual void release_scratch();
 
   // -- a local model the backend keeps --------------------------------------------------
   // Under local steps (adsp, ashl) a worker's model moves by each step's update between

@@ -28,6 +28,8 @@ std::shared_ptr<void> compute_backend::lock_host_memory(void*, size_t) {
   return nullptr;
 }
 
+void compute_backend::release_scratch() {}
+
 bool compute_backend::keeps_local_model() const {
   return false;
 }
@@ -132,6 +134,15 @@ public:
     } catch (const std::exception& e) {
       return make_error(errc::device_error, std::string{"CPU backend: "} + e.what());
     }
+  }
+
+  void release_scratch() override {
+    for (auto* v : {&acts_, &grads_, &aux_})
+      for (auto& buf : *v)
+        std::vector<float>().swap(buf);
+    for (auto& buf : argmax_)
+      decltype(argmax_)::value_type().swap(buf);
+    capacity_ = 0;
   }
 
   expected<batch_stats> evaluate(const float* params, batch_view b) override {

@@ -106,6 +106,8 @@ public:
   /// and the position). A pass is split into ceil(size / batch) batches of near-equal size
   /// (pass_step_end). Valid until the next call.
   batch_view next(size_t batch);
+  /// Gives the batch's buffers back (the last view is then invalid); next() takes them again.
+  void release();
 
   /// Completed passes over this cursor's part.
   size_t epoch() const { return epoch_; }

@@ -338,6 +338,11 @@ size_t pass_step_end(size_t count, size_t batch, size_t pos) {
   return boundary(j);
 }
 
+void batch_cursor::release() {
+  std::vector<float>().swap(xb_);
+  decltype(yb_)().swap(yb_);
+}
+
 batch_view batch_cursor::next(size_t batch) {
   if (indices_.empty())
     return {};

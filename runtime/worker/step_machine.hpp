@@ -150,12 +150,14 @@ public:
   /// from it (compute, take_commit and rebase actions). Call before begin().
   void set_model_held(bool held);
   bool model_held() const { return held_; }
-  /// Whether grad() may be given back once a step's pushes hold their copies of it, and
-  /// taken again (zeroed) when the next step computes: the workers of a node with many
-  /// slots then hold gradients only while they compute or send (a few at a time), not
-  /// one each. Only where nothing outside keeps grad()'s address (no page lock). Not on a
-  /// ring, nor while a commit overlaps local steps.
-  void release_gradient_between_steps(bool yes) { release_grad_ = yes; }
+  /// Whether a step's working memory is given back between steps: grad() once the
+  /// step's pushes hold their copies of it (taken again, zeroed, when the next step
+  /// computes), and the batch's buffer once the step computed. The workers of a node
+  /// with many slots then hold that memory only while they compute or send (a few at a
+  /// time), not one each. Only where nothing outside keeps grad()'s address (no page
+  /// lock). The gradient stays on a ring and while a commit overlaps local steps.
+  void give_back_between_steps(bool yes) { release_grad_ = yes; }
+  bool gives_back_between_steps() const { return release_grad_; }
   /// The buffers of commits taken from the backend and of overlapped commits' pulls;
   /// sized once the model is held (a backend may lock them).
   std::vector<float>& commit_buffer() { return commit_; }

@@ -249,6 +249,8 @@ void step_machine::set_model_held(bool held) {
 // A paced worker waits out the rest of its budget (batch x pace, slowed by contention)
 // with a delayed message, never blocking a thread.
 void step_machine::on_computed(const expected<batch_stats>& stats) {
+  if (release_grad_) // the batch is computed: its buffer until the next step
+    cursor_->release();
   if (stopped_)
     return;
   if (!stats && is(stats.error(), errc::cancelled)) // the backend's owner stopped: leave, the step untaken

@@ -132,6 +132,56 @@ TEST_CASE("step machine: pull every shard, compute, push every shard, report, ne
   CHECK(r.m->steps_done() == 1);
 }
 
+TEST_CASE("step machine: a worker that gives its buffers back between steps holds no gradient once its pushes "
+          "hold their copies, keeps it while chunks are still to send, and pushes what it computed") {
+  rig r;
+  r.m->give_back_between_steps(true);
+  r.m->begin();
+  r.actions();
+  for (int step = 0; step < 2; ++step) {
+    r.m->on_step();
+    r.answer_pulls(r.actions(), 1.0f);
+    REQUIRE(count<step::compute>(r.actions()) == 1);
+    REQUIRE(r.m->grad().size() == 8); // taken again, zeroed, for the step
+    CHECK(std::all_of(r.m->grad().begin(), r.m->grad().end(), [](float g) { return g == 0.0f; }));
+    r.compute(0.25f);
+    auto pushes = all<step::send_push>(r.actions());
+    REQUIRE(pushes.size() == 2);
+    CHECK(pushes[0].msg.grad == wire::tensor{0.25f, 0.25f, 0.25f, 0.25f, 0.25f});
+    CHECK(pushes[1].msg.grad == wire::tensor{0.25f, 0.25f, 0.25f});
+    CHECK(r.m->grad().empty());
+    for (const auto& p : pushes)
+      r.m->on_push_ack(p.shard, p.gen, p.floats, {});
+    CHECK(count<step::report>(r.actions()) == 1);
+  }
+
+  rig c([](wire::assignment& a) {
+    a.chunk_floats = 2;
+    a.chunks_in_flight = 1;
+  });
+  c.m->give_back_between_steps(true);
+  c.m->begin();
+  c.actions();
+  c.m->on_step();
+  c.answer_pulls(c.actions(), 1.0f);
+  c.actions();
+  c.compute(0.5f);
+  auto out = all<step::send_push>(c.actions());
+  CHECK(out.size() == 2);
+  CHECK(c.m->grad().size() == 8); // chunks are still to send from it
+  size_t sent = 0;
+  while (!out.empty()) {
+    for (const auto& p : out) {
+      sent += p.msg.grad.size();
+      CHECK(std::all_of(p.msg.grad.begin(), p.msg.grad.end(), [](float g) { return g == 0.5f; }));
+      c.m->on_push_ack(p.shard, p.gen, p.floats, {});
+    }
+    out = all<step::send_push>(c.actions());
+  }
+  CHECK(sent == 8);
+  CHECK(c.m->grad().empty());
+}
+
 namespace {
 
 // One whole step from its start: every pull answered, a computation, every push acked.

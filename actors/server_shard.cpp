@@ -272,17 +272,14 @@ static caf::error restore_newest(kv_store& store, uint32_t id, uint32_t keep, sh
   return caf::none;
 }
 
-expected<shard_persistence> open_shard_persistence(const std::string& dir, uint32_t keep, bool resume,
-                                                   shard_core& core, const store_owner& owner) {
+static expected<shard_persistence> open_persistence(const std::string& dir, uint32_t keep, bool resume,
+                                                    shard_core& core, const store_owner& owner) {
   const auto id = core.range().shard_id;
   const std::string named = dir + "/shard-" + std::to_string(id);
   // Opened through the held directory where there is one; named by the directory as given.
   const std::string path = owner.pinned ? owner.pinned->path() + "/shard-" + std::to_string(id) : named;
   // A path through the held directory, as the user named it (for messages).
-  const auto shown = [&](const std::string& p) {
-    const std::string at = owner.pinned ? owner.pinned->path() : std::string{};
-    return !at.empty() && p.compare(0, at.size(), at) == 0 ? dir + p.substr(at.size()) : p;
-  };
+  const auto shown = [&](const std::string& p) { return owner.pinned ? owner.pinned->named(p, dir) : p; };
   std::error_code ec;
   if (!owner.pinned)
     std::filesystem::create_directories(dir, ec);
@@ -291,7 +288,7 @@ expected<shard_persistence> open_shard_persistence(const std::string& dir, uint3
   auto gen = store_generation_of(path);
   if (!gen)
     return gen.error();
-  auto store = open_rocksdb_store(gen->path, open_mode::create);
+  auto store = open_rocksdb_store(gen->path, open_mode::create, shown(gen->path));
   if (!store && resume && owner.watch && is(store.error(), errc::busy)) {
     // Held by another process: the node the cluster lost, frozen or hung, or still
     // running and about to notice. Its lease tells which (store_lease.hpp).
@@ -335,6 +332,14 @@ expected<shard_persistence> open_shard_persistence(const std::string& dir, uint3
   if (resume)
     if (auto err = restore_newest(*p.store, id, keep, core, named))
       return err;
+  return p;
+}
+
+expected<shard_persistence> open_shard_persistence(const std::string& dir, uint32_t keep, bool resume,
+                                                   shard_core& core, const store_owner& owner) {
+  auto p = open_persistence(dir, keep, resume, core, owner);
+  if (!p && owner.pinned) // named by the directory as given, not by the held one
+    return owner.pinned->named(p.error(), dir);
   return p;
 }
 

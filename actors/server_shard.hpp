@@ -18,14 +18,15 @@ namespace ashlar::actors {
 
 /// Where a shard checkpoints its range (see runtime/store/checkpoint.hpp).
 struct shard_persistence {
+  /// The checkpoint directory held open, where the store was opened through it (first:
+  /// it goes last, after the store has closed).
+  std::shared_ptr<pinned_dir> pin;
   /// The store (e.g. RocksDB in DIR/shard-ID); null: no checkpoints.
   std::shared_ptr<kv_store> store;
   /// Checkpoint cuts kept. Default: 3.
   uint32_t keep = 3;
   /// The store's lease, renewed while the shard holds the store (store_lease.hpp).
   std::shared_ptr<store_lease> lease;
-  /// The checkpoint directory held open, where the store was opened through it.
-  std::shared_ptr<pinned_dir> pin;
 };
 
 /// Who opens a shard's store, and that node's watch over stores other processes hold.

@@ -109,7 +109,7 @@ caf::result<shard_actor, std::string> host_shard(node_pointer self, wire::spawn_
     auto held = pin_confined_dir(st.cfg.work_dir, dir, "the job's checkpoint directory");
     if (!held)
       return held.error();
-    pinned = std::make_shared<pinned_dir>(std::move(*held));
+    pinned = std::move(*held);
   }
   // Asked again for a shard this node already serves from that store for the same job
   // (and is not stopping): the cluster's earlier request timed out while the store was

@@ -1,9 +1,14 @@
 #include "runtime/os/paths.hpp"
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <vector>
+#include <mutex>
+#include <map>
+
+#include <caf/message.hpp>
 
 #include <fcntl.h>
 #include <linux/openat2.h>
@@ -124,7 +129,29 @@ std::string pinned_dir::path() const {
   return "/proc/self/fd/" + std::to_string(fd_);
 }
 
-expected<pinned_dir> pin_confined_dir(const std::string& root, const std::string& path, const std::string& what) {
+std::string pinned_dir::named(std::string text, const std::string& as) const {
+  const std::string at = path();
+  for (size_t i = text.find(at); i != std::string::npos;) {
+    const size_t end = i + at.size();
+    if (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) { // fd 12 is not fd 123
+      i = text.find(at, end);
+      continue;
+    }
+    text.replace(i, at.size(), as);
+    i = text.find(at, i + as.size());
+  }
+  return text;
+}
+
+caf::error pinned_dir::named(const caf::error& err, const std::string& as) const {
+  if (!err || err.category() != error_category_atom::value || !err.context().match_elements<std::string>())
+    return err;
+  return make_error(static_cast<errc>(err.code()), named(err.context().get_as<std::string>(0), as));
+}
+
+namespace {
+
+expected<pinned_dir> pin_dir(const std::string& root, const std::string& path, const std::string& what) {
   std::error_code ec;
   const fs::path base = fs::canonical(root, ec);
   if (ec)
@@ -159,6 +186,28 @@ expected<pinned_dir> pin_confined_dir(const std::string& root, const std::string
     at = pinned_dir{fd};
   }
   return at;
+}
+
+} // namespace
+
+expected<std::shared_ptr<pinned_dir>> pin_confined_dir(const std::string& root, const std::string& path,
+                                                       const std::string& what) {
+  static std::mutex mutex;
+  static std::map<std::string, std::weak_ptr<pinned_dir>> pins; // by root and path as given
+  std::error_code ec;
+  const std::string key = fs::absolute(root, ec).lexically_normal().string() + '\n'
+                          + fs::path{path}.lexically_normal().string();
+  std::lock_guard lock{mutex};
+  for (auto it = pins.begin(); it != pins.end();)
+    it = it->second.expired() ? pins.erase(it) : std::next(it);
+  if (auto held = pins[key].lock())
+    return held;
+  auto made = pin_dir(root, path, what);
+  if (!made)
+    return made.error();
+  auto held = std::make_shared<pinned_dir>(std::move(*made));
+  pins[key] = held;
+  return held;
 }
 
 expected<std::string> read_small_file(const std::string& root, const std::string& path, size_t limit,

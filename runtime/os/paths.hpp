@@ -2,6 +2,7 @@
 // directory.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "runtime/core/error.hpp"
@@ -37,6 +38,10 @@ public:
   bool valid() const { return fd_ >= 0; }
   int fd() const { return fd_; }
   std::string path() const;
+  /// `text`, or an Ashlar error's context, with path() in it written as `as` (the
+  /// directory as the user named it).
+  std::string named(std::string text, const std::string& as) const;
+  caf::error named(const caf::error& err, const std::string& as) const;
 
 private:
   int fd_ = -1;
@@ -44,10 +49,14 @@ private:
 
 /// The directory `path` beneath `root` (as open_confined takes it), made where missing
 /// (mode 0755), each component opened from the one before without following a symbolic
-/// link, and held open. Fails with invalid_argument where a link or ".." is on the way or
-/// the path lies outside root, io_error otherwise, naming `what` and the path as given.
-[[nodiscard]] expected<pinned_dir> pin_confined_dir(const std::string& root, const std::string& path,
-                                                    const std::string& what);
+/// link, and held open. One pin per directory in a process while any caller holds it:
+/// RocksDB knows the stores this process has open by their paths, so two opens of one
+/// store through two pins would not see each other. Fails with invalid_argument where a
+/// link or ".." is on the way or the path lies outside root, io_error otherwise, naming
+/// `what` and the path as given.
+[[nodiscard]] expected<std::shared_ptr<pinned_dir>> pin_confined_dir(const std::string& root,
+                                                                     const std::string& path,
+                                                                     const std::string& what);
 
 /// The whole content of a regular file of at most `limit` bytes, opened by open_confined:
 /// a device, a FIFO, a directory or a larger file fails before more than `limit` bytes are

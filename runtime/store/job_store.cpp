@@ -135,7 +135,7 @@ expected<std::optional<job_store>> job_store::open(const train_config& cfg) {
     auto held = pin_confined_dir(cfg.confine_root, cfg.checkpoint_dir, "run.checkpoint_dir");
     if (!held)
       return held.error();
-    pin = std::make_shared<pinned_dir>(std::move(*held));
+    pin = std::move(*held);
     dir = pin->path();
   } else {
     std::error_code ec;
@@ -143,7 +143,7 @@ expected<std::optional<job_store>> job_store::open(const train_config& cfg) {
     if (ec)
       return make_error(errc::io_error, "cannot create the checkpoint directory " + dir + ": " + ec.message());
   }
-  auto store = open_rocksdb_store(dir + "/job", open_mode::create);
+  auto store = open_rocksdb_store(dir + "/job", open_mode::create, cfg.checkpoint_dir + "/job");
   if (!store)
     return store.error();
   auto cuts = load_job_cuts(**store);

@@ -39,7 +39,10 @@ enum class open_mode { create, existing, read_only };
 /// Opens the RocksDB database in directory `dir`: created if missing (create), only if
 /// there (existing), or for reading while a running job holds it (read_only: writes
 /// fail). Fails with io_error naming the directory (missing, corrupt), or with busy where
-/// another process holds the store's lock.
-[[nodiscard]] expected<std::unique_ptr<kv_store>> open_rocksdb_store(const std::string& dir, open_mode mode);
+/// another process holds the store's lock. `name`: what messages and where() call the
+/// store, where it is opened by another path (a held directory's /proc/self/fd/N/...);
+/// default: `dir`.
+[[nodiscard]] expected<std::unique_ptr<kv_store>> open_rocksdb_store(const std::string& dir, open_mode mode,
+                                                                     const std::string& name = {});
 
 }  // namespace ashlar

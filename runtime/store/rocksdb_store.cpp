@@ -21,6 +21,16 @@ namespace {
 // directory: a LOG file whose write failed (a full disk) makes this RocksDB (7.x) abort
 // the process, on an assertion of its own, at its next log line, e.g. when the store is
 // closed or the disk has room again.
+// `text` with every `from` in it written as `to` (RocksDB's messages name the path the
+// store was opened by).
+std::string renamed(std::string text, const std::string& from, const std::string& to) {
+  if (from == to || from.empty())
+    return text;
+  for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+    text.replace(at, from.size(), to);
+  return text;
+}
+
 class store_logger final : public rocksdb::Logger {
 public:
   explicit store_logger(std::string dir) : rocksdb::Logger(rocksdb::InfoLogLevel::INFO_LEVEL), dir_(std::move(dir)) {}
@@ -48,9 +58,9 @@ private:
   std::string dir_;
 };
 
-rocksdb::Options store_options(const std::string& dir, open_mode mode) {
+rocksdb::Options store_options(const std::string& name, open_mode mode) {
   rocksdb::Options opts;
-  opts.info_log = std::make_shared<store_logger>(dir);
+  opts.info_log = std::make_shared<store_logger>(name);
   opts.create_if_missing = mode == open_mode::create;
   opts.max_open_files = 64;
   // Damage is reported, not recovered around. RocksDB's default WAL recovery replays up to
@@ -75,8 +85,8 @@ rocksdb::Options store_options(const std::string& dir, open_mode mode) {
 // the store open for reading only, and the next write tries a full reopen again.
 class rocksdb_store final : public kv_store {
 public:
-  rocksdb_store(std::unique_ptr<rocksdb::DB> db, std::string dir, open_mode mode)
-    : db_(std::move(db)), dir_(std::move(dir)), mode_(mode) {}
+  rocksdb_store(std::unique_ptr<rocksdb::DB> db, std::string dir, std::string name, open_mode mode)
+    : db_(std::move(db)), dir_(std::move(dir)), name_(std::move(name)), mode_(mode) {}
 
   caf::error write(const kv_batch& b) override {
     rocksdb::WriteBatch batch;
@@ -95,7 +105,7 @@ public:
           if (s.ok())
             return caf::none;
           failed_ = mode_ != open_mode::read_only; // a read-only store refuses every write
-          return make_error(errc::io_error, "writing to the checkpoint store " + dir_ + ": " + s.ToString());
+          return make_error(errc::io_error, "writing to the checkpoint store " + name_ + ": " + renamed(s.ToString(), dir_, name_));
         }
       }
       if (attempt == 0) {
@@ -105,7 +115,7 @@ public:
             return err;
       }
     }
-    return make_error(errc::io_error, "writing to the checkpoint store " + dir_
+    return make_error(errc::io_error, "writing to the checkpoint store " + name_
                                         + ": another write failed while it was reopened");
   }
 
@@ -118,7 +128,7 @@ public:
     if (s.IsNotFound())
       return std::optional<std::string>{};
     if (!s.ok())
-      return make_error(errc::io_error, "reading " + key + " from the checkpoint store " + dir_ + ": " + s.ToString());
+      return make_error(errc::io_error, "reading " + key + " from the checkpoint store " + name_ + ": " + renamed(s.ToString(), dir_, name_));
     return std::optional<std::string>{std::move(value)};
   }
 
@@ -131,11 +141,11 @@ public:
     for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next())
       out.push_back(it->key().ToString());
     if (!it->status().ok())
-      return make_error(errc::io_error, "listing the checkpoint store " + dir_ + ": " + it->status().ToString());
+      return make_error(errc::io_error, "listing the checkpoint store " + name_ + ": " + renamed(it->status().ToString(), dir_, name_));
     return out;
   }
 
-  std::string where() const override { return dir_; }
+  std::string where() const override { return name_; }
 
 private:
   // Under the exclusive lock: closes the database and opens it again (never creating it:
@@ -144,7 +154,7 @@ private:
   // again; only if that fails too is the store closed (reads fail, naming why).
   caf::error reopen() {
     db_.reset();
-    auto opts = store_options(dir_, mode_);
+    auto opts = store_options(name_, mode_);
     opts.create_if_missing = false;
     rocksdb::DB* raw = nullptr;
     auto s = rocksdb::DB::Open(opts, dir_, &raw);
@@ -152,27 +162,28 @@ private:
       db_.reset(raw);
       failed_ = false;
       reopen_error_.clear();
-      spdlog::info("checkpoint store {}: reopened after a failed write; writing again", dir_);
+      spdlog::info("checkpoint store {}: reopened after a failed write; writing again", name_);
       return caf::none;
     }
-    reopen_error_ = s.ToString();
+    reopen_error_ = renamed(s.ToString(), dir_, name_);
     raw = nullptr;
     if (rocksdb::DB::OpenForReadOnly(opts, dir_, &raw).ok())
       db_.reset(raw);
     failed_ = true;
-    return make_error(errc::io_error, "reopening the checkpoint store " + dir_ + " after a failed write: "
+    return make_error(errc::io_error, "reopening the checkpoint store " + name_ + " after a failed write: "
                                         + reopen_error_ + (db_ ? " (it stays readable; the next write tries again)"
                                                                : " (the next write tries again)"));
   }
 
   caf::error closed() const {
-    return make_error(errc::io_error, "the checkpoint store " + dir_ + " is closed: reopening it after a failed "
+    return make_error(errc::io_error, "the checkpoint store " + name_ + " is closed: reopening it after a failed "
                                         "write failed (" + reopen_error_ + "); the next write tries again");
   }
 
   mutable std::shared_mutex mutex_; // shared: reads and writes; exclusive: a reopen
   std::unique_ptr<rocksdb::DB> db_;
-  std::string dir_;
+  std::string dir_;  // what it is opened by
+  std::string name_; // what messages call it
   open_mode mode_;
   std::atomic<bool> failed_{false}; // a write failed: reopen before the next
   std::string reopen_error_;
@@ -180,22 +191,24 @@ private:
 
 }  // namespace
 
-expected<std::unique_ptr<kv_store>> open_rocksdb_store(const std::string& dir, open_mode mode) {
-  const auto opts = store_options(dir, mode);
+expected<std::unique_ptr<kv_store>> open_rocksdb_store(const std::string& dir, open_mode mode,
+                                                       const std::string& name) {
+  const std::string shown = name.empty() ? dir : name;
+  const auto opts = store_options(shown, mode);
   rocksdb::DB* raw = nullptr;
   auto s = mode == open_mode::read_only ? rocksdb::DB::OpenForReadOnly(opts, dir, &raw)
                                         : rocksdb::DB::Open(opts, dir, &raw);
   if (!s.ok()) {
-    std::string why = s.ToString();
+    std::string why = renamed(s.ToString(), dir, shown);
     // RocksDB's LOCK held elsewhere reads "Resource temporarily unavailable" or "lock hold".
     if (why.find("/LOCK") != std::string::npos)
-      return make_error(errc::busy, "cannot open the checkpoint store " + dir + ": " + why
+      return make_error(errc::busy, "cannot open the checkpoint store " + shown + ": " + why
                                       + " (the store is open elsewhere: a job or node on the same directory, or a "
                                         "node the cluster lost that still runs, frozen or cut off, which lets go "
                                         "once it notices; stop that process or use another directory)");
-    return make_error(errc::io_error, "cannot open the checkpoint store " + dir + ": " + why);
+    return make_error(errc::io_error, "cannot open the checkpoint store " + shown + ": " + why);
   }
-  return std::unique_ptr<kv_store>(new rocksdb_store(std::unique_ptr<rocksdb::DB>(raw), dir, mode));
+  return std::unique_ptr<kv_store>(new rocksdb_store(std::unique_ptr<rocksdb::DB>(raw), dir, shown, mode));
 }
 
 }  // namespace ashlar

@@ -24,6 +24,7 @@
 #include "runtime/net/socket.hpp"
 #include "runtime/os/memory.hpp"
 #include "runtime/os/paths.hpp"
+#include "runtime/store/kv_store.hpp"
 #include "temp_dir.hpp"
 
 using namespace ashlar;
@@ -489,27 +490,44 @@ TEST_CASE("confine_path keeps a requested path inside the work directory, throug
   CHECK_FALSE(confine_path(work, "link/outside", "run.trace"));
 }
 
-TEST_CASE("a pinned checkpoint directory is made beneath the work directory and keeps naming itself when a "
-          "symbolic link replaces it on the way") {
+TEST_CASE("a pinned checkpoint directory is made beneath the work directory, keeps naming itself when a "
+          "symbolic link replaces it on the way, and is one pin per directory while held") {
   temp_dir dir;
   std::filesystem::create_directories(dir.file("work"));
   std::filesystem::create_directories(dir.file("outside"));
   const std::string work = dir.file("work");
-  auto pin = pin_confined_dir(work, "jobs/ck", "run.checkpoint_dir");
-  REQUIRE(pin);
-  CHECK(std::filesystem::is_directory(work + "/jobs/ck"));
-  // The directory's name is swapped for a link out of the work directory after the pin:
-  // what is written through the pin still lands in the directory that was pinned.
-  std::filesystem::rename(work + "/jobs", work + "/jobs-moved");
-  std::filesystem::create_directory_symlink(dir.file("outside"), work + "/jobs");
   {
-    std::ofstream f{pin->path() + "/written"};
-    f << "x";
+    auto pinned = pin_confined_dir(work, "jobs/ck", "run.checkpoint_dir");
+    REQUIRE(pinned);
+    auto pin = *pinned;
+    CHECK(std::filesystem::is_directory(work + "/jobs/ck"));
+    // The directory's name is swapped for a link out of the work directory after the pin:
+    // what is written through the pin still lands in the directory that was pinned.
+    std::filesystem::rename(work + "/jobs", work + "/jobs-moved");
+    std::filesystem::create_directory_symlink(dir.file("outside"), work + "/jobs");
+    {
+      std::ofstream f{pin->path() + "/written"};
+      f << "x";
+    }
+    CHECK(std::filesystem::exists(work + "/jobs-moved/ck/written"));
+    CHECK_FALSE(std::filesystem::exists(dir.file("outside/ck/written")));
+    CHECK_FALSE(std::filesystem::exists(dir.file("outside/written")));
+    // Asked for again while held: the same pin, so one store opened twice in this process
+    // is refused the second time, as by its name; messages name the directory as given.
+    auto again = pin_confined_dir(work, "jobs/ck", "run.checkpoint_dir");
+    REQUIRE(again);
+    CHECK(again->get() == pin.get());
+    auto first = open_rocksdb_store(pin->path() + "/s", open_mode::create, work + "/jobs/ck/s");
+    REQUIRE(first);
+    CHECK((*first)->where() == work + "/jobs/ck/s");
+    auto second = open_rocksdb_store((*again)->path() + "/s", open_mode::create);
+    REQUIRE_FALSE(second);
+    CHECK(is(second.error(), errc::busy));
+    const auto text = describe(pin->named(second.error(), work + "/jobs/ck"));
+    CHECK(text.find(work + "/jobs/ck/s") != std::string::npos);
+    CHECK(text.find("/proc/self/fd/") == std::string::npos);
   }
-  CHECK(std::filesystem::exists(work + "/jobs-moved/ck/written"));
-  CHECK_FALSE(std::filesystem::exists(dir.file("outside/ck/written")));
-  CHECK_FALSE(std::filesystem::exists(dir.file("outside/written")));
-  // Pinned again now, the link on the way is refused, and so are .. and a path outside.
+  // Pinned again once let go, the link on the way is refused, and so are .. and a path outside.
   auto again = pin_confined_dir(work, "jobs/ck", "run.checkpoint_dir");
   REQUIRE_FALSE(again);
   CHECK(describe(again.error()).find("run.checkpoint_dir jobs/ck: jobs on the way is not a directory")

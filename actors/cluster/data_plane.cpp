@@ -1,4 +1,5 @@
 #include "actors/cluster/data_plane.hpp"
+#include "runtime/os/threads.hpp"
 
 #include <algorithm>
 #include <list>
@@ -157,6 +158,7 @@ expected<net::tcp_socket> admitted_socket(int fd, SSL* ssl, const net::session_k
 /// as the shard gives it (held reads do not block later requests). Detached: its writes
 /// may block on the socket.
 caf::behavior shard_server(caf::event_based_actor* self, connection_ptr c, shard_actor shard) {
+  name_this_thread("ashlar.dp-write"); // (a detached actor: its own thread)
   auto fail = [=](uint64_t seq, uint64_t ticket, const caf::error& e) {
     if (auto err = net::write_text_frame(c->chan(), net::frame_kind::error, seq, describe(e)))
       c->cut();
@@ -246,6 +248,7 @@ void settle(proxy_pointer self, uint64_t seq, Reply&& reply) {
 
 caf::behavior shard_proxy(proxy_pointer self, connection_ptr conn, shard_actor remote, uint32_t shard_id,
                           std::string endpoint, caf::actor owner) {
+  name_this_thread("ashlar.dp-proxy"); // (a detached actor: its own thread)
   auto& st = self->state;
   st.conn = std::move(conn);
   st.remote = caf::actor_cast<caf::actor>(remote);
@@ -280,6 +283,7 @@ caf::behavior shard_proxy(proxy_pointer self, connection_ptr conn, shard_actor r
 
 /// Reads replies for a proxy until the connection ends.
 void proxy_reader(connection_ptr c, caf::actor_addr proxy, uint32_t shard_id) {
+  name_this_thread("ashlar.dp-reply");
   for (;;) {
     net::inbound_frame f;
     auto err = net::read_frame(c->chan(), f);
@@ -503,6 +507,7 @@ struct data_plane::impl {
 
   // Shard side, after admission: hello, welcome, then requests go to a shard_server actor.
   void serve_connection(const connection_ptr& c, const std::string& key) {
+    name_this_thread("ashlar.dp-serve");
     std::string hello;
     uint32_t shard_id = 0;
     auto served_shard = read_hello(c, key, hello, shard_id);
@@ -612,7 +617,10 @@ expected<std::string> data_plane::serve(uint32_t shard_id, const shard_actor& sh
     d.admit = std::make_unique<net::admitter>(data_security(d.sys, d.tls, ""), "data plane",
                                               [&d] { return d.keys(); });
     d.endpoint = host + ":" + std::to_string(d.listener->port());
-    d.acceptor = std::thread{[&d] { d.accept_loop(); }};
+    d.acceptor = std::thread{[&d] {
+      name_this_thread("ashlar.accept");
+      d.accept_loop();
+    }};
     spdlog::info("data plane: serving shards on {}", d.endpoint);
   }
   // A sparse push carries values and indices: up to twice the range's floats.

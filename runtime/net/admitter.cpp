@@ -1,4 +1,5 @@
 #include "runtime/core/clock.hpp"
+#include "runtime/os/threads.hpp"
 #include "runtime/net/admitter.hpp"
 
 #include <algorithm>
@@ -250,7 +251,10 @@ admitter::admitter(net_security sec, std::string what, tokens_fn tokens) : impl_
   impl_->tokens = std::move(tokens);
   if (::pipe2(impl_->wake, O_CLOEXEC | O_NONBLOCK) != 0)
     impl_->wake[0] = impl_->wake[1] = -1;
-  impl_->thread = std::thread{[p = impl_.get()] { p->run(); }};
+  impl_->thread = std::thread{[p = impl_.get()] {
+    name_this_thread("ashlar.admit");
+    p->run();
+  }};
 }
 
 admitter::~admitter() {

@@ -1,4 +1,5 @@
 #include "runtime/net/http_endpoint.hpp"
+#include "runtime/os/threads.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -194,7 +195,10 @@ expected<std::unique_ptr<http_endpoint>> http_endpoint::start(const std::string&
     return make_error(errc::io_error, "the metrics endpoint cannot make its wake-up pipe");
   }
   auto* raw = p.get();
-  p->thread = std::thread([raw] { raw->run(); });
+  p->thread = std::thread([raw] {
+    name_this_thread("ashlar.http");
+    raw->run();
+  });
   return std::unique_ptr<http_endpoint>(new http_endpoint(std::move(p)));
 }
 

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include "runtime/net/socket.hpp"
 #include "runtime/os/memory.hpp"
 #include "runtime/os/paths.hpp"
+#include "runtime/os/threads.hpp"
 #include "runtime/store/kv_store.hpp"
 #include "temp_dir.hpp"
 
@@ -625,6 +627,21 @@ TEST_CASE("/metrics answers within its deadline while ten clients trickle their 
   for (int fd : idle)
     ::close(fd);
   CHECK(http_get((*ep)->port(), "/nothing", std::chrono::seconds(2)).rfind("HTTP/1.1 404", 0) == 0);
+}
+
+TEST_CASE("a thread Ashlar starts carries its name, cut to the kernel's 15 characters") {
+  std::string seen, cut;
+  std::thread{[&] {
+    char buf[32] = {};
+    name_this_thread("ashlar.dp-serve");
+    ::pthread_getname_np(::pthread_self(), buf, sizeof buf);
+    seen = buf;
+    name_this_thread("ashlar.a-name-too-long");
+    ::pthread_getname_np(::pthread_self(), buf, sizeof buf);
+    cut = buf;
+  }}.join();
+  CHECK(seen == "ashlar.dp-serve");
+  CHECK(cut == "ashlar.a-name-t");
 }
 
 TEST_CASE("a host offers 64 worker slots a core and one per 32 MiB available, the smaller, at least one") {

@@ -307,7 +307,7 @@ static expected<shard_persistence> open_persistence(const std::string& dir, uint
                                       + "; it is taken over once that lease has not changed for "
                                       + fmt_seconds(owner.stale_s) + " (a holder that runs renews it twice a "
                                         "second)");
-    auto taken = take_over_store(path);
+    auto taken = take_over_store(path, named);
     owner.watch->forget(named);
     if (!taken)
       return taken.error();

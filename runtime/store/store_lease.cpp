@@ -229,7 +229,7 @@ expected<store_generation> store_generation_of(const std::string& link) {
   return out;
 }
 
-expected<taken_over_store> take_over_store(const std::string& link) {
+expected<taken_over_store> take_over_store(const std::string& link, const std::string& shown_link) {
   std::error_code ec;
   if (fs::symlink_status(link, ec).type() != fs::file_type::symlink)
     return make_error(errc::busy, "the checkpoint store " + link + " is of the layout before generations (a "
@@ -284,7 +284,8 @@ expected<taken_over_store> take_over_store(const std::string& link) {
   }
   if (auto err = point_link(link, out.now.generation))
     return err; // the link still points to the old generation; the new one is left as it is
-  auto store = open_rocksdb_store(out.now.path, open_mode::existing);
+  auto store = open_rocksdb_store(out.now.path, open_mode::existing,
+                                  (shown_link.empty() ? link : shown_link) + out.now.path.substr(link.size()));
   if (!store)
     return store.error();
   out.store = std::move(*store);

@@ -139,6 +139,8 @@ struct taken_over_store {
 /// generation stays where it is (its holder, should it wake up, writes there). Fails with
 /// io_error naming the step and the path; the link moves only once the new store is
 /// complete.
-[[nodiscard]] expected<taken_over_store> take_over_store(const std::string& link);
+/// `shown_link`: the link as messages and the store's where() name it, where `link` is
+/// reached another way (a held directory, pin_confined_dir); default: `link`.
+[[nodiscard]] expected<taken_over_store> take_over_store(const std::string& link, const std::string& shown_link = {});
 
 }  // namespace ashlar

@@ -127,23 +127,24 @@ expected<std::optional<job_store>> job_store::open(const train_config& cfg) {
   if (cfg.checkpoint_dir.empty())
     return std::optional<job_store>{};
   // A submitted job's directory was resolved inside the work directory when it came in;
-  // now it is opened beneath it and held: a symbolic link planted on the way since (or
-  // while the store opens) cannot lead the store elsewhere.
+  // now the job record's directory (DIR/job) is opened beneath it, no link followed on the
+  // way, and held: a link planted since (or while the store opens) cannot lead it out.
   std::shared_ptr<pinned_dir> pin;
-  std::string dir = cfg.checkpoint_dir;
+  std::string at = cfg.checkpoint_dir + "/job";
   if (!cfg.confine_root.empty()) {
-    auto held = pin_confined_dir(cfg.confine_root, cfg.checkpoint_dir, "run.checkpoint_dir");
+    auto held = pin_confined_dir(cfg.confine_root, at, "run.checkpoint_dir");
     if (!held)
       return held.error();
     pin = std::move(*held);
-    dir = pin->path();
+    at = pin->path();
   } else {
     std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
+    std::filesystem::create_directories(cfg.checkpoint_dir, ec);
     if (ec)
-      return make_error(errc::io_error, "cannot create the checkpoint directory " + dir + ": " + ec.message());
+      return make_error(errc::io_error, "cannot create the checkpoint directory " + cfg.checkpoint_dir + ": "
+                                          + ec.message());
   }
-  auto store = open_rocksdb_store(dir + "/job", open_mode::create, cfg.checkpoint_dir + "/job");
+  auto store = open_rocksdb_store(at, open_mode::create, cfg.checkpoint_dir + "/job");
   if (!store)
     return store.error();
   auto cuts = load_job_cuts(**store);

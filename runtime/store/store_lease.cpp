@@ -197,6 +197,9 @@ expected<store_generation> store_generation_of(const std::string& link) {
       return make_error(errc::io_error, "the checkpoint store link " + link + " points to '" + target
                                           + "', not to a generation " + base + ".N of its own");
     out.path = (fs::path(link).parent_path() / target).string();
+    if (fs::symlink_status(out.path, ec).type() == fs::file_type::symlink) // a generation is a directory of its own
+      return make_error(errc::io_error, "the checkpoint store generation " + out.path
+                                          + " is a symbolic link, not a directory: not used");
     return out;
   }
   if (st.type() == fs::file_type::not_found) {
@@ -204,6 +207,9 @@ expected<store_generation> store_generation_of(const std::string& link) {
     // newest generation.
     out.generation = std::max<uint32_t>(1, newest_generation(link));
     out.path = link + "." + std::to_string(out.generation);
+    if (fs::symlink_status(out.path, ec).type() == fs::file_type::symlink)
+      return make_error(errc::io_error, "the checkpoint store generation " + out.path
+                                          + " is a symbolic link, not a directory: not used");
     if (auto err = point_link(link, out.generation))
       return err;
     return out;

@@ -699,3 +699,25 @@ TEST_CASE("a checkpoint writer reports a write that failed on a full disk until 
   CHECK(w.stats().error.empty());
   CHECK(w.stats().newest_cut == 2);
 }
+
+TEST_CASE("a submitted job's record is opened beneath the work directory through no link: one planted for its "
+          "directory is refused and nothing is written where it leads") {
+  test::temp_dir dir;
+  std::filesystem::create_directories(dir.file("work/ck"));
+  std::filesystem::create_directories(dir.file("outside"));
+  std::filesystem::create_directory_symlink(dir.file("outside"), dir.file("work/ck/job"));
+  train_config cfg;
+  cfg.confine_root = dir.file("work");
+  cfg.checkpoint_dir = std::filesystem::canonical(dir.file("work")).string() + "/ck";
+  auto planted = job_store::open(cfg);
+  REQUIRE_FALSE(planted);
+  CHECK(describe(planted.error()).find("run.checkpoint_dir") != std::string::npos);
+  CHECK(std::filesystem::is_empty(dir.file("outside")));
+  // Without the link, the record is made in the work directory and names itself by it.
+  std::filesystem::remove(dir.file("work/ck/job"));
+  auto made = job_store::open(cfg);
+  REQUIRE(made);
+  REQUIRE(*made);
+  CHECK(std::filesystem::is_directory(dir.file("work/ck/job")));
+  CHECK(std::filesystem::is_empty(dir.file("outside")));
+}

@@ -117,6 +117,18 @@ TEST_CASE("a shard store lives in generations behind a link, and a store of the 
   auto odd = store_generation_of(dir.file("shard-2"));
   REQUIRE_FALSE(odd);
   CHECK(describe(odd.error()).find("shard-2") != std::string::npos);
+  // A generation that is itself a link (planted inside the checkpoint directory) is not
+  // used, whether the store's link names it or none does yet.
+  std::filesystem::create_directories(dir.file("elsewhere"));
+  std::filesystem::create_directory_symlink(dir.file("elsewhere"), dir.file("shard-3.1"));
+  std::filesystem::create_directory_symlink("shard-3.1", dir.file("shard-3"));
+  auto linked = store_generation_of(dir.file("shard-3"));
+  REQUIRE_FALSE(linked);
+  CHECK(describe(linked.error()).find("is a symbolic link, not a directory") != std::string::npos);
+  std::filesystem::create_directory_symlink(dir.file("elsewhere"), dir.file("shard-4.1"));
+  auto fresh = store_generation_of(dir.file("shard-4"));
+  REQUIRE_FALSE(fresh);
+  CHECK(std::filesystem::is_empty(dir.file("elsewhere")));
 }
 
 TEST_CASE("a copy of a checkpoint directory opens its newest generation whether the copy kept the links, followed "

@@ -44,6 +44,19 @@ std::string errno_text(int e) {
   return std::strerror(e);
 }
 
+// The work directory `root` resolved (base) and `path` relative to it (rel, "..." first
+// where it leads out), as open_confined and pin_confined_dir take them.
+caf::error beneath(const std::string& root, const std::string& path, const std::string& what, fs::path& base,
+                   fs::path& rel) {
+  std::error_code ec;
+  base = fs::canonical(root, ec);
+  if (ec)
+    return make_error(errc::io_error, what + ": the work directory " + root + " cannot be opened: " + ec.message());
+  const fs::path p{path};
+  rel = p.is_absolute() ? p.lexically_normal().lexically_relative(base) : p.lexically_normal();
+  return caf::none;
+}
+
 // openat2(RESOLVE_BENEATH), or where the kernel lacks it (before 5.6) a walk of the
 // path one component at a time with O_NOFOLLOW, which refuses every symbolic link.
 int open_beneath(int dirfd, const fs::path& rel, int flags, unsigned mode) {
@@ -84,12 +97,9 @@ expected<int> open_confined(const std::string& root, const std::string& path, in
       return make_error(errc::io_error, what + ": cannot open " + path + ": " + errno_text(errno));
     return fd;
   }
-  std::error_code ec;
-  const fs::path base = fs::canonical(root, ec);
-  if (ec)
-    return make_error(errc::io_error, what + ": the work directory " + root + " cannot be opened: " + ec.message());
-  fs::path p{path};
-  fs::path rel = p.is_absolute() ? p.lexically_normal().lexically_relative(base) : p.lexically_normal();
+  fs::path base, rel;
+  if (auto err = beneath(root, path, what, base, rel))
+    return err;
   const auto outside = [&] {
     return make_error(errc::invalid_argument, what + " " + path + " lies outside this node's work directory "
                                                 + base.string() + " (--work-dir), through .. or a symbolic link");
@@ -152,12 +162,9 @@ caf::error pinned_dir::named(const caf::error& err, const std::string& as) const
 namespace {
 
 expected<pinned_dir> pin_dir(const std::string& root, const std::string& path, const std::string& what) {
-  std::error_code ec;
-  const fs::path base = fs::canonical(root, ec);
-  if (ec)
-    return make_error(errc::io_error, what + ": the work directory " + root + " cannot be opened: " + ec.message());
-  fs::path p{path};
-  fs::path rel = p.is_absolute() ? p.lexically_normal().lexically_relative(base) : p.lexically_normal();
+  fs::path base, rel;
+  if (auto err = beneath(root, path, what, base, rel))
+    return err;
   if (rel.empty() || *rel.begin() == "..")
     return make_error(errc::invalid_argument, what + " " + path + " lies outside this node's work directory "
                                                 + base.string() + " (--work-dir)");

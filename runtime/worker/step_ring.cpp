@@ -129,16 +129,24 @@ void step_machine::ring_sync_done() {
 void step_machine::ring_synced() {
   ring_trained_ = ring_gen_;
   ring_round_ = 0;
-  if (ring_step_up_ > 0) {
-    // The step whose all-reduce the loss cut short counts as done, as for the others.
+  // The step whose all-reduce the loss cut short here, and not at the furthest member,
+  // is done: its batch is in the model taken up. It is reported as this member's, with
+  // its samples (the job's count and the handover's ledger would miss them otherwise),
+  // and the next step starts as any does.
+  const bool stepped_up = ring_step_up_ > 0;
+  if (stepped_up) {
     spdlog::info("worker {}: the re-formed ring goes on from the model of its furthest member, {} step(s) ahead",
                  job_.worker_id, ring_step_up_);
-    step_ += ring_step_up_;
+    step_ += ring_step_up_ - 1; // report_step counts the step in flight
   }
   if (ring_rank_id_ == 0 && lost_.empty())
-    return read_mirror(true); // the lost rank 0 may have died halfway through a push
+    return read_mirror(!stepped_up); // the lost rank 0 may have died halfway through a push
   if (ring_rank_id_ == 0)
     mirror_stale_ = true; // read once the shards are back
+  if (stepped_up) {
+    report_step(since(phase_start_));
+    return end_step();
+  }
   if (ring_behind_)
     return compute_step(); // its gradient was of another model
   ring_begin();

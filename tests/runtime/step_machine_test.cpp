@@ -1028,6 +1028,15 @@ TEST_CASE("step machine: a ring that lost a member halfway through an all-reduce
   ring.deliver(); // the sync: steps, then worker 0's state
   CHECK(ring.m(1).params() == furthest);
   CHECK(ring.m(1).steps_done() == 2);
+  // Worker 1's step 1 is in that state: it is reported with its batch's samples (the
+  // job's count and the handover's ledger take them from the reports), and its next step
+  // starts as any does.
+  auto reports = ring.take<step::report>(1);
+  REQUIRE(reports.size() == 2);
+  CHECK(reports.back().rep.step == 1);
+  CHECK(reports.back().rep.samples == reports.front().rep.samples);
+  CHECK(reports.back().rep.samples > 0);
+  ring.next_step(1);
   // Rank 0 reads the mirror (as if the lost member's half-pushed update left it off by
   // 0.5 everywhere) and pushes what differs; its model stays.
   auto pulls = ring.take<step::send_pull>(0);

@@ -26,6 +26,19 @@ member_plan plan_member_changes(const std::map<uint32_t, ledger_entry>& members,
   if (live.empty())
     return out;
   out.live = live.size();
+  // A ring's members take their steps together: those that trained on it are at the same
+  // step, whatever the counts say (a report still on its way, or the step whose
+  // all-reduce a loss cut short, which a member behind counts as done when the ring is
+  // formed again). The furthest count is every member's.
+  if (ring) {
+    uint64_t furthest = 0;
+    for (const auto& [id, m] : live)
+      if (newcomers.count(id) == 0)
+        furthest = std::max(furthest, done_of(id));
+    for (const auto& [id, m] : live)
+      if (newcomers.count(id) == 0 && done.count(id) > 0)
+        done[id] = furthest;
+  }
   uint64_t owed = 0;
   for (auto id : lost) {
     auto m = members.find(id);

@@ -465,6 +465,29 @@ TEST_CASE("a plan of membership changes moves nothing for members that finished,
   }
 }
 
+TEST_CASE("a ring's plan after a loss gives its live members equal steps from the furthest count, and what they train covers what is owed") {
+  // Three ring members of 100 samples each, batch 32 (25 samples a step), 50 steps. Member
+  // 2 is lost with 30 steps trained; member 0 counts 31 and member 1 30 (its report of the
+  // step a loss cut short, or one still on its way: it is at step 31 all the same).
+  std::map<uint32_t, ledger_entry> members;
+  for (uint32_t id = 0; id < 3; ++id)
+    members[id] = ledger_entry{member_part{32, id * 100, 100, 50}, false, false, true, 0};
+  members[2].left = members[2].failed = true;
+  std::map<uint32_t, uint64_t> done{{0, 31}, {1, 30}, {2, 30}};
+  auto p = plan_member_changes(members, {2}, {}, done, 300, true, true);
+  REQUIRE(p.live == 2);
+  CHECK(p.handed_samples == 20 * 25);
+  REQUIRE(p.directives.count(0) == 1);
+  REQUIRE(p.directives.count(1) == 1);
+  CHECK(p.directives.at(0).steps == p.directives.at(1).steps);
+  // From step 31, on parts of 150 (5 steps of 30 a pass), both train what is owed: the
+  // lost member's 20 steps and their own 19 each.
+  const double owed = (20 + 19 + 19) * 25.0;
+  const double trained = 2.0 * static_cast<double>(p.directives.at(0).steps - 31) * 30.0;
+  CHECK(trained >= owed - 1e-6);
+  CHECK(trained <= owed + 2 * 30); // one round at most past it
+}
+
 TEST_CASE("node_watch pings each live node once per interval and loses one that answers nothing for the timeout") {
   manual_clock clock;
   control::watch_timing t;

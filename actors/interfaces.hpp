@@ -111,8 +111,11 @@ using scheduler_actor = caf::typed_actor<
 /// (the fraction of each range a delta read carries, 0: dense pulls); the worker changes
 /// behaviour at its next step boundary.
 /// ring_atom (decentralized mode): the ring's generation (a ring re-formed after a member
-/// was lost is the next one), this worker's rank, the ring's size, and the next worker on
-/// the ring (a worker_actor); wire::ring_message: a chunk from the previous one.
+/// was lost is the next one), this worker's rank, the ring's size, the next worker on the
+/// ring (a worker_actor) and the data-plane endpoint that takes its chunks ("": CAF's path
+/// only); wire::ring_message: a chunk from the previous one. (ring_atom, next, stand-in):
+/// the data-plane stand-in for the next worker is connected (the next worker itself if it
+/// could not be; made on a thread of its own).
 /// (shard_atom, index, shard, data endpoint): shard `index` was lost and is served again
 /// by `shard` (restored from its checkpoints); (shard_atom, generation): the wait for a
 /// lost shard is over (sent by the worker to itself); (shard_atom, index, stand-in): the
@@ -124,7 +127,8 @@ using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to
                                       caf::reacts_to<local_steps_atom, uint32_t>,
                                       caf::reacts_to<batch_atom, uint32_t, uint64_t, uint64_t, uint64_t, uint64_t>,
                                       caf::reacts_to<stage_atom, std::string, uint32_t, float, float>,
-                                      caf::reacts_to<ring_atom, uint32_t, uint32_t, uint32_t, caf::actor>,
+                                      caf::reacts_to<ring_atom, uint32_t, uint32_t, uint32_t, caf::actor, std::string>,
+                                      caf::reacts_to<ring_atom, caf::actor, caf::actor>,
                                       caf::reacts_to<wire::ring_message>,
                                       caf::reacts_to<shard_atom, uint32_t, shard_actor, std::string>,
                                       caf::reacts_to<shard_atom, uint64_t>,

@@ -28,6 +28,7 @@ struct member {
   caf::actor_addr addr;
   caf::strong_actor_ptr handle;
   std::string host;
+  std::string ring_endpoint; // its node's data plane, which takes its ring chunks ("": CAF only)
   // Its batch share, part of the training set and steps as last sent, and what its steps
   // trained on earlier parts (runtime/policy/assignment.hpp).
   member_part part;
@@ -355,9 +356,11 @@ void form_ring(scheduler_pointer self, uint32_t generation, const std::string& w
   const auto n = static_cast<uint32_t>(ring.size());
   if (n == 0)
     return;
-  for (uint32_t r = 0; r < n; ++r)
+  for (uint32_t r = 0; r < n; ++r) {
+    const auto* next = ring[(r + 1) % n];
     self->send(caf::actor_cast<worker_actor>(ring[r]->handle), ring_atom::value, generation, r, n,
-               caf::actor_cast<caf::actor>(ring[(r + 1) % n]->handle));
+               caf::actor_cast<caf::actor>(next->handle), next->ring_endpoint);
+  }
   if (why.empty()) {
     spdlog::info("scheduler: ring of {} workers formed", n);
     return;
@@ -673,6 +676,7 @@ caf::result<wire::assignment, std::vector<shard_actor>> on_register(scheduler_po
   m.addr = caf::actor_cast<caf::actor_addr>(self->current_sender());
   m.handle = self->current_sender();
   m.host = req.host;
+  m.ring_endpoint = st.traits.ring ? req.ring_endpoint : std::string{};
   m.part = member_part{a.batch_size, a.data_begin, a.data_count, a.steps};
   st.members[id] = m;
   st.roster->joined(); // a worker to take up what lost ones left

@@ -24,7 +24,12 @@ struct worker_state {
   // The backend's page locks on the machine's params and grad (a GPU backend moves them
   // by DMA); dropped before the machine (declared after it).
   std::vector<std::shared_ptr<void>> host_locks;
+  // The ring: the next worker, and where its chunks go (the next worker itself, or its
+  // data-plane stand-in; none while that connects: chunks wait in ring_queue).
   caf::actor ring_next;
+  caf::actor ring_out;
+  std::vector<wire::ring_message> ring_queue;
+  std::string ring_endpoint; // its own ring inbox on the node's data plane ("": none)
   float lr_factor = 1.0f;       // the schedule's, if it came before the assignment
   bool stopped = false;         // left or failed
   uint32_t assigned = wire::any_worker; // its id in the job, once assigned
@@ -175,7 +180,11 @@ struct executor {
   void operator()(step::next_step&) const { self->send(self, step_atom::value); }
 
   void operator()(step::ring_send& a) const {
-    self->send(caf::actor_cast<worker_actor>(self->state.ring_next), std::move(a.msg));
+    auto& st = self->state;
+    if (st.ring_out)
+      caf::anon_send(st.ring_out, std::move(a.msg));
+    else
+      st.ring_queue.push_back(std::move(a.msg)); // in order, once the stand-in is there
   }
 
   void operator()(step::await_shard& a) const {
@@ -229,6 +238,47 @@ bool connect_data_plane(worker_pointer self, uint32_t index, const shard_actor& 
     helper->send(worker, shard_atom::value, index, proxy ? *proxy : shard);
   });
   return true;
+}
+
+// The next worker on a new ring. Its chunks go through a data-plane stand-in when it is in
+// another process whose node takes ring chunks at `endpoint`; the connection (up to 10 s)
+// is made on a thread of its own, and the chunks wait meanwhile, so they keep their order.
+// The same next worker keeps its path.
+void ring_next(worker_pointer self, caf::actor next, const std::string& endpoint) {
+  auto& st = self->state;
+  if (next == st.ring_next)
+    return;
+  if (st.ring_out && st.ring_out != st.ring_next)
+    self->send_exit(st.ring_out, caf::exit_reason::normal); // the old next's stand-in
+  st.ring_queue.clear(); // the old ring's chunks
+  st.ring_next = next;
+  st.ring_out = next;
+  if (!st.cfg.plane || endpoint.empty() || !next || next.node() == self->node() || !st.machine)
+    return;
+  st.ring_out = nullptr;
+  self->spawn<caf::detached>([plane = st.cfg.plane, worker = caf::actor_cast<worker_actor>(self), next, endpoint,
+                              key = st.machine->job().data_key,
+                              worker_id = st.machine->job().worker_id](caf::blocking_actor* helper) {
+    auto proxy = plane->connect_ring(next, endpoint, key, caf::actor_cast<caf::actor>(worker), std::chrono::seconds(10));
+    if (!proxy)
+      spdlog::warn("worker {}: ring chunks to the next worker over CAF: {}", worker_id, describe(proxy.error()));
+    helper->send(worker, ring_atom::value, next, proxy ? *proxy : next);
+  });
+}
+
+// The stand-in for the next worker on the ring is connected (or `out` is the next worker
+// itself, if it could not be): the chunks that waited go first.
+void ring_stand_in_ready(worker_pointer self, const caf::actor& next, caf::actor out) {
+  auto& st = self->state;
+  if (next != st.ring_next || st.ring_out) { // for a ring re-formed since
+    if (out != next)
+      self->send_exit(out, caf::exit_reason::normal);
+    return;
+  }
+  st.ring_out = std::move(out);
+  for (auto& m : st.ring_queue)
+    caf::anon_send(st.ring_out, std::move(m));
+  st.ring_queue.clear();
 }
 
 // Training begins once every shard's handle is final.
@@ -321,6 +371,10 @@ void take_assignment(worker_pointer self, const wire::assignment& a, const std::
   st.machine->give_back_between_steps(st.cfg.give_back_between_steps &&
     std::none_of(st.host_locks.begin(), st.host_locks.end(), [](const auto& l) { return l != nullptr; }));
   spdlog::debug("worker {}: {} backend, {} steps", a.worker_id, st.backend->name(), a.steps);
+  if (!st.ring_endpoint.empty()) // a chunk carries at most the gradient and three more entries, or the
+    // model and its velocity, over a ring of two or more
+    st.cfg.plane->serve_ring(caf::actor_cast<caf::actor>(self), st.cfg.ring_key,
+                             2 * (plan->num_params + 3) * sizeof(float));
   if (a.data_endpoints.size() == shards.size())
     for (uint32_t i = 0; i < shards.size(); ++i)
       connect_data_plane(self, i, shards[i], a.data_endpoints[i]);
@@ -335,6 +389,16 @@ void start(worker_pointer self) {
   req.requested_id = st.cfg.requested_id;
   req.host = st.cfg.host;
   req.backend = "cpu";
+  if (st.cfg.plane && !st.cfg.ring_host.empty() && !st.cfg.ring_key.empty()) {
+    // A ring job: the previous worker's chunks come here, served before anyone learns where.
+    if (auto at = st.cfg.plane->listen(st.cfg.ring_host)) {
+      req.ring_endpoint = st.ring_endpoint = *at;
+      st.cfg.plane->serve_ring(caf::actor_cast<caf::actor>(self), st.cfg.ring_key, wire::max_message_bytes);
+      self->attach_functor([plane = st.cfg.plane, id = self->id()] { plane->unserve_ring(id); });
+    } else {
+      spdlog::warn("worker: ring chunks over CAF: {}", describe(at.error()));
+    }
+  }
   self->request(st.cfg.scheduler, std::chrono::seconds(30), req)
     .then([=](const wire::assignment& a, const std::vector<shard_actor>& shards) { take_assignment(self, a, shards); },
           [=](caf::error& err) {
@@ -403,12 +467,13 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
       with_machine(self, [=](step_machine& m) { m.on_batch(b, from_step, data_begin, data_count, steps); });
     },
     [=](local_steps_atom, uint32_t h) { with_machine(self, [=](step_machine& m) { m.on_local_steps(h); }); },
-    [=](ring_atom, uint32_t generation, uint32_t rank, uint32_t ranks, caf::actor& next) {
+    [=](ring_atom, uint32_t generation, uint32_t rank, uint32_t ranks, caf::actor& next, const std::string& at) {
       auto& st = self->state;
       if (!st.machine || generation > st.machine->ring_generation())
-        st.ring_next = std::move(next);
+        ring_next(self, std::move(next), at);
       with_machine(self, [=](step_machine& m) { m.on_ring(generation, rank, ranks); });
     },
+    [=](ring_atom, caf::actor& next, caf::actor& out) { ring_stand_in_ready(self, next, std::move(out)); },
     [=](wire::ring_message& msg) {
       with_machine(self, [&](step_machine& m) { m.on_ring_message(std::move(msg)); });
     },

@@ -34,6 +34,13 @@ struct worker_config {
   /// If set, pulls from and pushes to shards in other processes go over this data plane
   /// when the assignment names their data endpoints. Default: none (CAF only).
   std::shared_ptr<data_plane> plane;
+  /// If set (with `plane`), the host the plane listens on for the ring chunks of workers in
+  /// other processes (a ring job's), and the job's data-plane key under which it takes
+  /// them: the worker registers that endpoint, and the previous worker on the ring sends
+  /// its chunks there (through shared memory from the same host). Default: "" (chunks over
+  /// CAF).
+  std::string ring_host;
+  std::string ring_key;
   /// Whether a step's buffers (gradient, batch, the CPU backend's activations) are given
   /// back between steps (step_machine::give_back_between_steps): set where one process
   /// hosts more workers than it has cores, so that they compute a few at a time and held

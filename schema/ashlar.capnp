@@ -66,6 +66,7 @@ struct SpawnWorker {
   inputShape @7 :List(UInt32);  # model.input: C, H, W
   cropPadding @8 :UInt32;       # data.crop_padding
   hflip @9 :Bool;               # data.hflip
+  ringKey @10 :Text;            # a ring job's data-plane key: the node takes its workers' ring chunks under it ("": CAF)
 }
 
 # A job submitted to a running scheduler: configuration keys and values, as text.
@@ -118,6 +119,7 @@ struct RegisterWorker {
   requestedId @0 :UInt32;  # 0xFFFFFFFF = let the scheduler choose
   host @1 :Text;
   backend @2 :Text;        # "cpu", "cuda:0", ...
+  ringEndpoint @3 :Text;   # "host:port" of the data plane that takes its ring chunks ("": CAF only)
 }
 
 struct ShardRange {

@@ -19,6 +19,7 @@
 #include "runtime/control/node_watch.hpp"
 #include "runtime/core/clock.hpp"
 #include "runtime/net/gate.hpp"
+#include "runtime/policy/job_planner.hpp"
 #include "runtime/policy/ring.hpp"
 #include "runtime/store/serve_again.hpp"
 
@@ -890,8 +891,9 @@ cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std
 }
 
 namespace {
-// What every worker of the job is spawned from (a node fills in its id).
-wire::spawn_worker worker_template(const train_config& cfg, const dataset& train) {
+// What every worker of the job is spawned from (a node fills in its id). A ring job's
+// nodes take their workers' ring chunks on their data planes, under the job's key.
+wire::spawn_worker worker_template(const train_config& cfg, const dataset& train, const std::string& key) {
   wire::spawn_worker tmpl;
   tmpl.data_dir = cfg.data_dir;
   tmpl.data_source = to_string(cfg.data_source);
@@ -902,6 +904,8 @@ wire::spawn_worker worker_template(const train_config& cfg, const dataset& train
   tmpl.classes = cfg.model.classes;
   tmpl.crop_padding = cfg.crop_padding;
   tmpl.hflip = cfg.hflip;
+  if (traits_of(cfg.policy).ring)
+    tmpl.ring_key = key;
   return tmpl;
 }
 }  // namespace
@@ -913,7 +917,7 @@ caf::error cluster_placement::start_workers(const train_config& cfg, const sched
   auto nodes = list_nodes(self, cluster_);
   if (!nodes)
     return nodes.error();
-  const auto tmpl = worker_template(cfg, *train);
+  const auto tmpl = worker_template(cfg, *train, key_);
   // Worker ids go to the nodes' slots in the order of the nodes' names ("worker-0" before
   // "worker-1", "worker-10"), not of their joining: a launched cluster's node worker-i hosts worker i.
   std::vector<size_t> order(nodes->infos.size());

@@ -311,6 +311,74 @@ void proxy_reader(connection_ptr c, caf::actor_addr proxy, uint32_t shard_id) {
   c->done = true;
 }
 
+// A ring's stand-in for the next worker: writes the chunks sent to it on the connection,
+// in order, on a thread of its own (a write waits while the next worker's node is slow to
+// read). Nothing comes back on a ring connection.
+struct ring_proxy_state {
+  static constexpr const char* name = "ashlar.ring-proxy";
+  connection_ptr conn;
+  caf::actor next;
+  std::string endpoint;
+  bool broken = false;
+  ~ring_proxy_state() {
+    if (conn) {
+      conn->cut();
+      conn->done = true;
+    }
+  }
+};
+
+caf::behavior ring_proxy(caf::stateful_actor<ring_proxy_state>* self, connection_ptr conn, caf::actor next,
+                         std::string endpoint, caf::actor owner) {
+  name_this_thread("ashlar.dp-ring"); // (a detached actor: its own thread)
+  auto& st = self->state;
+  st.conn = std::move(conn);
+  st.next = std::move(next);
+  st.endpoint = std::move(endpoint);
+  self->monitor(st.next);
+  self->monitor(owner);
+  self->set_down_handler([=](caf::down_msg&) { self->quit(); });
+  return {
+    [=](wire::ring_message& m) {
+      auto& st = self->state;
+      if (!st.broken) {
+        auto err = net::write_frame(st.conn->chan(), 0, m);
+        if (!err)
+          return;
+        st.broken = true;
+        st.conn->cut();
+        spdlog::warn("data plane: ring connection to the next worker at {} lost ({}); its chunks go over CAF "
+                     "from now on",
+                     st.endpoint, describe(err));
+      }
+      self->send(st.next, std::move(m));
+    },
+  };
+}
+
+// Tries `once(timeout of the try, busy)` until it succeeds, fails for good, or `timeout`
+// runs out. A node admitting more connections at once than its bound drops the oldest
+// handshakes (hundreds of workers starting together): such a refusal, before the gate said
+// anything (`busy`), is tried again after a random backoff (50 ms doubling to 1.6 s). A
+// refusal by the gate (another job's key, ...) is final.
+template <class Once>
+auto with_backoff(std::chrono::milliseconds timeout, Once once) {
+  thread_local std::minstd_rand jitter{std::random_device{}()};
+  const auto deadline = steady_now() + timeout;
+  std::chrono::milliseconds backoff{50};
+  for (;;) {
+    bool busy = false;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady_now());
+    auto out = once(std::min(left, std::chrono::milliseconds{5000}), busy);
+    auto wait = std::chrono::milliseconds{std::uniform_int_distribution<int64_t>{backoff.count() / 2,
+                                                                                 backoff.count()}(jitter)};
+    if (out || !busy || steady_now() + wait >= deadline)
+      return out;
+    pause_for(wait);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds{1600});
+  }
+}
+
 } // namespace
 
 struct data_plane::impl {
@@ -338,6 +406,14 @@ struct data_plane::impl {
   std::string endpoint;
   std::thread acceptor;
   std::map<uint32_t, served> shards;
+  // Ring inboxes: workers of this node whose previous worker on the ring sends its chunks
+  // here, by the worker actor's id.
+  struct ring_inbox {
+    caf::actor_addr inbox;
+    std::string key;
+    uint64_t max_payload = wire::max_message_bytes;
+  };
+  std::map<caf::actor_id, ring_inbox> rings;
   std::list<running> conns;
   // The tensors of requests this node reads and has not answered, over all connections:
   // the process's --max-in-flight-mb, a budget of its own (the cluster network's bounds
@@ -389,12 +465,6 @@ struct data_plane::impl {
     }
   }
 
-  void add(connection_ptr c, std::thread t) {
-    std::lock_guard<std::mutex> guard{mtx};
-    reap();
-    conns.push_back(running{std::move(c), std::move(t)});
-  }
-
   // Connections admitted (the peer proved a served job's key) and still open.
   size_t open_connections() const {
     size_t n = 0;
@@ -410,6 +480,9 @@ struct data_plane::impl {
     for (const auto& [id, s] : shards)
       if (std::find(out.begin(), out.end(), s.key) == out.end())
         out.push_back(s.key);
+    for (const auto& [id, r] : rings)
+      if (std::find(out.begin(), out.end(), r.key) == out.end())
+        out.push_back(r.key);
     if (out.empty())
       out.push_back(net::random_hex(32)); // no job: nobody gets in
     return out;
@@ -442,10 +515,18 @@ struct data_plane::impl {
     }
   }
 
-  // Shard side, after admission: the hello names the shard; the peer learns only about
-  // the shards of the job whose key it proved. Nothing if refused (the peer is told why).
-  std::optional<served> read_hello(const connection_ptr& c, const std::string& key, std::string& hello,
-                                   uint32_t& shard_id) {
+  // What a connection serves: a shard, or a worker's ring inbox.
+  struct target {
+    shard_actor shard;
+    caf::actor_addr inbox;
+    uint64_t max_payload = wire::max_message_bytes;
+    std::string what; // for the log: "shard 3", "the ring inbox of worker actor 12"
+  };
+
+  // After admission: the hello names a shard, or a worker's ring inbox ("ring <actor
+  // id>"); the peer learns only about those of the job whose key it proved. Nothing if
+  // refused (the peer is told why).
+  std::optional<target> read_hello(const connection_ptr& c, const std::string& key, std::string& hello) {
     auto refuse = [&](const std::string& why) {
       spdlog::warn("data plane: refused a connection from {}: {}", c->sock.peer(), why);
       (void) net::write_text_frame(c->sock, net::frame_kind::error, 0, why);
@@ -459,21 +540,33 @@ struct data_plane::impl {
     hello = f.text;
     std::istringstream in{f.text};
     uint32_t protocol = 0;
-    in >> protocol >> shard_id;
+    std::string name;
+    in >> protocol >> name;
     if (protocol != wire::protocol_version)
       return refuse("protocol version mismatch: this node speaks " + std::to_string(wire::protocol_version)
                     + ", the peer " + std::to_string(protocol));
+    if (name == "ring") {
+      caf::actor_id id = 0;
+      in >> id;
+      std::lock_guard<std::mutex> guard{mtx};
+      auto it = rings.find(id);
+      if (!in || it == rings.end() || it->second.key != key)
+        return refuse("no ring inbox of worker actor " + std::to_string(id) + " of this job is served here");
+      return target{{}, it->second.inbox, it->second.max_payload, "the ring inbox of worker actor " + std::to_string(id)};
+    }
+    const auto shard_id = static_cast<uint32_t>(std::strtoul(name.c_str(), nullptr, 10));
     std::lock_guard<std::mutex> guard{mtx};
     auto it = shards.find(shard_id);
-    if (it == shards.end() || it->second.key != key)
-      return refuse("no shard " + std::to_string(shard_id) + " of this job is served here");
-    return it->second;
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos || it == shards.end()
+        || it->second.key != key)
+      return refuse("no shard " + name + " of this job is served here");
+    return target{it->second.shard, {}, it->second.max_payload, "shard " + name};
   }
 
   // The welcome, and with it the path: shared memory where the peer offered it and both
   // proved they share this host (runtime/net/shm_channel.hpp), else TCP. False if the
   // connection broke.
-  bool welcome(const connection_ptr& c, const std::string& hello, uint32_t shard_id) {
+  bool welcome(const connection_ptr& c, const std::string& hello, const std::string& what) {
     std::string text, why = "the peer offered no shared memory";
     net::shm_pending pending;
     auto name = net::shm_name_in_hello(hello);
@@ -500,23 +593,47 @@ struct data_plane::impl {
     }
     if (c->sock.set_timeout(std::chrono::milliseconds{0}))
       return false;
-    spdlog::debug("data plane: {} connected to shard {} over {}", c->sock.peer(), shard_id,
+    spdlog::debug("data plane: {} connected to {} over {}", c->sock.peer(), what,
                   c->shm ? std::string{"shared memory"} : "TCP (" + why + ")");
     return true;
   }
 
-  // Shard side, after admission: hello, welcome, then requests go to a shard_server actor.
+  // A ring inbox's connection: each chunk that comes goes to the worker, until the
+  // connection ends (or the worker did).
+  void serve_ring_connection(const connection_ptr& c, const target& t) {
+    for (;;) {
+      net::inbound_frame f;
+      auto err = net::read_frame(c->chan(), f, t.max_payload);
+      if (!err && f.kind != net::frame_kind::ring)
+        err = make_error(errc::malformed_message, "unexpected frame kind " + std::to_string(static_cast<uint32_t>(f.kind))
+                                                    + " on a ring connection");
+      if (err) {
+        if (!is(err, errc::peer_unreachable))
+          spdlog::warn("data plane: closing the ring connection from {}: {}", c->sock.peer(), describe(err));
+        break;
+      }
+      auto to = caf::actor_cast<caf::actor>(t.inbox);
+      if (!to)
+        break;
+      caf::anon_send(to, std::move(f.ring));
+    }
+    c->end();
+  }
+
+  // After admission: hello, welcome, then a ring inbox's chunks go to its worker, or a
+  // shard's requests to a shard_server actor.
   void serve_connection(const connection_ptr& c, const std::string& key) {
     name_this_thread("ashlar.dp-serve");
     std::string hello;
-    uint32_t shard_id = 0;
-    auto served_shard = read_hello(c, key, hello, shard_id);
-    if (!served_shard || !welcome(c, hello, shard_id)) {
+    auto served = read_hello(c, key, hello);
+    if (!served || !welcome(c, hello, served->what)) {
       c->end();
       return;
     }
-    const auto shard = served_shard->shard;
-    const auto max_payload = served_shard->max_payload;
+    if (served->inbox)
+      return serve_ring_connection(c, *served);
+    const auto shard = served->shard;
+    const auto max_payload = served->max_payload;
     auto server = sys.spawn<caf::detached>(shard_server, c, shard);
     for (;;) {
       net::inbound_frame req;
@@ -603,8 +720,7 @@ data_plane::~data_plane() {
   stop();
 }
 
-expected<std::string> data_plane::serve(uint32_t shard_id, const shard_actor& shard, const std::string& key,
-                                        const std::string& host, uint64_t range_floats) {
+expected<std::string> data_plane::listen(const std::string& host) {
   auto& d = *impl_;
   std::lock_guard<std::mutex> guard{d.mtx};
   if (d.stopped)
@@ -621,60 +737,60 @@ expected<std::string> data_plane::serve(uint32_t shard_id, const shard_actor& sh
       name_this_thread("ashlar.accept");
       d.accept_loop();
     }};
-    spdlog::info("data plane: serving shards on {}", d.endpoint);
+    spdlog::info("data plane: listening on {}", d.endpoint);
   }
-  // A sparse push carries values and indices: up to twice the range's floats.
-  d.shards[shard_id] =
-    impl::served{shard, key, range_floats > 0 ? 2 * range_floats * sizeof(float) : wire::max_message_bytes};
   return d.endpoint;
 }
 
-expected<shard_actor> data_plane::connect(const shard_actor& remote, uint32_t shard_id, const std::string& endpoint,
-                                          const std::string& key, const caf::actor& owner,
-                                          std::chrono::milliseconds timeout) {
-  // A node admitting more connections at once than its bound drops the oldest handshakes
-  // (hundreds of workers starting together): such a refusal, before the gate said
-  // anything, is tried again after a random backoff (50 ms doubling to 1.6 s), for as long
-  // as `timeout` allows. A refusal by the gate (another job's key, ...) is final.
-  thread_local std::minstd_rand jitter{std::random_device{}()};
-  const auto deadline = steady_now() + timeout;
-  std::chrono::milliseconds backoff{50};
-  for (;;) {
-    bool busy = false;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady_now());
-    auto out = connect_once(remote, shard_id, endpoint, key, owner, std::min(left, std::chrono::milliseconds{5000}),
-                            busy);
-    auto wait = std::chrono::milliseconds{std::uniform_int_distribution<int64_t>{backoff.count() / 2,
-                                                                                 backoff.count()}(jitter)};
-    if (out || !busy || steady_now() + wait >= deadline)
-      return out;
-    pause_for(wait);
-    backoff = std::min(backoff * 2, std::chrono::milliseconds{1600});
-  }
+void data_plane::serve_ring(const caf::actor& inbox, const std::string& key, uint64_t max_payload) {
+  std::lock_guard<std::mutex> guard{impl_->mtx};
+  impl_->rings[inbox.id()] = impl::ring_inbox{inbox.address(), key, max_payload};
 }
 
-expected<shard_actor> data_plane::connect_once(const shard_actor& remote, uint32_t shard_id,
-                                               const std::string& endpoint, const std::string& key,
-                                               const caf::actor& owner, std::chrono::milliseconds timeout,
-                                               bool& busy) {
+void data_plane::unserve_ring(caf::actor_id inbox) {
+  std::lock_guard<std::mutex> guard{impl_->mtx};
+  impl_->rings.erase(inbox);
+}
+
+expected<std::string> data_plane::serve(uint32_t shard_id, const shard_actor& shard, const std::string& key,
+                                        const std::string& host, uint64_t range_floats) {
+  auto endpoint = listen(host);
+  if (!endpoint)
+    return endpoint;
+  std::lock_guard<std::mutex> guard{impl_->mtx};
+  // A sparse push carries values and indices: up to twice the range's floats.
+  impl_->shards[shard_id] =
+    impl::served{shard, key, range_floats > 0 ? 2 * range_floats * sizeof(float) : wire::max_message_bytes};
+  return endpoint;
+}
+
+namespace {
+
+// One try at an admitted connection to the data plane at `endpoint` for `what` ("shard
+// 3", "the next worker's ring inbox"), with `head` as its hello ("<protocol> <shard id>",
+// "<protocol> ring <actor id>"): TLS (if this process has credentials) and proof of the
+// job's key (the key itself never crosses the wire), then shared memory where the peer is
+// on this host. `busy`: the node closed or ran out of time before its gate answered.
+expected<connection_ptr> open_connection(caf::actor_system& sys, const std::shared_ptr<net::tls_context>& tls,
+                                         bool shared_memory, const std::string& endpoint, const std::string& key,
+                                         const std::string& head, const std::string& what,
+                                         std::chrono::milliseconds timeout, bool& busy) {
   auto colon = endpoint.rfind(':');
   int port = colon == std::string::npos ? 0 : std::atoi(endpoint.c_str() + colon + 1);
   if (port <= 0 || port > 65535)
-    return make_error(errc::invalid_argument, "bad data endpoint '" + endpoint + "' for shard "
-                                                + std::to_string(shard_id) + " (expected HOST:PORT)");
+    return make_error(errc::invalid_argument, "bad data endpoint '" + endpoint + "' for " + what
+                                                + " (expected HOST:PORT)");
   auto raw = net::connect_tcp(endpoint.substr(0, colon), static_cast<uint16_t>(port), timeout);
   if (!raw)
     return raw.error();
-  // TLS (if this process has credentials) and proof of the job's key; the key itself
-  // never crosses the wire.
   int fd = raw->release();
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  net::handshake hs{fd, false, data_security(impl_->sys, impl_->tls, key)};
+  net::handshake hs{fd, false, data_security(sys, tls, key)};
   if (net::run_handshake(hs, timeout) != net::handshake::result::admitted) {
     ::close(fd);
     busy = hs.status() == net::gate_status::ok; // closed or out of time before the gate answered
     return make_error(errc::handshake_refused,
-                      "the data plane at " + endpoint + " refused shard " + std::to_string(shard_id) + ": "
+                      "the data plane at " + endpoint + " refused " + what + ": "
                         + (hs.status() == net::gate_status::wrong_token ? "wrong data-plane key (not this job's)"
                                                                          : hs.why()));
   }
@@ -690,22 +806,20 @@ expected<shard_actor> data_plane::connect_once(const shard_actor& remote, uint32
   // Offers shared memory: a peer on this host passes its rings to this socket.
   std::optional<net::shm_offer> offer;
   std::string why = "this process uses TCP only";
-  if (impl_->shared_memory) {
+  if (shared_memory) {
     if (auto o = net::offer_shm())
       offer.emplace(std::move(*o));
     else
       why = describe(o.error());
   }
-  auto hello = std::to_string(wire::protocol_version) + " " + std::to_string(shard_id)
-               + (offer ? net::shm_hello_part(*offer) : "");
-  if (auto err = net::write_text_frame(c->sock, net::frame_kind::hello, 0, hello))
+  if (auto err = net::write_text_frame(c->sock, net::frame_kind::hello, 0,
+                                       head + (offer ? net::shm_hello_part(*offer) : "")))
     return err;
   net::inbound_frame f;
   if (auto err = net::read_frame(c->sock, f))
     return err;
   if (f.kind == net::frame_kind::error)
-    return make_error(errc::handshake_refused, "the data plane at " + endpoint + " refused shard "
-                                                 + std::to_string(shard_id) + ": " + f.text);
+    return make_error(errc::handshake_refused, "the data plane at " + endpoint + " refused " + what + ": " + f.text);
   if (f.kind != net::frame_kind::welcome)
     return make_error(errc::malformed_message, "the data plane at " + endpoint + " answered the hello with "
                                                  "frame kind " + std::to_string(static_cast<uint32_t>(f.kind)));
@@ -716,18 +830,65 @@ expected<shard_actor> data_plane::connect_once(const shard_actor& remote, uint32
     c->shm = std::move(*ch);
     c->on_shm = c->shm != nullptr;
   }
-  spdlog::info("data plane: shard {} at {} over {}", shard_id, endpoint,
+  spdlog::info("data plane: {} at {} over {}", what, endpoint,
                c->shm ? std::string{"shared memory (same host)"} : "TCP (" + why + ")");
   if (auto err = c->sock.set_timeout(std::chrono::milliseconds{0}))
     return err;
+  return c;
+}
+
+}  // namespace
+
+expected<shard_actor> data_plane::connect(const shard_actor& remote, uint32_t shard_id, const std::string& endpoint,
+                                          const std::string& key, const caf::actor& owner,
+                                          std::chrono::milliseconds timeout) {
+  auto d = impl_;
+  bool shm = false;
+  std::shared_ptr<net::tls_context> tls;
   {
-    std::lock_guard<std::mutex> guard{impl_->mtx};
-    if (impl_->stopped)
-      return make_error(errc::invalid_state, "the data plane is stopped");
+    std::lock_guard<std::mutex> guard{d->mtx};
+    shm = d->shared_memory;
+    tls = d->tls;
   }
-  auto proxy = impl_->sys.spawn<caf::detached>(shard_proxy, c, remote, shard_id, endpoint, owner);
-  impl_->add(c, std::thread{proxy_reader, c, proxy.address(), shard_id});
+  const auto head = std::to_string(wire::protocol_version) + " " + std::to_string(shard_id);
+  auto c = with_backoff(timeout, [&](std::chrono::milliseconds t, bool& busy) {
+    return open_connection(d->sys, tls, shm, endpoint, key, head, "shard " + std::to_string(shard_id), t, busy);
+  });
+  if (!c)
+    return c.error();
+  std::lock_guard<std::mutex> guard{d->mtx};
+  if (d->stopped)
+    return make_error(errc::invalid_state, "the data plane is stopped");
+  auto proxy = d->sys.spawn<caf::detached>(shard_proxy, *c, remote, shard_id, endpoint, owner);
+  d->reap();
+  d->conns.push_back(impl::running{*c, std::thread{proxy_reader, *c, proxy.address(), shard_id}});
   return caf::actor_cast<shard_actor>(proxy);
+}
+
+expected<caf::actor> data_plane::connect_ring(const caf::actor& next, const std::string& endpoint,
+                                              const std::string& key, const caf::actor& owner,
+                                              std::chrono::milliseconds timeout) {
+  auto d = impl_;
+  bool shm = false;
+  std::shared_ptr<net::tls_context> tls;
+  {
+    std::lock_guard<std::mutex> guard{d->mtx};
+    shm = d->shared_memory;
+    tls = d->tls;
+  }
+  const auto head = std::to_string(wire::protocol_version) + " ring " + std::to_string(next.id());
+  auto c = with_backoff(timeout, [&](std::chrono::milliseconds t, bool& busy) {
+    return open_connection(d->sys, tls, shm, endpoint, key, head, "the next worker's ring inbox", t, busy);
+  });
+  if (!c)
+    return c.error();
+  std::lock_guard<std::mutex> guard{d->mtx};
+  if (d->stopped)
+    return make_error(errc::invalid_state, "the data plane is stopped");
+  auto proxy = d->sys.spawn<caf::detached>(ring_proxy, *c, next, endpoint, owner);
+  d->reap();
+  d->conns.push_back(impl::running{*c, std::thread{}}); // (no reader: nothing comes back)
+  return proxy;
 }
 
 void data_plane::stop() {

@@ -1,12 +1,15 @@
-// The tensor data plane: pulls and pushes between a worker and a shard in another process
-// on a direct TCP connection (runtime/net/tensor_frames.hpp), while every other message
-// keeps crossing CAF's middleman. Tensors then skip the middleman's serialization copies
-// and the routing through the scheduler's node, and each (worker, shard) pair gets its
-// own connection.
+// The tensor data plane: pulls and pushes between a worker and a shard in another process,
+// and a ring all-reduce's chunks from a worker to the next, on a direct TCP connection
+// (runtime/net/tensor_frames.hpp), while every other message keeps crossing CAF's
+// middleman. Tensors then skip the middleman's serialization copies and the routing
+// through the scheduler's node, and each (worker, shard) pair, or (worker, next worker),
+// gets its own connection.
 //
 // A shard node serves its shards on one data port; a worker node connects one stand-in
 // actor per remote shard. The stand-in has the shard's interface, so the worker does not
-// know which path a message takes.
+// know which path a message takes. A ring job's worker node serves its workers' ring
+// inboxes on its own data port the same way, and each worker sends its chunks through a
+// stand-in for the next worker on the ring.
 //
 // A worker on the shard node's host moves its frames through shared memory instead of
 // TCP, after both ends proved they share the host over the admitted connection (the TCP
@@ -64,6 +67,17 @@ public:
   /// Shard side: the bytes of that budget taken now.
   uint64_t in_flight_bytes() const;
 
+  /// Listens on `host` (any free port) once; later calls return the same endpoint.
+  /// Returns the endpoint "host:port" to advertise.
+  [[nodiscard]] expected<std::string> listen(const std::string& host);
+
+  /// Ring side: makes `inbox` (a worker of the job whose data-plane key is `key`) reachable
+  /// for its previous worker on the ring, who connects with connect_ring: the chunks that
+  /// come (each at most `max_payload` bytes) are sent to it as wire::ring_message. Needs
+  /// listen(). Until unserve_ring; a connection made before goes on until it ends.
+  void serve_ring(const caf::actor& inbox, const std::string& key, uint64_t max_payload);
+  void unserve_ring(caf::actor_id inbox);
+
   /// Shard side: makes `shard` reachable for clients presenting `key`. The first call
   /// listens on `host` (any free port). Returns the endpoint "host:port" to advertise.
   /// `range_floats` (the shard's range; 0: not known) bounds the tensor a request may
@@ -85,6 +99,14 @@ public:
                                               const caf::actor& owner,
                                               std::chrono::milliseconds timeout);
 
+  /// Worker side: connects to the data plane at `endpoint` that serves `next`'s ring inbox
+  /// and returns a stand-in for `next`: the ring messages sent to it go over the
+  /// connection, in order (after the connection broke, to `next` over CAF). It quits when
+  /// `next` or `owner` goes down. Blocks and fails as connect() does.
+  [[nodiscard]] expected<caf::actor> connect_ring(const caf::actor& next, const std::string& endpoint,
+                                                  const std::string& key, const caf::actor& owner,
+                                                  std::chrono::milliseconds timeout);
+
   /// Closes the listener and every connection and joins their threads. Call before the
   /// actor system is destroyed; also done by the destructor. Idempotent.
   void stop();
@@ -92,11 +114,6 @@ public:
   struct impl;
 
 private:
-  // One try of connect(); `busy`: the node closed or ran out of time before its gate
-  // answered (worth another try).
-  expected<shard_actor> connect_once(const shard_actor& remote, uint32_t shard_id, const std::string& endpoint,
-                                     const std::string& key, const caf::actor& owner,
-                                     std::chrono::milliseconds timeout, bool& busy);
   std::shared_ptr<impl> impl_;
 };
 

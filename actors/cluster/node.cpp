@@ -211,6 +211,10 @@ caf::result<worker_actor> host_worker(node_pointer self, const wire::spawn_worke
   wc.requested_id = req.requested_id;
   wc.host = st.cfg.name;
   wc.plane = st.cfg.plane;
+  if (!req.ring_key.empty()) {
+    wc.ring_host = st.cfg.data_host;
+    wc.ring_key = req.ring_key;
+  }
   wc.give_back_between_steps = st.cfg.slots > std::max(1u, std::thread::hardware_concurrency());
   uint32_t gpu_slot = UINT32_MAX;
   if (st.cfg.make_backend)

@@ -100,7 +100,7 @@ caf::error read_frame(byte_channel& sock, inbound_frame& out, uint64_t max_paylo
     return err;
   if (h.magic != frame_magic)
     return malformed(sock, "bad frame magic (not an Ashlar data-plane peer?)");
-  if (h.kind < static_cast<uint32_t>(frame_kind::hello) || h.kind > static_cast<uint32_t>(frame_kind::error))
+  if (h.kind < static_cast<uint32_t>(frame_kind::hello) || h.kind > static_cast<uint32_t>(frame_kind::ring))
     return malformed(sock, "unknown frame kind " + std::to_string(h.kind));
   if (h.meta_bytes > max_meta_bytes)
     return malformed(sock, "metadata of " + std::to_string(h.meta_bytes) + " bytes (limit "
@@ -110,7 +110,8 @@ caf::error read_frame(byte_channel& sock, inbound_frame& out, uint64_t max_paylo
                              + std::to_string(std::min<uint64_t>(max_payload, wire::max_message_bytes)) + ")");
   out.kind = static_cast<frame_kind>(h.kind);
   out.seq = h.seq;
-  const bool takes_payload = out.kind == frame_kind::pull_reply || out.kind == frame_kind::push;
+  const bool takes_payload =
+    out.kind == frame_kind::pull_reply || out.kind == frame_kind::push || out.kind == frame_kind::ring;
   if (!takes_payload && h.payload_bytes != 0)
     return malformed(sock, "unexpected tensor payload on a frame of kind " + std::to_string(h.kind));
   if (out.kind == frame_kind::hello || out.kind == frame_kind::welcome || out.kind == frame_kind::error) {
@@ -151,6 +152,10 @@ caf::error read_frame(byte_channel& sock, inbound_frame& out, uint64_t max_paylo
     case frame_kind::push_ack:
       err = wire::decode(meta, out.ack);
       break;
+    case frame_kind::ring:
+      err = wire::decode(meta, out.ring);
+      out.ring.data = std::move(tensor);
+      break;
     default:
       break;
   }
@@ -177,6 +182,10 @@ caf::error write_frame(byte_channel& sock, uint64_t seq, wire::push& x) {
 
 caf::error write_frame(byte_channel& sock, uint64_t seq, const wire::push_ack& x) {
   return write_message(sock, frame_kind::push_ack, seq, x);
+}
+
+caf::error write_frame(byte_channel& sock, uint64_t seq, wire::ring_message& x) {
+  return write_with_tensor(sock, frame_kind::ring, seq, x, &wire::ring_message::data);
 }
 
 caf::error write_text_frame(byte_channel& sock, frame_kind kind, uint64_t seq, const std::string& text) {

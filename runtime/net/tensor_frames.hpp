@@ -1,5 +1,7 @@
-// The tensor data plane's framing: pulls and pushes between a worker and a server shard
-// on a direct TCP connection, beside CAF's middleman (which carries everything else).
+// The tensor data plane's framing: pulls and pushes between a worker and a server shard,
+// and a ring all-reduce's chunks from one worker to the next, on a direct connection
+// (TCP, or shared memory on one host) beside CAF's middleman (which carries everything
+// else).
 //
 // A frame is a 32-byte header {magic, kind, seq, meta_bytes, payload_bytes}, the message
 // without its tensor as Cap'n Proto words (the same schema as on CAF's wire), and the
@@ -25,13 +27,15 @@ constexpr uint32_t frame_magic = 0x44485341u;
 constexpr uint64_t max_meta_bytes = uint64_t{1} << 20;
 
 enum class frame_kind : uint32_t {
-  hello = 1,      // client -> shard node: meta "<protocol> <shard id> <key>"
-  welcome = 2,    // shard node -> client: accepted
+  hello = 1,      // client -> node: meta "<protocol> <shard id>" or "<protocol> ring <worker id>", then
+                  // the shared-memory offer, if any
+  welcome = 2,    // node -> client: accepted
   pull = 3,       // wire::pull_request
   pull_reply = 4, // wire::pull_reply, params as payload
   push = 5,       // wire::push, grad as payload
   push_ack = 6,   // wire::push_ack
   error = 7,      // meta: the error as text (a refused hello, a failed request)
+  ring = 8,       // wire::ring_message, its chunk as payload (worker -> the next on the ring)
 };
 
 /// One received frame, decoded. Only the member that `kind` names is filled.
@@ -43,6 +47,7 @@ struct inbound_frame {
   wire::pull_reply reply;
   wire::push push;
   wire::push_ack ack;
+  wire::ring_message ring;
 };
 
 /// Reads one frame. A bad magic, unknown kind, oversized or malformed part fails with
@@ -61,6 +66,7 @@ struct inbound_frame {
 [[nodiscard]] caf::error write_frame(byte_channel& sock, uint64_t seq, wire::pull_reply& x);
 [[nodiscard]] caf::error write_frame(byte_channel& sock, uint64_t seq, wire::push& x);
 [[nodiscard]] caf::error write_frame(byte_channel& sock, uint64_t seq, const wire::push_ack& x);
+[[nodiscard]] caf::error write_frame(byte_channel& sock, uint64_t seq, wire::ring_message& x);
 [[nodiscard]] caf::error write_text_frame(byte_channel& sock, frame_kind kind, uint64_t seq,
                                           const std::string& text);
 

@@ -113,6 +113,7 @@ words encode(const register_worker& x) {
   b.setRequestedId(x.requested_id);
   b.setHost(x.host);
   b.setBackend(x.backend);
+  b.setRingEndpoint(x.ring_endpoint);
   return to_words(mb);
 }
 
@@ -121,6 +122,7 @@ caf::error decode(const uint64_t* d, size_t n, register_worker& out) {
     out.requested_id = r.getRequestedId();
     out.host = r.getHost();
     out.backend = r.getBackend();
+    out.ring_endpoint = r.getRingEndpoint();
     return caf::error{};
   });
 }
@@ -774,6 +776,7 @@ words encode(const spawn_worker& x) {
   shape.set(2, x.input.w);
   b.setCropPadding(x.crop_padding);
   b.setHflip(x.hflip);
+  b.setRingKey(x.ring_key);
   return to_words(mb);
 }
 
@@ -792,6 +795,7 @@ caf::error decode(const uint64_t* d, size_t n, spawn_worker& out) {
     out.input = tensor_shape{shape[0], shape[1], shape[2]};
     out.crop_padding = r.getCropPadding();
     out.hflip = r.getHflip();
+    out.ring_key = r.getRingKey();
     return caf::error{};
   });
 }

@@ -165,6 +165,7 @@ struct spawn_worker {
   tensor_shape input;          // the model's input shape (the data set's samples)
   uint32_t crop_padding = 0;   // augmentation of the training set (data.crop_padding)
   bool hflip = false;          // (data.hflip)
+  std::string ring_key;        // a ring job's data-plane key: the node takes its workers' ring chunks under it ("": CAF)
 };
 
 struct job_request {
@@ -188,6 +189,7 @@ struct register_worker {
   uint32_t requested_id = any_worker;
   std::string host;
   std::string backend = "cpu";
+  std::string ring_endpoint; // "host:port" of the data plane that takes its ring chunks ("": CAF only)
 };
 
 /// A worker's place in its part of the training set: the part [begin, begin + count),

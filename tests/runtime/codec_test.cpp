@@ -153,10 +153,18 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   REQUIRE_FALSE(decode(encode(ss), ss2));
   CHECK(ss2.live_workers == ss.live_workers);
 
-  register_worker rw{7, "h:1", "cpu"};
+  register_worker rw{7, "h:1", "cpu", "10.0.0.2:4711"};
   register_worker rw2;
   REQUIRE_FALSE(decode(encode(rw), rw2));
   CHECK(rw2.host == "h:1");
+  CHECK(rw2.ring_endpoint == "10.0.0.2:4711");
+
+  spawn_worker sw;
+  sw.input = tensor_shape{1, 28, 28};
+  sw.ring_key = "0123456789abcdef";
+  spawn_worker sw2;
+  REQUIRE_FALSE(decode(encode(sw), sw2));
+  CHECK(sw2.ring_key == sw.ring_key);
 
   pull_request q{1, 2, true};
   pull_request q2;

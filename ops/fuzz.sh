@@ -3,7 +3,9 @@
 # frame guard, data-plane frames (plain and sealed, and through the shared-memory
 # channel's pieces), checkpoint records, TOML configs,
 # .npy and IDX files (harnesses in tests/fuzz). Builds build-fuzz with clang-14 (ASan,
-# UBSan), replays every kept crash in tests/fuzz/regressions, then fuzzes each harness.
+# UBSan), replays every kept input in tests/fuzz/regressions (crashes once fixed, and seeds:
+# a well-formed frame of a kind worth starting from), then fuzzes each harness, its corpus
+# starting from those inputs.
 #   bash ops/fuzz.sh            # 10 s per harness (what CI runs)
 #   bash ops/fuzz.sh 600        # a machine with time: 10 minutes per harness
 # Prints executions per harness; exits 1 on any crash (kept in build-fuzz/crashes: add it
@@ -27,9 +29,10 @@ for h in wire gate frames files shm; do
   exe="$build/tests/fuzz/fuzz_$h"
   corpus="$build/corpus/$h"
   mkdir -p "$corpus"
-  # Every kept crashing input first: it must run clean now.
+  # Every kept input first: it must run clean now.
   for r in tests/fuzz/regressions/"$h"-*; do
     [[ -e "$r" ]] || continue
+    cp -n "$r" "$corpus/"
     if ! "$exe" "$r" >"$build/crashes/replay-$h.log" 2>&1; then
       echo "$h: regression input $r crashes again:"; tail -20 "$build/crashes/replay-$h.log"; status=1
     fi

@@ -897,7 +897,7 @@ TEST_CASE("a scheduler killed mid-job and started again with --resume on its por
   CHECK(json_number(report, "test_accuracy") > 0.8);
 }
 
-TEST_CASE("worker processes all-reduce on a ring over CAF's network, and when a member is killed the others re-form the ring, take up its share and finish the job") {
+TEST_CASE("worker processes all-reduce on a ring, each sending its chunks to the next through shared memory, and when a member is killed the others re-form the ring, take up its share and finish the job") {
   temp_dir dir;
   std::vector<std::string> argv = {exe, "launch", config, "--policy", "ring", "--workers", "3",
                                    "--servers", "1", "--epochs", "1", "--report", dir.file("ring.json"),
@@ -907,6 +907,15 @@ TEST_CASE("worker processes all-reduce on a ring over CAF's network, and when a 
   INFO(slurp(dir.file("launch.log")));
   REQUIRE(code == 0);
   CHECK(slurp(dir.file("launch.log")).find("ring of 3 workers formed") != std::string::npos);
+  // Each worker's chunks to the next: on the data plane, through shared memory (one host).
+  {
+    const auto text = slurp(dir.file("launch.log"));
+    size_t shm = 0;
+    for (size_t at = text.find("the next worker's ring inbox at "); at != std::string::npos;
+         at = text.find("the next worker's ring inbox at ", at + 1))
+      shm += text.compare(text.find(" over ", at), 31, " over shared memory (same host)") == 0 ? 1 : 0;
+    CHECK(shm == 3);
+  }
   auto report = slurp(dir.file("ring.json"));
   CHECK(json_number(report, "samples") == 12000);
   CHECK(json_number(report, "test_accuracy") > 0.7);
@@ -929,6 +938,14 @@ TEST_CASE("worker processes all-reduce on a ring over CAF's network, and when a 
   REQUIRE(code2 == 0);
   CHECK(log.find("was lost: the ring re-formed with 2 workers (generation 2)") != std::string::npos);
   CHECK(log.find("handed to 2 live workers") != std::string::npos);
+  // The member before the lost one connected to its new next for the new ring.
+  size_t rings = 0;
+  for (int i : {0, 2}) {
+    const auto w = slurp(dir2.file("worker-" + std::to_string(i) + ".log"));
+    for (size_t at = w.find("ring inbox at"); at != std::string::npos; at = w.find("ring inbox at", at + 1))
+      ++rings;
+  }
+  CHECK(rings == 3);
   auto report2 = slurp(dir2.file("report.json"));
   INFO(report2);
   // Its 8 epochs: what the lost member had not trained, the others trained. A little more

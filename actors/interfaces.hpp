@@ -115,7 +115,9 @@ using scheduler_actor = caf::typed_actor<
 /// ring (a worker_actor) and the data-plane endpoint that takes its chunks ("": CAF's path
 /// only); wire::ring_message: a chunk from the previous one. (ring_atom, next, stand-in):
 /// the data-plane stand-in for the next worker is connected (the next worker itself if it
-/// could not be; made on a thread of its own).
+/// could not be; made on a thread of its own). (ring_atom, why): a ring connection to or
+/// from this worker broke with the peer alive, so chunks may be lost: the worker fails,
+/// and the others form a ring without it.
 /// (shard_atom, index, shard, data endpoint): shard `index` was lost and is served again
 /// by `shard` (restored from its checkpoints); (shard_atom, generation): the wait for a
 /// lost shard is over (sent by the worker to itself); (shard_atom, index, stand-in): the
@@ -129,6 +131,7 @@ using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to
                                       caf::reacts_to<stage_atom, std::string, uint32_t, float, float>,
                                       caf::reacts_to<ring_atom, uint32_t, uint32_t, uint32_t, caf::actor, std::string>,
                                       caf::reacts_to<ring_atom, caf::actor, caf::actor>,
+                                      caf::reacts_to<ring_atom, std::string>,
                                       caf::reacts_to<wire::ring_message>,
                                       caf::reacts_to<shard_atom, uint32_t, shard_actor, std::string>,
                                       caf::reacts_to<shard_atom, uint64_t>,

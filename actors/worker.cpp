@@ -249,7 +249,7 @@ void ring_next(worker_pointer self, caf::actor next, const std::string& endpoint
   if (next == st.ring_next)
     return;
   if (st.ring_out && st.ring_out != st.ring_next)
-    self->send_exit(st.ring_out, caf::exit_reason::normal); // the old next's stand-in
+    self->send_exit(st.ring_out, caf::exit_reason::user_shutdown); // the old next's stand-in (normal would not stop it)
   st.ring_queue.clear(); // the old ring's chunks
   st.ring_next = next;
   st.ring_out = next;
@@ -272,7 +272,7 @@ void ring_stand_in_ready(worker_pointer self, const caf::actor& next, caf::actor
   auto& st = self->state;
   if (next != st.ring_next || st.ring_out) { // for a ring re-formed since
     if (out != next)
-      self->send_exit(out, caf::exit_reason::normal);
+      self->send_exit(out, caf::exit_reason::user_shutdown);
     return;
   }
   st.ring_out = std::move(out);
@@ -474,6 +474,7 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
       with_machine(self, [=](step_machine& m) { m.on_ring(generation, rank, ranks); });
     },
     [=](ring_atom, caf::actor& next, caf::actor& out) { ring_stand_in_ready(self, next, std::move(out)); },
+    [=](ring_atom, const std::string& why) { fail(self, why); },
     [=](wire::ring_message& msg) {
       with_machine(self, [&](step_machine& m) { m.on_ring_message(std::move(msg)); });
     },

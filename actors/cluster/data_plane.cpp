@@ -2,6 +2,7 @@
 #include "runtime/os/threads.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <list>
 #include <map>
 #include <mutex>
@@ -318,8 +319,10 @@ struct ring_proxy_state {
   static constexpr const char* name = "ashlar.ring-proxy";
   connection_ptr conn;
   caf::actor next;
+  caf::actor owner;
   std::string endpoint;
   bool broken = false;
+  std::string why; // how it broke
   ~ring_proxy_state() {
     if (conn) {
       conn->cut();
@@ -328,15 +331,25 @@ struct ring_proxy_state {
   }
 };
 
+/// How long a ring's stand-in waits, after its connection broke, to hear that the next
+/// worker is gone (then the ring is formed again without it) before it takes the
+/// connection itself for lost with the peer alive.
+constexpr std::chrono::seconds ring_break_grace{10};
+
+// A chunk written before the connection broke may not have reached the next worker (a
+// write ends in the kernel's buffers), and the ring would wait for it forever: unless the
+// next worker turns out to be gone, its owner fails after ring_break_grace, and the others
+// form a ring without it (the chunks after the break go over CAF meanwhile).
 caf::behavior ring_proxy(caf::stateful_actor<ring_proxy_state>* self, connection_ptr conn, caf::actor next,
                          std::string endpoint, caf::actor owner) {
   name_this_thread("ashlar.dp-ring"); // (a detached actor: its own thread)
   auto& st = self->state;
   st.conn = std::move(conn);
   st.next = std::move(next);
+  st.owner = std::move(owner);
   st.endpoint = std::move(endpoint);
   self->monitor(st.next);
-  self->monitor(owner);
+  self->monitor(st.owner);
   self->set_down_handler([=](caf::down_msg&) { self->quit(); });
   return {
     [=](wire::ring_message& m) {
@@ -346,12 +359,21 @@ caf::behavior ring_proxy(caf::stateful_actor<ring_proxy_state>* self, connection
         if (!err)
           return;
         st.broken = true;
+        st.why = describe(err);
         st.conn->cut();
         spdlog::warn("data plane: ring connection to the next worker at {} lost ({}); its chunks go over CAF "
                      "from now on",
-                     st.endpoint, describe(err));
+                     st.endpoint, st.why);
+        self->delayed_send(self, ring_break_grace, ring_atom::value);
       }
       self->send(st.next, std::move(m));
+    },
+    [=](ring_atom) { // the next worker is still there (else this stand-in had quit)
+      auto& st = self->state;
+      caf::anon_send(st.owner, ring_atom::value,
+                     "the ring connection to the next worker at " + st.endpoint + " broke (" + st.why
+                       + ") while it stayed in the job: chunks may have been lost");
+      self->quit();
     },
   };
 }
@@ -554,10 +576,11 @@ struct data_plane::impl {
         return refuse("no ring inbox of worker actor " + std::to_string(id) + " of this job is served here");
       return target{{}, it->second.inbox, it->second.max_payload, "the ring inbox of worker actor " + std::to_string(id)};
     }
-    const auto shard_id = static_cast<uint32_t>(std::strtoul(name.c_str(), nullptr, 10));
+    uint32_t shard_id = 0;
+    const auto parsed = std::from_chars(name.data(), name.data() + name.size(), shard_id);
     std::lock_guard<std::mutex> guard{mtx};
     auto it = shards.find(shard_id);
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos || it == shards.end()
+    if (name.empty() || parsed.ec != std::errc{} || parsed.ptr != name.data() + name.size() || it == shards.end()
         || it->second.key != key)
       return refuse("no shard " + name + " of this job is served here");
     return target{it->second.shard, {}, it->second.max_payload, "shard " + name};
@@ -598,22 +621,34 @@ struct data_plane::impl {
     return true;
   }
 
+  // The bound on the chunks of the ring inbox `id` now (tighter once its worker has its
+  // model), or `fallback` once it is no longer served.
+  uint64_t ring_bound(caf::actor_id id, uint64_t fallback) {
+    std::lock_guard<std::mutex> guard{mtx};
+    auto it = rings.find(id);
+    return it == rings.end() ? fallback : it->second.max_payload;
+  }
+
   // A ring inbox's connection: each chunk that comes goes to the worker, until the
-  // connection ends (or the worker did).
+  // connection ends (or the worker did). One closed for a malformed frame (an unexpected
+  // kind, a chunk past the bound) may have cost a chunk the ring waits for: the worker
+  // fails, naming why, and the others form a ring without it.
   void serve_ring_connection(const connection_ptr& c, const target& t) {
+    const auto id = t.inbox.id();
     for (;;) {
       net::inbound_frame f;
-      auto err = net::read_frame(c->chan(), f, t.max_payload);
+      auto err = net::read_frame(c->chan(), f, ring_bound(id, t.max_payload));
       if (!err && f.kind != net::frame_kind::ring)
         err = make_error(errc::malformed_message, "unexpected frame kind " + std::to_string(static_cast<uint32_t>(f.kind))
                                                     + " on a ring connection");
-      if (err) {
-        if (!is(err, errc::peer_unreachable))
-          spdlog::warn("data plane: closing the ring connection from {}: {}", c->sock.peer(), describe(err));
-        break;
-      }
       auto to = caf::actor_cast<caf::actor>(t.inbox);
-      if (!to)
+      if (err && !is(err, errc::peer_unreachable)) {
+        const auto why = "closing the ring connection from " + c->sock.peer() + ": " + describe(err);
+        spdlog::warn("data plane: {}", why);
+        if (to)
+          caf::anon_send(to, ring_atom::value, "data plane: " + why + " (a chunk may have been lost)");
+      }
+      if (err || !to)
         break;
       caf::anon_send(to, std::move(f.ring));
     }

@@ -26,18 +26,20 @@ member_plan plan_member_changes(const std::map<uint32_t, ledger_entry>& members,
   if (live.empty())
     return out;
   out.live = live.size();
-  // A ring's members take their steps together: those that trained on it are at the same
-  // step, whatever the counts say (a report still on its way, or the step whose
-  // all-reduce a loss cut short, which a member behind counts as done when the ring is
-  // formed again). The furthest count is every member's.
+  // A ring's members take their steps together, and every plan gives them equal steps
+  // left (a member admitted later counts its own steps from 0: steps left, not counts, are
+  // on one scale). A member with one step more left than the others is at the same step
+  // all the same: its report is on its way, or it is the step whose all-reduce a loss cut
+  // short, which it counts as done when the ring is formed again.
   if (ring) {
-    uint64_t furthest = 0;
-    for (const auto& [id, m] : live)
-      if (newcomers.count(id) == 0)
-        furthest = std::max(furthest, done_of(id));
+    auto left_of = [&](uint32_t id, const member_part& m) { return m.steps > done_of(id) ? m.steps - done_of(id) : 0; };
+    uint64_t fewest = UINT64_MAX;
     for (const auto& [id, m] : live)
       if (newcomers.count(id) == 0 && done.count(id) > 0)
-        done[id] = furthest;
+        fewest = std::min(fewest, left_of(id, m));
+    for (const auto& [id, m] : live)
+      if (newcomers.count(id) == 0 && done.count(id) > 0 && left_of(id, m) == fewest + 1)
+        done[id] = m.steps - fewest;
   }
   uint64_t owed = 0;
   for (auto id : lost) {

@@ -544,6 +544,17 @@ TEST_CASE("a ring's chunks reach the next worker's inbox through the data plane,
     CHECK(got.data.front() == static_cast<float>(r));
     CHECK(got.data.back() == static_cast<float>(r));
   }
+  // A stand-in no longer wanted (the next worker changed) is stopped: its connection ends
+  // at both ends, and the inbox's worker is not told of any break.
+  f.self->send_exit(*out, caf::exit_reason::user_shutdown);
+  if (shm) {
+    for (int i = 0; i < 200 && f.plane->shared_memory_connections() != 0; ++i)
+      std::this_thread::sleep_for(10ms);
+    CHECK(f.plane->shared_memory_connections() == 0);
+  }
+  bool told = false;
+  next->receive([&](ring_atom, const std::string&) { told = true; }, caf::after(300ms) >> [] {});
+  CHECK_FALSE(told);
 }
 
 TEST_CASE("a ring connection to an inbox not served under the job's key is refused, naming what, and an inbox no "
@@ -575,8 +586,8 @@ TEST_CASE("a ring connection to an inbox not served under the job's key is refus
   CHECK_FALSE(any);
 }
 
-TEST_CASE("a ring chunk larger than the inbox takes closes its connection unread, and the stand-in sends the "
-          "chunks after it over CAF") {
+TEST_CASE("a ring chunk larger than the inbox takes closes its connection unread and tells the inbox's worker, "
+          "and the stand-in sends the chunks after it over CAF and, the next worker still there, tells its owner") {
   fixture f;
   f.plane->use_shared_memory(false);
   caf::scoped_actor next{f.sys};
@@ -601,4 +612,14 @@ TEST_CASE("a ring chunk larger than the inbox takes closes its connection unread
   }
   CHECK(came);
   CHECK(last >= 1);
+  // The worker whose inbox it is hears why (a chunk may be lost: it leaves the ring).
+  std::string why;
+  next->receive([&](ring_atom, const std::string& w) { why = w; }, caf::after(2s) >> [] {});
+  CHECK(why.find("closing the ring connection") != std::string::npos);
+  CHECK(why.find("tensor payload of 260 bytes") != std::string::npos);
+  // The stand-in's owner (the sending worker) too, once the next worker, still there after
+  // the grace, was not heard to be gone: chunks written before the break may be lost.
+  std::string owner_why;
+  f.self->receive([&](ring_atom, const std::string& w) { owner_why = w; }, caf::after(15s) >> [] {});
+  CHECK(owner_why.find("the ring connection to the next worker at " + *ep + " broke") != std::string::npos);
 }

@@ -486,6 +486,16 @@ TEST_CASE("a ring's plan after a loss gives its live members equal steps from th
   const double trained = 2.0 * static_cast<double>(p.directives.at(0).steps - 31) * 30.0;
   CHECK(trained >= owed - 1e-6);
   CHECK(trained <= owed + 2 * 30); // one round at most past it
+  // A member admitted later counts its steps from 0 (20 of its 39): on the same scale of
+  // steps left it is at the others' step, and keeps its count.
+  members[3] = ledger_entry{member_part{32, 0, 100, 39}, false, false, true, 0};
+  done[3] = 20;
+  auto q = plan_member_changes(members, {2}, {}, done, 300, true, true);
+  REQUIRE(q.directives.count(3) == 1);
+  REQUIRE(q.directives.count(0) == 1);
+  CHECK(q.directives.at(3).from_step == 20);
+  CHECK(q.directives.at(3).steps - 20 == q.directives.at(0).steps - 31);
+  CHECK(q.directives.at(1).steps - 31 == q.directives.at(0).steps - 31);
 }
 
 TEST_CASE("node_watch pings each live node once per interval and loses one that answers nothing for the timeout") {

@@ -872,23 +872,30 @@ expected<connection_ptr> open_connection(caf::actor_system& sys, const std::shar
   return c;
 }
 
+// open_connection with this data plane's credentials and path choice, tried again while
+// the node is busy (with_backoff), for up to `timeout`.
+expected<connection_ptr> dial(data_plane::impl& d, const std::string& endpoint, const std::string& key,
+                              const std::string& head, const std::string& what, std::chrono::milliseconds timeout) {
+  bool shm = false;
+  std::shared_ptr<net::tls_context> tls;
+  {
+    std::lock_guard<std::mutex> guard{d.mtx};
+    shm = d.shared_memory;
+    tls = d.tls;
+  }
+  return with_backoff(timeout, [&](std::chrono::milliseconds t, bool& busy) {
+    return open_connection(d.sys, tls, shm, endpoint, key, head, what, t, busy);
+  });
+}
+
 }  // namespace
 
 expected<shard_actor> data_plane::connect(const shard_actor& remote, uint32_t shard_id, const std::string& endpoint,
                                           const std::string& key, const caf::actor& owner,
                                           std::chrono::milliseconds timeout) {
   auto d = impl_;
-  bool shm = false;
-  std::shared_ptr<net::tls_context> tls;
-  {
-    std::lock_guard<std::mutex> guard{d->mtx};
-    shm = d->shared_memory;
-    tls = d->tls;
-  }
-  const auto head = std::to_string(wire::protocol_version) + " " + std::to_string(shard_id);
-  auto c = with_backoff(timeout, [&](std::chrono::milliseconds t, bool& busy) {
-    return open_connection(d->sys, tls, shm, endpoint, key, head, "shard " + std::to_string(shard_id), t, busy);
-  });
+  auto c = dial(*d, endpoint, key, std::to_string(wire::protocol_version) + " " + std::to_string(shard_id),
+                "shard " + std::to_string(shard_id), timeout);
   if (!c)
     return c.error();
   std::lock_guard<std::mutex> guard{d->mtx};
@@ -904,17 +911,8 @@ expected<caf::actor> data_plane::connect_ring(const caf::actor& next, const std:
                                               const std::string& key, const caf::actor& owner,
                                               std::chrono::milliseconds timeout) {
   auto d = impl_;
-  bool shm = false;
-  std::shared_ptr<net::tls_context> tls;
-  {
-    std::lock_guard<std::mutex> guard{d->mtx};
-    shm = d->shared_memory;
-    tls = d->tls;
-  }
-  const auto head = std::to_string(wire::protocol_version) + " ring " + std::to_string(next.id());
-  auto c = with_backoff(timeout, [&](std::chrono::milliseconds t, bool& busy) {
-    return open_connection(d->sys, tls, shm, endpoint, key, head, "the next worker's ring inbox", t, busy);
-  });
+  auto c = dial(*d, endpoint, key, std::to_string(wire::protocol_version) + " ring " + std::to_string(next.id()),
+                "the next worker's ring inbox", timeout);
   if (!c)
     return c.error();
   std::lock_guard<std::mutex> guard{d->mtx};

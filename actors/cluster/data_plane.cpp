@@ -378,6 +378,220 @@ caf::behavior ring_proxy(caf::stateful_actor<ring_proxy_state>* self, connection
   };
 }
 
+// ---- over shared memory: no actor in between ----
+//
+// A write over shared memory does not wait for the peer: its lent buffers are kept until
+// the peer has copied them (shm_channel::lend_until_fetched), a frame puts a few hundred
+// bytes at most into the ring, and a connection has at most max_in_flight requests
+// unanswered (a worker keeps at most 2 x max_chunks_in_flight on one), so the ring has
+// room even while the peer's reader is stopped. The actors at both ends therefore write
+// their frames on their own threads, and each reader thread hands what it read straight to
+// the actor it is for: a request goes from the worker's mailbox into the shard's, and its
+// reply back, one mailbox each way instead of three hand-overs between threads. (Over TCP
+// a write may wait on the network: the stand-in and shard_server actors above write on
+// threads of their own.)
+
+/// What a shared-memory stand-in shares with its connection's reader thread.
+struct link_state {
+  struct waiting {
+    caf::strong_actor_ptr sender;
+    caf::message_id mid;
+  };
+  connection_ptr conn;
+  caf::actor remote;
+  uint32_t shard_id = 0;
+  std::string endpoint;
+  std::mutex mtx; // the connection's writes, the sequence and what waits for a reply
+  uint64_t next_seq = 1;
+  std::map<uint64_t, waiting> pending;
+  bool broken = false;
+};
+using link_ptr = std::shared_ptr<link_state>;
+
+// Answers the message `mid` of `to` with `msg`, as the shard would: the response to a
+// request, or a message of its own to a plain send.
+void respond(const caf::strong_actor_ptr& to, caf::message_id mid, caf::message msg) {
+  if (to)
+    to->enqueue(caf::make_mailbox_element(nullptr, mid.is_request() ? mid.response_id() : caf::make_message_id(), {},
+                                          std::move(msg)),
+                nullptr);
+}
+
+// The connection is lost: every request waiting fails, later ones go over CAF.
+void link_lost(const link_ptr& l, const caf::error& why, bool quiet) {
+  std::map<uint64_t, link_state::waiting> pending;
+  {
+    std::lock_guard<std::mutex> guard{l->mtx};
+    if (l->broken)
+      return;
+    l->broken = true;
+    pending.swap(l->pending);
+  }
+  l->conn->cut();
+  if (!quiet)
+    spdlog::warn("data plane: connection to shard {} at {} lost ({}); its pulls and pushes go over "
+                 "CAF from now on",
+                 l->shard_id, l->endpoint, describe(why));
+  auto err = make_error(errc::peer_unreachable, "data connection to shard " + std::to_string(l->shard_id) + " at "
+                                                  + l->endpoint + " lost: " + describe(why));
+  for (auto& [seq, w] : pending)
+    respond(w.sender, w.mid, caf::make_message(err));
+}
+
+/// The worker side's stand-in for a shard over shared memory: not a scheduled actor but a
+/// mailbox of its own making, like CAF's proxies for remote actors. A pull or push sent to
+/// it is written to the connection on the sender's thread; the reply comes from the reader
+/// thread straight into the sender's mailbox, as the response to its request. Everything
+/// else (and everything once the connection is lost) goes to the shard over CAF, from the
+/// sender. Monitors see it go down with the shard's exit reason when the shard goes down,
+/// and normally when its owner does.
+class shard_link final : public caf::monitorable_actor {
+public:
+  shard_link(caf::actor_config& cfg, link_ptr state) : caf::monitorable_actor(cfg), st_(std::move(state)) {
+  }
+
+  const char* name() const override { return "ashlar.shard-link"; }
+
+  void enqueue(caf::mailbox_element_ptr what, caf::execution_unit* host) override {
+    auto& msg = what->content();
+    if (msg.match_elements<caf::exit_msg>()) {
+      auto reason = msg.get_as<caf::exit_msg>(0).reason;
+      quit(std::move(reason));
+      return;
+    }
+    if (getf(is_cleaned_up_flag)) {
+      bounce(what);
+      return;
+    }
+    const bool direct = what->stages.empty() && !what->mid.is_response();
+    const bool pull = direct && msg.match_elements<wire::pull_request>();
+    if (pull || (direct && msg.match_elements<wire::push>()))
+      if (!write(what, pull))
+        return;
+    st_->remote->enqueue(std::move(what), host); // from the sender, over CAF
+  }
+
+  void quit(caf::error reason) { cleanup(std::move(reason), nullptr); }
+
+protected:
+  void on_cleanup(const caf::error&) override { st_->conn->cut(); }
+
+private:
+  // Writes the request; false once it is sent (or answered with an error), true when the
+  // connection is lost and it goes over CAF instead.
+  bool write(caf::mailbox_element_ptr& what, bool pull) {
+    std::unique_lock<std::mutex> guard{st_->mtx};
+    if (st_->broken)
+      return true;
+    const uint64_t seq = st_->next_seq++;
+    st_->pending.emplace(seq, link_state::waiting{what->sender, what->mid});
+    std::shared_ptr<caf::mailbox_element> keep{std::move(what)}; // its tensor is lent
+    auto& msg = keep->content();
+    auto& chan = *st_->conn->shm;
+    chan.lend_until_fetched(keep);
+    auto err = pull ? net::write_frame(chan, seq, msg.get_as<wire::pull_request>(0))
+                    : net::write_frame(chan, seq, msg.get_mutable_as<wire::push>(0));
+    guard.unlock();
+    if (err)
+      link_lost(st_, err, false); // answers this request too
+    return false;
+  }
+
+  link_ptr st_;
+};
+
+/// Reads a shard_link's replies until the connection ends.
+void link_reader(link_ptr l) {
+  name_this_thread("ashlar.dp-reply");
+  for (;;) {
+    net::inbound_frame f;
+    auto err = net::read_frame(l->conn->chan(), f);
+    if (!err && f.kind != net::frame_kind::pull_reply && f.kind != net::frame_kind::push_ack
+        && f.kind != net::frame_kind::error)
+      err = make_error(errc::malformed_message, "unexpected frame kind " + std::to_string(static_cast<uint32_t>(f.kind)));
+    if (err) {
+      bool quiet = false;
+      {
+        std::lock_guard<std::mutex> guard{l->mtx};
+        quiet = l->pending.empty() && is(err, errc::peer_unreachable); // ended with nothing in flight
+      }
+      link_lost(l, err, quiet);
+      break;
+    }
+    link_state::waiting w;
+    {
+      std::lock_guard<std::mutex> guard{l->mtx};
+      auto it = l->pending.find(f.seq);
+      if (it == l->pending.end())
+        continue; // failed already when the connection was lost
+      w = std::move(it->second);
+      l->pending.erase(it);
+    }
+    if (f.kind == net::frame_kind::pull_reply)
+      respond(w.sender, w.mid, caf::make_message(std::move(f.reply)));
+    else if (f.kind == net::frame_kind::push_ack)
+      respond(w.sender, w.mid, caf::make_message(std::move(f.ack)));
+    else
+      respond(w.sender, w.mid, caf::make_message(make_error(errc::invalid_state, "shard " + std::to_string(l->shard_id)
+                                                                                    + " refused the request: " + f.text)));
+  }
+  l->conn->done = true;
+}
+
+/// The shard side's sender of a shared-memory connection's requests: the shard's replies
+/// come to it (on the shard's thread) and it writes them to the connection there.
+class reply_link final : public caf::monitorable_actor {
+public:
+  reply_link(caf::actor_config& cfg, connection_ptr c) : caf::monitorable_actor(cfg), c_(std::move(c)) {
+  }
+
+  const char* name() const override { return "ashlar.reply-link"; }
+
+  /// A request read from the connection (`seq`, holding `ticket` of the node's budget):
+  /// the id its reply will come back with.
+  caf::message_id expect(uint64_t seq, uint64_t ticket) {
+    std::lock_guard<std::mutex> guard{mtx_};
+    const uint64_t id = next_id_++;
+    waiting_.emplace(id, std::make_pair(seq, ticket));
+    return caf::make_message_id(id);
+  }
+
+  void enqueue(caf::mailbox_element_ptr what, caf::execution_unit*) override {
+    if (!what->mid.is_response())
+      return;
+    std::unique_lock<std::mutex> guard{mtx_};
+    auto it = waiting_.find(what->mid.request_id().integer_value());
+    if (it == waiting_.end())
+      return;
+    const auto [seq, ticket] = it->second;
+    waiting_.erase(it);
+    std::shared_ptr<caf::mailbox_element> keep{std::move(what)}; // a reply's tensor is lent
+    auto& msg = keep->content();
+    auto& chan = *c_->shm;
+    caf::error err;
+    if (msg.match_elements<wire::pull_reply>()) {
+      chan.lend_until_fetched(keep);
+      err = net::write_frame(chan, seq, msg.get_mutable_as<wire::pull_reply>(0));
+    } else if (msg.match_elements<wire::push_ack>()) {
+      err = net::write_frame(chan, seq, msg.get_as<wire::push_ack>(0));
+    } else {
+      const auto why = msg.match_elements<caf::error>() ? describe(msg.get_as<caf::error>(0))
+                                                         : std::string{"the shard's reply is of an unexpected type"};
+      err = net::write_text_frame(chan, net::frame_kind::error, seq, why);
+    }
+    guard.unlock();
+    if (err)
+      c_->cut();
+    c_->release(ticket);
+  }
+
+private:
+  connection_ptr c_;
+  std::mutex mtx_; // the writes and the requests waiting
+  uint64_t next_id_ = 1;
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> waiting_; // id -> (seq, ticket)
+};
+
 // Tries `once(timeout of the try, busy)` until it succeeds, fails for good, or `timeout`
 // runs out. A node admitting more connections at once than its bound drops the oldest
 // handshakes (hundreds of workers starting together): such a refusal, before the gate said
@@ -667,30 +881,14 @@ struct data_plane::impl {
     }
     if (served->inbox)
       return serve_ring_connection(c, *served);
-    const auto shard = served->shard;
-    const auto max_payload = served->max_payload;
-    auto server = sys.spawn<caf::detached>(shard_server, c, shard);
+    if (c->shm)
+      return serve_shm_connection(c, served->shard, served->max_payload);
+    auto server = sys.spawn<caf::detached>(shard_server, c, served->shard);
     for (;;) {
       net::inbound_frame req;
-      uint64_t taken = 0; // of the budget, for this request's tensor
-      auto err = net::read_frame(c->chan(), req, max_payload,
-                                 [&](uint64_t bytes) { return reserve(*c, bytes, taken); });
-      c->chan().set_read_deadline(std::nullopt);
-      auto ticket = err ? std::nullopt : std::optional<uint64_t>{0};
-      if (err) {
-        if (!is(err, errc::peer_unreachable) || describe(err).find("deadline") != std::string::npos)
-          spdlog::warn("data plane: closing the connection from {}: {}", c->sock.peer(), describe(err));
-      } else if (req.kind != net::frame_kind::pull && req.kind != net::frame_kind::push) {
-        spdlog::warn("data plane: closing the connection from {}: unexpected frame kind {}", c->sock.peer(),
-                     static_cast<uint32_t>(req.kind));
-        ticket.reset();
-      } else {
-        ticket = c->acquire(taken);
-      }
-      if (!ticket) {
-        c->budget->give(taken);
+      auto ticket = read_request(c, req, served->max_payload);
+      if (!ticket)
         break;
-      }
       if (req.kind == net::frame_kind::pull)
         caf::anon_send(server, req.seq, *ticket, std::move(req.pull));
       else
@@ -698,6 +896,49 @@ struct data_plane::impl {
     }
     caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
     c->end();
+  }
+
+  // A shard's connection over shared memory: each request goes from here into the shard's
+  // mailbox, as a request of a reply_link that writes the reply (see shard_link).
+  void serve_shm_connection(const connection_ptr& c, const shard_actor& shard, uint64_t max_payload) {
+    caf::actor_config cfg;
+    auto link = caf::make_actor<reply_link, caf::strong_actor_ptr>(sys.next_actor_id(), sys.node(), &sys, cfg, c);
+    auto* replies = static_cast<reply_link*>(caf::actor_cast<caf::abstract_actor*>(link));
+    auto* to = caf::actor_cast<caf::abstract_actor*>(shard);
+    for (;;) {
+      net::inbound_frame req;
+      auto ticket = read_request(c, req, max_payload);
+      if (!ticket)
+        break;
+      const auto mid = replies->expect(req.seq, *ticket);
+      auto msg = req.kind == net::frame_kind::pull ? caf::make_message(std::move(req.pull))
+                                                   : caf::make_message(std::move(req.push));
+      to->enqueue(caf::make_mailbox_element(link, mid, {}, std::move(msg)), nullptr);
+    }
+    c->end();
+  }
+
+  // Reads a shard's next request (a pull or a push, its tensor within `max_payload` and the
+  // node's budget) and waits until the connection may have one more in flight: its ticket.
+  // Nothing once the connection ended or broke (said in the log unless the peer left).
+  std::optional<uint64_t> read_request(const connection_ptr& c, net::inbound_frame& req, uint64_t max_payload) {
+    uint64_t taken = 0; // of the budget, for this request's tensor
+    auto err = net::read_frame(c->chan(), req, max_payload, [&](uint64_t bytes) { return reserve(*c, bytes, taken); });
+    c->chan().set_read_deadline(std::nullopt);
+    auto ticket = err ? std::nullopt : std::optional<uint64_t>{0};
+    if (err) {
+      if (!is(err, errc::peer_unreachable) || describe(err).find("deadline") != std::string::npos)
+        spdlog::warn("data plane: closing the connection from {}: {}", c->sock.peer(), describe(err));
+    } else if (req.kind != net::frame_kind::pull && req.kind != net::frame_kind::push) {
+      spdlog::warn("data plane: closing the connection from {}: unexpected frame kind {}", c->sock.peer(),
+                   static_cast<uint32_t>(req.kind));
+      ticket.reset();
+    } else {
+      ticket = c->acquire(taken);
+    }
+    if (!ticket)
+      c->budget->give(taken);
+    return ticket;
   }
 
   void accept_loop() {
@@ -901,8 +1142,26 @@ expected<shard_actor> data_plane::connect(const shard_actor& remote, uint32_t sh
   std::lock_guard<std::mutex> guard{d->mtx};
   if (d->stopped)
     return make_error(errc::invalid_state, "the data plane is stopped");
-  auto proxy = d->sys.spawn<caf::detached>(shard_proxy, *c, remote, shard_id, endpoint, owner);
   d->reap();
+  if ((*c)->shm) {
+    auto l = std::make_shared<link_state>();
+    l->conn = *c;
+    l->remote = caf::actor_cast<caf::actor>(remote);
+    l->shard_id = shard_id;
+    l->endpoint = endpoint;
+    caf::actor_config cfg;
+    auto link = caf::make_actor<shard_link, caf::strong_actor_ptr>(d->sys.next_actor_id(), d->sys.node(), &d->sys,
+                                                                    cfg, l);
+    auto stop = [addr = caf::actor_cast<caf::actor_addr>(link)](caf::error reason) {
+      if (auto p = caf::actor_cast<caf::strong_actor_ptr>(addr))
+        static_cast<shard_link*>(caf::actor_cast<caf::abstract_actor*>(p))->quit(std::move(reason));
+    };
+    l->remote->attach_functor([stop](const caf::error& reason) { stop(reason); });
+    owner->attach_functor([stop] { stop(caf::exit_reason::normal); });
+    d->conns.push_back(impl::running{*c, std::thread{link_reader, l}});
+    return caf::actor_cast<shard_actor>(link);
+  }
+  auto proxy = d->sys.spawn<caf::detached>(shard_proxy, *c, remote, shard_id, endpoint, owner);
   d->conns.push_back(impl::running{*c, std::thread{proxy_reader, *c, proxy.address(), shard_id}});
   return caf::actor_cast<shard_actor>(proxy);
 }

@@ -258,7 +258,7 @@ const std::vector<field>& fields() {
          [](train_config& c) -> uint64_t& { return c.seed; }),
     bind("train.chunk_floats", "largest tensor chunk per message, floats (default 262144 = 1 MiB)",
          [](train_config& c) -> uint64_t& { return c.chunk_floats; }),
-    bind("train.chunks_in_flight", "chunks a worker keeps in flight per shard (default 4)",
+    bind("train.chunks_in_flight", "chunks a worker keeps in flight per shard, at most 16 (default 4)",
          [](train_config& c) -> uint32_t& { return c.chunks_in_flight; }),
     bind("train.topk_ratio", "push compression: fraction of the gradient each push carries (top-k, error feedback); 0 = dense (default 0)",
          [](train_config& c) -> double& { return c.topk_ratio; }),
@@ -635,8 +635,8 @@ caf::error validate(const train_config& c) {
     return bad("train.sample_ms must be in (0, 60000] milliseconds per sample");
   if (c.chunk_floats == 0)
     return bad("train.chunk_floats must be at least 1");
-  if (c.chunks_in_flight == 0)
-    return bad("train.chunks_in_flight must be at least 1");
+  if (c.chunks_in_flight == 0 || c.chunks_in_flight > train_config::max_chunks_in_flight)
+    return bad("train.chunks_in_flight must be in [1, " + std::to_string(train_config::max_chunks_in_flight) + "]");
   // A sparse entry costs 8 bytes (index and value): from half the entries on, a sparse
   // push is no smaller than a dense one.
   if (!(c.commit_scale >= 0 && c.commit_scale <= 1))

@@ -67,8 +67,10 @@ struct train_settings {
   /// through the kernel copy and the shard's apply move faster than bigger ones (see
   /// ops/bench/wire-vs-iperf3.sh). Default: 262144 (1 MiB).
   uint64_t chunk_floats = 1 << 18;
-  /// Chunks a worker keeps in flight per shard (bounds the data in flight). Default: 4.
+  /// Chunks a worker keeps in flight per shard (bounds the data in flight), at most
+  /// max_chunks_in_flight. Default: 4.
   uint32_t chunks_in_flight = 4;
+  static constexpr uint32_t max_chunks_in_flight = 16;
   /// Push compression: each push carries this fraction of the gradient, its largest
   /// entries, and the rest waits in a per-worker residual (top-k with error feedback);
   /// 0 = dense pushes (ASHL jobs then use ashl.topk_ratio). Default: 0.

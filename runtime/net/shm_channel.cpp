@@ -244,6 +244,8 @@ caf::error shm_channel::watch(bool reading) {
 
 caf::error shm_channel::write_all(iovec* iov, int count) {
   // Heads and small buffers go into the ring in one write; large buffers are lent.
+  auto owner = std::move(owner_);
+  const size_t threshold = owner ? kept_lend_threshold : lend_threshold;
   std::vector<piece_head> heads(static_cast<size_t>(count));
   std::vector<iovec> out;
   out.reserve(2 * static_cast<size_t>(count));
@@ -252,7 +254,7 @@ caf::error shm_channel::write_all(iovec* iov, int count) {
     if (iov[i].iov_len == 0)
       continue;
     auto& h = heads[static_cast<size_t>(i)];
-    const bool lend = iov[i].iov_len >= lend_threshold;
+    const bool lend = iov[i].iov_len >= threshold;
     h.length = iov[i].iov_len | (lend ? lent_bit : 0);
     h.address = lend ? reinterpret_cast<uint64_t>(iov[i].iov_base) : 0;
     out.push_back({&h, sizeof h});
@@ -264,7 +266,15 @@ caf::error shm_channel::write_all(iovec* iov, int count) {
   if (auto err = tx_.write_all(out.data(), static_cast<int>(out.size())))
     return err;
   lent_ += lent;
-  return lent > 0 ? tx_.await_fetched(lent_) : caf::error{};
+  // What earlier kept writes lent and the reader has copied by now is let go.
+  const uint64_t done = tx_.fetched();
+  while (!kept_.empty() && kept_.front().first <= done)
+    kept_.pop_front();
+  if (!owner)
+    return lent > 0 ? tx_.await_fetched(lent_) : caf::error{};
+  if (lent > 0)
+    kept_.emplace_back(lent_, std::move(owner)); // this write's buffers stay
+  return {};
 }
 
 caf::error shm_channel::read_exact(void* buf, size_t n) {

@@ -34,6 +34,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,6 +67,18 @@ public:
   /// Ends both directions (either end, any thread): waiting reads and writes fail.
   void close();
 
+  /// The next write_all does not wait for the reader to copy its lent buffers: `owner`
+  /// keeps them alive until it has (it is let go by a later write once the reader has
+  /// fetched them, or with the channel). Buffers of kept_lend_threshold bytes or more are
+  /// lent in such a write, so that a frame puts at most a few hundred bytes into the ring:
+  /// with the data plane's bound on the requests a connection has unanswered, a write
+  /// then finds room even while the reader is stopped, and an actor may write on its own
+  /// thread without waiting for the peer.
+  void lend_until_fetched(std::shared_ptr<void> owner) { owner_ = std::move(owner); }
+  static constexpr size_t kept_lend_threshold = 256;
+  /// Writer side: what writes keep for the reader now (their owners).
+  size_t kept() const { return kept_.size(); }
+
 private:
   caf::error watch(bool reading);
 
@@ -76,6 +89,8 @@ private:
   std::atomic<int64_t> deadline_ns_{0}; // 0: none
   // Writer side: pieces lent in all. Reader side: the piece being read.
   uint64_t lent_ = 0;
+  std::shared_ptr<void> owner_;                              // for the next write (lend_until_fetched)
+  std::deque<std::pair<uint64_t, std::shared_ptr<void>>> kept_; // lent count each is released at
   uint64_t piece_left_ = 0;
   uint64_t piece_addr_ = 0;
   bool piece_lent_ = false;

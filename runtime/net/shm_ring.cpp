@@ -209,6 +209,10 @@ void shm_ring::mark_fetched() {
   nudge(h->fetch_waits, h->fetch_seq);
 }
 
+uint64_t shm_ring::fetched() const {
+  return base_ == nullptr ? 0 : head()->fetched.load(std::memory_order_acquire);
+}
+
 caf::error shm_ring::await_fetched(uint64_t count, std::chrono::milliseconds patience) {
   if (base_ == nullptr)
     return make_error(errc::invalid_state, "shared-memory ring " + name_ + " is not open");

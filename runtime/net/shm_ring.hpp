@@ -66,6 +66,8 @@ public:
   /// writer's buffers may then change). Fails as write_all does.
   [[nodiscard]] caf::error await_fetched(uint64_t count,
                                          std::chrono::milliseconds patience = std::chrono::hours(24 * 365));
+  /// Writer side: lent pieces the reader has copied in all, now (0 when not open).
+  uint64_t fetched() const;
 
   /// Called about once a second while this end waits (for bytes, room or a fetch): an
   /// error it returns ends the wait with that error (the caller's way to notice a peer

@@ -187,7 +187,9 @@ TEST_CASE("a read the policy holds back is answered over the data plane once the
 }
 
 TEST_CASE("a shard's error reaches the worker through the data plane, and the connection goes on") {
+  const bool shm = GENERATE(true, false);
   fixture f;
+  f.plane->use_shared_memory(shm);
   auto s = f.make("asp", 8);
   auto proxy = f.connect(s, f.serve(s));
   REQUIRE_FALSE(f.join(s, 0));
@@ -345,7 +347,9 @@ TEST_CASE("garbage on the data port closes that connection only") {
 }
 
 TEST_CASE("a stand-in quits with its shard's exit reason, so a worker monitoring it sees the loss") {
+  const bool shm = GENERATE(true, false);
   fixture f;
+  f.plane->use_shared_memory(shm);
   auto s = f.make("asp", 8);
   auto proxy = f.connect(s, f.serve(s));
   f.self->monitor(proxy);
@@ -355,6 +359,58 @@ TEST_CASE("a stand-in quits with its shard's exit reason, so a worker monitoring
   f.self->receive([&](caf::down_msg& dm) { down = true; reason = dm.reason; }, caf::after(5s) >> [] {});
   REQUIRE(down);
   CHECK(reason == caf::exit_reason::kill);
+  // A request sent to it now fails at once, not after its timeout.
+  auto late = f.pull(proxy, 0);
+  CHECK_FALSE(late);
+}
+
+TEST_CASE("a stand-in quits when its owner does, and ends its connection") {
+  const bool shm = GENERATE(true, false);
+  fixture f;
+  f.plane->use_shared_memory(shm);
+  auto s = f.make("asp", 8);
+  auto owner = f.sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; });
+  auto p = f.plane->connect(s, 0, f.serve(s), "k1", owner, 5s);
+  REQUIRE(p);
+  f.self->monitor(*p);
+  for (int i = 0; i < 100 && f.plane->shared_memory_connections() != (shm ? 2u : 0u); ++i)
+    std::this_thread::sleep_for(10ms);
+  REQUIRE(f.plane->shared_memory_connections() == (shm ? 2u : 0u));
+  f.self->send_exit(owner, caf::exit_reason::user_shutdown);
+  bool down = false;
+  f.self->receive([&](caf::down_msg& dm) { down = dm.source == p->address(); }, caf::after(5s) >> [] {});
+  CHECK(down);
+  for (int i = 0; i < 200 && f.plane->shared_memory_connections() != 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  CHECK(f.plane->shared_memory_connections() == 0);
+}
+
+TEST_CASE("a stand-in whose connection is lost answers the requests waiting on it with the loss and sends later "
+          "ones over CAF") {
+  const bool shm = GENERATE(true, false);
+  fixture f;
+  f.plane->use_shared_memory(shm);
+  auto s = f.make("bsp", 4);
+  auto proxy = f.connect(s, f.serve(s));
+  REQUIRE_FALSE(f.join(s, 0));
+  REQUIRE_FALSE(f.join(s, 1));
+  REQUIRE(f.push(proxy, 0, 0, wire::tensor(4, 1.0f)));
+  // A read held until worker 1 pushes: the shard node's data plane stops meanwhile.
+  f.self->send(proxy, wire::pull_request{0, 0, false});
+  std::this_thread::sleep_for(100ms);
+  f.plane->stop();
+  caf::error lost;
+  bool replied = false;
+  f.self->receive([&](const wire::pull_reply&) { replied = true; }, [&](caf::error& e) { lost = e; },
+                  caf::after(5s) >> [] {});
+  CHECK_FALSE(replied);
+  INFO(describe(lost));
+  CHECK(describe(lost).find("lost") != std::string::npos);
+  // The shard is still there: the next pull goes to it over CAF.
+  REQUIRE(f.push(s, 1, 0, wire::tensor(4, 3.0f)));
+  auto later = f.pull(proxy, 0);
+  REQUIRE(later);
+  CHECK(later->version == 1);
 }
 
 TEST_CASE("a sparse push crosses the data plane with its indices and is applied at them") {

@@ -106,6 +106,12 @@ TEST_CASE("validation names the inconsistent key") {
   cfg = train_config{};
   cfg.local_momentum = 1;
   CHECK(describe(validate(cfg)).find("train.local_momentum must be in [0, 1)") != std::string::npos);
+  // The data plane's bound on a connection's unanswered requests holds a worker's chunks.
+  cfg = train_config{};
+  cfg.chunks_in_flight = 17;
+  CHECK(describe(validate(cfg)).find("train.chunks_in_flight must be in [1, 16]") != std::string::npos);
+  cfg.chunks_in_flight = 16;
+  CHECK_FALSE(validate(cfg));
   // A target accuracy is a fraction, and needs evaluations to be seen.
   cfg = train_config{};
   cfg.target_accuracy = 85;

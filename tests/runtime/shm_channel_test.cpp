@@ -142,6 +142,39 @@ TEST_CASE("peers of one host switch to shared memory and frames cross it whole b
   CHECK(l.client.read_exact(&byte, 1));
 }
 
+TEST_CASE("a kept write returns before the reader copied its tensor, which its owner keeps alive until it has") {
+  sock_pair l;
+  auto offer = offer_shm();
+  REQUIRE(offer);
+  auto s = run_switch(l, *offer);
+  REQUIRE(s.client);
+  REQUIRE(s.server);
+  // Nobody reads yet: the writes return at once, each owner held by the channel.
+  std::weak_ptr<wire::pull_reply> first;
+  for (uint64_t seq = 1; seq <= 40; ++seq) {
+    auto rep = std::make_shared<wire::pull_reply>();
+    rep->version = seq;
+    rep->params = wire::shared_tensor(ramp(seq == 1 ? 1 << 20 : 300, static_cast<float>(seq)));
+    if (seq == 1)
+      first = rep;
+    s.server->lend_until_fetched(rep);
+    REQUIRE_FALSE(write_frame(*s.server, seq, *rep));
+  }
+  CHECK(s.server->kept() == 40); // the small tensors are lent too: the ring holds heads only
+  CHECK_FALSE(first.expired());
+  for (uint64_t seq = 1; seq <= 40; ++seq) {
+    inbound_frame f;
+    REQUIRE_FALSE(read_frame(*s.client, f));
+    CHECK(f.seq == seq);
+    CHECK(f.reply.params == ramp(seq == 1 ? 1 << 20 : 300, static_cast<float>(seq)));
+  }
+  // The next write lets go of what the reader has copied.
+  wire::push_ack ack;
+  REQUIRE_FALSE(write_frame(*s.server, 41, ack));
+  CHECK(s.server->kept() == 0);
+  CHECK(first.expired());
+}
+
 TEST_CASE("segments passed by another process than the connection's peer are refused, and both stay on TCP") {
   sock_pair l;
   auto offer = offer_shm();

@@ -473,6 +473,12 @@ public:
 
   void quit(caf::error reason) { cleanup(std::move(reason), nullptr); }
 
+  // The last handle is gone (a worker that replaced its shard): the connection ends too.
+  void on_destroy() override {
+    st_->conn->cut();
+    caf::monitorable_actor::on_destroy();
+  }
+
 protected:
   void on_cleanup(const caf::error&) override { st_->conn->cut(); }
 
@@ -521,6 +527,7 @@ void link_reader(link_ptr l) {
     link_state::waiting w;
     {
       std::lock_guard<std::mutex> guard{l->mtx};
+      l->conn->shm->release_fetched(); // a push answered is a push read: its buffer goes now
       auto it = l->pending.find(f.seq);
       if (it == l->pending.end())
         continue; // failed already when the connection was lost
@@ -551,6 +558,7 @@ public:
   /// the id its reply will come back with.
   caf::message_id expect(uint64_t seq, uint64_t ticket) {
     std::lock_guard<std::mutex> guard{mtx_};
+    c_->shm->release_fetched(); // replies the peer has read no longer hold their versions
     const uint64_t id = next_id_++;
     waiting_.emplace(id, std::make_pair(seq, ticket));
     return caf::make_message_id(id);

@@ -266,15 +266,18 @@ caf::error shm_channel::write_all(iovec* iov, int count) {
   if (auto err = tx_.write_all(out.data(), static_cast<int>(out.size())))
     return err;
   lent_ += lent;
-  // What earlier kept writes lent and the reader has copied by now is let go.
-  const uint64_t done = tx_.fetched();
-  while (!kept_.empty() && kept_.front().first <= done)
-    kept_.pop_front();
+  release_fetched(); // what earlier kept writes lent and the reader has copied by now
   if (!owner)
     return lent > 0 ? tx_.await_fetched(lent_) : caf::error{};
   if (lent > 0)
     kept_.emplace_back(lent_, std::move(owner)); // this write's buffers stay
   return {};
+}
+
+void shm_channel::release_fetched() {
+  const uint64_t done = tx_.fetched();
+  while (!kept_.empty() && kept_.front().first <= done)
+    kept_.pop_front();
 }
 
 caf::error shm_channel::read_exact(void* buf, size_t n) {

@@ -78,6 +78,10 @@ public:
   static constexpr size_t kept_lend_threshold = 256;
   /// Writer side: what writes keep for the reader now (their owners).
   size_t kept() const { return kept_.size(); }
+  /// Writer side: lets go of what the reader has copied by now (each write does too). Call
+  /// where the writes are made, or under their lock: a reply just read shows the peer has
+  /// the request's buffers.
+  void release_fetched();
 
 private:
   caf::error watch(bool reading);

@@ -385,6 +385,19 @@ TEST_CASE("a stand-in quits when its owner does, and ends its connection") {
   CHECK(f.plane->shared_memory_connections() == 0);
 }
 
+TEST_CASE("a stand-in over shared memory that nobody holds any longer ends its connection") {
+  fixture f;
+  auto s = f.make("asp", 8);
+  {
+    auto proxy = f.connect(s, f.serve(s));
+    REQUIRE(f.pull(proxy, 0));
+    CHECK(f.plane->shared_memory_connections() == 2u);
+  }
+  for (int i = 0; i < 200 && f.plane->shared_memory_connections() != 0; ++i)
+    std::this_thread::sleep_for(10ms);
+  CHECK(f.plane->shared_memory_connections() == 0);
+}
+
 TEST_CASE("a stand-in whose connection is lost answers the requests waiting on it with the loss and sends later "
           "ones over CAF") {
   const bool shm = GENERATE(true, false);

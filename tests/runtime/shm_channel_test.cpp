@@ -168,11 +168,20 @@ TEST_CASE("a kept write returns before the reader copied its tensor, which its o
     CHECK(f.seq == seq);
     CHECK(f.reply.params == ramp(seq == 1 ? 1 << 20 : 300, static_cast<float>(seq)));
   }
-  // The next write lets go of what the reader has copied.
-  wire::push_ack ack;
-  REQUIRE_FALSE(write_frame(*s.server, 41, ack));
+  // What the reader has copied is let go when asked, or at the next write.
+  s.server->release_fetched();
   CHECK(s.server->kept() == 0);
   CHECK(first.expired());
+  auto rep = std::make_shared<wire::pull_reply>();
+  rep->params = wire::shared_tensor(ramp(1000, 1.0f));
+  s.server->lend_until_fetched(rep);
+  REQUIRE_FALSE(write_frame(*s.server, 41, *rep));
+  CHECK(s.server->kept() == 1);
+  inbound_frame f;
+  REQUIRE_FALSE(read_frame(*s.client, f));
+  wire::push_ack ack;
+  REQUIRE_FALSE(write_frame(*s.server, 42, ack));
+  CHECK(s.server->kept() == 0);
 }
 
 TEST_CASE("segments passed by another process than the connection's peer are refused, and both stay on TCP") {

@@ -419,6 +419,7 @@ void respond(const caf::strong_actor_ptr& to, caf::message_id mid, caf::message 
 
 // The connection is lost: every request waiting fails, later ones go over CAF.
 void link_lost(const link_ptr& l, const caf::error& why, bool quiet) {
+  l->conn->cut(); // first: wakes a write that waits (under the lock) for room
   std::map<uint64_t, link_state::waiting> pending;
   {
     std::lock_guard<std::mutex> guard{l->mtx};
@@ -427,7 +428,6 @@ void link_lost(const link_ptr& l, const caf::error& why, bool quiet) {
     l->broken = true;
     pending.swap(l->pending);
   }
-  l->conn->cut();
   if (!quiet)
     spdlog::warn("data plane: connection to shard {} at {} lost ({}); its pulls and pushes go over "
                  "CAF from now on",
@@ -456,7 +456,8 @@ public:
     auto& msg = what->content();
     if (msg.match_elements<caf::exit_msg>()) {
       auto reason = msg.get_as<caf::exit_msg>(0).reason;
-      quit(std::move(reason));
+      if (reason != caf::exit_reason::normal) // (ignored, as by any actor not trapping exits)
+        quit(std::move(reason));
       return;
     }
     if (getf(is_cleaned_up_flag)) {
@@ -475,6 +476,7 @@ public:
 
   // The last handle is gone (a worker that replaced its shard): the connection ends too.
   void on_destroy() override {
+    cleanup(caf::exit_reason::unreachable, nullptr); // (once: a no-op after quit)
     st_->conn->cut();
     caf::monitorable_actor::on_destroy();
   }
@@ -489,6 +491,17 @@ private:
     std::unique_lock<std::mutex> guard{st_->mtx};
     if (st_->broken)
       return true;
+    if (st_->pending.size() >= max_in_flight) {
+      // More unanswered than the shard's node reads ahead (requests abandoned by timeouts):
+      // the ring could fill, and this thread wait. The request fails instead, at once.
+      guard.unlock();
+      respond(what->sender, what->mid,
+              caf::make_message(make_error(errc::busy, "the data connection to shard " + std::to_string(st_->shard_id)
+                                                         + " at " + st_->endpoint + " has "
+                                                         + std::to_string(max_in_flight)
+                                                         + " requests unanswered, the most it takes")));
+      return false;
+    }
     const uint64_t seq = st_->next_seq++;
     st_->pending.emplace(seq, link_state::waiting{what->sender, what->mid});
     std::shared_ptr<caf::mailbox_element> keep{std::move(what)}; // its tensor is lent
@@ -497,6 +510,7 @@ private:
     chan.lend_until_fetched(keep);
     auto err = pull ? net::write_frame(chan, seq, msg.get_as<wire::pull_request>(0))
                     : net::write_frame(chan, seq, msg.get_mutable_as<wire::push>(0));
+    chan.lend_until_fetched(nullptr); // (a frame refused before its write leaves none behind)
     guard.unlock();
     if (err)
       link_lost(st_, err, false); // answers this request too
@@ -545,6 +559,9 @@ void link_reader(link_ptr l) {
   l->conn->done = true;
 }
 
+/// The longest error text a shard's node writes over shared memory (the rest is cut).
+constexpr size_t max_error_text = 200;
+
 /// The shard side's sender of a shared-memory connection's requests: the shard's replies
 /// come to it (on the shard's thread) and it writes them to the connection there.
 class reply_link final : public caf::monitorable_actor {
@@ -580,11 +597,14 @@ public:
     if (msg.match_elements<wire::pull_reply>()) {
       chan.lend_until_fetched(keep);
       err = net::write_frame(chan, seq, msg.get_mutable_as<wire::pull_reply>(0));
+      chan.lend_until_fetched(nullptr);
     } else if (msg.match_elements<wire::push_ack>()) {
       err = net::write_frame(chan, seq, msg.get_as<wire::push_ack>(0));
     } else {
-      const auto why = msg.match_elements<caf::error>() ? describe(msg.get_as<caf::error>(0))
-                                                         : std::string{"the shard's reply is of an unexpected type"};
+      auto why = msg.match_elements<caf::error>() ? describe(msg.get_as<caf::error>(0))
+                                                   : std::string{"the shard's reply is of an unexpected type"};
+      if (why.size() > max_error_text) // into the ring whole: never a wait for the peer
+        why = why.substr(0, max_error_text - 3) + "...";
       err = net::write_text_frame(chan, net::frame_kind::error, seq, why);
     }
     guard.unlock();

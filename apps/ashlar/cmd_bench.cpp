@@ -338,7 +338,9 @@ command_fn add_bench(CLI::App& app) {
   wire_cmd->add_option("--seconds", w->seconds, "how long to measure")->capture_default_str();
   wire_cmd->add_option("--chunk", w->chunk, "floats per message (0: whole shard), as train.chunk_floats")
     ->capture_default_str();
-  wire_cmd->add_option("--window", w->window, "chunks in flight, as train.chunks_in_flight")->capture_default_str();
+  wire_cmd->add_option("--window", w->window, "chunks in flight, as train.chunks_in_flight (1-16)")
+    ->capture_default_str()
+    ->check(CLI::Range(1u, 16u));
   wire_cmd->add_flag("--json", w->json, "print one JSON object");
   wire_cmd->add_flag("--tcp", w->tcp_only, "the data plane over TCP even though the peer is on this host (by "
                                            "default it switches to shared memory)");

@@ -254,7 +254,7 @@ caf::error shm_channel::write_all(iovec* iov, int count) {
     if (iov[i].iov_len == 0)
       continue;
     auto& h = heads[static_cast<size_t>(i)];
-    const bool lend = iov[i].iov_len >= threshold;
+    const bool lend = iov[i].iov_len >= threshold && (!owner || i >= 2);
     h.length = iov[i].iov_len | (lend ? lent_bit : 0);
     h.address = lend ? reinterpret_cast<uint64_t>(iov[i].iov_base) : 0;
     out.push_back({&h, sizeof h});
@@ -263,12 +263,21 @@ caf::error shm_channel::write_all(iovec* iov, int count) {
     else
       out.push_back(iov[i]);
   }
-  if (auto err = tx_.write_all(out.data(), static_cast<int>(out.size())))
+  // A failed write may have put part of a frame into the ring, heads of lent buffers
+  // among them: the channel is closed before those buffers can go (the reader checks
+  // after each lent copy that the channel was still open).
+  if (auto err = tx_.write_all(out.data(), static_cast<int>(out.size()))) {
+    close();
     return err;
+  }
   lent_ += lent;
   release_fetched(); // what earlier kept writes lent and the reader has copied by now
-  if (!owner)
-    return lent > 0 ? tx_.await_fetched(lent_) : caf::error{};
+  if (!owner) {
+    auto err = lent > 0 ? tx_.await_fetched(lent_) : caf::error{};
+    if (err)
+      close(); // the caller's buffers may go now: the reader must not copy them
+    return err;
+  }
   if (lent > 0)
     kept_.emplace_back(lent_, std::move(owner)); // this write's buffers stay
   return {};
@@ -298,6 +307,10 @@ caf::error shm_channel::read_exact(void* buf, size_t n) {
     if (piece_lent_) {
       if (auto err = read_peer_memory(peer_pid_, piece_addr_, at, k))
         return err;
+      // The writer lets go of a lent buffer only once the reader fetched it or after the
+      // channel was closed: a copy made before the ring was closed is whole.
+      if (rx_.closed())
+        return unreachable(peer_, "closed while a lent buffer was read");
       piece_addr_ += k;
     } else if (auto err = rx_.read_exact(at, k)) {
       return err;

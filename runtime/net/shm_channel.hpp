@@ -68,12 +68,15 @@ public:
   void close();
 
   /// The next write_all does not wait for the reader to copy its lent buffers: `owner`
-  /// keeps them alive until it has (it is let go by a later write once the reader has
-  /// fetched them, or with the channel). Buffers of kept_lend_threshold bytes or more are
-  /// lent in such a write, so that a frame puts at most a few hundred bytes into the ring:
-  /// with the data plane's bound on the requests a connection has unanswered, a write
-  /// then finds room even while the reader is stopped, and an actor may write on its own
-  /// thread without waiting for the peer.
+  /// keeps them alive until it has (it is let go once the reader has fetched them, at a
+  /// later write or release_fetched, or after the channel is closed). In such a write the
+  /// first two buffers (a frame's header and its message's fields, the writer's own
+  /// scratch) always go through the ring, and the later ones (the tensors `owner` holds)
+  /// are lent from kept_lend_threshold bytes on, so that a frame puts a few hundred bytes
+  /// at most into the ring: with the data plane's bound on the requests a connection has
+  /// unanswered, a write then finds room even while the reader is stopped, and an actor
+  /// may write on its own thread without waiting for the peer. A write that fails closes
+  /// the channel before it lets go of anything it lent.
   void lend_until_fetched(std::shared_ptr<void> owner) { owner_ = std::move(owner); }
   static constexpr size_t kept_lend_threshold = 256;
   /// Writer side: what writes keep for the reader now (their owners).

@@ -209,6 +209,10 @@ void shm_ring::mark_fetched() {
   nudge(h->fetch_waits, h->fetch_seq);
 }
 
+bool shm_ring::closed() const {
+  return base_ == nullptr || head()->closed.load() != 0;
+}
+
 uint64_t shm_ring::fetched() const {
   return base_ == nullptr ? 0 : head()->fetched.load(std::memory_order_acquire);
 }

@@ -59,6 +59,8 @@ public:
 
   /// Marks the ring closed and wakes both ends (either end may call it, any thread).
   void close();
+  /// Whether either end closed the ring (true when not open).
+  bool closed() const;
 
   /// Reader side: one more piece the writer lent by reference (shm_channel) was copied.
   void mark_fetched();

@@ -398,6 +398,33 @@ TEST_CASE("a stand-in over shared memory that nobody holds any longer ends its c
   CHECK(f.plane->shared_memory_connections() == 0);
 }
 
+TEST_CASE("a stand-in over shared memory with as many requests unanswered as the shard's node reads ahead fails "
+          "the next one at once, naming why") {
+  fixture f;
+  auto s = f.make("bsp", 4);
+  auto proxy = f.connect(s, f.serve(s));
+  REQUIRE_FALSE(f.join(s, 0));
+  REQUIRE_FALSE(f.join(s, 1));
+  REQUIRE(f.push(proxy, 0, 0, wire::tensor(4, 1.0f)));
+  // Reads held until worker 1 pushes, 32 of them (requests a timeout gave up on look so).
+  for (int i = 0; i < 32; ++i)
+    f.self->send(proxy, wire::pull_request{0, 0, false});
+  const auto t0 = std::chrono::steady_clock::now();
+  auto next = f.pull(proxy, 0);
+  REQUIRE_FALSE(next);
+  CHECK(describe(next.error()).find("32 requests unanswered") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+  // The round completes: the held reads are answered, and the connection goes on.
+  REQUIRE(f.push(s, 1, 0, wire::tensor(4, 3.0f)));
+  int answered = 0;
+  for (int i = 0; i < 32; ++i)
+    f.self->receive([&](const wire::pull_reply&) { ++answered; }, caf::after(5s) >> [] {});
+  CHECK(answered == 32);
+  auto later = f.pull(proxy, 0);
+  REQUIRE(later);
+  CHECK(later->version == 1);
+}
+
 TEST_CASE("a stand-in whose connection is lost answers the requests waiting on it with the loss and sends later "
           "ones over CAF") {
   const bool shm = GENERATE(true, false);

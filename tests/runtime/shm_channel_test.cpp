@@ -184,6 +184,28 @@ TEST_CASE("a kept write returns before the reader copied its tensor, which its o
   CHECK(s.server->kept() == 0);
 }
 
+TEST_CASE("a channel closed before the reader copied what a kept write lent fails the read, never hands over "
+          "those bytes") {
+  sock_pair l;
+  auto offer = offer_shm();
+  REQUIRE(offer);
+  auto s = run_switch(l, *offer);
+  REQUIRE(s.client);
+  REQUIRE(s.server);
+  {
+    auto rep = std::make_shared<wire::pull_reply>();
+    rep->params = wire::shared_tensor(ramp(1 << 16, 1.0f));
+    s.server->lend_until_fetched(rep);
+    REQUIRE_FALSE(write_frame(*s.server, 1, *rep));
+  }
+  // The writer is done with the channel (its owner may now let the buffer go).
+  s.server->close();
+  inbound_frame f;
+  auto err = read_frame(*s.client, f);
+  REQUIRE(err);
+  CHECK(describe(err).find("closed while a lent buffer was read") != std::string::npos);
+}
+
 TEST_CASE("segments passed by another process than the connection's peer are refused, and both stay on TCP") {
   sock_pair l;
   auto offer = offer_shm();

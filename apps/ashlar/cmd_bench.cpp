@@ -339,8 +339,7 @@ command_fn add_bench(CLI::App& app) {
   wire_cmd->add_option("--chunk", w->chunk, "floats per message (0: whole shard), as train.chunk_floats")
     ->capture_default_str();
   wire_cmd->add_option("--window", w->window, "chunks in flight, as train.chunks_in_flight (1-16)")
-    ->capture_default_str()
-    ->check(CLI::Range(1u, 16u));
+    ->capture_default_str()->check(CLI::Range(1u, 16u));
   wire_cmd->add_flag("--json", w->json, "print one JSON object");
   wire_cmd->add_flag("--tcp", w->tcp_only, "the data plane over TCP even though the peer is on this host (by "
                                            "default it switches to shared memory)");
@@ -388,11 +387,8 @@ command_fn add_bench(CLI::App& app) {
     }
     if (step->parsed())
       return run_step_bench(*o);
-    if (wire_cmd->parsed()) {
-      if (init_logging("warn"))
-        return 2;
-      return run_wire_bench(*w);
-    }
+    if (wire_cmd->parsed())
+      return init_logging("warn") ? 2 : run_wire_bench(*w);
     if (peer_cmd->parsed())
       return run_wire_peer(*w);
     return 2;

@@ -162,13 +162,14 @@ TEST_CASE("a paced worker spends sample_ms / speed of wall time per sample") {
     double speed = cfg.speeds[w.worker_id % 2];
     double budget = static_cast<double>(w.samples) * cfg.sample_ms * 1e-3 / speed;
     // Never faster than its pace; slower only by the timer's lateness on a busy machine
-    // (3%, and half a millisecond a step, when the timer wakes late on a loaded machine):
-    // sleeping the whole budget on top of the compute (5% of it at speed 1, 20% at speed 4)
-    // would fail.
+    // (3%, and up to a millisecond a step when the timer wakes late on a loaded machine:
+    // 9% was seen at speed 4 in a full suite run): sleeping the whole budget on top of the
+    // compute (the compute is 5% of the budget at speed 1, 20% at speed 4: worker 1 then
+    // comes out at 1.2x its budget, past 1.03 + 25 ms over 25 steps) would fail.
     INFO("worker " << w.worker_id << ": " << w.compute_seconds << " s against a budget of " << budget << " s, "
                    << w.steps << " steps");
     CHECK(w.compute_seconds >= budget * 0.99);
-    CHECK(w.compute_seconds <= budget * 1.03 + static_cast<double>(w.steps) * 0.5e-3);
+    CHECK(w.compute_seconds <= budget * 1.03 + static_cast<double>(w.steps) * 1e-3);
   }
 }
 

@@ -89,25 +89,27 @@ struct admitter::impl {
     std::chrono::steady_clock::time_point deadline;
     std::string peer;
     std::string source; // the peer's address without its port
+    std::shared_ptr<void> counted; // in its source's count while being admitted
   };
 
   net_security sec;
   std::string what;
-  // Admitted connections open per source address (shared with the holds handed out).
+  // Connections open per source address, admitted or being admitted (shared with the
+  // holds handed out). A connection counts from its accept on: one whose handshake just
+  // ended is never missed by the next accept (its peer may connect again before the
+  // admitted one's hold is taken).
   struct open_counts {
     std::mutex mtx;
     std::map<std::string, size_t> by_source;
   };
   std::shared_ptr<open_counts> open = std::make_shared<open_counts>();
 
-  // A hold on one of `source`'s connections: given back when the connection's owner drops it.
-  std::shared_ptr<void> hold(const std::string& source) {
-    {
-      std::lock_guard<std::mutex> guard{open->mtx};
-      ++open->by_source[source];
-    }
+  // A hold on one of `source`'s connections: given back when its owner drops it. Caller
+  // holds open->mtx.
+  std::shared_ptr<void> hold_locked(const std::string& source) {
+    ++open->by_source[source];
     auto counts = open;
-    return std::shared_ptr<void>(nullptr, [counts, source](void*) {
+    return std::shared_ptr<void>(counts.get(), [counts, source](void*) { // (never null: a hold is one)
       std::lock_guard<std::mutex> guard{counts->mtx};
       auto it = counts->by_source.find(source);
       if (it != counts->by_source.end() && --it->second == 0)
@@ -115,10 +117,14 @@ struct admitter::impl {
     });
   }
 
-  size_t open_from(const std::string& source) {
+  // A hold for a connection from `source` being admitted, or nothing if the source holds
+  // as many as it may.
+  std::shared_ptr<void> count_in(const std::string& source) {
     std::lock_guard<std::mutex> guard{open->mtx};
     auto it = open->by_source.find(source);
-    return it == open->by_source.end() ? 0 : it->second;
+    if (it != open->by_source.end() && it->second >= sec.max_per_source)
+      return nullptr;
+    return hold_locked(source);
   }
   tokens_fn tokens;
   std::mutex mtx;
@@ -144,7 +150,7 @@ struct admitter::impl {
       a.sealed = e.hs->sealed();
       if (a.sealed)
         a.keys = e.hs->keys();
-      a.hold = hold(e.source);
+      a.hold = std::move(e.counted); // the count taken at its accept goes with it
       // `done` owns the connection from here; it must not let an exception out, and one
       // that does is logged rather than ending the process.
       try {
@@ -274,7 +280,8 @@ bool admitter::admit(int fd, on_admitted done) {
   e.done = std::move(done);
   e.peer = peer_address(fd);
   e.source = e.peer.substr(0, e.peer.rfind(':'));
-  if (impl_->open_from(e.source) >= impl_->sec.max_per_source) {
+  e.counted = impl_->count_in(e.source);
+  if (!e.counted) {
     refusals().note(impl_->what, e.peer, std::to_string(impl_->sec.max_per_source) + " connections from "
                                              + e.source + " are open, the most one address may hold");
     ::close(fd);

@@ -36,7 +36,8 @@ void add_security_options(CLI::App* cmd, security_options& o, bool listens) {
     ->check(CLI::Range(1.0, 2000.0))
     ->group("Security");
   cmd->add_option("--max-connections-per-address", o.max_per_source,
-                  "refuse a connection from an address that holds this many admitted connections already")
+                  "refuse a connection from an address that holds this many connections already (admitted or "
+                  "being admitted)")
     ->capture_default_str()
     ->check(CLI::Range(1, 1 << 20))
     ->group("Security");

@@ -31,8 +31,8 @@ struct net_security {
   /// Connections a node admits at once (beyond, the oldest of the source with the most is
   /// dropped). Default: 64.
   size_t max_pending = 64;
-  /// Admitted connections open at once from one source address; a connection beyond is
-  /// refused before its handshake. Default: 512.
+  /// Connections open at once from one source address, admitted or being admitted; a
+  /// connection beyond is refused before its handshake. Default: 512.
   size_t max_per_source = 512;
   /// Sealed records after the gate on connections without TLS (records.hpp). Only the
   /// wire bench turns it off, on both ends, to measure what sealing costs.

@@ -358,6 +358,8 @@ void take_assignment(worker_pointer self, const wire::assignment& a, const std::
   st.machine = std::make_unique<step_machine>(a, *st.cfg.data, plan->num_params, system_clock());
   st.machine->on_lr(st.lr_factor);
   st.machine->set_model_held(st.backend->keeps_local_model());
+  if (st.cfg.plane) // pushes in the job's shared memory: shards of this host read them in place
+    st.machine->use_push_buffers(st.cfg.plane->tensor_buffers(a.data_key));
   if (st.machine->model_held())
     spdlog::debug("worker {}: {} keeps the model between commits under local steps", a.worker_id,
                   st.backend->name());

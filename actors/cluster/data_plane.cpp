@@ -508,8 +508,15 @@ private:
     auto& msg = keep->content();
     auto& chan = *st_->conn->shm;
     chan.lend_until_fetched(keep);
-    auto err = pull ? net::write_frame(chan, seq, msg.get_as<wire::pull_request>(0))
-                    : net::write_frame(chan, seq, msg.get_mutable_as<wire::push>(0));
+    caf::error err;
+    if (pull) {
+      err = net::write_frame(chan, seq, msg.get_as<wire::pull_request>(0));
+    } else {
+      auto& p = msg.get_mutable_as<wire::push>(0);
+      if (!p.sparse)
+        chan.share(p.grad); // the shard reads it in place
+      err = net::write_frame(chan, seq, p);
+    }
     chan.lend_until_fetched(nullptr); // (a frame refused before its write leaves none behind)
     guard.unlock();
     if (err)
@@ -559,6 +566,26 @@ void link_reader(link_ptr l) {
   l->conn->done = true;
 }
 
+/// This process's shared-memory arena for the job of `key` (nullptr where none can be
+/// made: tensors are then copied between the processes).
+std::shared_ptr<net::shm_arena> job_arena(const std::string& key) {
+  auto a = net::shm_arena::for_job(key);
+  if (!a) {
+    spdlog::warn("data plane: {}; tensors to peers on this host are copied", describe(a.error()));
+    return nullptr;
+  }
+  return *a;
+}
+
+/// How a shared-memory connection's tensors cross, for its log line.
+std::string in_place(const net::shm_channel& ch) {
+  if (ch.reads_in_place() && ch.peer_reads_in_place())
+    return ", tensors read in place";
+  if (ch.reads_in_place() || ch.peer_reads_in_place())
+    return std::string{", tensors read in place "} + (ch.reads_in_place() ? "here" : "by the peer") + " only";
+  return ", tensors copied";
+}
+
 /// The longest error text a shard's node writes over shared memory (the rest is cut).
 constexpr size_t max_error_text = 200;
 
@@ -595,8 +622,11 @@ public:
     auto& chan = *c_->shm;
     caf::error err;
     if (msg.match_elements<wire::pull_reply>()) {
+      auto& r = msg.get_mutable_as<wire::pull_reply>(0);
+      if (!r.sparse)
+        chan.share(r.params, r.version); // one copy of a version for every worker of this host
       chan.lend_until_fetched(keep);
-      err = net::write_frame(chan, seq, msg.get_mutable_as<wire::pull_reply>(0));
+      err = net::write_frame(chan, seq, r);
       chan.lend_until_fetched(nullptr);
     } else if (msg.match_elements<wire::push_ack>()) {
       err = net::write_frame(chan, seq, msg.get_as<wire::push_ack>(0));
@@ -831,14 +861,17 @@ struct data_plane::impl {
   // The welcome, and with it the path: shared memory where the peer offered it and both
   // proved they share this host (runtime/net/shm_channel.hpp), else TCP. False if the
   // connection broke.
-  bool welcome(const connection_ptr& c, const std::string& hello, const std::string& what) {
+  // `arena`: this process's for the job, offered to a peer that sends pulls and pushes
+  // (ring chunks are summed into: copied).
+  bool welcome(const connection_ptr& c, const std::string& hello, const std::string& what,
+               std::shared_ptr<net::shm_arena> arena) {
     std::string text, why = "the peer offered no shared memory";
     net::shm_pending pending;
     auto name = net::shm_name_in_hello(hello);
     if (name && !shared_memory)
       why = "this node serves over TCP only";
     else if (name) {
-      auto offer = net::shm_server_offer(*name, pending, std::chrono::seconds(5));
+      auto offer = net::shm_server_offer(*name, pending, std::chrono::seconds(5), std::move(arena));
       if (offer)
         text = *offer;
       else
@@ -859,7 +892,7 @@ struct data_plane::impl {
     if (c->sock.set_timeout(std::chrono::milliseconds{0}))
       return false;
     spdlog::debug("data plane: {} connected to {} over {}", c->sock.peer(), what,
-                  c->shm ? std::string{"shared memory"} : "TCP (" + why + ")");
+                  c->shm ? "shared memory" + in_place(*c->shm) : "TCP (" + why + ")");
     return true;
   }
 
@@ -903,7 +936,7 @@ struct data_plane::impl {
     name_this_thread("ashlar.dp-serve");
     std::string hello;
     auto served = read_hello(c, key, hello);
-    if (!served || !welcome(c, hello, served->what)) {
+    if (!served || !welcome(c, hello, served->what, served->shard ? job_arena(key) : nullptr)) {
       c->end();
       return;
     }
@@ -1013,6 +1046,18 @@ size_t data_plane::shared_memory_connections() const {
   for (const auto& r : impl_->conns)
     n += r.conn->on_shm && !r.conn->done ? 1 : 0;
   return n;
+}
+
+std::function<std::shared_ptr<float>(size_t)> data_plane::tensor_buffers(const std::string& key) const {
+  {
+    std::lock_guard<std::mutex> guard{impl_->mtx};
+    if (!impl_->shared_memory)
+      return {};
+  }
+  auto arena = job_arena(key);
+  if (!arena)
+    return {};
+  return [arena](size_t n) { return arena->allocate(n); };
 }
 
 void data_plane::use_tls(std::shared_ptr<net::tls_context> tls) {
@@ -1128,14 +1173,15 @@ expected<connection_ptr> open_connection(caf::actor_system& sys, const std::shar
     return make_error(errc::malformed_message, "the data plane at " + endpoint + " answered the hello with "
                                                  "frame kind " + std::to_string(static_cast<uint32_t>(f.kind)));
   if (offer) {
-    auto ch = net::shm_switch_client(c->sock, *offer, f.text, timeout, why);
+    const bool ring = head.find(" ring ") != std::string::npos; // (chunks are summed into: copied)
+    auto ch = net::shm_switch_client(c->sock, *offer, f.text, timeout, why, ring ? nullptr : job_arena(key));
     if (!ch)
       return ch.error();
     c->shm = std::move(*ch);
     c->on_shm = c->shm != nullptr;
   }
   spdlog::info("data plane: {} at {} over {}", what, endpoint,
-               c->shm ? std::string{"shared memory (same host)"} : "TCP (" + why + ")");
+               c->shm ? "shared memory (same host" + in_place(*c->shm) + ")" : "TCP (" + why + ")");
   if (auto err = c->sock.set_timeout(std::chrono::milliseconds{0}))
     return err;
   return c;

@@ -29,6 +29,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -55,6 +56,10 @@ public:
   void use_shared_memory(bool allow);
   /// Open connections (either side) whose frames go through shared memory.
   size_t shared_memory_connections() const;
+  /// Buffers for the tensors a worker of the job of `key` sends: this process's
+  /// shared-memory arena for that job, whose buffers peers on this host read in place
+  /// (runtime/net/shm_arena.hpp); empty when shared memory is off or no arena can be made.
+  std::function<std::shared_ptr<float>(size_t)> tensor_buffers(const std::string& key) const;
 
   /// Shard side: the bytes of request tensors this node reads and has not yet answered,
   /// over all its connections (default: the process network's

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -21,6 +22,13 @@ public:
   /// Reads exactly n bytes. Fails with peer_unreachable when the peer is gone or the
   /// read deadline passed.
   [[nodiscard]] virtual caf::error read_exact(void* buf, size_t n) = 0;
+  /// If the next n bytes are one buffer the peer shares in place (shared memory), a
+  /// read-only view of them, valid while held, instead of a copy; nullptr otherwise (read
+  /// them with read_exact).
+  virtual std::shared_ptr<const void> read_view(size_t n) {
+    (void)n;
+    return nullptr;
+  }
   /// Writes every byte of the buffers, in order; they may change once it returns.
   [[nodiscard]] virtual caf::error write_all(iovec* iov, int count) = 0;
   /// Reads must be done by `deadline`, however the bytes trickle in; nullopt: none.

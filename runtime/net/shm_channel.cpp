@@ -17,6 +17,8 @@
 #include "runtime/net/socket.hpp"
 #include "runtime/net/tensor_frames.hpp"
 
+#include <spdlog/spdlog.h>
+
 namespace ashlar::net {
 
 namespace {
@@ -28,6 +30,11 @@ struct piece_head {
   uint64_t address = 0;
 };
 constexpr uint64_t lent_bit = uint64_t{1} << 63;
+// A lent piece in the writer's arena, leased: the peer may read it in place. Its length
+// word then holds the lease's slot (bits 48-55) and generation (32-47) above a length of
+// less than 4 GiB.
+constexpr uint64_t leased_bit = uint64_t{1} << 62;
+constexpr uint64_t max_leased_bytes = uint64_t{1} << 32;
 
 // The proof each end writes raw into its ring before the switch: the nonce and the
 // address of this process's own copy of it.
@@ -35,6 +42,11 @@ constexpr size_t nonce_chars = 32;
 struct proof {
   char nonce[nonce_chars];
   uint64_t address;
+  // The writer's arena for the job (shm_arena): its descriptor in the writer's process
+  // (-1: none), where the writer maps it, and its size.
+  int64_t arena_fd;
+  uint64_t arena_base;
+  uint64_t arena_size;
 };
 
 std::string errno_text(int e) {
@@ -165,10 +177,12 @@ caf::error pass_segments(int fd, int a, int b) {
 
 // Reads the peer's proof from `ring` and checks it: the nonce sent over TCP, and the same
 // nonce read out of the peer's memory.
-caf::error check_proof(shm_ring& ring, const std::string& nonce, int pid, std::chrono::milliseconds timeout) {
+caf::error check_proof(shm_ring& ring, const std::string& nonce, int pid, std::chrono::milliseconds timeout,
+                       std::shared_ptr<peer_arena>& arena) {
   proof p{};
   if (auto err = ring.read_exact(&p, sizeof p, timeout))
     return err;
+  arena = nullptr;
   if (nonce.size() != nonce_chars || std::memcmp(p.nonce, nonce.data(), nonce_chars) != 0)
     return make_error(errc::handshake_refused, "the segments do not carry this connection's nonce "
                                                  "(they were not made by this connection's peer)");
@@ -178,13 +192,25 @@ caf::error check_proof(shm_ring& ring, const std::string& nonce, int pid, std::c
                                                  + "): another user, a ptrace policy or a seccomp filter");
   if (std::memcmp(theirs, nonce.data(), nonce_chars) != 0)
     return make_error(errc::handshake_refused, "the peer's copy of the nonce differs (another process?)");
+  // The peer proved who it is: its arena, if it offers one, is mapped read-only. Where
+  // that fails (a seccomp filter on pidfd_getfd, ...) its tensors are copied as before.
+  if (p.arena_fd >= 0 && p.arena_fd <= INT32_MAX) {
+    if (auto m = map_peer_arena(pid, static_cast<int>(p.arena_fd), p.arena_base, static_cast<size_t>(p.arena_size)))
+      arena = std::move(*m);
+    else
+      spdlog::info("shared-memory channel: {}; tensors from that peer are copied", describe(m.error()));
+  }
   return {};
 }
 
-caf::error write_proof(shm_ring& ring, const std::string& nonce, std::chrono::milliseconds timeout) {
+caf::error write_proof(shm_ring& ring, const std::string& nonce, std::chrono::milliseconds timeout,
+                       const shm_arena* arena) {
   proof p{};
   std::memcpy(p.nonce, nonce.data(), std::min(nonce.size(), nonce_chars));
   p.address = reinterpret_cast<uint64_t>(nonce.data());
+  p.arena_fd = arena != nullptr ? arena->fd() : -1;
+  p.arena_base = arena != nullptr ? arena->base() : 0;
+  p.arena_size = arena != nullptr ? arena->size() : 0;
   iovec iov{&p, sizeof p};
   return ring.write_all(&iov, 1, timeout);
 }
@@ -216,11 +242,46 @@ shm_channel::shm_channel(shm_ring tx, shm_ring rx, int peer_pid, int liveness_fd
 
 shm_channel::~shm_channel() {
   close();
+  // Buffers the peer may still read in place stay until it lets go (or is gone): the
+  // arena would otherwise hand them out again under its views.
+  for (auto& k : kept_)
+    for (auto& [slot, gen] : k.leases)
+      if (arena_)
+        arena_->hold_until(tx_.released_check(slot, gen), peer_pid_, k.owner);
 }
 
 void shm_channel::close() {
   tx_.close();
   rx_.close();
+}
+
+void shm_channel::share_arenas(std::shared_ptr<shm_arena> mine, bool peer_maps_mine,
+                               std::shared_ptr<peer_arena> theirs) {
+  arena_ = std::move(mine);
+  peer_maps_arena_ = arena_ != nullptr && peer_maps_mine;
+  peer_arena_ = std::move(theirs);
+  free_slots_.clear();
+  generation_.assign(shm_ring::lease_slots, 0);
+  if (peer_maps_arena_)
+    for (uint32_t s = shm_ring::lease_slots; s-- > 0;)
+      free_slots_.push_back(s);
+}
+
+bool shm_channel::share(wire::shared_tensor& t, std::optional<uint64_t> version) {
+  if (!peer_maps_arena_)
+    return false;
+  auto shared = arena_->share(t, version);
+  if (!shared)
+    return false;
+  t = std::move(*shared);
+  return true;
+}
+
+size_t shm_channel::leased() const {
+  size_t n = 0;
+  for (const auto& k : kept_)
+    n += k.leases.size();
+  return n;
 }
 
 void shm_channel::set_read_deadline(std::optional<std::chrono::steady_clock::time_point> deadline) {
@@ -243,31 +304,46 @@ caf::error shm_channel::watch(bool reading) {
 }
 
 caf::error shm_channel::write_all(iovec* iov, int count) {
-  // Heads and small buffers go into the ring in one write; large buffers are lent.
+  // Heads and small buffers go into the ring in one write; large buffers are lent, those
+  // in the job's arena under a lease where the peer maps it.
   auto owner = std::move(owner_);
   const size_t threshold = owner ? kept_lend_threshold : lend_threshold;
   std::vector<piece_head> heads(static_cast<size_t>(count));
   std::vector<iovec> out;
   out.reserve(2 * static_cast<size_t>(count));
   uint64_t lent = 0;
+  kept_write k;
   for (int i = 0; i < count; ++i) {
     if (iov[i].iov_len == 0)
       continue;
     auto& h = heads[static_cast<size_t>(i)];
-    const bool lend = iov[i].iov_len >= threshold && (!owner || i >= 2);
-    h.length = iov[i].iov_len | (lend ? lent_bit : 0);
+    const size_t len = iov[i].iov_len;
+    const bool lend = len >= threshold && (!owner || i >= 2);
+    const bool lease = lend && owner && peer_maps_arena_ && len < max_leased_bytes && !free_slots_.empty()
+                       && arena_->contains(iov[i].iov_base, len);
+    h.length = len | (lend ? lent_bit : 0);
     h.address = lend ? reinterpret_cast<uint64_t>(iov[i].iov_base) : 0;
+    if (lease) {
+      const uint32_t slot = free_slots_.back();
+      free_slots_.pop_back();
+      const uint32_t gen = generation_[slot] = generation_[slot] % 0xFFFFu + 1;
+      h.length |= leased_bit | (uint64_t{slot} << 48) | (uint64_t{gen} << 32);
+      k.leases.emplace_back(slot, gen);
+    }
     out.push_back({&h, sizeof h});
-    if (lend)
+    if (lend && !lease)
       ++lent;
-    else
+    else if (!lend)
       out.push_back(iov[i]);
   }
   // A failed write may have put part of a frame into the ring, heads of lent buffers
   // among them: the channel is closed before those buffers can go (the reader checks
-  // after each lent copy that the channel was still open).
+  // after each lent copy that the channel was still open; leased ones stay until the peer
+  // lets go of them).
   if (auto err = tx_.write_all(out.data(), static_cast<int>(out.size()))) {
     close();
+    for (auto& [slot, gen] : k.leases)
+      arena_->hold_until(tx_.released_check(slot, gen), peer_pid_, owner);
     return err;
   }
   lent_ += lent;
@@ -278,34 +354,88 @@ caf::error shm_channel::write_all(iovec* iov, int count) {
       close(); // the caller's buffers may go now: the reader must not copy them
     return err;
   }
-  if (lent > 0)
-    kept_.emplace_back(lent_, std::move(owner)); // this write's buffers stay
+  if (lent > 0 || !k.leases.empty()) { // this write's buffers stay
+    k.fetched_at = lent_;
+    k.owner = std::move(owner);
+    kept_.push_back(std::move(k));
+  }
   return {};
 }
 
 void shm_channel::release_fetched() {
   const uint64_t done = tx_.fetched();
-  while (!kept_.empty() && kept_.front().first <= done)
-    kept_.pop_front();
+  for (auto it = kept_.begin(); it != kept_.end();) {
+    auto& leases = it->leases;
+    leases.erase(std::remove_if(leases.begin(), leases.end(),
+                                [&](const std::pair<uint32_t, uint32_t>& l) {
+                                  if (tx_.released(l.first) != l.second)
+                                    return false;
+                                  free_slots_.push_back(l.first);
+                                  return true;
+                                }),
+                 leases.end());
+    it = it->fetched_at <= done && leases.empty() ? kept_.erase(it) : std::next(it);
+  }
+}
+
+caf::error shm_channel::next_piece() {
+  piece_head h;
+  if (auto err = rx_.read_exact(&h, sizeof h))
+    return err;
+  piece_lent_ = (h.length & lent_bit) != 0;
+  piece_leased_ = (h.length & leased_bit) != 0;
+  piece_addr_ = h.address;
+  if (piece_leased_) {
+    if (!piece_lent_)
+      return make_error(errc::malformed_message, "shared-memory channel with " + peer_ + ": a leased piece not lent");
+    piece_slot_ = static_cast<uint32_t>((h.length >> 48) & 0xFF);
+    piece_gen_ = static_cast<uint32_t>((h.length >> 32) & 0xFFFF);
+    piece_left_ = h.length & (max_leased_bytes - 1);
+  } else {
+    piece_left_ = h.length & ~lent_bit;
+  }
+  if (piece_left_ == 0)
+    return make_error(errc::malformed_message, "shared-memory channel with " + peer_ + ": an empty piece");
+  return {};
+}
+
+void shm_channel::piece_done() {
+  if (piece_leased_)
+    rx_.releaser(piece_slot_, piece_gen_)(); // copied: the writer may let go of it
+  else if (piece_lent_)
+    rx_.mark_fetched();
+}
+
+std::shared_ptr<const void> shm_channel::read_view(size_t n) {
+  if (piece_left_ == 0 && !pending_error_)
+    pending_error_ = next_piece(); // (returned by the next read_exact)
+  if (pending_error_ || !piece_leased_ || piece_left_ != n || !peer_arena_ || piece_addr_ % alignof(float) != 0)
+    return nullptr;
+  const uint8_t* at = peer_arena_->find(piece_addr_, n);
+  if (at == nullptr)
+    return nullptr;
+  piece_left_ = 0;
+  // The view keeps the peer's mapping and, when it goes, gives the lease back.
+  return std::shared_ptr<const void>(at, [keep = peer_arena_, release = rx_.releaser(piece_slot_, piece_gen_)](
+                                           const void*) { release(); });
 }
 
 caf::error shm_channel::read_exact(void* buf, size_t n) {
+  if (pending_error_)
+    return std::exchange(pending_error_, caf::error{});
   auto* at = static_cast<uint8_t*>(buf);
   while (n > 0) {
     if (piece_left_ == 0) {
-      piece_head h;
-      if (auto err = rx_.read_exact(&h, sizeof h))
+      if (auto err = next_piece())
         return err;
-      piece_left_ = h.length & ~lent_bit;
-      piece_lent_ = (h.length & lent_bit) != 0;
-      piece_addr_ = h.address;
-      if (piece_left_ == 0)
-        return make_error(errc::malformed_message, "shared-memory channel with " + peer_ + ": an empty piece");
       continue;
     }
     const size_t k = static_cast<size_t>(std::min<uint64_t>(n, piece_left_));
     if (piece_lent_) {
-      if (auto err = read_peer_memory(peer_pid_, piece_addr_, at, k))
+      const uint8_t* mapped = piece_leased_ && peer_arena_ ? peer_arena_->find(piece_addr_, k) : nullptr;
+      if (mapped != nullptr)
+        std::memcpy(at, mapped, k);
+      else if (auto err = read_peer_memory(peer_pid_, piece_addr_, at, k))
         return err;
       // The writer lets go of a lent buffer only once the reader fetched it or after the
       // channel was closed: a copy made before the ring was closed is whole.
@@ -316,8 +446,8 @@ caf::error shm_channel::read_exact(void* buf, size_t n) {
       return err;
     }
     piece_left_ -= k;
-    if (piece_left_ == 0 && piece_lent_)
-      rx_.mark_fetched();
+    if (piece_left_ == 0)
+      piece_done();
     at += k;
     n -= k;
   }
@@ -393,7 +523,7 @@ std::optional<std::string> shm_name_in_hello(const std::string& hello) {
 }
 
 expected<std::string> shm_server_offer(const std::string& name, shm_pending& pending,
-                                       std::chrono::milliseconds timeout) {
+                                       std::chrono::milliseconds timeout, std::shared_ptr<shm_arena> arena) {
   auto offer = connect_offer(name, pending.peer_pid);
   if (!offer)
     return offer.error();
@@ -406,7 +536,8 @@ expected<std::string> shm_server_offer(const std::string& name, shm_pending& pen
   if (auto err = pass_segments(*offer, c2s->fd(), s2c->fd()))
     return err;
   pending.nonce = random_hex(nonce_chars / 2);
-  if (auto err = write_proof(*s2c, pending.nonce, timeout))
+  pending.arena = std::move(arena);
+  if (auto err = write_proof(*s2c, pending.nonce, timeout, pending.arena.get()))
     return err;
   pending.c2s.emplace(std::move(*c2s));
   pending.s2c.emplace(std::move(*s2c));
@@ -415,7 +546,8 @@ expected<std::string> shm_server_offer(const std::string& name, shm_pending& pen
 
 expected<std::unique_ptr<shm_channel>> shm_switch_client(tcp_socket& sock, shm_offer& offer,
                                                          const std::string& welcome,
-                                                         std::chrono::milliseconds timeout, std::string& why) {
+                                                         std::chrono::milliseconds timeout, std::string& why,
+                                                         std::shared_ptr<shm_arena> arena) {
   if (welcome.rfind("shm ", 0) != 0) {
     why = welcome.rfind("tcp ", 0) == 0 ? "the shard node: " + welcome.substr(4)
                                         : "the shard node offered no shared memory";
@@ -425,6 +557,7 @@ expected<std::unique_ptr<shm_channel>> shm_switch_client(tcp_socket& sock, shm_o
   int fds[2] = {-1, -1};
   int pid = 0;
   std::optional<shm_ring> c2s, s2c;
+  std::shared_ptr<peer_arena> theirs;
   auto err = receive_segments(offer, timeout, fds, pid);
   if (!err) {
     auto a = shm_ring::attach(fds[0], "ashlar-dp-c2s");
@@ -434,29 +567,32 @@ expected<std::unique_ptr<shm_channel>> shm_switch_client(tcp_socket& sock, shm_o
     if (b) {
       c2s.emplace(std::move(*a));
       s2c.emplace(std::move(*b));
-      err = check_proof(*s2c, nonce, pid, timeout);
+      err = check_proof(*s2c, nonce, pid, timeout, theirs);
     } else {
       err = b.error();
     }
   }
-  if (!err)
-    err = write_proof(*c2s, nonce, timeout); // `nonce` stays put until the server's answer
+  if (!err) // `nonce` stays put until the server's answer
+    err = write_proof(*c2s, nonce, timeout, arena.get());
   if (err) {
     why = describe(err);
     if (auto e = say(sock, "tcp " + why))
       return e;
     return std::unique_ptr<shm_channel>{};
   }
-  if (auto e = say(sock, "shm"))
+  // "shm", and " arena" when this end mapped the peer's arena (it reads in place).
+  if (auto e = say(sock, theirs ? "shm arena" : "shm"))
     return e;
   auto answer = hear(sock);
   if (!answer)
     return answer.error();
-  if (*answer != "shm") {
+  if (*answer != "shm" && *answer != "shm arena") {
     why = "the shard node: " + answer->substr(std::min<size_t>(4, answer->size()));
     return std::unique_ptr<shm_channel>{};
   }
-  return std::make_unique<shm_channel>(std::move(*c2s), std::move(*s2c), pid, sock.fd(), sock.peer());
+  auto ch = std::make_unique<shm_channel>(std::move(*c2s), std::move(*s2c), pid, sock.fd(), sock.peer());
+  ch->share_arenas(std::move(arena), *answer == "shm arena", std::move(theirs));
+  return ch;
 }
 
 expected<std::unique_ptr<shm_channel>> shm_switch_server(tcp_socket& sock, shm_pending& pending,
@@ -464,20 +600,24 @@ expected<std::unique_ptr<shm_channel>> shm_switch_server(tcp_socket& sock, shm_p
   auto answer = hear(sock);
   if (!answer)
     return answer.error();
-  if (*answer != "shm") {
+  if (*answer != "shm" && *answer != "shm arena") {
     why = "the peer: " + answer->substr(std::min<size_t>(4, answer->size()));
     return std::unique_ptr<shm_channel>{};
   }
-  if (auto err = check_proof(*pending.c2s, pending.nonce, pending.peer_pid, timeout)) {
+  pending.peer_maps_arena = *answer == "shm arena";
+  std::shared_ptr<peer_arena> theirs;
+  if (auto err = check_proof(*pending.c2s, pending.nonce, pending.peer_pid, timeout, theirs)) {
     why = describe(err);
     if (auto e = say(sock, "tcp " + why))
       return e;
     return std::unique_ptr<shm_channel>{};
   }
-  if (auto e = say(sock, "shm"))
+  if (auto e = say(sock, theirs ? "shm arena" : "shm"))
     return e;
-  return std::make_unique<shm_channel>(std::move(*pending.s2c), std::move(*pending.c2s), pending.peer_pid,
-                                       sock.fd(), sock.peer());
+  auto ch = std::make_unique<shm_channel>(std::move(*pending.s2c), std::move(*pending.c2s), pending.peer_pid,
+                                          sock.fd(), sock.peer());
+  ch->share_arenas(std::move(pending.arena), pending.peer_maps_arena, std::move(theirs));
+  return ch;
 }
 
 }  // namespace ashlar::net

@@ -40,6 +40,7 @@
 #include <string>
 
 #include "runtime/net/byte_channel.hpp"
+#include "runtime/net/shm_arena.hpp"
 #include "runtime/net/shm_ring.hpp"
 
 namespace ashlar::net {
@@ -59,7 +60,24 @@ public:
   shm_channel(shm_ring tx, shm_ring rx, int peer_pid, int liveness_fd, std::string peer);
   ~shm_channel() override;
 
+  /// Buffers read in place (both ends of a job's connections on one host): `mine` is this
+  /// process's arena for the job, which the peer has mapped if `peer_maps_mine`; `theirs`
+  /// the peer's, mapped here (nullptr: not mapped). Set before the first read or write.
+  void share_arenas(std::shared_ptr<shm_arena> mine, bool peer_maps_mine, std::shared_ptr<peer_arena> theirs);
+  /// Writer side: moves `t` into this job's arena, where the peer reads it in place
+  /// instead of copying it (the next kept write then lends it under a lease, which the
+  /// peer gives back when it lets go of its view). False when it stays as it is: the peer
+  /// has no mapping of the arena, or `t` is small (shm_arena::share).
+  /// `version`: a shard's parameter version `t` is a window of (shm_arena::share).
+  bool share(wire::shared_tensor& t, std::optional<uint64_t> version = {});
+  /// Leases the peer holds now (buffers it reads in place), for tests.
+  size_t leased() const;
+  /// Whether this end reads the peer's shared tensors in place, and the peer this end's.
+  bool reads_in_place() const { return peer_arena_ != nullptr; }
+  bool peer_reads_in_place() const { return peer_maps_arena_; }
+
   [[nodiscard]] caf::error read_exact(void* buf, size_t n) override;
+  [[nodiscard]] std::shared_ptr<const void> read_view(size_t n) override;
   [[nodiscard]] caf::error write_all(iovec* iov, int count) override;
   void set_read_deadline(std::optional<std::chrono::steady_clock::time_point> deadline) override;
   const std::string& peer() const override { return peer_; }
@@ -87,7 +105,16 @@ public:
   void release_fetched();
 
 private:
+  struct kept_write {
+    uint64_t fetched_at = 0;                          // lent pieces copied by then
+    std::vector<std::pair<uint32_t, uint32_t>> leases; // (slot, generation) still held by the peer
+    std::shared_ptr<void> owner;
+  };
   caf::error watch(bool reading);
+  // The head of the next piece, read if none is being read; false at an error.
+  caf::error next_piece();
+  // Reader side: the piece being read was consumed whole.
+  void piece_done();
 
   shm_ring tx_, rx_;
   int peer_pid_;
@@ -96,11 +123,19 @@ private:
   std::atomic<int64_t> deadline_ns_{0}; // 0: none
   // Writer side: pieces lent in all. Reader side: the piece being read.
   uint64_t lent_ = 0;
-  std::shared_ptr<void> owner_;                              // for the next write (lend_until_fetched)
-  std::deque<std::pair<uint64_t, std::shared_ptr<void>>> kept_; // lent count each is released at
+  std::shared_ptr<void> owner_; // for the next write (lend_until_fetched)
+  std::deque<kept_write> kept_;
+  std::shared_ptr<shm_arena> arena_;     // this process's, for the job
+  bool peer_maps_arena_ = false;
+  std::shared_ptr<peer_arena> peer_arena_; // the peer's, mapped here
+  std::vector<uint32_t> free_slots_;       // writer side: leases not handed out
+  std::vector<uint32_t> generation_;       // writer side: each slot's last generation
   uint64_t piece_left_ = 0;
   uint64_t piece_addr_ = 0;
   bool piece_lent_ = false;
+  bool piece_leased_ = false; // in the writer's arena, under a lease
+  uint32_t piece_slot_ = 0, piece_gen_ = 0;
+  caf::error pending_error_; // met by read_view, returned by the next read_exact
 };
 
 /// Client side, before the hello: an abstract Unix-domain socket with a random name to
@@ -128,9 +163,14 @@ struct shm_pending {
   std::optional<shm_ring> c2s, s2c;
   int peer_pid = 0;
   std::string nonce; // its bytes are read from this process by the peer: keep it put
+  std::shared_ptr<shm_arena> arena; // this process's for the job (nullptr: none offered)
+  bool peer_maps_arena = false;
 };
+/// `arena`: this process's arena for the connection's job, offered to the peer (nullptr:
+/// none, tensors are copied across).
 [[nodiscard]] expected<std::string> shm_server_offer(const std::string& name, shm_pending& pending,
-                                                     std::chrono::milliseconds timeout);
+                                                     std::chrono::milliseconds timeout,
+                                                     std::shared_ptr<shm_arena> arena = nullptr);
 
 /// Client side, after a welcome: the whole switch (steps 3 and 4) over `sock`. Returns
 /// the channel, or nothing when the path stays TCP, with `why` saying why; fails only
@@ -138,7 +178,8 @@ struct shm_pending {
 [[nodiscard]] expected<std::unique_ptr<shm_channel>> shm_switch_client(tcp_socket& sock, shm_offer& offer,
                                                                         const std::string& welcome,
                                                                         std::chrono::milliseconds timeout,
-                                                                        std::string& why);
+                                                                        std::string& why,
+                                                                        std::shared_ptr<shm_arena> arena = nullptr);
 /// Server side, after it sent its welcome: step 4. Same results.
 [[nodiscard]] expected<std::unique_ptr<shm_channel>> shm_switch_server(tcp_socket& sock, shm_pending& pending,
                                                                         std::chrono::milliseconds timeout,

@@ -78,19 +78,29 @@ struct shm_ring::header {
   alignas(64) std::atomic<uint64_t> fetched; // moved on by the reader only: lent pieces copied
   std::atomic<uint32_t> fetch_seq;           // futex: bumped when a piece was copied and the writer waits
   std::atomic<uint32_t> fetch_waits;
+  alignas(64) std::atomic<uint32_t> released[lease_slots]; // set by the reader: leases let go of
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "the ring's positions are shared between processes: they must be lock-free");
 
+namespace {
+// The mapping of a ring, shared with the releasers of its leases.
+expected<std::shared_ptr<void>> map_segment(int fd, size_t size, const std::string& name) {
+  void* at = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (at == MAP_FAILED)
+    return make_error(errc::io_error, "mapping ring " + name + ": " + std::strerror(errno));
+  return std::shared_ptr<void>(at, [size](void* p) { ::munmap(p, size); });
+}
+} // namespace
+
 shm_ring::~shm_ring() {
-  if (base_ != nullptr)
-    ::munmap(base_, mapped_);
   if (fd_ >= 0)
     ::close(fd_);
 }
 
 shm_ring::shm_ring(shm_ring&& other) noexcept
   : fd_(std::exchange(other.fd_, -1)),
+    map_(std::move(other.map_)),
     base_(std::exchange(other.base_, nullptr)),
     mapped_(std::exchange(other.mapped_, 0)),
     capacity_(std::exchange(other.capacity_, 0)),
@@ -100,11 +110,10 @@ shm_ring::shm_ring(shm_ring&& other) noexcept
 
 shm_ring& shm_ring::operator=(shm_ring&& other) noexcept {
   if (this != &other) {
-    if (base_ != nullptr)
-      ::munmap(base_, mapped_);
     if (fd_ >= 0)
       ::close(fd_);
     fd_ = std::exchange(other.fd_, -1);
+    map_ = std::move(other.map_);
     base_ = std::exchange(other.base_, nullptr);
     mapped_ = std::exchange(other.mapped_, 0);
     capacity_ = std::exchange(other.capacity_, 0);
@@ -136,11 +145,11 @@ expected<shm_ring> shm_ring::create(size_t capacity, const std::string& name) {
       || ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
     return make_error(errc::io_error, "sizing ring " + name + ": " + std::strerror(errno));
   r.mapped_ = data_offset + cap;
-  r.base_ = ::mmap(nullptr, r.mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (r.base_ == MAP_FAILED) {
-    r.base_ = nullptr;
-    return make_error(errc::io_error, "mapping ring " + name + ": " + std::strerror(errno));
-  }
+  auto map = map_segment(fd, r.mapped_, name);
+  if (!map)
+    return map.error();
+  r.map_ = std::move(*map);
+  r.base_ = r.map_.get();
   auto* h = new (r.base_) header{};
   h->magic = ring_magic;
   h->capacity = cap;
@@ -164,11 +173,11 @@ expected<shm_ring> shm_ring::attach(int fd, const std::string& name) {
   if (size <= data_offset || size % 4096 != 0 || size > (size_t{1} << 34))
     return r.broken("a segment of " + std::to_string(size) + " bytes");
   r.mapped_ = size;
-  r.base_ = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, r.fd_, 0);
-  if (r.base_ == MAP_FAILED) {
-    r.base_ = nullptr;
-    return make_error(errc::io_error, "mapping ring " + name + ": " + std::strerror(errno));
-  }
+  auto map = map_segment(r.fd_, size, name);
+  if (!map)
+    return map.error();
+  r.map_ = std::move(*map);
+  r.base_ = r.map_.get();
   // What the header says is checked once against the mapping; the size used from then on
   // is this process's own.
   if (r.head()->magic != ring_magic || r.head()->capacity != size - data_offset)
@@ -215,6 +224,22 @@ bool shm_ring::closed() const {
 
 uint64_t shm_ring::fetched() const {
   return base_ == nullptr ? 0 : head()->fetched.load(std::memory_order_acquire);
+}
+
+uint32_t shm_ring::released(uint32_t slot) const {
+  return base_ == nullptr || slot >= lease_slots ? 0 : head()->released[slot].load(std::memory_order_acquire);
+}
+
+std::function<bool()> shm_ring::released_check(uint32_t slot, uint32_t gen) const {
+  if (base_ == nullptr || slot >= lease_slots)
+    return [] { return true; };
+  return [map = map_, word = &head()->released[slot], gen] { return word->load(std::memory_order_acquire) == gen; };
+}
+
+std::function<void()> shm_ring::releaser(uint32_t slot, uint32_t gen) const {
+  if (base_ == nullptr || slot >= lease_slots)
+    return [] {};
+  return [map = map_, word = &head()->released[slot], gen] { word->store(gen, std::memory_order_release); };
 }
 
 caf::error shm_ring::await_fetched(uint64_t count, std::chrono::milliseconds patience) {

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include <sys/uio.h>
@@ -71,6 +72,19 @@ public:
   /// Writer side: lent pieces the reader has copied in all, now (0 when not open).
   uint64_t fetched() const;
 
+  /// Leases: buffers the writer shares for the reader to read in place (shm_channel). A
+  /// writer hands slot `s` out with a generation; the reader, once done with the buffer,
+  /// stores that generation in the slot's word, which the writer checks without waiting.
+  static constexpr uint32_t lease_slots = 256;
+  /// Writer side: the generation the reader last let go of in `slot` (0 when not open).
+  uint32_t released(uint32_t slot) const;
+  /// Writer side: whether the reader let go of `slot`'s generation `gen`, asked at any
+  /// time (it keeps this ring's mapping alive).
+  std::function<bool()> released_check(uint32_t slot, uint32_t gen) const;
+  /// Reader side: what lets go of `slot`'s buffer of generation `gen`, from any thread and
+  /// at any time (it keeps this ring's mapping alive, so the ring may close meanwhile).
+  std::function<void()> releaser(uint32_t slot, uint32_t gen) const;
+
   /// Called about once a second while this end waits (for bytes, room or a fetch): an
   /// error it returns ends the wait with that error (the caller's way to notice a peer
   /// that died without closing the ring, or a deadline).
@@ -88,6 +102,7 @@ private:
                            const char* what);
 
   int fd_ = -1;
+  std::shared_ptr<void> map_; // unmapped when the ring and every releaser are gone
   void* base_ = nullptr;
   size_t mapped_ = 0;
   size_t capacity_ = 0;

@@ -58,15 +58,25 @@ caf::error write_with_tensor(byte_channel& sock, frame_kind kind, uint64_t seq, 
 
 // A sparse payload is k values, then their k indices: the indices move to `index`, the
 // values stay.
-caf::error split_sparse(wire::tensor& payload, std::vector<uint32_t>& index, const char* what) {
+caf::error split_sparse(wire::shared_tensor& payload, std::vector<uint32_t>& index, const char* what) {
   if (payload.size() % 2 != 0)
     return make_error(errc::malformed_message, std::string{"a "} + what + " payload of an odd number of words");
   const size_t k = payload.size() / 2;
   index.resize(k);
   if (k > 0) // an empty sparse tensor has no buffer to copy from
     std::memcpy(index.data(), payload.data() + k, k * sizeof(uint32_t));
-  payload.resize(k);
+  payload = payload.window(0, k);
   return {};
+}
+
+// A payload of n floats: a view of the peer's buffer where it shares it, a copy otherwise.
+caf::error read_payload(byte_channel& sock, size_t bytes, wire::shared_tensor& out) {
+  const size_t n = bytes / sizeof(float);
+  if (auto view = sock.read_view(bytes)) {
+    out = wire::shared_tensor{std::shared_ptr<const float>(view, static_cast<const float*>(view.get())), n};
+    return {};
+  }
+  return sock.read_exact(out.reset(n), bytes);
 }
 
 // Sends a sparse message: values and indices both travel as payload, beside metadata
@@ -123,13 +133,16 @@ caf::error read_frame(byte_channel& sock, inbound_frame& out, uint64_t max_paylo
   wire::words meta(h.meta_bytes / sizeof(uint64_t));
   if (auto err = sock.read_exact(meta.data(), h.meta_bytes))
     return err;
-  wire::tensor tensor;
+  wire::shared_tensor tensor;
   if (h.payload_bytes > 0 && before_payload)
     if (auto err = before_payload(h.payload_bytes))
       return err;
-  if (h.payload_bytes > 0) {
-    tensor.resize(h.payload_bytes / sizeof(float));
-    if (auto err = sock.read_exact(tensor.data(), h.payload_bytes))
+  if (h.payload_bytes > 0 && out.kind == frame_kind::ring) { // summed into: a buffer of its own
+    out.ring.data.resize(h.payload_bytes / sizeof(float));
+    if (auto err = sock.read_exact(out.ring.data.data(), h.payload_bytes))
+      return err;
+  } else if (h.payload_bytes > 0) {
+    if (auto err = read_payload(sock, h.payload_bytes, tensor))
       return err;
   }
   caf::error err;
@@ -141,7 +154,7 @@ caf::error read_frame(byte_channel& sock, inbound_frame& out, uint64_t max_paylo
       err = wire::decode(meta, out.reply);
       if (!err && out.reply.sparse)
         err = split_sparse(tensor, out.reply.index, "delta read");
-      out.reply.params = wire::shared_tensor(std::move(tensor));
+      out.reply.params = std::move(tensor);
       break;
     case frame_kind::push:
       err = wire::decode(meta, out.push);
@@ -153,8 +166,11 @@ caf::error read_frame(byte_channel& sock, inbound_frame& out, uint64_t max_paylo
       err = wire::decode(meta, out.ack);
       break;
     case frame_kind::ring:
-      err = wire::decode(meta, out.ring);
-      out.ring.data = std::move(tensor);
+      {
+        wire::tensor data = std::move(out.ring.data);
+        err = wire::decode(meta, out.ring);
+        out.ring.data = std::move(data);
+      }
       break;
     default:
       break;

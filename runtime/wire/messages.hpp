@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <iterator>
 #include <string>
 #include <memory>
 #include <utility>
@@ -71,6 +72,11 @@ public:
   shared_tensor(std::initializer_list<float> values) : shared_tensor(tensor(values)) {
   }
 
+  /// `n` floats at `data`, which keeps their storage (a buffer shared with another
+  /// process, a window of another tensor's).
+  shared_tensor(std::shared_ptr<const float> data, size_t n) : data_(std::move(data)), size_(n) {
+  }
+
   /// Takes `owned` as its storage.
   shared_tensor(tensor owned) {
     auto buf = std::make_shared<tensor>(std::move(owned));
@@ -87,6 +93,20 @@ public:
     size_ = n;
     return out;
   }
+
+  /// Fresh storage holding a copy of [first, last).
+  template <class It>
+  void assign(It first, It last) {
+    std::copy(first, last, reset(static_cast<size_t>(std::distance(first, last))));
+  }
+
+  /// [offset, offset + n) of this tensor, sharing its storage.
+  shared_tensor window(size_t offset, size_t n) const {
+    return {std::shared_ptr<const float>(data_, data_.get() + offset), n};
+  }
+
+  /// What keeps the floats alive (whose owners count who holds them).
+  const std::shared_ptr<const float>& storage() const { return data_; }
 
   const float* data() const { return data_.get(); }
   size_t size() const { return size_; }
@@ -289,7 +309,7 @@ struct push {
   uint32_t shard_id = 0;
   uint64_t base_version = 0;
   uint32_t batch_size = 0;
-  tensor grad;
+  shared_tensor grad; // read in place where the sender shares it (shared memory)
   uint64_t offset = 0;
   uint64_t total = 0; // 0: grad is the whole range
   /// A sparse push (top-k): grad[i] is the entry at range position index[i], every other

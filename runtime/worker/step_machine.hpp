@@ -20,6 +20,8 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -157,6 +159,12 @@ public:
   /// time), not one each. Only where nothing outside keeps grad()'s address (no page
   /// lock). The gradient stays on a ring and while a commit overlaps local steps.
   void give_back_between_steps(bool yes) { release_grad_ = yes; }
+
+  /// Where the buffers of dense pushes come from (n floats, or nullptr: the heap): the
+  /// job's shared-memory arena where shards of this host read pushes in place, so that a
+  /// push is copied once, as in one process.
+  using buffer_source = std::function<std::shared_ptr<float>(size_t n)>;
+  void use_push_buffers(buffer_source source) { push_buffers_ = std::move(source); }
   bool gives_back_between_steps() const { return release_grad_; }
   /// The buffers of commits taken from the backend and of overlapped commits' pulls;
   /// sized once the model is held (a backend may lock them).
@@ -381,6 +389,7 @@ private:
   // sent), and whether the step in flight ran there.
   bool held_ = false;
   bool release_grad_ = false;
+  buffer_source push_buffers_;
   bool held_current_ = false;
   bool held_step_ = false;
   bool velocity_on_host_ = true; // local_velocity_ is the latest (else the backend's is)

@@ -327,7 +327,12 @@ void step_machine::send_push_chunk(size_t i) {
   msg.total = t.total;
   const auto& out = commit_inflight_ ? commit_ : grad_; // local steps overwrite grad
   auto from = out.begin() + static_cast<std::ptrdiff_t>(range.begin + t.next);
-  msg.grad.assign(from, from + static_cast<std::ptrdiff_t>(len));
+  if (auto buf = push_buffers_ ? push_buffers_(len) : nullptr) {
+    std::copy(from, from + static_cast<std::ptrdiff_t>(len), buf.get());
+    msg.grad = wire::shared_tensor{std::shared_ptr<const float>(std::move(buf)), len};
+  } else {
+    msg.grad.assign(from, from + static_cast<std::ptrdiff_t>(len));
+  }
   t.next += len;
   emit(step::send_push{i, gen_, len, std::move(msg)});
   gradient_sent();

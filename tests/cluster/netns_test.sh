@@ -77,7 +77,7 @@ run_job() {
 
 run_job bsp
 near="$dir/bsp-near.log" far="$dir/bsp-far.log"
-grep -q "shard 0 at .* over shared memory (same host)" "$near" \
+grep -q "shard 0 at .* over shared memory (same host" "$near" \
   || { cat "$near"; echo "FAILED: the worker node beside the server did not use shared memory"; exit 1; }
 grep -qE "over TCP \(the shard node: .*offer is not reachable from here" "$far" \
   || { cat "$far"; echo "FAILED: the worker node in the other namespace did not say it took TCP, and why"; exit 1; }
@@ -89,7 +89,7 @@ if grep -q "over shared memory" "$far"; then echo "FAILED: shared memory across 
 run_job ring
 near="$dir/ring-near.log" far="$dir/ring-far.log" node="$dir/ring-node.log"
 grep -q "ring of 3 workers formed" "$dir/ring-sched.log" || { echo "FAILED: no ring formed"; exit 1; }
-grep -q "the next worker's ring inbox at 10.231.7.2:[0-9]* over shared memory (same host)" "$near" \
+grep -q "the next worker's ring inbox at 10.231.7.2:[0-9]* over shared memory (same host" "$near" \
   || { cat "$near"; echo "FAILED: the ring's chunks within namespace b did not go through shared memory"; exit 1; }
 for log in "$far" "$node"; do
   grep -qE "the next worker's ring inbox at 10\.231\.7\.[12]:[0-9]+ over TCP \(" "$log" \

@@ -41,9 +41,10 @@ struct switched {
 };
 
 // The server side of the switch: offer, welcome, answer. Returns its channel (null: TCP).
-std::unique_ptr<shm_channel> serve_switch(tcp_socket& sock, const std::string& name, std::string& why) {
+std::unique_ptr<shm_channel> serve_switch(tcp_socket& sock, const std::string& name, std::string& why,
+                                          std::shared_ptr<shm_arena> arena = nullptr) {
   shm_pending pending;
-  auto offer = shm_server_offer(name, pending, 5s);
+  auto offer = shm_server_offer(name, pending, 5s, std::move(arena));
   const std::string text = offer ? *offer : "tcp " + describe(offer.error());
   REQUIRE_FALSE(write_text_frame(sock, frame_kind::welcome, 0, text));
   if (!offer) {
@@ -56,18 +57,23 @@ std::unique_ptr<shm_channel> serve_switch(tcp_socket& sock, const std::string& n
 }
 
 // The client side: hears the welcome, then switches.
-std::unique_ptr<shm_channel> client_switch(tcp_socket& sock, shm_offer& offer, std::string& why) {
+std::unique_ptr<shm_channel> client_switch(tcp_socket& sock, shm_offer& offer, std::string& why,
+                                           std::shared_ptr<shm_arena> arena = nullptr) {
   inbound_frame f;
   REQUIRE_FALSE(read_frame(sock, f));
-  auto ch = shm_switch_client(sock, offer, f.text, 5s, why);
+  auto ch = shm_switch_client(sock, offer, f.text, 5s, why, std::move(arena));
   REQUIRE(ch);
   return std::move(*ch);
 }
 
-switched run_switch(sock_pair& l, shm_offer& offer) {
+// `client_arena`, `server_arena`: each end's arena for the job (nullptr: none offered).
+switched run_switch(sock_pair& l, shm_offer& offer, std::shared_ptr<shm_arena> client_arena = nullptr,
+                    std::shared_ptr<shm_arena> server_arena = nullptr) {
   switched out;
-  auto server = std::async(std::launch::async, [&] { return serve_switch(l.server, offer.name, out.server_why); });
-  out.client = client_switch(l.client, offer, out.client_why);
+  auto server = std::async(std::launch::async, [&] {
+    return serve_switch(l.server, offer.name, out.server_why, server_arena);
+  });
+  out.client = client_switch(l.client, offer, out.client_why, client_arena);
   out.server = server.get();
   return out;
 }
@@ -206,6 +212,137 @@ TEST_CASE("a channel closed before the reader copied what a kept write lent fail
   CHECK(describe(err).find("closed while a lent buffer was read") != std::string::npos);
 }
 
+TEST_CASE("a tensor in the writer's arena is read in place under a lease, which the reader gives back when it "
+          "lets go of it; nothing reuses the buffer before") {
+  auto client_arena = shm_arena::make(64 << 20);
+  auto server_arena = shm_arena::make(64 << 20);
+  REQUIRE(client_arena);
+  REQUIRE(server_arena);
+  sock_pair l;
+  auto offer = offer_shm();
+  REQUIRE(offer);
+  auto s = run_switch(l, *offer, *client_arena, *server_arena);
+  REQUIRE(s.client);
+  REQUIRE(s.server);
+  CHECK(s.client->reads_in_place());
+  CHECK(s.client->peer_reads_in_place());
+  CHECK(s.server->reads_in_place());
+  CHECK(s.server->peer_reads_in_place());
+
+  // A shard's reply: its version (heap) is copied into the shard's arena once, and the
+  // same version's next reply shares that copy.
+  const auto values = ramp(1 << 18, 5.0f);
+  auto version = std::make_shared<const std::vector<float>>(values.begin(), values.end());
+  auto rep = std::make_shared<wire::pull_reply>();
+  rep->version = 7;
+  rep->params = wire::shared_tensor(version, 0, version->size());
+  REQUIRE(s.server->share(rep->params, rep->version));
+  CHECK((*server_arena)->contains(rep->params.data(), rep->params.size() * sizeof(float)));
+  wire::shared_tensor again(version, 0, version->size());
+  REQUIRE(s.server->share(again, uint64_t{7}));
+  CHECK(again.data() == rep->params.data()); // one copy per version
+  wire::shared_tensor next_version(version, 0, version->size());
+  REQUIRE(s.server->share(next_version, uint64_t{8}));
+  CHECK(next_version.data() != rep->params.data()); // written in place since: a new copy
+  const float* lent_at = rep->params.data();
+  s.server->lend_until_fetched(rep);
+  REQUIRE_FALSE(write_frame(*s.server, 1, *rep));
+  CHECK(s.server->leased() == 1);
+  rep.reset();
+  again = {};
+  next_version = {};
+
+  inbound_frame f;
+  REQUIRE_FALSE(read_frame(*s.client, f));
+  REQUIRE(f.reply.params.size() == size_t{1} << 18);
+  CHECK(f.reply.params == wire::shared_tensor(ramp(1 << 18, 5.0f)));
+  CHECK(f.reply.params.data() != lent_at); // (a mapping of its own of the same pages)
+  CHECK_FALSE((*client_arena)->contains(f.reply.params.data(), 4)); // not copied into the reader's memory
+  // While the reader holds its view, the lease stays and the buffer is not handed out again.
+  s.server->release_fetched();
+  CHECK(s.server->leased() == 1);
+  version.reset(); // the version's storage goes: only the lease holds the copy now
+  auto fresh = (*server_arena)->allocate(1 << 18);
+  REQUIRE(fresh);
+  CHECK(fresh.get() != lent_at);
+  fresh.reset();
+  const size_t in_use = (*server_arena)->bytes_in_use();
+  f.reply.params = {};
+  s.server->release_fetched();
+  CHECK(s.server->leased() == 0);
+  CHECK((*server_arena)->bytes_in_use() < in_use); // the copy came back to the arena
+
+  // A push the worker wrote into its arena crosses the other way, read in place too.
+  auto push = std::make_shared<wire::push>();
+  auto buf = (*client_arena)->allocate(1 << 17);
+  REQUIRE(buf);
+  for (size_t i = 0; i < (1 << 17); ++i)
+    buf.get()[i] = static_cast<float>(i);
+  push->grad = wire::shared_tensor{std::shared_ptr<const float>(buf), 1 << 17};
+  REQUIRE(s.client->share(push->grad)); // already there: no copy
+  CHECK(push->grad.data() == buf.get());
+  buf.reset();
+  s.client->lend_until_fetched(push);
+  REQUIRE_FALSE(write_frame(*s.client, 2, *push));
+  push.reset();
+  inbound_frame g;
+  REQUIRE_FALSE(read_frame(*s.server, g));
+  CHECK(g.push.grad[12345] == 12345.0f);
+  CHECK(s.client->leased() == 1);
+  g.push.grad = {};
+  s.client->release_fetched();
+  CHECK(s.client->leased() == 0);
+}
+
+TEST_CASE("a closed channel's buffers that the peer still reads in place stay until it lets go, and a buffer of "
+          "another job's arena is copied, never lent") {
+  auto job_a = shm_arena::make(64 << 20);
+  auto job_a_peer = shm_arena::make(64 << 20);
+  auto job_b = shm_arena::make(64 << 20);
+  REQUIRE(job_a);
+  REQUIRE(job_a_peer);
+  REQUIRE(job_b);
+  sock_pair l;
+  auto offer = offer_shm();
+  REQUIRE(offer);
+  auto s = run_switch(l, *offer, *job_a_peer, *job_a);
+  REQUIRE(s.server);
+  REQUIRE(s.client);
+  // A tensor of job B's arena written on job A's connection is copied into A's arena.
+  auto b_buf = (*job_b)->allocate(1 << 16);
+  REQUIRE(b_buf);
+  wire::shared_tensor b_tensor{std::shared_ptr<const float>(b_buf), 1 << 16};
+  REQUIRE(s.server->share(b_tensor));
+  CHECK_FALSE((*job_b)->contains(b_tensor.data(), 4));
+  CHECK((*job_a)->contains(b_tensor.data(), 4));
+
+  auto rep = std::make_shared<wire::pull_reply>();
+  rep->params = b_tensor;
+  const float* lent_at = rep->params.data();
+  s.server->lend_until_fetched(rep);
+  REQUIRE_FALSE(write_frame(*s.server, 1, *rep));
+  rep.reset();
+  b_tensor = {};
+  inbound_frame f;
+  REQUIRE_FALSE(read_frame(*s.client, f));
+  REQUIRE(f.reply.params.size() == size_t{1} << 16);
+  // The writer's channel goes while the reader holds its view: the arena keeps the buffer.
+  s.server.reset();
+  for (int i = 0; i < 4; ++i) {
+    auto other = (*job_a)->allocate(1 << 16);
+    REQUIRE(other);
+    CHECK(other.get() != lent_at);
+  }
+  f.reply.params = {}; // let go: the next allocation may take it again
+  bool reused = false;
+  std::vector<std::shared_ptr<float>> held;
+  for (int i = 0; i < 8 && !reused; ++i) {
+    held.push_back((*job_a)->allocate(1 << 16));
+    reused = held.back().get() == lent_at;
+  }
+  CHECK(reused);
+}
+
 TEST_CASE("segments passed by another process than the connection's peer are refused, and both stay on TCP") {
   sock_pair l;
   auto offer = offer_shm();
@@ -300,6 +437,25 @@ TEST_CASE("lies in the ring (a lent buffer outside the peer's memory, an empty p
     const uint64_t head[2] = {(uint64_t{1} << 63) | 4096, 16}; // lent, 4 KiB at address 16
     iovec iov{const_cast<uint64_t*>(head), sizeof head};
     REQUIRE_FALSE(a->write_all(&iov, 1));
+    char buf[4096];
+    auto err = reader.read_exact(buf, sizeof buf);
+    REQUIRE(err);
+    CHECK(is(err, errc::malformed_message));
+  }
+  SECTION("a leased buffer outside the peer's arena, or not lent") {
+    // The reader maps a real arena; the head names an address outside it: read_view
+    // declines, and the copy from the peer's memory fails as for any lent buffer.
+    auto arena = shm_arena::make(1 << 20);
+    REQUIRE(arena);
+    auto mapped = map_peer_arena(static_cast<int>(::getpid()), (*arena)->fd(), (*arena)->base(), (*arena)->size());
+    REQUIRE(mapped);
+    reader.share_arenas(nullptr, false, *mapped);
+    const bool lent = GENERATE(true, false);
+    const uint64_t length = (lent ? uint64_t{1} << 63 : 0) | (uint64_t{1} << 62) | (uint64_t{3} << 48) | 4096;
+    const uint64_t head[2] = {length, 16}; // outside the arena, and nothing the peer has
+    iovec iov{const_cast<uint64_t*>(head), sizeof head};
+    REQUIRE_FALSE(a->write_all(&iov, 1));
+    CHECK(reader.read_view(4096) == nullptr);
     char buf[4096];
     auto err = reader.read_exact(buf, sizeof buf);
     REQUIRE(err);

@@ -656,7 +656,7 @@ drive_result drive(rig& r, compute_backend& b, const drive_script& script = {}) 
         ++out.pulls;
         r.m->on_pull_reply(p->shard, p->gen, r.whole(p->shard, 0.1f * static_cast<float>(pull_rounds)));
       } else if (auto* s = std::get_if<step::send_push>(&act)) {
-        out.pushes.push_back(s->msg.grad);
+        out.pushes.emplace_back(s->msg.grad.begin(), s->msg.grad.end());
         r.m->on_push_ack(s->shard, s->gen, s->floats, {});
       } else if (auto* c = std::get_if<step::compute>(&act)) {
         ++computes;

@@ -121,6 +121,7 @@ std::shared_ptr<float> shm_arena::allocate(size_t n) {
         return nullptr;
       offset = top_;
       top_ += bytes;
+
     }
     in_use_ += bytes;
   }
@@ -245,6 +246,16 @@ expected<std::shared_ptr<peer_arena>> map_peer_arena(int pid, int fd, uint64_t b
     ::close(mine);
     return err;
   }
+  // One mapping per peer arena in this process, whatever the number of connections to it
+  // (a node of 32 workers reading one server's versions maps its pages once).
+  static std::mutex mapped_mtx;
+  static auto* mapped = new std::map<std::tuple<int, dev_t, ino_t>, std::weak_ptr<peer_arena>>;
+  std::lock_guard<std::mutex> guard{mapped_mtx};
+  const auto key = std::make_tuple(pid, st.st_dev, st.st_ino);
+  if (auto m = (*mapped)[key].lock(); m && m->base == base && m->size == size) {
+    ::close(mine);
+    return m;
+  }
   void* at = ::mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_NORESERVE, mine, 0);
   ::close(mine);
   if (at == MAP_FAILED)
@@ -253,6 +264,9 @@ expected<std::shared_ptr<peer_arena>> map_peer_arena(int pid, int fd, uint64_t b
   m->at = static_cast<const uint8_t*>(at);
   m->base = base;
   m->size = size;
+  for (auto it = mapped->begin(); it != mapped->end();) // mappings of peers gone
+    it = it->second.expired() ? mapped->erase(it) : std::next(it);
+  (*mapped)[key] = m;
   return m;
 }
 

@@ -128,7 +128,7 @@ TEST_CASE("each job has its own arena in a process, kept while anything holds it
   CHECK((::fcntl((*a1)->fd(), F_GET_SEALS) & F_SEAL_SHRINK) != 0);
 }
 
-TEST_CASE("a peer's arena is mapped only as a sealed memory segment of the size it claims") {
+TEST_CASE("a peer's arena is mapped only as a sealed memory segment of the size it claims, once per process") {
   auto a = shm_arena::make(1 << 20);
   REQUIRE(a);
   const int pid = static_cast<int>(::getpid());
@@ -142,6 +142,10 @@ TEST_CASE("a peer's arena is mapped only as a sealed memory segment of the size 
   std::memcpy(&v, seen + 12, 4);
   CHECK(v == 42.0f);
   CHECK((*ok)->find((*a)->base() + (*a)->size() - 8, 16) == nullptr); // runs past its end
+  // Mapped once in a process, however many connections to that peer map it.
+  auto twice = map_peer_arena(pid, (*a)->fd(), (*a)->base(), (*a)->size());
+  REQUIRE(twice);
+  CHECK(twice->get() == ok->get());
   CHECK((*ok)->find((*a)->base() - 4, 8) == nullptr);
   // Larger than the segment: refused.
   auto too_big = map_peer_arena(pid, (*a)->fd(), (*a)->base(), (*a)->size() * 2);

@@ -29,12 +29,17 @@ namespace ashlar::cli {
 namespace {
 
 // Answers a pull for n floats (pull_request::max_floats) with n floats of its buffer, and
-// every push with an acknowledgement; applies nothing.
+// every push with an acknowledgement; applies nothing. Each reply names a new version, as
+// if a push had been applied in between: over shared memory each pull then costs the copy
+// of a new version into the shard's arena, as a worker's pull in training does (a version
+// is copied once per host however many workers read it).
 actors::shard_actor::behavior_type sink_shard(actors::shard_actor::pointer,
                                               std::shared_ptr<const std::vector<float>> buf) {
+  auto version = std::make_shared<uint64_t>(0);
   return {
     [=](wire::pull_request& r) {
       wire::pull_reply rep;
+      rep.version = ++*version;
       const size_t n = std::min<size_t>(r.max_floats == 0 ? buf->size() : r.max_floats, buf->size());
       rep.params = wire::shared_tensor(buf, 0, n);
       return rep;
@@ -62,12 +67,15 @@ std::vector<uint64_t> parse_sizes(const std::string& text) {
   return out;
 }
 
-// Seconds per call of f, over at least `min_seconds` (and 3 calls), after one untimed
-// call; `prepare` runs before each call, outside the time.
+// Seconds per call of f, over at least `min_seconds` (and 3 calls), after two untimed
+// calls (the buffers a path keeps are then made: over shared memory, a version's copy
+// and the one before it); `prepare` runs before each call, outside the time.
 template <class P, class F>
 double seconds_per_call(P&& prepare, F&& f, double min_seconds) {
-  prepare();
-  f();
+  for (int i = 0; i < 2; ++i) {
+    prepare();
+    f();
+  }
   int calls = 0;
   std::chrono::steady_clock::duration spent{};
   while (calls < 3 || std::chrono::duration<double>(spent).count() < min_seconds) {

@@ -16,6 +16,7 @@ namespace ashlar::net {
 namespace {
 
 constexpr size_t page = 4096;
+constexpr int populate_write = 23; // MADV_POPULATE_WRITE (Linux 5.14); older kernels refuse it, harmlessly
 
 size_t page_round(size_t n) {
   return (n + page - 1) / page * page;
@@ -104,6 +105,7 @@ std::shared_ptr<float> shm_arena::allocate(size_t n) {
   sweep_held();
   const size_t bytes = page_round(std::max<size_t>(n * sizeof(float), 1));
   size_t offset = 0;
+  bool fresh = true; // no resident pages yet
   {
     std::lock_guard<std::mutex> guard{mtx_};
     auto it = free_.find(bytes);
@@ -113,6 +115,7 @@ std::shared_ptr<float> shm_arena::allocate(size_t n) {
       auto pick = std::find_if(list.rbegin(), list.rend(), [](const free_block& b) { return b.resident; });
       auto chosen = pick != list.rend() ? std::prev(pick.base()) : std::prev(list.end());
       offset = chosen->offset;
+      fresh = !chosen->resident;
       if (chosen->resident)
         cached_ -= bytes;
       list.erase(chosen);
@@ -125,6 +128,8 @@ std::shared_ptr<float> shm_arena::allocate(size_t n) {
     }
     in_use_ += bytes;
   }
+  if (fresh) // its pages all at once: a fault per page costs more (in a VM above all)
+    (void) ::madvise(base_ + offset, bytes, populate_write);
   auto self = shared_from_this();
   return std::shared_ptr<float>(reinterpret_cast<float*>(base_ + offset),
                                 [self, offset, bytes](float*) { self->let_go(offset, bytes); });
@@ -134,7 +139,10 @@ void shm_arena::let_go(size_t offset, size_t bytes) {
   std::lock_guard<std::mutex> guard{mtx_};
   in_use_ -= bytes;
   bool resident = true;
-  if (cached_ + bytes > resident_cache) {
+  // The cache holds at least two of the largest buffers (each of their pages would be a
+  // fault for both processes on the next use: shared memory has no huge pages here).
+  largest_ = std::max(largest_, bytes);
+  if (cached_ + bytes > std::max(resident_cache, 2 * largest_)) {
     // Its pages go back to the system; the range stays reserved for the same size.
     ::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset), static_cast<off_t>(bytes));
     resident = false;

@@ -6,9 +6,11 @@
 //
 // One arena per job and process (a node process serving two jobs has two; a peer proves a
 // job's key before it gets a mapping of that job's arena, never another's). Buffers are
-// whole pages, handed out from a bump pointer and reused by size once let go; freed pages
-// beyond `resident_cache` are given back to the system (the range stays reserved), so
-// what the arena holds resident follows what is in flight.
+// whole pages, handed out from a bump pointer and reused by size once let go; let-go pages
+// beyond `resident_cache` (or two of the largest buffers) are given back to the system
+// (the range stays reserved), so what the arena holds resident follows what is in flight.
+// A buffer without resident pages gets them all at once (MADV_POPULATE_WRITE), not a fault
+// per page.
 //
 // A shard's parameter version is shared once per arena: `share` keeps the copy it made of
 // a version for the next replies of it (to the other workers of the host), for as long as
@@ -38,7 +40,8 @@ public:
   static constexpr size_t reserved_bytes = size_t{16} << 30;
   /// Smaller tensors are not shared (their copy costs less than a lease): 64 KiB.
   static constexpr size_t min_share_bytes = size_t{64} << 10;
-  /// Pages of let-go buffers kept for reuse before they go back to the system: 64 MiB.
+  /// Pages of let-go buffers kept for reuse before they go back to the system: 64 MiB,
+  /// or two of the largest buffer let go if more.
   static constexpr size_t resident_cache = size_t{64} << 20;
   /// Parameter versions `share` keeps copies of, at most.
   static constexpr size_t max_versions = 16;
@@ -90,6 +93,7 @@ private:
   size_t top_ = 0;    // the bump pointer
   size_t in_use_ = 0; // bytes handed out
   size_t cached_ = 0; // resident bytes in free_
+  size_t largest_ = 0; // the largest buffer let go
   struct free_block {
     size_t offset;
     bool resident;

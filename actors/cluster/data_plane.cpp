@@ -548,7 +548,7 @@ void link_reader(link_ptr l) {
     link_state::waiting w;
     {
       std::lock_guard<std::mutex> guard{l->mtx};
-      l->conn->shm->release_fetched(); // a push answered is a push read: its buffer goes now
+      l->conn->shm->release_fetched(); // what the shard has read or let go of by now goes
       auto it = l->pending.find(f.seq);
       if (it == l->pending.end())
         continue; // failed already when the connection was lost
@@ -861,17 +861,18 @@ struct data_plane::impl {
   // The welcome, and with it the path: shared memory where the peer offered it and both
   // proved they share this host (runtime/net/shm_channel.hpp), else TCP. False if the
   // connection broke.
-  // `arena`: this process's for the job, offered to a peer that sends pulls and pushes
-  // (ring chunks are summed into: copied).
+  // `arena_key`: the job whose arena (this process's) is offered to a peer on this host
+  // that sends pulls and pushes; "": none (ring chunks are summed into: copied).
   bool welcome(const connection_ptr& c, const std::string& hello, const std::string& what,
-               std::shared_ptr<net::shm_arena> arena) {
+               const std::string& arena_key) {
     std::string text, why = "the peer offered no shared memory";
     net::shm_pending pending;
     auto name = net::shm_name_in_hello(hello);
     if (name && !shared_memory)
       why = "this node serves over TCP only";
     else if (name) {
-      auto offer = net::shm_server_offer(*name, pending, std::chrono::seconds(5), std::move(arena));
+      auto offer = net::shm_server_offer(*name, pending, std::chrono::seconds(5),
+                                         arena_key.empty() ? nullptr : job_arena(arena_key));
       if (offer)
         text = *offer;
       else
@@ -936,7 +937,7 @@ struct data_plane::impl {
     name_this_thread("ashlar.dp-serve");
     std::string hello;
     auto served = read_hello(c, key, hello);
-    if (!served || !welcome(c, hello, served->what, served->shard ? job_arena(key) : nullptr)) {
+    if (!served || !welcome(c, hello, served->what, served->shard ? key : std::string{})) {
       c->end();
       return;
     }
@@ -1057,7 +1058,9 @@ std::function<std::shared_ptr<float>(size_t)> data_plane::tensor_buffers(const s
   auto arena = job_arena(key);
   if (!arena)
     return {};
-  return [arena](size_t n) { return arena->allocate(n); };
+  return [arena](size_t n) { // (a small push is copied through the ring: the heap)
+    return n * sizeof(float) >= net::shm_arena::min_share_bytes ? arena->allocate(n) : nullptr;
+  };
 }
 
 void data_plane::use_tls(std::shared_ptr<net::tls_context> tls) {

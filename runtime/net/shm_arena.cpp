@@ -6,10 +6,21 @@
 #include <cstring>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
+
+// (older kernel headers name neither; the numbers are the same on every architecture)
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
 
 namespace ashlar::net {
 
@@ -43,25 +54,152 @@ std::map<std::string, std::weak_ptr<shm_arena>>& registry() {
 
 } // namespace
 
+// The segment and its buffers (free lists by size, a bump pointer). Every buffer handed
+// out holds it, so the mapping outlives the last of them; the arena (its version copies)
+// may go first.
+struct shm_arena::pages : std::enable_shared_from_this<pages> {
+  int fd = -1;
+  uint8_t* base = nullptr;
+  size_t size = 0;
+  std::mutex mtx;
+  size_t top = 0;     // the bump pointer
+  size_t in_use = 0;  // bytes handed out
+  size_t cached = 0;  // resident bytes in free_
+  size_t largest = 0; // the largest buffer let go
+  struct free_block {
+    size_t offset;
+    bool resident;
+  };
+  std::unordered_map<size_t, std::vector<free_block>> free; // by size in bytes
+
+  ~pages() {
+    if (base != nullptr)
+      ::munmap(base, size);
+    if (fd >= 0)
+      ::close(fd);
+  }
+
+  std::shared_ptr<float> allocate(size_t n) {
+    const size_t bytes = page_round(std::max<size_t>(n * sizeof(float), 1));
+    size_t offset = 0;
+    bool fresh = true; // no resident pages yet
+    {
+      std::lock_guard<std::mutex> guard{mtx};
+      auto it = free.find(bytes);
+      if (it != free.end() && !it->second.empty()) {
+        auto& list = it->second;
+        // A resident block first: its pages need no faults.
+        auto pick = std::find_if(list.rbegin(), list.rend(), [](const free_block& b) { return b.resident; });
+        auto chosen = pick != list.rend() ? std::prev(pick.base()) : std::prev(list.end());
+        offset = chosen->offset;
+        fresh = !chosen->resident;
+        if (chosen->resident)
+          cached -= bytes;
+        list.erase(chosen);
+      } else {
+        if (bytes > size - top)
+          return nullptr;
+        offset = top;
+        top += bytes;
+      }
+      in_use += bytes;
+    }
+    if (fresh) // its pages all at once: a fault per page costs more (in a VM above all)
+      (void) ::madvise(base + offset, bytes, populate_write);
+    auto self = shared_from_this();
+    return std::shared_ptr<float>(reinterpret_cast<float*>(base + offset),
+                                  [self, offset, bytes](float*) { self->let_go(offset, bytes); });
+  }
+
+  void let_go(size_t offset, size_t bytes) {
+    std::lock_guard<std::mutex> guard{mtx};
+    in_use -= bytes;
+    bool resident = true;
+    // The cache holds at least two of the largest buffers (each of their pages would be
+    // a fault for both processes on the next use: shared memory has no huge pages here).
+    largest = std::max(largest, bytes);
+    if (cached + bytes > std::max(resident_cache, 2 * largest)) {
+      // Its pages go back to the system; the range stays reserved for the same size.
+      ::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                  static_cast<off_t>(bytes));
+      resident = false;
+    } else {
+      cached += bytes;
+    }
+    free[bytes].push_back(free_block{offset, resident});
+  }
+};
+
+namespace {
+
+// Buffers that closed connections' peers may still read in place, for the whole process.
+struct held {
+  std::function<bool()> released;
+  int pidfd; // the peer's process: readable once it ended
+  std::shared_ptr<void> owner;
+};
+std::mutex held_mtx;
+std::vector<held>& held_buffers() {
+  static auto* h = new std::vector<held>; // outlives every arena
+  return *h;
+}
+
+bool process_ended(int pidfd) {
+  if (pidfd < 0)
+    return true;
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) != 0;
+}
+
+// Lets go of held buffers whose peer let go or ended (outside the lock: their deleters
+// take arena locks).
+void sweep_held() {
+  std::vector<std::shared_ptr<void>> gone;
+  {
+    std::lock_guard<std::mutex> guard{held_mtx};
+    auto& h = held_buffers();
+    for (auto it = h.begin(); it != h.end();) {
+      if (it->released() || process_ended(it->pidfd)) {
+        if (it->pidfd >= 0)
+          ::close(it->pidfd);
+        gone.push_back(std::move(it->owner));
+        it = h.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+} // namespace
+
+void shm_arena::hold_until(std::function<bool()> released, int pidfd, std::shared_ptr<void> owner) {
+  std::lock_guard<std::mutex> guard{held_mtx};
+  held_buffers().push_back(held{std::move(released), pidfd, std::move(owner)});
+}
+
 expected<std::shared_ptr<shm_arena>> shm_arena::make(size_t reserved) {
   std::shared_ptr<shm_arena> a{new shm_arena};
-  a->fd_ = ::memfd_create("ashlar-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (a->fd_ < 0)
+  a->pages_ = std::make_shared<pages>();
+  auto& p = *a->pages_;
+  p.fd = ::memfd_create("ashlar-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (p.fd < 0)
     return make_error(errc::io_error, "memfd_create for a shared-memory arena: " + errno_text());
-  a->size_ = page_round(reserved);
+  p.size = page_round(reserved);
   // Sealed at its size: a peer's mapping can never lose pages under it (SIGBUS).
-  if (::fchmod(a->fd_, 0600) != 0 || ::ftruncate(a->fd_, static_cast<off_t>(a->size_)) != 0
-      || ::fcntl(a->fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
-    return make_error(errc::io_error, "sizing a shared-memory arena of " + std::to_string(a->size_)
+  if (::fchmod(p.fd, 0600) != 0 || ::ftruncate(p.fd, static_cast<off_t>(p.size)) != 0
+      || ::fcntl(p.fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    return make_error(errc::io_error, "sizing a shared-memory arena of " + std::to_string(p.size)
                                         + " bytes: " + errno_text());
-  void* at = ::mmap(nullptr, a->size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, a->fd_, 0);
+  void* at = ::mmap(nullptr, p.size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, p.fd, 0);
   if (at == MAP_FAILED)
     return make_error(errc::io_error, "mapping a shared-memory arena: " + errno_text());
-  a->base_ = static_cast<uint8_t*>(at);
+  p.base = static_cast<uint8_t*>(at);
   return a;
 }
 
 expected<std::shared_ptr<shm_arena>> shm_arena::for_job(const std::string& key) {
+  sweep_held();
   std::lock_guard<std::mutex> guard{registry_mtx};
   auto& r = registry();
   if (auto a = r[key].lock())
@@ -75,86 +213,33 @@ expected<std::shared_ptr<shm_arena>> shm_arena::for_job(const std::string& key) 
 }
 
 shm_arena::~shm_arena() {
-  if (base_ != nullptr)
-    ::munmap(base_, size_);
-  if (fd_ >= 0)
-    ::close(fd_);
-}
-
-void shm_arena::hold_until(std::function<bool()> released, int pid, std::shared_ptr<void> owner) {
-  std::lock_guard<std::mutex> guard{mtx_};
-  held_.push_back(held{std::move(released), pid, std::move(owner)});
-}
-
-void shm_arena::sweep_held() {
-  std::vector<std::shared_ptr<void>> gone; // let go outside the lock (their buffers come back here)
+  std::map<version_key, shared_version> gone;
   {
     std::lock_guard<std::mutex> guard{mtx_};
-    for (auto it = held_.begin(); it != held_.end();) {
-      if (it->released() || (::kill(it->pid, 0) != 0 && errno == ESRCH)) {
-        gone.push_back(std::move(it->owner));
-        it = held_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    gone.swap(versions_); // (their buffers go back to the pages, outside the lock)
   }
 }
 
 std::shared_ptr<float> shm_arena::allocate(size_t n) {
   sweep_held();
-  const size_t bytes = page_round(std::max<size_t>(n * sizeof(float), 1));
-  size_t offset = 0;
-  bool fresh = true; // no resident pages yet
-  {
-    std::lock_guard<std::mutex> guard{mtx_};
-    auto it = free_.find(bytes);
-    if (it != free_.end() && !it->second.empty()) {
-      auto& list = it->second;
-      // A resident block first: its pages need no faults.
-      auto pick = std::find_if(list.rbegin(), list.rend(), [](const free_block& b) { return b.resident; });
-      auto chosen = pick != list.rend() ? std::prev(pick.base()) : std::prev(list.end());
-      offset = chosen->offset;
-      fresh = !chosen->resident;
-      if (chosen->resident)
-        cached_ -= bytes;
-      list.erase(chosen);
-    } else {
-      if (bytes > size_ - top_)
-        return nullptr;
-      offset = top_;
-      top_ += bytes;
-
-    }
-    in_use_ += bytes;
-  }
-  if (fresh) // its pages all at once: a fault per page costs more (in a VM above all)
-    (void) ::madvise(base_ + offset, bytes, populate_write);
-  auto self = shared_from_this();
-  return std::shared_ptr<float>(reinterpret_cast<float*>(base_ + offset),
-                                [self, offset, bytes](float*) { self->let_go(offset, bytes); });
+  return pages_->allocate(n);
 }
 
-void shm_arena::let_go(size_t offset, size_t bytes) {
-  std::lock_guard<std::mutex> guard{mtx_};
-  in_use_ -= bytes;
-  bool resident = true;
-  // The cache holds at least two of the largest buffers (each of their pages would be a
-  // fault for both processes on the next use: shared memory has no huge pages here).
-  largest_ = std::max(largest_, bytes);
-  if (cached_ + bytes > std::max(resident_cache, 2 * largest_)) {
-    // Its pages go back to the system; the range stays reserved for the same size.
-    ::fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset), static_cast<off_t>(bytes));
-    resident = false;
-  } else {
-    cached_ += bytes;
-  }
-  free_[bytes].push_back(free_block{offset, resident});
+int shm_arena::fd() const {
+  return pages_->fd;
+}
+
+uint64_t shm_arena::base() const {
+  return reinterpret_cast<uint64_t>(pages_->base);
+}
+
+size_t shm_arena::size() const {
+  return pages_->size;
 }
 
 bool shm_arena::contains(const void* p, size_t bytes) const {
   auto* b = static_cast<const uint8_t*>(p);
-  return b >= base_ && bytes <= size_ && static_cast<size_t>(b - base_) <= size_ - bytes;
+  return b >= pages_->base && bytes <= pages_->size && static_cast<size_t>(b - pages_->base) <= pages_->size - bytes;
 }
 
 std::optional<wire::shared_tensor> shm_arena::share(const wire::shared_tensor& t, std::optional<uint64_t> version) {
@@ -213,13 +298,13 @@ std::optional<wire::shared_tensor> shm_arena::share(const wire::shared_tensor& t
 }
 
 size_t shm_arena::bytes_in_use() const {
-  std::lock_guard<std::mutex> guard{mtx_};
-  return in_use_;
+  std::lock_guard<std::mutex> guard{pages_->mtx};
+  return pages_->in_use;
 }
 
 size_t shm_arena::bytes_cached() const {
-  std::lock_guard<std::mutex> guard{mtx_};
-  return cached_;
+  std::lock_guard<std::mutex> guard{pages_->mtx};
+  return pages_->cached;
 }
 
 peer_arena::~peer_arena() {
@@ -229,7 +314,7 @@ peer_arena::~peer_arena() {
 
 expected<std::shared_ptr<peer_arena>> map_peer_arena(int pid, int fd, uint64_t base, size_t size) {
   const std::string what = "the arena of process " + std::to_string(pid);
-  if (fd < 0 || size == 0 || size % page != 0 || size > (size_t{1} << 46))
+  if (fd < 0 || size == 0 || size % page != 0 || size > shm_arena::reserved_bytes)
     return make_error(errc::malformed_message, what + ": descriptor " + std::to_string(fd) + ", "
                                                  + std::to_string(size) + " bytes");
   const int pidfd = pidfd_open(pid);
@@ -241,9 +326,13 @@ expected<std::shared_ptr<peer_arena>> map_peer_arena(int pid, int fd, uint64_t b
   if (mine < 0)
     return make_error(errc::handshake_refused, what + ": pidfd_getfd: " + std::strerror(e));
   struct stat st{};
+  struct statfs fs{};
   const int seals = ::fcntl(mine, F_GET_SEALS);
   caf::error err;
-  if (::fstat(mine, &st) != 0 || !S_ISREG(st.st_mode))
+  // Plain shared memory only: a segment of huge pages could fault (SIGBUS) on a read
+  // once the host's pool of them runs out.
+  if (::fstat(mine, &st) != 0 || !S_ISREG(st.st_mode) || ::fstatfs(mine, &fs) != 0
+      || fs.f_type != TMPFS_MAGIC)
     err = make_error(errc::malformed_message, what + " is not a memory segment");
   else if (seals < 0 || (seals & F_SEAL_SHRINK) == 0)
     err = make_error(errc::malformed_message, what + ": its size is not sealed (it could shrink under this process)");

@@ -4,8 +4,11 @@
 // they read it where it lies (shm_channel's leases) instead of copying it out of this
 // process's memory.
 //
-// One arena per job and process (a node process serving two jobs has two; a peer proves a
-// job's key before it gets a mapping of that job's arena, never another's). Buffers are
+// One arena per job and process (a node process serving two jobs has two; a peer is
+// offered only the arena of the job whose key it proved. The peer takes it with
+// pidfd_getfd, which needs the permission to read this process's memory, which the
+// data plane's copies between processes (process_vm_readv) need too: a process of the same
+// user that may read this one's memory can read any of its buffers either way). Buffers are
 // whole pages, handed out from a bump pointer and reused by size once let go; let-go pages
 // beyond `resident_cache` (or two of the largest buffers) are given back to the system
 // (the range stays reserved), so what the arena holds resident follows what is in flight.
@@ -34,7 +37,7 @@
 
 namespace ashlar::net {
 
-class shm_arena : public std::enable_shared_from_this<shm_arena> {
+class shm_arena {
 public:
   /// The segment's size: address space only, pages come as they are written. 16 GiB.
   static constexpr size_t reserved_bytes = size_t{16} << 30;
@@ -51,7 +54,8 @@ public:
   shm_arena& operator=(const shm_arena&) = delete;
 
   /// This process's arena for the job of `key`, made on the first call and kept while
-  /// anything holds it. Fails with io_error naming the call (no memfd: peers then copy).
+  /// anything holds it (its buffers keep only their pages, not the arena). Fails with
+  /// io_error naming the call (no memfd: peers then copy).
   [[nodiscard]] static expected<std::shared_ptr<shm_arena>> for_job(const std::string& key);
   /// A fresh segment not registered for any job (tests).
   [[nodiscard]] static expected<std::shared_ptr<shm_arena>> make(size_t reserved = reserved_bytes);
@@ -68,14 +72,14 @@ public:
   std::optional<wire::shared_tensor> share(const wire::shared_tensor& t, std::optional<uint64_t> version = {});
 
   /// Keeps `owner` (buffers a closed connection's peer may still read in place) until
-  /// `released()` says the peer let go, or process `pid` is gone. Checked at each
-  /// allocation.
-  void hold_until(std::function<bool()> released, int pid, std::shared_ptr<void> owner);
+  /// `released()` says the peer let go, or the peer's process (`pidfd`, owned) ended.
+  /// Checked at every arena's allocations in this process, the arena gone or not.
+  static void hold_until(std::function<bool()> released, int pidfd, std::shared_ptr<void> owner);
 
   bool contains(const void* p, size_t bytes) const;
-  int fd() const { return fd_; }
-  uint64_t base() const { return reinterpret_cast<uint64_t>(base_); }
-  size_t size() const { return size_; }
+  int fd() const;
+  uint64_t base() const;
+  size_t size() const;
 
   /// For tests and benches: bytes handed out and not let go; bytes of let-go buffers kept
   /// resident for reuse.
@@ -83,22 +87,11 @@ public:
   size_t bytes_cached() const;
 
 private:
+  struct pages; // the segment and its buffers: what a buffer keeps alive
   shm_arena() = default;
-  void let_go(size_t offset, size_t bytes);
 
-  int fd_ = -1;
-  uint8_t* base_ = nullptr;
-  size_t size_ = 0;
-  mutable std::mutex mtx_;
-  size_t top_ = 0;    // the bump pointer
-  size_t in_use_ = 0; // bytes handed out
-  size_t cached_ = 0; // resident bytes in free_
-  size_t largest_ = 0; // the largest buffer let go
-  struct free_block {
-    size_t offset;
-    bool resident;
-  };
-  std::unordered_map<size_t, std::vector<free_block>> free_; // by size in bytes
+  std::shared_ptr<pages> pages_;
+  mutable std::mutex mtx_; // versions_
   struct shared_version {
     // Not held (the shard may then write its storage in place: for its next version): a
     // copy is found only for the same storage, window and version number.
@@ -116,13 +109,6 @@ private:
   };
   std::map<version_key, shared_version> versions_;
   uint64_t uses_ = 0;
-  struct held {
-    std::function<bool()> released;
-    int pid;
-    std::shared_ptr<void> owner;
-  };
-  std::vector<held> held_;
-  void sweep_held();
 };
 
 /// A peer's arena, mapped read-only in this process; unmapped when the last view of it

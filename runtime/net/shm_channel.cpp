@@ -6,8 +6,10 @@
 #include <utility>
 #include <vector>
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -18,6 +20,14 @@
 #include "runtime/net/tensor_frames.hpp"
 
 #include <spdlog/spdlog.h>
+
+// (older kernel headers name neither; the numbers are the same on every architecture)
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+#ifndef SYS_pidfd_getfd
+#define SYS_pidfd_getfd 438
+#endif
 
 namespace ashlar::net {
 
@@ -236,6 +246,9 @@ expected<std::string> hear(tcp_socket& sock) {
 
 shm_channel::shm_channel(shm_ring tx, shm_ring rx, int peer_pid, int liveness_fd, std::string peer)
   : tx_(std::move(tx)), rx_(std::move(rx)), peer_pid_(peer_pid), liveness_fd_(liveness_fd), peer_(std::move(peer)) {
+  // The peer's process, while it lives (its pid could be another's later): what tells
+  // the arena that buffers the peer may still read can go.
+  peer_pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, peer_pid, 0));
   tx_.watch([this] { return watch(false); });
   rx_.watch([this] { return watch(true); });
 }
@@ -246,8 +259,14 @@ shm_channel::~shm_channel() {
   // arena would otherwise hand them out again under its views.
   for (auto& k : kept_)
     for (auto& [slot, gen] : k.leases)
-      if (arena_)
-        arena_->hold_until(tx_.released_check(slot, gen), peer_pid_, k.owner);
+      hold(slot, gen, k.owner);
+  if (peer_pidfd_ >= 0)
+    ::close(peer_pidfd_);
+}
+
+void shm_channel::hold(uint32_t slot, uint32_t gen, const std::shared_ptr<void>& owner) {
+  const int pidfd = peer_pidfd_ >= 0 ? ::fcntl(peer_pidfd_, F_DUPFD_CLOEXEC, 0) : -1;
+  shm_arena::hold_until(tx_.released_check(slot, gen), pidfd, owner);
 }
 
 void shm_channel::close() {
@@ -343,7 +362,7 @@ caf::error shm_channel::write_all(iovec* iov, int count) {
   if (auto err = tx_.write_all(out.data(), static_cast<int>(out.size()))) {
     close();
     for (auto& [slot, gen] : k.leases)
-      arena_->hold_until(tx_.released_check(slot, gen), peer_pid_, owner);
+      hold(slot, gen, owner);
     return err;
   }
   lent_ += lent;
@@ -438,8 +457,9 @@ caf::error shm_channel::read_exact(void* buf, size_t n) {
       else if (auto err = read_peer_memory(peer_pid_, piece_addr_, at, k))
         return err;
       // The writer lets go of a lent buffer only once the reader fetched it or after the
-      // channel was closed: a copy made before the ring was closed is whole.
-      if (rx_.closed())
+      // channel was closed: a copy made before the ring was closed is whole. (A leased one
+      // stays until the lease is given back, closed or not.)
+      if (!piece_leased_ && rx_.closed())
         return unreachable(peer_, "closed while a lent buffer was read");
       piece_addr_ += k;
     } else if (auto err = rx_.read_exact(at, k)) {

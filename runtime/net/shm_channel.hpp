@@ -115,9 +115,13 @@ private:
   caf::error next_piece();
   // Reader side: the piece being read was consumed whole.
   void piece_done();
+  // Writer side: `owner` stays (in the arena's keeping) until the peer gives back the
+  // lease (slot, gen) or its process ends.
+  void hold(uint32_t slot, uint32_t gen, const std::shared_ptr<void>& owner);
 
   shm_ring tx_, rx_;
   int peer_pid_;
+  int peer_pidfd_ = -1; // (pidfd_open: -1 where the kernel has none)
   int liveness_fd_;
   std::string peer_;
   std::atomic<int64_t> deadline_ns_{0}; // 0: none

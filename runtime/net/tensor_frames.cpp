@@ -137,6 +137,7 @@ caf::error read_frame(byte_channel& sock, inbound_frame& out, uint64_t max_paylo
   if (h.payload_bytes > 0 && before_payload)
     if (auto err = before_payload(h.payload_bytes))
       return err;
+  out.ring.data.clear();
   if (h.payload_bytes > 0 && out.kind == frame_kind::ring) { // summed into: a buffer of its own
     out.ring.data.resize(h.payload_bytes / sizeof(float));
     if (auto err = sock.read_exact(out.ring.data.data(), h.payload_bytes))

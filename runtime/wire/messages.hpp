@@ -131,12 +131,13 @@ private:
 
 
 /// Protocol version of these messages; bumped on any incompatible change.
-constexpr uint32_t protocol_version = 8; // 3: delta reads, stage_atom with the pull ratio; 4: models as layer lists;
+constexpr uint32_t protocol_version = 9; // 3: delta reads, stage_atom with the pull ratio; 4: models as layer lists;
                                          // 5: nodes answer the scheduler's liveness ping; 6: a shard answers a
                                          // membership change with the pushes of the worker it took, a node
                                          // confirms its welcome; 7: a membership directive's from_step is
                                          // the step it was planned from, reports carry the worker's steps;
-                                         // 8: ring chunks on the data plane (ring_atom with the next's endpoint)
+                                         // 8: ring chunks on the data plane (ring_atom with the next's endpoint);
+                                         // 9: the shared-memory switch's proof names the sender's arena
 
 /// Worker id meaning "any": the scheduler picks one.
 constexpr uint32_t any_worker = 0xFFFFFFFFu;

@@ -256,16 +256,26 @@ TEST_CASE("a tensor in the writer's arena is read in place under a lease, which 
   REQUIRE_FALSE(read_frame(*s.client, f));
   REQUIRE(f.reply.params.size() == size_t{1} << 18);
   CHECK(f.reply.params == wire::shared_tensor(ramp(1 << 18, 5.0f)));
-  CHECK(f.reply.params.data() != lent_at); // (a mapping of its own of the same pages)
-  CHECK_FALSE((*client_arena)->contains(f.reply.params.data(), 4)); // not copied into the reader's memory
-  // While the reader holds its view, the lease stays and the buffer is not handed out again.
+  // Read in place: the reader's view is where this process maps the writer's arena.
+  auto theirs = map_peer_arena(static_cast<int>(::getpid()), (*server_arena)->fd(), (*server_arena)->base(),
+                               (*server_arena)->size());
+  REQUIRE(theirs);
+  CHECK(static_cast<const void*>((*theirs)->find(reinterpret_cast<uint64_t>(lent_at), 4))
+        == static_cast<const void*>(f.reply.params.data()));
+  // While the reader holds its view, the lease stays and the buffer is not handed out again
+  // (its version's storage gone, and the arena's cache of it swept at the next share).
   s.server->release_fetched();
   CHECK(s.server->leased() == 1);
-  version.reset(); // the version's storage goes: only the lease holds the copy now
-  auto fresh = (*server_arena)->allocate(1 << 18);
-  REQUIRE(fresh);
-  CHECK(fresh.get() != lent_at);
-  fresh.reset();
+  version.reset();
+  wire::shared_tensor sweep(wire::tensor(1 << 16, 0.0f));
+  REQUIRE(s.server->share(sweep, uint64_t{1}));
+  std::vector<std::shared_ptr<float>> fresh;
+  for (int i = 0; i < 4; ++i) {
+    fresh.push_back((*server_arena)->allocate(1 << 18));
+    REQUIRE(fresh.back());
+    CHECK(fresh.back().get() != lent_at);
+  }
+  fresh.clear();
   const size_t in_use = (*server_arena)->bytes_in_use();
   f.reply.params = {};
   s.server->release_fetched();
@@ -292,6 +302,58 @@ TEST_CASE("a tensor in the writer's arena is read in place under a lease, which 
   g.push.grad = {};
   s.client->release_fetched();
   CHECK(s.client->leased() == 0);
+}
+
+TEST_CASE("leases run out at 256 held at once and later writes are lent as copies, and a leased piece read by "
+          "copy gives its lease back at once") {
+  auto client_arena = shm_arena::make(size_t{512} << 20);
+  auto server_arena = shm_arena::make(size_t{512} << 20);
+  REQUIRE(client_arena);
+  REQUIRE(server_arena);
+  sock_pair l;
+  auto offer = offer_shm();
+  REQUIRE(offer);
+  auto s = run_switch(l, *offer, *client_arena, *server_arena);
+  REQUIRE(s.server);
+  REQUIRE(s.client);
+  const size_t n = size_t{1} << 14; // 64 KiB each
+  for (uint64_t seq = 1; seq <= 300; ++seq) {
+    auto rep = std::make_shared<wire::pull_reply>();
+    rep->version = seq;
+    auto buf = (*server_arena)->allocate(n);
+    REQUIRE(buf);
+    std::fill(buf.get(), buf.get() + n, static_cast<float>(seq));
+    rep->params = wire::shared_tensor{std::shared_ptr<const float>(std::move(buf)), n};
+    s.server->lend_until_fetched(rep);
+    REQUIRE_FALSE(write_frame(*s.server, seq, *rep));
+  }
+  CHECK(s.server->leased() == shm_ring::lease_slots);
+  CHECK(s.server->kept() == 300);
+  std::vector<inbound_frame> held(300);
+  for (auto& f : held)
+    REQUIRE_FALSE(read_frame(*s.client, f));
+  for (uint64_t seq = 1; seq <= 300; ++seq)
+    CHECK(held[seq - 1].reply.params[n - 1] == static_cast<float>(seq));
+  held.clear(); // the views go: every lease comes back
+  s.server->release_fetched();
+  CHECK(s.server->leased() == 0);
+  CHECK(s.server->kept() == 0);
+
+  // A leased piece read with read_exact (a copy out of the mapping) gives its lease back.
+  auto rep = std::make_shared<wire::pull_reply>();
+  auto buf = (*server_arena)->allocate(n);
+  REQUIRE(buf);
+  std::fill(buf.get(), buf.get() + n, 7.0f);
+  rep->params = wire::shared_tensor{std::shared_ptr<const float>(std::move(buf)), n};
+  s.server->lend_until_fetched(rep);
+  iovec parts[3] = {{nullptr, 0}, {nullptr, 0}, {const_cast<float*>(rep->params.data()), n * sizeof(float)}};
+  REQUIRE_FALSE(s.server->write_all(parts, 3));
+  CHECK(s.server->leased() == 1);
+  std::vector<float> copy(n);
+  REQUIRE_FALSE(s.client->read_exact(copy.data(), n * sizeof(float)));
+  CHECK(copy[n / 2] == 7.0f);
+  s.server->release_fetched();
+  CHECK(s.server->leased() == 0);
 }
 
 TEST_CASE("a closed channel's buffers that the peer still reads in place stay until it lets go, and a buffer of "

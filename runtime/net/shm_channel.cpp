@@ -255,6 +255,7 @@ shm_channel::shm_channel(shm_ring tx, shm_ring rx, int peer_pid, int liveness_fd
 
 shm_channel::~shm_channel() {
   close();
+  give_back_unread();
   // Buffers the peer may still read in place stay until it lets go (or is gone): the
   // arena would otherwise hand them out again under its views.
   for (auto& k : kept_)
@@ -262,6 +263,31 @@ shm_channel::~shm_channel() {
       hold(slot, gen, k.owner);
   if (peer_pidfd_ >= 0)
     ::close(peer_pidfd_);
+}
+
+// Reader side, once closed: the leases of pieces left in the ring unread (or begun and
+// neither viewed nor copied whole) are given back, so that the writer need not keep their
+// buffers until this process ends. The ring is closed: no read here waits.
+void shm_channel::give_back_unread() {
+  if (piece_left_ > 0 && piece_leased_)
+    rx_.releaser(piece_slot_, piece_gen_)();
+  if (piece_lent_)
+    piece_left_ = 0; // (nothing of a lent piece is in the ring)
+  char sink[4096];
+  for (int pieces = 0; pieces < 1 << 20; ++pieces) { // (bounded: a ring holds fewer)
+    while (piece_left_ > 0) { // a small piece's bytes
+      const size_t k = static_cast<size_t>(std::min<uint64_t>(piece_left_, sizeof sink));
+      if (rx_.read_exact(sink, k, std::chrono::milliseconds{0}))
+        return;
+      piece_left_ -= k;
+    }
+    if (next_piece())
+      return;
+    if (piece_leased_)
+      rx_.releaser(piece_slot_, piece_gen_)();
+    if (piece_lent_)
+      piece_left_ = 0;
+  }
 }
 
 void shm_channel::hold(uint32_t slot, uint32_t gen, const std::shared_ptr<void>& owner) {

@@ -115,6 +115,8 @@ private:
   caf::error next_piece();
   // Reader side: the piece being read was consumed whole.
   void piece_done();
+  // Reader side, once closed: gives back the leases of pieces it will never read.
+  void give_back_unread();
   // Writer side: `owner` stays (in the arena's keeping) until the peer gives back the
   // lease (slot, gen) or its process ends.
   void hold(uint32_t slot, uint32_t gen, const std::shared_ptr<void>& owner);

@@ -356,6 +356,37 @@ TEST_CASE("leases run out at 256 held at once and later writes are lent as copie
   CHECK(s.server->leased() == 0);
 }
 
+TEST_CASE("a reader that goes gives back the leases of what it never read, and keeps those it holds views of") {
+  auto client_arena = shm_arena::make(size_t{64} << 20);
+  auto server_arena = shm_arena::make(size_t{64} << 20);
+  REQUIRE(client_arena);
+  REQUIRE(server_arena);
+  sock_pair l;
+  auto offer = offer_shm();
+  REQUIRE(offer);
+  auto s = run_switch(l, *offer, *client_arena, *server_arena);
+  REQUIRE(s.server);
+  REQUIRE(s.client);
+  const size_t n = size_t{1} << 14;
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    auto rep = std::make_shared<wire::pull_reply>();
+    auto buf = (*server_arena)->allocate(n);
+    REQUIRE(buf);
+    std::fill(buf.get(), buf.get() + n, 1.0f);
+    rep->params = wire::shared_tensor{std::shared_ptr<const float>(std::move(buf)), n};
+    s.server->lend_until_fetched(rep);
+    REQUIRE_FALSE(write_frame(*s.server, seq, *rep));
+  }
+  inbound_frame first;
+  REQUIRE_FALSE(read_frame(*s.client, first)); // a view: its lease stays with it
+  s.client.reset(); // the reader goes with two frames unread
+  s.server->release_fetched();
+  CHECK(s.server->leased() == 1);
+  first.reply.params = {};
+  s.server->release_fetched();
+  CHECK(s.server->leased() == 0);
+}
+
 TEST_CASE("a closed channel's buffers that the peer still reads in place stay until it lets go, and a buffer of "
           "another job's arena is copied, never lent") {
   auto job_a = shm_arena::make(64 << 20);

@@ -33,10 +33,7 @@ size_t page_round(size_t n) {
   return (n + page - 1) / page * page;
 }
 
-// (through syscall: the C library of some systems declares no wrappers)
-int pidfd_open(int pid) {
-  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-}
+// (through syscall: the C library of some systems declares no wrapper)
 int pidfd_getfd(int pidfd, int fd) {
   return static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd, fd, 0));
 }
@@ -312,12 +309,16 @@ peer_arena::~peer_arena() {
     ::munmap(const_cast<uint8_t*>(at), size);
 }
 
+int open_pidfd(int pid) {
+  return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+}
+
 expected<std::shared_ptr<peer_arena>> map_peer_arena(int pid, int fd, uint64_t base, size_t size) {
   const std::string what = "the arena of process " + std::to_string(pid);
   if (fd < 0 || size == 0 || size % page != 0 || size > shm_arena::reserved_bytes)
     return make_error(errc::malformed_message, what + ": descriptor " + std::to_string(fd) + ", "
                                                  + std::to_string(size) + " bytes");
-  const int pidfd = pidfd_open(pid);
+  const int pidfd = open_pidfd(pid);
   if (pidfd < 0)
     return make_error(errc::peer_unreachable, what + ": pidfd_open: " + errno_text());
   const int mine = pidfd_getfd(pidfd, fd);

@@ -127,6 +127,10 @@ struct peer_arena {
   }
 };
 
+/// Process `pid` as a pidfd (readable once it ended; its pid may be another's later), or
+/// -1 where the kernel has none or it is gone.
+int open_pidfd(int pid);
+
 /// Maps the arena of process `pid` that it holds as descriptor `fd`, of `size` bytes at
 /// `base` there (pidfd_getfd: the same permission as reading its memory). Fails naming
 /// why: not a sealed memory segment of that size, no permission, the process is gone.

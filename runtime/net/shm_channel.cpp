@@ -9,7 +9,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -20,14 +19,6 @@
 #include "runtime/net/tensor_frames.hpp"
 
 #include <spdlog/spdlog.h>
-
-// (older kernel headers name neither; the numbers are the same on every architecture)
-#ifndef SYS_pidfd_open
-#define SYS_pidfd_open 434
-#endif
-#ifndef SYS_pidfd_getfd
-#define SYS_pidfd_getfd 438
-#endif
 
 namespace ashlar::net {
 
@@ -248,7 +239,7 @@ shm_channel::shm_channel(shm_ring tx, shm_ring rx, int peer_pid, int liveness_fd
   : tx_(std::move(tx)), rx_(std::move(rx)), peer_pid_(peer_pid), liveness_fd_(liveness_fd), peer_(std::move(peer)) {
   // The peer's process, while it lives (its pid could be another's later): what tells
   // the arena that buffers the peer may still read can go.
-  peer_pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, peer_pid, 0));
+  peer_pidfd_ = open_pidfd(peer_pid);
   tx_.watch([this] { return watch(false); });
   rx_.watch([this] { return watch(true); });
 }

@@ -78,6 +78,26 @@ switched run_switch(sock_pair& l, shm_offer& offer, std::shared_ptr<shm_arena> c
   return out;
 }
 
+// Both ends of one connection switched, each with an arena of `bytes` of address space.
+struct arena_pair {
+  std::shared_ptr<shm_arena> client_arena, server_arena;
+  sock_pair l;
+  switched s;
+  explicit arena_pair(size_t bytes) {
+    auto c = shm_arena::make(bytes);
+    auto sv = shm_arena::make(bytes);
+    REQUIRE(c);
+    REQUIRE(sv);
+    client_arena = *c;
+    server_arena = *sv;
+    auto offer = offer_shm();
+    REQUIRE(offer);
+    s = run_switch(l, *offer, client_arena, server_arena);
+    REQUIRE(s.client);
+    REQUIRE(s.server);
+  }
+};
+
 wire::tensor ramp(size_t n, float from) {
   wire::tensor t(n);
   for (size_t i = 0; i < n; ++i)
@@ -214,20 +234,11 @@ TEST_CASE("a channel closed before the reader copied what a kept write lent fail
 
 TEST_CASE("a tensor in the writer's arena is read in place under a lease, which the reader gives back when it "
           "lets go of it; nothing reuses the buffer before") {
-  auto client_arena = shm_arena::make(64 << 20);
-  auto server_arena = shm_arena::make(64 << 20);
-  REQUIRE(client_arena);
-  REQUIRE(server_arena);
-  sock_pair l;
-  auto offer = offer_shm();
-  REQUIRE(offer);
-  auto s = run_switch(l, *offer, *client_arena, *server_arena);
-  REQUIRE(s.client);
-  REQUIRE(s.server);
-  CHECK(s.client->reads_in_place());
-  CHECK(s.client->peer_reads_in_place());
-  CHECK(s.server->reads_in_place());
-  CHECK(s.server->peer_reads_in_place());
+  arena_pair p{64 << 20};
+  CHECK(p.s.client->reads_in_place());
+  CHECK(p.s.client->peer_reads_in_place());
+  CHECK(p.s.server->reads_in_place());
+  CHECK(p.s.server->peer_reads_in_place());
 
   // A shard's reply: its version (heap) is copied into the shard's arena once, and the
   // same version's next reply shares that copy.
@@ -236,155 +247,137 @@ TEST_CASE("a tensor in the writer's arena is read in place under a lease, which 
   auto rep = std::make_shared<wire::pull_reply>();
   rep->version = 7;
   rep->params = wire::shared_tensor(version, 0, version->size());
-  REQUIRE(s.server->share(rep->params, rep->version));
-  CHECK((*server_arena)->contains(rep->params.data(), rep->params.size() * sizeof(float)));
+  REQUIRE(p.s.server->share(rep->params, rep->version));
+  CHECK(p.server_arena->contains(rep->params.data(), rep->params.size() * sizeof(float)));
   wire::shared_tensor again(version, 0, version->size());
-  REQUIRE(s.server->share(again, uint64_t{7}));
+  REQUIRE(p.s.server->share(again, uint64_t{7}));
   CHECK(again.data() == rep->params.data()); // one copy per version
   wire::shared_tensor next_version(version, 0, version->size());
-  REQUIRE(s.server->share(next_version, uint64_t{8}));
+  REQUIRE(p.s.server->share(next_version, uint64_t{8}));
   CHECK(next_version.data() != rep->params.data()); // written in place since: a new copy
   const float* lent_at = rep->params.data();
-  s.server->lend_until_fetched(rep);
-  REQUIRE_FALSE(write_frame(*s.server, 1, *rep));
-  CHECK(s.server->leased() == 1);
+  p.s.server->lend_until_fetched(rep);
+  REQUIRE_FALSE(write_frame(*p.s.server, 1, *rep));
+  CHECK(p.s.server->leased() == 1);
   rep.reset();
   again = {};
   next_version = {};
 
   inbound_frame f;
-  REQUIRE_FALSE(read_frame(*s.client, f));
+  REQUIRE_FALSE(read_frame(*p.s.client, f));
   REQUIRE(f.reply.params.size() == size_t{1} << 18);
   CHECK(f.reply.params == wire::shared_tensor(ramp(1 << 18, 5.0f)));
   // Read in place: the reader's view is where this process maps the writer's arena.
-  auto theirs = map_peer_arena(static_cast<int>(::getpid()), (*server_arena)->fd(), (*server_arena)->base(),
-                               (*server_arena)->size());
+  auto theirs = map_peer_arena(static_cast<int>(::getpid()), p.server_arena->fd(), p.server_arena->base(),
+                               p.server_arena->size());
   REQUIRE(theirs);
   CHECK(static_cast<const void*>((*theirs)->find(reinterpret_cast<uint64_t>(lent_at), 4))
         == static_cast<const void*>(f.reply.params.data()));
   // While the reader holds its view, the lease stays and the buffer is not handed out again
   // (its version's storage gone, and the arena's cache of it swept at the next share).
-  s.server->release_fetched();
-  CHECK(s.server->leased() == 1);
+  p.s.server->release_fetched();
+  CHECK(p.s.server->leased() == 1);
   version.reset();
   wire::shared_tensor sweep(wire::tensor(1 << 16, 0.0f));
-  REQUIRE(s.server->share(sweep, uint64_t{1}));
+  REQUIRE(p.s.server->share(sweep, uint64_t{1}));
   std::vector<std::shared_ptr<float>> fresh;
   for (int i = 0; i < 4; ++i) {
-    fresh.push_back((*server_arena)->allocate(1 << 18));
+    fresh.push_back(p.server_arena->allocate(1 << 18));
     REQUIRE(fresh.back());
     CHECK(fresh.back().get() != lent_at);
   }
   fresh.clear();
-  const size_t in_use = (*server_arena)->bytes_in_use();
+  const size_t in_use = p.server_arena->bytes_in_use();
   f.reply.params = {};
-  s.server->release_fetched();
-  CHECK(s.server->leased() == 0);
-  CHECK((*server_arena)->bytes_in_use() < in_use); // the copy came back to the arena
+  p.s.server->release_fetched();
+  CHECK(p.s.server->leased() == 0);
+  CHECK(p.server_arena->bytes_in_use() < in_use); // the copy came back to the arena
 
   // A push the worker wrote into its arena crosses the other way, read in place too.
   auto push = std::make_shared<wire::push>();
-  auto buf = (*client_arena)->allocate(1 << 17);
+  auto buf = p.client_arena->allocate(1 << 17);
   REQUIRE(buf);
   for (size_t i = 0; i < (1 << 17); ++i)
     buf.get()[i] = static_cast<float>(i);
   push->grad = wire::shared_tensor{std::shared_ptr<const float>(buf), 1 << 17};
-  REQUIRE(s.client->share(push->grad)); // already there: no copy
+  REQUIRE(p.s.client->share(push->grad)); // already there: no copy
   CHECK(push->grad.data() == buf.get());
   buf.reset();
-  s.client->lend_until_fetched(push);
-  REQUIRE_FALSE(write_frame(*s.client, 2, *push));
+  p.s.client->lend_until_fetched(push);
+  REQUIRE_FALSE(write_frame(*p.s.client, 2, *push));
   push.reset();
   inbound_frame g;
-  REQUIRE_FALSE(read_frame(*s.server, g));
+  REQUIRE_FALSE(read_frame(*p.s.server, g));
   CHECK(g.push.grad[12345] == 12345.0f);
-  CHECK(s.client->leased() == 1);
+  CHECK(p.s.client->leased() == 1);
   g.push.grad = {};
-  s.client->release_fetched();
-  CHECK(s.client->leased() == 0);
+  p.s.client->release_fetched();
+  CHECK(p.s.client->leased() == 0);
 }
 
 TEST_CASE("leases run out at 256 held at once and later writes are lent as copies, and a leased piece read by "
           "copy gives its lease back at once") {
-  auto client_arena = shm_arena::make(size_t{512} << 20);
-  auto server_arena = shm_arena::make(size_t{512} << 20);
-  REQUIRE(client_arena);
-  REQUIRE(server_arena);
-  sock_pair l;
-  auto offer = offer_shm();
-  REQUIRE(offer);
-  auto s = run_switch(l, *offer, *client_arena, *server_arena);
-  REQUIRE(s.server);
-  REQUIRE(s.client);
+  arena_pair p{size_t{512} << 20};
   const size_t n = size_t{1} << 14; // 64 KiB each
   for (uint64_t seq = 1; seq <= 300; ++seq) {
     auto rep = std::make_shared<wire::pull_reply>();
     rep->version = seq;
-    auto buf = (*server_arena)->allocate(n);
+    auto buf = p.server_arena->allocate(n);
     REQUIRE(buf);
     std::fill(buf.get(), buf.get() + n, static_cast<float>(seq));
     rep->params = wire::shared_tensor{std::shared_ptr<const float>(std::move(buf)), n};
-    s.server->lend_until_fetched(rep);
-    REQUIRE_FALSE(write_frame(*s.server, seq, *rep));
+    p.s.server->lend_until_fetched(rep);
+    REQUIRE_FALSE(write_frame(*p.s.server, seq, *rep));
   }
-  CHECK(s.server->leased() == shm_ring::lease_slots);
-  CHECK(s.server->kept() == 300);
+  CHECK(p.s.server->leased() == shm_ring::lease_slots);
+  CHECK(p.s.server->kept() == 300);
   std::vector<inbound_frame> held(300);
   for (auto& f : held)
-    REQUIRE_FALSE(read_frame(*s.client, f));
+    REQUIRE_FALSE(read_frame(*p.s.client, f));
   for (uint64_t seq = 1; seq <= 300; ++seq)
     CHECK(held[seq - 1].reply.params[n - 1] == static_cast<float>(seq));
   held.clear(); // the views go: every lease comes back
-  s.server->release_fetched();
-  CHECK(s.server->leased() == 0);
-  CHECK(s.server->kept() == 0);
+  p.s.server->release_fetched();
+  CHECK(p.s.server->leased() == 0);
+  CHECK(p.s.server->kept() == 0);
 
   // A leased piece read with read_exact (a copy out of the mapping) gives its lease back.
   auto rep = std::make_shared<wire::pull_reply>();
-  auto buf = (*server_arena)->allocate(n);
+  auto buf = p.server_arena->allocate(n);
   REQUIRE(buf);
   std::fill(buf.get(), buf.get() + n, 7.0f);
   rep->params = wire::shared_tensor{std::shared_ptr<const float>(std::move(buf)), n};
-  s.server->lend_until_fetched(rep);
+  p.s.server->lend_until_fetched(rep);
   iovec parts[3] = {{nullptr, 0}, {nullptr, 0}, {const_cast<float*>(rep->params.data()), n * sizeof(float)}};
-  REQUIRE_FALSE(s.server->write_all(parts, 3));
-  CHECK(s.server->leased() == 1);
+  REQUIRE_FALSE(p.s.server->write_all(parts, 3));
+  CHECK(p.s.server->leased() == 1);
   std::vector<float> copy(n);
-  REQUIRE_FALSE(s.client->read_exact(copy.data(), n * sizeof(float)));
+  REQUIRE_FALSE(p.s.client->read_exact(copy.data(), n * sizeof(float)));
   CHECK(copy[n / 2] == 7.0f);
-  s.server->release_fetched();
-  CHECK(s.server->leased() == 0);
+  p.s.server->release_fetched();
+  CHECK(p.s.server->leased() == 0);
 }
 
 TEST_CASE("a reader that goes gives back the leases of what it never read, and keeps those it holds views of") {
-  auto client_arena = shm_arena::make(size_t{64} << 20);
-  auto server_arena = shm_arena::make(size_t{64} << 20);
-  REQUIRE(client_arena);
-  REQUIRE(server_arena);
-  sock_pair l;
-  auto offer = offer_shm();
-  REQUIRE(offer);
-  auto s = run_switch(l, *offer, *client_arena, *server_arena);
-  REQUIRE(s.server);
-  REQUIRE(s.client);
+  arena_pair p{size_t{64} << 20};
   const size_t n = size_t{1} << 14;
   for (uint64_t seq = 1; seq <= 3; ++seq) {
     auto rep = std::make_shared<wire::pull_reply>();
-    auto buf = (*server_arena)->allocate(n);
+    auto buf = p.server_arena->allocate(n);
     REQUIRE(buf);
     std::fill(buf.get(), buf.get() + n, 1.0f);
     rep->params = wire::shared_tensor{std::shared_ptr<const float>(std::move(buf)), n};
-    s.server->lend_until_fetched(rep);
-    REQUIRE_FALSE(write_frame(*s.server, seq, *rep));
+    p.s.server->lend_until_fetched(rep);
+    REQUIRE_FALSE(write_frame(*p.s.server, seq, *rep));
   }
   inbound_frame first;
-  REQUIRE_FALSE(read_frame(*s.client, first)); // a view: its lease stays with it
-  s.client.reset(); // the reader goes with two frames unread
-  s.server->release_fetched();
-  CHECK(s.server->leased() == 1);
+  REQUIRE_FALSE(read_frame(*p.s.client, first)); // a view: its lease stays with it
+  p.s.client.reset(); // the reader goes with two frames unread
+  p.s.server->release_fetched();
+  CHECK(p.s.server->leased() == 1);
   first.reply.params = {};
-  s.server->release_fetched();
-  CHECK(s.server->leased() == 0);
+  p.s.server->release_fetched();
+  CHECK(p.s.server->leased() == 0);
 }
 
 TEST_CASE("a closed channel's buffers that the peer still reads in place stay until it lets go, and a buffer of "

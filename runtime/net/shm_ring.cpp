@@ -54,9 +54,11 @@ void park(std::atomic<uint32_t>& waits, std::atomic<uint32_t>& seq, const std::a
   waits.store(0);
 }
 
-// After this end moved its position: wakes the other end if it waits.
-void nudge(const std::atomic<uint32_t>& waits, std::atomic<uint32_t>& seq) {
-  if (waits.load()) {
+// After this end moved its position: wakes the other end if it waits, once per wait (the
+// flag is taken: a frame's later pieces, written before the woken end runs, make no
+// further system calls; a wake costs ~10 us on a busy virtual machine).
+void nudge(std::atomic<uint32_t>& waits, std::atomic<uint32_t>& seq) {
+  if (waits.load() != 0 && waits.exchange(0) != 0) { // seq_cst: after this end's position moved
     seq.fetch_add(1);
     futex_wake(&seq);
   }
@@ -276,6 +278,7 @@ caf::error shm_ring::write_all(const iovec* iov, int count, std::chrono::millise
         return broken("positions " + std::to_string(r) + " and " + std::to_string(w) + " make no sense");
       const size_t room = capacity_ - static_cast<size_t>(w - r);
       if (room < std::min(left, hand_over())) { // in pieces, as the reader takes them
+        nudge(h->reader_waits, h->data_seq); // what is written so far makes room once read
         if (auto err = still_waiting(waiting_since, patience, "no room"))
           return err;
         park(h->writer_waits, h->room_seq, h->read, r, h->closed, patience);
@@ -286,12 +289,17 @@ caf::error shm_ring::write_all(const iovec* iov, int count, std::chrono::millise
       std::memcpy(data() + at, src, first);
       std::memcpy(data(), src + first, n - first);
       h->written.store(w + n); // seq_cst: ordered before the look at reader_waits
-      nudge(h->reader_waits, h->data_seq);
+      // A reader waiting for a frame is woken once the frame is all there (its header,
+      // metadata and tensor are written one after another), or by each quarter ring of a
+      // large one: one hand-off per frame, not one per part.
+      if (n == hand_over())
+        nudge(h->reader_waits, h->data_seq);
       src += n;
       left -= n;
       waiting_since = steady_now();
     }
   }
+  nudge(h->reader_waits, h->data_seq);
   return {};
 }
 

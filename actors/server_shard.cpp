@@ -34,8 +34,9 @@ struct shard_state {
   std::unique_ptr<shard_core> core;
   // Reads, pushes, membership and the cut schedule (runtime/server/shard_sessions.hpp).
   std::unique_ptr<shard_sessions> sessions;
-  // Held reads' promises, by the ticket the sessions gave them.
+  // Held reads' promises, and held pushes', by the ticket the sessions gave them.
   std::map<uint64_t, caf::typed_response_promise<wire::pull_reply>> promises;
+  std::map<uint64_t, caf::typed_response_promise<wire::push_ack>> ack_promises;
   shard_persistence persistence;
   std::unique_ptr<async_checkpointer> writer;
 };
@@ -50,7 +51,20 @@ void checkpoint(shard_pointer self, uint64_t cut) {
                     core.velocity(), core.average(), core.average_samples());
 }
 
-// Carries out what an event released: held reads answered, a due cut written.
+// Answers held pushes whose reads were answered (or whose workers moved on).
+void deliver_acks(shard_pointer self, shard_sessions::held_acks& acks) {
+  auto& st = self->state;
+  for (auto& [ticket, ack] : acks) {
+    auto p = st.ack_promises.find(ticket);
+    if (p == st.ack_promises.end())
+      continue;
+    p->second.deliver(std::move(ack));
+    st.ack_promises.erase(p);
+  }
+}
+
+// Carries out what an event released: held reads answered, then the pushes held for
+// them, a due cut written.
 void deliver(shard_pointer self, shard_sessions::outcome out) {
   auto& st = self->state;
   for (auto& [ticket, reply] : out.released) {
@@ -60,6 +74,7 @@ void deliver(shard_pointer self, shard_sessions::outcome out) {
     p->second.deliver(std::move(reply));
     st.promises.erase(p);
   }
+  deliver_acks(self, out.acks);
   if (out.cut && st.writer)
     checkpoint(self, *out.cut);
 }
@@ -178,22 +193,32 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
       auto answer = self->state.sessions->on_read(req);
       if (!answer)
         return std::move(answer.error());
-      if (answer->reply)
+      if (answer->reply && answer->acks.empty())
         return std::move(*answer->reply);
       auto promise = self->make_response_promise<wire::pull_reply>();
+      if (answer->reply) { // the reply first, then the push that waited for this read
+        promise.deliver(std::move(*answer->reply));
+        deliver_acks(self, answer->acks);
+        return promise;
+      }
       self->state.promises.emplace(answer->ticket, promise);
       return promise;
     },
     [=](const wire::push& msg) -> caf::result<wire::push_ack> {
       shard_sessions::outcome out;
-      auto ack = self->state.sessions->on_push(msg, out);
-      if (!ack) {
+      auto answer = self->state.sessions->on_push(msg, out);
+      if (!answer) {
         spdlog::warn("shard {}: rejected push from worker {}: {}", self->state.core->range().shard_id, msg.worker_id,
-                     describe(ack.error()));
-        return std::move(ack.error());
+                     describe(answer.error()));
+        deliver(self, std::move(out));
+        return std::move(answer.error());
       }
       deliver(self, std::move(out));
-      return *ack;
+      if (answer->ack)
+        return *answer->ack;
+      auto promise = self->make_response_promise<wire::push_ack>(); // answered after the read that follows
+      self->state.ack_promises.emplace(answer->ticket, promise);
+      return promise;
     },
     // Answered with the pushes of the worker this shard took (runtime/server/shard_sessions.hpp).
     [=](const wire::membership_change& m) -> uint64_t {

@@ -72,12 +72,16 @@ struct executor {
   void operator()(step::send_pull& a) const {
     const auto i = a.shard;
     const auto gen = a.gen;
+    const bool ahead = a.ahead;
     self->request(self->state.shards[i], self->state.cfg.request_timeout, std::move(a.req))
       .then(
-        [s = self, i, gen](const wire::pull_reply& r) {
+        [s = self, i, gen, ahead](const wire::pull_reply& r) {
           if (!s->state.machine)
             return;
-          s->state.machine->on_pull_reply(i, gen, r);
+          if (ahead)
+            s->state.machine->on_read_ahead(i, gen, r);
+          else
+            s->state.machine->on_pull_reply(i, gen, r);
           run(s);
         },
         [s = self, i, gen](caf::error& err) { trouble(s, i, gen, "pull from", err); });

@@ -221,6 +221,7 @@ struct Push {
   total @6 :UInt64;        # the range's length: the push is complete when all of it arrived
   sparse @7 :Bool;         # grad holds only the entries at `index` (a whole push, offset 0)
   index @8 :Data;          # sparse: uint32 LE, ascending, positions within the range
+  readFollows @9 :Bool;    # the worker's next read follows: answered with (after) that read's reply
 }
 
 # Ring all-reduce (decentralized mode): one step's chunk from a worker to the next on the ring.

@@ -14,8 +14,12 @@ bool shard_sessions::may_answer(const wire::pull_request& req) const {
 expected<shard_sessions::read_answer> shard_sessions::on_read(const wire::pull_request& req) {
   if (req.read_id != 0)
     return continue_read(req);
-  if (may_answer(req))
-    return read_answer{begin_read(req, 0), 0};
+  if (may_answer(req)) {
+    read_answer a{begin_read(req, 0), 0, {}};
+    if (!req.snapshot)
+      release_ack(req.worker_id, a.acks);
+    return a;
+  }
   held_.push_back(held_read{req, next_ticket_, clock_.steady_ns()});
   return read_answer{std::nullopt, next_ticket_++};
 }
@@ -36,7 +40,7 @@ expected<shard_sessions::read_answer> shard_sessions::continue_read(const wire::
   r.read_id = req.read_id;
   if (req.offset + len == data.size())
     reads_.erase(i); // chunks are requested in order: this was the last
-  return read_answer{std::move(r), 0};
+  return read_answer{std::move(r), 0, {}};
 }
 
 // A reply referencing [offset, offset + len) of a parameter version: no floats are copied.
@@ -117,6 +121,8 @@ void shard_sessions::released(outcome& out) {
   for (auto i = held_.begin(); i != held_.end(); ++i) {
     if (may_answer(i->req)) {
       out.released.emplace_back(i->ticket, begin_read(i->req, now > i->since_ns ? now - i->since_ns : 0));
+      if (!i->req.snapshot)
+        release_ack(i->req.worker_id, out.acks);
     } else {
       if (keep != i)
         *keep = std::move(*i);
@@ -124,6 +130,15 @@ void shard_sessions::released(outcome& out) {
     }
   }
   held_.erase(keep, held_.end());
+}
+
+// The acknowledgement held for `worker`'s read, if any, goes with what is answered now.
+void shard_sessions::release_ack(uint32_t worker, held_acks& to) {
+  auto i = held_acks_.find(worker);
+  if (i == held_acks_.end())
+    return;
+  to.push_back(std::move(i->second));
+  held_acks_.erase(i);
 }
 
 shard_sessions::outcome shard_sessions::release() {
@@ -181,7 +196,8 @@ expected<push_outcome> shard_sessions::apply_push(const wire::push& msg, bool& c
   return core_.push(msg.worker_id, msg.base_version, msg.batch_size, msg.grad.data(), n);
 }
 
-expected<wire::push_ack> shard_sessions::on_push(const wire::push& msg, outcome& out) {
+expected<shard_sessions::push_answer> shard_sessions::on_push(const wire::push& msg, outcome& out) {
+  release_ack(msg.worker_id, out.acks); // its read did not follow: the earlier push is answered now
   bool complete = true;
   auto pushed = apply_push(msg, complete);
   if (!pushed)
@@ -200,7 +216,11 @@ expected<wire::push_ack> shard_sessions::on_push(const wire::push& msg, outcome&
                                                         : wire::push_ack::dropped;
   if (complete && ack.outcome != wire::push_ack::dropped)
     ++taken_[msg.worker_id];
-  return ack;
+  if (complete && msg.read_follows && members_.count(msg.worker_id) > 0) {
+    held_acks_[msg.worker_id] = {next_ticket_, ack};
+    return push_answer{std::nullopt, next_ticket_++};
+  }
+  return push_answer{ack, 0};
 }
 
 shard_sessions::outcome shard_sessions::on_member(const wire::membership_change& m) {
@@ -211,6 +231,7 @@ shard_sessions::outcome shard_sessions::on_member(const wire::membership_change&
     return out;
   }
   bool bumped = core_.leave(m.worker_id);
+  release_ack(m.worker_id, out.acks);
   reads_.erase(m.worker_id);
   views_.erase(m.worker_id);
   members_.erase(m.worker_id);

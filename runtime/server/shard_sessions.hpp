@@ -28,16 +28,28 @@ class shard_sessions {
 public:
   shard_sessions(shard_core& core, const clock_source& clock) : core_(core), clock_(clock) {}
 
+  /// Acknowledgements of pushes held for the read that follows them (ticket, ack).
+  using held_acks = std::vector<std::pair<uint64_t, wire::push_ack>>;
   /// A read's answer: its reply now, or a ticket under which the read waits (released
-  /// by a later call's outcome).
+  /// by a later call's outcome); with a reply, the acknowledgement of the worker's push
+  /// that waited for this read, to be sent after the reply.
   struct read_answer {
     std::optional<wire::pull_reply> reply;
     uint64_t ticket = 0;
+    held_acks acks;
   };
-  /// What an event released: held reads now answered (ticket, reply) in arrival order, and
-  /// the cut whose version the shard just made (to be written now).
+  /// A push's answer: its acknowledgement now, or a ticket under which it waits for the
+  /// read that follows it (wire::push::read_follows).
+  struct push_answer {
+    std::optional<wire::push_ack> ack;
+    uint64_t ticket = 0;
+  };
+  /// What an event released: held reads now answered (ticket, reply) in arrival order,
+  /// then the acknowledgements held for them or for workers that left (to be sent after
+  /// those replies), and the cut whose version the shard just made (to be written now).
   struct outcome {
     std::vector<std::pair<uint64_t, wire::pull_reply>> released;
+    held_acks acks;
     std::optional<uint64_t> cut;
   };
 
@@ -48,7 +60,12 @@ public:
 
   /// A push (whole, a chunk of one, or sparse): the policy's answer, and the reads and
   /// the cut it released. Errors: a malformed push (names the shard, the worker and what).
-  expected<wire::push_ack> on_push(const wire::push& msg, outcome& out);
+  /// The whole push (its last piece) of a worker whose next read follows it
+  /// (read_follows) is acknowledged once that read is answered, after its reply: a step's
+  /// acknowledgement and the next step's parameters then reach the worker in one hand-off.
+  /// Such an acknowledgement is held for no longer than that: the worker's next push, or
+  /// its leaving, releases it too.
+  expected<push_answer> on_push(const wire::push& msg, outcome& out);
 
   /// A worker joined or left: a leaving one's reads and view are dropped, and what its
   /// leaving released is returned.
@@ -73,6 +90,7 @@ public:
   void forget_views() { views_.clear(); }
 
   size_t held_reads() const { return held_.size(); }
+  size_t held_pushes() const { return held_acks_.size(); }
   size_t views() const { return views_.size(); }
 
 private:
@@ -103,6 +121,7 @@ private:
                             uint64_t offset, uint64_t len) const;
   expected<push_outcome> apply_push(const wire::push& msg, bool& complete);
   void released(outcome& out);
+  void release_ack(uint32_t worker, held_acks& to);
   void after_version(outcome& out);
 
   shard_core& core_;
@@ -115,6 +134,7 @@ private:
   std::map<uint32_t, pull_view> views_;   // delta reads: by worker, members only
   std::set<uint32_t> members_;            // workers the scheduler announced (join, not yet left)
   std::map<uint32_t, uint64_t> taken_;    // whole pushes taken (applied or buffered), by worker
+  std::map<uint32_t, std::pair<uint64_t, wire::push_ack>> held_acks_; // by worker: waiting for its read
   uint64_t next_view_seq_ = 1;
   topk_scratch topk_;                     // delta reads: selection scratch
   std::vector<float> diff_, values_;      //   the difference from the view, the values sent

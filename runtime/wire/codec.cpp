@@ -365,6 +365,7 @@ words encode(const push& x) {
   b.setBatchSize(x.batch_size);
   b.setOffset(x.offset);
   b.setTotal(x.total);
+  b.setReadFollows(x.read_follows);
   set_floats(mb, x.grad, [&](auto o) { b.adoptGrad(std::move(o)); },
                    [&](capnp::Data::Reader d) { b.setGrad(d); });
   if (x.sparse) {
@@ -384,6 +385,7 @@ caf::error decode(const uint64_t* d, size_t n, push& out) {
     out.offset = r.getOffset();
     out.total = r.getTotal();
     out.sparse = r.getSparse();
+    out.read_follows = r.getReadFollows();
     if (auto err = data_to_floats("Push", "grad", r.getGrad(), out.grad))
       return err;
     if (auto err = data_to_index("Push", r.getIndex(), out.index))

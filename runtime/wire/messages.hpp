@@ -131,13 +131,14 @@ private:
 
 
 /// Protocol version of these messages; bumped on any incompatible change.
-constexpr uint32_t protocol_version = 9; // 3: delta reads, stage_atom with the pull ratio; 4: models as layer lists;
+constexpr uint32_t protocol_version = 10; // 3: delta reads, stage_atom with the pull ratio; 4: models as layer lists;
                                          // 5: nodes answer the scheduler's liveness ping; 6: a shard answers a
                                          // membership change with the pushes of the worker it took, a node
                                          // confirms its welcome; 7: a membership directive's from_step is
                                          // the step it was planned from, reports carry the worker's steps;
                                          // 8: ring chunks on the data plane (ring_atom with the next's endpoint);
-                                         // 9: the shared-memory switch's proof names the sender's arena
+                                         // 9: the shared-memory switch's proof names the sender's arena;
+                                         // 10: a push may say the worker's next read follows it
 
 /// Worker id meaning "any": the scheduler picks one.
 constexpr uint32_t any_worker = 0xFFFFFFFFu;
@@ -317,6 +318,10 @@ struct push {
   /// entry is zero. Always a whole push (offset 0); index ascending.
   bool sparse = false;
   std::vector<uint32_t> index{};
+  /// The worker's next read of this shard follows this push (its last piece) at once: the
+  /// shard answers the push once it answers that read, right after its reply, so that a
+  /// step's acknowledgement and the next step's parameters reach the worker together.
+  bool read_follows = false;
 };
 
 /// Ring all-reduce: one all-reduce step's chunk, to the next worker on the ring.

@@ -46,11 +46,13 @@ enum class step_mode : uint8_t {
 
 namespace step {
 
-/// Send `req` to shard `shard`; its reply or error comes back with `gen`.
+/// Send `req` to shard `shard`; its reply or error comes back with `gen` (on_pull_reply,
+/// or with `ahead` on_read_ahead: the next step's read, sent right behind a push).
 struct send_pull {
   size_t shard = 0;
   uint64_t gen = 0;
   wire::pull_request req;
+  bool ahead = false;
 };
 
 /// Send `msg` to shard `shard`; its acknowledgement covers `floats` floats and comes back
@@ -194,6 +196,9 @@ public:
   void on_step();
   /// A reply to a pull request of generation `gen` from shard `i`.
   void on_pull_reply(size_t i, uint64_t gen, const wire::pull_reply& r);
+  /// A reply to the read sent ahead behind a push to shard `i` (send_pull with ahead):
+  /// kept for the next step's pull, or taken by a pull that waits for it.
+  void on_read_ahead(size_t i, uint64_t gen, const wire::pull_reply& r);
   /// An acknowledgement of `floats` floats pushed to shard `i` in generation `gen`.
   void on_push_ack(size_t i, uint64_t gen, uint64_t floats, const wire::push_ack& ack);
   /// A request of generation `gen` to shard `i` failed with `why`.
@@ -259,6 +264,9 @@ private:
   void switch_mode(step_mode m);
 
   void pull_all();
+  bool read_ahead_due() const;
+  void read_ahead(size_t i);
+  void drop_reads_ahead();
   void request_pull_chunk(size_t i);
   void delta_received(size_t i, const wire::pull_reply& r);
   void pull_received();
@@ -302,6 +310,16 @@ private:
   std::vector<float> params_, grad_;
   std::vector<uint64_t> base_versions_;
   std::vector<transfer> transfers_; // per shard, in the current pull or push
+  // Reads sent ahead (every step mode): right behind a step's push, each shard's read for
+  // the next step goes too, and the shard answers both at once (wire::push::read_follows):
+  // the push's acknowledgement no longer has to reach the worker before the next pull
+  // leaves. The reply waits here for the next step's pull (or that pull for it).
+  struct ahead_read {
+    enum state_t : uint8_t { none, sent, arrived, awaited } state = none;
+    uint64_t gen = 0;
+    wire::pull_reply reply;
+  };
+  std::vector<ahead_read> ahead_; // per shard
   uint64_t step_ = 0;
   size_t pending_ = 0;
   bool stopped_ = false;

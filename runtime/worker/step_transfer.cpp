@@ -51,15 +51,18 @@ void step_machine::on_step() {
       return fail(describe(err));
   }
   in_step_ = true;
-  if (mode_ == step_mode::ring && step_ > 0)
+  if (mode_ == step_mode::ring && step_ > 0) {
+    drop_reads_ahead();
     compute_step(); // the model is local: compute, then all-reduce
-  else if (mode_ == step_mode::ring) {
+  } else if (mode_ == step_mode::ring) {
     ring_io_ = ring_io::first_pull; // the first step reads the model from the shards
     pull_all();
-  } else if (local_done_ > 0 || commit_inflight_ || (mode_ == step_mode::local_steps && model_local_))
-    compute_step(); // a commit is open, or one is in flight: compute on the local model
-  else
+  } else if (local_done_ > 0 || commit_inflight_ || (mode_ == step_mode::local_steps && model_local_)) {
+    drop_reads_ahead(); // (a read sent ahead is older than the commit this step adds to)
+    compute_step();     // a commit is open, or one is in flight: compute on the local model
+  } else {
     pull_all();
+  }
 }
 
 // Shard i's read is all here: once every shard's is, the step computes (or, for an
@@ -91,11 +94,69 @@ void step_machine::pull_all() {
     held_current_ = false; // the pull replaces the model: the next held step sends it
   phase_start_ = clock_.steady_ns();
   wait_ns_ = 0;
-  pending_ = job_.shards.size();
-  transfers_.assign(job_.shards.size(), transfer{});
-  for (size_t i = 0; i < job_.shards.size(); ++i) {
+  const size_t n = job_.shards.size();
+  pending_ = n;
+  transfers_.assign(n, transfer{});
+  ahead_.resize(n);
+  for (size_t i = 0; i < n; ++i)
     transfers_[i].total = job_.shards[i].size();
-    request_pull_chunk(i);
+  // A read sent ahead behind the last push is this pull's (an overlapped commit's pull
+  // follows its own push: none applies to it); a reply that is here already is taken
+  // once every shard's read is under way.
+  std::vector<size_t> here;
+  for (size_t i = 0; i < n; ++i) {
+    auto& a = ahead_[i];
+    if (a.gen != gen_ || commit_inflight_)
+      a.state = ahead_read::none;
+    if (a.state == ahead_read::arrived)
+      here.push_back(i);
+    else if (a.state == ahead_read::sent)
+      a.state = ahead_read::awaited;
+    else
+      request_pull_chunk(i);
+  }
+  for (size_t i : here) {
+    if (stopped_ || suspended_)
+      return;
+    wire::pull_reply r = std::move(ahead_[i].reply);
+    ahead_[i] = ahead_read{};
+    on_pull_reply(i, gen_, r);
+  }
+}
+
+// Reads sent ahead are of no use once a step goes on without pulling, or a new push
+// begins: their replies are dropped when they come.
+void step_machine::drop_reads_ahead() {
+  for (auto& a : ahead_)
+    a = ahead_read{};
+}
+
+// A step's read may go ahead behind its push where the next step begins with a plain
+// dense read of every shard: every step mode (each step pulls), no delta reads, a next
+// step to come.
+bool step_machine::read_ahead_due() const {
+  return mode_ == step_mode::every_step && !commit_inflight_ && !mirror_push_ && ring_io_ == ring_io::none
+         && pull_ratio_ == 0 && !stop_requested_ && step_ + 1 < job_.steps;
+}
+
+// The next step's read of shard i, right behind the push that ends this step's.
+void step_machine::read_ahead(size_t i) {
+  ahead_.resize(job_.shards.size());
+  ahead_[i] = ahead_read{ahead_read::sent, gen_, {}};
+  wire::pull_request req{job_.worker_id, job_.shards[i].shard_id, false, 0, job_.chunk_floats, 0};
+  emit(step::send_pull{i, gen_, req, true});
+}
+
+void step_machine::on_read_ahead(size_t i, uint64_t gen, const wire::pull_reply& r) {
+  if (!current(gen) || i >= ahead_.size() || ahead_[i].gen != gen)
+    return;
+  auto& a = ahead_[i];
+  if (a.state == ahead_read::sent) {
+    a.state = ahead_read::arrived;
+    a.reply = r;
+  } else if (a.state == ahead_read::awaited) {
+    a = ahead_read{};
+    on_pull_reply(i, gen, r);
   }
 }
 
@@ -299,6 +360,7 @@ void step_machine::on_paced(uint64_t gen) {
 }
 
 void step_machine::send_pushes() {
+  drop_reads_ahead();
   phase_start_ = clock_.steady_ns();
   pending_ = job_.shards.size();
   transfers_.assign(job_.shards.size(), transfer{});
@@ -334,7 +396,11 @@ void step_machine::send_push_chunk(size_t i) {
     msg.grad.assign(from, from + static_cast<std::ptrdiff_t>(len));
   }
   t.next += len;
+  const bool ahead = t.next == t.total && read_ahead_due();
+  msg.read_follows = ahead;
   emit(step::send_push{i, gen_, len, std::move(msg)});
+  if (ahead)
+    read_ahead(i);
   gradient_sent();
 }
 
@@ -373,7 +439,11 @@ void step_machine::send_sparse_pushes() {
     msg.index = std::move(sparse->index);
     msg.grad.assign(sparse->value.begin(), sparse->value.end());
     transfers_[i].next = transfers_[i].total;
+    const bool ahead = read_ahead_due();
+    msg.read_follows = ahead;
     emit(step::send_push{i, gen_, transfers_[i].total, std::move(msg)});
+    if (ahead)
+      read_ahead(i);
   }
   gradient_sent();
 }
@@ -405,7 +475,14 @@ void step_machine::phase_done() {
     ring_io_ = ring_io::none;
   if (mirror_push_) // the mirror is the model again
     return mirror_done();
-  report_step(since(phase_start_));
+  // A shard answers a push with the read behind it: the time that read was held (the
+  // round's wait) is the next step's wait, not this push's.
+  uint64_t held = 0;
+  for (const auto& a : ahead_)
+    if (a.gen == gen_ && a.state == ahead_read::arrived)
+      held = std::max(held, a.reply.wait_ns);
+  const uint64_t push_ns = since(phase_start_);
+  report_step(push_ns > held ? push_ns - held : 0);
   end_step();
 }
 

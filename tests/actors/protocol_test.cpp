@@ -632,10 +632,11 @@ TEST_CASE("protocol: a worker whose shard is lost mid-step waits for its replace
   for (int i = 0; i < 10000 && log->reports.empty(); ++i)
     REQUIRE(t.step());
   REQUIRE(log->reports.size() == 1);
-  // Shard 1 goes down before the second step's pull is answered: the worker waits.
+  // Shard 1 goes down mid-job (the next step's reads may be here already: they come
+  // with a step's acknowledgements): the worker waits, its steps not all done.
   caf::anon_send_exit(shards[1], caf::exit_reason::kill);
   t.run();
-  CHECK(log->reports.size() == 1);
+  CHECK(log->reports.size() < 3);
   CHECK(log->leaves.empty());
   // Its replacement (the same range, from its "checkpoint") is announced: the abandoned
   // step starts over and the worker finishes its three steps.

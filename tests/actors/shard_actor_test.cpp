@@ -82,6 +82,52 @@ TEST_CASE("a BSP shard actor holds a pushed worker's read until the round is app
   f.self->send_exit(s, caf::exit_reason::user_shutdown);
 }
 
+TEST_CASE("a shard actor answers a push whose read follows after that read's reply, once the round is applied") {
+  fixture f;
+  auto s = f.make("bsp", 2);
+  f.join(s, 0);
+  f.join(s, 1);
+  // Worker 0 pushes with its next read right behind: neither is answered before the round.
+  wire::push p{0, 0, 0, 1, wire::tensor{1, 1}};
+  p.read_follows = true;
+  f.self->send(s, p);
+  f.self->send(s, wire::pull_request{0, 0, false});
+  bool early = false;
+  f.self->receive([&](const wire::pull_reply&) { early = true; }, [&](const wire::push_ack&) { early = true; },
+                  caf::after(200ms) >> [] {});
+  CHECK_FALSE(early);
+  // Worker 1's push completes the round (acknowledged at once: no read follows it).
+  auto ack = f.push(s, 1, 0, {3, 3});
+  CHECK(ack.version == 1);
+  std::vector<std::string> order;
+  for (int i = 0; i < 2; ++i)
+    f.self->receive(
+      [&](const wire::pull_reply& r) {
+        order.push_back("reply");
+        CHECK(r.version == 1);
+        CHECK(r.params == wire::tensor{-2, -2});
+      },
+      [&](const wire::push_ack& a) {
+        order.push_back("ack");
+        CHECK(a.outcome == wire::push_ack::buffered);
+        CHECK(a.complete);
+      },
+      caf::after(5s) >> [] { FAIL("no answer"); });
+  CHECK(order == std::vector<std::string>{"reply", "ack"});
+  // A read that is allowed at once: its reply, then the push it followed.
+  wire::push q{1, 0, 1, 1, wire::tensor{1, 1}};
+  q.read_follows = true;
+  f.self->send(s, q);
+  f.push(s, 0, 1, {1, 1}); // the round of version 2 is applied
+  f.self->send(s, wire::pull_request{1, 0, false});
+  order.clear();
+  for (int i = 0; i < 2; ++i)
+    f.self->receive([&](const wire::pull_reply& r) { order.push_back("reply " + std::to_string(r.version)); },
+                    [&](const wire::push_ack&) { order.push_back("ack"); },
+                    caf::after(5s) >> [] { FAIL("no answer"); });
+  CHECK(order == std::vector<std::string>{"reply 2", "ack"});
+}
+
 TEST_CASE("a shard actor answers a malformed push with an error and keeps serving") {
   fixture f;
   auto s = f.make("asp", 4);

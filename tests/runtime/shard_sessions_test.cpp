@@ -64,7 +64,8 @@ TEST_CASE("a read the round does not allow yet is held, and the round's last pus
   s.clock.advance(std::chrono::milliseconds{40});
   auto ack = s.sessions.on_push(bsp_shard::push_of(1, {3, 3}), out);
   REQUIRE(ack);
-  CHECK(ack->version == 1);
+  REQUIRE(ack->ack);
+  CHECK(ack->ack->version == 1);
   REQUIRE(out.released.size() == 1);
   CHECK(out.released[0].first == held->ticket);
   const auto& r = out.released[0].second;
@@ -191,7 +192,8 @@ TEST_CASE("the shard counts each worker's whole pushes it took, its last round's
   CHECK(s.sessions.pushes_of(1) == 1);
   auto dropped = s.sessions.on_push(round2(0), out); // a second push in one round: dropped
   REQUIRE(dropped);
-  CHECK(dropped->outcome == wire::push_ack::dropped);
+  REQUIRE(dropped->ack);
+  CHECK(dropped->ack->outcome == wire::push_ack::dropped);
   CHECK(s.sessions.pushes_of(0) == 2);
   CHECK(s.sessions.pushes_of(7) == 0); // a worker it never heard from
   wire::membership_change lost;
@@ -201,4 +203,102 @@ TEST_CASE("the shard counts each worker's whole pushes it took, its last round's
   CHECK(s.core.version() == 1); // worker 1 has not pushed round 2: it waits for it
   REQUIRE(s.sessions.on_push(round2(1), out));
   CHECK(s.core.version() == 2); // the lost worker's buffered push is in the round
+}
+
+TEST_CASE("a push whose read follows is acknowledged after that read's reply, held or not") {
+  bsp_shard s{2};
+  shard_sessions::outcome out;
+  auto first = bsp_shard::push_of(0, {1, 1});
+  first.read_follows = true;
+  auto a = s.sessions.on_push(first, out);
+  REQUIRE(a);
+  CHECK_FALSE(a->ack); // held for the read
+  CHECK(a->ticket != 0);
+  CHECK(s.sessions.held_pushes() == 1);
+  auto read = s.sessions.on_read(bsp_shard::read_of(0)); // the round is not complete: held
+  REQUIRE(read);
+  CHECK_FALSE(read->reply);
+  CHECK(read->acks.empty());
+  CHECK(out.acks.empty());
+  auto last = bsp_shard::push_of(1, {3, 3});
+  last.read_follows = true;
+  auto b = s.sessions.on_push(last, out);
+  REQUIRE(b);
+  CHECK_FALSE(b->ack);
+  // The round is applied: worker 0's read is answered, then its push; worker 1's push
+  // waits for worker 1's read.
+  REQUIRE(out.released.size() == 1);
+  CHECK(out.released[0].first == read->ticket);
+  CHECK(out.released[0].second.version == 1);
+  REQUIRE(out.acks.size() == 1);
+  CHECK(out.acks[0].first == a->ticket);
+  CHECK(out.acks[0].second.outcome == wire::push_ack::buffered);
+  CHECK(out.acks[0].second.complete);
+  CHECK(s.sessions.held_pushes() == 1);
+  auto now = s.sessions.on_read(bsp_shard::read_of(1)); // allowed at once: the ack goes with the reply
+  REQUIRE(now);
+  REQUIRE(now->reply);
+  CHECK(now->reply->version == 1);
+  REQUIRE(now->acks.size() == 1);
+  CHECK(now->acks[0].first == b->ticket);
+  CHECK(now->acks[0].second.version == 1);
+  CHECK(s.sessions.held_pushes() == 0);
+}
+
+TEST_CASE("a held push is answered when its worker pushes again or leaves without the read, never by a snapshot") {
+  bsp_shard s{2};
+  shard_sessions::outcome out;
+  auto p = bsp_shard::push_of(0, {1, 1});
+  p.read_follows = true;
+  auto a = s.sessions.on_push(p, out);
+  REQUIRE(a);
+  REQUIRE_FALSE(a->ack);
+  auto snap = bsp_shard::read_of(0);
+  snap.snapshot = true;
+  auto sr = s.sessions.on_read(snap);
+  REQUIRE(sr);
+  REQUIRE(sr->reply);
+  CHECK(sr->acks.empty());
+  CHECK(s.sessions.held_pushes() == 1);
+  // The next push of the same worker (its read never came): the held one is answered first.
+  shard_sessions::outcome again;
+  auto second = s.sessions.on_push(bsp_shard::push_of(0, {1, 1}), again); // dropped: a second push in the round
+  REQUIRE(second);
+  REQUIRE(second->ack);
+  REQUIRE(again.acks.size() == 1);
+  CHECK(again.acks[0].first == a->ticket);
+  CHECK(s.sessions.held_pushes() == 0);
+  // A worker that leaves with its push held: answered with its leaving.
+  auto q = bsp_shard::push_of(1, {1, 1});
+  q.read_follows = true;
+  shard_sessions::outcome o2;
+  auto b = s.sessions.on_push(q, o2);
+  REQUIRE(b);
+  REQUIRE_FALSE(b->ack);
+  wire::membership_change gone;
+  gone.kind = wire::membership_change::leave;
+  gone.worker_id = 1;
+  auto left = s.sessions.on_member(gone);
+  REQUIRE(left.acks.size() == 1);
+  CHECK(left.acks[0].first == b->ticket);
+  CHECK(s.sessions.held_pushes() == 0);
+}
+
+TEST_CASE("a push whose read follows is answered at once for a worker the shard was not told of, or a piece") {
+  bsp_shard s{4, {0}};
+  shard_sessions::outcome out;
+  s.core.join(9); // live in the core, never announced to the sessions
+  auto p = bsp_shard::push_of(9, {1, 1, 1, 1});
+  p.read_follows = true;
+  auto a = s.sessions.on_push(p, out);
+  REQUIRE(a);
+  CHECK(a->ack);
+  auto piece = bsp_shard::push_of(0, {1, 1});
+  piece.total = 4;
+  piece.read_follows = true; // on a piece that does not complete the push: no hold
+  auto b = s.sessions.on_push(piece, out);
+  REQUIRE(b);
+  REQUIRE(b->ack);
+  CHECK_FALSE(b->ack->complete);
+  CHECK(s.sessions.held_pushes() == 0);
 }

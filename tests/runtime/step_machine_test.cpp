@@ -41,7 +41,16 @@ struct rig {
     m = std::make_unique<step_machine>(a, data, 8, clock);
   }
 
-  std::vector<step_action> actions() { return m->take_actions(); }
+  // Reads sent ahead behind pushes (send_pull with ahead), not yet answered.
+  std::vector<step::send_pull> ahead;
+
+  std::vector<step_action> actions() {
+    auto acts = m->take_actions();
+    for (const auto& act : acts)
+      if (auto* p = std::get_if<step::send_pull>(&act); p && p->ahead)
+        ahead.push_back(*p);
+    return acts;
+  }
 
   // The whole reply to a pull of shard i: every parameter `value`, at `version`.
   wire::pull_reply whole(size_t i, float value, uint64_t version = 0) const {
@@ -56,11 +65,16 @@ struct rig {
     return rep;
   }
 
-  // Answers every pull in `acts` with whole replies (all parameters `value`).
+  // Answers every pull in `acts`, and the reads sent ahead so far, with whole replies
+  // (all parameters `value`).
   void answer_pulls(const std::vector<step_action>& acts, float value) {
     for (const auto& act : acts)
-      if (auto* p = std::get_if<step::send_pull>(&act))
+      if (auto* p = std::get_if<step::send_pull>(&act); p && !p->ahead)
         m->on_pull_reply(p->shard, p->gen, whole(p->shard, value));
+    auto sent = std::move(ahead);
+    ahead.clear();
+    for (const auto& p : sent)
+      m->on_read_ahead(p.shard, p.gen, whole(p.shard, value));
   }
 
   // Computes a gradient of all `g` in `ms` milliseconds.
@@ -454,6 +468,141 @@ TEST_CASE("step machine: a lost shard not replaced in time fails the worker, nam
   REQUIRE(all<step::fail>(now.actions()).size() == 1);
 }
 
+TEST_CASE("step machine: each shard's next read goes right behind the push, and the next step computes on its "
+          "reply without a pull, the round's wait counted as the next step's") {
+  rig r;
+  r.m->begin();
+  r.actions();
+  r.m->on_step();
+  r.answer_pulls(r.actions(), 1.0f);
+  r.actions();
+  r.compute(0.25f);
+  auto acts = r.m->take_actions();
+  // Each push says its read follows, and the read follows it.
+  REQUIRE(acts.size() == 4);
+  for (size_t i = 0; i < 2; ++i) {
+    auto* push = std::get_if<step::send_push>(&acts[2 * i]);
+    auto* read = std::get_if<step::send_pull>(&acts[2 * i + 1]);
+    REQUIRE(push);
+    REQUIRE(read);
+    CHECK(push->msg.read_follows);
+    CHECK(read->ahead);
+    CHECK(read->shard == push->shard);
+    CHECK(read->req.offset == 0);
+    CHECK(read->req.read_id == 0);
+    CHECK(read->req.shard_id == r.a.shards[i].shard_id);
+  }
+  // The shard answers the read after the round (held 30 ms), then the push.
+  r.clock.advance(std::chrono::milliseconds(31));
+  for (size_t i = 0; i < 2; ++i) {
+    const auto& read = std::get<step::send_pull>(acts[2 * i + 1]);
+    auto reply = r.whole(i, 2.0f, 1);
+    reply.wait_ns = 30000000;
+    r.m->on_read_ahead(read.shard, read.gen, reply);
+    CHECK(r.m->take_actions().empty());
+    const auto& push = std::get<step::send_push>(acts[2 * i]);
+    r.m->on_push_ack(push.shard, push.gen, push.floats, {});
+  }
+  auto done = r.m->take_actions();
+  auto reports = all<step::report>(done);
+  REQUIRE(reports.size() == 1);
+  CHECK(reports[0].rep.push_ns == 1000000); // 31 ms less the round's 30 ms
+  REQUIRE(count<step::next_step>(done) == 1);
+  r.m->on_step();
+  auto next = r.m->take_actions();
+  CHECK(count<step::send_pull>(next) == 0); // the reads are here already
+  REQUIRE(count<step::compute>(next) == 1);
+  CHECK(r.m->params() == std::vector<float>(8, 2.0f));
+  r.compute(0.5f);
+  auto pushes = all<step::send_push>(r.m->take_actions());
+  REQUIRE(pushes.size() == 2);
+  CHECK(pushes[0].msg.base_version == 1);
+  for (const auto& p : pushes)
+    r.m->on_push_ack(p.shard, p.gen, p.floats, {});
+  auto second = all<step::report>(r.m->take_actions());
+  REQUIRE(second.size() == 1);
+  CHECK(second[0].rep.wait_ns == 30000000); // the round's wait, in the step that waited for it
+  CHECK(second[0].rep.pull_ns == 0);
+}
+
+TEST_CASE("step machine: a step that begins before its reads sent ahead came waits for them, and one of an "
+          "abandoned step is dropped") {
+  rig r([](wire::assignment& a) { a.shard_wait_s = 30; });
+  r.m->begin();
+  r.actions();
+  r.m->on_step();
+  r.answer_pulls(r.actions(), 1.0f);
+  r.actions();
+  r.compute(0.25f);
+  auto acts = r.m->take_actions();
+  auto reads = all<step::send_pull>(acts);
+  REQUIRE(reads.size() == 2);
+  for (const auto& p : all<step::send_push>(acts)) // acknowledged before the reads are answered
+    r.m->on_push_ack(p.shard, p.gen, p.floats, {});
+  REQUIRE(count<step::next_step>(r.m->take_actions()) == 1);
+  r.m->on_step();
+  CHECK(r.m->take_actions().empty()); // nothing to send: both reads are out
+  r.m->on_read_ahead(0, reads[0].gen, r.whole(0, 3.0f, 1));
+  CHECK(r.m->take_actions().empty());
+  r.m->on_read_ahead(1, reads[1].gen, r.whole(1, 3.0f, 1));
+  REQUIRE(count<step::compute>(r.m->take_actions()) == 1);
+  CHECK(r.m->params() == std::vector<float>(8, 3.0f));
+  // Shard 1 is lost while this step's reads ahead are out: the step starts over with a
+  // fresh pull, and the old reads' replies are dropped.
+  r.compute(0.25f);
+  auto second = r.m->take_actions();
+  auto reads2 = all<step::send_pull>(second);
+  REQUIRE(reads2.size() == 2);
+  r.m->on_shard_down(1, "shard 1 was lost");
+  r.m->take_actions();
+  r.m->on_shard_replaced(1);
+  REQUIRE(count<step::next_step>(r.m->take_actions()) == 1);
+  r.m->on_step();
+  auto fresh = all<step::send_pull>(r.m->take_actions());
+  REQUIRE(fresh.size() == 2);
+  CHECK_FALSE(fresh[0].ahead);
+  r.m->on_read_ahead(0, reads2[0].gen, r.whole(0, 9.0f, 2)); // of the abandoned step
+  r.m->on_read_ahead(1, reads2[1].gen, r.whole(1, 9.0f, 2));
+  CHECK(r.m->take_actions().empty());
+  r.m->on_pull_reply(0, fresh[0].gen, r.whole(0, 4.0f, 2));
+  r.m->on_pull_reply(1, fresh[1].gen, r.whole(1, 4.0f, 2));
+  REQUIRE(count<step::compute>(r.m->take_actions()) == 1);
+  CHECK(r.m->params() == std::vector<float>(8, 4.0f));
+}
+
+TEST_CASE("step machine: no read goes ahead on the last step, once asked to stop, with delta reads, or with "
+          "local steps") {
+  auto reads_after_push = [](rig& r, const std::function<void()>& before = {}) {
+    r.m->begin();
+    r.actions();
+    r.m->on_step();
+    r.answer_pulls(r.actions(), 1.0f);
+    r.actions();
+    if (before)
+      before();
+    r.compute(0.25f);
+    auto acts = r.m->take_actions();
+    size_t n = 0;
+    for (const auto& p : all<step::send_pull>(acts))
+      n += p.ahead;
+    for (const auto& p : all<step::send_push>(acts))
+      CHECK(p.msg.read_follows == (n > 0));
+    return std::make_pair(count<step::send_push>(acts), n);
+  };
+  using pushes_reads = std::pair<size_t, size_t>;
+  rig plain;
+  CHECK(reads_after_push(plain) == pushes_reads{2, 2});
+  rig last([](wire::assignment& a) { a.steps = 1; });
+  CHECK(reads_after_push(last) == pushes_reads{2, 0});
+  rig stopping;
+  CHECK(reads_after_push(stopping, [&] { stopping.m->on_stop(); }) == pushes_reads{0, 0}); // (nor a push)
+  rig delta([](wire::assignment& a) { a.pull_topk_ratio = 0.5f; });
+  CHECK(reads_after_push(delta) == pushes_reads{2, 0});
+  rig local; // a stage of local steps, a commit every step: pushed, then pulled as its own phase
+  CHECK(reads_after_push(local, [&] { local.m->on_stage("coarse", 1, 1.0f, 0.0f); }) == pushes_reads{2, 0});
+  CHECK(local.m->mode() == step_mode::local_steps);
+}
+
 TEST_CASE("step machine: a paced worker waits out its budget less what it owes, on the clock it is given") {
   rig r([](wire::assignment& a) { a.pace_ns_per_sample = 5000000; }); // 5 ms a sample: 20 ms a batch
   r.m->begin();
@@ -654,7 +803,11 @@ drive_result drive(rig& r, compute_backend& b, const drive_script& script = {}) 
           new_round = false;
         }
         ++out.pulls;
-        r.m->on_pull_reply(p->shard, p->gen, r.whole(p->shard, 0.1f * static_cast<float>(pull_rounds)));
+        const auto reply = r.whole(p->shard, 0.1f * static_cast<float>(pull_rounds));
+        if (p->ahead)
+          r.m->on_read_ahead(p->shard, p->gen, reply);
+        else
+          r.m->on_pull_reply(p->shard, p->gen, reply);
       } else if (auto* s = std::get_if<step::send_push>(&act)) {
         out.pushes.emplace_back(s->msg.grad.begin(), s->msg.grad.end());
         r.m->on_push_ack(s->shard, s->gen, s->floats, {});

@@ -550,7 +550,8 @@ struct world {
         return;
       if (auto* p = std::get_if<step::send_pull>(&act)) {
         const uint64_t gen = p->gen;
-        send_to_scheduler(w.node, [this, id, gen] { shard_pull(id, gen); });
+        const bool ahead = p->ahead;
+        send_to_scheduler(w.node, [this, id, gen, ahead] { shard_pull(id, gen, ahead); });
       } else if (auto* p = std::get_if<step::send_push>(&act)) {
         const uint64_t gen = p->gen, floats = p->floats;
         const double samples = p->msg.batch_size;
@@ -636,22 +637,24 @@ struct world {
   // ---- the shard (BSP) and the scheduler's ledger -----------------------------------------
   // A pull waits while the worker's push of this round is not applied (BSP); a push is
   // acknowledged as buffered, and applied with the round.
-  std::map<uint32_t, uint64_t> held_pulls;
-  void shard_pull(uint32_t id, uint64_t gen) {
+  // (A read sent ahead behind a push is held the same way; the push is acknowledged at
+  // once, before that read's reply, as a shard without held acknowledgements would.)
+  std::map<uint32_t, std::pair<uint64_t, bool>> held_pulls;
+  void shard_pull(uint32_t id, uint64_t gen, bool ahead) {
     auto m = table.find(id);
     if (m == table.end() || !m->second.live)
       return; // a member dropped already: its read is refused
     if (pushes.count(id) > 0) {
-      held_pulls[id] = gen;
+      held_pulls[id] = {gen, ahead};
       return;
     }
-    answer_pull(id, gen);
+    answer_pull(id, gen, ahead);
   }
-  void answer_pull(uint32_t id, uint64_t gen) {
+  void answer_pull(uint32_t id, uint64_t gen, bool ahead) {
     auto w = workers.find(id);
     if (w == workers.end())
       return;
-    send_to_node(w->second.node, [this, id, gen] {
+    send_to_node(w->second.node, [this, id, gen, ahead] {
       auto& w = workers[id];
       if (!w.alive || !w.machine)
         return;
@@ -659,7 +662,10 @@ struct world {
       r.version = round;
       r.total = model_params;
       r.params = wire::tensor(model_params, 0.0f);
-      w.machine->on_pull_reply(0, gen, r);
+      if (ahead)
+        w.machine->on_read_ahead(0, gen, r);
+      else
+        w.machine->on_pull_reply(0, gen, r);
       drive(id);
     });
   }
@@ -709,9 +715,9 @@ struct world {
       auto h = held_pulls.find(id);
       if (h == held_pulls.end() || !table[id].live)
         continue;
-      const uint64_t gen = h->second;
+      const auto [gen, ahead] = h->second;
       held_pulls.erase(h);
-      answer_pull(id, gen);
+      answer_pull(id, gen, ahead);
     }
   }
 

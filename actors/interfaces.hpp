@@ -136,7 +136,7 @@ using worker_actor = caf::typed_actor<caf::reacts_to<start_atom>, caf::reacts_to
                                       caf::reacts_to<shard_atom, uint32_t, shard_actor, std::string>,
                                       caf::reacts_to<shard_atom, uint64_t>,
                                       caf::reacts_to<shard_atom, uint32_t, shard_actor>,
-                                      caf::reacts_to<lr_atom, float>>;
+                                      caf::reacts_to<lr_atom, float>, caf::reacts_to<tick_atom>>;
 
 /// The actor every node process runs: it hosts shards and workers on the scheduler's
 /// request and carries out control requests (remove a worker, shut down). stop_atom (local

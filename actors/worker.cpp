@@ -9,6 +9,8 @@
 #include "actors/gpu_call.hpp"
 #include "runtime/backend/cpu_backend.hpp"
 #include "runtime/os/memory.hpp"
+#include "runtime/policy/job_planner.hpp"
+#include "runtime/worker/report_batch.hpp"
 #include "runtime/worker/step_machine.hpp"
 
 namespace ashlar::actors {
@@ -37,9 +39,18 @@ struct worker_state {
   bool training = false;        // every shard's handle is final and the machine has begun
   uint32_t connecting = 0;      // data-plane connections under way
   uint32_t direct = 0;          // shards reached over data-plane connections
+  std::unique_ptr<report_batch> reports; // step reports on their way to the profiler
 };
 
 using worker_pointer = worker_actor::stateful_pointer<worker_state>;
+
+// Sends the step reports held for the profiler, in order.
+void send_reports(worker_pointer self) {
+  auto& st = self->state;
+  if (st.reports)
+    for (auto& r : st.reports->take())
+      self->send(st.cfg.profiler, std::move(r));
+}
 
 // Tells the scheduler the worker leaves (finished) or fails, and why; then stops.
 void leave(worker_pointer self, wire::membership_change::kind_t kind, const std::string& reason, bool early = false) {
@@ -52,6 +63,7 @@ void leave(worker_pointer self, wire::membership_change::kind_t kind, const std:
   if (failed)
     spdlog::error("worker {}: {}", id, reason);
   const uint64_t steps = st.machine ? st.machine->steps_done() : 0;
+  send_reports(self); // every step it took is reported before it leaves
   self->send(st.cfg.scheduler, wire::membership_change{kind, id, reason, early, steps});
   if (failed)
     self->quit(caf::exit_reason::user_shutdown);
@@ -179,7 +191,23 @@ struct executor {
     self->delayed_send(self, std::chrono::nanoseconds(a.ns), paced_atom::value, a.gen);
   }
 
-  void operator()(step::report& a) const { self->send(self->state.cfg.profiler, std::move(a.rep)); }
+  void operator()(step::report& a) const {
+    auto& st = self->state;
+    if (!st.reports) // held only where each worker's steps are its own to end (lockstep): the
+                     // job's end of workers at their own pace counts their reports
+      st.reports = std::make_unique<report_batch>(
+        traits_of(st.machine->job().policy).lockstep
+          ? static_cast<uint64_t>(std::chrono::nanoseconds(st.cfg.report_window).count())
+          : 0);
+    switch (st.reports->add(std::move(a.rep))) {
+      case report_batch::next::send:
+        return send_reports(self);
+      case report_batch::next::arm_timer:
+        return self->delayed_send(self, st.cfg.report_window, tick_atom::value);
+      case report_batch::next::hold:
+        return;
+    }
+  }
 
   void operator()(step::next_step&) const { self->send(self, step_atom::value); }
 
@@ -463,6 +491,12 @@ worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config c
       }
     },
     [=](step_atom) { with_machine(self, [](step_machine& m) { m.on_step(); }); },
+    [=](tick_atom) { // the held step reports' time is up
+      if (self->state.reports) {
+        self->state.reports->on_timer();
+        send_reports(self);
+      }
+    },
     [=](paced_atom, uint64_t gen) { with_machine(self, [=](step_machine& m) { m.on_paced(gen); }); },
     [=](shard_atom, uint32_t index, shard_actor& shard, const std::string& endpoint) {
       replace_shard(self, index, std::move(shard), endpoint);

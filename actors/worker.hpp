@@ -46,6 +46,11 @@ struct worker_config {
   /// hosts more workers than it has cores, so that they compute a few at a time and held
   /// buffers would mostly lie idle. Costs a few percent of step time. Default: no.
   bool give_back_between_steps = false;
+  /// Longest a step's report is held to go to the profiler with the next ones
+  /// (runtime/worker/report_batch.hpp) under a lockstep policy (workers at their own pace
+  /// send each at once: the job's end counts their samples); 0: each at once. Default:
+  /// 25 ms, a quarter of the scheduler's tick.
+  std::chrono::milliseconds report_window{25};
 };
 
 /// Spawns a worker; it starts when it receives start_atom. On any error (a shard

@@ -625,6 +625,7 @@ TEST_CASE("protocol: a worker whose shard is lost mid-step waits for its replace
   actors::worker_config wc;
   wc.scheduler = assigning_scheduler(t.sys, a, shards, log);
   wc.profiler = recording_profiler(t.sys, log);
+  wc.report_window = std::chrono::milliseconds{0}; // each step's report at once (no timers here)
   wc.data = data;
   auto worker = spawn_worker(t.sys, wc);
   caf::anon_send(worker, start_atom::value);

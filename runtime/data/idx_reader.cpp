@@ -30,7 +30,8 @@ constexpr uint64_t max_idx_bytes = uint64_t{8} << 30;
 // decompressed, so a small file that inflates to gigabytes costs no more than the size
 // its header names. A file whose header does not start with `magic` is read no further
 // than its header. The checks of magic and sizes are the caller's.
-expected<std::vector<uint8_t>> read_idx(const std::string& path, size_t header, uint32_t magic) {
+expected<std::vector<uint8_t>> read_idx(const std::string& path, size_t header, uint32_t magic,
+                                        bool header_only = false) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0)
     return make_error(errc::io_error, "cannot open " + path + ": " + std::strerror(errno));
@@ -56,7 +57,7 @@ expected<std::vector<uint8_t>> read_idx(const std::string& path, size_t header, 
       break;
     out.insert(out.end(), buf, buf + got);
     if (limit == header && out.size() >= header) {
-      if (be32(out.data()) != magic) { // not this kind of IDX file: the caller names the magic
+      if (be32(out.data()) != magic || header_only) { // (another kind: the caller names the magic)
         gzclose(f);
         out.resize(header);
         return out;
@@ -107,8 +108,26 @@ std::string hex(uint32_t v) {
 
 } // namespace
 
+// The host's copy of the images of `images_path` where the cache holds one for this very
+// file (path, device, inode, size, time, and the header it starts with), found from the
+// file's header alone: the images are then neither decompressed nor held twice (the file
+// was decoded and checked whole when the copy was written). Null otherwise.
+std::shared_ptr<const uint8_t> cached_images(const std::string& images_path, uint8_t (&header)[16]) {
+  auto head = read_idx(images_path, 16, images_magic, true);
+  if (!head || head->size() != 16 || be32(head->data()) != images_magic)
+    return nullptr;
+  const uint64_t n = be32(head->data() + 4), rows = be32(head->data() + 8), cols = be32(head->data() + 12);
+  if (rows == 0 || cols == 0 || rows * cols > (1u << 24) || n > max_idx_bytes / (rows * cols))
+    return nullptr;
+  std::memcpy(header, head->data(), sizeof header);
+  return cached_pixels(images_path, header, n * rows * cols);
+}
+
 expected<dataset> load_idx(const std::string& images_path, const std::string& labels_path) {
-  auto img = read_idx(images_path, 16, images_magic);
+  uint8_t header[16];
+  auto cached = cached_images(images_path, header);
+  auto img = cached ? expected<std::vector<uint8_t>>{std::vector<uint8_t>(header, header + 16)}
+                    : read_idx(images_path, 16, images_magic);
   if (!img)
     return img.error();
   auto lbl = read_idx(labels_path, 8, labels_magic);
@@ -129,7 +148,7 @@ expected<dataset> load_idx(const std::string& images_path, const std::string& la
     return make_error(errc::corrupt_data, images_path + " declares images of " + std::to_string(rows)
                                             + "x" + std::to_string(cols) + " pixels");
   uint64_t want = 16 + n * rows * cols;
-  if (img->size() != want)
+  if (!cached && img->size() != want)
     return make_error(errc::corrupt_data, images_path + " holds " + (img->size() > want ? "more than " : "")
                                             + std::to_string(img->size() > want ? want : img->size())
                                             + " bytes, its header (" + std::to_string(n)
@@ -167,11 +186,14 @@ expected<dataset> load_idx(const std::string& images_path, const std::string& la
   // Kept as the bytes they are; each batch is standardized as it is made.
   // The file's own buffer becomes the pixels (no second copy, even for a moment), or the
   // host's shared copy of them.
-  uint8_t header[16];
-  std::memcpy(header, img->data(), sizeof header);
-  img->erase(img->begin(), img->begin() + 16);
-  img->resize(n * d.dim);
-  d.pixels = share_pixels(images_path, header, std::move(*img));
+  if (cached) {
+    d.pixels = std::move(cached);
+  } else {
+    std::memcpy(header, img->data(), sizeof header);
+    img->erase(img->begin(), img->begin() + 16);
+    img->resize(n * d.dim);
+    d.pixels = share_pixels(images_path, header, std::move(*img));
+  }
   d.pixel_scale = 1.0f / (255.0f * fmnist_std);
   d.pixel_shift = fmnist_mean / fmnist_std;
   return d;

@@ -110,22 +110,42 @@ std::string pixel_cache_dir() {
   return "";
 }
 
+namespace {
+
+// The cache file's name for `source` (its path, device, inode, size and time), "" where
+// there is no cache directory or no such file.
+std::string cache_path(const std::string& dir, const std::string& source, std::string* key_out = nullptr) {
+  struct stat src{};
+  if (dir.empty() || ::stat(source.c_str(), &src) != 0)
+    return "";
+  char key[160];
+  std::snprintf(key, sizeof key, "%016zx-%lx-%lx-%lx-%lx", std::hash<std::string>{}(source),
+                static_cast<unsigned long>(src.st_dev), static_cast<unsigned long>(src.st_ino),
+                static_cast<unsigned long>(src.st_size), static_cast<unsigned long>(src.st_mtime));
+  if (key_out)
+    *key_out = key;
+  return dir + "/pixels-" + key;
+}
+
+}  // namespace
+
+std::shared_ptr<const uint8_t> cached_pixels(const std::string& source, const uint8_t (&header)[16], size_t pixels) {
+  const auto path = cache_path(usable_dir(), source);
+  return path.empty() ? nullptr : map_cached(path, sizeof header + pixels, header);
+}
+
 std::shared_ptr<const uint8_t> share_pixels(const std::string& source, const uint8_t (&header)[16],
                                             std::vector<uint8_t> decoded) {
   auto owned = [&] {
     auto v = std::make_shared<std::vector<uint8_t>>(std::move(decoded));
     return std::shared_ptr<const uint8_t>(v, v->data());
   };
-  struct stat src{};
   const auto dir = usable_dir();
-  if (dir.empty() || ::stat(source.c_str(), &src) != 0)
+  std::string key;
+  const auto path = cache_path(dir, source, &key);
+  if (path.empty())
     return owned();
-  char key[160];
   const auto source_key = std::hash<std::string>{}(source);
-  std::snprintf(key, sizeof key, "%016zx-%lx-%lx-%lx-%lx", source_key,
-                static_cast<unsigned long>(src.st_dev), static_cast<unsigned long>(src.st_ino),
-                static_cast<unsigned long>(src.st_size), static_cast<unsigned long>(src.st_mtime));
-  const auto path = dir + "/pixels-" + key;
   const size_t size = sizeof header + decoded.size();
   if (auto mapped = map_cached(path, size, header))
     return mapped;

@@ -25,4 +25,9 @@ std::string pixel_cache_dir();
 std::shared_ptr<const uint8_t> share_pixels(const std::string& source, const uint8_t (&header)[16],
                                             std::vector<uint8_t> decoded);
 
+/// The cached copy of `source`'s `pixels` bytes after `header`, mapped as share_pixels
+/// maps it, where one is there (same key, same checks); null otherwise: a process that
+/// finds it need not decode the source at all.
+std::shared_ptr<const uint8_t> cached_pixels(const std::string& source, const uint8_t (&header)[16], size_t pixels);
+
 }  // namespace ashlar

@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <filesystem>
 #include <thread>
+#include <fcntl.h>
 #include <sys/stat.h>
 
 #include <zlib.h>
@@ -377,4 +378,40 @@ TEST_CASE("processes that load one IDX file map one shared copy of its pixels fr
   for (const auto& e : std::filesystem::directory_iterator{dir.file("cache")})
     copies += e.is_symlink() ? 0 : 1;
   CHECK(copies == 1);
+}
+
+TEST_CASE("a process that finds the host's copy of an IDX file's pixels maps it from the file's header alone, "
+          "decompressing nothing past it") {
+  temp_dir dir;
+  cache_in cache{dir.file("cache")};
+  auto img = images(5000, 28, 28); // (its trailer well past what the header's read inflates)
+  auto z = gzip(img);
+  auto ip = dir.write("i.gz", z);
+  auto lp = dir.write("l", labels(5000));
+  auto first = load_idx(ip, lp);
+  REQUIRE(first);
+  first->pixels.reset();
+  // The gzip stream's check sum is damaged under the same size and modification time (the
+  // cache's key): a loader that decompressed the file to its end would fail; this one maps
+  // the copy from the header alone.
+  struct stat st{};
+  REQUIRE(::stat(ip.c_str(), &st) == 0);
+  z[z.size() - 8] ^= 0xff; // the CRC-32 in the trailer
+  dir.write("i.gz", z);
+  const timespec times[2] = {st.st_atim, st.st_mtim};
+  REQUIRE(::utimensat(AT_FDCWD, ip.c_str(), times, 0) == 0);
+  auto second = load_idx(ip, lp);
+  INFO((second ? std::string{} : describe(second.error())));
+  REQUIRE(second);
+  std::vector<float> a(784), b(784);
+  second->sample(4999, b.data());
+  for (size_t j = 0; j < 784; ++j)
+    a[j] = static_cast<float>(img[16 + 4999 * 784 + j]) * (1.0f / (255.0f * 0.3530f)) - 0.2860f / 0.3530f;
+  CHECK(a == b);
+  // Without the cache the file is decompressed whole, and the damage found.
+  ::setenv("ASHLAR_CACHE_DIR", "off", 1);
+  const auto why = error_text(load_idx(ip, lp));
+  INFO(why);
+  CHECK(why.find("gzip stream") != std::string::npos);
+  CHECK(why.find("incorrect data check") != std::string::npos);
 }

@@ -19,7 +19,7 @@ float step_machine::local_lr() const {
 // model, the step did).
 void step_machine::step_local_model() {
   if (!held_step_)
-    local_steps::move(params_.data(), grad_.data(), local_lr(), params_.size());
+    local_steps::move(params_.data(), grad_.data(), local_lr(), n_params_);
 }
 
 // Closes the open commit: its summed gradients times commit_scale go into `out` (the
@@ -38,10 +38,10 @@ bool step_machine::take_commit(std::vector<float>& out) {
     commit_on_host_ = false;
     return true;
   }
-  out.resize(params_.size());
+  out.resize(n_params_);
   step::take_commit t{out.data(), scale};
   if (mode_ != step_mode::local_steps && job_.local_momentum > 0) {
-    local_velocity_.resize(params_.size());
+    local_velocity_.resize(n_params_);
     t.velocity_out = local_velocity_.data();
     velocity_on_host_ = true;
   }
@@ -136,7 +136,7 @@ void step_machine::after_compute() {
 bool step_machine::begin_commit() {
   commit_inflight_ = true;
   model_local_ = true;
-  pulled_.resize(params_.size());
+  pulled_.resize(n_params_);
   if (!take_commit(commit_))
     return false; // on_commit_taken sends them
   send_pushes();
@@ -157,7 +157,7 @@ void step_machine::commit_landed() {
   if (held_ && !commit_on_host_) {
     emit(step::rebase{pulled_.data(), local_lr()});
   } else {
-    local_steps::rebase(params_.data(), pulled_.data(), acc_.data(), local_lr(), params_.size());
+    local_steps::rebase(params_.data(), pulled_.data(), acc_.data(), local_lr(), n_params_);
     held_current_ = false;
   }
   commit_inflight_ = false;

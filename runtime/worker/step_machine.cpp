@@ -17,7 +17,7 @@
 namespace ashlar {
 
 step_machine::step_machine(wire::assignment a, const dataset& data, uint64_t num_params, const clock_source& clock)
-  : clock_(clock), data_(data), job_(std::move(a)) {
+  : clock_(clock), data_(data), job_(std::move(a)), n_params_(num_params) {
   params_.assign(num_params, 0.0f);
   grad_.assign(num_params, 0.0f);
   base_versions_.assign(job_.shards.size(), 0);

@@ -159,8 +159,13 @@ public:
   /// computes), and the batch's buffer once the step computed. The workers of a node
   /// with many slots then hold that memory only while they compute or send (a few at a
   /// time), not one each. Only where nothing outside keeps grad()'s address (no page
-  /// lock). The gradient stays on a ring and while a commit overlaps local steps.
-  void give_back_between_steps(bool yes) { release_grad_ = yes; }
+  /// lock). The gradient stays on a ring and while a commit overlaps local steps. In every
+  /// step mode the parameters are given back too, from the step's computation to the next
+  /// one: the pull's replies are kept as they came (over shared memory, views of the
+  /// shards' one copy of the version for this host) and copied into params() when the step
+  /// computes, so that a node's workers waiting for a round hold no copy each.
+  /// Call before begin(): the buffers go at once, until the first step takes them.
+  void give_back_between_steps(bool yes);
 
   /// Where the buffers of dense pushes come from (n floats, or nullptr: the heap): the
   /// job's shared-memory arena where shards of this host read pushes in place, so that a
@@ -174,7 +179,8 @@ public:
   std::vector<float>& pulled_buffer() { return pulled_; }
   std::vector<float>& velocity_buffer() { return local_velocity_; }
 
-  /// The buffers the compute reads and writes (they never move: a backend may lock them).
+  /// The buffers the compute reads and writes (they never move: a backend may lock them;
+  /// params() is empty between steps where it is given back, see give_back_between_steps).
   std::vector<float>& params() { return params_; }
   std::vector<float>& grad() { return grad_; }
 
@@ -264,6 +270,8 @@ private:
   void switch_mode(step_mode m);
 
   void pull_all();
+  bool defer_params() const;
+  void ensure_params();
   bool read_ahead_due() const;
   void read_ahead(size_t i);
   void drop_reads_ahead();
@@ -307,7 +315,13 @@ private:
   std::vector<step_action> actions_;
   step_mode mode_ = step_mode::every_step;
 
+  uint64_t n_params_ = 0;
   std::vector<float> params_, grad_;
+  // A step's pulled parameters where params_ is given back between steps (every step
+  // mode, buffers given back): the replies' tensors (views of the shards' copies of the
+  // version, shared by the workers of this host where they read in place), copied into
+  // params_ only when the step computes, by range offset.
+  std::vector<std::pair<uint64_t, wire::shared_tensor>> pulled_views_;
   std::vector<uint64_t> base_versions_;
   std::vector<transfer> transfers_; // per shard, in the current pull or push
   // Reads sent ahead (every step mode): right behind a step's push, each shard's read for

@@ -79,7 +79,7 @@ constexpr uint64_t ring_round_split = 1u << 20;
 
 void step_machine::ring_sync_done() {
   const auto& v = ring_->values();
-  const size_t n = params_.size();
+  const size_t n = n_params_;
   if (ring_sync_ == 1) {
     // Every member's progress is known: the lowest rank of those furthest on is the source.
     auto at = [&](uint32_t r) {
@@ -205,7 +205,7 @@ void step_machine::ring_finish() {
     return ring_sync_done();
   ++ring_round_;
   const auto& v = ring_->values();
-  const size_t n = params_.size();
+  const size_t n = n_params_;
   const float total = v[n];
   const float lr_scale = v[n + 2]; // rank 0's, the same for every member
   // The votes to leave: this member's own leaves now; anyone else's leaves a gap the

@@ -74,7 +74,7 @@ void step_machine::pull_received() {
     return commit_landed();
   if (ring_io_ == ring_io::mirror_read) {
     // Rank 0 of a ring: the shards take params -= (mirror - model), and the model stays.
-    for (size_t j = 0; j < params_.size(); ++j)
+    for (size_t j = 0; j < n_params_; ++j)
       grad_[j] = params_[j] - before_[j];
     params_ = before_;
     mirror_push_ = true;
@@ -97,6 +97,7 @@ void step_machine::pull_all() {
   const size_t n = job_.shards.size();
   pending_ = n;
   transfers_.assign(n, transfer{});
+  pulled_views_.clear(); // (an abandoned pull's)
   ahead_.resize(n);
   for (size_t i = 0; i < n; ++i)
     transfers_[i].total = job_.shards[i].size();
@@ -186,16 +187,22 @@ void step_machine::on_pull_reply(size_t i, uint64_t gen, const wire::pull_reply&
                 + std::to_string(r.params.size()) + ") of " + std::to_string(r.total) + " at offset "
                 + std::to_string(r.begin) + ", expected a range of " + std::to_string(range.size()) + " at "
                 + std::to_string(range.begin));
-  auto& target = commit_inflight_ ? pulled_ : params_;
-  std::copy(r.params.begin(), r.params.end(), target.begin() + static_cast<std::ptrdiff_t>(range.begin + r.offset));
+  if (!commit_inflight_ && defer_params()) {
+    pulled_views_.emplace_back(range.begin + r.offset, r.params); // copied when the step computes
+  } else {
+    if (!commit_inflight_)
+      ensure_params();
+    auto& target = commit_inflight_ ? pulled_ : params_;
+    std::copy(r.params.begin(), r.params.end(), target.begin() + static_cast<std::ptrdiff_t>(range.begin + r.offset));
+  }
   step_bytes_ += r.params.size() * sizeof(float);
   step_dense_ += r.params.size() * sizeof(float);
   if (r.offset == 0)
     t.view_seq = r.view_seq;
   if (t.view_seq != 0) {
     // The shard keeps a view of this read: the mirror holds what it holds.
-    if (mirror_.size() != params_.size())
-      mirror_.resize(params_.size());
+    if (mirror_.size() != n_params_)
+      mirror_.resize(n_params_);
     std::copy(r.params.begin(), r.params.end(), mirror_.begin() + static_cast<std::ptrdiff_t>(range.begin + r.offset));
     pull_dense_bytes_ += r.params.size() * sizeof(float);
     pull_sent_bytes_ += r.params.size() * sizeof(float);
@@ -228,7 +235,7 @@ void step_machine::delta_received(size_t i, const wire::pull_reply& r) {
   // The read named the view this worker's mirror holds (only replies change it, one read
   // per shard at a time), so the delta applies to it even if the pull ratio has changed
   // since the request left.
-  if (mirror_.size() != params_.size())
+  if (mirror_.size() != n_params_)
     return fail("shard " + shard + " sent a delta read the worker holds no view for");
   if (r.total != range.size() || r.begin != range.begin || r.offset != 0 || r.index.size() != r.params.size())
     return fail("shard " + shard + " sent a delta read of " + std::to_string(r.index.size()) + " indices and "
@@ -242,6 +249,8 @@ void step_machine::delta_received(size_t i, const wire::pull_reply& r) {
                   + " outside its range of " + std::to_string(range.size()));
     view[r.index[j]] = r.params[j];
   }
+  if (!commit_inflight_)
+    ensure_params();
   auto& target = commit_inflight_ ? pulled_ : params_;
   std::copy(view, view + range.size(), target.begin() + static_cast<std::ptrdiff_t>(range.begin));
   base_versions_[i] = r.version;
@@ -258,14 +267,40 @@ void step_machine::delta_received(size_t i, const wire::pull_reply& r) {
   pull_received();
 }
 
+// Parameters are given back between steps where the step's buffers are (a node with more
+// workers than cores) and each step pulls the whole model (every step mode, dense reads,
+// the model on this side).
+bool step_machine::defer_params() const {
+  return release_grad_ && !held_ && mode_ == step_mode::every_step && pull_ratio_ == 0 && !commit_inflight_
+         && ring_io_ == ring_io::none && !mirror_push_;
+}
+
+void step_machine::give_back_between_steps(bool yes) {
+  release_grad_ = yes;
+  if (!yes || in_step_ || step_ > 0)
+    return;
+  std::vector<float>().swap(grad_); // taken, zeroed, when the first step computes
+  if (defer_params())
+    std::vector<float>().swap(params_);
+}
+
+void step_machine::ensure_params() {
+  if (params_.size() != n_params_)
+    params_.assign(n_params_, 0.0f);
+}
+
 // Computes the step's gradient (the actor runs the backend and answers on_computed).
 void step_machine::compute_step() {
+  ensure_params();
+  for (const auto& [at, v] : pulled_views_) // the pull's replies, kept as they came
+    std::copy(v.begin(), v.end(), params_.begin() + static_cast<std::ptrdiff_t>(at));
+  pulled_views_.clear();
   compute_t0_ = clock_.steady_ns();
   compute_offset_ns_ = compute_t0_ > step_begin_ ? compute_t0_ - step_begin_ : 0;
   auto batch = cursor_->next(job_.batch_size);
   batch_n_ = static_cast<uint32_t>(batch.n);
-  if (grad_.size() != params_.size()) // given back after the last step's pushes
-    grad_.assign(params_.size(), 0.0f);
+  if (grad_.size() != n_params_) // given back after the last step's pushes
+    grad_.assign(n_params_, 0.0f);
   // A step on the local model (local steps, or a commit open or in flight) runs where
   // the model is kept.
   // (A commit opened by a step on this side, when local steps began while that step
@@ -301,9 +336,9 @@ void step_machine::compute_step() {
 void step_machine::set_model_held(bool held) {
   held_ = held;
   if (held) { // the buffers the backend reads and writes, sized once (the worker may lock them)
-    commit_.resize(params_.size());
-    pulled_.resize(params_.size());
-    local_velocity_.assign(params_.size(), 0.0f);
+    commit_.resize(n_params_);
+    pulled_.resize(n_params_);
+    local_velocity_.assign(n_params_, 0.0f);
   }
 }
 
@@ -413,6 +448,8 @@ void step_machine::gradient_sent() {
     if (t.next < t.total)
       return;
   std::vector<float>().swap(grad_);
+  if (defer_params()) // and the parameters until the next step's pull has come
+    std::vector<float>().swap(params_);
 }
 
 // Top-k with error feedback: one sparse push per shard carries the largest entries of

@@ -150,12 +150,15 @@ TEST_CASE("step machine: a worker that gives its buffers back between steps hold
           "hold their copies, keeps it while chunks are still to send, and pushes what it computed") {
   rig r;
   r.m->give_back_between_steps(true);
+  CHECK(r.m->grad().empty()); // given back until the first step takes them
+  CHECK(r.m->params().empty());
   r.m->begin();
   r.actions();
   for (int step = 0; step < 2; ++step) {
     r.m->on_step();
-    r.answer_pulls(r.actions(), 1.0f);
-    REQUIRE(count<step::compute>(r.actions()) == 1);
+    r.answer_pulls(r.actions(), 1.0f + static_cast<float>(step));
+    REQUIRE(count<step::compute>(r.actions()) == 1); // the replies, kept as they came, copied in now
+    CHECK(r.m->params() == std::vector<float>(8, 1.0f + static_cast<float>(step)));
     REQUIRE(r.m->grad().size() == 8); // taken again, zeroed, for the step
     CHECK(std::all_of(r.m->grad().begin(), r.m->grad().end(), [](float g) { return g == 0.0f; }));
     r.compute(0.25f);
@@ -164,10 +167,28 @@ TEST_CASE("step machine: a worker that gives its buffers back between steps hold
     CHECK(pushes[0].msg.grad == wire::tensor{0.25f, 0.25f, 0.25f, 0.25f, 0.25f});
     CHECK(pushes[1].msg.grad == wire::tensor{0.25f, 0.25f, 0.25f});
     CHECK(r.m->grad().empty());
+    CHECK(r.m->params().empty()); // every step pulls the whole model again
     for (const auto& p : pushes)
       r.m->on_push_ack(p.shard, p.gen, p.floats, {});
     CHECK(count<step::report>(r.actions()) == 1);
   }
+
+  // Local steps keep the model between steps (a step adds to it): never given back.
+  rig l;
+  l.m->give_back_between_steps(true);
+  l.m->begin();
+  l.actions();
+  l.m->on_stage("coarse", 2, 1.0f, 0.0f);
+  l.m->on_step();
+  l.answer_pulls(l.actions(), 1.0f);
+  REQUIRE(count<step::compute>(l.actions()) == 1);
+  l.compute(0.25f);
+  l.actions();
+  CHECK(l.m->params().size() == 8);
+  CHECK(l.m->params()[0] != 1.0f); // moved by the local step
+  l.m->on_step();
+  REQUIRE(count<step::compute>(l.actions()) == 1); // on the local model, no pull
+  CHECK(l.m->params().size() == 8);
 
   rig c([](wire::assignment& a) {
     a.chunk_floats = 2;

@@ -4,7 +4,7 @@
 #   1. `checkpoint show` names the stored average,
 #   2. `checkpoint export --out model.npz` writes the average (the "weights" field says so),
 #      and PyTorch (ops/torch_eval.py) gets the job's reported test accuracy from it within
-#      0.001 and its test loss within 1e-4 (relative), which the parameters' loss is not,
+#      0.001 and its test loss within 1e-4 (relative), nearer than the parameters' loss is,
 #   3. `--params` exports the parameters themselves: other arrays, "weights": "parameters".
 # Exit 77 (skipped) without python3-torch.
 # Usage: average_export_test.sh ASHLAR_BINARY SOURCE_DIR
@@ -51,6 +51,9 @@ assert abs(t["test_accuracy"] - r["test_accuracy"]) <= 0.001, \
 # (float32 sums in another order: within 1e-4 of it), not the parameters'.
 near = lambda x: abs(x - r["test_loss"]) <= 1e-4 * r["test_loss"]
 assert near(t["test_loss"]), "PyTorch's loss %.6f on the average against the job's %.6f" % (t["test_loss"], r["test_loss"])
-assert not near(p["test_loss"]), "the parameters' loss %.6f is the job's %.6f too" % (p["test_loss"], r["test_loss"])
+# The parameters' loss may by chance come within 1e-4 of the average's (a run whose last
+# updates moved little): the job's loss is the average's, nearer it than the parameters' is.
+assert abs(t["test_loss"] - r["test_loss"]) < abs(p["test_loss"] - r["test_loss"]), \
+    "the parameters' loss %.7f is as near the job's %.7f as the average's %.7f" % (p["test_loss"], r["test_loss"], t["test_loss"])
 print("ok: the export is the model the job reported")
 PY

@@ -73,6 +73,20 @@ struct connection {
       held.emplace(next_ticket, bytes);
     return next_ticket++;
   }
+  // The tensor of the request with `ticket` is let go (the shard took what it needed): its
+  // bytes go back to the node's budget, the request still counts until it is answered.
+  void give_bytes(uint64_t ticket) {
+    uint64_t bytes = 0;
+    {
+      std::lock_guard<std::mutex> lock{mtx};
+      if (auto it = held.find(ticket); it != held.end()) {
+        bytes = it->second;
+        held.erase(it);
+      }
+    }
+    if (bytes > 0)
+      budget->give(bytes);
+  }
   // The request with `ticket` was answered.
   void release(uint64_t ticket) {
     uint64_t bytes = 0;
@@ -107,6 +121,25 @@ struct connection {
 };
 
 using connection_ptr = std::shared_ptr<connection>;
+
+// A push's tensor gives its bytes of the node's budget back when the last reference to it
+// goes (the shard has applied or buffered it), not when the push is answered: a shard
+// holds the answer to a push whose worker's read follows until that read is answered (a
+// whole BSP round), and the pushes of a round would otherwise hold the budget the round's
+// last push needs.
+void tie_to_budget(const connection_ptr& c, uint64_t ticket, wire::push& p) {
+  const auto n = p.grad.size();
+  auto storage = p.grad.storage();
+  if (!storage)
+    return;
+  std::weak_ptr<connection> conn = c;
+  const float* at = p.grad.data();
+  p.grad = wire::shared_tensor{std::shared_ptr<const float>(at, [storage, conn, ticket](const float*) {
+                                 if (auto cc = conn.lock())
+                                   cc->give_bytes(ticket);
+                               }),
+                               n};
+}
 
 /// Admitted connections a node serves at once. Default: 1024.
 constexpr size_t max_data_connections = 1024;
@@ -951,10 +984,12 @@ struct data_plane::impl {
       auto ticket = read_request(c, req, served->max_payload);
       if (!ticket)
         break;
-      if (req.kind == net::frame_kind::pull)
+      if (req.kind == net::frame_kind::pull) {
         caf::anon_send(server, req.seq, *ticket, std::move(req.pull));
-      else
+      } else {
+        tie_to_budget(c, *ticket, req.push);
         caf::anon_send(server, req.seq, *ticket, std::move(req.push));
+      }
     }
     caf::anon_send_exit(server, caf::exit_reason::user_shutdown);
     c->end();
@@ -973,6 +1008,8 @@ struct data_plane::impl {
       if (!ticket)
         break;
       const auto mid = replies->expect(req.seq, *ticket);
+      if (req.kind == net::frame_kind::push)
+        tie_to_budget(c, *ticket, req.push);
       auto msg = req.kind == net::frame_kind::pull ? caf::make_message(std::move(req.pull))
                                                    : caf::make_message(std::move(req.push));
       to->enqueue(caf::make_mailbox_element(link, mid, {}, std::move(msg)), nullptr);

@@ -61,8 +61,9 @@ public:
   /// (runtime/net/shm_arena.hpp); empty when shared memory is off or no arena can be made.
   std::function<std::shared_ptr<float>(size_t)> tensor_buffers(const std::string& key) const;
 
-  /// Shard side: the bytes of request tensors this node reads and has not yet answered,
-  /// over all its connections (default: the process network's
+  /// Shard side: the bytes of request tensors this node reads and its shards have not yet
+  /// taken (a push's tensor until the shard applied or buffered it, whether or not the
+  /// push is answered yet), over all its connections (default: the process network's
   /// --max-in-flight-mb, else 1 GiB; one tensor larger than that is taken alone). A
   /// tensor past it waits, its bytes left in the peer's TCP buffers, up to
   /// net::message_deadline (grace + 1 s a MiB), and must then arrive whole within that

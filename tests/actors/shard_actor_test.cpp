@@ -6,6 +6,7 @@
 
 #include "actors/interfaces.hpp"
 #include "actors/server_shard.hpp"
+#include "held_push.hpp"
 #include "../runtime/temp_dir.hpp"
 #include "runtime/store/checkpoint.hpp"
 
@@ -88,31 +89,21 @@ TEST_CASE("a shard actor answers a push whose read follows after that read's rep
   f.join(s, 0);
   f.join(s, 1);
   // Worker 0 pushes with its next read right behind: neither is answered before the round.
-  wire::push p{0, 0, 0, 1, wire::tensor{1, 1}};
-  p.read_follows = true;
-  f.self->send(s, p);
-  f.self->send(s, wire::pull_request{0, 0, false});
-  bool early = false;
-  f.self->receive([&](const wire::pull_reply&) { early = true; }, [&](const wire::push_ack&) { early = true; },
-                  caf::after(200ms) >> [] {});
-  CHECK_FALSE(early);
+  test::push_then_read(f.self, s, wire::push{0, 0, 0, 1, wire::tensor{1, 1}});
+  CHECK_FALSE(test::answered_within(f.self, 200ms));
   // Worker 1's push completes the round (acknowledged at once: no read follows it).
   auto ack = f.push(s, 1, 0, {3, 3});
   CHECK(ack.version == 1);
-  std::vector<std::string> order;
-  for (int i = 0; i < 2; ++i)
-    f.self->receive(
-      [&](const wire::pull_reply& r) {
-        order.push_back("reply");
-        CHECK(r.version == 1);
-        CHECK(r.params == wire::tensor{-2, -2});
-      },
-      [&](const wire::push_ack& a) {
-        order.push_back("ack");
-        CHECK(a.outcome == wire::push_ack::buffered);
-        CHECK(a.complete);
-      },
-      caf::after(5s) >> [] { FAIL("no answer"); });
+  auto order = test::next_answers(
+    f.self,
+    [](const wire::pull_reply& r) {
+      CHECK(r.version == 1);
+      CHECK(r.params == wire::tensor{-2, -2});
+    },
+    [](const wire::push_ack& a) {
+      CHECK(a.outcome == wire::push_ack::buffered);
+      CHECK(a.complete);
+    });
   CHECK(order == std::vector<std::string>{"reply", "ack"});
   // A read that is allowed at once: its reply, then the push it followed.
   wire::push q{1, 0, 1, 1, wire::tensor{1, 1}};
@@ -120,12 +111,11 @@ TEST_CASE("a shard actor answers a push whose read follows after that read's rep
   f.self->send(s, q);
   f.push(s, 0, 1, {1, 1}); // the round of version 2 is applied
   f.self->send(s, wire::pull_request{1, 0, false});
-  order.clear();
-  for (int i = 0; i < 2; ++i)
-    f.self->receive([&](const wire::pull_reply& r) { order.push_back("reply " + std::to_string(r.version)); },
-                    [&](const wire::push_ack&) { order.push_back("ack"); },
-                    caf::after(5s) >> [] { FAIL("no answer"); });
-  CHECK(order == std::vector<std::string>{"reply 2", "ack"});
+  uint64_t version = 0;
+  order = test::next_answers(
+    f.self, [&](const wire::pull_reply& r) { version = r.version; }, [](const wire::push_ack&) {});
+  CHECK(order == std::vector<std::string>{"reply", "ack"});
+  CHECK(version == 2);
 }
 
 TEST_CASE("a shard actor answers a malformed push with an error and keeps serving") {

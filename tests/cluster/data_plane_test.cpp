@@ -19,6 +19,8 @@
 #include <fstream>
 #include <thread>
 
+#include "../actors/held_push.hpp"
+
 using namespace ashlar;
 using namespace ashlar::actors;
 using namespace std::chrono_literals;
@@ -184,6 +186,42 @@ TEST_CASE("a read the policy holds back is answered over the data plane once the
   REQUIRE(got);
   CHECK(reply.version == 1);
   CHECK(reply.params == wire::tensor{-2, -1, 0, 1});
+}
+
+TEST_CASE("a push whose read follows is answered over the data plane after that read, once the round completes, "
+          "and gives its tensor's bytes of the node's budget back before") {
+  const bool shm = GENERATE(true, false);
+  fixture f;
+  f.plane->use_shared_memory(shm);
+  const size_t n = 4096; // 16 KiB a push; the budget takes one
+  f.plane->limit_in_flight(20 << 10, 2s);
+  auto s = f.make("bsp", n);
+  auto ep = f.serve(s);
+  auto first = f.connect(s, ep);
+  auto second = f.connect(s, ep);
+  REQUIRE_FALSE(f.join(s, 0));
+  REQUIRE_FALSE(f.join(s, 1));
+  // Worker 0: its push and the read behind it; neither is answered before the round.
+  test::push_then_read(f.self, first, wire::push{0, 0, 0, 1, wire::tensor(n, 1.0f)});
+  CHECK_FALSE(test::answered_within(f.self, 300ms));
+  // Its tensor is in the round: its bytes are back, though its answer is held.
+  for (int i = 0; i < 50 && f.plane->in_flight_bytes() != 0; ++i)
+    std::this_thread::sleep_for(20ms);
+  CHECK(f.plane->in_flight_bytes() == 0);
+  // Worker 1's push completes the round through the budget the first one gave back.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ack = f.push(second, 1, 0, wire::tensor(n, 3.0f));
+  REQUIRE(ack);
+  CHECK(ack->version == 1);
+  CHECK(std::chrono::steady_clock::now() - t0 < 1500ms);
+  const auto order = test::next_answers(
+    f.self,
+    [](const wire::pull_reply& r) {
+      CHECK(r.version == 1);
+      CHECK(r.params[10] == Approx(10.0f - 2.0f));
+    },
+    [](const wire::push_ack& a) { CHECK(a.outcome == wire::push_ack::buffered); });
+  CHECK(order == std::vector<std::string>{"reply", "ack"});
 }
 
 TEST_CASE("a shard's error reaches the worker through the data plane, and the connection goes on") {

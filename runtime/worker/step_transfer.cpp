@@ -512,14 +512,19 @@ void step_machine::phase_done() {
     ring_io_ = ring_io::none;
   if (mirror_push_) // the mirror is the model again
     return mirror_done();
-  // A shard answers a push with the read behind it: the time that read was held (the
-  // round's wait) is the next step's wait, not this push's.
+  // A shard answers a push after the read behind it: the time that read was held (the
+  // round's wait) passed in this step, and is its wait, not its push's (nor the next
+  // step's, which takes the read as it is: pacing counts each step's host time once).
   uint64_t held = 0;
-  for (const auto& a : ahead_)
-    if (a.gen == gen_ && a.state == ahead_read::arrived)
+  for (auto& a : ahead_)
+    if (a.gen == gen_ && a.state == ahead_read::arrived) {
       held = std::max(held, a.reply.wait_ns);
+      a.reply.wait_ns = 0;
+    }
   const uint64_t push_ns = since(phase_start_);
-  report_step(push_ns > held ? push_ns - held : 0);
+  held = std::min(held, push_ns);
+  wait_ns_ += held;
+  report_step(push_ns - held);
   end_step();
 }
 

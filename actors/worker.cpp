@@ -466,6 +466,14 @@ std::string shard_end(const caf::error& reason) {
 
 worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config cfg) {
   self->state.cfg = std::move(cfg);
+  // Stopped from outside (its job ended, its node went): the step reports it holds go
+  // first. (As without a handler: a normal exit message is ignored, any other ends it.)
+  self->set_exit_handler([=](caf::exit_msg& m) {
+    if (m.reason == caf::exit_reason::normal)
+      return;
+    send_reports(self);
+    self->quit(std::move(m.reason));
+  });
   self->set_down_handler([=](caf::down_msg& dm) {
     auto& st = self->state;
     for (size_t i = 0; i < st.shards.size(); ++i)

@@ -118,10 +118,11 @@ std::string cache_path(const std::string& dir, const std::string& source, std::s
   struct stat src{};
   if (dir.empty() || ::stat(source.c_str(), &src) != 0)
     return "";
-  char key[160];
-  std::snprintf(key, sizeof key, "%016zx-%lx-%lx-%lx-%lx", std::hash<std::string>{}(source),
+  char key[160]; // the time to the nanosecond: a file rewritten in place within a second is another file
+  std::snprintf(key, sizeof key, "%016zx-%lx-%lx-%lx-%lx.%lx", std::hash<std::string>{}(source),
                 static_cast<unsigned long>(src.st_dev), static_cast<unsigned long>(src.st_ino),
-                static_cast<unsigned long>(src.st_size), static_cast<unsigned long>(src.st_mtime));
+                static_cast<unsigned long>(src.st_size), static_cast<unsigned long>(src.st_mtim.tv_sec),
+                static_cast<unsigned long>(src.st_mtim.tv_nsec));
   if (key_out)
     *key_out = key;
   return dir + "/pixels-" + key;

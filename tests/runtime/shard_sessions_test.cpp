@@ -41,6 +41,13 @@ struct bsp_shard {
     return p;
   }
 
+  // A push whose worker's read follows it.
+  static wire::push held_push_of(uint32_t w, std::vector<float> g) {
+    auto p = push_of(w, std::move(g));
+    p.read_follows = true;
+    return p;
+  }
+
   static wire::pull_request read_of(uint32_t w) {
     wire::pull_request r;
     r.worker_id = w;
@@ -208,9 +215,7 @@ TEST_CASE("the shard counts each worker's whole pushes it took, its last round's
 TEST_CASE("a push whose read follows is acknowledged after that read's reply, held or not") {
   bsp_shard s{2};
   shard_sessions::outcome out;
-  auto first = bsp_shard::push_of(0, {1, 1});
-  first.read_follows = true;
-  auto a = s.sessions.on_push(first, out);
+  auto a = s.sessions.on_push(bsp_shard::held_push_of(0, {1, 1}), out);
   REQUIRE(a);
   CHECK_FALSE(a->ack); // held for the read
   CHECK(a->ticket != 0);
@@ -220,9 +225,7 @@ TEST_CASE("a push whose read follows is acknowledged after that read's reply, he
   CHECK_FALSE(read->reply);
   CHECK(read->acks.empty());
   CHECK(out.acks.empty());
-  auto last = bsp_shard::push_of(1, {3, 3});
-  last.read_follows = true;
-  auto b = s.sessions.on_push(last, out);
+  auto b = s.sessions.on_push(bsp_shard::held_push_of(1, {3, 3}), out);
   REQUIRE(b);
   CHECK_FALSE(b->ack);
   // The round is applied: worker 0's read is answered, then its push; worker 1's push
@@ -248,9 +251,7 @@ TEST_CASE("a push whose read follows is acknowledged after that read's reply, he
 TEST_CASE("a held push is answered when its worker pushes again or leaves without the read, never by a snapshot") {
   bsp_shard s{2};
   shard_sessions::outcome out;
-  auto p = bsp_shard::push_of(0, {1, 1});
-  p.read_follows = true;
-  auto a = s.sessions.on_push(p, out);
+  auto a = s.sessions.on_push(bsp_shard::held_push_of(0, {1, 1}), out);
   REQUIRE(a);
   REQUIRE_FALSE(a->ack);
   auto snap = bsp_shard::read_of(0);
@@ -269,10 +270,8 @@ TEST_CASE("a held push is answered when its worker pushes again or leaves withou
   CHECK(again.acks[0].first == a->ticket);
   CHECK(s.sessions.held_pushes() == 0);
   // A worker that leaves with its push held: answered with its leaving.
-  auto q = bsp_shard::push_of(1, {1, 1});
-  q.read_follows = true;
   shard_sessions::outcome o2;
-  auto b = s.sessions.on_push(q, o2);
+  auto b = s.sessions.on_push(bsp_shard::held_push_of(1, {1, 1}), o2);
   REQUIRE(b);
   REQUIRE_FALSE(b->ack);
   wire::membership_change gone;
@@ -288,9 +287,7 @@ TEST_CASE("a push whose read follows is answered at once for a worker the shard 
   bsp_shard s{4, {0}};
   shard_sessions::outcome out;
   s.core.join(9); // live in the core, never announced to the sessions
-  auto p = bsp_shard::push_of(9, {1, 1, 1, 1});
-  p.read_follows = true;
-  auto a = s.sessions.on_push(p, out);
+  auto a = s.sessions.on_push(bsp_shard::held_push_of(9, {1, 1, 1, 1}), out);
   REQUIRE(a);
   CHECK(a->ack);
   auto piece = bsp_shard::push_of(0, {1, 1});

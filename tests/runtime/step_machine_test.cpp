@@ -77,6 +77,19 @@ struct rig {
       m->on_read_ahead(p.shard, p.gen, whole(p.shard, value));
   }
 
+  // Begins, takes the first step's pull (all parameters 1), runs `before` (if any), then
+  // computes a gradient of all 0.25: the step's pushes are what actions() gives next.
+  void first_step_computed(const std::function<void()>& before = {}) {
+    m->begin();
+    actions();
+    m->on_step();
+    answer_pulls(actions(), 1.0f);
+    actions();
+    if (before)
+      before();
+    compute(0.25f);
+  }
+
   // Computes a gradient of all `g` in `ms` milliseconds.
   void compute(float g, uint64_t ms = 1) {
     std::fill(m->grad().begin(), m->grad().end(), g);
@@ -490,14 +503,9 @@ TEST_CASE("step machine: a lost shard not replaced in time fails the worker, nam
 }
 
 TEST_CASE("step machine: each shard's next read goes right behind the push, and the next step computes on its "
-          "reply without a pull, the round's wait counted as the next step's") {
+          "reply without a pull, the round's wait counted in the step that waited") {
   rig r;
-  r.m->begin();
-  r.actions();
-  r.m->on_step();
-  r.answer_pulls(r.actions(), 1.0f);
-  r.actions();
-  r.compute(0.25f);
+  r.first_step_computed();
   auto acts = r.m->take_actions();
   // Each push says its read follows, and the read follows it.
   REQUIRE(acts.size() == 4);
@@ -550,12 +558,7 @@ TEST_CASE("step machine: each shard's next read goes right behind the push, and 
 TEST_CASE("step machine: a step that begins before its reads sent ahead came waits for them, and one of an "
           "abandoned step is dropped") {
   rig r([](wire::assignment& a) { a.shard_wait_s = 30; });
-  r.m->begin();
-  r.actions();
-  r.m->on_step();
-  r.answer_pulls(r.actions(), 1.0f);
-  r.actions();
-  r.compute(0.25f);
+  r.first_step_computed();
   auto acts = r.m->take_actions();
   auto reads = all<step::send_pull>(acts);
   REQUIRE(reads.size() == 2);
@@ -595,14 +598,7 @@ TEST_CASE("step machine: a step that begins before its reads sent ahead came wai
 TEST_CASE("step machine: no read goes ahead on the last step, once asked to stop, with delta reads, or with "
           "local steps") {
   auto reads_after_push = [](rig& r, const std::function<void()>& before = {}) {
-    r.m->begin();
-    r.actions();
-    r.m->on_step();
-    r.answer_pulls(r.actions(), 1.0f);
-    r.actions();
-    if (before)
-      before();
-    r.compute(0.25f);
+    r.first_step_computed(before);
     auto acts = r.m->take_actions();
     size_t n = 0;
     for (const auto& p : all<step::send_pull>(acts))

@@ -546,6 +546,9 @@ private:
       err = net::write_frame(chan, seq, msg.get_as<wire::pull_request>(0));
     } else {
       auto& p = msg.get_mutable_as<wire::push>(0);
+      // Buffers of earlier pushes the shard let go of go back first: the copy then goes
+      // to the one let go last, warm in the cache.
+      chan.release_fetched();
       if (!p.sparse)
         chan.share(p.grad); // the shard reads it in place
       err = net::write_frame(chan, seq, p);

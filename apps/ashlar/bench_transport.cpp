@@ -2,7 +2,10 @@
 // per path (shared memory, TCP), for one push and one pull of a tensor of each size, beside
 // a single-thread memcpy of the same size: the data plane's cost with no shard work in it
 // (the peer's shard answers pulls from a buffer and acknowledges pushes without applying
-// them).
+// them). Both ends are set up as a node's: the same scheduler, the shard's buffer where a
+// node keeps a shard's parameters (in the job's shared memory, read in place by the
+// workers of its host), and the push's gradient in the worker's memory, copied into the
+// transport by the push.
 #include "apps/ashlar/bench_transport.hpp"
 
 #include <algorithm>
@@ -30,18 +33,16 @@ namespace {
 
 // Answers a pull for n floats (pull_request::max_floats) with n floats of its buffer, and
 // every push with an acknowledgement; applies nothing. Each reply names a new version, as
-// if a push had been applied in between: over shared memory each pull then costs the copy
-// of a new version into the shard's arena, as a worker's pull in training does (a version
-// is copied once per host however many workers read it).
-actors::shard_actor::behavior_type sink_shard(actors::shard_actor::pointer,
-                                              std::shared_ptr<const std::vector<float>> buf) {
+// if a push had been applied in between (a version that had to be copied for the peer
+// would be copied for each reply).
+actors::shard_actor::behavior_type sink_shard(actors::shard_actor::pointer, wire::shared_tensor buf) {
   auto version = std::make_shared<uint64_t>(0);
   return {
     [=](wire::pull_request& r) {
       wire::pull_reply rep;
       rep.version = ++*version;
-      const size_t n = std::min<size_t>(r.max_floats == 0 ? buf->size() : r.max_floats, buf->size());
-      rep.params = wire::shared_tensor(buf, 0, n);
+      const size_t n = std::min<size_t>(r.max_floats == 0 ? buf.size() : r.max_floats, buf.size());
+      rep.params = buf.window(0, n);
       return rep;
     },
     [=](wire::push&) { return wire::push_ack{}; },
@@ -136,12 +137,20 @@ expected<path_figures> measure_path(caf::actor_system& sys, const actors::shard_
 }
 
 int run_transport_peer(const transport_options& o) {
-  caf::actor_system_config cfg;
+  actors::cluster_system_config cfg; // as a node's: the same scheduler
   caf::actor_system sys{cfg};
-  auto buf = std::make_shared<const std::vector<float>>(o.peer_floats, 0.5f);
-  prefer_huge_pages(buf->data(), buf->size() * sizeof(float)); // as a shard's parameters
-  auto shard = sys.spawn(sink_shard, buf);
   actors::data_plane plane{sys};
+  // The buffer where a node keeps a shard's parameters (shard_core::use_storage): the
+  // job's shared memory where the data plane offers it, else the heap.
+  const auto storage = plane.tensor_buffers("bench");
+  std::shared_ptr<float> at = storage ? storage(o.peer_floats) : nullptr;
+  if (!at) {
+    auto heap = std::make_shared<std::vector<float>>(o.peer_floats);
+    prefer_huge_pages(heap->data(), heap->size() * sizeof(float));
+    at = std::shared_ptr<float>(heap, heap->data());
+  }
+  std::fill(at.get(), at.get() + o.peer_floats, 0.5f);
+  auto shard = sys.spawn(sink_shard, wire::shared_tensor{at, o.peer_floats});
   auto ep = plane.serve(0, shard, "bench", "127.0.0.1");
   if (!ep) {
     std::fprintf(stderr, "ashlar bench transport-peer: %s\n", describe(ep.error()).c_str());
@@ -192,10 +201,10 @@ int run_transport_bench(const transport_options& o) {
     cleanup();
     return 1;
   }
-  caf::actor_system_config cfg;
+  actors::cluster_system_config cfg; // as a node's: the same scheduler
   caf::actor_system sys{cfg};
   // Stands in for the shard's CAF handle (never used while the data connection holds).
-  auto stand_in = sys.spawn(sink_shard, std::make_shared<const std::vector<float>>());
+  auto stand_in = sys.spawn(sink_shard, wire::shared_tensor{});
   if (!o.json)
     std::printf("%-8s %10s %10s %10s %10s %10s %14s %10s\n", "size MB", "memcpy", "shm push", "shm pull", "TCP push",
                 "TCP pull", "shm/memcpy", "shm/TCP");

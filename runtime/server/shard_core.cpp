@@ -9,15 +9,43 @@
 
 namespace ashlar {
 
+namespace {
+
+// `v` as a version's buffer, where it lies (every pull copies from it: huge pages).
+std::shared_ptr<float> adopt(std::vector<float> v) {
+  auto owner = std::make_shared<std::vector<float>>(std::move(v));
+  prefer_huge_pages(owner->data(), owner->size() * sizeof(float));
+  return {owner, owner->data()};
+}
+
+} // namespace
+
 shard_core::shard_core(shard_range range, std::vector<float> params, sgd_config opt,
                        std::unique_ptr<sync_policy> policy)
   : range_(range),
-    params_(std::make_shared<std::vector<float>>(std::move(params))),
-    velocity_(params_->size(), 0.0f),
+    velocity_(params.size(), 0.0f),
     opt_(opt),
     policy_(std::move(policy)),
-    acc_(params_->size(), 0.0f) {
-  prefer_huge_pages(params_->data(), params_->size() * sizeof(float));
+    acc_(params.size(), 0.0f) {
+  params_ = adopt(std::move(params));
+}
+
+std::shared_ptr<float> shard_core::new_buffer() const {
+  const size_t n = range_.size();
+  if (storage_)
+    if (auto b = storage_(n))
+      return b;
+  return adopt(std::vector<float>(n));
+}
+
+void shard_core::use_storage(buffer_source source) {
+  storage_ = std::move(source);
+  spare_.reset();
+  auto moved = storage_ ? storage_(range_.size()) : nullptr;
+  if (!moved)
+    return; // the heap it is
+  std::copy(params_.get(), params_.get() + range_.size(), moved.get());
+  params_ = std::move(moved);
 }
 
 caf::error shard_core::restore(uint64_t version, std::vector<float> params, std::vector<float> velocity,
@@ -29,9 +57,13 @@ caf::error shard_core::restore(uint64_t version, std::vector<float> params, std:
                                               + std::to_string(velocity.size()) + " velocities and "
                                               + std::to_string(average.size()) + " averages for a range of "
                                               + std::to_string(range_.size()));
-  params_ = std::make_shared<std::vector<float>>(std::move(params));
-  prefer_huge_pages(params_->data(), params_->size() * sizeof(float));
   spare_.reset();
+  if (storage_) {
+    params_ = new_buffer();
+    std::copy(params.begin(), params.end(), params_.get());
+  } else {
+    params_ = adopt(std::move(params));
+  }
   if (velocity.empty())
     velocity.assign(range_.size(), 0.0f);
   velocity_ = std::move(velocity);
@@ -40,7 +72,7 @@ caf::error shard_core::restore(uint64_t version, std::vector<float> params, std:
     average_ = std::move(average);
     average_seen_ = average_samples;
   } else if (keeps_average()) { // none checkpointed: it starts again from the parameters
-    average_ = *params_;
+    average_ = this->params().to_vector();
     average_seen_ = 0;
   }
   return caf::none;
@@ -50,15 +82,15 @@ void shard_core::keep_average(double half_life_samples) {
   average_half_life_ = half_life_samples > 0 && std::isfinite(half_life_samples) ? half_life_samples : 0;
   average_seen_ = 0;
   if (keeps_average())
-    average_ = *params_;
+    average_ = params().to_vector();
   else
     average_ = {};
 }
 
-std::shared_ptr<const std::vector<float>> shard_core::average_copy() const {
+wire::shared_tensor shard_core::average_copy() const {
   if (!keeps_average())
-    return params_;
-  return std::make_shared<const std::vector<float>>(average_);
+    return shared_params();
+  return wire::shared_tensor{std::make_shared<const std::vector<float>>(average_), 0, average_.size()};
 }
 
 void shard_core::note_update(uint64_t samples) {
@@ -68,7 +100,7 @@ void shard_core::note_update(uint64_t samples) {
   average_seen_ += samples;
   const double h = std::min(average_half_life_, 0.1 * static_cast<double>(average_seen_));
   const float step = static_cast<float>(1.0 - std::exp2(-static_cast<double>(samples) / h));
-  const float* p = params_->data();
+  const float* p = params_.get();
   for (size_t i = 0; i < average_.size(); ++i)
     average_[i] += step * (p[i] - average_[i]);
 }
@@ -77,16 +109,14 @@ float* shard_core::writable_params() {
   // Only this class hands out references, so a count of 1 stays 1. The fence after
   // reading the counts orders the last reader's accesses before our writes.
   const bool shared = params_.use_count() > 1;
-  if (shared && (!spare_ || spare_.use_count() > 1)) {
-    spare_ = std::make_shared<std::vector<float>>(params_->size());
-    prefer_huge_pages(spare_->data(), spare_->size() * sizeof(float)); // every pull copies it
-  }
+  if (shared && (!spare_ || spare_.use_count() > 1))
+    spare_ = new_buffer();
   std::atomic_thread_fence(std::memory_order_acquire);
   if (shared) {
-    std::copy(params_->begin(), params_->end(), spare_->begin());
+    std::copy(params_.get(), params_.get() + range_.size(), spare_.get());
     std::swap(params_, spare_);
   }
-  return params_->data();
+  return params_.get();
 }
 
 void shard_core::join(worker_id w) {
@@ -169,7 +199,7 @@ expected<push_outcome> shard_core::push_piece(worker_id w, uint64_t offset, cons
                                               + ", expected the piece at " + std::to_string(f.received)
                                               + " of a range of " + std::to_string(range_.size()));
   if (f.decision.kind == push_decision::apply)
-    sgd_apply(opt_, f.decision.lr_scale * lr_scale(), params_->data() + offset, velocity_.data() + offset, grad, n);
+    sgd_apply(opt_, f.decision.lr_scale * lr_scale(), params_.get() + offset, velocity_.data() + offset, grad, n);
   else if (f.decision.kind == push_decision::buffer)
     std::copy(grad, grad + n, f.slot.grad.begin() + static_cast<std::ptrdiff_t>(offset));
   f.received += n;

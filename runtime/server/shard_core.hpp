@@ -3,6 +3,7 @@
 // membership changes; the sync policy inside decides. Pure code, no CAF.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "runtime/optim/sgd.hpp"
 #include "runtime/policy/sync_policy.hpp"
 #include "runtime/tensor/layout.hpp"
+#include "runtime/wire/shared_tensor.hpp"
 
 namespace ashlar {
 
@@ -41,11 +43,20 @@ public:
 
   const shard_range& range() const { return range_; }
   uint64_t version() const { return version_; }
-  const std::vector<float>& params() const { return *params_; }
+  /// The current parameters, read where they lie (hold shared_params() to keep them).
+  wire::float_view params() const { return {params_.get(), range_.size()}; }
   /// The current parameters as an immutable version that readers may hold while the
   /// shard moves on: an update never writes a buffer someone still references (it
   /// copies first), so a held version stays exactly as it was read.
-  std::shared_ptr<const std::vector<float>> shared_params() const { return params_; }
+  wire::shared_tensor shared_params() const { return {params_, range_.size()}; }
+
+  /// Where parameter versions live from now on: buffers of range().size() floats from
+  /// `source` (the job's shared-memory arena of this process, so that co-located workers
+  /// read a version in place, with no copy per version). A source that gives nothing
+  /// (empty, a small range, a full arena) leaves them on the heap. The current version
+  /// moves there at once (one copy).
+  using buffer_source = std::function<std::shared_ptr<float>(size_t n)>;
+  void use_storage(buffer_source source);
   const std::vector<float>& velocity() const { return velocity_; }
 
   /// Keeps a running average of the parameters (train.average_epochs): after each
@@ -57,7 +68,7 @@ public:
   void keep_average(double half_life_samples);
   bool keeps_average() const { return average_half_life_ > 0; }
   /// A copy of the running average, or of the parameters where the shard keeps none.
-  std::shared_ptr<const std::vector<float>> average_copy() const;
+  wire::shared_tensor average_copy() const;
   /// The running average itself (empty where the shard keeps none), and the samples it
   /// has taken in since it (re)started: what a checkpoint stores beside the parameters.
   const std::vector<float>& average() const { return average_; }
@@ -141,10 +152,13 @@ private:
   // Ends `w`'s push in flight, whole or not: applied pieces make a version, a buffered
   // gradient joins the round. Returns true if a version was bumped.
   bool end_push(worker_id w);
+  // A buffer of range_.size() floats for a version: from the storage source, else the heap.
+  std::shared_ptr<float> new_buffer() const;
 
   shard_range range_;
-  std::shared_ptr<std::vector<float>> params_;
-  std::shared_ptr<std::vector<float>> spare_; // the previous version, reused once unreferenced
+  buffer_source storage_;
+  std::shared_ptr<float> params_;
+  std::shared_ptr<float> spare_; // the previous version, reused once unreferenced
   std::vector<float> velocity_;
   double average_half_life_ = 0; // samples; 0: no running average
   uint64_t average_seen_ = 0;    // samples applied since the average (re)started

@@ -31,7 +31,7 @@ expected<shard_sessions::read_answer> shard_sessions::continue_read(const wire::
     return make_error(errc::invalid_state, "shard " + std::to_string(core_.range().shard_id) + " has no read "
                                              + std::to_string(req.read_id) + " of worker "
                                              + std::to_string(req.worker_id));
-  const auto& data = *i->second.data;
+  const auto& data = i->second.data;
   if (req.offset >= data.size() || req.max_floats == 0)
     return make_error(errc::invalid_argument, "chunk offset " + std::to_string(req.offset)
                                                 + " is outside the range of " + std::to_string(data.size()));
@@ -44,15 +44,15 @@ expected<shard_sessions::read_answer> shard_sessions::continue_read(const wire::
 }
 
 // A reply referencing [offset, offset + len) of a parameter version: no floats are copied.
-wire::pull_reply shard_sessions::chunk_of(const std::shared_ptr<const std::vector<float>>& data, uint64_t version,
+wire::pull_reply shard_sessions::chunk_of(const wire::shared_tensor& data, uint64_t version,
                                           uint64_t offset, uint64_t len) const {
   wire::pull_reply r;
   r.shard_id = core_.range().shard_id;
   r.version = version;
   r.begin = core_.range().begin;
-  r.params = wire::shared_tensor{data, offset, len};
+  r.params = data.window(offset, len);
   r.offset = offset;
-  r.total = data->size();
+  r.total = data.size();
   return r;
 }
 
@@ -95,7 +95,7 @@ wire::pull_reply shard_sessions::begin_read(const wire::pull_request& req, uint6
       r.wait_ns = wait_ns;
       return r;
     }
-    view->params = core_.params();
+    view->params = core_.params().to_vector();
     view->seq = next_view_seq_++;
   }
   wire::pull_reply r;

@@ -103,7 +103,7 @@ private:
   // every chunk of it belongs to that version (the shard never writes a referenced one).
   struct frozen_read {
     uint64_t id = 0;
-    std::shared_ptr<const std::vector<float>> data;
+    wire::shared_tensor data;
     uint64_t version = 0;
   };
   // Pull compression: what one worker holds of this shard's range, as far as the shard
@@ -117,7 +117,7 @@ private:
   expected<read_answer> continue_read(const wire::pull_request& req);
   wire::pull_reply begin_read(const wire::pull_request& req, uint64_t wait_ns);
   wire::pull_reply delta_read(pull_view& view, const wire::pull_request& req);
-  wire::pull_reply chunk_of(const std::shared_ptr<const std::vector<float>>& data, uint64_t version,
+  wire::pull_reply chunk_of(const wire::shared_tensor& data, uint64_t version,
                             uint64_t offset, uint64_t len) const;
   expected<push_outcome> apply_push(const wire::push& msg, bool& complete);
   void released(outcome& out);

@@ -329,7 +329,7 @@ async_checkpointer::~async_checkpointer() {
 }
 
 void async_checkpointer::submit(uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
-                                std::shared_ptr<const std::vector<float>> params, std::vector<float> velocity,
+                                wire::shared_tensor params, std::vector<float> velocity,
                                 std::vector<float> average, uint64_t average_samples) {
   {
     std::lock_guard<std::mutex> lock{mu_};
@@ -379,7 +379,7 @@ void async_checkpointer::run() {
     busy_ = true;
     lock.unlock();
     const auto t0 = steady_now();
-    auto bytes = log_.save(j.version, j.cut, j.begin, j.end, j.params->data(),
+    auto bytes = log_.save(j.version, j.cut, j.begin, j.end, j.params.data(),
                            j.velocity.empty() ? nullptr : j.velocity.data(),
                            j.average.empty() ? nullptr : j.average.data(), j.average_samples, kept);
     const double took = std::chrono::duration<double>(steady_now() - t0).count();

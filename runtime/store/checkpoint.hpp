@@ -133,7 +133,7 @@ public:
   /// Hands over `version` for writing as cut `cut` (0: the stop record), with the
   /// running average of the parameters where the shard keeps one (else empty).
   void submit(uint64_t version, uint64_t cut, uint64_t begin, uint64_t end,
-              std::shared_ptr<const std::vector<float>> params, std::vector<float> velocity,
+              wire::shared_tensor params, std::vector<float> velocity,
               std::vector<float> average = {}, uint64_t average_samples = 0);
   /// Waits until everything handed over is written. Returns the newest version on disk.
   uint64_t flush();
@@ -157,7 +157,7 @@ public:
 private:
   struct job {
     uint64_t version = 0, cut = 0, begin = 0, end = 0;
-    std::shared_ptr<const std::vector<float>> params;
+    wire::shared_tensor params;
     std::vector<float> velocity;
     std::vector<float> average;
     uint64_t average_samples = 0;

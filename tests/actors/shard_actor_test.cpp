@@ -489,8 +489,8 @@ TEST_CASE("a checkpoint cut keeps the shard's running average: a restore of the 
   auto reopened = open_shard_persistence(dir.path(), 3, true, *again);
   REQUIRE(reopened);
   CHECK(again->version() == 21);
-  CHECK(again->average_copy()->at(0) == at_stop[0]);
-  CHECK(again->average_copy()->at(1) == at_stop[1]);
+  CHECK(again->average_copy()[0] == at_stop[0]);
+  CHECK(again->average_copy()[1] == at_stop[1]);
   CHECK(again->average_samples() == 21); // 20 pushes of one sample to cut 1, then one more
   CHECK(again->params() == std::vector<float>{21, -21});
 }

@@ -9,6 +9,7 @@
 #include "actors/cluster/data_plane.hpp"
 #include "actors/server_shard.hpp"
 #include "runtime/net/handshake.hpp"
+#include "runtime/net/shm_arena.hpp"
 #include "runtime/net/socket.hpp"
 #include "runtime/net/tensor_frames.hpp"
 #include "runtime/wire/codec.hpp"
@@ -16,6 +17,7 @@
 #include "../runtime/temp_dir.hpp"
 
 #include <fcntl.h>
+#include <unistd.h>
 #include <fstream>
 #include <thread>
 
@@ -47,7 +49,10 @@ struct fixture {
     plane->stop();
   }
 
-  shard_actor make(const std::string& policy, size_t n) {
+  /// `core`, when given, is where the shard's state machine stays (read it only while
+  /// the shard is idle); `storage` is where its versions live (shard_core::use_storage).
+  shard_actor make(const std::string& policy, size_t n, shard_core** core = nullptr,
+                   shard_core::buffer_source storage = {}) {
     auto p = make_policy(policy, {});
     REQUIRE(p);
     sgd_config opt;
@@ -57,7 +62,12 @@ struct fixture {
     std::vector<float> init(n);
     for (size_t i = 0; i < n; ++i)
       init[i] = static_cast<float>(i);
-    auto s = spawn_shard(sys, std::make_unique<shard_core>(shard_range{0, 0, n}, init, opt, std::move(*p)));
+    auto c = std::make_unique<shard_core>(shard_range{0, 0, n}, init, opt, std::move(*p));
+    if (storage)
+      c->use_storage(std::move(storage));
+    if (core != nullptr)
+      *core = c.get();
+    auto s = spawn_shard(sys, std::move(c));
     shards.push_back(s);
     return s;
   }
@@ -157,6 +167,46 @@ TEST_CASE("pulls, pushes and status through the data plane match the shard's own
                                                          [](caf::error&) {});
   CHECK(st.version == 1);
   CHECK(st.pushes == 1);
+}
+
+TEST_CASE("a shard that keeps its versions in the job's shared memory, as a node's does, is read where it wrote "
+          "them by a worker of its host; an update while a worker holds a version goes to another buffer") {
+  fixture f;
+  f.plane->use_shared_memory(true);
+  const size_t n = 1 << 18; // 1 MB
+  shard_core* core = nullptr;
+  auto s = f.make("asp", n, &core, f.plane->tensor_buffers("k1"));
+  auto arena = net::shm_arena::for_job("k1"); // this process's for the job: the node's
+  REQUIRE(arena);
+  CHECK((*arena)->contains(core->params().data(), n * sizeof(float)));
+  auto proxy = f.connect(s, f.serve(s));
+  for (int i = 0; i < 100 && f.plane->shared_memory_connections() != 2u; ++i)
+    std::this_thread::sleep_for(10ms);
+  REQUIRE(f.plane->shared_memory_connections() == 2u);
+  REQUIRE_FALSE(f.join(s, 0));
+  // Where the worker's view lies in the shard's arena (the worker maps it once per process).
+  auto theirs = net::map_peer_arena(static_cast<int>(::getpid()), (*arena)->fd(), (*arena)->base(), (*arena)->size());
+  REQUIRE(theirs);
+  auto in_shard = [&](const float* view) {
+    return reinterpret_cast<const float*>((*arena)->base() + (reinterpret_cast<const uint8_t*>(view) - (*theirs)->at));
+  };
+  auto first = f.pull(proxy, 0);
+  REQUIRE(first);
+  REQUIRE((*theirs)->find(reinterpret_cast<uint64_t>(core->params().data()), n * sizeof(float)) != nullptr);
+  CHECK(in_shard(first->params.data()) == core->params().data()); // no copy: the version itself
+  const float* version0 = core->params().data();
+  // The worker holds version 0 while a push makes version 1: written elsewhere.
+  auto ack = f.push(proxy, 0, first->version, wire::tensor(n, 0.5f));
+  REQUIRE(ack);
+  CHECK(ack->version == 1);
+  auto second = f.pull(proxy, 0);
+  REQUIRE(second);
+  CHECK(second->version == 1);
+  CHECK(core->params().data() != version0);
+  CHECK((*arena)->contains(core->params().data(), n * sizeof(float)));
+  CHECK(in_shard(second->params.data()) == core->params().data());
+  CHECK(first->params[10] == 10.0f); // as it was read
+  CHECK(second->params[10] == 9.5f);
 }
 
 TEST_CASE("a read the policy holds back is answered over the data plane once the round completes") {

@@ -684,7 +684,7 @@ TEST_CASE("a checkpoint writer reports a write that failed on a full disk until 
           "writes it once the disk has room") {
   full_disk_store store;
   ashlar::async_checkpointer w{store, 0, 3};
-  auto params = std::make_shared<const std::vector<float>>(4, 1.0f);
+  ashlar::wire::shared_tensor params{1.0f, 1.0f, 1.0f, 1.0f};
   store.full = true;
   w.submit(5, 1, 0, 4, params, {});
   w.flush();

@@ -151,18 +151,66 @@ TEST_CASE("a shard never writes a parameter version that a reader still holds") 
   auto s = make_shard("asp", 3);
   s.join(0);
   auto held = s.shared_params();
-  const float* before = held->data();
+  const float* before = held.data();
   std::vector<float> g{1, 1, 1};
   REQUIRE(s.push(0, 0, 1, g.data(), 3));
-  CHECK(*held == std::vector<float>(3, 1.0f)); // the reader's version is as it was read
+  CHECK(held == std::vector<float>(3, 1.0f)); // the reader's version is as it was read
   CHECK(s.params() == std::vector<float>(3, 0.5f));
   CHECK(s.params().data() != before);
-  held.reset();
+  held = {};
   // Nobody holds the current version: the next update is written in place.
   const float* current = s.params().data();
   REQUIRE(s.push(0, 1, 1, g.data(), 3));
   CHECK(s.params().data() == current);
   CHECK(s.params() == std::vector<float>(3, 0.0f));
+}
+
+TEST_CASE("a shard keeps its versions in the storage it is given, copies a held version into another of its "
+          "buffers, and stays on the heap where the storage gives none") {
+  auto s = make_shard("asp", 3);
+  s.join(0);
+  // A storage that hands out buffers it can tell apart (as the job's shared memory does).
+  std::vector<const float*> made;
+  std::vector<std::unique_ptr<float[]>> pool; // freed at the end only (no address comes twice)
+  size_t asked = 0;
+  bool gives = true;
+  s.use_storage([&](size_t n) -> std::shared_ptr<float> {
+    ++asked;
+    CHECK(n == 3);
+    if (!gives)
+      return nullptr;
+    pool.emplace_back(new float[n]);
+    made.push_back(pool.back().get());
+    return std::shared_ptr<float>(pool.back().get(), [](float*) {}); // (a held buffer is never written)
+  });
+  REQUIRE(made.size() == 1); // the current version moved there at once
+  CHECK(s.params().data() == made[0]);
+  CHECK(s.params() == std::vector<float>(3, 1.0f));
+  std::vector<float> g{1, 1, 1};
+  auto held = s.shared_params(); // a reader holds version 0: the update goes to a new buffer of the storage
+  REQUIRE(s.push(0, 0, 1, g.data(), 3));
+  REQUIRE(made.size() == 2);
+  CHECK(s.params().data() == made[1]);
+  CHECK(held == std::vector<float>(3, 1.0f));
+  CHECK(s.params() == std::vector<float>(3, 0.5f));
+  held = {};
+  REQUIRE(s.push(0, 1, 1, g.data(), 3)); // nobody holds it: in place
+  CHECK(made.size() == 2);
+  CHECK(s.params().data() == made[1]);
+  // A restore lands in the storage too.
+  REQUIRE_FALSE(s.restore(5, std::vector<float>{7, 8, 9}, {}));
+  REQUIRE(made.size() == 3);
+  CHECK(s.params().data() == made[2]);
+  CHECK(s.params() == std::vector<float>{7, 8, 9});
+  // A storage that gives nothing (full, or the range too small to share): the heap.
+  gives = false;
+  held = s.shared_params();
+  REQUIRE(s.push(0, 5, 1, g.data(), 3));
+  CHECK(s.params() == std::vector<float>{6.5f, 7.5f, 8.5f});
+  for (const float* b : made)
+    CHECK(s.params().data() != b);
+  CHECK(held == std::vector<float>{7, 8, 9});
+  CHECK(asked == 4);
 }
 
 TEST_CASE("a push in pieces is applied as it arrives and makes one version at its last piece") {
@@ -283,15 +331,15 @@ TEST_CASE("a shard keeping a running average moves it toward each version by the
   s.join(0);
   s.keep_average(100); // half-life in samples
   REQUIRE(s.keeps_average());
-  CHECK(*s.average_copy() == std::vector<float>{1, 1});
+  CHECK(s.average_copy() == std::vector<float>{1, 1});
   std::vector<float> g{2, -2};
   double a0 = 1, a1 = 1;
   auto expect = [&](double step, double p0, double p1) {
     a0 += step * (p0 - a0);
     a1 += step * (p1 - a1);
     auto avg = s.average_copy();
-    CHECK((*avg)[0] == Approx(a0).epsilon(1e-6));
-    CHECK((*avg)[1] == Approx(a1).epsilon(1e-6));
+    CHECK(avg[0] == Approx(a0).epsilon(1e-6));
+    CHECK(avg[1] == Approx(a1).epsilon(1e-6));
   };
   // 500 samples: the half-life is at most a tenth of the samples applied (50 < 100), so
   // the average moves by 1 - 0.5^(500 / 50) toward the parameters (0, 2).
@@ -310,9 +358,9 @@ TEST_CASE("a shard keeping a running average moves it toward each version by the
   // A copy stays as it was read while the shard moves on; the parameters are unaveraged.
   auto held = s.average_copy();
   REQUIRE(s.push(0, 4, 100, g.data(), 2));
-  CHECK((*held)[0] == Approx(a0).epsilon(1e-6));
+  CHECK(held[0] == Approx(a0).epsilon(1e-6));
   CHECK(s.params() == std::vector<float>{-4, 6});
-  CHECK((*s.average_copy())[0] > -4.0f);
+  CHECK(s.average_copy()[0] > -4.0f);
 }
 
 TEST_CASE("a BSP round moves a shard's running average by the round's samples, and a restore restarts it") {
@@ -324,18 +372,18 @@ TEST_CASE("a BSP round moves a shard's running average by the round's samples, a
   // Round 1, 600 + 400 samples: the half-life is min(100, 1000 / 10) = 100; the
   // parameters go to 0.
   REQUIRE(s.push(0, 0, 600, g.data(), 1));
-  CHECK(*s.average_copy() == std::vector<float>{1}); // no version yet: unchanged
+  CHECK(s.average_copy() == std::vector<float>{1}); // no version yet: unchanged
   REQUIRE(s.push(1, 0, 400, g.data(), 1));
   double a = 1 + (1 - std::exp2(-10.0)) * (0 - 1);
-  CHECK((*s.average_copy())[0] == Approx(a).margin(1e-6));
+  CHECK(s.average_copy()[0] == Approx(a).margin(1e-6));
   // Round 2, 60 + 40 samples: 1 - 0.5^(100 / 100) = half way toward -1 (counting only
   // one push's samples would move it by 1 - 0.5^0.4 or 1 - 0.5^0.6).
   REQUIRE(s.push(0, 1, 60, g.data(), 1));
   REQUIRE(s.push(1, 1, 40, g.data(), 1));
   a += 0.5 * (-1 - a);
-  CHECK((*s.average_copy())[0] == Approx(a).epsilon(1e-6));
+  CHECK(s.average_copy()[0] == Approx(a).epsilon(1e-6));
   REQUIRE_FALSE(s.restore(7, std::vector<float>{5}, {}));
-  CHECK(*s.average_copy() == std::vector<float>{5});
+  CHECK(s.average_copy() == std::vector<float>{5});
 }
 
 TEST_CASE("a restore with a checkpointed running average goes on from it, counting the samples it had seen, and a "
@@ -348,12 +396,12 @@ TEST_CASE("a restore with a checkpointed running average goes on from it, counti
   REQUIRE_FALSE(s.restore(3, std::vector<float>{4, 4}, {}, std::vector<float>{2, 6}, 5000));
   CHECK(s.version() == 3);
   CHECK(s.params() == std::vector<float>{4, 4});
-  CHECK(*s.average_copy() == std::vector<float>{2, 6});
+  CHECK(s.average_copy() == std::vector<float>{2, 6});
   CHECK(s.average_samples() == 5000);
   std::vector<float> g{2, -2}; // lr 0.5: the parameters go to (3, 5)
   REQUIRE(s.push(0, 3, 100, g.data(), 2));
-  CHECK((*s.average_copy())[0] == Approx(2 + 0.5 * (3 - 2)).epsilon(1e-6));
-  CHECK((*s.average_copy())[1] == Approx(6 + 0.5 * (5 - 6)).epsilon(1e-6));
+  CHECK(s.average_copy()[0] == Approx(2 + 0.5 * (3 - 2)).epsilon(1e-6));
+  CHECK(s.average_copy()[1] == Approx(6 + 0.5 * (5 - 6)).epsilon(1e-6));
   CHECK(s.average_samples() == 5100);
   // An average of the wrong size is refused, naming the sizes, and nothing changes.
   auto err = s.restore(9, std::vector<float>{0, 0}, {}, std::vector<float>{1, 2, 3}, 10);
@@ -366,7 +414,7 @@ TEST_CASE("a restore with a checkpointed running average goes on from it, counti
   REQUIRE_FALSE(plain.restore(3, std::vector<float>{4, 4}, {}, std::vector<float>{2, 6}, 5000));
   CHECK_FALSE(plain.keeps_average());
   CHECK(plain.average().empty());
-  CHECK(*plain.average_copy() == std::vector<float>{4, 4});
+  CHECK(plain.average_copy() == std::vector<float>{4, 4});
 }
 
 TEST_CASE("a shard without a running average hands out its parameters as the average") {
@@ -375,7 +423,7 @@ TEST_CASE("a shard without a running average hands out its parameters as the ave
   CHECK_FALSE(s.keeps_average());
   std::vector<float> g{2, -2};
   REQUIRE(s.push(0, 0, 10, g.data(), 2));
-  CHECK(*s.average_copy() == s.params());
+  CHECK(s.average_copy() == s.params().to_vector());
   s.keep_average(0);
   CHECK_FALSE(s.keeps_average());
 }

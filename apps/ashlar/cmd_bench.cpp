@@ -134,16 +134,17 @@ int run_wire_peer(const wire_options& o) {
   opt.lr = 1e-6f;
   opt.momentum = 0;
   opt.weight_decay = 0;
-  auto shard = actors::spawn_shard(
-    sys, std::make_unique<shard_core>(shard_range{0, 0, o.params}, std::vector<float>(o.params, 0.5f),
-                                      opt, std::move(*policy)));
+  actors::data_plane plane{sys};
+  auto core = std::make_unique<shard_core>(shard_range{0, 0, o.params}, std::vector<float>(o.params, 0.5f), opt,
+                                           std::move(*policy));
+  core->use_storage(plane.tensor_buffers("bench")); // as a node keeps a shard's versions
+  auto shard = actors::spawn_shard(sys, std::move(core));
   caf::scoped_actor self{sys};
   self->request(shard, std::chrono::seconds(5), wire::membership_change{wire::membership_change::join, 0, ""})
     .receive([](uint64_t) {}, [](caf::error&) {});
   auto port = (*network)->publish(sys, shard, actors::endpoint{"127.0.0.1", 0});
   if (!port)
     return 1;
-  actors::data_plane plane{sys};
   auto data_ep = plane.serve(0, shard, "bench", "127.0.0.1", o.params);
   if (!data_ep)
     return 1;

@@ -634,6 +634,13 @@ public:
 
   const char* name() const override { return "ashlar.reply-link"; }
 
+  /// Lets go of replies the peer is done with (their versions may then be written in
+  /// place), from any thread.
+  void release_fetched() {
+    std::lock_guard<std::mutex> guard{mtx_};
+    c_->shm->release_fetched();
+  }
+
   /// A request read from the connection (`seq`, holding `ticket` of the node's budget):
   /// the id its reply will come back with.
   caf::message_id expect(uint64_t seq, uint64_t ticket) {
@@ -1005,6 +1012,12 @@ struct data_plane::impl {
     auto link = caf::make_actor<reply_link, caf::strong_actor_ptr>(sys.next_actor_id(), sys.node(), &sys, cfg, c);
     auto* replies = static_cast<reply_link*>(caf::actor_cast<caf::abstract_actor*>(link));
     auto* to = caf::actor_cast<caf::abstract_actor*>(shard);
+    // A shard about to copy a version a reply still references first lets go of the
+    // replies whose views the peer gave back (shard_core::use_storage): a worker that
+    // copied its pull sends nothing more on this connection until its next step.
+    std::shared_ptr<void> reclaiming;
+    if (const auto& arena = c->shm->arena())
+      reclaiming = arena->add_reclaimer([replies] { replies->release_fetched(); });
     for (;;) {
       net::inbound_frame req;
       auto ticket = read_request(c, req, max_payload);
@@ -1087,6 +1100,18 @@ size_t data_plane::shared_memory_connections() const {
   for (const auto& r : impl_->conns)
     n += r.conn->on_shm && !r.conn->done ? 1 : 0;
   return n;
+}
+
+std::function<void()> data_plane::tensor_reclaim(const std::string& key) const {
+  {
+    std::lock_guard<std::mutex> guard{impl_->mtx};
+    if (!impl_->shared_memory)
+      return {};
+  }
+  auto arena = job_arena(key);
+  if (!arena)
+    return {};
+  return [arena] { arena->reclaim(); };
 }
 
 std::function<std::shared_ptr<float>(size_t)> data_plane::tensor_buffers(const std::string& key) const {

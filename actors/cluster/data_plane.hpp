@@ -60,6 +60,9 @@ public:
   /// shared-memory arena for that job, whose buffers peers on this host read in place
   /// (runtime/net/shm_arena.hpp); empty when shared memory is off or no arena can be made.
   std::function<std::shared_ptr<float>(size_t)> tensor_buffers(const std::string& key) const;
+  /// Lets go of what this process's shared-memory connections of the job of `key` keep
+  /// for peers that gave it back (shard_core::use_storage); empty where tensor_buffers is.
+  std::function<void()> tensor_reclaim(const std::string& key) const;
 
   /// Shard side: the bytes of request tensors this node reads and its shards have not yet
   /// taken (a push's tensor until the shard applied or buffered it, whether or not the

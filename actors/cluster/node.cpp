@@ -138,7 +138,7 @@ caf::result<shard_actor, std::string> host_shard(node_pointer self, wire::spawn_
   auto core = std::make_unique<shard_core>(req.range, std::move(req.params), opt, std::move(*policy));
   core->keep_average(req.average_samples);
   if (st.cfg.plane && !req.data_key.empty()) // versions where co-located workers read them in place
-    core->use_storage(st.cfg.plane->tensor_buffers(req.data_key));
+    core->use_storage(st.cfg.plane->tensor_buffers(req.data_key), st.cfg.plane->tensor_reclaim(req.data_key));
   shard_persistence persistence;
   if (!req.checkpoint_dir.empty()) {
     auto p = open_shard_persistence(dir, req.checkpoint_keep, req.resume, *core,

@@ -237,7 +237,9 @@ int run_transport_bench(const transport_options& o) {
     std::fflush(stdout);
   }
   if (!o.json && rc == 0)
-    std::printf("GB/s; shm/memcpy and shm/TCP compare push+pull (2 x size over the two calls' time)\n");
+    std::printf("GB/s; shm/memcpy and shm/TCP compare push+pull (2 x size over the two calls' time); over shared "
+                "memory a push copies the tensor once and a pull hands over the shard's version where it lies (what "
+                "the worker copies of it afterwards is its own)\n");
   caf::anon_send_exit(stand_in, caf::exit_reason::user_shutdown);
   cleanup();
   return rc;

@@ -137,7 +137,7 @@ int run_wire_peer(const wire_options& o) {
   actors::data_plane plane{sys};
   auto core = std::make_unique<shard_core>(shard_range{0, 0, o.params}, std::vector<float>(o.params, 0.5f), opt,
                                            std::move(*policy));
-  core->use_storage(plane.tensor_buffers("bench")); // as a node keeps a shard's versions
+  core->use_storage(plane.tensor_buffers("bench"), plane.tensor_reclaim("bench")); // as a node does
   auto shard = actors::spawn_shard(sys, std::move(core));
   caf::scoped_actor self{sys};
   self->request(shard, std::chrono::seconds(5), wire::membership_change{wire::membership_change::join, 0, ""})

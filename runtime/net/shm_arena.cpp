@@ -132,7 +132,8 @@ namespace {
 // Buffers that closed connections' peers may still read in place, for the whole process.
 struct held {
   std::function<bool()> released;
-  int pidfd; // the peer's process: readable once it ended
+  int pidfd; // the peer's process: readable once it ended (-1: none)
+  int pid;
   std::shared_ptr<void> owner;
 };
 std::mutex held_mtx;
@@ -141,11 +142,13 @@ std::vector<held>& held_buffers() {
   return *h;
 }
 
-bool process_ended(int pidfd) {
+// Only when it is certain: a buffer let go while the peer still reads it would be
+// written under it.
+bool process_ended(int pidfd, int pid) {
   if (pidfd < 0)
-    return true;
+    return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
   pollfd p{pidfd, POLLIN, 0};
-  return ::poll(&p, 1, 0) != 0;
+  return ::poll(&p, 1, 0) > 0;
 }
 
 // Lets go of held buffers whose peer let go or ended (outside the lock: their deleters
@@ -156,7 +159,7 @@ void sweep_held() {
     std::lock_guard<std::mutex> guard{held_mtx};
     auto& h = held_buffers();
     for (auto it = h.begin(); it != h.end();) {
-      if (it->released() || process_ended(it->pidfd)) {
+      if (it->released() || process_ended(it->pidfd, it->pid)) {
         if (it->pidfd >= 0)
           ::close(it->pidfd);
         gone.push_back(std::move(it->owner));
@@ -170,9 +173,9 @@ void sweep_held() {
 
 } // namespace
 
-void shm_arena::hold_until(std::function<bool()> released, int pidfd, std::shared_ptr<void> owner) {
+void shm_arena::hold_until(std::function<bool()> released, int pidfd, int pid, std::shared_ptr<void> owner) {
   std::lock_guard<std::mutex> guard{held_mtx};
-  held_buffers().push_back(held{std::move(released), pidfd, std::move(owner)});
+  held_buffers().push_back(held{std::move(released), pidfd, pid, std::move(owner)});
 }
 
 expected<std::shared_ptr<shm_arena>> shm_arena::make(size_t reserved) {
@@ -222,6 +225,25 @@ std::shared_ptr<float> shm_arena::allocate(size_t n) {
   return pages_->allocate(n);
 }
 
+std::shared_ptr<void> shm_arena::add_reclaimer(std::function<void()> r) {
+  std::lock_guard<std::mutex> guard{reclaim_mtx_};
+  const uint64_t id = next_reclaimer_++;
+  reclaimers_.emplace(id, std::move(r));
+  std::weak_ptr<shm_arena> self = shared_from_this();
+  return std::shared_ptr<void>(nullptr, [self, id](void*) {
+    if (auto a = self.lock()) {
+      std::lock_guard<std::mutex> guard{a->reclaim_mtx_};
+      a->reclaimers_.erase(id);
+    }
+  });
+}
+
+void shm_arena::reclaim() {
+  std::lock_guard<std::mutex> guard{reclaim_mtx_};
+  for (auto& [id, r] : reclaimers_)
+    r();
+}
+
 int shm_arena::fd() const {
   return pages_->fd;
 }
@@ -243,13 +265,12 @@ std::optional<wire::shared_tensor> shm_arena::share(const wire::shared_tensor& t
   const size_t bytes = t.size() * sizeof(float);
   if (bytes < min_share_bytes)
     return std::nullopt;
-  if (contains(t.data(), bytes))
-    return t;
   const version_key key{t.data(), t.size(), version.value_or(0)};
   std::vector<shared_version> gone; // let go outside the lock (their buffers come back here)
   if (version) {
     std::lock_guard<std::mutex> guard{mtx_};
-    // Copies of versions whose storage is gone are let go (the shard moved on).
+    // Copies of versions whose storage is gone are let go (the shard moved on), also when
+    // this version needs none (a shard whose versions came back to the arena).
     for (auto it = versions_.begin(); it != versions_.end();) {
       if (it->second.source.expired()) {
         gone.push_back(std::move(it->second));
@@ -258,6 +279,11 @@ std::optional<wire::shared_tensor> shm_arena::share(const wire::shared_tensor& t
         ++it;
       }
     }
+  }
+  if (contains(t.data(), bytes))
+    return t;
+  if (version) {
+    std::lock_guard<std::mutex> guard{mtx_};
     auto it = versions_.find(key);
     if (it != versions_.end()) {
       it->second.used = ++uses_;

@@ -37,7 +37,7 @@
 
 namespace ashlar::net {
 
-class shm_arena {
+class shm_arena : public std::enable_shared_from_this<shm_arena> {
 public:
   /// The segment's size: address space only, pages come as they are written. 16 GiB.
   static constexpr size_t reserved_bytes = size_t{16} << 30;
@@ -72,9 +72,19 @@ public:
   std::optional<wire::shared_tensor> share(const wire::shared_tensor& t, std::optional<uint64_t> version = {});
 
   /// Keeps `owner` (buffers a closed connection's peer may still read in place) until
-  /// `released()` says the peer let go, or the peer's process (`pidfd`, owned) ended.
-  /// Checked at every arena's allocations in this process, the arena gone or not.
-  static void hold_until(std::function<bool()> released, int pidfd, std::shared_ptr<void> owner);
+  /// `released()` says the peer let go, or the peer's process ended: `pidfd` (owned) is
+  /// readable, or, without one (-1: none could be made), no process `pid` is left (a pid
+  /// taken since by another process only keeps `owner` longer). Checked at every arena's
+  /// allocations in this process, the arena gone or not.
+  static void hold_until(std::function<bool()> released, int pidfd, int pid, std::shared_ptr<void> owner);
+
+  /// Adds `r`, which lets go of buffers something keeps for peers that may be done with
+  /// them (a connection's writes whose leases came back since it last looked); removed
+  /// when the returned handle goes (not while reclaim() runs it).
+  [[nodiscard]] std::shared_ptr<void> add_reclaimer(std::function<void()> r);
+  /// Runs every reclaimer: before a buffer someone still references is copied instead of
+  /// written in place (shard_core), the references that are only bookkeeping go.
+  void reclaim();
 
   bool contains(const void* p, size_t bytes) const;
   int fd() const;
@@ -109,6 +119,9 @@ private:
   };
   std::map<version_key, shared_version> versions_;
   uint64_t uses_ = 0;
+  std::mutex reclaim_mtx_; // reclaimers_ (held while they run)
+  std::map<uint64_t, std::function<void()>> reclaimers_;
+  uint64_t next_reclaimer_ = 0;
 };
 
 /// A peer's arena, mapped read-only in this process; unmapped when the last view of it

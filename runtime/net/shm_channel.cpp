@@ -283,7 +283,7 @@ void shm_channel::give_back_unread() {
 
 void shm_channel::hold(uint32_t slot, uint32_t gen, const std::shared_ptr<void>& owner) {
   const int pidfd = peer_pidfd_ >= 0 ? ::fcntl(peer_pidfd_, F_DUPFD_CLOEXEC, 0) : -1;
-  shm_arena::hold_until(tx_.released_check(slot, gen), pidfd, owner);
+  shm_arena::hold_until(tx_.released_check(slot, gen), pidfd, peer_pid_, owner);
 }
 
 void shm_channel::close() {

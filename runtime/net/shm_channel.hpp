@@ -70,6 +70,8 @@ public:
   /// has no mapping of the arena, or `t` is small (shm_arena::share).
   /// `version`: a shard's parameter version `t` is a window of (shm_arena::share).
   bool share(wire::shared_tensor& t, std::optional<uint64_t> version = {});
+  /// This process's arena for the job (nullptr: none shared).
+  const std::shared_ptr<shm_arena>& arena() const { return arena_; }
   /// Leases the peer holds now (buffers it reads in place), for tests.
   size_t leased() const;
   /// Whether this end reads the peer's shared tensors in place, and the peer this end's.

@@ -38,8 +38,9 @@ std::shared_ptr<float> shard_core::new_buffer() const {
   return adopt(std::vector<float>(n));
 }
 
-void shard_core::use_storage(buffer_source source) {
+void shard_core::use_storage(buffer_source source, std::function<void()> reclaim) {
   storage_ = std::move(source);
+  reclaim_ = std::move(reclaim);
   spare_.reset();
   auto moved = storage_ ? storage_(range_.size()) : nullptr;
   if (!moved)
@@ -108,7 +109,11 @@ void shard_core::note_update(uint64_t samples) {
 float* shard_core::writable_params() {
   // Only this class hands out references, so a count of 1 stays 1. The fence after
   // reading the counts orders the last reader's accesses before our writes.
-  const bool shared = params_.use_count() > 1;
+  bool shared = params_.use_count() > 1;
+  if (shared && reclaim_) {
+    reclaim_();
+    shared = params_.use_count() > 1;
+  }
   if (shared && (!spare_ || spare_.use_count() > 1))
     spare_ = new_buffer();
   std::atomic_thread_fence(std::memory_order_acquire);
@@ -198,8 +203,8 @@ expected<push_outcome> shard_core::push_piece(worker_id w, uint64_t offset, cons
                                               + ") of a push from worker " + std::to_string(w)
                                               + ", expected the piece at " + std::to_string(f.received)
                                               + " of a range of " + std::to_string(range_.size()));
-  if (f.decision.kind == push_decision::apply)
-    sgd_apply(opt_, f.decision.lr_scale * lr_scale(), params_.get() + offset, velocity_.data() + offset, grad, n);
+  if (f.decision.kind == push_decision::apply) // (a checkpoint may have taken the parameters since)
+    sgd_apply(opt_, f.decision.lr_scale * lr_scale(), writable_params() + offset, velocity_.data() + offset, grad, n);
   else if (f.decision.kind == push_decision::buffer)
     std::copy(grad, grad + n, f.slot.grad.begin() + static_cast<std::ptrdiff_t>(offset));
   f.received += n;

@@ -54,9 +54,11 @@ public:
   /// `source` (the job's shared-memory arena of this process, so that co-located workers
   /// read a version in place, with no copy per version). A source that gives nothing
   /// (empty, a small range, a full arena) leaves them on the heap. The current version
-  /// moves there at once (one copy).
+  /// moves there at once (one copy). `reclaim`, when given, runs before an update would
+  /// copy a version someone still references, to let go of references that are only
+  /// bookkeeping (replies whose readers are done with them).
   using buffer_source = std::function<std::shared_ptr<float>(size_t n)>;
-  void use_storage(buffer_source source);
+  void use_storage(buffer_source source, std::function<void()> reclaim = {});
   const std::vector<float>& velocity() const { return velocity_; }
 
   /// Keeps a running average of the parameters (train.average_epochs): after each
@@ -157,6 +159,7 @@ private:
 
   shard_range range_;
   buffer_source storage_;
+  std::function<void()> reclaim_;
   std::shared_ptr<float> params_;
   std::shared_ptr<float> spare_; // the previous version, reused once unreferenced
   std::vector<float> velocity_;

@@ -148,7 +148,10 @@ shard_sessions::outcome shard_sessions::release() {
 }
 
 // After a version was made: the cut waiting for it, if this is its version.
+// (Not while another push is applied in pieces: the parameters are not a version then.)
 void shard_sessions::after_version(outcome& out) {
+  if (core_.applying())
+    return;
   if (auto cut = cuts_.on_version(core_.version()))
     out.cut = *cut;
 }
@@ -243,8 +246,13 @@ shard_sessions::outcome shard_sessions::on_member(const wire::membership_change&
   return out;
 }
 
+// A cut due now while a push is applied in pieces waits for the version that push makes
+// (only a policy that applies pushes alone does so: its cuts need no common version).
 expected<bool> shard_sessions::ask_cut(uint64_t cut, uint64_t at_version) {
-  return cuts_.ask(cut, at_version, core_.version(), core_.range().shard_id);
+  const uint64_t v = core_.version();
+  if (core_.applying() && (at_version == 0 || at_version == v))
+    return cuts_.ask(cut, v + 1, v, core_.range().shard_id); // (false: due later)
+  return cuts_.ask(cut, at_version, v, core_.range().shard_id);
 }
 
 }  // namespace ashlar

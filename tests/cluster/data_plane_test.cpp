@@ -52,7 +52,7 @@ struct fixture {
   /// `core`, when given, is where the shard's state machine stays (read it only while
   /// the shard is idle); `storage` is where its versions live (shard_core::use_storage).
   shard_actor make(const std::string& policy, size_t n, shard_core** core = nullptr,
-                   shard_core::buffer_source storage = {}) {
+                   shard_core::buffer_source storage = {}, std::function<void()> reclaim = {}) {
     auto p = make_policy(policy, {});
     REQUIRE(p);
     sgd_config opt;
@@ -64,7 +64,7 @@ struct fixture {
       init[i] = static_cast<float>(i);
     auto c = std::make_unique<shard_core>(shard_range{0, 0, n}, init, opt, std::move(*p));
     if (storage)
-      c->use_storage(std::move(storage));
+      c->use_storage(std::move(storage), std::move(reclaim));
     if (core != nullptr)
       *core = c.get();
     auto s = spawn_shard(sys, std::move(c));
@@ -207,6 +207,46 @@ TEST_CASE("a shard that keeps its versions in the job's shared memory, as a node
   CHECK(in_shard(second->params.data()) == core->params().data());
   CHECK(first->params[10] == 10.0f); // as it was read
   CHECK(second->params[10] == 9.5f);
+}
+
+TEST_CASE("a version whose co-located readers let go of it is updated in place, though their connections sent "
+          "nothing since") {
+  fixture f;
+  f.plane->use_shared_memory(true);
+  const size_t n = 1 << 18;
+  shard_core* core = nullptr;
+  auto s = f.make("asp", n, &core, f.plane->tensor_buffers("k1"), f.plane->tensor_reclaim("k1"));
+  const auto ep = f.serve(s);
+  auto reader = f.connect(s, ep);
+  auto pusher = f.connect(s, ep);
+  for (int i = 0; i < 100 && f.plane->shared_memory_connections() != 4u; ++i)
+    std::this_thread::sleep_for(10ms);
+  REQUIRE(f.plane->shared_memory_connections() == 4u);
+  REQUIRE_FALSE(f.join(s, 0));
+  REQUIRE_FALSE(f.join(s, 1));
+  // Worker 0 reads version 0 and copies it, as a worker does, and lets go of the view;
+  // its connection then carries nothing while it computes.
+  std::vector<float> copied;
+  {
+    auto read = f.pull(reader, 0);
+    REQUIRE(read);
+    copied.assign(read->params.begin(), read->params.end());
+  }
+  const float* version0 = core->params().data();
+  // Worker 1's push: nobody reads version 0 any longer, so version 1 is written over it.
+  auto ack = f.push(pusher, 1, 0, wire::tensor(n, 0.5f));
+  REQUIRE(ack);
+  CHECK(ack->version == 1);
+  CHECK(core->params().data() == version0);
+  CHECK(core->params()[10] == 9.5f);
+  CHECK(copied[10] == 10.0f);
+  // A reader that still holds its view keeps its version: the next update goes elsewhere.
+  auto held = f.pull(reader, 0);
+  REQUIRE(held);
+  REQUIRE(f.push(pusher, 1, 1, wire::tensor(n, 0.5f)));
+  CHECK(core->params().data() != version0);
+  CHECK(held->params[10] == 9.5f);
+  CHECK(core->params()[10] == 9.0f);
 }
 
 TEST_CASE("a read the policy holds back is answered over the data plane once the round completes") {

@@ -213,6 +213,18 @@ TEST_CASE("a shard keeps its versions in the storage it is given, copies a held 
   CHECK(asked == 4);
 }
 
+TEST_CASE("parameters taken while a push is applied in pieces (a checkpoint's) stay as they were taken") {
+  auto s = make_shard("asp", 4);
+  s.join(0);
+  REQUIRE(s.begin_push(0, 0, 1, 4));
+  std::vector<float> g{1, 1};
+  REQUIRE(s.push_piece(0, 0, g.data(), 2));
+  auto taken = s.shared_params();
+  REQUIRE(s.push_piece(0, 2, g.data(), 2));
+  CHECK(taken == std::vector<float>{0.5f, 0.5f, 1, 1});
+  CHECK(s.params() == std::vector<float>(4, 0.5f));
+}
+
 TEST_CASE("a push in pieces is applied as it arrives and makes one version at its last piece") {
   auto s = make_shard("asp", 4);
   s.join(0);

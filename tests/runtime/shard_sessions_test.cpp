@@ -139,6 +139,47 @@ TEST_CASE("a cut asked for at a version not made yet is due when a push makes it
   CHECK_FALSE(s.sessions.ask_cut(0, 0));
 }
 
+TEST_CASE("a cut asked for while a push is applied in pieces waits for the version that push makes, past "
+          "another push's version on the way") {
+  manual_clock clock;
+  sgd_config opt;
+  opt.lr = 1.0f;
+  opt.momentum = 0.0f;
+  opt.weight_decay = 0.0f;
+  auto policy = make_policy("asp", {});
+  REQUIRE(policy);
+  shard_core core{shard_range{3, 0, 4}, std::vector<float>(4, 1.0f), opt, std::move(*policy)};
+  shard_sessions sessions{core, clock};
+  for (uint32_t w : {0u, 1u}) {
+    wire::membership_change m;
+    m.kind = wire::membership_change::join;
+    m.worker_id = w;
+    sessions.on_member(m);
+  }
+  auto piece = [](uint64_t offset) {
+    auto p = bsp_shard::push_of(0, {1, 1});
+    p.offset = offset;
+    p.total = 4;
+    return p;
+  };
+  shard_sessions::outcome out;
+  REQUIRE(sessions.on_push(piece(0), out));
+  REQUIRE(core.applying()); // half of worker 0's gradient is in the parameters
+  auto now = sessions.ask_cut(5, 0);
+  REQUIRE(now);
+  CHECK_FALSE(*now);
+  shard_sessions::outcome other; // worker 1's whole push makes a version meanwhile
+  REQUIRE(sessions.on_push(bsp_shard::push_of(1, {1, 1, 1, 1}), other));
+  CHECK(core.version() == 1);
+  CHECK_FALSE(other.cut);
+  shard_sessions::outcome last;
+  REQUIRE(sessions.on_push(piece(2), last));
+  CHECK_FALSE(core.applying());
+  CHECK(core.version() == 2);
+  REQUIRE(last.cut);
+  CHECK(*last.cut == 5);
+}
+
 TEST_CASE("a malformed sparse push is refused naming the shard, the worker and what is wrong") {
   bsp_shard s{2};
   auto p = bsp_shard::push_of(1, {0.5f});

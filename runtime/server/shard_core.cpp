@@ -59,11 +59,11 @@ caf::error shard_core::restore(uint64_t version, std::vector<float> params, std:
                                               + std::to_string(average.size()) + " averages for a range of "
                                               + std::to_string(range_.size()));
   spare_.reset();
-  if (storage_) {
-    params_ = new_buffer();
-    std::copy(params.begin(), params.end(), params_.get());
+  if (auto stored = storage_ ? storage_(range_.size()) : nullptr) {
+    std::copy(params.begin(), params.end(), stored.get());
+    params_ = std::move(stored);
   } else {
-    params_ = adopt(std::move(params));
+    params_ = adopt(std::move(params)); // where they lie
   }
   if (velocity.empty())
     velocity.assign(range_.size(), 0.0f);

@@ -1102,25 +1102,30 @@ size_t data_plane::shared_memory_connections() const {
   return n;
 }
 
-std::function<void()> data_plane::tensor_reclaim(const std::string& key) const {
+namespace {
+
+// This process's arena for the job of `key` where the data plane shares memory (nullptr:
+// it does not, or none can be made).
+std::shared_ptr<net::shm_arena> shared_arena(data_plane::impl& d, const std::string& key) {
   {
-    std::lock_guard<std::mutex> guard{impl_->mtx};
-    if (!impl_->shared_memory)
-      return {};
+    std::lock_guard<std::mutex> guard{d.mtx};
+    if (!d.shared_memory)
+      return nullptr;
   }
-  auto arena = job_arena(key);
+  return job_arena(key);
+}
+
+} // namespace
+
+std::function<void()> data_plane::tensor_reclaim(const std::string& key) const {
+  auto arena = shared_arena(*impl_, key);
   if (!arena)
     return {};
   return [arena] { arena->reclaim(); };
 }
 
 std::function<std::shared_ptr<float>(size_t)> data_plane::tensor_buffers(const std::string& key) const {
-  {
-    std::lock_guard<std::mutex> guard{impl_->mtx};
-    if (!impl_->shared_memory)
-      return {};
-  }
-  auto arena = job_arena(key);
+  auto arena = shared_arena(*impl_, key);
   if (!arena)
     return {};
   return [arena](size_t n) { // (a small push is copied through the ring: the heap)

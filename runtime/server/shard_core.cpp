@@ -30,19 +30,21 @@ shard_core::shard_core(shard_range range, std::vector<float> params, sgd_config 
   params_ = adopt(std::move(params));
 }
 
+std::shared_ptr<float> shard_core::stored_buffer() const {
+  return storage_ ? storage_(range_.size()) : nullptr;
+}
+
 std::shared_ptr<float> shard_core::new_buffer() const {
-  const size_t n = range_.size();
-  if (storage_)
-    if (auto b = storage_(n))
-      return b;
-  return adopt(std::vector<float>(n));
+  if (auto b = stored_buffer())
+    return b;
+  return adopt(std::vector<float>(range_.size()));
 }
 
 void shard_core::use_storage(buffer_source source, std::function<void()> reclaim) {
   storage_ = std::move(source);
   reclaim_ = std::move(reclaim);
   spare_.reset();
-  auto moved = storage_ ? storage_(range_.size()) : nullptr;
+  auto moved = stored_buffer();
   if (!moved)
     return; // the heap it is
   std::copy(params_.get(), params_.get() + range_.size(), moved.get());
@@ -59,7 +61,7 @@ caf::error shard_core::restore(uint64_t version, std::vector<float> params, std:
                                               + std::to_string(average.size()) + " averages for a range of "
                                               + std::to_string(range_.size()));
   spare_.reset();
-  if (auto stored = storage_ ? storage_(range_.size()) : nullptr) {
+  if (auto stored = stored_buffer()) {
     std::copy(params.begin(), params.end(), stored.get());
     params_ = std::move(stored);
   } else {

@@ -154,7 +154,9 @@ private:
   // Ends `w`'s push in flight, whole or not: applied pieces make a version, a buffered
   // gradient joins the round. Returns true if a version was bumped.
   bool end_push(worker_id w);
-  // A buffer of range_.size() floats for a version: from the storage source, else the heap.
+  // A buffer of range_.size() floats for a version from the storage source (nullptr: none
+  // given), and one from it or else the heap.
+  std::shared_ptr<float> stored_buffer() const;
   std::shared_ptr<float> new_buffer() const;
 
   shard_range range_;

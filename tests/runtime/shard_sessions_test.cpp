@@ -8,12 +8,13 @@ using namespace ashlar;
 
 namespace {
 
-struct bsp_shard {
+struct sessions_rig {
   manual_clock clock;
   shard_core core;
   shard_sessions sessions{core, clock};
 
-  explicit bsp_shard(size_t n, std::vector<uint32_t> workers = {0, 1}) : core{make_core(n)} {
+  explicit sessions_rig(size_t n, std::vector<uint32_t> workers = {0, 1}, const std::string& policy = "bsp")
+    : core{make_core(n, policy)} {
     for (auto w : workers) {
       wire::membership_change m;
       m.kind = wire::membership_change::join;
@@ -22,12 +23,12 @@ struct bsp_shard {
     }
   }
 
-  static shard_core make_core(size_t n) {
+  static shard_core make_core(size_t n, const std::string& policy) {
     sgd_config opt;
     opt.lr = 1.0f;
     opt.momentum = 0.0f;
     opt.weight_decay = 0.0f;
-    auto p = make_policy("bsp", {});
+    auto p = make_policy(policy, {});
     REQUIRE(p);
     return shard_core{shard_range{3, 0, n}, std::vector<float>(n, 1.0f), opt, std::move(*p)};
   }
@@ -59,17 +60,17 @@ struct bsp_shard {
 }  // namespace
 
 TEST_CASE("a read the round does not allow yet is held, and the round's last push releases it with its wait") {
-  bsp_shard s{2};
+  sessions_rig s{2};
   shard_sessions::outcome out;
-  REQUIRE(s.sessions.on_push(bsp_shard::push_of(0, {1, 1}), out));
+  REQUIRE(s.sessions.on_push(sessions_rig::push_of(0, {1, 1}), out));
   CHECK(out.released.empty());
-  auto held = s.sessions.on_read(bsp_shard::read_of(0));
+  auto held = s.sessions.on_read(sessions_rig::read_of(0));
   REQUIRE(held);
   CHECK_FALSE(held->reply);
   CHECK(held->ticket != 0);
   CHECK(s.sessions.held_reads() == 1);
   s.clock.advance(std::chrono::milliseconds{40});
-  auto ack = s.sessions.on_push(bsp_shard::push_of(1, {3, 3}), out);
+  auto ack = s.sessions.on_push(sessions_rig::push_of(1, {3, 3}), out);
   REQUIRE(ack);
   REQUIRE(ack->ack);
   CHECK(ack->ack->version == 1);
@@ -84,8 +85,8 @@ TEST_CASE("a read the round does not allow yet is held, and the round's last pus
 }
 
 TEST_CASE("a chunked read stays at the version it began at, and a chunk of no read is refused naming the shard") {
-  bsp_shard s{4};
-  auto first = bsp_shard::read_of(0);
+  sessions_rig s{4};
+  auto first = sessions_rig::read_of(0);
   first.max_floats = 2;
   auto a = s.sessions.on_read(first);
   REQUIRE(a);
@@ -93,8 +94,8 @@ TEST_CASE("a chunked read stays at the version it began at, and a chunk of no re
   CHECK(a->reply->read_id != 0);
   CHECK(a->reply->total == 4);
   shard_sessions::outcome out;
-  REQUIRE(s.sessions.on_push(bsp_shard::push_of(0, {1, 1, 1, 1}), out));
-  REQUIRE(s.sessions.on_push(bsp_shard::push_of(1, {1, 1, 1, 1}), out));
+  REQUIRE(s.sessions.on_push(sessions_rig::push_of(0, {1, 1, 1, 1}), out));
+  REQUIRE(s.sessions.on_push(sessions_rig::push_of(1, {1, 1, 1, 1}), out));
   REQUIRE(s.core.version() == 1);
   auto next = first;
   next.read_id = a->reply->read_id;
@@ -111,14 +112,14 @@ TEST_CASE("a chunked read stays at the version it began at, and a chunk of no re
 }
 
 TEST_CASE("a cut asked for at a version not made yet is due when a push makes it and one past it is refused") {
-  bsp_shard s{2};
+  sessions_rig s{2};
   auto later = s.sessions.ask_cut(7, 1);
   REQUIRE(later);
   CHECK_FALSE(*later);
   shard_sessions::outcome out;
-  REQUIRE(s.sessions.on_push(bsp_shard::push_of(0, {1, 1}), out));
+  REQUIRE(s.sessions.on_push(sessions_rig::push_of(0, {1, 1}), out));
   CHECK_FALSE(out.cut);
-  REQUIRE(s.sessions.on_push(bsp_shard::push_of(1, {1, 1}), out));
+  REQUIRE(s.sessions.on_push(sessions_rig::push_of(1, {1, 1}), out));
   REQUIRE(out.cut);
   CHECK(*out.cut == 7);
   auto now = s.sessions.ask_cut(8, 1);
@@ -128,7 +129,7 @@ TEST_CASE("a cut asked for at a version not made yet is due when a push makes it
   REQUIRE(at_once);
   CHECK(*at_once);
   for (uint32_t w : {0u, 1u}) {
-    auto p = bsp_shard::push_of(w, {1, 1});
+    auto p = sessions_rig::push_of(w, {1, 1});
     p.base_version = 1;
     REQUIRE(s.sessions.on_push(p, out));
   }
@@ -141,23 +142,11 @@ TEST_CASE("a cut asked for at a version not made yet is due when a push makes it
 
 TEST_CASE("a cut asked for while a push is applied in pieces waits for the version that push makes, past "
           "another push's version on the way") {
-  manual_clock clock;
-  sgd_config opt;
-  opt.lr = 1.0f;
-  opt.momentum = 0.0f;
-  opt.weight_decay = 0.0f;
-  auto policy = make_policy("asp", {});
-  REQUIRE(policy);
-  shard_core core{shard_range{3, 0, 4}, std::vector<float>(4, 1.0f), opt, std::move(*policy)};
-  shard_sessions sessions{core, clock};
-  for (uint32_t w : {0u, 1u}) {
-    wire::membership_change m;
-    m.kind = wire::membership_change::join;
-    m.worker_id = w;
-    sessions.on_member(m);
-  }
+  sessions_rig s{4, {0, 1}, "asp"}; // (a policy that applies each push alone)
+  auto& core = s.core;
+  auto& sessions = s.sessions;
   auto piece = [](uint64_t offset) {
-    auto p = bsp_shard::push_of(0, {1, 1});
+    auto p = sessions_rig::push_of(0, {1, 1});
     p.offset = offset;
     p.total = 4;
     return p;
@@ -169,7 +158,7 @@ TEST_CASE("a cut asked for while a push is applied in pieces waits for the versi
   REQUIRE(now);
   CHECK_FALSE(*now);
   shard_sessions::outcome other; // worker 1's whole push makes a version meanwhile
-  REQUIRE(sessions.on_push(bsp_shard::push_of(1, {1, 1, 1, 1}), other));
+  REQUIRE(sessions.on_push(sessions_rig::push_of(1, {1, 1, 1, 1}), other));
   CHECK(core.version() == 1);
   CHECK_FALSE(other.cut);
   shard_sessions::outcome last;
@@ -181,8 +170,8 @@ TEST_CASE("a cut asked for while a push is applied in pieces waits for the versi
 }
 
 TEST_CASE("a malformed sparse push is refused naming the shard, the worker and what is wrong") {
-  bsp_shard s{2};
-  auto p = bsp_shard::push_of(1, {0.5f});
+  sessions_rig s{2};
+  auto p = sessions_rig::push_of(1, {0.5f});
   p.sparse = true;
   p.index = {5};
   shard_sessions::outcome out;
@@ -194,8 +183,8 @@ TEST_CASE("a malformed sparse push is refused naming the shard, the worker and w
 }
 
 TEST_CASE("a member's delta read follows its view, a leaving worker's view goes, a stranger never gets one") {
-  bsp_shard s{4};
-  auto req = bsp_shard::read_of(0);
+  sessions_rig s{4};
+  auto req = sessions_rig::read_of(0);
   req.topk_ratio = 0.5f;
   auto dense = s.sessions.on_read(req);
   REQUIRE(dense);
@@ -209,7 +198,7 @@ TEST_CASE("a member's delta read follows its view, a leaving worker's view goes,
   REQUIRE(delta->reply);
   CHECK(delta->reply->sparse);
   CHECK(delta->reply->params.size() == 2);
-  auto stranger = bsp_shard::read_of(42);
+  auto stranger = sessions_rig::read_of(42);
   stranger.topk_ratio = 0.5f;
   auto s2 = s.sessions.on_read(stranger);
   REQUIRE(s2);
@@ -226,12 +215,12 @@ TEST_CASE("a member's delta read follows its view, a leaving worker's view goes,
 // A lockstep worker lost while it waits for its round has pushed that round's step: the
 // shard counts it (the scheduler hands over what is left after it), a dropped push does not.
 TEST_CASE("the shard counts each worker's whole pushes it took, its last round's buffered one included") {
-  bsp_shard s{2};
+  sessions_rig s{2};
   shard_sessions::outcome out;
-  REQUIRE(s.sessions.on_push(bsp_shard::push_of(0, {1, 1}), out));
-  REQUIRE(s.sessions.on_push(bsp_shard::push_of(1, {1, 1}), out)); // round 1 applied
+  REQUIRE(s.sessions.on_push(sessions_rig::push_of(0, {1, 1}), out));
+  REQUIRE(s.sessions.on_push(sessions_rig::push_of(1, {1, 1}), out)); // round 1 applied
   auto round2 = [](uint32_t w) {
-    auto p = bsp_shard::push_of(w, {1, 1});
+    auto p = sessions_rig::push_of(w, {1, 1});
     p.base_version = 1;
     return p;
   };
@@ -254,19 +243,19 @@ TEST_CASE("the shard counts each worker's whole pushes it took, its last round's
 }
 
 TEST_CASE("a push whose read follows is acknowledged after that read's reply, held or not") {
-  bsp_shard s{2};
+  sessions_rig s{2};
   shard_sessions::outcome out;
-  auto a = s.sessions.on_push(bsp_shard::held_push_of(0, {1, 1}), out);
+  auto a = s.sessions.on_push(sessions_rig::held_push_of(0, {1, 1}), out);
   REQUIRE(a);
   CHECK_FALSE(a->ack); // held for the read
   CHECK(a->ticket != 0);
   CHECK(s.sessions.held_pushes() == 1);
-  auto read = s.sessions.on_read(bsp_shard::read_of(0)); // the round is not complete: held
+  auto read = s.sessions.on_read(sessions_rig::read_of(0)); // the round is not complete: held
   REQUIRE(read);
   CHECK_FALSE(read->reply);
   CHECK(read->acks.empty());
   CHECK(out.acks.empty());
-  auto b = s.sessions.on_push(bsp_shard::held_push_of(1, {3, 3}), out);
+  auto b = s.sessions.on_push(sessions_rig::held_push_of(1, {3, 3}), out);
   REQUIRE(b);
   CHECK_FALSE(b->ack);
   // The round is applied: worker 0's read is answered, then its push; worker 1's push
@@ -279,7 +268,7 @@ TEST_CASE("a push whose read follows is acknowledged after that read's reply, he
   CHECK(out.acks[0].second.outcome == wire::push_ack::buffered);
   CHECK(out.acks[0].second.complete);
   CHECK(s.sessions.held_pushes() == 1);
-  auto now = s.sessions.on_read(bsp_shard::read_of(1)); // allowed at once: the ack goes with the reply
+  auto now = s.sessions.on_read(sessions_rig::read_of(1)); // allowed at once: the ack goes with the reply
   REQUIRE(now);
   REQUIRE(now->reply);
   CHECK(now->reply->version == 1);
@@ -290,12 +279,12 @@ TEST_CASE("a push whose read follows is acknowledged after that read's reply, he
 }
 
 TEST_CASE("a held push is answered when its worker pushes again or leaves without the read, never by a snapshot") {
-  bsp_shard s{2};
+  sessions_rig s{2};
   shard_sessions::outcome out;
-  auto a = s.sessions.on_push(bsp_shard::held_push_of(0, {1, 1}), out);
+  auto a = s.sessions.on_push(sessions_rig::held_push_of(0, {1, 1}), out);
   REQUIRE(a);
   REQUIRE_FALSE(a->ack);
-  auto snap = bsp_shard::read_of(0);
+  auto snap = sessions_rig::read_of(0);
   snap.snapshot = true;
   auto sr = s.sessions.on_read(snap);
   REQUIRE(sr);
@@ -304,7 +293,7 @@ TEST_CASE("a held push is answered when its worker pushes again or leaves withou
   CHECK(s.sessions.held_pushes() == 1);
   // The next push of the same worker (its read never came): the held one is answered first.
   shard_sessions::outcome again;
-  auto second = s.sessions.on_push(bsp_shard::push_of(0, {1, 1}), again); // dropped: a second push in the round
+  auto second = s.sessions.on_push(sessions_rig::push_of(0, {1, 1}), again); // dropped: a second push in the round
   REQUIRE(second);
   REQUIRE(second->ack);
   REQUIRE(again.acks.size() == 1);
@@ -312,7 +301,7 @@ TEST_CASE("a held push is answered when its worker pushes again or leaves withou
   CHECK(s.sessions.held_pushes() == 0);
   // A worker that leaves with its push held: answered with its leaving.
   shard_sessions::outcome o2;
-  auto b = s.sessions.on_push(bsp_shard::held_push_of(1, {1, 1}), o2);
+  auto b = s.sessions.on_push(sessions_rig::held_push_of(1, {1, 1}), o2);
   REQUIRE(b);
   REQUIRE_FALSE(b->ack);
   wire::membership_change gone;
@@ -325,13 +314,13 @@ TEST_CASE("a held push is answered when its worker pushes again or leaves withou
 }
 
 TEST_CASE("a push whose read follows is answered at once for a worker the shard was not told of, or a piece") {
-  bsp_shard s{4, {0}};
+  sessions_rig s{4, {0}};
   shard_sessions::outcome out;
   s.core.join(9); // live in the core, never announced to the sessions
-  auto a = s.sessions.on_push(bsp_shard::held_push_of(9, {1, 1, 1, 1}), out);
+  auto a = s.sessions.on_push(sessions_rig::held_push_of(9, {1, 1, 1, 1}), out);
   REQUIRE(a);
   CHECK(a->ack);
-  auto piece = bsp_shard::push_of(0, {1, 1});
+  auto piece = sessions_rig::push_of(0, {1, 1});
   piece.total = 4;
   piece.read_follows = true; // on a piece that does not complete the push: no hold
   auto b = s.sessions.on_push(piece, out);

@@ -1,5 +1,6 @@
 #include "actors/job_driver.hpp"
 
+#include <limits>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -220,7 +221,9 @@ private:
     if (!store)
       return store.error();
     store_ = std::move(*store);
-    budget_ = uint64_t{cfg_.epochs} * train_->n;
+    // A script's optimizer (train.optimizer = script): the scripts bring their own data and
+    // epochs, and the job ends when they do (no budget of samples).
+    budget_ = script_optimizer(cfg_) ? 0 : uint64_t{cfg_.epochs} * train_->n;
     if (train_->n < cfg_.workers)
       return make_error(errc::invalid_config, "train.workers = " + std::to_string(cfg_.workers) + " exceeds the "
                                                 + std::to_string(train_->n) + " training samples");
@@ -251,7 +254,12 @@ private:
     live_.policy = cfg_.policy;
     where_.set_driver(caf::actor_cast<caf::actor>(self_));
     profiler_ = spawn_profiler(sys_, 0.1, recorder_);
-    auto shards = where_.make_shards(ranges_, init_params(cfg_.model, cfg_.seed), cfg_,
+    // Under a script's optimizer the shards hold what is added to the script's own initial
+    // parameters: zeros to start.
+    auto shards = where_.make_shards(ranges_,
+                                     script_optimizer(cfg_) ? std::vector<float>(num_params_, 0.0f)
+                                                            : init_params(cfg_.model, cfg_.seed),
+                                     cfg_,
                                      cfg_.average_epochs * static_cast<double>(train_->n));
     if (!shards) {
       self_->send_exit(profiler_, caf::exit_reason::user_shutdown);
@@ -289,7 +297,7 @@ private:
         return err;
     }
     done_before_ = store_ ? store_->samples_before() : 0;
-    if (done_before_ >= budget_)
+    if (budget_ > 0 && done_before_ >= budget_)
       return make_error(errc::invalid_config, "the job in " + cfg_.checkpoint_dir + " already trained "
                                                 + std::to_string(done_before_) + " samples, its "
                                                 + std::to_string(cfg_.epochs)
@@ -311,7 +319,7 @@ private:
     sc.data_key = where_.data_key();
     sc.profiler = profiler_;
     sc.train_size = train_->n;
-    sc.remaining = 1.0 - static_cast<double>(done_before_) / static_cast<double>(budget_);
+    sc.remaining = budget_ > 0 ? 1.0 - static_cast<double>(done_before_) / static_cast<double>(budget_) : 1.0;
     if (store_) {
       sc.resume_stage = store_->record().stage;
       for (const auto& w : store_->record().workers)
@@ -350,6 +358,7 @@ private:
   run_report report_header() const {
     run_report rep;
     rep.policy = cfg_.policy;
+    rep.optimizer = cfg_.optimizer_kind;
     rep.model = cfg_.model.to_string();
     rep.workers = cfg_.workers;
     rep.servers = cfg_.servers;
@@ -798,7 +807,7 @@ private:
       if (recorder_)
         recorder_->event("stop requested", stop_asked_);
     } else if (out_of_time && !rep_.target_reached) {
-      rep_.time_limited = done_before_ + last_look_samples_ < budget_;
+      rep_.time_limited = budget_ > 0 && done_before_ + last_look_samples_ < budget_;
       spdlog::info("job: time limit of {} s reached; stopping the workers", cfg_.time_limit);
     }
     self_->request(scheduler_, std::chrono::seconds(10), wire::ctl_request{wire::ctl_request::shutdown, 0, 0})
@@ -843,6 +852,13 @@ private:
                                                                          : " (the first, " + first_failure_ + ")"));
     if (failed_ > 0)
       spdlog::warn("job: {} of {} workers failed during training", failed_, finished_ + failed_);
+    if (script_optimizer(cfg_)) {
+      // The scripts' model is theirs (their own initial parameters plus the shards'), and
+      // so is its evaluation: the job reports what it trained.
+      rep_.test_accuracy = rep_.test_loss = std::numeric_limits<double>::quiet_NaN();
+      rep_.test_samples = 0;
+      return std::move(rep_);
+    }
     auto ev = evals_->evaluate(*params);
     if (!ev)
       return ev.error();

@@ -562,7 +562,7 @@ void admit_to_running_job(scheduler_pointer self, wire::assignment a, registrati
 // steps as planned (a lost one's as it took them), in epochs of the set. A change keeps
 // the job's epochs; the line says where it did not.
 void log_planned_epochs(const scheduler_state& st) {
-  if (st.cfg.train_size == 0)
+  if (st.cfg.train_size == 0 || script_optimizer(st.cfg.job))
     return;
   double samples = 0;
   for (const auto& [id, m] : st.members)
@@ -579,6 +579,10 @@ size_t plan_membership(scheduler_pointer self, const wire::cluster_stats& stats)
   auto& st = self->state;
   auto due = std::move(st.handover_due);
   st.handover_due.clear();
+  // The scripts' own data loaders decide what each worker trains (train.optimizer =
+  // script): a member that leaves hands over no steps.
+  if (script_optimizer(st.cfg.job))
+    due.clear();
   auto joins = std::move(st.joins_due);
   st.joins_due.clear();
   if (st.stopping || st.done_sent) {

@@ -1,6 +1,7 @@
 // `ashlar launch`: a scheduler, server nodes and worker nodes as separate processes on this
 // machine (like torchrun --standalone), their output forwarded with a role prefix, all
 // stopped on Ctrl-C or when the job ends.
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -8,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <poll.h>
+#include <sys/stat.h>
 #include <thread>
 #include <unistd.h>
 
@@ -30,6 +32,7 @@ struct launch_options {
   uint32_t slots = 1;
   std::string python;     // a Python script each worker process runs instead of `ashlar node`
   std::string python_exe; // its interpreter
+  std::vector<std::string> script_args; // what follows `--`: the script's own arguments
 };
 
 // Where the Python package lies beside this executable: BUILD/python for a build tree
@@ -53,6 +56,7 @@ struct child {
   bool script = false; // a --python worker: it ends by itself once its job is over
   std::string last;     // its last line of output (what a process that died last said)
   bool exited = false;  // its exit was seen
+  int rank = -1;        // a worker process's index (its script's rank), -1 for the others
 };
 
 // Forwards complete lines from every child's output; returns false when nothing was read.
@@ -141,6 +145,8 @@ struct launcher {
   bool interrupted = false;        // a signal asked the scheduler to stop the job
   bool scripts_waiting = false;    // the job is over; --python workers are given time to end
   std::string failed_member;       // a server or worker process that failed, and what it said last
+  std::string store_dir;           // --python: the scripts' store (ashlar.torch's collectives), in `dir`
+  uint64_t script_params = 0;      // --python: the parameters of the scripts' own model; 0: the job's model
   std::chrono::steady_clock::time_point stop_deadline; // when stopping goes on to the next, harder step
 
   int prepare();
@@ -153,6 +159,9 @@ struct launcher {
   std::string worker_pythonpath() const;
   std::vector<std::string> worker_argv(uint32_t i, const std::string& pythonpath) const;
   bool start_workers();
+  int wait_for_script_model();
+  bool publish_join();
+  void note_left(const child& c);
   int supervise();
   void on_stop_signal(int sig);
   void on_job_over(int scheduler_code);
@@ -180,6 +189,13 @@ int launcher::prepare() {
   char tmpl[] = "/tmp/ashlar-launch-XXXXXX";
   dir = ::mkdtemp(tmpl);
   port_file = dir + "/port";
+  if (!o.python.empty()) {
+    store_dir = dir + "/store";
+    if (::mkdir(store_dir.c_str(), 0700) != 0) {
+      std::fprintf(stderr, "ashlar launch: cannot make %s\n", store_dir.c_str());
+      return 1;
+    }
+  }
   token_file = o.token_file;
   if (token_file.empty() && !std::getenv("ASHLAR_TOKEN") && !write_token())
     return 1;
@@ -213,7 +229,7 @@ bool launcher::start(const std::string& prefix, const std::vector<std::string>& 
     std::fprintf(stderr, "ashlar launch: %s\n", describe(p.error()).c_str());
     return false;
   }
-  children.push_back(child{prefix, std::move(*p), "", true, false, "", false});
+  children.push_back(child{prefix, std::move(*p), "", true, false, "", false, -1});
   return true;
 }
 
@@ -227,12 +243,28 @@ void launcher::stop_all(int sig) {
 bool launcher::start_scheduler() {
   std::vector<std::string> sched = {exe, "node", "--role", "scheduler", "--listen", "127.0.0.1:0",
                                     "--port-file", port_file, "--exit-after-job"};
-  if (!o.train.config_file.empty())
-    sched.push_back(o.train.config_file);
+  // A scheduler runs the job of its CONFIG: without one, the job is the defaults and the
+  // flags (an empty configuration of this launch's own).
+  std::string config = o.train.config_file;
+  if (config.empty()) {
+    config = dir + "/job.toml";
+    std::ofstream{config} << "# ashlar launch: no CONFIG given; the job is the defaults and the flags\n";
+  }
+  sched.push_back(config);
   for (auto& a : o.train.as_args())
     sched.push_back(a);
+  // The scripts' own model (rank 0's DistributedOptimizer said its size): their optimizers
+  // update it, and the job's model is one external layer of that many parameters.
+  if (script_params > 0)
+    sched.insert(sched.end(), {"--set", "train.optimizer=script", "--set",
+                               "model.layers=external params=" + std::to_string(script_params)
+                                 + " out=" + std::to_string(cfg.model.classes)});
   sched.insert(sched.end(), common.begin(), common.end());
-  return start("[scheduler]", sched);
+  if (!start("[scheduler]", sched))
+    return false;
+  // Started after the worker scripts with --python: it goes first all the same.
+  std::rotate(children.begin(), children.end() - 1, children.end());
+  return true;
 }
 
 // Waits (30 s at most) for the scheduler's port, then sets the address the nodes join.
@@ -299,14 +331,20 @@ std::vector<std::string> launcher::worker_argv(uint32_t i, const std::string& py
     // The script's device, as torchrun pins a local rank: CUDA_VISIBLE_DEVICES holds
     // this worker's GPU (none: empty, the CPU), so that ashlar.device() is "cuda" there.
     const auto& gpu = gpus[i];
-    a = {"env", "ASHLAR_JOIN=" + join, "ASHLAR_NAME=worker-" + std::to_string(i),
-         "ASHLAR_CONFIG=" + o.train.config_file, "ASHLAR_LOCAL_RANK=" + std::to_string(i),
-         "ASHLAR_GPU=" + gpu, "CUDA_VISIBLE_DEVICES=" + (gpu == "none" ? std::string{} : gpu)};
+    // The scripts start before the scheduler: each finds its address in ASHLAR_JOIN_FILE
+    // once rank 0 has said which model the job trains (ASHLAR_STORE_DIR/model).
+    const std::string w = std::to_string(cfg.workers);
+    a = {"env", "ASHLAR_JOIN_FILE=" + dir + "/join", "ASHLAR_STORE_DIR=" + store_dir,
+         "ASHLAR_NAME=worker-" + std::to_string(i), "ASHLAR_CONFIG=" + o.train.config_file,
+         "ASHLAR_RANK=" + std::to_string(i), "ASHLAR_SIZE=" + w, "ASHLAR_LOCAL_RANK=" + std::to_string(i),
+         "ASHLAR_LOCAL_SIZE=" + w, "ASHLAR_POLICY=" + cfg.policy, "ASHLAR_GPU=" + gpu,
+         "CUDA_VISIBLE_DEVICES=" + (gpu == "none" ? std::string{} : gpu)};
     if (!token_file.empty())
       a.push_back("ASHLAR_TOKEN_FILE=" + token_file);
     if (!pythonpath.empty())
       a.push_back("PYTHONPATH=" + pythonpath);
     a.insert(a.end(), {o.python_exe, o.python});
+    a.insert(a.end(), o.script_args.begin(), o.script_args.end());
   }
   return a;
 }
@@ -323,8 +361,78 @@ bool launcher::start_workers() {
     if (!start("[worker " + std::to_string(i) + "]", worker_argv(i, pythonpath)))
       return (stop_all(SIGKILL), false);
     children.back().script = !o.python.empty();
+    children.back().rank = static_cast<int>(i);
   }
   return true;
+}
+
+// --python: waits until rank 0's script says which model the job trains (its file
+// `model` in the store: "job", the job's model, or "params N", the scripts' own of N
+// parameters). Returns the exit code, 0 once it has; a script that exits first, or a
+// stop signal, ends the launch.
+int launcher::wait_for_script_model() {
+  const std::string file = store_dir + "/model";
+  for (;;) {
+    pump(children, 100);
+    std::ifstream in{file};
+    std::string kind;
+    if (in >> kind) {
+      if (kind == "job")
+        return 0;
+      uint64_t n = 0;
+      if (kind == "params" && (in >> n) && n > 0 && n <= max_model_params) {
+        script_params = n;
+        std::printf("[launch] the scripts train their own model: %llu parameters, updated by their optimizers\n",
+                    static_cast<unsigned long long>(n));
+        std::fflush(stdout);
+        return 0;
+      }
+      std::fprintf(stderr, "ashlar launch: %s says '%s': not a model the job can train\n", file.c_str(), kind.c_str());
+      return (stop_all(SIGKILL), 1);
+    }
+    for (auto& c : children) {
+      int x;
+      if (c.exited || !c.proc.poll_exit(x))
+        continue;
+      c.exited = true;
+      note_left(c);
+      pump(children, 0);
+      std::fprintf(stderr, "ashlar launch: %s exited with code %d before the job started%s\n", c.prefix.c_str(), x,
+                   c.last.empty() ? "" : (": " + c.last).c_str());
+      stop_all(SIGTERM);
+      while (!all_exited())
+        pump(children, 100);
+      return x > 0 && x < 128 ? x : 1;
+    }
+    if (take_stop_signal() != 0) {
+      std::printf("[launch] interrupted before the job started: stopping the scripts\n");
+      stop_all(SIGTERM);
+      while (!all_exited())
+        pump(children, 100);
+      return 130;
+    }
+  }
+}
+
+// Writes the scheduler's address where the scripts wait for it (whole, or not at all:
+// written aside, then renamed). False when it cannot be written.
+bool launcher::publish_join() {
+  const std::string file = dir + "/join", tmp = file + ".tmp";
+  {
+    std::ofstream out{tmp};
+    out << join << "\n";
+    if (!out)
+      return false;
+  }
+  return std::rename(tmp.c_str(), file.c_str()) == 0;
+}
+
+// A worker script that ended: the store says so, so that the others' collectives
+// (ashlar.torch.allreduce, ...) do not wait for it.
+void launcher::note_left(const child& c) {
+  if (c.rank < 0 || store_dir.empty())
+    return;
+  std::ofstream{store_dir + "/left-" + std::to_string(c.rank)} << "left\n";
 }
 
 // Forwards the processes' output and stops them as the job, a signal or a failed process
@@ -400,6 +508,7 @@ void launcher::check_members() {
     if (c.exited || !c.proc.poll_exit(x))
       continue;
     c.exited = true;
+    note_left(c);
     if (x == 0)
       continue;
     pump(children, 0);
@@ -452,6 +561,12 @@ int launcher::finish() {
   }
   std::remove(port_file.c_str());
   std::remove((dir + "/token").c_str());
+  std::remove((dir + "/join").c_str());
+  std::remove((dir + "/job.toml").c_str());
+  if (!store_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(store_dir, ec);
+  }
   ::rmdir(dir.c_str());
   return code;
 }
@@ -461,16 +576,36 @@ int run_launch(const launch_options& o) {
   launcher launch{o};
   if (int code = launch.prepare())
     return code;
+  if (o.python.empty()) {
+    if (!launch.start_scheduler())
+      return 1;
+    if (int code = launch.wait_for_scheduler())
+      return code;
+    if (!launch.start_servers() || !launch.start_workers())
+      return 1;
+    return launch.supervise();
+  }
+  // --python: the scripts first (rank 0's model decides the job's), then the scheduler,
+  // whose address they read from the join file, then the servers.
+  if (!launch.start_workers())
+    return 1;
+  if (int code = launch.wait_for_script_model())
+    return (launch.finish(), code);
   if (!launch.start_scheduler())
-    return 1;
+    return (launch.stop_all(SIGKILL), launch.finish(), 1);
   if (int code = launch.wait_for_scheduler())
-    return code;
-  if (!launch.start_servers() || !launch.start_workers())
-    return 1;
+    return (launch.finish(), code);
+  if (!launch.publish_join() || !launch.start_servers())
+    return (launch.stop_all(SIGKILL), launch.finish(), 1);
   return launch.supervise();
 }
 
 }  // namespace
+
+std::vector<std::string>& launch_script_args() {
+  static std::vector<std::string> args;
+  return args;
+}
 
 command_fn add_launch(CLI::App& app) {
   auto o = std::make_shared<launch_options>();
@@ -480,13 +615,17 @@ command_fn add_launch(CLI::App& app) {
   add_train_options(cmd, o->train);
   cmd->add_option("--token-file", o->token_file, "cluster token file passed to every node");
   cmd->add_option("--python", o->python,
-                  "each worker process runs this Python script, which joins with ashlar.init() (the Python "
-                  "package; ASHLAR_JOIN, ASHLAR_TOKEN_FILE, ASHLAR_NAME, ASHLAR_CONFIG, ASHLAR_LOCAL_RANK, ASHLAR_GPU and "
+                  "each worker process runs this Python script (what follows `--` is its own arguments), which "
+                  "joins with ashlar.init() or `import ashlar.torch as hvd` (the Python package; ASHLAR_JOIN_FILE, "
+                  "ASHLAR_STORE_DIR, ASHLAR_RANK, ASHLAR_SIZE, ASHLAR_LOCAL_SIZE, ASHLAR_POLICY, ASHLAR_TOKEN_FILE, ASHLAR_NAME, ASHLAR_CONFIG, ASHLAR_LOCAL_RANK, ASHLAR_GPU and "
                   "CUDA_VISIBLE_DEVICES (the worker's GPU, empty for none) are set for it)")
     ->check(CLI::ExistingFile);
   o->python_exe = ASHLAR_PYTHON_EXE;
   cmd->add_option("--python-exe", o->python_exe, "the interpreter for --python")->capture_default_str();
-  return [o] { return run_launch(*o); };
+  return [o] {
+    o->script_args = launch_script_args();
+    return run_launch(*o);
+  };
 }
 
 }  // namespace ashlar::cli

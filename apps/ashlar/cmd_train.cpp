@@ -159,9 +159,15 @@ void print_job_summary(const std::string& j) {
               field("servers").c_str(), field("model").c_str());
   const char* why = ending_words(field("stopped_early") == "true", field("target_reached") == "true",
                                  field("time_limited") == "true");
-  std::printf("test accuracy %.4f (loss %.4f) on %s samples, %s%.2f of %s epochs in %.1f s (%.0f samples/s)\n",
-              num("test_accuracy"), num("test_loss"), field("test_samples").c_str(), why, num("epochs_trained"),
-              field("epochs").c_str(), num("seconds"), num("samples_per_second"));
+  if (field("optimizer") == "script")
+    std::printf("the scripts' optimizers trained %s samples in %.1f s (%.0f samples/s)%s; the scripts evaluate their "
+                "model\n",
+                field("samples").c_str(), num("seconds"), num("samples_per_second"),
+                field("stopped_early") == "true" ? ", stopped on request" : "");
+  else
+    std::printf("test accuracy %.4f (loss %.4f) on %s samples, %s%.2f of %s epochs in %.1f s (%.0f samples/s)\n",
+                num("test_accuracy"), num("test_loss"), field("test_samples").c_str(), why, num("epochs_trained"),
+                field("epochs").c_str(), num("seconds"), num("samples_per_second"));
   print_work_moved(num("redone_samples"), num("reassigned_samples"));
 }
 

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -17,6 +18,9 @@ command_fn add_node(CLI::App& app);
 command_fn add_status(CLI::App& app);
 command_fn add_ctl(CLI::App& app);
 command_fn add_launch(CLI::App& app);
+/// `ashlar launch ... -- ARGS`: the worker scripts' own arguments (run_cli takes them off
+/// the command line before parsing it).
+std::vector<std::string>& launch_script_args();
 command_fn add_checkpoint(CLI::App& app);
 command_fn add_cert(CLI::App& app);
 command_fn add_config(CLI::App& app);

@@ -302,6 +302,15 @@ int ashlar::cli::run_cli(int argc, char** argv) {
   auto cert = ashlar::cli::add_cert(app);
   auto config = ashlar::cli::add_config(app);
   name_value_kinds(app);
+  // `ashlar launch ... --python SCRIPT -- ARGS`: ARGS are the script's, not options of launch.
+  ashlar::cli::launch_script_args().clear();
+  if (argc > 1 && std::string{argv[1]} == "launch")
+    for (int i = 2; i < argc; ++i)
+      if (std::string{argv[i]} == "--") {
+        ashlar::cli::launch_script_args().assign(argv + i + 1, argv + argc);
+        argc = i;
+        break;
+      }
   // `ashlar help [CMD]`, `ashlar version`, and a mistyped command named as such.
   if (auto code = run_first_word(app, argc, argv, version))
     return *code;

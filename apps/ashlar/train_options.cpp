@@ -240,9 +240,15 @@ int finish_run(const train_config& cfg, const expected<run_report>& rep, const c
   // time limit says so; a run that trained past its budget (workers at their own pace
   // finish the step in flight) says how far.
   const char* why = ending_words(rep->stopped_early, rep->target_reached, rep->time_limited);
-  std::printf("test accuracy %.4f (loss %.4f) on %lu samples, %s%.2f of %u epochs in %.1f s (%s samples/s)\n",
-              rep->test_accuracy, rep->test_loss, static_cast<unsigned long>(rep->test_samples), why,
-              rep->epochs_trained, rep->epochs, rep->seconds, rate(rep->samples_per_second).c_str());
+  if (rep->optimizer == "script")
+    std::printf("the scripts' optimizers trained %llu samples in %.1f s (%s samples/s)%s; the scripts evaluate their "
+                "model\n",
+                static_cast<unsigned long long>(rep->samples), rep->seconds, rate(rep->samples_per_second).c_str(),
+                rep->stopped_early ? ", stopped on request" : rep->time_limited ? ", stopped at the time limit" : "");
+  else
+    std::printf("test accuracy %.4f (loss %.4f) on %lu samples, %s%.2f of %u epochs in %.1f s (%s samples/s)\n",
+                rep->test_accuracy, rep->test_loss, static_cast<unsigned long>(rep->test_samples), why,
+                rep->epochs_trained, rep->epochs, rep->seconds, rate(rep->samples_per_second).c_str());
   print_work_moved(static_cast<double>(rep->redone_samples), static_cast<double>(rep->reassigned_samples));
   std::fflush(stdout);
   if (!cfg.report.empty()) {

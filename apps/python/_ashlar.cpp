@@ -108,11 +108,22 @@ private:
                  : view(b.x, {rows, static_cast<py::ssize_t>(b.dim)}, false);
       auto y = view(b.y, {static_cast<py::ssize_t>(b.n)}, false);
       py::object out = grad ? impl_.attr(method)(p, x, y, view(grad, {n}, true)) : impl_.attr(method)(p, x, y);
-      auto pair = out.cast<std::pair<double, long long>>();
+      // (loss_sum, correct), or (loss_sum, correct, n) from a backend whose batch is its
+      // own (a script's DataLoader): n samples, not Ashlar's batch.
+      auto t = out.cast<py::tuple>();
+      if (t.size() != 2 && t.size() != 3)
+        throw py::cast_error("");
       batch_stats s;
       s.n = b.n;
-      s.loss_sum = pair.first;
-      s.correct = pair.second < 0 ? 0 : static_cast<size_t>(pair.second);
+      s.loss_sum = t[0].cast<double>();
+      const auto correct = t[1].cast<long long>();
+      s.correct = correct < 0 ? 0 : static_cast<size_t>(correct);
+      if (t.size() == 3) {
+        const auto own = t[2].cast<long long>();
+        if (own <= 0)
+          return make_error(errc::invalid_state, name_ + "." + method + ": the batch's size must be at least 1");
+        s.n = static_cast<size_t>(own);
+      }
       if (!std::isfinite(s.loss_sum))
         return make_error(errc::numerical_error, name_ + "." + method + ": the loss is not finite");
       return s;
@@ -124,7 +135,8 @@ private:
       return make_error(errc::invalid_state, name_ + "." + method + " raised " + e.what());
     } catch (const py::cast_error&) {
       return make_error(errc::invalid_state, name_ + "." + method
-                                               + " must return (loss_sum, correct): a float and an int");
+                                               + " must return (loss_sum, correct) or (loss_sum, correct, n): a float "
+                                                 "and ints");
     }
   }
 

@@ -16,6 +16,54 @@ bool is_async_push(const std::string& p) {
   return p == "asp" || p == "ssp" || p == "kasync" || p == "adaptive";
 }
 
+// train.optimizer = script: the workers' scripts step their own optimizers; the shards
+// carry what those need, at a unit rate. Keys a lockstep job needs exact are set whether
+// or not the user set them (the mean gradient would be wrong otherwise).
+std::vector<rule_change> script_rule_changes(const train_config& cfg) {
+  std::vector<rule_change> out;
+  const double w = std::max<uint32_t>(cfg.workers, 1);
+  const auto& p = cfg.policy;
+  const bool lockstep = p == "bsp" || p == "ring";
+  const std::string ws = num(w) + " workers";
+  auto change = [&](const std::string& key, const std::string& value, const std::string& why, bool required) {
+    if ((required || !user_set(cfg, key)) && setting_text(cfg, key) != value)
+      out.push_back({key, value, why});
+  };
+  const std::string unit = "train.optimizer script: the script's optimizer sets the step, the shards apply ";
+  const std::string own = "train.optimizer script: ";
+  if (lockstep) {
+    change("train.lr", "1", unit + "what the workers push at a unit rate and hold the round's mean gradient", true);
+  } else if (p == "ksync") {
+    const auto k = effective_k(cfg.policy_settings.k, static_cast<size_t>(w));
+    change("train.lr", num(static_cast<double>(k) / w),
+           unit + "a round's mean parameter delta times k/W = " + std::to_string(k) + "/" + ws, false);
+  } else if (is_async_push(p)) {
+    change("train.lr", num(std::min(1.0, 2.0 / w)),
+           unit + "each worker's parameter delta times min(1, 2/" + ws + ") (W deltas a round would move the model "
+                  "W times one worker's step)", false);
+  } else {
+    change("train.lr", "1", unit + "commits of parameter deltas as they come; each worker's local steps are its "
+                               "script's optimizer steps, exactly", true);
+  }
+  change("train.momentum", "0", own + "the shards keep no momentum (the script's optimizer has its state)", true);
+  change("train.weight_decay", "0", own + "the shards apply no decay (the script's optimizer has its own)", true);
+  change("train.lr_schedule", "constant", own + "the shards follow no schedule (the script's LR scheduler is the schedule)",
+         true);
+  change("train.warmup_epochs", "0", own + "the shards follow no warmup", true);
+  change("train.local_momentum", "0", own + "local steps are the script's optimizer steps, exactly", true);
+  change("ashl.shl_lr_scale", "1", own + "SHL does not scale the script's steps", true);
+  change("run.divergence_guard", "false",
+         "train.optimizer script: backing off the shards' rate would scale the script's steps; the script watches its loss",
+         true);
+  change("run.eval_every_epoch", "false", "train.optimizer script: the script evaluates its model itself", false);
+  if (lockstep)
+    change("train.topk_ratio", "0", "train.optimizer script under " + p + ": the round's mean gradient is exact", true);
+  if (p == "ashl" && cfg.commit_scale == 0)
+    change("train.commit_scale", num(std::min(1.0, 2.0 / w)),
+           "min(1, 2/" + ws + "): as ashl's commits of gradients, twice an average's share", false);
+  return out;
+}
+
 }  // namespace
 
 bool user_set(const train_config& cfg, const std::string& key) {
@@ -28,6 +76,8 @@ bool user_set(const train_config& cfg, const std::string& key) {
 
 std::vector<rule_change> policy_rule_changes(const train_config& cfg) {
   std::vector<rule_change> out;
+  if (script_optimizer(cfg))
+    return script_rule_changes(cfg); // what the shards must do for the script's optimizer, rules on or off
   if (!cfg.policy_rules)
     return out;
   const double w = std::max<uint32_t>(cfg.workers, 1);

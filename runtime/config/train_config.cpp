@@ -295,6 +295,10 @@ const std::vector<field>& fields() {
     bind("train.warmup_epochs", "epochs of linear learning-rate warmup (at most half of train.epochs), 0 = none "
                                 "(default 0)",
          [](train_config& c) -> double& { return c.warmup_epochs; }),
+    bind("train.optimizer", "what updates the model: sgd (the shards' SGD, train.lr and train.momentum) or script "
+                            "(each Python worker's own torch optimizer through ashlar.torch; the shards carry mean "
+                            "gradients or parameter deltas at a unit rate) (default sgd)",
+         [](train_config& c) -> std::string& { return c.optimizer_kind; }),
     bind("train.momentum", "SGD momentum, 0 = none (default 0.9)",
          [](train_config& c) -> float& { return c.optimizer.momentum; }),
     bind("train.weight_decay", "L2 weight decay (default 0.0001)",
@@ -586,7 +590,10 @@ std::vector<std::string> environment_warnings(const std::vector<std::string>& na
   // ashlar launch --python sets for a worker script) and the test harness's own.
   static const std::vector<std::string> others{"ASHLAR_TOKEN",     "ASHLAR_HOME", "ASHLAR_TLS_DIR", "ASHLAR_JOIN",
                                                "ASHLAR_TOKEN_FILE", "ASHLAR_NAME", "ASHLAR_CONFIG",
-                                               "ASHLAR_LOCAL_RANK", "ASHLAR_GPU"};
+                                               "ASHLAR_LOCAL_RANK", "ASHLAR_GPU", "ASHLAR_JOIN_FILE",
+                                               "ASHLAR_STORE_DIR", "ASHLAR_RANK", "ASHLAR_SIZE",
+                                               "ASHLAR_LOCAL_SIZE", "ASHLAR_POLICY",
+                                               "ASHLAR_COLLECTIVE_TIMEOUT"};
   std::vector<std::string> known = others;
   for (const auto& f : fields())
     known.push_back(env_name(f.key));
@@ -655,6 +662,8 @@ caf::error validate(const train_config& c) {
     return bad("ashl.topk_ratio must be in [0, 0.5): from 0.5 on a sparse push is no smaller than a dense one");
   if (!(c.optimizer.lr > 0))
     return bad("train.lr must be > 0");
+  if (c.optimizer_kind != "sgd" && c.optimizer_kind != "script")
+    return bad("train.optimizer '" + c.optimizer_kind + "' is not known (known: sgd, script)");
   if (!(c.warmup_epochs >= 0) || !std::isfinite(c.warmup_epochs))
     return bad("train.warmup_epochs must be a number of epochs, at least 0");
   if (c.optimizer.momentum < 0 || c.optimizer.momentum >= 1)

@@ -120,6 +120,14 @@ struct train_settings {
   std::string contention;
   /// Optimizer applied by the shards (train.lr, train.momentum, train.weight_decay).
   sgd_config optimizer;
+  /// What updates the model (train.optimizer): "sgd", the shards' SGD with train.lr and
+  /// train.momentum; or "script", the optimizer of each worker's training script (Python
+  /// workers through ashlar.torch): the shards then carry what the script's optimizer
+  /// needs, at a unit rate (policy_rules.hpp: the round's mean gradient under bsp and
+  /// ring, each worker's parameter delta under the other policies), start from zeros
+  /// (the script's model is its own initial parameters plus what the shards hold), and
+  /// the job ends when its workers' scripts do. Default: "sgd".
+  std::string optimizer_kind = "sgd";
   /// The learning rate over the epochs: constant, cosine or step (see
   /// runtime/optim/lr_schedule.hpp). Default: constant.
   lr_schedule_kind lr_schedule = lr_schedule_kind::constant;
@@ -249,8 +257,12 @@ using env_lookup = std::function<const char*(const char*)>;
 /// A warning for each of `names` (the environment's variable names) that starts with
 /// ASHLAR_ but is no variable Ashlar reads (a key's, ASHLAR_TOKEN, ASHLAR_HOME,
 /// ASHLAR_TLS_DIR, the Python package's ASHLAR_JOIN, ASHLAR_TOKEN_FILE, ASHLAR_NAME,
-/// ASHLAR_CONFIG; ASHLAR_TEST_* are the tests'), with the closest one it may have meant.
+/// ASHLAR_CONFIG, ASHLAR_JOIN_FILE, ASHLAR_STORE_DIR, ASHLAR_RANK, ASHLAR_SIZE, ...;
+/// ASHLAR_TEST_* are the tests'), with the closest one it may have meant.
 std::vector<std::string> environment_warnings(const std::vector<std::string>& names);
+
+/// Whether the workers' scripts' own optimizers update the model (train.optimizer = script).
+inline bool script_optimizer(const train_config& cfg) { return cfg.optimizer_kind == "script"; }
 
 /// Most parameters a model may have: ranges and sparse indices are 32-bit.
 constexpr uint64_t max_model_params = (uint64_t{1} << 31) - 1;

@@ -58,6 +58,7 @@ std::string to_json(const run_report& r) {
   std::ostringstream o;
   o << "{\n"
     << "  \"policy\": " << str(r.policy) << ",\n"
+    << "  \"optimizer\": " << str(r.optimizer) << ",\n"
     << "  \"model\": " << str(r.model) << ",\n"
     << "  \"backend\": " << str(r.backend) << ",\n"
     << "  \"workers\": " << r.workers << ",\n"

@@ -28,6 +28,8 @@ struct worker_summary {
 
 struct run_report {
   std::string policy;
+  std::string optimizer = "sgd";  // train.optimizer: sgd (the shards'), or script (the workers' scripts'; no test
+                                  // evaluation of the job's own: test_accuracy and test_loss are null)
   std::string model;
   std::string backend = "cpu";
   uint32_t workers = 0;

@@ -27,7 +27,9 @@ wire::assignment make_assignment(const assignment_context& ctx, uint32_t id, uin
   }
   if (!ctx.traits.lockstep)
     a.steps = (n * job.epochs + job.batch_size - 1) / job.batch_size;
-  if (ctx.remaining < 1.0)
+  if (script_optimizer(job)) // the scripts' loops end the job: no count of steps of its own
+    a.steps = uint64_t{1} << 40;
+  else if (ctx.remaining < 1.0)
     a.steps = std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(static_cast<double>(a.steps) * ctx.remaining)));
   a.local_steps = 1;
   a.local_lr = job.optimizer.lr;

@@ -114,14 +114,37 @@ def train(config=None, backend=None, settings=None, args=()):
 _node = {"thread": None, "code": None, "bridge": None}
 
 
-def init(join=None, token_file=None, name=None, tls=None, config=None, settings=None, args=()):
+def _join_from_launch(script_model):
+    # `ashlar launch --python` starts the scripts before the scheduler: rank 0 says which
+    # model the job trains (the job's own here, unless the script brings one), then every
+    # script waits for the scheduler's address.
+    path = os.environ.get("ASHLAR_JOIN_FILE")
+    if not path:
+        return None
+    store = os.environ.get("ASHLAR_STORE_DIR")
+    if store and not script_model and os.environ.get("ASHLAR_RANK", "0") == "0":
+        from .store import Store
+        Store(store, 0, 1).put("model", b"job\n")
+    while True:
+        try:
+            with open(path) as f:
+                address = f.read().strip()
+            if address:
+                return address
+        except FileNotFoundError:
+            pass
+        time.sleep(0.05)
+
+
+def init(join=None, token_file=None, name=None, tls=None, config=None, settings=None, args=(), _script_model=False):
     """Makes this process an Ashlar worker, in the background, and returns at once.
 
     join="HOST:PORT": joins the cluster whose scheduler listens there as a worker node
     (`ashlar node --role worker --join HOST:PORT`), with the cluster's token file (or
     `tls`, the directory `ashlar cert` wrote; or $ASHLAR_TOKEN, $ASHLAR_TLS_DIR as for
     `ashlar node`). Without `join`, the ASHLAR_JOIN, ASHLAR_TOKEN_FILE and ASHLAR_NAME
-    variables are read (ashlar launch --python sets them); without those either, `config` runs a local job in this process
+    variables are read (ashlar launch --python sets ASHLAR_JOIN_FILE instead: the file
+    the scheduler's address is written to once it runs); without those either, `config` runs a local job in this process
     (`ashlar train CONFIG`) whose workers all take their steps from this script.
 
     The script then takes its steps through ashlar.torch.DistributedOptimizer."""
@@ -129,7 +152,7 @@ def init(join=None, token_file=None, name=None, tls=None, config=None, settings=
 
     if _node["thread"] is not None and _node["thread"].is_alive():
         raise Error(2, "ashlar.init: this process already runs an Ashlar worker (ashlar.shutdown() first)")
-    join = join or os.environ.get("ASHLAR_JOIN")
+    join = join or os.environ.get("ASHLAR_JOIN") or _join_from_launch(_script_model)
     token_file = token_file or os.environ.get("ASHLAR_TOKEN_FILE")
     name = name or os.environ.get("ASHLAR_NAME")
     if join:

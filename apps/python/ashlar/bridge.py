@@ -29,10 +29,11 @@ class Step:
         self._result = None
         self._error = None
 
-    def finish(self, loss_sum, correct):
+    def finish(self, loss_sum, correct, n=None):
         """The gradient is in `grad`: hands the step back to Ashlar with the batch's summed
-        loss and its number of correct predictions."""
-        self._result = (float(loss_sum), int(correct))
+        loss and its number of correct predictions; `n`, the batch's size when the script
+        took a batch of its own (its DataLoader's), not Ashlar's `y`."""
+        self._result = (float(loss_sum), int(correct)) if n is None else (float(loss_sum), int(correct), int(n))
         self._done.set()
 
     @property

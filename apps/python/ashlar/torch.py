@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from . import _node, Error, is_running
 from .bridge import Closed
 
-__all__ = ["ModelBackend", "DistributedOptimizer", "load_flat", "flat_grad"]
+__all__ = ["ModelBackend", "BatchLoop", "load_flat", "flat_grad"]
 
 
 # Ashlar's arrays are read-only views of its buffers: PyTorch shares them (no copy) and
@@ -137,11 +137,11 @@ class ModelBackend:
             self._give(model)
 
 
-class DistributedOptimizer:
+class BatchLoop:
     """Takes this process's Ashlar worker steps from the script's own loop (after
-    ashlar.init()):
+    ashlar.init()), on the job's data and with the job's update (train.lr on the shards):
 
-        opt = DistributedOptimizer(model)
+        opt = BatchLoop(model)        # or DistributedOptimizer(model), its older name
         for x, y in opt.batches():
             opt.zero_grad()
             loss_fn(model(x), y).backward()
@@ -158,7 +158,7 @@ class DistributedOptimizer:
     def __init__(self, model):
         bridge = _node["bridge"]
         if bridge is None:
-            raise Error(2, "ashlar.torch.DistributedOptimizer: call ashlar.init() first")
+            raise Error(2, "ashlar.torch.BatchLoop: call ashlar.init() first")
         self.model = model
         self._bridge = bridge
         self._step = None
@@ -186,7 +186,7 @@ class DistributedOptimizer:
         taken = 0
         while True:
             if self._step is not None:
-                raise Error(2, "ashlar.torch.DistributedOptimizer: the last batch's step() was not called")
+                raise Error(2, "ashlar.torch.BatchLoop: the last batch's step() was not called")
             try:
                 step = self._bridge.next_step(is_running)
             except Closed:
@@ -215,7 +215,7 @@ class DistributedOptimizer:
         mean) when given."""
         step = self._step
         if step is None:
-            raise Error(2, "ashlar.torch.DistributedOptimizer.step: no batch is waiting (iterate batches())")
+            raise Error(2, "ashlar.torch.BatchLoop.step: no batch is waiting (iterate batches())")
         self._step = None
         if step.abandoned:
             return  # shut down meanwhile: Ashlar no longer holds the buffers
@@ -231,5 +231,12 @@ class DistributedOptimizer:
                 loss_sum = float(F.cross_entropy(out, target, reduction="sum"))
             else:
                 step.fail(Error(2, "step(): the model was not run on the batch; pass step(loss=...)"))
-                raise Error(2, "ashlar.torch.DistributedOptimizer.step: the model was not run on the batch")
+                raise Error(2, "ashlar.torch.BatchLoop.step: the model was not run on the batch")
         step.finish(loss_sum, correct)
+
+
+# Horovod's contract (`import ashlar.torch as hvd`): see ashlar/_horovod.py.
+from ._horovod import *  # noqa: E402,F401,F403
+from ._horovod import __all__ as _horovod_all  # noqa: E402
+
+__all__ += _horovod_all

@@ -1,0 +1,613 @@
+"""Horovod's contract on Ashlar's policies: `import ashlar.torch as hvd`.
+
+A Horovod script keeps its model, its torch optimizer and LR scheduler, its DataLoader and
+its loss; it changes its import line and its launcher
+(`ashlar launch [CONFIG] --workers N --python SCRIPT -- ARGS`). The job's policy decides
+how the workers' updates meet, by one rule per family (train.optimizer = script):
+
+  bsp, ring      lockstep: optimizer.step() sends this worker's gradient and waits for the
+                 round's batch-weighted mean gradient (the shards hold it, as an
+                 all-reduce would), puts it into every parameter's .grad and steps the
+                 script's optimizer on it. Every worker's copy takes the same step from
+                 the same state: with equal speeds the trajectory is PyTorch DDP's.
+  the others     local: optimizer.step() steps the script's optimizer on this worker's
+  (asp, ssp,     own gradient, then sends the step's parameter delta; the shards apply the
+  ksync, kasync, deltas by the policy's staleness rule (BytePS's asynchronous mode), and
+  adaptive,      under adsp and ashl the worker takes local steps, its script's optimizer
+  adsp, ashl)    steps, between commits of their summed delta (Async Local-SGD). The
+                 model then holds the parameters the policy gives the next step: its
+                 initial value (rank 0's) plus what the shards hold. Optimizer state
+                 (Adam's moments) is each worker's own.
+
+The collectives (broadcast_parameters, broadcast_optimizer_state, allreduce, allgather,
+broadcast_object) carry metrics and state between the scripts (ashlar/store.py); the
+training goes through the shards.
+"""
+import contextlib
+import io
+import os
+import threading
+import time
+
+import numpy as np
+import torch
+
+from . import Error
+from .store import Store, CollectiveError
+
+__all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "local_size", "cross_rank",
+           "cross_size", "policy", "lockstep", "DistributedOptimizer", "broadcast_parameters",
+           "broadcast_optimizer_state", "broadcast_object", "allgather_object", "broadcast", "broadcast_",
+           "allreduce", "allreduce_", "allgather", "barrier", "join", "Compression", "Average", "Sum", "Adasum",
+           "JobEnded", "CollectiveError", "elastic", "ManualOptimizer", "mpi_threads_supported", "nccl_built", "gloo_enabled",
+           "mpi_enabled"]
+
+Average, Sum, Adasum = "average", "sum", "adasum"
+LOCKSTEP = ("bsp", "ring")
+
+
+class JobEnded(SystemExit):
+    """The job ended before the script's loop did (a stop, a time limit, a target reached, or
+    its failure): raised by optimizer.step(); an uncaught one ends the script with `code`."""
+
+
+class _World:
+    def __init__(self):
+        env = os.environ
+        self.rank = int(env.get("ASHLAR_RANK", env.get("RANK", "0")))
+        self.size = int(env.get("ASHLAR_SIZE", env.get("WORLD_SIZE", "1")))
+        self.local_rank = int(env.get("ASHLAR_LOCAL_RANK", env.get("LOCAL_RANK", "0")))
+        self.local_size = int(env.get("ASHLAR_LOCAL_SIZE", env.get("LOCAL_WORLD_SIZE", str(self.size))))
+        self.policy = env.get("ASHLAR_POLICY", "bsp")
+        if not (0 <= self.rank < self.size):
+            raise Error(2, f"ashlar.torch.init: rank {self.rank} is not in [0, {self.size}) (ASHLAR_RANK, ASHLAR_SIZE)")
+        path = env.get("ASHLAR_STORE_DIR")
+        if self.size > 1 and not path:
+            raise Error(2, f"ashlar.torch.init: {self.size} ranks but no store for their collectives: run the script "
+                           "under `ashlar launch --python`, which sets ASHLAR_STORE_DIR")
+        self.store = Store(path, self.rank, self.size)
+        self.optimizer = None  # the DistributedOptimizer, once made (one per process)
+
+
+_world = None
+
+
+def init(*args, **kwargs):
+    """Reads this process's place in the job (rank, size, local rank, the policy) from what
+    `ashlar launch --python` set (ASHLAR_RANK, ASHLAR_SIZE, ASHLAR_LOCAL_RANK,
+    ASHLAR_LOCAL_SIZE, ASHLAR_POLICY; torchrun's RANK, WORLD_SIZE, LOCAL_RANK otherwise).
+    The worker joins the job when DistributedOptimizer is made: the job's model is the
+    script's, known then. Horovod's arguments (comm, process_sets) are accepted and unused."""
+    global _world
+    if _world is None:
+        _world = _World()
+
+
+def _w(what):
+    if _world is None:
+        raise ValueError(f"ashlar.torch.{what}: ashlar.torch.init() has not been called")
+    return _world
+
+
+def is_initialized():
+    return _world is not None
+
+
+def size():
+    """The number of workers the job was launched with."""
+    return _w("size").size
+
+
+def rank():
+    return _w("rank").rank
+
+
+def local_rank():
+    return _w("local_rank").local_rank
+
+
+def local_size():
+    return _w("local_size").local_size
+
+
+def cross_rank():
+    return 0
+
+
+def cross_size():
+    return 1
+
+
+def policy():
+    """The job's sync policy (bsp, asp, ..., ashl)."""
+    return _w("policy").policy
+
+
+def lockstep():
+    """Whether the policy is lockstep (bsp, ring: mean gradients, one step everywhere)."""
+    return policy() in LOCKSTEP
+
+
+def mpi_threads_supported():
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def nccl_built():
+    return False
+
+
+def gloo_enabled():
+    return False
+
+
+# --- collectives among the scripts ----------------------------------------------------
+
+def broadcast_object(obj, root_rank=0, name=None, process_set=None):
+    """Rank `root_rank`'s `obj` (any picklable object) on every rank."""
+    return _w("broadcast_object").store.exchange(obj, "broadcast_object", root=root_rank)[root_rank]
+
+
+def allgather_object(obj, name=None, process_set=None):
+    """Every rank's `obj`, in rank order (ranks whose process has ended left out)."""
+    got = _w("allgather_object").store.exchange(obj, "allgather_object")
+    return [got[r] for r in sorted(got)]
+
+
+def _cpu(t):
+    return t.detach().to("cpu")
+
+
+def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
+              postscale_factor=1.0, process_set=None):
+    """The mean (op=Average, the default) or sum (op=Sum) of `tensor` over the ranks, as a new
+    tensor of its dtype and device. For metrics and small tensors: the training's
+    gradients go through the shards."""
+    if op is None:
+        op = Average if average is None or average else Sum
+    if op == Adasum:
+        raise ValueError("ashlar.torch.allreduce: op=Adasum is not supported (Average or Sum)")
+    got = _w("allreduce").store.exchange(_cpu(tensor) * prescale_factor, "allreduce")
+    parts = [got[r] for r in sorted(got)]
+    total = torch.stack([p.to(torch.float64) if p.is_floating_point() else p for p in parts]).sum(0)
+    if op == Average:
+        total = total / len(parts)
+    return (total * postscale_factor).to(dtype=tensor.dtype, device=tensor.device)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0, postscale_factor=1.0,
+               process_set=None):
+    with torch.no_grad():
+        tensor.copy_(allreduce(tensor, average, name, None, op, prescale_factor, postscale_factor))
+    return tensor
+
+
+def allgather(tensor, name=None, process_set=None):
+    """The ranks' tensors concatenated along the first dimension (their first dimensions may
+    differ), in rank order."""
+    got = _w("allgather").store.exchange(_cpu(tensor), "allgather")
+    return torch.cat([got[r] for r in sorted(got)]).to(tensor.device)
+
+
+def broadcast(tensor, root_rank, name=None, process_set=None):
+    return broadcast_object(_cpu(tensor), root_rank).to(dtype=tensor.dtype, device=tensor.device)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=None):
+    with torch.no_grad():
+        tensor.copy_(broadcast(tensor, root_rank))
+    return tensor
+
+
+def barrier(process_set=None):
+    _w("barrier").store.exchange(None, "barrier")
+
+
+def join(device=-1):
+    """Waits until every rank has called join(); returns the last rank to join (here: the
+    highest rank still present)."""
+    got = _w("join").store.exchange(rank(), "join")
+    return max(got)
+
+
+def _named_tensors(params):
+    if isinstance(params, dict):
+        return list(params.items())
+    items = list(params)
+    if items and isinstance(items[0], tuple):
+        return items
+    return [(str(i), p) for i, p in enumerate(items)]
+
+
+def broadcast_parameters(params, root_rank=0, process_set=None):
+    """Copies rank `root_rank`'s tensors into every rank's, in place: a model.state_dict()
+    (parameters and buffers) or model.named_parameters(), as Horovod's."""
+    named = _named_tensors(params)
+    src = None
+    if rank() == root_rank:
+        src = {n: _cpu(t) for n, t in named}
+    src = broadcast_object(src, root_rank)
+    with torch.no_grad():
+        for n, t in named:
+            if n not in src:
+                raise ValueError(f"ashlar.torch.broadcast_parameters: rank {root_rank} has no tensor '{n}'")
+            if tuple(src[n].shape) != tuple(t.shape):
+                raise ValueError(f"ashlar.torch.broadcast_parameters: '{n}' is {tuple(t.shape)} here and "
+                                 f"{tuple(src[n].shape)} on rank {root_rank}")
+            t.copy_(src[n])
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0, process_set=None):
+    """Loads rank `root_rank`'s optimizer state (its state_dict: hyperparameters of every
+    group and per-parameter state) into every rank's optimizer."""
+    state = None
+    if rank() == root_rank:
+        buf = io.BytesIO()
+        torch.save(optimizer.state_dict(), buf)
+        state = buf.getvalue()
+    state = broadcast_object(state, root_rank)
+    if rank() != root_rank:
+        optimizer.load_state_dict(torch.load(io.BytesIO(state)))
+
+
+# --- compression ----------------------------------------------------------------------
+
+class _NoneCompressor:
+    @staticmethod
+    def compress(tensor):
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor
+
+
+class _FP16Compressor:
+    """The gradient rounded to float16 (Horovod's fp16: what the peers receive is the
+    float16 value)."""
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype.is_floating_point:
+            return tensor.to(torch.float16), tensor.dtype
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor.to(ctx) if ctx is not None else tensor
+
+
+class Compression:
+    none = _NoneCompressor
+    fp16 = _FP16Compressor
+
+
+# --- the optimizer ----------------------------------------------------------------------
+
+_loss_seen = {"loss": None, "n": None, "want_n": True}
+_hooks_installed = False
+
+
+def _install_hooks():
+    # The loss the job's progress and planners follow is the one the script calls
+    # backward() on (its last scalar), and a step's batch is the first dimension of the
+    # first input a module in training mode is called with, gradients on, after the last
+    # step (a model whose input is sequence-first sets optimizer.batch_size).
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    original = torch.autograd.backward
+
+    def backward(tensors, *args, **kwargs):
+        if isinstance(tensors, torch.Tensor) and tensors.dim() == 0:
+            _loss_seen["loss"] = tensors.detach()
+        return original(tensors, *args, **kwargs)
+
+    torch.autograd.backward = backward
+
+    def pre_hook(module, inputs):
+        # (Evaluations, in eval mode or without gradients, are not a step's batch.)
+        if _loss_seen["want_n"] and inputs and module.training and torch.is_grad_enabled():
+            first = inputs[0]
+            if isinstance(first, torch.Tensor) and first.dim() > 0:
+                _loss_seen["n"] = int(first.shape[0])
+                _loss_seen["want_n"] = False
+
+    torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step, op,
+                 gradient_predivide_factor):
+        super(self.__class__, self).__init__(params)
+        if op == Adasum:
+            raise ValueError("ashlar.torch.DistributedOptimizer: op=Adasum is not supported (Average)")
+        self._compression = compression or Compression.none
+        self.backward_passes_per_step = backward_passes_per_step
+        self._params = [p for g in self.param_groups for p in g["params"]]
+        names = {}
+        if named_parameters is not None:
+            for n, p in named_parameters:
+                names[id(p)] = n
+        self._names = [names.get(id(p), f"param.{i}") for i, p in enumerate(self._params)]
+        self._sizes = [p.numel() for p in self._params]
+        self._n = sum(self._sizes)
+        self._synchronized = False
+        self._should_sync = True
+        self._step = None      # the Ashlar step this worker holds: what its next update goes with
+        self._ended = None     # JobEnded, once the job is over
+        self._lockstep = lockstep()
+        self.batch_size = None  # a step's batch, when the script says it (else seen from the model's input)
+        _install_hooks()
+        w = _w("DistributedOptimizer")
+        if w.optimizer is not None:
+            raise Error(2, "ashlar.torch.DistributedOptimizer: this process has one already (one worker per process)")
+        w.optimizer = self
+        self._check_same_model()
+        # Every worker starts from rank 0's parameters (as DDP and Horovod's
+        # broadcast_parameters make it), kept for the local rule: the shards hold what is
+        # added to them.
+        broadcast_parameters([(n, p) for n, p in zip(self._names, self._params)], root_rank=0)
+        self._w0 = None if self._lockstep else self._flat_params().clone()
+        self._join()
+        self._next()  # the job's first step: training starts (the barrier)
+        if not self._lockstep:
+            self._load_step_params()
+
+    # -- joining the job -------------------------------------------------------------
+    def _check_same_model(self):
+        mine = [(n, tuple(p.shape), str(p.dtype)) for n, p in zip(self._names, self._params)]
+        theirs = broadcast_object(mine, 0)
+        if mine != theirs:
+            for i, (a, b) in enumerate(zip(mine, theirs)):
+                if a != b:
+                    raise ValueError(f"ashlar.torch.DistributedOptimizer: rank {rank()}'s parameter {i} is {a[0]} "
+                                     f"{a[1]} {a[2]}, rank 0's {b[0]} {b[1]} {b[2]}: every worker must train the same "
+                                     "model")
+            raise ValueError(f"ashlar.torch.DistributedOptimizer: rank {rank()} has {len(mine)} parameters, rank 0 "
+                             f"{len(theirs)}: every worker must train the same model")
+        for p in self._params:
+            if p.dtype != torch.float32:
+                raise ValueError(f"ashlar.torch.DistributedOptimizer: parameter {self._names[self._params.index(p)]} "
+                                 f"is {p.dtype}: Ashlar's shards hold float32 (keep the parameters float32; AMP's "
+                                 "autocast computes in lower precision)")
+
+    def _join(self):
+        import ashlar
+        w = _w("DistributedOptimizer")
+        store = os.environ.get("ASHLAR_STORE_DIR")
+        if w.rank == 0 and store and os.environ.get("ASHLAR_JOIN_FILE"):
+            w.store.put("model", f"params {self._n}\n".encode())  # the launcher starts the job with it
+        self._bridge = ashlar.init(_script_model=True)
+
+    def _next(self):
+        from .bridge import Closed
+        import ashlar
+        try:
+            self._step = self._bridge.next_step(ashlar.is_running)
+        except Closed:
+            self._step = None
+            code = ashlar._node["code"]
+            self._ended = JobEnded(code or 0)
+            if code:
+                print(f"ashlar.torch: the job ended with exit code {code}" +
+                      (f": {ashlar._messages()}" if ashlar._messages() else ""), flush=True)
+            raise self._ended from None
+        if self._step.params.size != self._n:
+            err = ValueError(f"ashlar.torch.DistributedOptimizer: the job's model has {self._step.params.size} "
+                             f"parameters and this script's {self._n}")
+            self._step.fail(err)
+            raise err
+        _loss_seen["want_n"] = True
+
+    # -- flat views --------------------------------------------------------------------
+    def _flat_params(self):
+        return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in self._params])
+
+    def _flat_grads(self):
+        parts = []
+        for p, n in zip(self._params, self._sizes):
+            if p.grad is None:
+                parts.append(torch.zeros(n))
+            else:
+                g, ctx = self._compression.compress(p.grad.detach())
+                parts.append(self._compression.decompress(g, ctx).reshape(-1).to("cpu", torch.float32))
+        return torch.cat(parts)
+
+    @torch.no_grad()
+    def _scatter(self, flat, into_grad):
+        o = 0
+        for p, n in zip(self._params, self._sizes):
+            part = flat[o:o + n].view_as(p)
+            if into_grad:
+                if p.grad is None:
+                    p.grad = part.to(p.device).clone()
+                else:
+                    p.grad.copy_(part)
+            else:
+                p.copy_(part)
+            o += n
+
+    def _load_step_params(self):
+        # The model: its initial parameters plus what the shards (or this worker's local
+        # steps) hold.
+        self._scatter(self._w0 + torch.from_numpy(self._step.params), into_grad=False)
+
+    def _finish(self, write):
+        step = self._step
+        if step.abandoned:  # shut down meanwhile: Ashlar no longer holds the buffers
+            self._step = None
+            return
+        write(torch.from_numpy(step.grad))
+        loss = _loss_seen["loss"]
+        n = self.batch_size or _loss_seen["n"] or len(step.y)
+        loss_sum = float(loss) * n if loss is not None else 0.0
+        if not np.isfinite(loss_sum):
+            loss_sum = 0.0 if loss is None else loss_sum
+        step.finish(loss_sum, 0, n)
+        self._step = None
+
+    # -- Horovod's interface -------------------------------------------------------------
+    def synchronize(self):
+        """Lockstep policies: sends this worker's gradients and waits for the round's mean,
+        which replaces every parameter's .grad (call it before clipping the gradient, then
+        step inside skip_synchronize()). Local policies: nothing (each worker steps on its
+        own gradient; the parameter deltas meet at step())."""
+        if self._ended is not None:
+            raise self._ended
+        if not self._lockstep or self._synchronized:
+            self._synchronized = True
+            return
+        g = self._flat_grads()
+        params = torch.from_numpy(self._step.params)
+        # What the shards average is (what they hold) - gradient, at a unit rate: what they
+        # hold next is the mean gradient.
+        self._finish(lambda out: torch.sub(params, g, out=out))
+        self._next()
+        self._scatter(torch.from_numpy(self._step.params), into_grad=True)
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside it does not synchronize (synchronize() was called already)."""
+        self._should_sync = False
+        try:
+            yield
+        finally:
+            self._should_sync = True
+
+    def step(self, closure=None):
+        if self._ended is not None:
+            raise self._ended
+        if self._step is None:
+            raise Error(1, "ashlar.torch.DistributedOptimizer.step: the worker holds no step (its job has ended)")
+        if self._should_sync and not self._synchronized:
+            self.synchronize()
+        result = super(self.__class__, self).step(closure)
+        self._synchronized = False
+        if not self._lockstep:
+            x = torch.from_numpy(self._step.params)
+            moved = self._flat_params() - self._w0
+            # The delta the shards apply (x - lr * delta): from where this step began to
+            # where the script's optimizer took it.
+            self._finish(lambda out: torch.sub(x, moved, out=out))
+            self._next()
+            self._load_step_params()
+        return result
+
+    def zero_grad(self, set_to_none=False):
+        self._synchronized = False
+        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+
+class ManualOptimizer(torch.optim.Optimizer):
+    """For a script that updates its parameters by hand (`p.data.add_(p.grad, alpha=-lr)`):
+    an optimizer whose step() changes nothing. Wrapped, its updates meet as any
+    optimizer's do when the hand-written update sits between synchronize() and step():
+
+        opt = hvd.DistributedOptimizer(hvd.ManualOptimizer(model.parameters()))
+        loss.backward()
+        opt.synchronize()                  # lockstep: .grad is the round's mean gradient
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-lr)
+        opt.step()                         # local policies: the delta goes to the shards
+    """
+
+    def __init__(self, params):
+        super().__init__(params, {})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        return closure() if closure is not None else None
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none, backward_passes_per_step=1,
+                         op=Average, gradient_predivide_factor=1.0, num_groups=0, groups=None, sparse_as_dense=False,
+                         process_set=None):
+    """Wraps a torch optimizer as Horovod's DistributedOptimizer does (an instance of a
+    subclass of its class, with its param_groups and state): step() updates the model by
+    the job's policy (see this module's text). Joins the job: returns once training has
+    started. An nn.Module in place of an optimizer gives the older BatchLoop (the job's
+    data and update)."""
+    if isinstance(optimizer, torch.nn.Module):
+        from .torch import BatchLoop
+        return BatchLoop(optimizer)
+    if _world is None:
+        init()
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    dist = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor)
+    if optimizer.state:
+        dist.load_state_dict(optimizer.state_dict())
+    return dist
+
+
+def shutdown():
+    """Leaves the job (the worker's node leaves the cluster)."""
+    import ashlar
+    return ashlar.shutdown()
+
+
+# --- elastic ----------------------------------------------------------------------------
+
+class _Elastic:
+    """Horovod's elastic API. Ashlar's membership is elastic by itself: a worker process
+    that is lost leaves the job and the others go on (under local policies its share of
+    the updates goes on with the others'; under lockstep ones the next round completes
+    without it), and a worker that joins a running job starts from rank 0's parameters
+    plus the shards' state. So `run` needs no reset: it calls the function once, and
+    State.commit() keeps an in-memory copy that restore() puts back."""
+
+    class State:
+        def __init__(self, **kwargs):
+            self.__dict__.update(kwargs)
+            self._saved = None
+
+        def commit(self):
+            self.save()
+
+        def save(self):
+            import copy
+            self._saved = {k: copy.deepcopy(v.state_dict() if hasattr(v, "state_dict") else v)
+                           for k, v in self.__dict__.items() if not k.startswith("_")}
+
+        def restore(self):
+            if self._saved is None:
+                return
+            for k, v in self._saved.items():
+                cur = self.__dict__.get(k)
+                if hasattr(cur, "load_state_dict"):
+                    cur.load_state_dict(v)
+                else:
+                    self.__dict__[k] = v
+
+        def sync(self):
+            for k, v in list(self.__dict__.items()):
+                if k.startswith("_"):
+                    continue
+                if isinstance(v, torch.nn.Module):
+                    broadcast_parameters(v.state_dict(), 0)
+                elif isinstance(v, torch.optim.Optimizer):
+                    broadcast_optimizer_state(v, 0)
+                else:
+                    self.__dict__[k] = broadcast_object(v, 0)
+
+        def register_reset_callbacks(self, callbacks):
+            pass
+
+    class TorchState(State):
+        def __init__(self, model=None, optimizer=None, **kwargs):
+            super().__init__(model=model, optimizer=optimizer, **kwargs)
+
+    @staticmethod
+    def run(func):
+        def wrapper(state, *args, **kwargs):
+            return func(state, *args, **kwargs)
+        return wrapper
+
+
+elastic = _Elastic()

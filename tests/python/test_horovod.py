@@ -1,0 +1,150 @@
+"""Horovod's contract on Ashlar's policies (`import ashlar.torch as hvd`): a script with its
+own model, DataLoader, torch optimizer and loss runs under `ashlar launch --python SCRIPT
+-- ARGS` with no config; its optimizer is what updates the model. Real processes on
+loopback (a scheduler, a server, worker scripts), the trajectory checked against the same
+script's semantics in one process.
+
+Run from ctest (which sets ASHLAR_TEST_BIN, ASHLAR_TEST_SRC and PYTHONPATH to the build's package)."""
+import os
+import pathlib
+import subprocess
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+BIN = os.environ["ASHLAR_TEST_BIN"]
+SCRIPT = pathlib.Path(__file__).with_name("hvd_script.py")
+
+
+def launch(tmp_path, policy, workers=2, script_args=(), extra=(), timeout=240):
+    out = tmp_path / f"run-{policy}"
+    cmd = [BIN, "launch", "--workers", str(workers), "--servers", "1", "--policy", policy,
+           "--set", "run.log_level=warn", *extra, "--python", str(SCRIPT), "--", "--out", str(out), *script_args]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    results = []
+    for r in range(workers):
+        f = pathlib.Path(f"{out}.{r}")
+        results.append(torch.load(f) if f.exists() else None)
+    return run, results
+
+
+def reference(epochs, batch, opt, lr, clip=0.0, step_lr=False, samples=2048):
+    """The script's semantics in one process: the same data, model and sample order
+    (DistributedSampler of one replica), a batch of every worker's batches together."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(samples, 20, generator=g)
+    w = torch.randn(20, 1, generator=g)
+    y = x @ w + 0.1 * torch.randn(samples, 1, generator=g)
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(20, 16), nn.Tanh(), nn.Linear(16, 1))
+    o = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9) if opt == "sgd" else \
+        torch.optim.AdamW(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) if step_lr else None
+    ds = torch.utils.data.TensorDataset(x, y)
+    sampler = torch.utils.data.distributed.DistributedSampler(ds, num_replicas=1, rank=0, seed=3)
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch, sampler=sampler)
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        for bx, by in loader:
+            o.zero_grad()
+            F.mse_loss(model(bx), by).backward()
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            o.step()
+        if sched is not None:
+            sched.step()
+    return [p.detach() for p in model.parameters()]
+
+
+def assert_close_params(got, want, what):
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.allclose(a, b, rtol=1e-4, atol=2e-5), f"{what}: parameter {i} differs by {(a - b).abs().max()}"
+
+
+def test_under_bsp_the_scripts_sgd_steps_every_copy_on_the_mean_gradient_as_one_process_with_the_joint_batch(tmp_path):
+    run, res = launch(tmp_path, "bsp", script_args=["--opt", "sgd", "--lr", "0.05", "--epochs", "2"])
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "the scripts train their own model: 353 parameters" in run.stdout
+    want = reference(2, 64, "sgd", 0.05)
+    for r, got in enumerate(res):
+        assert_close_params(got["params"], want, f"rank {r} against one process")
+    assert all(torch.equal(a, b) for a, b in zip(res[0]["params"], res[1]["params"])), "the copies differ"
+    assert res[0]["losses"][-1] < 0.2 * res[0]["initial_loss"]
+
+
+def test_under_bsp_adamw_with_clipping_and_a_scheduler_matches_one_process(tmp_path):
+    run, res = launch(tmp_path, "bsp", script_args=["--opt", "adamw", "--lr", "0.01", "--epochs", "2", "--clip",
+                                                     "0.5", "--step-lr"])
+    assert run.returncode == 0, run.stdout + run.stderr
+    want = reference(2, 64, "adamw", 0.01, clip=0.5, step_lr=True)
+    for r, got in enumerate(res):
+        assert_close_params(got["params"], want, f"rank {r} against one process")
+        assert got["lr_end"] == pytest.approx(0.0025), "the script's scheduler sets the rate"
+
+
+def test_the_ring_takes_the_same_steps_as_bsp(tmp_path):
+    _, bsp = launch(tmp_path, "bsp", script_args=["--opt", "sgd", "--epochs", "1"])
+    run, ring = launch(tmp_path, "ring", script_args=["--opt", "sgd", "--epochs", "1"])
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert_close_params(ring[0]["params"], bsp[0]["params"], "ring against bsp")
+
+
+@pytest.mark.parametrize("policy", ["asp", "adsp", "ashl"])
+def test_under_local_and_asynchronous_policies_the_scripts_adamw_trains_by_parameter_deltas(tmp_path, policy):
+    run, res = launch(tmp_path, policy, script_args=["--opt", "adamw", "--lr", "0.01", "--epochs", "3"])
+    assert run.returncode == 0, run.stdout + run.stderr
+    for got in res:
+        assert got["losses"][-1] < 0.2 * got["initial_loss"], (got["initial_loss"], got["losses"])
+        assert got["policy"] == policy
+
+
+@pytest.mark.parametrize("policy", ["bsp", "asp", "ashl"])
+def test_an_sgd_with_lr_0_leaves_the_model_untrained(tmp_path, policy):
+    run, res = launch(tmp_path, policy, script_args=["--opt", "sgd", "--lr", "0", "--epochs", "1"])
+    assert run.returncode == 0, run.stdout + run.stderr
+    for got in res:
+        # (rank 0's initial parameters, which every rank starts from)
+        assert_close_params(got["params"], res[0]["initial"], "lr 0")
+
+
+@pytest.mark.parametrize("policy", ["bsp", "asp"])
+def test_a_hand_written_update_between_synchronize_and_step_trains(tmp_path, policy):
+    run, res = launch(tmp_path, policy, script_args=["--opt", "manual", "--lr", "0.05", "--epochs", "2"])
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert res[0]["losses"][-1] < 0.2 * res[0]["initial_loss"], (res[0]["initial_loss"], res[0]["losses"])
+    if policy == "bsp":
+        assert all(torch.equal(a, b) for a, b in zip(res[0]["params"], res[1]["params"]))
+
+
+def test_the_collectives_give_every_rank_the_others_values(tmp_path):
+    run, res = launch(tmp_path, "bsp", workers=3, script_args=["--epochs", "1"])
+    assert run.returncode == 0, run.stdout + run.stderr
+    for got in res:
+        assert got["size"] == 3
+        assert got["gathered"].flatten().tolist() == [0.0, 1.0, 2.0]
+        assert got["summed"].item() == 6.0
+        assert got["names"] == ["rank0", "rank1", "rank2"]
+        assert got["losses"] == res[0]["losses"], "allreduce gives every rank the same mean"
+
+
+@pytest.mark.parametrize("where", ["broadcast_parameters", "DistributedOptimizer"])
+def test_a_worker_whose_model_differs_is_refused_naming_the_first_differing_parameter(tmp_path, where):
+    args = ["--rank1-hidden", "8"] + (["--no-broadcast"] if where == "DistributedOptimizer" else [])
+    run, res = launch(tmp_path, "bsp", script_args=args, timeout=120)
+    said = run.stdout + run.stderr
+    assert run.returncode != 0
+    assert "exited with code 1 before the job started" in said
+    if where == "broadcast_parameters":
+        assert "broadcast_parameters: '0.weight' is (8, 20) here and (16, 20) on rank 0" in said
+    else:
+        assert "rank 1's parameter 0 is 0.weight (8, 20)" in said and "rank 0's 0.weight (16, 20)" in said
+
+
+def test_fp16_compression_rounds_the_gradients_and_still_trains(tmp_path):
+    run, res = launch(tmp_path, "bsp", script_args=["--fp16", "--epochs", "2"])
+    assert run.returncode == 0, run.stdout + run.stderr
+    want = reference(2, 64, "sgd", 0.05)
+    assert res[0]["losses"][-1] < 0.2 * res[0]["initial_loss"]
+    assert not all(torch.equal(a, b) for a, b in zip(res[0]["params"], want)), "float16 gradients are not exact"

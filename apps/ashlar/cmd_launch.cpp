@@ -397,8 +397,11 @@ int launcher::wait_for_script_model() {
       c.exited = true;
       note_left(c);
       pump(children, 0);
-      std::fprintf(stderr, "ashlar launch: %s exited with code %d before the job started%s\n", c.prefix.c_str(), x,
-                   c.last.empty() ? "" : (": " + c.last).c_str());
+      std::printf("[launch] %s exited with code %d before the job started%s; stopping the job\n", c.prefix.c_str(), x,
+                  c.last.empty() ? "" : (": " + c.last).c_str());
+      std::fflush(stdout);
+      failed_member = c.prefix.substr(1, c.prefix.size() - 2) + " exited with code " + std::to_string(x)
+                      + (c.last.empty() ? std::string{} : ": " + c.last);
       stop_all(SIGTERM);
       while (!all_exited())
         pump(children, 100);

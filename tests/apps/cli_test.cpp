@@ -1020,9 +1020,9 @@ TEST_CASE("launch --python whose worker processes die before joining stops the j
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(r.code == 1);
   // Both die at once: whichever launch sees first is named.
-  const bool first_0 = has(r, "[worker 0] exited with code 1 before the job ended: ModuleNotFoundError: No module "
+  const bool first_0 = has(r, "[worker 0] exited with code 1 before the job started: ModuleNotFoundError: No module "
                               "named 'torch'");
-  const bool first_1 = has(r, "[worker 1] exited with code 1 before the job ended: ModuleNotFoundError: No module "
+  const bool first_1 = has(r, "[worker 1] exited with code 1 before the job started: ModuleNotFoundError: No module "
                               "named 'torch'");
   CHECK(first_0 != first_1);
   CHECK(has(r, "ashlar launch: the job failed: worker " + std::string{first_0 ? "0" : "1"} + " exited with code 1"));

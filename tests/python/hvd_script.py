@@ -24,6 +24,8 @@ p.add_argument("--rank1-hidden", type=int, default=0, help="rank 1 builds anothe
 p.add_argument("--samples", type=int, default=2048)
 p.add_argument("--fp16", action="store_true")
 p.add_argument("--no-broadcast", action="store_true", help="leave out broadcast_parameters (DistributedOptimizer checks)")
+p.add_argument("--sampler", default="torch", choices=["torch", "speed", "speed-sampler"],
+               help="torch's DistributedSampler, or hvd.SpeedSampler as batch_sampler= or sampler=")
 p.add_argument("--out", required=True)
 a = p.parse_args()
 
@@ -53,9 +55,16 @@ def make_optimizer(kind, params, lr):
 hvd.init()
 torch.set_num_threads(1)
 X, Y = make_data(a.samples)
-dataset = torch.utils.data.TensorDataset(X, Y)
-sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank(), seed=3)
-loader = torch.utils.data.DataLoader(dataset, batch_size=a.batch, sampler=sampler)
+dataset = torch.utils.data.TensorDataset(X, Y, torch.arange(len(X)))
+if a.sampler == "speed":
+    sampler = hvd.SpeedSampler(dataset, batch_size=a.batch, seed=3)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=1)
+elif a.sampler == "speed-sampler":
+    sampler = hvd.SpeedSampler(dataset, seed=3)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=a.batch, sampler=sampler)
+else:
+    sampler = torch.utils.data.distributed.DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank(), seed=3)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=a.batch, sampler=sampler)
 hidden = a.rank1_hidden if a.rank1_hidden and hvd.rank() == 1 else a.hidden
 model = make_model(hidden)
 initial = [q.detach().clone() for q in model.parameters()]
@@ -70,10 +79,14 @@ sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5) if a.step_l
 with torch.no_grad():
     initial_loss = F.mse_loss(model(X), Y).item()
 losses = []
+seen = []  # per epoch, the indices of this rank's batches, and their sizes
 start = time.time()
 for epoch in range(a.epochs):
     sampler.set_epoch(epoch)
-    for x, y in loader:
+    seen.append(([], []))
+    for x, y, i in loader:
+        seen[-1][0].extend(i.tolist())
+        seen[-1][1].append(len(i))
         opt.zero_grad()
         loss = F.mse_loss(model(x), y)
         loss.backward()
@@ -100,7 +113,7 @@ for epoch in range(a.epochs):
 gathered = hvd.allgather(torch.tensor([[float(hvd.rank())]]))
 summed = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
 names = hvd.allgather_object(f"rank{hvd.rank()}")
-torch.save({"params": [q.detach().clone() for q in model.parameters()], "initial": initial, "losses": losses, "initial_loss": initial_loss,
+torch.save({"params": [q.detach().clone() for q in model.parameters()], "initial": initial, "losses": losses, "initial_loss": initial_loss, "seen": seen,
             "gathered": gathered, "summed": summed, "names": names, "size": hvd.size(), "policy": hvd.policy(),
             "lr_end": opt.param_groups[0].get("lr")},
            f"{a.out}.{hvd.rank()}")

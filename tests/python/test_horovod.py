@@ -148,3 +148,43 @@ def test_fp16_compression_rounds_the_gradients_and_still_trains(tmp_path):
     want = reference(2, 64, "sgd", 0.05)
     assert res[0]["losses"][-1] < 0.2 * res[0]["initial_loss"]
     assert not all(torch.equal(a, b) for a, b in zip(res[0]["params"], want)), "float16 gradients are not exact"
+
+
+def test_speed_shares_under_asp_cut_each_epoch_by_measured_rate_and_train_every_sample_once(tmp_path):
+    run, res = launch(tmp_path, "asp", script_args=["--sampler", "speed", "--epochs", "3", "--samples", "4096"],
+                      extra=["--set", "train.speeds=1,4", "--set", "train.sample_ms=1"])
+    assert run.returncode == 0, run.stdout + run.stderr
+    for epoch in range(3):
+        both = res[0]["seen"][epoch][0] + res[1]["seen"][epoch][0]
+        assert sorted(both) == list(range(4096)), f"epoch {epoch}: every sample once"
+        assert set(res[0]["seen"][epoch][1][:-1]) == {32}, "local policies keep the batch"
+    slow, fast = len(res[0]["seen"][0][0]), len(res[1]["seen"][0][0])
+    assert slow == fast == 2048, "the first epoch is cut equally"
+    # (which rank is the Ashlar worker paced at 4 is the order they joined in)
+    slow, fast = sorted([len(res[0]["seen"][2][0]), len(res[1]["seen"][2][0])])
+    assert 2.0 < fast / slow < 6.0, f"the 4x faster worker's share: {fast} against {slow}"
+
+
+def test_speed_shares_under_bsp_follow_the_allocation_with_one_round_per_step(tmp_path):
+    run, res = launch(tmp_path, "bsp", script_args=["--sampler", "speed", "--epochs", "3", "--samples", "4096"],
+                      extra=["--set", "train.speeds=1,4", "--set", "train.sample_ms=1",
+                             "--set", "train.allocation=proportional"])
+    assert run.returncode == 0, run.stdout + run.stderr
+    for epoch in range(3):
+        a, b = res[0]["seen"][epoch], res[1]["seen"][epoch]
+        assert len(a[1]) == len(b[1]), f"epoch {epoch}: the same number of steps on every worker"
+        covered = set(a[0]) | set(b[0])
+        assert covered == set(range(4096)), f"epoch {epoch}: every sample"
+    slow, fast = sorted([res[0]["seen"][2][1][0], res[1]["seen"][2][1][0]])
+    assert fast > 2 * slow, f"the faster worker's batch: {fast} against {slow}"
+    assert slow + fast == pytest.approx(64, abs=2), "the global batch stays workers x batch_size"
+    assert all(torch.equal(x, y) for x, y in zip(res[0]["params"], res[1]["params"])), "one model"
+
+
+def test_the_speed_sampler_as_sampler_keeps_the_dataloaders_batch_and_equal_slices_under_bsp(tmp_path):
+    run, res = launch(tmp_path, "bsp", script_args=["--sampler", "speed-sampler", "--epochs", "2"])
+    assert run.returncode == 0, run.stdout + run.stderr
+    for epoch in range(2):
+        both = res[0]["seen"][epoch][0] + res[1]["seen"][epoch][0]
+        assert sorted(both) == list(range(2048))
+        assert len(res[0]["seen"][epoch][1]) == len(res[1]["seen"][epoch][1]) == 32

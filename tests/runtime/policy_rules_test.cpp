@@ -205,3 +205,52 @@ TEST_CASE("adsp and ashl evaluate the shards' running average (half-life 1/16 ep
   REQUIRE_FALSE(apply_policy_rules(mine));
   CHECK(mine.average_epochs == Approx(0.25));
 }
+
+TEST_CASE("a script's optimizer has the shards apply what workers push at a unit rate, under every policy, and the "
+          "lockstep keys it needs exact are set over the user's") {
+  auto lockstep = recipe("bsp", 4);
+  lockstep.optimizer_kind = "script";
+  REQUIRE_FALSE(apply_setting(lockstep, "train.lr", "0.3", "--lr")); // the user's: still 1 (the mean gradient needs it)
+  REQUIRE_FALSE(apply_setting(lockstep, "train.topk_ratio", "0.01", "--set"));
+  REQUIRE_FALSE(apply_policy_rules(lockstep));
+  CHECK(lockstep.optimizer.lr == Approx(1.0));
+  CHECK(lockstep.optimizer.momentum == Approx(0.0));
+  CHECK(lockstep.optimizer.weight_decay == Approx(0.0));
+  CHECK(lockstep.topk_ratio == 0.0);
+  CHECK_FALSE(lockstep.divergence_guard);
+  CHECK_FALSE(lockstep.eval_every_epoch);
+  CHECK(lockstep.sources.at("train.lr").find("the round's mean gradient") != std::string::npos);
+
+  auto async = recipe("asp", 4);
+  async.optimizer_kind = "script";
+  REQUIRE_FALSE(apply_policy_rules(async));
+  CHECK(async.optimizer.lr == Approx(0.5)); // each worker's delta x min(1, 2/4)
+  CHECK(async.optimizer.momentum == Approx(0.0));
+
+  auto local = recipe("ashl", 4);
+  local.optimizer_kind = "script";
+  REQUIRE_FALSE(apply_setting(local, "train.lr_schedule", "cosine", "--set"));
+  REQUIRE_FALSE(apply_policy_rules(local));
+  CHECK(local.optimizer.lr == Approx(1.0)); // local steps are exactly the script's
+  CHECK(local.local_momentum == 0.0);
+  CHECK(local.ashl.shl_lr_scale == Approx(1.0));
+  CHECK(local.lr_schedule == lr_schedule_kind::constant);
+  CHECK(local.commit_scale == Approx(0.5));
+
+  // Rules off: the script's needs are not rules of thumb, they still hold.
+  auto off = recipe("adsp", 2);
+  off.optimizer_kind = "script";
+  off.policy_rules = false;
+  REQUIRE_FALSE(apply_policy_rules(off));
+  CHECK(off.optimizer.lr == Approx(1.0));
+}
+
+TEST_CASE("train.optimizer takes sgd or script and names the others") {
+  train_config c;
+  CHECK_FALSE(apply_setting(c, "train.optimizer", "script"));
+  CHECK_FALSE(validate(c));
+  REQUIRE_FALSE(apply_setting(c, "train.optimizer", "adam"));
+  auto err = validate(c);
+  REQUIRE(err);
+  CHECK(describe(err).find("train.optimizer 'adam' is not known (known: sgd, script)") != std::string::npos);
+}

@@ -39,7 +39,7 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "cross_size", "policy", "lockstep", "DistributedOptimizer", "broadcast_parameters",
            "broadcast_optimizer_state", "broadcast_object", "allgather_object", "broadcast", "broadcast_",
            "allreduce", "allreduce_", "allgather", "barrier", "join", "Compression", "Average", "Sum", "Adasum",
-           "JobEnded", "CollectiveError", "elastic", "ManualOptimizer", "mpi_threads_supported", "nccl_built", "gloo_enabled",
+           "JobEnded", "CollectiveError", "elastic", "ManualOptimizer", "SpeedSampler", "mpi_threads_supported", "nccl_built", "gloo_enabled",
            "mpi_enabled"]
 
 Average, Sum, Adasum = "average", "sum", "adasum"
@@ -342,6 +342,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ended = None     # JobEnded, once the job is over
         self._lockstep = lockstep()
         self.batch_size = None  # a step's batch, when the script says it (else seen from the model's input)
+        self._timing = [0, 0.0]  # samples and wall seconds of this worker's steps since the last look (SpeedSampler)
+        self._last_step_end = None
         _install_hooks()
         w = _w("DistributedOptimizer")
         if w.optimizer is not None:
@@ -450,6 +452,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             loss_sum = 0.0 if loss is None else loss_sum
         step.finish(loss_sum, 0, n)
         self._step = None
+        now = time.monotonic()
+        if self._last_step_end is not None:
+            self._timing[0] += n
+            self._timing[1] += now - self._last_step_end
+        self._last_step_end = now
 
     # -- Horovod's interface -------------------------------------------------------------
     def synchronize(self):
@@ -550,6 +557,115 @@ def shutdown():
     """Leaves the job (the worker's node leaves the cluster)."""
     import ashlar
     return ashlar.shutdown()
+
+
+# --- the script's data, in shares by speed ---------------------------------------------------
+
+class SpeedSampler(torch.utils.data.Sampler):
+    """Torch's DistributedSampler, with each worker's share of an epoch (and, as a
+    batch_sampler, its batch) sized to its speed, for any map-style Dataset:
+
+        sampler = hvd.SpeedSampler(train_set, batch_size=64)
+        loader = DataLoader(train_set, batch_sampler=sampler, num_workers=2)
+        for epoch in ...: sampler.set_epoch(epoch); for x, y in loader: ...
+
+    Every epoch is one permutation of the set (seeded by `seed` and the epoch, the same on
+    every rank, as DistributedSampler's) cut into one contiguous slice per worker, so each
+    sample is trained once per epoch. At each epoch's start (its __iter__, a collective:
+    every rank starts its epochs together) the ranks agree on the cut:
+
+      lockstep policies (bsp, ring): each worker's batch is `batch_size` x workers x its
+        share of the job's allocation (train.allocation: equal under plain bsp, by
+        measured or predicted speed under proportional, adaptive, predicted), and its
+        slice is as many of its batches as every worker takes: one round per step;
+      the other policies: every batch is `batch_size` and each slice is proportional to
+        the worker's measured rate over the last epoch (samples per second of wall time
+        between its steps; equal in the first), so that the workers end their epochs
+        about together.
+
+    As `sampler=` (the DataLoader's own batch_size) the batches stay the DataLoader's: the
+    slices follow the rates under local policies and are equal under lockstep ones."""
+
+    def __init__(self, dataset, batch_size=None, shuffle=True, seed=0, drop_last=False):
+        self.n = len(dataset)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.epoch = 0
+        self._length = None  # this rank's count (samples, or batches as a batch_sampler) of the last plan
+        if self.n < size():
+            raise ValueError(f"ashlar.torch.SpeedSampler: {self.n} samples cannot be shared by {size()} workers")
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def _weights(self, opt):
+        w = _w("SpeedSampler")
+        if lockstep():
+            if self.batch_size is None or opt is None or opt._step is None:
+                return None  # equal
+            return float(len(opt._step.y))  # this worker's allocation (its batch share)
+        if opt is None:
+            return None
+        done, seconds = opt._timing
+        opt._timing = [0, 0.0]
+        rate = done / seconds if done > 0 and seconds > 0 else None
+        return rate
+
+    def _plan(self):
+        w = _w("SpeedSampler")
+        got = w.store.exchange(self._weights(w.optimizer), "SpeedSampler")  # the live ranks'
+        if w.optimizer is not None:
+            w.optimizer._last_step_end = None  # the wait for the others here is no step's
+        ranks = sorted(got)
+        weights = [got[r] for r in ranks]
+        k = len(weights)
+        me = ranks.index(w.rank)
+        if any(x is None for x in weights):
+            weights = [1.0] * k
+        total = sum(weights)
+        shares = [x / total for x in weights]
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.n, generator=g).tolist()
+        else:
+            order = list(range(self.n))
+        if lockstep() and self.batch_size is not None:
+            batches = [max(1, round(self.batch_size * k * s)) for s in shares]
+            steps = self.n // sum(batches) if self.drop_last else -(-self.n // sum(batches))
+            if not self.drop_last:  # the last round's batches wrap around the epoch, as DistributedSampler pads
+                order = (order * (1 + (steps * sum(batches)) // self.n))[:steps * sum(batches)]
+            start = sum(b * steps for b in batches[:me])
+            mine = order[start:start + batches[me] * steps]
+            return [mine[i * batches[me]:(i + 1) * batches[me]] for i in range(steps)]
+        if lockstep():
+            shares = [1.0 / k] * k  # the DataLoader's batches: equal slices, equal steps
+        cuts = [round(self.n * sum(shares[:i])) for i in range(k + 1)]
+        mine = order[cuts[me]:cuts[me + 1]]
+        if self.batch_size is None:
+            return mine
+        b = self.batch_size
+        out = [mine[i:i + b] for i in range(0, len(mine), b)]
+        if self.drop_last and out and len(out[-1]) < b:
+            out.pop()
+        return out
+
+    def __iter__(self):
+        # The plan is made at the first batch asked for, not when the iterator is: a
+        # DataLoader with worker processes makes an iterator it never uses before its own.
+        plan = self._plan()
+        self._length = len(plan)
+        yield from plan
+
+    def __len__(self):
+        if self._length is not None:
+            return self._length
+        share = self.n // size() if self.drop_last else -(-self.n // size())
+        if self.batch_size is None:
+            return share
+        return share // self.batch_size if self.drop_last else -(-share // self.batch_size)
 
 
 # --- elastic ----------------------------------------------------------------------------

@@ -72,7 +72,7 @@ expected<run_report> run_cluster_job(caf::actor_system& sys, const actors::clust
   if (auto err = actors::wait_for_nodes(sys, cluster, cfg.servers, cfg.workers, wait_ms, stopping))
     return err;
   actors::cluster_placement where{sys, cluster};
-  auto hooks = print_hooks(cfg.epochs);
+  auto hooks = print_hooks(script_optimizer(cfg) ? 0 : cfg.epochs);
   hooks.metrics = metrics;
   hooks.stop_requested = stopping;
   return actors::run_job(sys, cfg, where, hooks);

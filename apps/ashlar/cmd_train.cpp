@@ -353,7 +353,7 @@ command_fn add_train(CLI::App& app) {
     // Ctrl-C (or SIGTERM) stops the job after the workers' current step, with its final
     // evaluation, checkpoint and report; a second one ends the process at once.
     catch_stop_signals(true);
-    auto hooks = print_hooks(cfg.epochs);
+    auto hooks = print_hooks(script_optimizer(cfg) ? 0 : cfg.epochs);
     hooks.stop_requested = [] { return stop_signal() != 0; };
     hooks.make_backend = host_backend();
     auto rep = actors::run_local_job(cfg, hooks);

@@ -196,6 +196,14 @@ actors::job_hooks print_hooks(uint32_t epochs) {
     *last = std::max(*last, ev.seconds);
     // (the samples of the whole job, from the epoch the samples make)
     const uint64_t total = ev.epoch > 0 ? static_cast<uint64_t>(std::llround(ev.samples / ev.epoch * epochs)) : 0;
+    if (epochs == 0) { // the scripts' job (train.optimizer = script): their epochs and rates are theirs
+      std::printf("%s %10llu samples  %s  %8s samples/s  loss %.4f  per-worker samples/s:%s\n",
+                  log_stamp(system_clock().wall_ns()).c_str(), static_cast<unsigned long long>(ev.samples),
+                  time_left(*last, ev.samples, 0, ev.samples_per_second).c_str(), rate(ev.samples_per_second).c_str(),
+                  ev.loss, per.c_str());
+      std::fflush(stdout);
+      return;
+    }
     std::printf("%s epoch %5.2f/%u  %s  %8s samples/s  loss %.4f  lr %.3g  per-worker samples/s:%s\n",
                 log_stamp(system_clock().wall_ns()).c_str(), ev.epoch, epochs,
                 time_left(*last, ev.samples, total, ev.samples_per_second).c_str(), rate(ev.samples_per_second).c_str(),

@@ -54,6 +54,7 @@ std::string worker_rates(const std::vector<wire::worker_stats>& workers);
 void print_work_moved(double redone, double reassigned);
 
 /// Hooks that print progress lines and epoch evaluations to stdout.
+/// (epochs 0: the scripts' job, train.optimizer = script: samples, not epochs of its own)
 actors::job_hooks print_hooks(uint32_t epochs);
 
 /// Prints the final summary and writes cfg.report if set. Returns the exit code.

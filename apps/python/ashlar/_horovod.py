@@ -289,13 +289,25 @@ class Compression:
 
 _loss_seen = {"loss": None, "n": None, "want_n": True}
 _hooks_installed = False
+_trained = set()        # ids of the parameters the DistributedOptimizer steps
+_module_trains = {}     # id(module) -> whether its first parameter is one of them
+
+
+def _trains(module):
+    key = id(module)
+    known = _module_trains.get(key)
+    if known is None:
+        first = next(module.parameters(), None)
+        known = _module_trains[key] = first is not None and id(first) in _trained
+    return known
 
 
 def _install_hooks():
     # The loss the job's progress and planners follow is the one the script calls
     # backward() on (its last scalar), and a step's batch is the first dimension of the
-    # first input a module in training mode is called with, gradients on, after the last
-    # step (a model whose input is sequence-first sets optimizer.batch_size).
+    # first input a module holding the optimizer's parameters is called with, in training
+    # mode and gradients on, after the last step (a model whose input is sequence-first
+    # sets optimizer.batch_size).
     global _hooks_installed
     if _hooks_installed:
         return
@@ -310,8 +322,9 @@ def _install_hooks():
     torch.autograd.backward = backward
 
     def pre_hook(module, inputs):
-        # (Evaluations, in eval mode or without gradients, are not a step's batch.)
-        if _loss_seen["want_n"] and inputs and module.training and torch.is_grad_enabled():
+        # (Evaluations, in eval mode or without gradients, are not a step's batch, nor are
+        # modules that hold none of the optimizer's parameters: torchvision's transforms.)
+        if _loss_seen["want_n"] and inputs and module.training and torch.is_grad_enabled() and _trains(module):
             first = inputs[0]
             if isinstance(first, torch.Tensor) and first.dim() > 0:
                 _loss_seen["n"] = int(first.shape[0])
@@ -336,6 +349,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._names = [names.get(id(p), f"param.{i}") for i, p in enumerate(self._params)]
         self._sizes = [p.numel() for p in self._params]
         self._n = sum(self._sizes)
+        _trained.update(id(p) for p in self._params)
+        _module_trains.clear()
         self._synchronized = False
         self._should_sync = True
         self._step = None      # the Ashlar step this worker holds: what its next update goes with
@@ -349,6 +364,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if w.optimizer is not None:
             raise Error(2, "ashlar.torch.DistributedOptimizer: this process has one already (one worker per process)")
         w.optimizer = self
+        # One process started by hand (no launcher, no cluster to join): the optimizer as it
+        # is, as a Horovod script run without horovodrun.
+        self._alone = w.size == 1 and not (os.environ.get("ASHLAR_JOIN_FILE") or os.environ.get("ASHLAR_JOIN"))
+        if self._alone:
+            return
         self._check_same_model()
         # Every worker starts from rank 0's parameters (as DDP and Horovod's
         # broadcast_parameters make it), kept for the local rule: the shards hold what is
@@ -466,7 +486,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         own gradient; the parameter deltas meet at step())."""
         if self._ended is not None:
             raise self._ended
-        if not self._lockstep or self._synchronized:
+        if self._alone or not self._lockstep or self._synchronized:
             self._synchronized = True
             return
         g = self._flat_grads()
@@ -490,6 +510,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def step(self, closure=None):
         if self._ended is not None:
             raise self._ended
+        if self._alone:
+            return super(self.__class__, self).step(closure)
         if self._step is None:
             raise Error(1, "ashlar.torch.DistributedOptimizer.step: the worker holds no step (its job has ended)")
         if self._should_sync and not self._synchronized:
@@ -538,7 +560,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """Wraps a torch optimizer as Horovod's DistributedOptimizer does (an instance of a
     subclass of its class, with its param_groups and state): step() updates the model by
     the job's policy (see this module's text). Joins the job: returns once training has
-    started. An nn.Module in place of an optimizer gives the older BatchLoop (the job's
+    started. In one process started by hand (no `ashlar launch`, no ASHLAR_JOIN) it is the
+    optimizer as it is. An nn.Module in place of an optimizer gives the older BatchLoop (the job's
     data and update)."""
     if isinstance(optimizer, torch.nn.Module):
         from .torch import BatchLoop

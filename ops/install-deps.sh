@@ -9,7 +9,7 @@ packages=(
   libopenblas-dev libdnnl-dev libcli11-dev libtomlplusplus-dev zlib1g-dev libssl-dev
   dataset-fashion-mnist python3 python3-matplotlib python3-numpy curl
   clang-14 libfuzzer-14-dev libclang-rt-14-dev
-  python3-dev pybind11-dev python3-pytest python3-torch python3-torchvision
+  python3-dev pybind11-dev python3-pytest python3-torch python3-torchvision python3-pip
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(iperf3)

@@ -8,6 +8,7 @@ Run from ctest (which sets ASHLAR_TEST_BIN, ASHLAR_TEST_SRC and PYTHONPATH to th
 import os
 import pathlib
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -188,3 +189,18 @@ def test_the_speed_sampler_as_sampler_keeps_the_dataloaders_batch_and_equal_slic
         both = res[0]["seen"][epoch][0] + res[1]["seen"][epoch][0]
         assert sorted(both) == list(range(2048))
         assert len(res[0]["seen"][epoch][1]) == len(res[1]["seen"][epoch][1]) == 32
+
+
+def test_pip_installs_the_built_package_with_its_native_module(tmp_path):
+    built = pathlib.Path(BIN).resolve().parent.parent / "python"
+    target = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
+                          "--target", str(target), str(built)], capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    assert list((target / "ashlar").glob("_ashlar*.so")), "the native module is installed"
+    check = subprocess.run([sys.executable, "-c", "import ashlar, ashlar.torch as hvd; hvd.init(); "
+                            "print(ashlar.__file__, hvd.size(), hvd.rank())"],
+                           capture_output=True, text=True, env={"PYTHONPATH": str(target), "PATH": os.environ["PATH"]})
+    assert check.returncode == 0, check.stderr
+    path, size, rank = check.stdout.split()
+    assert path.startswith(str(target)) and (size, rank) == ("1", "0")

@@ -4,11 +4,18 @@ Ashlar's scheduler, server shards and sync policies (bsp, asp, ssp, ksync, kasyn
 adaptive, adsp, ashl, ring) move the parameters; this process computes the gradients with
 its own model (PyTorch, through ashlar.torch). Two ways to use it:
 
-A script that drives its own loop, as with horovod.torch (one worker per process):
+A Horovod script, its import line changed (its own model, data and optimizer):
+
+    import ashlar.torch as hvd          # was: import horovod.torch as hvd
+    hvd.init()
+    optimizer = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters()), named_parameters=...)
+    ...                                 # ashlar launch --workers N --python SCRIPT -- ARGS
+
+A script that drives its own loop on the job's data and update (one worker per process):
 
     import ashlar, ashlar.torch
     ashlar.init(join="10.0.0.1:7000", token_file="cluster.token")   # or from ASHLAR_* variables
-    opt = ashlar.torch.DistributedOptimizer(model)
+    opt = ashlar.torch.BatchLoop(model)
     for x, y in opt.batches():          # this worker's batches, its size from the scheduler
         opt.zero_grad()
         F.cross_entropy(model(x), y).backward()

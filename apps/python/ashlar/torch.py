@@ -9,7 +9,11 @@ parameter count; then every worker must be a Python one.
 
     ModelBackend(model)           a backend for ashlar.train / ashlar.run: Ashlar's worker
                                   loop calls it (forward, backward) with its batches
-    DistributedOptimizer(model)   for a script's own loop, after ashlar.init()
+    BatchLoop(model)              for a script's own loop on the job's data, after ashlar.init()
+
+Horovod's contract is here too (`import ashlar.torch as hvd`: init, rank, size,
+DistributedOptimizer(optimizer, ...), broadcast_parameters, allreduce, SpeedSampler, ...):
+the script's own model, data and optimizer, see ashlar/_horovod.py.
 """
 import copy
 import threading

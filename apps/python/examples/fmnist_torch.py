@@ -31,7 +31,7 @@ ashlar.init()  # joins the cluster ASHLAR_JOIN names (set by ashlar launch --pyt
 model = ashlar_torch.build(ashlar.job_model())  # waits for the job to give this process its worker
 model.to(ashlar.device())  # this worker's GPU (ashlar launch pins one per process), else the CPU
 print(f"{name}: local rank {ashlar.local_rank()}, computing on {ashlar.device()}", flush=True)
-opt = ashlar.torch.DistributedOptimizer(model)
+opt = ashlar.torch.BatchLoop(model)
 
 steps, start, last = 0, time.time(), time.time()
 for x, y in opt.batches():

@@ -9,6 +9,11 @@ prints each run's time to --target.
 
     /usr/bin/python3 ops/bench/hvd_hetero.py [--runs ddp,bsp,bsp-speed,ashl] [--seeds 1,2,3]
 
+Throughput where the wire matters: a 20M-parameter MLP, equal unpaced workers, samples/s of
+DDP and of Ashlar's bsp over --max-steps steps, and each process's peak RSS:
+
+    /usr/bin/python3 ops/bench/hvd_hetero.py --throughput
+
 ddp: torch's DistributedSampler, equal batches. bsp: the same under Ashlar. bsp-speed:
 hvd.SpeedSampler with train.allocation=proportional (batches by speed). ashl: ASHL's local
 steps with hvd.SpeedSampler (slices by speed).
@@ -52,22 +57,36 @@ def train(a, rank, size, hvd=None, pace=None):
     else:
         sampler = torch.utils.data.distributed.DistributedSampler(ds, num_replicas=size, rank=rank, seed=a.seed)
         loader = torch.utils.data.DataLoader(ds, batch_size=a.batch, sampler=sampler)
-    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
+    sizes = [784] + [int(h) for h in a.hidden.split(",")] + [10]
+    layers = []
+    for i in range(len(sizes) - 1):
+        layers += [nn.Linear(sizes[i], sizes[i + 1]), nn.ReLU()]
+    model = nn.Sequential(*layers[:-1])
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
     if hvd is not None:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-    else:
+    elif size > 1 or pace is not None:
         model = nn.parallel.DistributedDataParallel(model)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=a.epochs * len(loader))
     curve, trained, last_eval, t0 = [], 0.0, 0.0, time.monotonic()
+    steps, samples, start = 0, 0, None
     for epoch in range(a.epochs):
         sampler.set_epoch(epoch)
+        if a.max_steps and steps >= a.max_steps:
+            break
         for bx, by in loader:
+            if a.max_steps:
+                if steps == 2:  # (the first steps set things up)
+                    start, samples = time.monotonic(), 0
+                if steps >= a.max_steps:
+                    break
+                steps += 1
+                samples += len(bx)
             step0 = time.monotonic()
             opt.zero_grad()
             loss = F.cross_entropy(model(bx), by)
-            if pace is not None:  # DDP: the step's paced budget, slept before the all-reduce
+            if pace is not None and a.sample_ms > 0:  # DDP: the step's paced budget, slept before the all-reduce
                 rest = len(bx) * a.sample_ms / 1000 / pace - (time.monotonic() - step0)
                 if rest > 0:
                     time.sleep(rest)
@@ -85,6 +104,13 @@ def train(a, rank, size, hvd=None, pace=None):
                 t0 += time.monotonic() - e0  # the evaluation is not training time
                 if acc >= a.target and a.out:
                     pathlib.Path(a.out).write_text(json.dumps(curve))
+    if a.max_steps:
+        import resource
+        rate = samples / (time.monotonic() - start)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        params = sum(p.numel() for p in model.parameters())
+        pathlib.Path(f"{a.out}.{rank}").write_text(json.dumps({"rate": rate, "rss_mb": rss, "params": params}))
+        return
     if rank == 0 and a.out:
         pathlib.Path(a.out).write_text(json.dumps(curve))
 
@@ -97,9 +123,32 @@ def ddp_worker(rank, a, speeds):
     dist.destroy_process_group()
 
 
-def run_one(kind, a, seed, out):
+def throughput(a):
+    a.hidden, a.max_steps, a.speeds, a.sample_ms, a.eval_every = "4096,4096", a.max_steps or 60, "1,1,1,1", 0, 1e9
+    rows = {}
+    alone = "/tmp/hvd-throughput-alone"
+    subprocess.run(["/usr/bin/python3", os.path.abspath(__file__), "--worker", "alone", "--hidden", a.hidden,
+                    "--max-steps", str(a.max_steps), "--sample-ms", "0", "--eval-every", "1e9", "--out", alone],
+                   check=True)
+    base = json.loads(pathlib.Path(f"{alone}.0").read_text())["rss_mb"]
+    print(f"PyTorch alone (one process, no DDP): peak RSS {base:.0f} MB", flush=True)
+    for kind in ["ddp", "bsp"]:
+        out = f"/tmp/hvd-throughput-{kind}"
+        run_one(kind, a, 1, out, curve=False)
+        got = [json.loads(pathlib.Path(f"{out}.{r}").read_text()) for r in range(4)]
+        rows[kind] = got
+        print(f"{kind}: {sum(g['rate'] for g in got):.0f} samples/s over 4 workers, peak RSS per process "
+              f"{', '.join(str(round(g['rss_mb'])) for g in got)} MB ({got[0]['params']} parameters)", flush=True)
+    ratio = sum(g["rate"] for g in rows["bsp"]) / sum(g["rate"] for g in rows["ddp"])
+    extra = max(g["rss_mb"] for g in rows["bsp"]) - base
+    ddp_extra = max(g["rss_mb"] for g in rows["ddp"]) - base
+    print(f"\nAshlar bsp / DDP samples/s: {ratio:.2f}; peak RSS over PyTorch alone: Ashlar {extra:+.0f} MB, "
+          f"DDP {ddp_extra:+.0f} MB (one copy of the parameters: {rows['bsp'][0]['params'] * 4 / 2**20:.0f} MB)")
+
+
+def run_one(kind, a, seed, out, curve=True):
     me = os.path.abspath(__file__)
-    common = ["--epochs", str(a.epochs), "--batch", str(a.batch), "--lr", str(a.lr), "--seed", str(seed),
+    common = ["--epochs", str(a.epochs), "--hidden", a.hidden, "--max-steps", str(a.max_steps), "--batch", str(a.batch), "--lr", str(a.lr), "--seed", str(seed),
               "--eval-every", str(a.eval_every), "--target", str(a.target), "--out", out,
               "--sample-ms", str(a.sample_ms)]
     t0 = time.time()
@@ -108,14 +157,17 @@ def run_one(kind, a, seed, out):
     else:
         policy = "ashl" if kind == "ashl" else "bsp"
         cmd = [str(ROOT / "build/apps/ashlar"), "launch", "--workers", str(len(a.speeds.split(","))), "--servers", "1",
-               "--policy", policy, "--set", f"train.speeds={a.speeds}", "--set", f"train.sample_ms={a.sample_ms}",
-               "--set", "run.log_level=warn", "--set", "run.progress_interval=0"]
+               "--policy", policy, "--set", "run.log_level=warn", "--set", "run.progress_interval=0"]
+        if a.sample_ms > 0:
+            cmd += ["--set", f"train.speeds={a.speeds}", "--set", f"train.sample_ms={a.sample_ms}"]
         if kind == "bsp-speed":
             cmd += ["--set", "train.allocation=proportional"]
         cmd += ["--python", me, "--", "--worker", "ashlar", "--sampler", "torch" if kind == "bsp" else "speed"] + common
     p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "build/python")))
     if p.returncode != 0:
         sys.exit(f"hvd_hetero: {kind} failed ({p.returncode}):\n{(p.stdout + p.stderr)[-3000:]}")
+    if not curve:
+        return None
     curve = json.loads(pathlib.Path(out).read_text())
     t = next((s for s, acc in curve if acc >= a.target), None)
     return t, max(acc for _, acc in curve), time.time() - t0
@@ -123,7 +175,7 @@ def run_one(kind, a, seed, out):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--worker", choices=["ddp", "ashlar"])
+    ap.add_argument("--worker", choices=["ddp", "ashlar", "alone"])
     ap.add_argument("--runs", default="ddp,bsp,bsp-speed,ashl")
     ap.add_argument("--seeds", default="1")
     ap.add_argument("--speeds", default="1,1,2,4")
@@ -137,12 +189,21 @@ def main():
     ap.add_argument("--sampler", default="torch")
     ap.add_argument("--port", type=int, default=29500)
     ap.add_argument("--out", default="")
+    ap.add_argument("--hidden", default="256,128")
+    ap.add_argument("--max-steps", type=int, default=0, help="throughput: stop after this many steps")
+    ap.add_argument("--throughput", action="store_true",
+                    help="784-4096-4096-10, equal unpaced workers, 60 steps: samples/s and RSS of DDP and bsp")
     a = ap.parse_args()
+    if a.throughput and not a.worker:
+        return throughput(a)
     if a.worker == "ddp":
         import torch.multiprocessing as mp
         os.environ["MASTER_PORT"] = str(a.port)
         speeds = [float(s) for s in a.speeds.split(",")]
         mp.spawn(ddp_worker, args=(a, speeds), nprocs=len(speeds))
+        return
+    if a.worker == "alone":  # PyTorch alone: one process, no DDP
+        train(a, 0, 1)
         return
     if a.worker == "ashlar":
         import ashlar.torch as hvd

@@ -56,6 +56,13 @@ std::vector<rule_change> script_rule_changes(const train_config& cfg) {
          "train.optimizer script: backing off the shards' rate would scale the script's steps; the script watches its loss",
          true);
   change("run.eval_every_epoch", "false", "train.optimizer script: the script evaluates its model itself", false);
+  // The job's own data only paces and counts the steps' sizes: a small synthetic set, not
+  // a data set every worker process would hold.
+  const uint64_t token = std::max<uint64_t>(1024, uint64_t{4} * cfg.batch_size * std::max(cfg.workers, cfg.max_workers));
+  change("data.source", "synthetic", own + "the scripts bring their data; the job's is a token set", false);
+  change("data.train_limit", std::to_string(token), own + "the token set's samples: 4 batches a worker, at least 1024",
+         false);
+  change("data.test_limit", "16", own + "the scripts evaluate their model", false);
   if (lockstep)
     change("train.topk_ratio", "0", "train.optimizer script under " + p + ": the round's mean gradient is exact", true);
   if (p == "ashl" && cfg.commit_scale == 0)

@@ -430,15 +430,32 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _flat_params(self):
         return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in self._params])
 
-    def _flat_grads(self):
-        parts = []
+    # (Each writes parameter by parameter into Ashlar's buffer: no flat copy of the model
+    # in between.)
+    def _slices(self):
+        o = 0
         for p, n in zip(self._params, self._sizes):
+            yield p, o, n
+            o += n
+
+    @torch.no_grad()
+    def _write_held_minus_grad(self, out):
+        held = torch.from_numpy(self._step.params)
+        for p, o, n in self._slices():
             if p.grad is None:
-                parts.append(torch.zeros(n))
-            else:
-                g, ctx = self._compression.compress(p.grad.detach())
-                parts.append(self._compression.decompress(g, ctx).reshape(-1).to("cpu", torch.float32))
-        return torch.cat(parts)
+                out[o:o + n].copy_(held[o:o + n])
+                continue
+            g, ctx = self._compression.compress(p.grad.detach())
+            g = self._compression.decompress(g, ctx).reshape(-1).to("cpu", torch.float32)
+            torch.sub(held[o:o + n], g, out=out[o:o + n])
+
+    @torch.no_grad()
+    def _write_delta(self, out):
+        x = torch.from_numpy(self._step.params)
+        for p, o, n in self._slices():
+            # x - (w - w0): from where this step began to where the script's optimizer took it
+            torch.sub(p.detach().reshape(-1).to("cpu", torch.float32), self._w0[o:o + n], out=out[o:o + n])
+            torch.sub(x[o:o + n], out[o:o + n], out=out[o:o + n])
 
     @torch.no_grad()
     def _scatter(self, flat, into_grad):
@@ -454,10 +471,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.copy_(part)
             o += n
 
+    @torch.no_grad()
     def _load_step_params(self):
         # The model: its initial parameters plus what the shards (or this worker's local
         # steps) hold.
-        self._scatter(self._w0 + torch.from_numpy(self._step.params), into_grad=False)
+        x = torch.from_numpy(self._step.params)
+        for p, o, n in self._slices():
+            if p.device.type == "cpu" and p.is_contiguous():
+                torch.add(self._w0[o:o + n], x[o:o + n], out=p.data.view(-1))
+            else:
+                p.copy_((self._w0[o:o + n] + x[o:o + n]).view_as(p))
 
     def _finish(self, write):
         step = self._step
@@ -489,11 +512,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._alone or not self._lockstep or self._synchronized:
             self._synchronized = True
             return
-        g = self._flat_grads()
-        params = torch.from_numpy(self._step.params)
         # What the shards average is (what they hold) - gradient, at a unit rate: what they
         # hold next is the mean gradient.
-        self._finish(lambda out: torch.sub(params, g, out=out))
+        self._finish(self._write_held_minus_grad)
         self._next()
         self._scatter(torch.from_numpy(self._step.params), into_grad=True)
         self._synchronized = True
@@ -519,11 +540,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         result = super(self.__class__, self).step(closure)
         self._synchronized = False
         if not self._lockstep:
-            x = torch.from_numpy(self._step.params)
-            moved = self._flat_params() - self._w0
-            # The delta the shards apply (x - lr * delta): from where this step began to
-            # where the script's optimizer took it.
-            self._finish(lambda out: torch.sub(x, moved, out=out))
+            # The delta the shards apply (x - lr * delta).
+            self._finish(self._write_delta)
             self._next()
             self._load_step_params()
         return result

@@ -120,9 +120,10 @@ private:
       s.correct = correct < 0 ? 0 : static_cast<size_t>(correct);
       if (t.size() == 3) {
         const auto own = t[2].cast<long long>();
-        if (own <= 0)
-          return make_error(errc::invalid_state, name_ + "." + method + ": the batch's size must be at least 1");
+        if (own < 0)
+          return make_error(errc::invalid_state, name_ + "." + method + ": the batch's size must be at least 0");
         s.n = static_cast<size_t>(own);
+        s.own_batch = true;
       }
       if (!std::isfinite(s.loss_sum))
         return make_error(errc::numerical_error, name_ + "." + method + ": the loss is not finite");

@@ -30,6 +30,9 @@ struct batch_stats {
   double loss_sum = 0;
   size_t correct = 0;
   size_t n = 0;
+  /// The backend took a batch of its own (a script's DataLoader): `n` is its size, 0 for a
+  /// step that trained nothing (a script waiting for its peers), not the batch it was given.
+  bool own_batch = false;
   double mean_loss() const { return n ? loss_sum / static_cast<double>(n) : 0.0; }
   double accuracy() const { return n ? static_cast<double>(correct) / static_cast<double>(n) : 0.0; }
 };

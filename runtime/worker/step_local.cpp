@@ -29,7 +29,9 @@ void step_machine::step_local_model() {
 // on_commit_taken. Returns whether `out` holds the commit now.
 bool step_machine::take_commit(std::vector<float>& out) {
   const float scale = job_.commit_scale;
-  push_samples_ = acc_samples_;
+  // (A commit of steps that trained nothing, a script waiting for its peers, counts as one
+  // sample: a shard takes no push of none.)
+  push_samples_ = std::max<uint32_t>(acc_samples_, 1);
   acc_samples_ = 0;
   local_done_ = 0;
   if (!held_ || commit_on_host_) {
@@ -83,7 +85,7 @@ void step_machine::after_compute() {
     // once the others have left (asynchronous shards apply them one by one).
     if (stop_requested_)
       return finish();
-    push_samples_ = batch_n_;
+    push_samples_ = std::max<uint32_t>(batch_n_, 1);
     if (job_.commit_scale != 1.0f)
       for (auto& g : grad_)
         g *= job_.commit_scale;

@@ -373,7 +373,7 @@ void step_machine::on_computed(const expected<batch_stats>& stats) {
     loss_ = stats->mean_loss();
     // A backend may take a batch of its own (a script's DataLoader): its size is what the
     // step counts, weighs its push by and is paced for.
-    if (stats->n > 0)
+    if (stats->own_batch)
       batch_n_ = static_cast<uint32_t>(stats->n);
   }
   uint64_t budget = job_.pace_ns_per_sample * batch_n_;

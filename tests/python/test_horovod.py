@@ -204,3 +204,18 @@ def test_pip_installs_the_built_package_with_its_native_module(tmp_path):
     assert check.returncode == 0, check.stderr
     path, size, rank = check.stdout.split()
     assert path.startswith(str(target)) and (size, rank) == ("1", "0")
+
+
+@pytest.mark.parametrize("policy", ["ashl", "ssp"])
+def test_a_worker_waiting_in_a_collective_does_not_hold_its_peers_under_a_drift_bound(tmp_path, policy):
+    # Speed shares give the fast worker more steps an epoch; it waits for the others at the
+    # epoch's end (the sampler's cut, the loss's allreduce) while ashl's commit gap or ssp's
+    # staleness bound would hold them for its commits: its worker steps on, empty.
+    run, res = launch(tmp_path, policy, script_args=["--sampler", "speed", "--epochs", "3", "--samples", "4096",
+                                                      "--opt", "adamw", "--lr", "0.01"],
+                      extra=["--set", "train.speeds=1,4", "--set", "train.sample_ms=1"], timeout=200)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "request_timeout" not in run.stdout + run.stderr
+    for epoch in range(3):
+        assert sorted(res[0]["seen"][epoch][0] + res[1]["seen"][epoch][0]) == list(range(4096))
+    assert res[0]["losses"][-1] < 0.5 * res[0]["initial_loss"]

@@ -26,7 +26,6 @@ training goes through the shards.
 import contextlib
 import io
 import os
-import threading
 import time
 
 import numpy as np
@@ -378,6 +377,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._join()
         self._next()  # the job's first step: training starts (the barrier)
         if not self._lockstep:
+            w.store.idle = self._idle
+        if not self._lockstep:
             self._load_step_params()
 
     # -- joining the job -------------------------------------------------------------
@@ -500,6 +501,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._timing[0] += n
             self._timing[1] += now - self._last_step_end
         self._last_step_end = now
+
+    def _idle(self):
+        # A collective waits for the other scripts: the held step goes back empty (no
+        # samples, a zero delta) and the model takes up what the shards hold now. Under
+        # ssp's bound or ashl's commit gap the others would otherwise wait for this
+        # worker's commits while it waits for them.
+        step = self._step
+        if step is None or step.abandoned or self._ended is not None:
+            return
+        step.grad.fill(0)
+        step.finish(0.0, 0, 0)
+        self._step = None
+        self._next()
+        self._load_step_params()
+        self._last_step_end = None  # (the wait is no step of this worker's: its rate leaves it out)
 
     # -- Horovod's interface -------------------------------------------------------------
     def synchronize(self):
@@ -642,7 +658,6 @@ class SpeedSampler(torch.utils.data.Sampler):
         self.epoch = epoch
 
     def _weights(self, opt):
-        w = _w("SpeedSampler")
         if lockstep():
             if self.batch_size is None or opt is None or opt._step is None:
                 return None  # equal

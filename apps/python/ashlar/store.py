@@ -32,6 +32,10 @@ class Store:
         # 600 (ASHLAR_COLLECTIVE_TIMEOUT): a rank still loading its data is not lost.
         self.timeout = float(timeout if timeout is not None else os.environ.get("ASHLAR_COLLECTIVE_TIMEOUT", 600))
         self._seq = 0
+        # Called while a collective waits (ashlar.torch's optimizer: a worker waiting for its
+        # peers keeps its Ashlar worker stepping, so that a policy bounding how far workers
+        # may drift apart does not hold the peers it waits for).
+        self.idle = None
 
     # --- files -----------------------------------------------------------------------
     def _file(self, key, rank):
@@ -64,6 +68,8 @@ class Store:
                 raise CollectiveError(f"ashlar.torch.{what}: rank {rank} did not take part in collective {key} within "
                                       f"{self.timeout:.0f} s (ASHLAR_COLLECTIVE_TIMEOUT); every rank must call the "
                                       "same collectives in the same order")
+            if self.idle is not None:
+                self.idle()
             time.sleep(pause)
             pause = min(pause * 2, 0.05)
 

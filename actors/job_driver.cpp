@@ -807,7 +807,8 @@ private:
       if (recorder_)
         recorder_->event("stop requested", stop_asked_);
     } else if (out_of_time && !rep_.target_reached) {
-      rep_.time_limited = budget_ > 0 && done_before_ + last_look_samples_ < budget_;
+      // (the scripts' job has no budget: its time limit always stops it short)
+      rep_.time_limited = budget_ == 0 || done_before_ + last_look_samples_ < budget_;
       spdlog::info("job: time limit of {} s reached; stopping the workers", cfg_.time_limit);
     }
     self_->request(scheduler_, std::chrono::seconds(10), wire::ctl_request{wire::ctl_request::shutdown, 0, 0})

@@ -219,3 +219,16 @@ def test_a_worker_waiting_in_a_collective_does_not_hold_its_peers_under_a_drift_
     for epoch in range(3):
         assert sorted(res[0]["seen"][epoch][0] + res[1]["seen"][epoch][0]) == list(range(4096))
     assert res[0]["losses"][-1] < 0.5 * res[0]["initial_loss"]
+
+
+def test_a_job_that_ends_first_ends_the_scripts_at_their_next_step_with_the_report_saying_why(tmp_path):
+    report = tmp_path / "r.json"
+    run, res = launch(tmp_path, "asp", script_args=["--epochs", "100000"],
+                      extra=["--set", "run.time_limit=3", "--report", str(report)], timeout=120)
+    said = run.stdout + run.stderr
+    assert run.returncode == 0, said
+    assert "stopped at the time limit" in said
+    rep = __import__("json").loads(report.read_text())
+    assert rep["optimizer"] == "script" and rep["time_limited"] is True and rep["samples"] > 0
+    assert rep["test_accuracy"] is None, "the job evaluates nothing of the scripts' model"
+    assert all(r is None for r in res), "the scripts ended in their loop, before writing what they ended with"

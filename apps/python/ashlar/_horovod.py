@@ -378,7 +378,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._next()  # the job's first step: training starts (the barrier)
         if not self._lockstep:
             w.store.idle = self._idle
-        if not self._lockstep:
             self._load_step_params()
 
     # -- joining the job -------------------------------------------------------------
@@ -393,9 +392,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                      "model")
             raise ValueError(f"ashlar.torch.DistributedOptimizer: rank {rank()} has {len(mine)} parameters, rank 0 "
                              f"{len(theirs)}: every worker must train the same model")
-        for p in self._params:
+        for name, p in zip(self._names, self._params):
             if p.dtype != torch.float32:
-                raise ValueError(f"ashlar.torch.DistributedOptimizer: parameter {self._names[self._params.index(p)]} "
+                raise ValueError(f"ashlar.torch.DistributedOptimizer: parameter {name} "
                                  f"is {p.dtype}: Ashlar's shards hold float32 (keep the parameters float32; AMP's "
                                  "autocast computes in lower precision)")
 

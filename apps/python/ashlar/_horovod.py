@@ -373,7 +373,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # broadcast_parameters make it), kept for the local rule: the shards hold what is
         # added to them.
         broadcast_parameters([(n, p) for n, p in zip(self._names, self._params)], root_rank=0)
-        self._w0 = None if self._lockstep else self._flat_params().clone()
+        self._w0 = None if self._lockstep else self._flat_params()  # (torch.cat: a copy already)
         self._join()
         self._next()  # the job's first step: training starts (the barrier)
         if not self._lockstep:

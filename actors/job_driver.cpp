@@ -23,6 +23,7 @@
 #include "runtime/core/clock.hpp"
 #include "runtime/data/dataset.hpp"
 #include "runtime/metrics/json.hpp"
+#include "runtime/metrics/metric_target.hpp"
 #include "runtime/metrics/prometheus.hpp"
 #include "runtime/metrics/recorder.hpp"
 #include "runtime/net/http_endpoint.hpp"
@@ -281,6 +282,9 @@ private:
       recorder_->mark_start();
     evals_ = std::make_unique<job_evaluations>(cfg_.model, hooks_, test_);
     rep_ = report_header();
+    if (!cfg_.target.empty())
+      if (auto t = parse_metric_target(cfg_.target))
+        metric_log_ = metric_log{*t};
     if (auto err = where_.start_workers(cfg_, scheduler_, profiler_, train_)) {
       stop_all();
       return err;
@@ -367,6 +371,7 @@ private:
     rep.seed = cfg_.seed;
     rep.train_samples = train_->n;
     rep.test_samples = test_.n;
+    rep.target = cfg_.target;
     return rep;
   }
 
@@ -606,6 +611,7 @@ private:
     if (scheduled_)
       follow_schedule(stats.total_samples, now, false);
     guard_divergence(stats, now);
+    take_metric_reports(stats.metric_reports, now);
     // A request to a shard whose node just died ends only at its timeout: the losses
     // queued meanwhile are taken in before the next step asks the shards again, and a
     // look that took any ends there (its clock and statistics are old by now: the next
@@ -735,6 +741,7 @@ private:
     ev.samples_per_second = static_cast<double>(stats.total_samples - last_samples_) / window;
     ev.loss = stats.loss;
     ev.lr = cfg_.optimizer.lr * lr_sent_;
+    ev.metrics = metric_log_.last();
     ev.workers = stats.workers;
     // Each worker's rate over the same window as the aggregate's (the profiler's own is a
     // smoothed per-step rate, which does not add up to it).
@@ -763,10 +770,54 @@ private:
     timeline_->evaluation_started(due.interval_eval, stats.total_samples);
   }
 
+  // The scripts' reports of named metrics (ashlar.torch.report) not taken yet: into the
+  // report, the metrics file and trace, Prometheus, a line of their own; the first that
+  // meets run.target stops the job.
+  void take_metric_reports(const std::vector<wire::metric_report>& reports, double now) {
+    const uint64_t missed = metric_log_.missed();
+    auto points = metric_log_.take(reports, now, [this](uint64_t samples) {
+      return script_optimizer(cfg_) ? 0.0 : epoch_of(samples); // (the scripts' epochs are theirs)
+    });
+    if (metric_log_.missed() > missed)
+      spdlog::warn("job: {} reports of the scripts' metrics came faster than the job took them and are not in the "
+                   "report",
+                   metric_log_.missed() - missed);
+    for (auto& p : points) {
+      if (recorder_)
+        recorder_->user_metrics(p.seconds, p.epoch, p.worker_id, p.values);
+      if (hooks_.on_metrics)
+        hooks_.on_metrics(p);
+      rep_.metrics.push_back(std::move(p));
+    }
+    live_.script_metrics = metric_log_.last();
+    if (metric_log_.met_by() && !rep_.target_reached) {
+      rep_.target_reached = true;
+      const auto& met = *metric_log_.met_by();
+      const auto& t = *metric_log_.target();
+      double value = 0;
+      for (const auto& [n, v] : met.values)
+        if (n == t.name)
+          value = v;
+      spdlog::info("job: {} {} at {:.2f} s (worker {}) met run.target \"{}\"; stopping the workers", t.name, value,
+                   met.seconds, met.worker_id, t.text());
+      if (recorder_)
+        recorder_->event("target reached", t.text());
+    }
+  }
+
   void record_point(std::optional<epoch_point> pt) {
     if (!pt)
       return;
     rep_.history.push_back(*pt);
+    // run.target on the job's own test accuracy is the same as run.target_accuracy
+    if (metric_log_.target() && metric_log_.target()->name == "test_accuracy" && !rep_.target_reached
+        && metric_log_.target()->met(pt->test_accuracy)) {
+      rep_.target_reached = true;
+      spdlog::info("job: test accuracy {:.4f} at {:.2f} s met run.target \"{}\"; stopping the workers",
+                   pt->test_accuracy, pt->seconds, metric_log_.target()->text());
+      if (recorder_)
+        recorder_->event("target reached", fmt::format("test accuracy {:.4f}", pt->test_accuracy));
+    }
     if (cfg_.target_accuracy > 0 && pt->test_accuracy >= cfg_.target_accuracy && !rep_.target_reached) {
       rep_.target_reached = true;
       spdlog::info("job: test accuracy {:.4f} at {:.2f} s reached run.target_accuracy {}; stopping the workers",
@@ -901,6 +952,7 @@ private:
         [&](const wire::cluster_stats& s) {
           last = s.workers;
           rep_.samples = s.total_samples;
+          take_metric_reports(s.metric_reports, rep_.seconds); // the scripts' last, reported as they left
           for (const auto& w : s.workers) {
             worker_summary ws;
             ws.worker_id = w.worker_id;
@@ -948,6 +1000,7 @@ private:
   bool training_ = false; // the scheduler said training starts
   std::unique_ptr<job_evaluations> evals_;
   run_report rep_;
+  metric_log metric_log_; // the scripts' reports taken so far, and run.target
   // watch
   bool done_ = false;
   caf::error failure_;

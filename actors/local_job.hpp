@@ -31,6 +31,7 @@ struct progress_event {
   double samples_per_second = 0; // over the last interval
   double loss = 0;               // smoothed training loss
   double lr = 0;                 // the learning rate now (train.lr times the schedule's factor)
+  std::vector<std::pair<std::string, double>> metrics; // the last value of each metric the scripts reported
   std::vector<wire::worker_stats> workers;
 };
 
@@ -39,6 +40,8 @@ struct job_hooks {
   std::function<void(const progress_event&)> on_progress;
   /// Called after each epoch's test evaluation (if run.eval_every_epoch).
   std::function<void(const epoch_point&)> on_epoch;
+  /// Called for each report of named metrics from a worker's script (ashlar.torch.report).
+  std::function<void(const metric_point&)> on_metrics;
   /// Where the job publishes its Prometheus metrics (a node's endpoint, which outlives
   /// the job). Null: the job serves its own on run.metrics_listen, if that is set.
   http_endpoint* metrics = nullptr;

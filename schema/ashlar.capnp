@@ -285,6 +285,22 @@ struct ProfileReport {
   denseBytes @15 :UInt64;  # what the step's pulls and pushes would have moved uncompressed
   stepsTarget @16 :UInt64; # the steps the worker trains in all, as it counts them now
   directives @17 :UInt32;  # batch directives it has taken from the scheduler
+  metrics @18 :List(NamedValue); # named metrics the script reported with this step
+}
+
+# A named figure of a script's evaluation ("val_ppl", "accuracy").
+struct NamedValue {
+  name @0 :Text;
+  value @1 :Float64;
+}
+
+# The seq-th report of named metrics of the job, by a worker, at `samples` trained.
+struct MetricReport {
+  seq @0 :UInt64;
+  workerId @1 :UInt32;
+  samples @2 :UInt64;
+  seconds @3 :Float64;
+  values @4 :List(NamedValue);
 }
 
 # A worker's place in its part of the training set: the part, the cursor's shuffle seed,
@@ -328,6 +344,7 @@ struct ClusterStats {
   totalSamples @1 :UInt64;
   elapsedSeconds @2 :Float64;
   loss @3 :Float64;
+  metricReports @4 :List(MetricReport); # the latest reports of named metrics, oldest first
 }
 
 enum Stage {

@@ -163,7 +163,8 @@ void print_job_summary(const std::string& j) {
     std::printf("the scripts' optimizers trained %s samples in %.1f s (%.0f samples/s)%s; the scripts evaluate their "
                 "model\n",
                 field("samples").c_str(), num("seconds"), num("samples_per_second"),
-                field("stopped_early") == "true" ? ", stopped on request" : "");
+                script_ending(field("stopped_early") == "true", field("target_reached") == "true",
+                              field("time_limited") == "true"));
   else
     std::printf("test accuracy %.4f (loss %.4f) on %s samples, %s%.2f of %s epochs in %.1f s (%.0f samples/s)\n",
                 num("test_accuracy"), num("test_loss"), field("test_samples").c_str(), why, num("epochs_trained"),

@@ -185,6 +185,14 @@ std::string worker_rates(const std::vector<wire::worker_stats>& workers) {
   return out;
 }
 
+// "SEP val_ppl 145.2, accuracy 0.8" ("" for none).
+std::string metric_text(const std::vector<std::pair<std::string, double>>& values, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < values.size(); ++i)
+    out += (i ? ", " : sep) + values[i].first + " " + fmt::format("{:.6g}", values[i].second);
+  return out;
+}
+
 actors::job_hooks print_hooks(uint32_t epochs) {
   actors::job_hooks hooks;
   // Lines come out in time order: an evaluation runs in the background on a snapshot, and
@@ -192,7 +200,8 @@ actors::job_hooks print_hooks(uint32_t epochs) {
   // snapshot; it then carries the later stamp and says when its model was taken.
   auto last = std::make_shared<double>(0.0);
   hooks.on_progress = [epochs, last](const actors::progress_event& ev) {
-    const std::string per = worker_rates(ev.workers);
+    std::string per = worker_rates(ev.workers);
+    per += metric_text(ev.metrics, "; ");
     *last = std::max(*last, ev.seconds);
     // (the samples of the whole job, from the epoch the samples make)
     const uint64_t total = ev.epoch > 0 ? static_cast<uint64_t>(std::llround(ev.samples / ev.epoch * epochs)) : 0;
@@ -210,6 +219,12 @@ actors::job_hooks print_hooks(uint32_t epochs) {
                 ev.loss, ev.lr, per.c_str());
     std::fflush(stdout);
   };
+  hooks.on_metrics = [last](const metric_point& p) {
+    *last = std::max(*last, p.seconds);
+    std::printf("%s metrics from worker %u at %llu samples:%s\n", log_stamp(system_clock().wall_ns()).c_str(),
+                p.worker_id, static_cast<unsigned long long>(p.samples), metric_text(p.values, " ").c_str());
+    std::fflush(stdout);
+  };
   hooks.on_epoch = [last](const epoch_point& p) {
     const bool later = *last > p.seconds + 0.05;
     *last = std::max(*last, p.seconds);
@@ -223,9 +238,16 @@ actors::job_hooks print_hooks(uint32_t epochs) {
   return hooks;
 }
 
+const char* script_ending(bool stopped_early, bool target_reached, bool time_limited) {
+  return stopped_early    ? ", stopped on request"
+         : target_reached ? ", stopped at the target (run.target)"
+         : time_limited   ? ", stopped at the time limit"
+                          : "";
+}
+
 const char* ending_words(bool stopped_early, bool target_reached, bool time_limited) {
   return stopped_early    ? "stopped on request after "
-         : target_reached ? "stopped at the target accuracy after "
+         : target_reached ? "stopped at the target after "
          : time_limited   ? "stopped at the time limit after "
                           : "after ";
 }
@@ -249,10 +271,11 @@ int finish_run(const train_config& cfg, const expected<run_report>& rep, const c
   // finish the step in flight) says how far.
   const char* why = ending_words(rep->stopped_early, rep->target_reached, rep->time_limited);
   if (rep->optimizer == "script")
-    std::printf("the scripts' optimizers trained %llu samples in %.1f s (%s samples/s)%s; the scripts evaluate their "
-                "model\n",
+    std::printf("the scripts' optimizers trained %llu samples in %.1f s (%s samples/s)%s; %s\n",
                 static_cast<unsigned long long>(rep->samples), rep->seconds, rate(rep->samples_per_second).c_str(),
-                rep->stopped_early ? ", stopped on request" : rep->time_limited ? ", stopped at the time limit" : "");
+                script_ending(rep->stopped_early, rep->target_reached, rep->time_limited),
+                rep->metrics.empty() ? "the scripts evaluate their model"
+                                     : ("their last metrics:" + metric_text(rep->metrics.back().values, " ")).c_str());
   else
     std::printf("test accuracy %.4f (loss %.4f) on %lu samples, %s%.2f of %u epochs in %.1f s (%s samples/s)\n",
                 rep->test_accuracy, rep->test_loss, static_cast<unsigned long>(rep->test_samples), why,

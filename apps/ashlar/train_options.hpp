@@ -61,7 +61,10 @@ actors::job_hooks print_hooks(uint32_t epochs);
 int finish_run(const train_config& cfg, const expected<run_report>& rep, const char* who);
 
 /// How the summary line says a run ended, before its epochs: "stopped on request after ",
-/// "stopped at the target accuracy after ", "stopped at the time limit after " or "after ".
+/// The scripts' job (train.optimizer = script): ", stopped on request", ", stopped at the
+/// target (run.target)", ", stopped at the time limit" or "".
+const char* script_ending(bool stopped_early, bool target_reached, bool time_limited);
+/// "stopped at the target after ", "stopped at the time limit after " or "after ".
 const char* ending_words(bool stopped_early, bool target_reached, bool time_limited);
 
 /// "Configuration keys..." help text listing every key, its variable and default.

@@ -31,6 +31,7 @@
 
 #include "apps/ashlar/host.hpp"
 #include "runtime/backend/compute_backend.hpp"
+#include "runtime/metrics/metric_target.hpp"
 #include "runtime/model/model.hpp"
 
 namespace py = pybind11;
@@ -111,14 +112,25 @@ private:
       // (loss_sum, correct), or (loss_sum, correct, n) from a backend whose batch is its
       // own (a script's DataLoader): n samples, not Ashlar's batch.
       auto t = out.cast<py::tuple>();
-      if (t.size() != 2 && t.size() != 3)
+      if (t.size() < 2 || t.size() > 4)
         throw py::cast_error("");
       batch_stats s;
       s.n = b.n;
       s.loss_sum = t[0].cast<double>();
       const auto correct = t[1].cast<long long>();
       s.correct = correct < 0 ? 0 : static_cast<size_t>(correct);
-      if (t.size() == 3) {
+      if (t.size() == 4) { // named metrics the script reported: {name: value}
+        for (auto [k, v] : t[3].cast<py::dict>()) {
+          auto name = k.cast<std::string>();
+          const double value = v.cast<double>();
+          if (auto why = metric_name_error(name))
+            return make_error(errc::invalid_config, name_ + "." + method + ": metric '" + name + "': " + why);
+          if (s.metrics.size() >= 64)
+            return make_error(errc::invalid_config, name_ + "." + method + ": at most 64 metrics a report");
+          s.metrics.emplace_back(std::move(name), value);
+        }
+      }
+      if (t.size() >= 3) {
         const auto own = t[2].cast<long long>();
         if (own < 0)
           return make_error(errc::invalid_state, name_ + "." + method + ": the batch's size must be at least 0");
@@ -136,8 +148,9 @@ private:
       return make_error(errc::invalid_state, name_ + "." + method + " raised " + e.what());
     } catch (const py::cast_error&) {
       return make_error(errc::invalid_state, name_ + "." + method
-                                               + " must return (loss_sum, correct) or (loss_sum, correct, n): a float "
-                                                 "and ints");
+                                               + " must return (loss_sum, correct), (loss_sum, correct, n) or "
+                                                 "(loss_sum, correct, n, {metric: value}): a float, ints and a dict "
+                                                 "of floats");
     }
   }
 

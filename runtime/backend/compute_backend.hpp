@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/core/error.hpp"
 #include "runtime/model/model.hpp"
@@ -33,6 +35,9 @@ struct batch_stats {
   /// The backend took a batch of its own (a script's DataLoader): `n` is its size, 0 for a
   /// step that trained nothing (a script waiting for its peers), not the batch it was given.
   bool own_batch = false;
+  /// Named metrics the backend's script reported with this step (its evaluation's
+  /// "val_ppl"): they go to the job with the step's report.
+  std::vector<std::pair<std::string, double>> metrics;
   double mean_loss() const { return n ? loss_sum / static_cast<double>(n) : 0.0; }
   double accuracy() const { return n ? static_cast<double>(correct) / static_cast<double>(n) : 0.0; }
 };

@@ -2,6 +2,7 @@
 
 #include "runtime/core/suggest.hpp"
 
+#include "runtime/metrics/metric_target.hpp"
 #include "runtime/optim/lr_schedule.hpp"
 #include "runtime/net/http_endpoint.hpp"
 
@@ -389,6 +390,10 @@ const std::vector<field>& fields() {
     bind("run.target_accuracy", "stop once a test evaluation reaches this accuracy (time to accuracy), 0 = train on "
                                 "(default 0)",
          [](train_config& c) -> double& { return c.target_accuracy; }),
+    bind("run.target", "stop once a reported metric meets this, \"NAME OP VALUE\" (OP <=, <, >=, >): a script's "
+                       "own (ashlar.torch.report(val_ppl=...): \"val_ppl <= 150\") or the job's test_accuracy "
+                       "(default none)",
+         [](train_config& c) -> std::string& { return c.target; }),
     bind("run.divergence_guard", "on a loss that is not finite or rises far above its start, put the last good "
                                  "snapshot back and halve the lr (up to 6 times); off: such a loss stops the job "
                                  "(default true)",
@@ -690,6 +695,9 @@ caf::error validate(const train_config& c) {
     return bad("run.target_accuracy must be in [0, 1] (a test accuracy; 0 = train on)");
   if (c.target_accuracy > 0 && c.eval_interval <= 0 && !c.eval_every_epoch)
     return bad("run.target_accuracy needs test evaluations: set run.eval_interval or run.eval_every_epoch");
+  if (!c.target.empty())
+    if (auto t = parse_metric_target(c.target); !t)
+      return t.error();
   if (c.crop_padding > 64)
     return bad("data.crop_padding must be at most 64 pixels");
   static const std::vector<std::string> levels = {"trace", "debug", "info", "warn", "error", "off"};

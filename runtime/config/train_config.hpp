@@ -200,6 +200,11 @@ struct run_settings {
   /// boundaries); 0 = train on. The evaluation that reaches it is of a snapshot, so the
   /// workers stop a little after the time it records. Default: 0.
   double target_accuracy = 0;
+  /// Stop the job at the first report of a metric that meets this (run.target), "NAME OP
+  /// VALUE" with OP one of <=, <, >=, >: a metric a script reports from its own
+  /// evaluation (ashlar.torch.report(val_ppl=...): "val_ppl <= 150"), or "test_accuracy"
+  /// (the job's own test evaluations, or a script's metric of that name). Default: "" (none).
+  std::string target;
   /// When the training loss becomes non-finite or rises far above its start, put the
   /// last good snapshot of the parameters back and halve the learning rate, up to 6
   /// times, instead of training on at chance accuracy (run.divergence_guard;

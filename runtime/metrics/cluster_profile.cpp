@@ -81,6 +81,12 @@ void cluster_profile::observe(const wire::profile_report& r) {
   t.window_compute += static_cast<double>(r.compute_ns) * 1e-9;
   close_window(t, now);
   total_samples_ += r.samples;
+  if (!r.metrics.empty()) {
+    if (reports_.size() >= kept_reports)
+      reports_.erase(reports_.begin());
+    reports_.push_back({++reports_seen_, r.worker_id, total_samples_,
+                        static_cast<double>(now - start_) * 1e-9, r.metrics});
+  }
   loss_ = ema(loss_, r.loss, alpha_ / 2, !loss_seen_ || !std::isfinite(loss_) || !std::isfinite(r.loss));
   loss_seen_ = true;
 }
@@ -97,6 +103,7 @@ wire::cluster_stats cluster_profile::stats() const {
     out.workers.push_back(t.stats);
   out.total_samples = total_samples_;
   out.loss = loss_;
+  out.metric_reports = reports_;
   if (started_)
     out.elapsed_seconds = static_cast<double>(clock_.steady_ns() - start_) * 1e-9;
   return out;

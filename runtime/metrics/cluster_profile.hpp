@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <vector>
 
 #include "runtime/core/clock.hpp"
 #include "runtime/predict/speed_predictor.hpp"
@@ -28,9 +29,13 @@ public:
   /// A worker joined (done = false) or left (done = true).
   void membership(uint32_t worker, bool done);
 
-  /// Every worker seen so far, the job's samples and loss, and seconds since the first
-  /// report (0 before it).
+  /// Every worker seen so far, the job's samples and loss, seconds since the first
+  /// report (0 before it) and the latest reports of named metrics.
   wire::cluster_stats stats() const;
+
+  /// Reports of named metrics kept for readers (the job driver takes them each look, a
+  /// tenth of a second apart; a script reports after its evaluations).
+  static constexpr size_t kept_reports = 64;
 
 private:
   struct track {
@@ -53,6 +58,8 @@ private:
   uint64_t total_samples_ = 0;
   double loss_ = 0;
   bool loss_seen_ = false;
+  std::vector<wire::metric_report> reports_; // the latest, oldest first
+  uint64_t reports_seen_ = 0;
 };
 
 }  // namespace ashlar

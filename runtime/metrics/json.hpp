@@ -7,7 +7,7 @@
 namespace ashlar {
 
 /// `v` as a JSON number with 6 significant digits, or null if it is not finite.
-std::string json_number(double v);
+std::string json_number(double v, int digits = 6);
 
 /// `us` rounded to a whole microsecond, as a JSON integer (trace timestamps and durations:
 /// six significant digits would be 100 us of resolution after 10 s). null if not finite.

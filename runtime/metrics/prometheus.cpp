@@ -60,6 +60,11 @@ std::string prometheus_text(const job_metrics& m) {
     w.family("ashlar_test_accuracy_ratio", "gauge", "Test accuracy at the last evaluation (0 to 1).");
     w.sample("ashlar_test_accuracy_ratio", "", m.test_accuracy);
   }
+  if (!m.script_metrics.empty()) { // (names are letters, digits, _ . - only: no label escaping needed)
+    w.family("ashlar_script_metric", "gauge", "The last value of each metric the training scripts reported.");
+    for (const auto& [name, v] : m.script_metrics)
+      w.sample("ashlar_script_metric", "name=\"" + name + "\"", v);
+  }
   using ws = wire::worker_stats;
   std::vector<ws> live;
   for (const auto& x : s.workers)

@@ -15,6 +15,7 @@ struct job_metrics {
   wire::cluster_stats stats;
   std::vector<wire::shard_status> shards;
   double test_accuracy = -1; // the last evaluation's; < 0: none yet
+  std::vector<std::pair<std::string, double>> script_metrics; // the last value of each metric the scripts reported
   double epoch = 0;
 };
 

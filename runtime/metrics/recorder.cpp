@@ -180,6 +180,20 @@ void run_recorder::evaluation(double at, double epoch, double accuracy, double t
                + ",\"test_accuracy\":" + json_number(accuracy) + ",\"train_loss\":" + json_number(train_loss) + "}");
 }
 
+void run_recorder::user_metrics(double at, double epoch, uint32_t worker,
+                                const std::vector<std::pair<std::string, double>>& values) {
+  std::lock_guard<std::mutex> lock{mu_};
+  std::string members;
+  for (const auto& [name, value] : values) {
+    members += "," + json_string(name) + ":" + json_number(value, 10);
+    trace_line("{\"name\":" + json_string(name) + ",\"ph\":\"C\",\"ts\":" + json_micros(at * 1e6)
+               + ",\"pid\":1,\"tid\":0,\"args\":{\"value\":" + json_number(value) + "}}");
+  }
+  metrics_line("{\"type\":\"metrics\",\"t\":" + json_seconds(at) + ",\"epoch\":" + json_number(epoch)
+               + ",\"worker\":" + std::to_string(worker) + ",\"values\":{" + (members.empty() ? "" : members.substr(1))
+               + "}}");
+}
+
 void run_recorder::close() {
   std::lock_guard<std::mutex> lock{mu_};
   auto finish = [this](std::FILE*& f, const std::string& path) {

@@ -48,6 +48,10 @@ public:
   /// A test evaluation of the parameters as they were `at` seconds into the run.
   void evaluation(double at, double epoch, double accuracy, double train_loss);
 
+  /// A script's report of named metrics (ashlar.torch.report), `at` seconds into the run:
+  /// a "metrics" line of the metrics file and a counter track per name in the trace.
+  void user_metrics(double at, double epoch, uint32_t worker, const std::vector<std::pair<std::string, double>>& values);
+
   /// Finishes both files (the trace's closing bracket) and flushes them; later calls
   /// record nothing. Write failures (a full disk) are logged once, never thrown.
   void close();

@@ -1,6 +1,7 @@
 #include "runtime/metrics/report.hpp"
 #include "runtime/metrics/json.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -16,11 +17,11 @@ std::string str(const std::string& s) { return json_string(s); }
 
 }  // namespace
 
-std::string json_number(double v) {
+std::string json_number(double v, int digits) {
   if (!std::isfinite(v))
     return "null";
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.6g", v);
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%.*g", digits, v);
   return buf;
 }
 
@@ -90,6 +91,31 @@ std::string to_json(const run_report& r) {
     << "  \"applied_samples\": " << r.applied_samples << ",\n";
   if (!r.error.empty())
     o << "  \"error\": " << str(r.error) << ",\n";
+  o << "  \"target\": " << (r.target.empty() ? std::string{"null"} : str(r.target)) << ",\n";
+  // The scripts' named metrics: each report, and the last value of each name.
+  auto values = [](const std::vector<std::pair<std::string, double>>& vs) {
+    std::string out = "{";
+    for (size_t i = 0; i < vs.size(); ++i)
+      out += (i ? ", " : "") + str(vs[i].first) + ": " + json_number(vs[i].second, 10); // (as reported)
+    return out + "}";
+  };
+  std::vector<std::pair<std::string, double>> last;
+  for (const auto& m : r.metrics)
+    for (const auto& [name, value] : m.values) {
+      auto it = std::find_if(last.begin(), last.end(), [&](const auto& l) { return l.first == name; });
+      if (it == last.end())
+        last.emplace_back(name, value);
+      else
+        it->second = value;
+    }
+  o << "  \"final_metrics\": " << values(last) << ",\n  \"metrics\": [";
+  for (size_t i = 0; i < r.metrics.size(); ++i) {
+    const auto& m = r.metrics[i];
+    o << (i ? ",\n    " : "\n    ") << "{\"seconds\": " << num(m.seconds) << ", \"epoch\": " << num(m.epoch)
+      << ", \"samples\": " << m.samples << ", \"worker\": " << m.worker_id << ", \"values\": " << values(m.values)
+      << "}";
+  }
+  o << (r.metrics.empty() ? "],\n" : "\n  ],\n");
   o
     << "  \"history\": [";
   for (size_t i = 0; i < r.history.size(); ++i) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/error.hpp"
@@ -14,6 +15,16 @@ struct epoch_point {
   double test_accuracy = 0;
   double train_loss = 0;
   uint64_t bytes = 0; // tensor bytes the workers had pulled and pushed by then
+};
+
+/// A report of named metrics from a worker's script (ashlar.torch.report), as the job
+/// received it.
+struct metric_point {
+  double seconds = 0;   // into training
+  double epoch = 0;     // the job's samples then, over the training set (0 where it has none)
+  uint64_t samples = 0; // the job's samples then
+  uint32_t worker_id = 0;
+  std::vector<std::pair<std::string, double>> values;
 };
 
 struct worker_summary {
@@ -51,7 +62,8 @@ struct run_report {
   uint64_t bytes = 0;             // tensor bytes the workers pulled and pushed
   uint64_t dense_bytes = 0;       // what those pulls and pushes would have moved uncompressed
   bool stopped_early = false;     // asked to stop (a signal) before its epochs were done
-  bool target_reached = false;    // stopped when an evaluation reached run.target_accuracy
+  bool target_reached = false;    // stopped when an evaluation reached run.target_accuracy, or a report run.target
+  std::string target;             // run.target ("" none)
   bool time_limited = false;      // stopped at run.time_limit before its epochs were done
   double epochs_trained = 0;      // the job's samples so far over the training set (a resumed job's included)
   uint64_t redone_samples = 0;     // a resume: samples the interrupted run trained past its last cut, trained again
@@ -61,6 +73,7 @@ struct run_report {
   uint64_t reassigned_samples = 0; // lost or removed workers' untrained samples the others took over, summed over handovers
   std::string error;              // why the run failed ("" if it did not); the other figures are then partial
   std::vector<epoch_point> history;
+  std::vector<metric_point> metrics; // the scripts' reports of named metrics, in order
   std::vector<worker_summary> per_worker;
 };
 

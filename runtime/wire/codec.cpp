@@ -504,6 +504,22 @@ caf::error read(schema::ShardStatus::Reader r, shard_status& out) {
   return caf::none;
 }
 
+template <class Builder>
+void fill_values(Builder b, const std::vector<named_value>& values) {
+  for (unsigned i = 0; i < values.size(); ++i) {
+    b[i].setName(values[i].name);
+    b[i].setValue(values[i].value);
+  }
+}
+
+template <class List>
+std::vector<named_value> read_values(List list) {
+  std::vector<named_value> out;
+  for (auto v : list)
+    out.push_back({v.getName().cStr(), v.getValue()});
+  return out;
+}
+
 void fill(schema::ClusterStats::Builder b, const cluster_stats& x) {
   auto ws = b.initWorkers(static_cast<unsigned>(x.workers.size()));
   for (size_t i = 0; i < x.workers.size(); ++i) {
@@ -536,6 +552,15 @@ void fill(schema::ClusterStats::Builder b, const cluster_stats& x) {
   b.setTotalSamples(x.total_samples);
   b.setElapsedSeconds(x.elapsed_seconds);
   b.setLoss(x.loss);
+  auto ms = b.initMetricReports(static_cast<unsigned>(x.metric_reports.size()));
+  for (unsigned i = 0; i < x.metric_reports.size(); ++i) {
+    const auto& m = x.metric_reports[i];
+    ms[i].setSeq(m.seq);
+    ms[i].setWorkerId(m.worker_id);
+    ms[i].setSamples(m.samples);
+    ms[i].setSeconds(m.seconds);
+    fill_values(ms[i].initValues(static_cast<unsigned>(m.values.size())), m.values);
+  }
 }
 
 void read(schema::ClusterStats::Reader r, cluster_stats& out) {
@@ -570,6 +595,9 @@ void read(schema::ClusterStats::Reader r, cluster_stats& out) {
   out.total_samples = r.getTotalSamples();
   out.elapsed_seconds = r.getElapsedSeconds();
   out.loss = r.getLoss();
+  out.metric_reports.clear();
+  for (auto m : r.getMetricReports())
+    out.metric_reports.push_back({m.getSeq(), m.getWorkerId(), m.getSamples(), m.getSeconds(), read_values(m.getValues())});
 }
 
 template <class List>
@@ -625,6 +653,7 @@ words encode(const profile_report& x) {
   b.setDenseBytes(x.dense_bytes);
   b.setStepsTarget(x.steps_target);
   b.setDirectives(x.directives);
+  fill_values(b.initMetrics(static_cast<unsigned>(x.metrics.size())), x.metrics);
   return to_words(mb);
 }
 
@@ -648,6 +677,7 @@ caf::error decode(const uint64_t* d, size_t n, profile_report& out) {
     out.dense_bytes = r.getDenseBytes();
     out.steps_target = r.getStepsTarget();
     out.directives = r.getDirectives();
+    out.metrics = read_values(r.getMetrics());
     return caf::error{};
   });
 }

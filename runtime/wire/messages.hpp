@@ -249,6 +249,12 @@ struct shard_status {
   uint64_t samples = 0;   // the samples of the gradients that went into updates
 };
 
+/// A named figure a worker's script reported (its evaluation's "val_ppl", "accuracy").
+struct named_value {
+  std::string name;
+  double value = 0;
+};
+
 struct profile_report {
   uint32_t worker_id = 0;
   uint64_t step = 0;
@@ -268,6 +274,7 @@ struct profile_report {
   uint32_t batch = 0;             // the batch share in force
   data_position position{};       // the data cursor after this step
   uint64_t dense_bytes = 0;       // what this step's pulls and pushes would have moved uncompressed
+  std::vector<named_value> metrics; // named metrics the script reported with this step (none: most steps)
 };
 
 struct worker_stats {
@@ -296,11 +303,24 @@ struct worker_stats {
   uint64_t dense_bytes = 0;          // what the pulls and pushes would have moved uncompressed
 };
 
+/// One report of named metrics: the `seq`-th of the job (from 1), by worker `worker_id`
+/// with its step that ended when the job had trained `samples` samples.
+struct metric_report {
+  uint64_t seq = 0;
+  uint32_t worker_id = 0;
+  uint64_t samples = 0;
+  double seconds = 0; // since the first step report
+  std::vector<named_value> values;
+};
+
 struct cluster_stats {
   std::vector<worker_stats> workers;
   uint64_t total_samples = 0;
   double elapsed_seconds = 0;
   double loss = 0;
+  /// The latest reports of named metrics (at most cluster_profile::kept_reports, oldest
+  /// first): a reader takes those with a seq past the last it took.
+  std::vector<metric_report> metric_reports;
 };
 
 struct node_info {

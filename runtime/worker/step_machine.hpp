@@ -349,6 +349,7 @@ private:
   uint64_t step_staleness_ = 0;    // the largest staleness the shards acknowledged
   uint32_t batch_n_ = 0;
   double loss_ = 0;
+  std::vector<wire::named_value> metrics_; // the script's named metrics, with the step's report
   // Pacing is kept to over whole steps: host time a step took beyond what it reports is
   // owed, and the next steps' waits give it back (at most pace_carry_steps budgets).
   uint64_t last_begin_ = 0;    // the last reported step's start,

@@ -371,6 +371,8 @@ void step_machine::on_computed(const expected<batch_stats>& stats) {
     return emit(step::pace{100'000'000, gen_});
   } else {
     loss_ = stats->mean_loss();
+    for (const auto& [name, value] : stats->metrics)
+      metrics_.push_back({name, value});
     // A backend may take a batch of its own (a script's DataLoader): its size is what the
     // step counts, weighs its push by and is paced for.
     if (stats->own_batch)
@@ -559,6 +561,8 @@ void step_machine::report_step(uint64_t push_ns) {
   rep.staleness = step_staleness_;
   rep.batch = job_.batch_size;
   rep.position = {job_.data_begin, job_.data_count, cursor_->seed(), cursor_->epoch(), cursor_->pos()};
+  rep.metrics = std::move(metrics_);
+  metrics_.clear();
   last_begin_ = step_begin_;
   last_parts_ns_ = rep.compute_ns + rep.pull_ns + rep.wait_ns + rep.push_ns - given_ns_;
   given_ns_ = 0;

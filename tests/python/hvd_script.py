@@ -26,6 +26,7 @@ p.add_argument("--fp16", action="store_true")
 p.add_argument("--no-broadcast", action="store_true", help="leave out broadcast_parameters (DistributedOptimizer checks)")
 p.add_argument("--sampler", default="torch", choices=["torch", "speed", "speed-sampler"],
                help="torch's DistributedSampler, or hvd.SpeedSampler as batch_sampler= or sampler=")
+p.add_argument("--report", action="store_true", help="hvd.report(val_mse=...) after each epoch (every rank)")
 p.add_argument("--out", required=True)
 a = p.parse_args()
 
@@ -107,6 +108,8 @@ for epoch in range(a.epochs):
         sched.step()
     with torch.no_grad():
         losses.append(hvd.allreduce(torch.tensor(F.mse_loss(model(X), Y).item())).item())
+    if a.report:
+        hvd.report(val_mse=losses[-1], epoch=epoch + 1)
     if hvd.rank() == 0:
         print(f"epoch {epoch}: loss {losses[-1]:.5f} ({time.time() - start:.1f} s)", flush=True)
 

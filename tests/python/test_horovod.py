@@ -5,6 +5,7 @@ loopback (a scheduler, a server, worker scripts), the trajectory checked against
 script's semantics in one process.
 
 Run from ctest (which sets ASHLAR_TEST_BIN, ASHLAR_TEST_SRC and PYTHONPATH to the build's package)."""
+import json
 import os
 import pathlib
 import subprocess
@@ -232,3 +233,57 @@ def test_a_job_that_ends_first_ends_the_scripts_at_their_next_step_with_the_repo
     assert rep["optimizer"] == "script" and rep["time_limited"] is True and rep["samples"] > 0
     assert rep["test_accuracy"] is None, "the job evaluates nothing of the scripts' model"
     assert all(r is None for r in res), "the scripts ended in their loop, before writing what they ended with"
+
+
+def test_the_scripts_metrics_reach_the_report_the_metrics_file_and_the_progress_lines(tmp_path):
+    report, metrics = tmp_path / "r.json", tmp_path / "m.jsonl"
+    run, res = launch(tmp_path, "bsp", script_args=["--epochs", "3", "--report"],
+                      extra=["--report", str(report), "--set", f"run.metrics={metrics}", "--set",
+                             "run.log_level=info"])
+    said = run.stdout + run.stderr
+    assert run.returncode == 0, said
+    rep = json.loads(report.read_text())
+    losses = res[0]["losses"]
+    got = [m["values"] for m in rep["metrics"]]
+    # rank 0's reports, each once, in order; the last went with one more step at the end
+    assert got == [{"val_mse": pytest.approx(v, rel=1e-6), "epoch": e + 1} for e, v in enumerate(losses)], said
+    assert all(m["worker"] == rep["metrics"][0]["worker"] for m in rep["metrics"])
+    assert [m["samples"] for m in rep["metrics"]] == sorted(m["samples"] for m in rep["metrics"])
+    assert rep["final_metrics"] == {"val_mse": pytest.approx(losses[-1], rel=1e-6), "epoch": 3}
+    assert rep["target"] is None and rep["target_reached"] is False
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    reported = [x["values"]["val_mse"] for x in lines if x.get("type") == "metrics"]
+    assert reported == pytest.approx(losses, rel=1e-6)
+    assert "metrics from worker" in said and "val_mse" in said
+
+
+def test_run_target_on_a_scripts_metric_stops_the_job_at_the_first_report_that_meets_it(tmp_path):
+    report = tmp_path / "r.json"
+    run, res = launch(tmp_path, "asp", script_args=["--epochs", "100000", "--report", "--opt", "adamw", "--lr", "0.01"],
+                      extra=["--set", "run.target=val_mse <= 0.3", "--set", "run.time_limit=100", "--report",
+                             str(report)], timeout=180)
+    said = run.stdout + run.stderr
+    assert run.returncode == 0, said
+    assert "stopped at the target" in said
+    rep = json.loads(report.read_text())
+    assert rep["target"] == "val_mse <= 0.3" and rep["target_reached"] is True and rep["time_limited"] is False
+    values = [m["values"]["val_mse"] for m in rep["metrics"]]
+    assert values and values[0] > 0.3, "the first epoch is not yet at the target"
+    first = next(i for i, v in enumerate(values) if v <= 0.3)
+    assert first >= len(values) - 2, f"the job trained on past the report that met its target: {values}"
+    assert all(r is None for r in res), "the scripts ended in their loop (JobEnded), before writing their end"
+
+
+def test_a_bad_target_or_metric_is_refused_naming_it(tmp_path):
+    run, _ = launch(tmp_path, "bsp", script_args=["--epochs", "1"], extra=["--set", "run.target=val_mse == 1"],
+                    timeout=60)
+    assert run.returncode != 0
+    assert "run.target" in run.stderr and "val_mse == 1" in run.stderr
+    import ashlar.torch as hvd
+    hvd.init()
+    with pytest.raises(ValueError, match="metric name 'val ppl'"):
+        hvd.report({"val ppl": 1.0})
+    with pytest.raises(TypeError, match="metric 'ppl' is str"):
+        hvd.report(ppl="high")
+    hvd.report(ppl=torch.tensor(3.5))
+    assert hvd.reported() == {"ppl": 3.5}

@@ -121,8 +121,16 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   CHECK(pr2.position.seed == 77);
   CHECK(pr2.position.epoch == 3);
   CHECK(pr2.position.pos == 640);
+  CHECK(pr2.metrics.empty());
+  pr.metrics = {{"val_ppl", 141.25}, {"val_loss", 4.95}};
+  REQUIRE_FALSE(decode(encode(pr), pr2));
+  REQUIRE(pr2.metrics.size() == 2);
+  CHECK(pr2.metrics[0].name == "val_ppl");
+  CHECK(pr2.metrics[0].value == 141.25);
+  CHECK(pr2.metrics[1].name == "val_loss");
 
   cluster_stats cs;
+  cs.metric_reports.push_back({3, 1, 640, 2.5, {{"val_ppl", 150}}});
   cs.workers.push_back(worker_stats{1, 2, 3, 4.5, 0.1, 0.2, 0.3, 0.4, true, 5.0, 6.0});
   cs.workers[0].staleness = 1.5;
   cs.workers[0].predicted_speed = 900;
@@ -143,6 +151,14 @@ TEST_CASE("every wire message survives an encode/decode round trip") {
   CHECK(cs2.workers[0].batch == 40);
   CHECK(cs2.workers[0].position.pos == 4);
   CHECK(cs2.workers[0].position.epoch == 2);
+  REQUIRE(cs2.metric_reports.size() == 1);
+  CHECK(cs2.metric_reports[0].seq == 3);
+  CHECK(cs2.metric_reports[0].worker_id == 1);
+  CHECK(cs2.metric_reports[0].samples == 640);
+  CHECK(cs2.metric_reports[0].seconds == 2.5);
+  REQUIRE(cs2.metric_reports[0].values.size() == 1);
+  CHECK(cs2.metric_reports[0].values[0].name == "val_ppl");
+  CHECK(cs2.metric_reports[0].values[0].value == 150);
 
   shard_status ss;
   ss.shard_id = 1;

@@ -119,6 +119,7 @@ def train(config=None, backend=None, settings=None, args=()):
 
 # The worker node this process runs (init .. shutdown).
 _node = {"thread": None, "code": None, "bridge": None}
+_before_leave = []  # called by shutdown() while the worker still runs
 
 
 def _join_from_launch(script_model):
@@ -245,6 +246,11 @@ def shutdown(timeout=60):
         return 0
     stopped_here = False
     if t.is_alive():
+        for hook in list(_before_leave):  # (ashlar.torch: metrics reported since the last step go first)
+            try:
+                hook()
+            except Exception as e:  # the leave goes on whatever a hook does
+                print(f"ashlar.shutdown: {e}", file=sys.stderr, flush=True)
         stopped_here = True
         _ashlar.request_stop()
         if _node["bridge"] is not None:

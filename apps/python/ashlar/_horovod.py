@@ -38,7 +38,7 @@ __all__ = ["init", "shutdown", "is_initialized", "size", "rank", "local_rank", "
            "cross_size", "policy", "lockstep", "DistributedOptimizer", "broadcast_parameters",
            "broadcast_optimizer_state", "broadcast_object", "allgather_object", "broadcast", "broadcast_",
            "allreduce", "allreduce_", "allgather", "barrier", "join", "Compression", "Average", "Sum", "Adasum",
-           "JobEnded", "CollectiveError", "elastic", "ManualOptimizer", "SpeedSampler", "mpi_threads_supported", "nccl_built", "gloo_enabled",
+           "JobEnded", "CollectiveError", "report", "reported", "elastic", "ManualOptimizer", "SpeedSampler", "mpi_threads_supported", "nccl_built", "gloo_enabled",
            "mpi_enabled"]
 
 Average, Sum, Adasum = "average", "sum", "adasum"
@@ -66,6 +66,8 @@ class _World:
                            "under `ashlar launch --python`, which sets ASHLAR_STORE_DIR")
         self.store = Store(path, self.rank, self.size)
         self.optimizer = None  # the DistributedOptimizer, once made (one per process)
+        self.metrics = {}      # named metrics reported since the last step (they go with the next)
+        self.reported = {}     # the last value of each metric this process reported
 
 
 _world = None
@@ -141,6 +143,54 @@ def nccl_built():
 
 def gloo_enabled():
     return False
+
+
+# --- the script's metrics -----------------------------------------------------------
+
+_METRIC_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def report(metrics=None, **values):
+    """Hands named metrics of the script's own evaluation to the job:
+    `hvd.report(val_ppl=141.2)` or `hvd.report({"val_loss": 4.95, "val_ppl": 141.2})`.
+    They reach the job's progress lines, a line of their own, its report ("metrics",
+    "final_metrics"), its metrics file (run.metrics), Prometheus (ashlar_script_metric)
+    and its target: `run.target = "val_ppl <= 150"` stops the job at the first report
+    that meets it (the scripts then end with JobEnded, exit code 0).
+
+    Rank 0's reports are the job's, as Ray Train takes rank 0's: a script whose ranks each
+    evaluate a part reduces them first (allreduce), and may call report on every rank.
+    The metrics go with this worker's next step (or, at the script's end, with one more
+    step that trains nothing). Names: 1 to 64 letters, digits, '_', '.', '-'; values: numbers
+    or one-element tensors. In one process started by hand they are kept (reported())."""
+    merged = dict(metrics or {})
+    merged.update(values)
+    clean = {}
+    for name, v in merged.items():
+        if not isinstance(name, str) or not (1 <= len(name) <= 64) or not set(name) <= _METRIC_CHARS:
+            raise ValueError(f"ashlar.torch.report: metric name {name!r}: 1 to 64 letters, digits, '_', '.' or '-'")
+        try:
+            clean[name] = float(v.item() if hasattr(v, "item") else v)
+        except (TypeError, ValueError):
+            raise TypeError(f"ashlar.torch.report: metric '{name}' is {type(v).__name__}, not a number") from None
+    if len(clean) > 64:
+        raise ValueError("ashlar.torch.report: at most 64 metrics a report")
+    w = _w("report")
+    w.reported.update(clean)
+    if w.rank == 0:
+        w.metrics.update(clean)
+
+
+def reported():
+    """The last value of each metric this process reported."""
+    return dict(_w("reported").reported)
+
+
+def _take_metrics():
+    if _world is None or not _world.metrics:
+        return None
+    m, _world.metrics = _world.metrics, {}
+    return m
 
 
 # --- collectives among the scripts ----------------------------------------------------
@@ -375,6 +425,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         broadcast_parameters([(n, p) for n, p in zip(self._names, self._params)], root_rank=0)
         self._w0 = None if self._lockstep else self._flat_params()  # (torch.cat: a copy already)
         self._join()
+        import ashlar
+        ashlar._before_leave.append(self._flush_metrics)
         self._next()  # the job's first step: training starts (the barrier)
         if not self._lockstep:
             w.store.idle = self._idle
@@ -493,7 +545,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         loss_sum = float(loss) * n if loss is not None else 0.0
         if not np.isfinite(loss_sum):
             loss_sum = 0.0 if loss is None else loss_sum
-        step.finish(loss_sum, 0, n)
+        step.finish(loss_sum, 0, n, _take_metrics())
         self._step = None
         now = time.monotonic()
         if self._last_step_end is not None:
@@ -510,11 +562,33 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if step is None or step.abandoned or self._ended is not None:
             return
         step.grad.fill(0)
-        step.finish(0.0, 0, 0)
+        step.finish(0.0, 0, 0, _take_metrics())
         self._step = None
         self._next()
         self._load_step_params()
         self._last_step_end = None  # (the wait is no step of this worker's: its rate leaves it out)
+
+    def _flush_metrics(self):
+        # The script ends with metrics reported since its last step (its final
+        # evaluation): the step it holds goes back with them, training nothing (no
+        # samples; a zero delta, or under lockstep what the shards hold, after the end).
+        step = self._step
+        if _world is None or not _world.metrics or step is None or step.abandoned or self._ended is not None:
+            return
+        if self._lockstep:
+            step.grad[:] = step.params
+        else:
+            step.grad.fill(0)
+        step.finish(0.0, 0, 0, _take_metrics())
+        self._step = None
+        # Its next step comes once this one's push and report are done (at most 30 s: a
+        # round whose peers neither step nor leave); the step waits until the bridge closes.
+        import ashlar
+        deadline = time.monotonic() + 30
+        try:
+            self._bridge.next_step(lambda: ashlar.is_running() and time.monotonic() < deadline)
+        except Exception:
+            return
 
     # -- Horovod's interface -------------------------------------------------------------
     def synchronize(self):

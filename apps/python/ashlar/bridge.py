@@ -29,11 +29,17 @@ class Step:
         self._result = None
         self._error = None
 
-    def finish(self, loss_sum, correct, n=None):
+    def finish(self, loss_sum, correct, n=None, metrics=None):
         """The gradient is in `grad`: hands the step back to Ashlar with the batch's summed
         loss and its number of correct predictions; `n`, the batch's size when the script
-        took a batch of its own (its DataLoader's), not Ashlar's `y`."""
-        self._result = (float(loss_sum), int(correct)) if n is None else (float(loss_sum), int(correct), int(n))
+        took a batch of its own (its DataLoader's), not Ashlar's `y`; `metrics`, named
+        figures of the script's evaluation ({"val_ppl": 141.2}) for the job's report."""
+        if metrics:
+            self._result = (float(loss_sum), int(correct), len(self.y) if n is None else int(n), dict(metrics))
+        elif n is None:
+            self._result = (float(loss_sum), int(correct))
+        else:
+            self._result = (float(loss_sum), int(correct), int(n))
         self._done.set()
 
     @property

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "runtime/metrics/metric_target.hpp"
+
 namespace ashlar {
 
 namespace {
@@ -81,11 +83,17 @@ void cluster_profile::observe(const wire::profile_report& r) {
   t.window_compute += static_cast<double>(r.compute_ns) * 1e-9;
   close_window(t, now);
   total_samples_ += r.samples;
-  if (!r.metrics.empty()) {
+  // A report's metrics, as far as they are well named (a worker's own backend may send
+  // anything: the names go into JSON keys and Prometheus labels), at most 64.
+  std::vector<wire::named_value> named;
+  for (const auto& m : r.metrics)
+    if (named.size() < 64 && !metric_name_error(m.name))
+      named.push_back(m);
+  if (!named.empty()) {
     if (reports_.size() >= kept_reports)
       reports_.erase(reports_.begin());
-    reports_.push_back({++reports_seen_, r.worker_id, total_samples_,
-                        static_cast<double>(now - start_) * 1e-9, r.metrics});
+    reports_.push_back({++reports_seen_, r.worker_id, total_samples_, static_cast<double>(now - start_) * 1e-9,
+                        std::move(named)});
   }
   loss_ = ema(loss_, r.loss, alpha_ / 2, !loss_seen_ || !std::isfinite(loss_) || !std::isfinite(r.loss));
   loss_seen_ = true;

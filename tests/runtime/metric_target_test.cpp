@@ -97,6 +97,12 @@ TEST_CASE("the job takes each report of the scripts' metrics once, keeps the las
   CHECK(log.missed() == 5);
   CHECK(log.last()[0].second == 100.0 + cluster_profile::kept_reports + 4);
 
+  // Badly named metrics (a worker's own backend) never reach the job: its labels and keys.
+  step(3, 1, {{"bad\"} 1\nashlar_x{", 1.0}, {"", 2.0}, {"ok", 3.0}});
+  const auto last = profile.stats().metric_reports.back();
+  REQUIRE(last.values.size() == 1);
+  CHECK(last.values[0].name == "ok");
+
   metric_log none;
   CHECK(none.take(profile.stats().metric_reports, 3.0, epoch).size() == cluster_profile::kept_reports);
   CHECK(none.met_by() == nullptr);

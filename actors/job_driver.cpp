@@ -794,12 +794,8 @@ private:
       rep_.target_reached = true;
       const auto& met = *metric_log_.met_by();
       const auto& t = *metric_log_.target();
-      double value = 0;
-      for (const auto& [n, v] : met.values)
-        if (n == t.name)
-          value = v;
-      spdlog::info("job: {} {} at {:.2f} s (worker {}) met run.target \"{}\"; stopping the workers", t.name, value,
-                   met.seconds, met.worker_id, t.text());
+      spdlog::info("job: {} {} at {:.2f} s (worker {}) met run.target \"{}\"; stopping the workers", t.name,
+                   metric_log_.met_value(), met.seconds, met.worker_id, t.text());
       if (recorder_)
         recorder_->event("target reached", t.text());
     }

@@ -87,15 +87,13 @@ std::vector<metric_point> metric_log::take(const std::vector<wire::metric_report
     p.worker_id = r.worker_id;
     for (const auto& v : r.values) {
       p.values.emplace_back(v.name, v.value);
-      auto it = std::find_if(last_.begin(), last_.end(), [&](const auto& l) { return l.first == v.name; });
-      if (it == last_.end())
-        last_.emplace_back(v.name, v.value);
-      else
-        it->second = v.value;
+      keep_last(last_, v.name, v.value);
     }
     if (target_ && !met_) {
-      if (const double* v = find_metric(r.values, target_->name); v && target_->met(*v))
+      if (const double* v = find_metric(r.values, target_->name); v && target_->met(*v)) {
         met_ = p;
+        met_value_ = *v;
+      }
     }
     out.push_back(std::move(p));
   }

@@ -58,6 +58,8 @@ public:
 
   /// The first point taken whose target metric met the target, or null.
   const metric_point* met_by() const { return met_ ? &*met_ : nullptr; }
+  /// The target metric's value in that point.
+  double met_value() const { return met_value_; }
   /// The last value of each name taken, in order of first report.
   const std::vector<std::pair<std::string, double>>& last() const { return last_; }
   /// Reports that fell out of the profile's window before they could be taken.
@@ -69,6 +71,7 @@ private:
   uint64_t seq_ = 0;
   uint64_t missed_ = 0;
   std::optional<metric_point> met_;
+  double met_value_ = 0;
   std::vector<std::pair<std::string, double>> last_;
 };
 

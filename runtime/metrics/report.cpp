@@ -55,6 +55,14 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
+void keep_last(std::vector<std::pair<std::string, double>>& values, const std::string& name, double value) {
+  auto it = std::find_if(values.begin(), values.end(), [&](const auto& v) { return v.first == name; });
+  if (it == values.end())
+    values.emplace_back(name, value);
+  else
+    it->second = value;
+}
+
 std::string to_json(const run_report& r) {
   std::ostringstream o;
   o << "{\n"
@@ -101,13 +109,8 @@ std::string to_json(const run_report& r) {
   };
   std::vector<std::pair<std::string, double>> last;
   for (const auto& m : r.metrics)
-    for (const auto& [name, value] : m.values) {
-      auto it = std::find_if(last.begin(), last.end(), [&](const auto& l) { return l.first == name; });
-      if (it == last.end())
-        last.emplace_back(name, value);
-      else
-        it->second = value;
-    }
+    for (const auto& [name, value] : m.values)
+      keep_last(last, name, value);
   o << "  \"final_metrics\": " << values(last) << ",\n  \"metrics\": [";
   for (size_t i = 0; i < r.metrics.size(); ++i) {
     const auto& m = r.metrics[i];

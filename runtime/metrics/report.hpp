@@ -77,6 +77,10 @@ struct run_report {
   std::vector<worker_summary> per_worker;
 };
 
+/// Sets `name`'s value in `values` (the last value of each name, in order of first
+/// appearance): replaced where it is there, appended where not.
+void keep_last(std::vector<std::pair<std::string, double>>& values, const std::string& name, double value);
+
 /// The report as a JSON object.
 std::string to_json(const run_report& r);
 

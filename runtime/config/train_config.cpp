@@ -681,6 +681,13 @@ caf::error validate(const train_config& c) {
     return bad("run.eval_interval must be >= 0");
   if (c.resume && c.checkpoint_dir.empty())
     return bad("run.resume needs run.checkpoint_dir (--checkpoint-dir DIR): where the checkpoints are");
+  if (script_optimizer(c) && !c.checkpoint_dir.empty())
+    return bad(std::string{c.resume ? "run.resume" : "run.checkpoint_dir"}
+               + ": under train.optimizer = script the model and its optimizer state are the scripts' (the "
+                 "shards hold only what the rule passes between them): a script checkpoints itself as under "
+                 "Horovod (rank 0 saves model.state_dict() and optimizer.state_dict(); the resumed run loads "
+                 "them on rank 0, then calls broadcast_parameters and broadcast_optimizer_state); "
+                 "see docs/pytorch.md, Checkpoints");
   if (c.checkpoint_keep < 1)
     return bad("run.checkpoint_keep must be >= 1");
   if (!c.metrics_listen.empty()) {

@@ -27,6 +27,8 @@ p.add_argument("--no-broadcast", action="store_true", help="leave out broadcast_
 p.add_argument("--sampler", default="torch", choices=["torch", "speed", "speed-sampler"],
                help="torch's DistributedSampler, or hvd.SpeedSampler as batch_sampler= or sampler=")
 p.add_argument("--report", action="store_true", help="hvd.report(val_mse=...) after each epoch (every rank)")
+p.add_argument("--save", help="rank 0 saves model, optimizer, scheduler and epoch here at the end (Horovod's way)")
+p.add_argument("--resume", help="rank 0 loads a --save checkpoint and broadcasts it; --epochs counts from 0")
 p.add_argument("--out", required=True)
 a = p.parse_args()
 
@@ -76,13 +78,24 @@ if not a.no_broadcast:
 opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                compression=hvd.Compression.fp16 if a.fp16 else hvd.Compression.none)
 sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5) if a.step_lr else None
+start_epoch = 0
+if a.resume:  # as Horovod's examples resume: rank 0 loads, the broadcasts hand it to every rank
+    ck = torch.load(a.resume) if hvd.rank() == 0 else None
+    start_epoch = hvd.broadcast_object(ck["epoch"] if ck else None, root_rank=0)
+    if hvd.rank() == 0:
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    if sched is not None:
+        sched.load_state_dict(hvd.broadcast_object(ck["sched"] if ck else None, root_rank=0))
 
 with torch.no_grad():
     initial_loss = F.mse_loss(model(X), Y).item()
 losses = []
 seen = []  # per epoch, the indices of this rank's batches, and their sizes
 start = time.time()
-for epoch in range(a.epochs):
+for epoch in range(start_epoch, a.epochs):
     sampler.set_epoch(epoch)
     seen.append(([], []))
     for x, y, i in loader:
@@ -113,6 +126,9 @@ for epoch in range(a.epochs):
     if hvd.rank() == 0:
         print(f"epoch {epoch}: loss {losses[-1]:.5f} ({time.time() - start:.1f} s)", flush=True)
 
+if a.save and hvd.rank() == 0:
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": a.epochs,
+                "sched": sched.state_dict() if sched is not None else None}, a.save)
 gathered = hvd.allgather(torch.tensor([[float(hvd.rank())]]))
 summed = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
 names = hvd.allgather_object(f"rank{hvd.rank()}")

@@ -254,3 +254,19 @@ TEST_CASE("train.optimizer takes sgd or script and names the others") {
   REQUIRE(err);
   CHECK(describe(err).find("train.optimizer 'adam' is not known (known: sgd, script)") != std::string::npos);
 }
+
+TEST_CASE("under train.optimizer = script Ashlar's checkpoints are refused, naming how a script checkpoints itself") {
+  train_config c;
+  REQUIRE_FALSE(apply_setting(c, "train.optimizer", "script"));
+  REQUIRE_FALSE(apply_setting(c, "run.checkpoint_dir", "/tmp/ck"));
+  auto err = validate(c);
+  REQUIRE(err);
+  CHECK(describe(err).find("run.checkpoint_dir: under train.optimizer = script") != std::string::npos);
+  CHECK(describe(err).find("broadcast_optimizer_state") != std::string::npos);
+  REQUIRE_FALSE(apply_setting(c, "run.resume", "true"));
+  err = validate(c);
+  REQUIRE(err);
+  CHECK(describe(err).find("run.resume: under train.optimizer = script") != std::string::npos);
+  REQUIRE_FALSE(apply_setting(c, "train.optimizer", "sgd"));
+  CHECK_FALSE(validate(c)); // Ashlar's own update keeps them
+}

@@ -206,8 +206,8 @@ def allgather_object(obj, name=None, process_set=None):
     return [got[r] for r in sorted(got)]
 
 
-def _cpu(t):
-    return t.detach().to("cpu")
+def _cpu(t, copy=False):
+    return t.detach().to("cpu", copy=copy)
 
 
 def allreduce(tensor, average=None, name=None, compression=None, op=None, prescale_factor=1.0,
@@ -277,7 +277,7 @@ def broadcast_parameters(params, root_rank=0, process_set=None):
     named = _named_tensors(params)
     src = None
     if rank() == root_rank:
-        src = {n: _cpu(t) for n, t in named}
+        src = {n: _cpu(t, copy=True) for n, t in named}  # (not views: the wait may move the model)
     src = broadcast_object(src, root_rank)
     with torch.no_grad():
         for n, t in named:
@@ -287,6 +287,9 @@ def broadcast_parameters(params, root_rank=0, process_set=None):
                 raise ValueError(f"ashlar.torch.broadcast_parameters: '{n}' is {tuple(t.shape)} here and "
                                  f"{tuple(src[n].shape)} on rank {root_rank}")
             t.copy_(src[n])
+    opt = _w("broadcast_parameters").optimizer
+    if opt is not None:
+        opt._rebase()
 
 
 def broadcast_optimizer_state(optimizer, root_rank=0, process_set=None):
@@ -403,6 +406,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_sync = True
         self._step = None      # the Ashlar step this worker holds: what its next update goes with
+        self._versions = []    # the parameters' in-place write counts when the step's were loaded
         self._ended = None     # JobEnded, once the job is over
         self._lockstep = lockstep()
         self.batch_size = None  # a step's batch, when the script says it (else seen from the model's input)
@@ -524,6 +528,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             o += n
 
     @torch.no_grad()
+    def _rebase(self):
+        # The script set its model between steps (load_state_dict of a checkpoint,
+        # broadcast_parameters, an in-place edit): under the local rule the model is its base
+        # plus what the shards hold, so the base moves to (the model as set) - (what this
+        # step holds), and the next delta is the optimizer's step from there, not the jump to
+        # the set values (which every worker would otherwise commit once more).
+        if self._alone or self._lockstep or self._step is None or self._step.abandoned or self._w0 is None:
+            return
+        torch.sub(self._flat_params(), torch.from_numpy(self._step.params), out=self._w0)
+        self._mark()
+
+    def _mark(self):
+        # (torch counts a tensor's in-place writes: a parameter whose count moved since the
+        # step's parameters were loaded was set by the script)
+        self._versions = [p._version for p in self._params]
+
+    def _rebase_if_set(self):
+        if any(p._version != v for p, v in zip(self._params, self._versions)):
+            self._rebase()
+
+    @torch.no_grad()
     def _load_step_params(self):
         # The model: its initial parameters plus what the shards (or this worker's local
         # steps) hold.
@@ -533,6 +558,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 torch.add(self._w0[o:o + n], x[o:o + n], out=p.data.view(-1))
             else:
                 p.copy_((self._w0[o:o + n] + x[o:o + n]).view_as(p))
+        self._mark()
 
     def _finish(self, write):
         step = self._step
@@ -561,6 +587,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         step = self._step
         if step is None or step.abandoned or self._ended is not None:
             return
+        self._rebase_if_set()  # (what the script set stays: the reload below adds to it)
         step.grad.fill(0)
         step.finish(0.0, 0, 0, _take_metrics())
         self._step = None
@@ -599,6 +626,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._ended is not None:
             raise self._ended
         if self._alone or not self._lockstep or self._synchronized:
+            if not (self._alone or self._lockstep or self._synchronized):
+                # What the script set since the step began (a loaded checkpoint) is the
+                # model from here; what it changes after this (a hand-written update) is
+                # the step.
+                self._rebase_if_set()
             self._synchronized = True
             return
         # What the shards average is (what they hold) - gradient, at a unit rate: what they

@@ -35,7 +35,7 @@ public:
       if (!policy)
         return policy.error();
       std::vector<float> slice(init.begin() + r.begin, init.begin() + r.end);
-      auto core = std::make_unique<shard_core>(r, std::move(slice), shard_optimizer(cfg.policy, cfg.optimizer),
+      auto core = std::make_unique<shard_core>(r, std::move(slice), shard_optimizer(cfg.policy, job_optimizer(cfg)),
                                                std::move(*policy));
       core->keep_average(average_samples);
       shard_persistence persistence;

@@ -52,6 +52,10 @@ struct SpawnShard {
                                # in samples (train.average_epochs); 0: none
   job @15 :Text;               # the job's id, random per job: a node asked again for a shard it
                                # serves for the same job answers with it; empty: unknown
+  optimizer @16 :Text;         # the update rule: sgd (empty: sgd), adam, adamw
+  beta1 @17 :Float32;          # adam, adamw: the moments' decay rates and the denominator's term
+  beta2 @18 :Float32;
+  eps @19 :Float32;
 }
 
 # Scheduler -> worker node: start a worker that loads its own copy of the data.
@@ -161,6 +165,10 @@ struct Assignment {
   modelHidden @28 :List(UInt32);   # the MLP short form, when modelLayers is empty
   modelLayers @29 :Text;           # the layers' text form; empty: the MLP of modelHidden
   localMomentum @30 :Float32;      # commits (ADSP, ASHL): the worker's momentum over its own gradients; 0: none
+  optimizer @31 :Text;             # ring mode: the workers' update rule, sgd (empty: sgd), adam, adamw
+  beta1 @32 :Float32;              # ring mode, adam and adamw: as SpawnShard's
+  beta2 @33 :Float32;
+  eps @34 :Float32;
   struct Slowdown {
     startS @0 :Float64;
     endS @1 :Float64;

@@ -859,10 +859,14 @@ cluster_placement::make_shards(const std::vector<shard_range>& ranges, const std
     req.range = r;
     req.params.assign(init.begin() + r.begin, init.begin() + r.end);
     req.policy = cfg.policy;
-    const auto opt = shard_optimizer(cfg.policy, cfg.optimizer);
+    const auto opt = shard_optimizer(cfg.policy, job_optimizer(cfg));
     req.lr = opt.lr;
     req.momentum = opt.momentum;
     req.weight_decay = opt.weight_decay;
+    req.rule = opt.rule;
+    req.beta1 = opt.beta1;
+    req.beta2 = opt.beta2;
+    req.eps = opt.eps;
     req.staleness_aware_lr = cfg.policy_settings.staleness_aware_lr;
     req.staleness_bound = cfg.policy_settings.staleness_bound;
     req.k = cfg.policy_settings.k;

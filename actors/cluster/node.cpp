@@ -135,6 +135,10 @@ caf::result<shard_actor, std::string> host_shard(node_pointer self, wire::spawn_
   opt.lr = req.lr;
   opt.momentum = req.momentum;
   opt.weight_decay = req.weight_decay;
+  opt.rule = req.rule;
+  opt.beta1 = req.beta1;
+  opt.beta2 = req.beta2;
+  opt.eps = req.eps;
   auto core = std::make_unique<shard_core>(req.range, std::move(req.params), opt, std::move(*policy));
   core->keep_average(req.average_samples);
   if (st.cfg.plane && !req.data_key.empty()) // versions where co-located workers read them in place

@@ -96,7 +96,11 @@ std::vector<rule_change> policy_rule_changes(const train_config& cfg) {
   if (!cfg.policy_rules)
     return out;
   const double w = std::max<uint32_t>(cfg.workers, 1);
-  const double lr = cfg.optimizer.lr;
+  const bool adam = job_optimizer(cfg).rule != update_rule::sgd;
+  // Adam's rate is no SGD rate: a recipe's train.lr is for its SGD, so Adam starts from
+  // torch's default unless the user set one; the policies' factors apply to it as to SGD's.
+  const bool adam_rate = adam && !user_set(cfg, "train.lr");
+  const double lr = adam_rate ? 0.001 : cfg.optimizer.lr;
   const double mu = cfg.optimizer.momentum;
   const auto& p = cfg.policy;
   const std::string ws = num(w) + " workers";
@@ -104,18 +108,25 @@ std::vector<rule_change> policy_rule_changes(const train_config& cfg) {
     if (!user_set(cfg, key) && setting_text(cfg, key) != value)
       out.push_back({key, value, why});
   };
+  if (adam_rate && (p == "bsp" || p == "ring" || (p == "ksync" && effective_k(cfg.policy_settings.k,
+                                                                                 static_cast<size_t>(w)) >= w)))
+    change("train.lr", num(lr), "train.optimizer " + cfg.optimizer_kind
+                                  + ": torch's default Adam rate (the recipe's train.lr is its SGD's)");
+  const std::string from = adam_rate ? "torch's Adam default " : "";
   if (p == "ksync") {
     const auto k = effective_k(cfg.policy_settings.k, static_cast<size_t>(w));
     if (k < w)
       change("train.lr", num(lr * k / w),
-             "train.lr " + num(lr) + " x k/W = " + std::to_string(k) + "/" + ws
+             from + "train.lr " + num(lr) + " x k/W = " + std::to_string(k) + "/" + ws
                + ": a round averages k of the W gradients the recipe's batch has (linear scaling)");
   } else if (is_async_push(p)) {
     const double f = std::min(1.0, 2.0 / w);
     change("train.lr", num(lr * f),
-           "train.lr " + num(lr) + " x min(1, 2/" + ws + "): every " + p + " push is a step of one worker's gradient");
+           from + "train.lr " + num(lr) + " x min(1, 2/" + ws + "): every " + p
+             + " push is a step of one worker's gradient");
     const double implicit = 1.0 - 1.0 / w;
-    change("train.momentum", num(std::max(0.0, mu - implicit)),
+    if (!adam) // (Adam's first moment is beta1's, not train.momentum)
+      change("train.momentum", num(std::max(0.0, mu - implicit)),
            "train.momentum " + num(mu) + " - (1 - 1/" + ws + "), at least 0: asynchrony acts as momentum "
              + num(implicit));
   } else if (p == "adsp" || p == "ashl") {

@@ -296,10 +296,18 @@ const std::vector<field>& fields() {
     bind("train.warmup_epochs", "epochs of linear learning-rate warmup (at most half of train.epochs), 0 = none "
                                 "(default 0)",
          [](train_config& c) -> double& { return c.warmup_epochs; }),
-    bind("train.optimizer", "what updates the model: sgd (the shards' SGD, train.lr and train.momentum) or script "
-                            "(each Python worker's own torch optimizer through ashlar.torch; the shards carry mean "
-                            "gradients or parameter deltas at a unit rate) (default sgd)",
+    bind("train.optimizer", "what updates the model: sgd (the shards' SGD, train.lr and train.momentum), adam or "
+                            "adamw (the shards' Adam, as torch.optim.Adam and AdamW, with train.beta1, train.beta2 "
+                            "and train.eps; lockstep and asynchronous-push policies and ring) or script (each Python "
+                            "worker's own torch optimizer through ashlar.torch; the shards carry mean gradients or "
+                            "parameter deltas at a unit rate) (default sgd)",
          [](train_config& c) -> std::string& { return c.optimizer_kind; }),
+    bind("train.beta1", "adam, adamw: the first moment's decay rate (default 0.9)",
+         [](train_config& c) -> float& { return c.optimizer.beta1; }),
+    bind("train.beta2", "adam, adamw: the second moment's decay rate (default 0.999)",
+         [](train_config& c) -> float& { return c.optimizer.beta2; }),
+    bind("train.eps", "adam, adamw: the term added to the denominator (default 1e-08)",
+         [](train_config& c) -> float& { return c.optimizer.eps; }),
     bind("train.momentum", "SGD momentum, 0 = none (default 0.9)",
          [](train_config& c) -> float& { return c.optimizer.momentum; }),
     bind("train.weight_decay", "L2 weight decay (default 0.0001)",
@@ -667,8 +675,20 @@ caf::error validate(const train_config& c) {
     return bad("ashl.topk_ratio must be in [0, 0.5): from 0.5 on a sparse push is no smaller than a dense one");
   if (!(c.optimizer.lr > 0))
     return bad("train.lr must be > 0");
-  if (c.optimizer_kind != "sgd" && c.optimizer_kind != "script")
-    return bad("train.optimizer '" + c.optimizer_kind + "' is not known (known: sgd, script)");
+  update_rule rule{};
+  if (c.optimizer_kind != "script" && !parse_update_rule(c.optimizer_kind, rule))
+    return bad("train.optimizer '" + c.optimizer_kind + "' is not known (known: sgd, adam, adamw, script)");
+  if (rule != update_rule::sgd) {
+    if (c.policy == "adsp" || c.policy == "ashl")
+      return bad("train.optimizer " + c.optimizer_kind + " under " + c.policy
+                 + ": its local steps are the workers' SGD (train.local_momentum) and its commits deltas of "
+                   "them; the shards' Adam runs under bsp, ring, asp, ssp, ksync, kasync and adaptive (a "
+                   "script's own Adam runs under every policy: train.optimizer = script)");
+    if (!(c.optimizer.beta1 >= 0 && c.optimizer.beta1 < 1) || !(c.optimizer.beta2 >= 0 && c.optimizer.beta2 < 1))
+      return bad("train.beta1 and train.beta2 must be in [0, 1)");
+    if (!(c.optimizer.eps > 0))
+      return bad("train.eps must be > 0");
+  }
   if (!(c.warmup_epochs >= 0) || !std::isfinite(c.warmup_epochs))
     return bad("train.warmup_epochs must be a number of epochs, at least 0");
   if (c.optimizer.momentum < 0 || c.optimizer.momentum >= 1)

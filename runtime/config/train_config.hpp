@@ -121,7 +121,9 @@ struct train_settings {
   /// Optimizer applied by the shards (train.lr, train.momentum, train.weight_decay).
   sgd_config optimizer;
   /// What updates the model (train.optimizer): "sgd", the shards' SGD with train.lr and
-  /// train.momentum; or "script", the optimizer of each worker's training script (Python
+  /// train.momentum; "adam" or "adamw", the shards' Adam (torch.optim.Adam's L2 decay or
+  /// AdamW's decoupled decay, train.beta1, train.beta2, train.eps; under ring each
+  /// worker's copy); or "script", the optimizer of each worker's training script (Python
   /// workers through ashlar.torch): the shards then carry what the script's optimizer
   /// needs, at a unit rate (policy_rules.hpp: the round's mean gradient under bsp and
   /// ring, each worker's parameter delta under the other policies), start from zeros
@@ -268,6 +270,16 @@ std::vector<std::string> environment_warnings(const std::vector<std::string>& na
 
 /// Whether the workers' scripts' own optimizers update the model (train.optimizer = script).
 inline bool script_optimizer(const train_config& cfg) { return cfg.optimizer_kind == "script"; }
+
+/// The job's optimizer as the shards (or ring workers) apply it: train.lr, train.momentum,
+/// train.weight_decay, Adam's betas and eps, and the rule train.optimizer names (sgd for
+/// script: the shards' unit-rate SGD).
+inline sgd_config job_optimizer(const train_config& cfg) {
+  sgd_config o = cfg.optimizer;
+  if (!parse_update_rule(cfg.optimizer_kind, o.rule))
+    o.rule = update_rule::sgd;
+  return o;
+}
 
 /// Most parameters a model may have: ranges and sparse indices are 32-bit.
 constexpr uint64_t max_model_params = (uint64_t{1} << 31) - 1;

@@ -48,6 +48,10 @@ wire::assignment make_assignment(const assignment_context& ctx, uint32_t id, uin
   a.momentum = job.optimizer.momentum;
   a.local_momentum = ctx.traits.commits ? static_cast<float>(job.local_momentum) : 0.0f;
   a.weight_decay = job.optimizer.weight_decay;
+  a.rule = job_optimizer(job).rule;
+  a.beta1 = job.optimizer.beta1;
+  a.beta2 = job.optimizer.beta2;
+  a.eps = job.optimizer.eps;
   a.chunks_in_flight = job.chunks_in_flight;
   // A lost shard can come back from its checkpoints: workers wait for it, bounded.
   a.shard_wait_s = job.checkpoint_dir.empty() ? 0.0 : job.shard_wait;

@@ -24,6 +24,7 @@ shard_core::shard_core(shard_range range, std::vector<float> params, sgd_config 
                        std::unique_ptr<sync_policy> policy)
   : range_(range),
     velocity_(params.size(), 0.0f),
+    second_(keeps_second_moment(opt) ? params.size() : 0, 0.0f),
     opt_(opt),
     policy_(std::move(policy)),
     acc_(params.size(), 0.0f) {
@@ -67,9 +68,12 @@ caf::error shard_core::restore(uint64_t version, std::vector<float> params, std:
   } else {
     params_ = adopt(std::move(params)); // where they lie
   }
-  if (velocity.empty())
+  if (velocity.empty() || keeps_second_moment(opt_)) // (Adam's moments and count start over together)
     velocity.assign(range_.size(), 0.0f);
   velocity_ = std::move(velocity);
+  if (keeps_second_moment(opt_))
+    second_.assign(range_.size(), 0.0f);
+  steps_ = 0;
   version_ = version;
   if (keeps_average() && !average.empty()) { // the checkpointed average goes on
     average_ = std::move(average);
@@ -175,6 +179,7 @@ expected<push_outcome> shard_core::begin_push(worker_id w, uint64_t base_version
   if (d.kind == push_decision::apply) {
     writable_params(); // copy now if a reader holds this version; pieces then write in place
     ++applying_;
+    f.step = ++steps_;
   } else if (d.kind == push_decision::buffer) {
     if (f.slot.grad.empty() && !free_buffers_.empty()) {
       f.slot.grad = std::move(free_buffers_.back());
@@ -206,7 +211,7 @@ expected<push_outcome> shard_core::push_piece(worker_id w, uint64_t offset, cons
                                               + ", expected the piece at " + std::to_string(f.received)
                                               + " of a range of " + std::to_string(range_.size()));
   if (f.decision.kind == push_decision::apply) // (a checkpoint may have taken the parameters since)
-    sgd_apply(opt_, f.decision.lr_scale * lr_scale(), writable_params() + offset, velocity_.data() + offset, grad, n);
+    apply_update(f.decision.lr_scale * lr_scale(), offset, grad, n, f.step);
   else if (f.decision.kind == push_decision::buffer)
     std::copy(grad, grad + n, f.slot.grad.begin() + static_cast<std::ptrdiff_t>(offset));
   f.received += n;
@@ -217,6 +222,11 @@ expected<push_outcome> shard_core::push_piece(worker_id w, uint64_t offset, cons
     out.version_bumped = end_push(w);
   out.version = version_;
   return out;
+}
+
+void shard_core::apply_update(float lr_scale, size_t offset, const float* grad, size_t n, uint64_t step) {
+  optimizer_apply(opt_, lr_scale, writable_params() + offset, velocity_.data() + offset,
+                  second_.empty() ? nullptr : second_.data() + offset, grad, n, step);
 }
 
 bool shard_core::end_push(worker_id w) {
@@ -263,7 +273,7 @@ bool shard_core::maybe_apply_round() {
   if (round_.size() == 1) {
     // One gradient (weight 1): the update reads it directly, without the sum's pass.
     auto& only = round_.begin()->second;
-    sgd_apply(opt_, lr_scale(), writable_params(), velocity_.data(), only.grad.data(), only.grad.size());
+    apply_update(lr_scale(), 0, only.grad.data(), only.grad.size(), ++steps_);
     counters_.applied += 1;
     if (free_buffers_.size() < 8)
       free_buffers_.push_back(std::move(only.grad));
@@ -285,7 +295,7 @@ bool shard_core::maybe_apply_round() {
         acc_[i] += weight * g[i];
     first = false;
   }
-  sgd_apply(opt_, lr_scale(), writable_params(), velocity_.data(), acc_.data(), acc_.size());
+  apply_update(lr_scale(), 0, acc_.data(), acc_.size(), ++steps_);
   counters_.applied += round_.size();
   for (auto& [w, p] : round_)
     if (free_buffers_.size() < 8) // enough for a round of the usual sizes, bounded

@@ -150,6 +150,7 @@ private:
     push_decision decision;
     pending slot;          // buffer: the gradient as it arrives
     uint64_t received = 0; // floats so far
+    uint64_t step = 0;     // apply: the optimizer's update number its pieces take
   };
   // Ends `w`'s push in flight, whole or not: applied pieces make a version, a buffered
   // gradient joins the round. Returns true if a version was bumped.
@@ -164,7 +165,11 @@ private:
   std::function<void()> reclaim_;
   std::shared_ptr<float> params_;
   std::shared_ptr<float> spare_; // the previous version, reused once unreferenced
-  std::vector<float> velocity_;
+  std::vector<float> velocity_; // SGD's velocity, Adam's first moment
+  std::vector<float> second_;   // Adam's second moment (empty under sgd)
+  uint64_t steps_ = 0;          // updates applied (Adam's bias correction)
+  // One update of the optimizer to [offset, +n) of the range.
+  void apply_update(float lr_scale, size_t offset, const float* grad, size_t n, uint64_t step);
   double average_half_life_ = 0; // samples; 0: no running average
   uint64_t average_seen_ = 0;    // samples applied since the average (re)started
   std::vector<float> average_;

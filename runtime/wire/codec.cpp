@@ -50,6 +50,24 @@ caf::error malformed(const char* type, const std::string& what) {
   return make_error(errc::malformed_message, std::string{type} + ": " + what);
 }
 
+// The update rule and Adam's settings of a SpawnShard or Assignment (an empty name: sgd,
+// as messages from before the field read).
+template <class Reader, class Out>
+caf::error decode_rule(const char* type, Reader r, Out& out) {
+  const std::string name = r.getOptimizer();
+  if (!name.empty() && !parse_update_rule(name, out.rule))
+    return malformed(type, "update rule '" + name + "' is not known (known: sgd, adam, adamw)");
+  if (out.rule == update_rule::sgd)
+    return caf::none;
+  out.beta1 = r.getBeta1();
+  out.beta2 = r.getBeta2();
+  out.eps = r.getEps();
+  if (!(out.beta1 >= 0.0f && out.beta1 < 1.0f && out.beta2 >= 0.0f && out.beta2 < 1.0f && out.eps > 0.0f))
+    return malformed(type, "Adam's beta1 " + std::to_string(out.beta1) + ", beta2 " + std::to_string(out.beta2)
+                             + " or eps " + std::to_string(out.eps) + " is out of range ([0, 1), [0, 1), > 0)");
+  return caf::none;
+}
+
 // Sizes `out` to `n` floats and returns them for writing.
 template <class Vector>
 float* sized_floats(Vector& out, size_t n) {
@@ -178,6 +196,10 @@ words encode(const assignment& x) {
   b.setMomentum(x.momentum);
   b.setWeightDecay(x.weight_decay);
   b.setLocalMomentum(x.local_momentum);
+  b.setOptimizer(to_string(x.rule));
+  b.setBeta1(x.beta1);
+  b.setBeta2(x.beta2);
+  b.setEps(x.eps);
   return to_words(mb);
 }
 
@@ -242,6 +264,8 @@ caf::error decode(const uint64_t* d, size_t n, assignment& out) {
     out.momentum = r.getMomentum();
     out.weight_decay = r.getWeightDecay();
     out.local_momentum = r.getLocalMomentum();
+    if (auto err = decode_rule("Assignment", r, out))
+      return err;
     if (!(out.local_momentum >= 0.0f && out.local_momentum < 1.0f))
       return malformed("Assignment", "local momentum " + std::to_string(out.local_momentum) + " is not in [0, 1)");
     return caf::none;
@@ -747,6 +771,10 @@ words encode(const spawn_shard& x) {
   b.setLr(x.lr);
   b.setMomentum(x.momentum);
   b.setWeightDecay(x.weight_decay);
+  b.setOptimizer(to_string(x.rule));
+  b.setBeta1(x.beta1);
+  b.setBeta2(x.beta2);
+  b.setEps(x.eps);
   b.setStalenessAwareLr(x.staleness_aware_lr);
   b.setStalenessBound(x.staleness_bound);
   b.setK(x.k);
@@ -775,6 +803,8 @@ caf::error decode(const uint64_t* d, size_t n, spawn_shard& out) {
     out.lr = r.getLr();
     out.momentum = r.getMomentum();
     out.weight_decay = r.getWeightDecay();
+    if (auto err = decode_rule("SpawnShard", r, out))
+      return err;
     out.staleness_aware_lr = r.getStalenessAwareLr();
     out.staleness_bound = r.getStalenessBound();
     out.k = r.getK();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "runtime/model/model.hpp"
+#include "runtime/optim/sgd.hpp"
 #include "runtime/pacing/contention.hpp"
 #include "runtime/tensor/layout.hpp"
 #include "runtime/wire/shared_tensor.hpp"
@@ -55,6 +56,8 @@ struct spawn_shard {
   float lr = 0;
   float momentum = 0;
   float weight_decay = 0;
+  update_rule rule = update_rule::sgd; // adam, adamw: with beta1, beta2, eps
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   bool staleness_aware_lr = false;
   uint64_t staleness_bound = 0;
   uint32_t k = 0;
@@ -139,6 +142,8 @@ struct assignment {
   float momentum = 0;       // ring mode: the workers apply updates themselves (lr: local_lr)
   float local_momentum = 0; // commits: the worker's momentum over its own gradients (local steps and commits)
   float weight_decay = 0;
+  update_rule rule = update_rule::sgd; // ring mode: the workers' own rule (with beta1, beta2, eps)
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   double shard_wait_s = 0;  // a lost shard may be replaced within this long; 0: fail at once
   uint64_t cursor_epoch = 0; // a resumed worker's data position in [data_begin, +data_count)
   uint64_t cursor_pos = 0;   //   with `seed`: passes done, samples into the current pass

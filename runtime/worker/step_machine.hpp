@@ -403,6 +403,8 @@ private:
   enum class ring_io : uint8_t { none, first_pull, mirror_read, push };
   ring_io ring_io_ = ring_io::none;
   std::vector<float> velocity_, before_;
+  std::vector<float> second_; // ring mode under adam and adamw: the second moment
+  uint64_t ring_updates_ = 0; // ring mode: updates this worker's copy took (Adam's bias correction)
   std::vector<topk_compressor> compressors_; // per shard, when pushes are top-k compressed
   // Pull compression: the fraction asked for (0: dense), the parameters as the shards'
   // views of this worker hold them, and per shard the view's number (0: none yet).

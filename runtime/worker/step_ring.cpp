@@ -119,6 +119,11 @@ void step_machine::ring_sync_done() {
     std::copy(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n), params_.begin());
     velocity_.assign(v.begin() + static_cast<std::ptrdiff_t>(n), v.begin() + static_cast<std::ptrdiff_t>(2 * n));
   }
+  if (job_.rule != update_rule::sgd) { // Adam's moments and count start over on every member alike
+    velocity_.assign(n, 0.0f);
+    second_.assign(n, 0.0f);
+    ring_updates_ = 0;
+  }
   ring_.reset();
   ring_sync_ = 0;
   ring_synced();
@@ -225,9 +230,15 @@ void step_machine::ring_finish() {
   opt.lr = job_.local_lr;
   opt.momentum = job_.momentum;
   opt.weight_decay = job_.weight_decay;
+  opt.rule = job_.rule;
+  opt.beta1 = job_.beta1;
+  opt.beta2 = job_.beta2;
+  opt.eps = job_.eps;
+  if (keeps_second_moment(opt) && second_.size() != n)
+    second_.assign(n, 0.0f);
   if (ring_rank_id_ == 0)
     before_ = params_;
-  sgd_apply(opt, lr_scale, params_.data(), velocity_.data(), grad_.data(), n);
+  optimizer_apply(opt, lr_scale, params_.data(), velocity_.data(), second_.data(), grad_.data(), n, ++ring_updates_);
   if (ring_rank_id_ != 0)
     return phase_done();
   if (!lost_.empty()) { // the mirror misses this update: read again once the shards are back

@@ -1028,3 +1028,33 @@ TEST_CASE("launch --python whose worker processes die before joining stops the j
   CHECK(has(r, "ashlar launch: the job failed: worker " + std::string{first_0 ? "0" : "1"} + " exited with code 1"));
   CHECK(secs < 60); // not the scheduler's 120 s wait for slots, nor forever
 }
+
+namespace {
+
+// The test accuracy a run printed ("test accuracy 0.8566 (loss ..."), or -1.
+double printed_accuracy(const result& r) {
+  const auto at = r.out.rfind("test accuracy ");
+  return at == std::string::npos ? -1.0 : std::atof(r.out.c_str() + at + 14);
+}
+
+}  // namespace
+
+TEST_CASE("train.optimizer adamw: the shards' AdamW under bsp, the same steps on a ring's workers and across "
+          "processes, and it outtrains SGD at its rate") {
+  const std::string common = " --epochs 1 --workers 2 --set data.train_limit=12000 --set run.log_level=warn"
+                             " --set train.lr=0.001";
+  auto adamw = run("train " + config + common + " --set train.optimizer=adamw");
+  REQUIRE(adamw.code == 0);
+  auto sgd = run("train " + config + common);
+  REQUIRE(sgd.code == 0);
+  auto ring = run("train " + config + common + " --policy ring --set train.optimizer=adamw");
+  REQUIRE(ring.code == 0);
+  auto launched = run("launch " + config + common + " --servers 2 --set train.optimizer=adamw");
+  REQUIRE(launched.code == 0);
+  const double a = printed_accuracy(adamw), s = printed_accuracy(sgd), g = printed_accuracy(ring),
+               l = printed_accuracy(launched);
+  INFO("adamw " << a << ", sgd " << s << ", ring " << g << ", launched " << l);
+  CHECK(a > s + 0.02); // (at lr 0.001 SGD's steps are a tenth of its recipe's; Adam's are its own)
+  CHECK(std::abs(g - a) < 0.005);  // the ring's workers apply the same update to their copies
+  CHECK(std::abs(l - a) < 0.0005); // the shards in a server process, spawned over the network, alike
+}

@@ -350,3 +350,35 @@ TEST_CASE("an assignment carries the shipped CNN whole: its shard ranges cover t
   REQUIRE_FALSE(err);
   CHECK(layers_text(a2.model.layers) == layers_text(a.model.layers));
 }
+
+TEST_CASE("the update rule and Adam's settings go with a shard's spawn and a ring worker's assignment") {
+  spawn_shard sp;
+  sp.range = shard_range{0, 0, 2};
+  sp.params = {1.0f, 2.0f};
+  sp.policy = "asp";
+  sp.rule = update_rule::adamw;
+  sp.beta1 = 0.8f;
+  sp.beta2 = 0.99f;
+  sp.eps = 1e-6f;
+  spawn_shard got;
+  REQUIRE_FALSE(decode(encode(sp), got));
+  CHECK(got.rule == update_rule::adamw);
+  CHECK(got.beta1 == 0.8f);
+  CHECK(got.beta2 == 0.99f);
+  CHECK(got.eps == 1e-6f);
+  sp.beta2 = 1.0f; // no decay at all: refused, naming the field
+  auto bad = decode(encode(sp), got);
+  REQUIRE(bad);
+  CHECK(is(bad, errc::malformed_message));
+  CHECK(describe(bad).find("SpawnShard: Adam's beta1") != std::string::npos);
+  assignment a;
+  a.shards = {{0, 0, 10}};
+  a.rule = update_rule::adam;
+  assignment b;
+  REQUIRE_FALSE(decode(encode(a), b));
+  CHECK(b.rule == update_rule::adam);
+  CHECK(b.beta2 == 0.999f);
+  a.rule = update_rule::sgd;
+  REQUIRE_FALSE(decode(encode(a), b));
+  CHECK(b.rule == update_rule::sgd);
+}

@@ -245,14 +245,48 @@ TEST_CASE("a script's optimizer has the shards apply what workers push at a unit
   CHECK(off.optimizer.lr == Approx(1.0));
 }
 
-TEST_CASE("train.optimizer takes sgd or script and names the others") {
+TEST_CASE("train.optimizer takes sgd, adam, adamw or script and names the others") {
   train_config c;
-  CHECK_FALSE(apply_setting(c, "train.optimizer", "script"));
-  CHECK_FALSE(validate(c));
-  REQUIRE_FALSE(apply_setting(c, "train.optimizer", "adam"));
+  for (auto name : {"script", "adam", "adamw", "sgd"}) {
+    CHECK_FALSE(apply_setting(c, "train.optimizer", name));
+    CHECK_FALSE(validate(c));
+  }
+  REQUIRE_FALSE(apply_setting(c, "train.optimizer", "lamb"));
   auto err = validate(c);
   REQUIRE(err);
-  CHECK(describe(err).find("train.optimizer 'adam' is not known (known: sgd, script)") != std::string::npos);
+  CHECK(describe(err).find("train.optimizer 'lamb' is not known (known: sgd, adam, adamw, script)")
+        != std::string::npos);
+}
+
+TEST_CASE("the shards' Adam starts from torch's rate unless the user set one, and is refused under local steps") {
+  auto bsp = recipe("bsp", 4);
+  REQUIRE_FALSE(apply_setting(bsp, "train.optimizer", "adamw"));
+  REQUIRE_FALSE(apply_policy_rules(bsp));
+  CHECK(bsp.optimizer.lr == Approx(0.001));
+  CHECK(job_optimizer(bsp).rule == update_rule::adamw);
+  auto asp = recipe("asp", 4);
+  REQUIRE_FALSE(apply_setting(asp, "train.optimizer", "adam"));
+  REQUIRE_FALSE(apply_policy_rules(asp));
+  CHECK(asp.optimizer.lr == Approx(0.001 * 0.5)); // the push rule's min(1, 2/W) on Adam's rate
+  CHECK(asp.optimizer.momentum == Approx(0.9));   // (no momentum rule: beta1 is Adam's)
+  auto mine = recipe("bsp", 4);
+  REQUIRE_FALSE(apply_setting(mine, "train.optimizer", "adam"));
+  REQUIRE_FALSE(apply_setting(mine, "train.lr", "0.003", "--set"));
+  REQUIRE_FALSE(apply_policy_rules(mine));
+  CHECK(mine.optimizer.lr == Approx(0.003));
+  for (auto p : {"adsp", "ashl"}) {
+    auto c = recipe(p, 4);
+    REQUIRE_FALSE(apply_setting(c, "train.optimizer", "adam"));
+    auto err = validate(c);
+    REQUIRE(err);
+    CHECK(describe(err).find(std::string{"train.optimizer adam under "} + p + ": its local steps") != std::string::npos);
+  }
+  auto bad = recipe("bsp", 2);
+  REQUIRE_FALSE(apply_setting(bad, "train.optimizer", "adam"));
+  REQUIRE_FALSE(apply_setting(bad, "train.beta2", "1"));
+  auto err = validate(bad);
+  REQUIRE(err);
+  CHECK(describe(err).find("train.beta1 and train.beta2 must be in [0, 1)") != std::string::npos);
 }
 
 TEST_CASE("under train.optimizer = script Ashlar's checkpoints are refused, naming how a script checkpoints itself") {

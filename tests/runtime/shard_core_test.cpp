@@ -439,3 +439,56 @@ TEST_CASE("a shard without a running average hands out its parameters as the ave
   s.keep_average(0);
   CHECK_FALSE(s.keeps_average());
 }
+
+TEST_CASE("the shards' Adam and AdamW take torch.optim's steps, each update counted once for its bias correction") {
+  // torch.optim.Adam / AdamW (lr 0.1, betas (0.9, 0.999), eps 1e-8, weight_decay 0.01)
+  // from [0.5, -1, 2] after the gradients below: as printed by Debian's torch 1.13.
+  const std::vector<std::vector<float>> grads{{0.1f, -0.2f, 0.3f}, {0.4f, 0.0f, -0.1f}, {-0.3f, 0.5f, 0.2f}};
+  const std::vector<std::pair<update_rule, std::vector<float>>> cases{
+    {update_rule::adam, {0.2921967f, -0.8673250f, 1.7879426f}},
+    {update_rule::adamw, {0.2926814f, -0.8703648f, 1.7939154f}}};
+  for (const auto& [rule, want] : cases) {
+    INFO(to_string(rule));
+    sgd_config opt;
+    opt.lr = 0.1f;
+    opt.weight_decay = 0.01f;
+    opt.rule = rule;
+    // By the function, and by an asp shard whose pushes arrive in two pieces each.
+    std::vector<float> w{0.5f, -1.0f, 2.0f}, m(3, 0.0f), v(3, 0.0f);
+    uint64_t t = 0;
+    for (const auto& g : grads)
+      optimizer_apply(opt, 1.0f, w.data(), m.data(), v.data(), g.data(), 3, ++t);
+    auto p = make_policy("asp", {});
+    REQUIRE(p);
+    shard_core s{shard_range{0, 0, 3}, {0.5f, -1.0f, 2.0f}, opt, std::move(*p)};
+    s.join(0);
+    for (const auto& g : grads) {
+      REQUIRE(s.begin_push(0, s.version(), 8, 3));
+      REQUIRE(s.push_piece(0, 0, g.data(), 2));
+      REQUIRE(s.push_piece(0, 2, g.data() + 2, 1));
+    }
+    for (size_t i = 0; i < 3; ++i) {
+      CHECK(w[i] == Approx(want[i]).epsilon(1e-6));
+      CHECK(s.params()[i] == Approx(want[i]).epsilon(1e-6));
+    }
+  }
+}
+
+TEST_CASE("a restored shard under Adam starts its moments and count over, so its next step is a first step's size") {
+  sgd_config opt;
+  opt.lr = 0.1f;
+  opt.weight_decay = 0.0f;
+  opt.rule = update_rule::adam;
+  auto p = make_policy("asp", {});
+  REQUIRE(p);
+  shard_core s{shard_range{0, 0, 1}, {0.0f}, opt, std::move(*p)};
+  s.join(0);
+  float g = 1.0f;
+  for (int i = 0; i < 5; ++i)
+    REQUIRE(s.push(0, s.version(), 1, &g, 1));
+  REQUIRE_FALSE(s.restore(s.version(), {1.0f}, {0.7f}));
+  g = 0.01f;
+  REQUIRE(s.push(0, s.version(), 1, &g, 1));
+  // Adam's first step moves by lr whatever the gradient's size (m / sqrt(v) = sign).
+  CHECK(s.params()[0] == Approx(1.0f - 0.1f).epsilon(1e-5));
+}

@@ -898,6 +898,7 @@ private:
                                                             : "all " + std::to_string(failed_) + " workers failed")
                                                + (first_failure_.empty() ? std::string{"; the log above says why"}
                                                                          : " (the first, " + first_failure_ + ")"));
+    rep_.lost_workers = failed_;
     if (failed_ > 0)
       spdlog::warn("job: {} of {} workers failed during training", failed_, finished_ + failed_);
     if (script_optimizer(cfg_)) {

@@ -178,6 +178,10 @@ void end_job(scheduler_pointer self, uint32_t finished, uint32_t failed) {
 
 // The steps lost members left untrained and nobody took over: the most any one left.
 uint64_t untaken_steps(const scheduler_state& st, const wire::cluster_stats& stats) {
+  // The scripts' own data loaders decide what each trains (train.optimizer = script): a lost
+  // member leaves no steps for another to take up.
+  if (script_optimizer(st.cfg.job))
+    return 0;
   std::map<uint32_t, uint64_t> assigned, done;
   for (const auto& [id, m] : st.members)
     if (m.left && m.failed && m.admitted) { // (one lost before the start is counted missing then)
@@ -218,8 +222,8 @@ void check_done(scheduler_pointer self) {
     if (a != control::job_roster::action::wait_for_joiner)
       return;
     arm_roster_timer(self);
-    spdlog::warn("scheduler: every worker is lost with {} steps left; waiting up to {:g} s for a worker to join "
-                 "and take them up", left, std::chrono::duration<double>(st.cfg.worker_wait).count());
+    spdlog::warn("scheduler: every worker has gone ({} lost) with {} steps left; waiting up to {:g} s for a worker "
+                 "to join and take them up", failed, left, std::chrono::duration<double>(st.cfg.worker_wait).count());
     record(self, "every worker lost", std::to_string(left) + " steps left");
   };
   if (!st.roster->may_wait(failed, st.stopping, !st.job_error.empty()))
@@ -251,7 +255,7 @@ void on_roster_timer(scheduler_pointer self) {
       uint32_t finished = 0, failed = 0;
       for (const auto& [id, m] : st.members)
         (m.failed ? failed : finished) += 1;
-      spdlog::error("scheduler: every worker was lost and none joined within {:g} s",
+      spdlog::error("scheduler: every worker has gone, lost ones with steps left, and none joined within {:g} s",
                     std::chrono::duration<double>(st.cfg.worker_wait).count());
       return end_job(self, finished, failed);
     }
@@ -316,6 +320,18 @@ void on_leave(scheduler_pointer self, uint32_t id, bool failed, const std::strin
     st.job_error = "worker " + std::to_string(id) + "'s computation failed: " + reason;
     spdlog::error("scheduler: the job fails: {}; stopping the other workers", st.job_error);
     stop_workers(self);
+  }
+  if (failed && !st.stopping && st.job_error.empty()) {
+    uint32_t live = 0;
+    for (const auto& [other, m] : st.members)
+      live += !m.left && m.admitted;
+    if (st.roster->too_few(live)) {
+      st.job_error = "worker " + std::to_string(id) + " was lost (" + reason + ") and " + std::to_string(live)
+                     + " workers remain, fewer than train.min_workers = "
+                     + std::to_string(st.roster->min_workers());
+      spdlog::error("scheduler: the job fails: {}; stopping the other workers", st.job_error);
+      stop_workers(self);
+    }
   }
   record(self, failed ? "worker failed" : "worker left", reason, id);
   wire::membership_change m;
@@ -791,7 +807,8 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
   st.planner = make_job_planner(ctx);
   st.roster.emplace(system_clock(), st.cfg.job.workers,
                     static_cast<uint64_t>(std::chrono::nanoseconds{st.cfg.start_timeout}.count()),
-                    static_cast<uint64_t>(std::chrono::nanoseconds{st.cfg.worker_wait}.count()));
+                    static_cast<uint64_t>(std::chrono::nanoseconds{st.cfg.worker_wait}.count()),
+                    st.cfg.job.min_workers);
   // The shards are watched so that a lost one holds up no membership change (ask_shard).
   for (const auto& shard : st.cfg.shards)
     self->monitor(shard);

@@ -1,6 +1,7 @@
 // `ashlar launch`: a scheduler, server nodes and worker nodes as separate processes on this
 // machine (like torchrun --standalone), their output forwarded with a role prefix, all
-// stopped on Ctrl-C or when the job ends.
+// stopped on Ctrl-C or when the job ends. A member lost once the job runs does not end it
+// (runtime/control/launch_supervisor.hpp says the rule).
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -18,6 +19,7 @@
 #include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
 #include "actors/gpu_actor.hpp"
+#include "runtime/control/launch_supervisor.hpp"
 #include "runtime/core/clock.hpp"
 #include "runtime/os/subprocess.hpp"
 
@@ -140,14 +142,11 @@ struct launcher {
   std::vector<std::string> common; // the arguments of every node
   std::vector<child> children;     // the scheduler first, then the servers and the workers
   std::string join;                // the scheduler's address
+  std::string state_file;          // where the scheduler says its job has every member
   int code = 0;                    // the exit code
-  bool stopping = false;           // the job is over: the other processes are stopping
-  bool interrupted = false;        // a signal asked the scheduler to stop the job
-  bool scripts_waiting = false;    // the job is over; --python workers are given time to end
   std::string failed_member;       // a server or worker process that failed, and what it said last
   std::string store_dir;           // --python: the scripts' store (ashlar.torch's collectives), in `dir`
   uint64_t script_params = 0;      // --python: the parameters of the scripts' own model; 0: the job's model
-  std::chrono::steady_clock::time_point stop_deadline; // when stopping goes on to the next, harder step
 
   int prepare();
   bool write_token();
@@ -162,12 +161,10 @@ struct launcher {
   int wait_for_script_model();
   bool publish_join();
   void note_left(const child& c);
+  bool job_running() const;
+  void act(const std::vector<control::launch_action>& actions);
   int supervise();
-  void on_stop_signal(int sig);
-  void on_job_over(int scheduler_code);
-  void check_members();
   bool all_exited();
-  void stop_harder();
   int finish();
 };
 
@@ -189,6 +186,7 @@ int launcher::prepare() {
   char tmpl[] = "/tmp/ashlar-launch-XXXXXX";
   dir = ::mkdtemp(tmpl);
   port_file = dir + "/port";
+  state_file = dir + "/job-state";
   if (!o.python.empty()) {
     store_dir = dir + "/store";
     if (::mkdir(store_dir.c_str(), 0700) != 0) {
@@ -242,7 +240,8 @@ void launcher::stop_all(int sig) {
 // Starts the scheduler node, which runs the job and exits after it; false when it cannot start.
 bool launcher::start_scheduler() {
   std::vector<std::string> sched = {exe, "node", "--role", "scheduler", "--listen", "127.0.0.1:0",
-                                    "--port-file", port_file, "--exit-after-job"};
+                                    "--port-file", port_file, "--job-state-file", state_file,
+                                    "--exit-after-job"};
   // A scheduler runs the job of its CONFIG: without one, the job is the defaults and the
   // flags (an empty configuration of this launch's own).
   std::string config = o.train.config_file;
@@ -438,94 +437,75 @@ void launcher::note_left(const child& c) {
   std::ofstream{store_dir + "/left-" + std::to_string(c.rank)} << "left\n";
 }
 
-// Forwards the processes' output and stops them as the job, a signal or a failed process
-// asks, until every one has ended. Returns the exit code.
+// The supervision's member for child `c`: its role from its prefix ("[server 0]", ...).
+control::launch_member member_of(const child& c) {
+  control::launch_member m;
+  m.name = c.prefix.substr(1, c.prefix.size() - 2);
+  m.role = c.prefix == "[scheduler]"               ? control::launch_member::scheduler
+           : c.prefix.rfind("[server", 0) == 0 ? control::launch_member::server
+                                               : control::launch_member::worker;
+  m.script = c.script;
+  return m;
+}
+
+// Whether the scheduler said its job has every member (its job-state file reads "running").
+bool launcher::job_running() const {
+  std::ifstream in{state_file};
+  std::string word;
+  return (in >> word) && word == "running";
+}
+
+// Carries out the supervision's actions: signals, the store's notes, the launch's lines.
+void launcher::act(const std::vector<control::launch_action>& actions) {
+  for (const auto& a : actions) {
+    switch (a.kind) {
+      case control::launch_action::signal:
+        if (a.member < 0)
+          stop_all(a.sig);
+        else
+          children[static_cast<size_t>(a.member)].proc.signal(a.sig);
+        break;
+      case control::launch_action::note_left:
+        note_left(children[static_cast<size_t>(a.member)]);
+        break;
+      case control::launch_action::say:
+        std::printf("[launch] %s\n", a.text.c_str());
+        std::fflush(stdout);
+        break;
+    }
+  }
+}
+
+// Forwards the processes' output and turns their exits, the scheduler's job state and stop
+// signals into the supervision's events (runtime/control/launch_supervisor.hpp), until every
+// process has ended. Returns the exit code.
 int launcher::supervise() {
-  stop_deadline = steady_now();
-  for (;;) {
+  std::vector<control::launch_member> members;
+  for (const auto& c : children)
+    members.push_back(member_of(c));
+  control::launch_supervisor sup{system_clock(), std::move(members), {}, cfg.min_workers};
+  bool running = false;
+  while (sup.state() != control::launch_supervisor::phase::ended) {
     pump(children, 100);
+    if (!running && job_running()) {
+      running = true;
+      act(sup.on_job_running());
+    }
     if (int sig = take_stop_signal(); sig != 0)
-      on_stop_signal(sig);
-    int sc;
-    if (!stopping && children[0].proc.poll_exit(sc))
-      on_job_over(sc);
-    if (!stopping && !interrupted)
-      check_members();
-    if (interrupted && !stopping && steady_now() > stop_deadline) {
-      // The scheduler did not stop the job in time.
-      stopping = true;
-      stop_deadline = steady_now() + std::chrono::seconds(10);
-      stop_all(SIGTERM);
+      act(sup.on_stop_signal(sig));
+    for (size_t i = 0; i < children.size(); ++i) {
+      int x;
+      if (sup.exited(i) || !children[i].proc.poll_exit(x))
+        continue;
+      children[i].exited = true;
+      pump(children, 0); // what it said last
+      act(sup.on_exit(i, x, children[i].last));
     }
-    if (all_exited())
-      break;
-    if (stopping && steady_now() > stop_deadline)
-      stop_harder();
+    act(sup.on_time());
   }
+  code = sup.exit_code();
+  failed_member = sup.failure();
   return finish();
-}
-
-// A stop signal: the first asks the scheduler to stop the job, a second stops every process.
-void launcher::on_stop_signal(int sig) {
-  code = 130;
-  if (!interrupted && !stopping) {
-    // The scheduler stops the job after the workers' current step, with its final
-    // evaluation and report, then the cluster; a second signal stops every process.
-    std::printf("[launch] %s: stopping the job after the workers' current step (again: stop every "
-                "process now)\n", sig == SIGINT ? "interrupted" : "terminated");
-    interrupted = true;
-    stop_deadline = steady_now() + std::chrono::seconds(30);
-    children[0].proc.signal(SIGTERM);
-  } else {
-    std::printf("[launch] %s again: stopping every process\n", sig == SIGINT ? "interrupted" : "terminated");
-    stop_all(stopping ? SIGKILL : SIGTERM);
-    if (!stopping) {
-      stopping = true;
-      stop_deadline = steady_now() + std::chrono::seconds(20);
-    }
-  }
-  std::fflush(stdout);
-}
-
-// The scheduler exited with `scheduler_code`: the job is over, and the others get a polite
-// stop, then a hard one. A worker script ends by itself when its loop does (it may save its
-// model after): it gets the polite stop only if it has not ended 10 s later.
-void launcher::on_job_over(int scheduler_code) {
-  if (!interrupted)
-    code = scheduler_code;
-  stopping = true;
-  stop_deadline = steady_now() + std::chrono::seconds(10);
-  for (size_t i = 1; i < children.size(); ++i)
-    if (!children[i].script || interrupted)
-      children[i].proc.signal(SIGTERM);
-  scripts_waiting = !interrupted && !o.python.empty();
-}
-
-// A server or worker process that fails while the job runs (a script without its modules, a
-// crash before joining): the job cannot have its members, so it is stopped now, naming the
-// process, rather than waiting for slots that will never come.
-void launcher::check_members() {
-  for (size_t i = 1; i < children.size(); ++i) {
-    auto& c = children[i];
-    int x;
-    if (c.exited || !c.proc.poll_exit(x))
-      continue;
-    c.exited = true;
-    note_left(c);
-    if (x == 0)
-      continue;
-    pump(children, 0);
-    std::printf("[launch] %s exited with code %d before the job ended%s; stopping the job\n", c.prefix.c_str(),
-                x, c.last.empty() ? "" : (": " + c.last).c_str());
-    std::fflush(stdout);
-    failed_member = c.prefix.substr(1, c.prefix.size() - 2) + " exited with code " + std::to_string(x)
-                    + (c.last.empty() ? std::string{} : ": " + c.last);
-    code = x > 0 && x < 128 ? x : 1;
-    interrupted = true;
-    stop_deadline = steady_now() + std::chrono::seconds(30);
-    children[0].proc.signal(SIGTERM);
-    break;
-  }
 }
 
 // Whether every process started has exited (each one polled).
@@ -539,20 +519,6 @@ bool launcher::all_exited() {
   return all_done;
 }
 
-// The stop's deadline passed: the waiting worker scripts get the polite stop, then the hard
-// one; every other process the hard one.
-void launcher::stop_harder() {
-  if (scripts_waiting) {
-    scripts_waiting = false; // the scripts had their time: now the polite stop, then the hard one
-    for (auto& c : children)
-      if (c.script)
-        c.proc.signal(SIGTERM);
-    stop_deadline = steady_now() + std::chrono::seconds(10);
-  } else {
-    stop_all(SIGKILL);
-  }
-}
-
 // Forwards the output left, says why the job failed when a member did, and removes the
 // launch's private directory. Returns the exit code.
 int launcher::finish() {
@@ -563,6 +529,7 @@ int launcher::finish() {
     code = code == 0 ? 1 : code;
   }
   std::remove(port_file.c_str());
+  std::remove(state_file.c_str());
   std::remove((dir + "/token").c_str());
   std::remove((dir + "/join").c_str());
   std::remove((dir + "/job.toml").c_str());

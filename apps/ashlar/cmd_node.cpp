@@ -47,6 +47,7 @@ struct node_options {
   uint32_t max_job_workers = 4096;
   security_options security;
   std::string port_file;
+  std::string job_state_file;
   std::string name;
   std::string data_dir;
   double connect_timeout = 30;
@@ -64,13 +65,26 @@ std::string default_name() {
   return host_name() + ":" + std::to_string(::getpid());
 }
 
-// Runs one job on the cluster's nodes from the main thread; returns the report.
+// Writes `word` to `file` (whole, or not at all: written aside, then renamed); none if "".
+void write_state(const std::string& file, const std::string& word) {
+  if (file.empty())
+    return;
+  const std::string tmp = file + ".tmp";
+  std::ofstream{tmp} << word << "\n";
+  std::rename(tmp.c_str(), file.c_str());
+}
+
+// Runs one job on the cluster's nodes from the main thread; returns the report. Once the
+// job has its nodes, `state_file` (if any) reads "running": a launcher that started them
+// knows that a member lost from then on does not fail the start.
 expected<run_report> run_cluster_job(caf::actor_system& sys, const actors::cluster_actor& cluster,
-                                     const train_config& cfg, double wait_timeout, http_endpoint* metrics) {
+                                     const train_config& cfg, double wait_timeout, http_endpoint* metrics,
+                                     const std::string& state_file = {}) {
   auto wait_ms = std::chrono::milliseconds(static_cast<int64_t>(wait_timeout * 1000));
   auto stopping = [] { return stop_signal() != 0; };
   if (auto err = actors::wait_for_nodes(sys, cluster, cfg.servers, cfg.workers, wait_ms, stopping))
     return err;
+  write_state(state_file, "running");
   actors::cluster_placement where{sys, cluster};
   auto hooks = print_hooks(script_optimizer(cfg) ? 0 : cfg.epochs);
   hooks.metrics = metrics;
@@ -352,7 +366,7 @@ public:
     if (!s_.is_scheduler || o_.train.config_file.empty())
       return;
     log_rule_notes(s_.job_cfg);
-    auto rep = run_cluster_job(sys_, cluster_, s_.job_cfg, o_.wait_timeout, metrics_.get());
+    auto rep = run_cluster_job(sys_, cluster_, s_.job_cfg, o_.wait_timeout, metrics_.get(), o_.job_state_file);
     code_ = finish_run(s_.job_cfg, rep, "ashlar node");
     if (o_.exit_after_job || code_ != 0)
       stop_ = true;
@@ -625,6 +639,8 @@ command_fn add_node(CLI::App& app) {
     ->capture_default_str();
   add_security_options(cmd, o->security, true);
   cmd->add_option("--port-file", o->port_file, "scheduler: write the port it listens on to FILE");
+  cmd->add_option("--job-state-file", o->job_state_file,
+                  "scheduler: write 'running' to FILE once CONFIG's job has its nodes (for a launcher)");
   cmd->add_option("--name", o->name, "node name in logs (default host:pid)");
   cmd->add_option("--node-data-dir", o->data_dir, "worker: read the data set from here, not the job's data.dir");
   cmd->add_option("--connect-timeout", o->connect_timeout, "seconds to keep trying to reach the scheduler")

@@ -169,7 +169,7 @@ void print_job_summary(const std::string& j) {
     std::printf("test accuracy %.4f (loss %.4f) on %s samples, %s%.2f of %s epochs in %.1f s (%.0f samples/s)\n",
                 num("test_accuracy"), num("test_loss"), field("test_samples").c_str(), why, num("epochs_trained"),
                 field("epochs").c_str(), num("seconds"), num("samples_per_second"));
-  print_work_moved(num("redone_samples"), num("reassigned_samples"));
+  print_work_moved(num("redone_samples"), num("reassigned_samples"), num("lost_workers"));
 }
 
 // Writes the job's report `report_json` to run.report; false (said) when it cannot.

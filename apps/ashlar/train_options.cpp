@@ -156,7 +156,10 @@ std::string explain(const train_config& cfg) {
   return out;
 }
 
-void print_work_moved(double redone, double reassigned) {
+void print_work_moved(double redone, double reassigned, double lost) {
+  if (lost > 0)
+    std::printf("workers lost: %.0f while the job ran (a process or node gone); the job went on without %s\n", lost,
+                lost == 1 ? "it" : "them");
   if (redone > 0)
     std::printf("work redone: %.0f samples trained again after the resume\n", redone);
   if (reassigned > 0)
@@ -280,7 +283,8 @@ int finish_run(const train_config& cfg, const expected<run_report>& rep, const c
     std::printf("test accuracy %.4f (loss %.4f) on %lu samples, %s%.2f of %u epochs in %.1f s (%s samples/s)\n",
                 rep->test_accuracy, rep->test_loss, static_cast<unsigned long>(rep->test_samples), why,
                 rep->epochs_trained, rep->epochs, rep->seconds, rate(rep->samples_per_second).c_str());
-  print_work_moved(static_cast<double>(rep->redone_samples), static_cast<double>(rep->reassigned_samples));
+  print_work_moved(static_cast<double>(rep->redone_samples), static_cast<double>(rep->reassigned_samples),
+                   rep->lost_workers);
   std::fflush(stdout);
   if (!cfg.report.empty()) {
     if (auto err = write_report(*rep, cfg.report)) {

@@ -50,8 +50,9 @@ constexpr size_t max_listed_workers = 8;
 std::string worker_rates(const std::vector<wire::worker_stats>& workers);
 
 /// The summary's lines on work done twice or moved: samples trained again after a resume,
-/// and samples of lost or removed workers the others trained (each only when there are).
-void print_work_moved(double redone, double reassigned);
+/// samples of lost or removed workers the others trained, and the workers lost (each only
+/// when there are).
+void print_work_moved(double redone, double reassigned, double lost);
 
 /// Hooks that print progress lines and epoch evaluations to stdout.
 /// (epochs 0: the scripts' job, train.optimizer = script: samples, not epochs of its own)

@@ -246,6 +246,9 @@ const std::vector<field>& fields() {
     bind("train.max_workers", "on a cluster, the most workers the job grows to as worker nodes join while it runs; "
                               "0 = twice train.workers (default 0)",
          [](train_config& c) -> uint32_t& { return c.max_workers; }),
+    bind("train.min_workers", "the fewest workers a running job goes on with after it lost members (a process "
+                              "killed, a node gone); below it the job fails naming the loss (default 1)",
+         [](train_config& c) -> uint32_t& { return c.min_workers; }),
     bind("train.servers", "number of server shards (default 2)",
          [](train_config& c) -> uint32_t& { return c.servers; }),
     bind("train.policy", "sync policy: bsp, asp, ssp, ksync, kasync, adsp, adaptive, ashl or ring; README's "
@@ -645,6 +648,9 @@ caf::error validate(const train_config& c) {
   if (c.max_workers != 0 && c.max_workers < c.workers)
     return bad("train.max_workers = " + std::to_string(c.max_workers) + " is below train.workers = "
                + std::to_string(c.workers) + " (0: twice train.workers)");
+  if (c.min_workers == 0 || c.min_workers > c.workers)
+    return bad("train.min_workers = " + std::to_string(c.min_workers) + " must be between 1 and train.workers = "
+               + std::to_string(c.workers));
   if (c.servers == 0)
     return bad("train.servers must be at least 1");
   if (c.epochs == 0)

@@ -51,6 +51,10 @@ struct train_settings {
   /// On a cluster, the most workers the job grows to as worker nodes join while it runs
   /// (a node's free slots, in join order); 0: twice `workers` (train.max_workers). Default: 0.
   uint32_t max_workers = 0;
+  /// The fewest workers a running job goes on with after it lost members (a process killed,
+  /// a node gone): below it the job fails, naming the loss; 1 (a job that lost every worker
+  /// waits train.worker_wait for one to join). Default: 1.
+  uint32_t min_workers = 1;
   /// Number of server shards the parameters are split into. Default: 2.
   uint32_t servers = 2;
   /// Sync policy, a registry name (runtime/policy/registry.cpp): bsp, asp, ssp, ksync,

@@ -3,8 +3,8 @@
 namespace ashlar::control {
 
 job_roster::job_roster(const clock_source& clock, uint32_t expected, uint64_t start_timeout_ns,
-                       uint64_t joiner_wait_ns)
-  : clock_(clock), expected_(expected), start_timeout_ns_(start_timeout_ns), joiner_wait_ns_(joiner_wait_ns) {}
+                       uint64_t joiner_wait_ns, uint32_t min_workers)
+  : clock_(clock), expected_(expected), min_workers_(min_workers), start_timeout_ns_(start_timeout_ns), joiner_wait_ns_(joiner_wait_ns) {}
 
 job_roster::action job_roster::ready() {
   if (phase_ != phase::barrier || stopped_)

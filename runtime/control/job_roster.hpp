@@ -28,7 +28,8 @@ public:
   /// A job of `expected` workers; `start_timeout_ns` after the first is ready, training
   /// starts with those that came; `joiner_wait_ns` (0: none) is how long a job whose
   /// members were all lost waits for one to join.
-  job_roster(const clock_source& clock, uint32_t expected, uint64_t start_timeout_ns, uint64_t joiner_wait_ns);
+  job_roster(const clock_source& clock, uint32_t expected, uint64_t start_timeout_ns, uint64_t joiner_wait_ns,
+             uint32_t min_workers = 1);
 
   /// A worker of the first round is ready: `start` once the job's expected workers are.
   action ready();
@@ -42,6 +43,11 @@ public:
   /// Whether, with every member gone, the untaken steps matter (the adapter then asks for
   /// them): `lost` members were lost, and the job neither stops nor failed.
   bool may_wait(uint32_t lost, bool stopping, bool failed) const;
+  /// Whether a running job that lost members and has `live` workers left must fail: fewer
+  /// than its train.min_workers (above 1: with 1, a job that lost every worker waits for a
+  /// joiner instead).
+  bool too_few(uint32_t live) const { return started() && min_workers_ > 1 && live < min_workers_; }
+  uint32_t min_workers() const { return min_workers_; }
   /// Every member has gone; `untaken`: the steps lost members left that nobody took up.
   /// Before the start (the caller waits while the first round is still registering) the
   /// job ends: its workers came and went.
@@ -60,6 +66,7 @@ public:
 private:
   const clock_source& clock_;
   uint32_t expected_;
+  uint32_t min_workers_;
   uint64_t start_timeout_ns_, joiner_wait_ns_;
   phase phase_ = phase::barrier;
   uint32_t ready_ = 0;

@@ -95,6 +95,7 @@ std::string to_json(const run_report& r) {
     << "  \"time_limited\": " << (r.time_limited ? "true" : "false") << ",\n"
     << "  \"epochs_trained\": " << num(r.epochs_trained) << ",\n"
     << "  \"redone_samples\": " << r.redone_samples << ",\n"
+    << "  \"lost_workers\": " << r.lost_workers << ",\n"
     << "  \"reassigned_samples\": " << r.reassigned_samples << ",\n"
     << "  \"applied_samples\": " << r.applied_samples << ",\n";
   if (!r.error.empty())

@@ -70,6 +70,7 @@ struct run_report {
   /// The samples whose gradients shard 0 applied in this run (a push cut short: its
   /// share): what was trained, as against `samples`, what the workers reported.
   uint64_t applied_samples = 0;
+  uint32_t lost_workers = 0;       // workers lost while the job ran (a process killed, a node gone)
   uint64_t reassigned_samples = 0; // lost or removed workers' untrained samples the others took over, summed over handovers
   std::string error;              // why the run failed ("" if it did not); the other figures are then partial
   std::vector<epoch_point> history;

@@ -1058,3 +1058,50 @@ TEST_CASE("train.optimizer adamw: the shards' AdamW under bsp, the same steps on
   CHECK(std::abs(g - a) < 0.005);  // the ring's workers apply the same update to their copies
   CHECK(std::abs(l - a) < 0.0005); // the shards in a server process, spawned over the network, alike
 }
+
+namespace {
+
+// A number field of a report's JSON ("\"applied_samples\": 24000"), or -1.
+double report_number(const std::string& json, const std::string& key) {
+  const auto at = json.find("\"" + key + "\": ");
+  return at == std::string::npos ? -1.0 : std::atof(json.c_str() + at + key.size() + 4);
+}
+
+}  // namespace
+
+TEST_CASE("ashlar launch with a worker process killed (SIGKILL) mid-job trains its epochs once, rc 0, and the "
+          "report counts the lost worker") {
+  ashlar::test::temp_dir dir;
+  // Paced to train about 6 s; worker 1's process is killed 2 s in.
+  const std::string job = " --workers 3 --servers 2 --epochs 2 --set data.train_limit=12000 --set data.test_limit=2000"
+                          " --set train.speeds=1,1,1 --set train.sample_ms=0.75 --set run.progress_interval=0";
+  // A shell that runs the launcher and writes its exit code when it ends.
+  auto started = shell("( " + std::string{ASHLAR_BINARY} + " launch " + config + job + " --report " + dir.file("r.json")
+                       + " > " + dir.file("launch.log") + " 2>&1; echo $? > " + dir.file("rc") + " ) > /dev/null 2>&1 & echo $!");
+  REQUIRE(started.code == 0);
+  for (int i = 0; i < 600 && slurp(dir.file("launch.log")).find("training starts") == std::string::npos; ++i)
+    shell("sleep 0.1");
+  // The launcher is the one process whose command line starts with it and names this report.
+  const std::string launcher = "$(pgrep -f '^" + std::string{ASHLAR_BINARY} + " launch .*" + dir.file("r.json") + "')";
+  auto killed = shell("sleep 2; pkill -9 -P " + launcher + " -f 'name worker-1 '");
+  CHECK(killed.code == 0);
+  // The launcher ends by itself once the job has trained.
+  for (int i = 0; i < 900 && slurp(dir.file("rc")).empty(); ++i)
+    shell("sleep 0.1");
+  CHECK(slurp(dir.file("rc")) == "0\n");
+  const auto log = slurp(dir.file("launch.log"));
+  INFO(log);
+  CHECK(log.find("[launch] worker 1 was lost (exited with killed by SIGKILL)") != std::string::npos);
+  CHECK(log.find("stopping the job") == std::string::npos);
+  CHECK(log.find("workers lost: 1 while the job ran") != std::string::npos);
+  const auto json = slurp(dir.file("r.json"));
+  REQUIRE(!json.empty());
+  CHECK(json.find("\"error\"") == std::string::npos);
+  CHECK(report_number(json, "lost_workers") == 1);
+  CHECK(json.find("\"stopped_early\": false") != std::string::npos);
+  // Its epochs once: the shards applied two passes over the set, give or take a step.
+  const double applied = report_number(json, "applied_samples") / 12000.0;
+  CHECK(applied > 1.99);
+  CHECK(applied < 2.03);
+  CHECK(report_number(json, "test_accuracy") > 0.7);
+}

@@ -29,6 +29,7 @@ p.add_argument("--sampler", default="torch", choices=["torch", "speed", "speed-s
 p.add_argument("--report", action="store_true", help="hvd.report(val_mse=...) after each epoch (every rank)")
 p.add_argument("--save", help="rank 0 saves model, optimizer, scheduler and epoch here at the end (Horovod's way)")
 p.add_argument("--resume", help="rank 0 loads a --save checkpoint and broadcasts it; --epochs counts from 0")
+p.add_argument("--fail-at", type=int, default=-1, help="rank 1 raises at the start of this epoch (a script bug)")
 p.add_argument("--out", required=True)
 a = p.parse_args()
 
@@ -97,6 +98,8 @@ seen = []  # per epoch, the indices of this rank's batches, and their sizes
 start = time.time()
 for epoch in range(start_epoch, a.epochs):
     sampler.set_epoch(epoch)
+    if epoch == a.fail_at and hvd.rank() == 1:
+        raise ValueError(f"rank 1 fails at epoch {epoch}")
     seen.append(([], []))
     for x, y, i in loader:
         seen[-1][0].extend(i.tolist())

@@ -330,3 +330,37 @@ def test_a_bad_target_or_metric_is_refused_naming_it(tmp_path):
         hvd.report(ppl="high")
     hvd.report(ppl=torch.tensor(3.5))
     assert hvd.reported() == {"ppl": 3.5}
+
+
+def test_a_worker_script_killed_mid_job_is_lost_and_the_others_train_on_while_one_that_raises_fails_the_job(tmp_path):
+    out, report = tmp_path / "killed", tmp_path / "r.json"
+    cmd = [BIN, "launch", "--workers", "3", "--servers", "1", "--policy", "bsp", "--report", str(report),
+           "--python", str(SCRIPT), "--", "--out", str(out), "--samples", "30000", "--epochs", "3"]
+    run = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = []
+    for line in run.stdout:  # rank 1's process is killed once rank 0 has trained an epoch
+        said.append(line)
+        if "[worker 0] epoch 0:" in line:
+            pids = subprocess.run(["pgrep", "-P", str(run.pid), "-f", "hvd_script.py"], capture_output=True,
+                                  text=True).stdout.split()
+            victims = [p for p in pids if f"ASHLAR_RANK=1" in pathlib.Path(f"/proc/{p}/environ").read_text()
+                       .replace("\0", " ")]
+            assert len(victims) == 1, pids
+            os.kill(int(victims[0]), 9)
+    said = "".join(said)
+    assert run.wait(timeout=240) == 0, said
+    assert "[launch] worker 1 was lost (exited with killed by SIGKILL)" in said
+    assert "stopping the job" not in said and "waiting up to" not in said, said
+    rep = json.loads(report.read_text())
+    assert rep["lost_workers"] == 1 and "error" not in rep
+    for r in (0, 2):  # the others trained their epochs, their collectives not held by the lost one
+        res = torch.load(f"{out}.{r}")
+        assert len(res["losses"]) == 3 and res["losses"][-1] < 0.2 * res["initial_loss"]
+    # A script that raises: every worker runs it, so the job fails, naming the worker and the error.
+    run, _ = launch(tmp_path, "bsp", workers=3, script_args=["--fail-at", "1"])
+    said = run.stdout + run.stderr
+    assert run.returncode != 0, said
+    # (The scheduler hears of it from the worker's bridge, or the launcher from its exit.)
+    assert ("the job failed: worker 1's computation failed" in said
+            or "ashlar launch: the job failed: worker 1 exited with code 1" in said), said
+    assert "ValueError: rank 1 fails at epoch 1" in said

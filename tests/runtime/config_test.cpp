@@ -122,6 +122,15 @@ TEST_CASE("validation names the inconsistent key") {
   CHECK(describe(validate(cfg)).find("run.target_accuracy needs test evaluations") != std::string::npos);
   cfg.eval_interval = 0.5;
   CHECK_FALSE(validate(cfg));
+  // The floor of workers a job goes on with lies between 1 and its workers.
+  cfg = train_config{};
+  cfg.min_workers = 5;
+  CHECK(describe(validate(cfg)).find("train.min_workers = 5 must be between 1 and train.workers = 4")
+        != std::string::npos);
+  cfg.min_workers = 0;
+  CHECK(describe(validate(cfg)).find("train.min_workers = 0") != std::string::npos);
+  cfg.min_workers = 4;
+  CHECK_FALSE(validate(cfg));
 }
 
 TEST_CASE("every config key documents its default") {

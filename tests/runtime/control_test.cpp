@@ -740,3 +740,23 @@ TEST_CASE("the roster ends a job whose members are all gone, or waits for a join
   CHECK(early.all_left(0, 0, true, false) == A::end);
   CHECK_FALSE(early.began()); // ended before its start: it never trained
 }
+
+TEST_CASE("the roster fails a running job left with fewer workers than train.min_workers, only once it runs") {
+  manual_clock clock;
+  job_roster r{clock, 4, 10'000'000'000ull, 30'000'000'000ull, 3};
+  CHECK(r.min_workers() == 3);
+  r.ready();
+  CHECK_FALSE(r.too_few(1)); // before the start the barrier decides
+  r.ready();
+  r.ready();
+  REQUIRE(r.ready() == job_roster::action::start);
+  CHECK_FALSE(r.too_few(3));
+  CHECK(r.too_few(2));
+  CHECK(r.too_few(0));
+  // The default floor of 1: a job that lost every worker waits for a joiner, it does not fail.
+  job_roster one{clock, 2, 10'000'000'000ull, 30'000'000'000ull};
+  one.ready();
+  one.ready();
+  CHECK_FALSE(one.too_few(1));
+  CHECK_FALSE(one.too_few(0));
+}

@@ -883,6 +883,7 @@ private:
     auto last_workers = collect_worker_figures();
     rep_.samples_per_second = rep_.seconds > 0 ? rep_.samples / rep_.seconds : 0;
     rep_.epochs_trained = epoch_of(rep_.samples);
+    judge_short_end();
     rep_.redone_samples = store_ ? store_->redone_samples() : 0;
     rep_.reassigned_samples = reassigned_->load();
     // The clean end: every shard writes the last cut; the job's record names it.
@@ -923,6 +924,28 @@ private:
     if (final_params)
       *final_params = std::move(*params);
     return std::move(rep_);
+  }
+
+  // Every worker left before the job trained its epochs (1% spared: the last step reports of
+  // a lost worker may never arrive) and no rule of its own (its target, its time limit)
+  // ended it: it was stopped (each worker's node asked to stop, a signal that came as they
+  // left), or, with workers lost and their samples taken up by none, it failed. It never
+  // reads as trained.
+  void judge_short_end() {
+    const bool short_of = budget_ > 0 && rep_.epochs_trained < 0.99 * cfg_.epochs;
+    if (!short_of || rep_.stopped_early || rep_.target_reached || rep_.time_limited || failure_)
+      return;
+    char trained[32];
+    std::snprintf(trained, sizeof trained, "%.2f", rep_.epochs_trained);
+    if (failed_ > 0) {
+      failure_ = make_error(errc::invalid_state, "the job trained " + std::string{trained} + " of its "
+                                                   + std::to_string(cfg_.epochs) + " epochs: " + std::to_string(failed_)
+                                                   + " of its workers were lost and none took up their samples");
+      return;
+    }
+    rep_.stopped_early = true;
+    spdlog::info("job: its workers left after {} of {} epochs, each asked to stop (by its node, or a signal as the "
+                 "job ended): the job ends stopped", trained, cfg_.epochs);
   }
 
   void collect_shard_counters() {

@@ -10,6 +10,7 @@ packages=(
   dataset-fashion-mnist python3 python3-matplotlib python3-numpy curl
   clang-14 libfuzzer-14-dev libclang-rt-14-dev
   python3-dev pybind11-dev python3-pytest python3-torch python3-torchvision python3-pip
+  slurmctld slurmd slurm-client munge
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(iperf3)

@@ -72,6 +72,7 @@ expected<membership> join_cluster(caf::actor_system& sys, const cluster_actor& c
   nc.work_dir = opts.work_dir;
   nc.gpus = opts.gpus;
   nc.make_backend = opts.make_backend;
+  nc.shards_hosted = opts.shards_hosted;
   if (!opts.data_host.empty())
     nc.data_host = opts.data_host;
   auto node = spawn_node(sys, nc);

@@ -51,6 +51,8 @@ struct join_options {
   /// example its network in LibTorch, for a model with an `external` layer (see
   /// runtime/model/model.hpp). Wins over gpus. Default: none (GPUs, then the CPU).
   backend_factory make_backend;
+  /// If set, kept at the number of shards this node hosts now (see node_config). Default: none.
+  std::shared_ptr<std::atomic<uint32_t>> shards_hosted;
 };
 
 /// A process's membership in a cluster.

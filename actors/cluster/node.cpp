@@ -85,6 +85,13 @@ struct node_state {
   std::vector<std::pair<caf::typed_response_promise<uint32_t>, uint32_t>> dropping;
 };
 
+// Keeps the process's count of hosted shards (node_config::shards_hosted) current.
+void count_shards(const node_state& st) {
+  if (st.cfg.shards_hosted)
+    st.cfg.shards_hosted->store(static_cast<uint32_t>(st.shards.size()));
+}
+
+
 using node_pointer = node_actor::stateful_pointer<node_state>;
 
 void maybe_report_shutdown(node_pointer self) {
@@ -154,6 +161,7 @@ caf::result<shard_actor, std::string> host_shard(node_pointer self, wire::spawn_
   }
   auto shard = spawn_shard(self->system(), std::move(core), std::move(persistence));
   st.shards.push_back(shard);
+  count_shards(st);
   self->monitor(shard); // a shard its job stopped is no longer the node's to checkpoint
   st.children->push_back(caf::actor_cast<caf::actor>(shard));
   spdlog::info("node {}: hosting shard {} (parameters [{}, {}), policy {}{}{})", st.cfg.name,
@@ -267,6 +275,7 @@ void shut_down(node_pointer self, const wire::ctl_request& req) {
               });
     }
     st.shards.clear();
+    count_shards(st);
     maybe_report_shutdown(self);
   }
 }
@@ -285,6 +294,7 @@ caf::result<uint32_t> drop_all(node_pointer self) {
   for (const auto& c : *st.children)
     self->send_exit(c, caf::exit_reason::kill);
   st.shards.clear();
+  count_shards(st);
   auto rp = self->make_response_promise<uint32_t>();
   st.dropping.emplace_back(rp, n);
   return rp;
@@ -303,6 +313,7 @@ node_actor::behavior_type node_behavior(node_pointer self, node_config cfg) {
     auto& shards = self->state.shards;
     shards.erase(std::remove_if(shards.begin(), shards.end(), [&](const auto& s) { return s.address() == dm.source; }),
                  shards.end());
+    count_shards(self->state);
     self->state.persistent.erase(dm.source);
     self->state.workers.erase(dm.source);
     if (auto g = self->state.gpu_slots.find(dm.source); g != self->state.gpu_slots.end()) {

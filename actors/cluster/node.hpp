@@ -2,6 +2,7 @@
 // scheduler asks, and stops them on control requests.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +43,9 @@ struct node_config {
   std::shared_ptr<gpu_pool> gpus;
   /// The backend of the workers hosted here (a host application's own); wins over gpus.
   backend_factory make_backend;
+  /// If set, kept at the number of shards this node hosts now (its process holds them
+  /// through a stop signal until their job ends). Default: none.
+  std::shared_ptr<std::atomic<uint32_t>> shards_hosted;
 };
 
 /// Spawns the node actor. Spawn requests for a role the node lacks, or beyond its slots,

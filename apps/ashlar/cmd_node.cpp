@@ -3,7 +3,9 @@
 // workers when asked. One process may take several roles.
 #include <cstdio>
 #include <filesystem>
+#include <arpa/inet.h>
 #include <fstream>
+#include <netdb.h>
 #include <functional>
 #include <optional>
 #include <thread>
@@ -24,6 +26,7 @@
 #include "apps/ashlar/train_options.hpp"
 #include "runtime/os/memory.hpp"
 #include "runtime/control/node_lifecycle.hpp"
+#include "runtime/control/rendezvous.hpp"
 #include "runtime/core/clock.hpp"
 #include "runtime/os/subprocess.hpp"
 #include "runtime/core/log.hpp"
@@ -255,7 +258,55 @@ std::optional<std::string> check_listening(const node_options& o, const node_set
 }
 
 // Checks the options and loads the credentials: -1 when the node can start, else its exit code.
+// The addresses `host` resolves to, as text ("10.0.0.5", "::1"); none if it does not resolve
+// (the join then fails naming it).
+std::vector<std::string> addresses_of(const std::string& host) {
+  std::vector<std::string> out;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0)
+    return out;
+  for (auto* a = res; a; a = a->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* at = a->ai_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
+                                             : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+    if (::inet_ntop(a->ai_family, at, text, sizeof(text)))
+      out.emplace_back(text);
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
+// --join auto and --listen auto: the scheduler's address from the workload manager's
+// variables (runtime/control/rendezvous.hpp: Slurm's node lists, the Kubernetes operators'
+// MASTER_ADDR, ASHLAR_JOIN). A job of several hosts is refused a scheduler on loopback.
+// Returns -1 when all is set, else the exit code.
+int resolve_auto_addresses(node_options& o) {
+  if (o.join != "auto" && o.listen != "auto")
+    return -1;
+  auto r = control::rendezvous_from_env([](const char* name) -> const char* { return std::getenv(name); });
+  if (!r)
+    return node_failed(2, describe(r.error()));
+  if (o.listen == "auto") {
+    o.listen = "0.0.0.0:" + std::to_string(r->port);
+    std::printf("listening on %s (--listen auto: the port from %s's rule, the scheduler's host %s from %s)\n",
+                o.listen.c_str(), r->manager.c_str(), r->host.c_str(), r->source.c_str());
+  }
+  if (o.join == "auto") {
+    if (auto err = control::check_not_loopback(*r, addresses_of(r->host)))
+      return node_failed(2, "--join auto: " + describe(err));
+    o.join = r->address();
+    std::printf("joining the scheduler at %s (--join auto: %s, from %s)\n", o.join.c_str(), r->manager.c_str(),
+                r->source.c_str());
+  }
+  std::fflush(stdout);
+  return -1;
+}
+
 int prepare_node(node_options& o, node_setup& s) {
+  if (int rc = resolve_auto_addresses(o); rc >= 0)
+    return rc;
   if (auto why = check_roles(o, s))
     return node_failed(2, *why);
   if (auto err = resolve_config(o.train, s.job_cfg))
@@ -395,7 +446,7 @@ public:
         },
         caf::after(100ms) >> [&] {
           if (int sig = take_stop_signal(); sig != 0)
-            act(life.on_signal(signal_name(sig)));
+            act(life.on_signal(signal_name(sig), shards_hosted_->load() > 0));
           if (!stop_)
             act(life.on_time());
         });
@@ -449,6 +500,7 @@ private:
     jo_.data_host = o_.data_host;
     jo_.checkpoint_dir = s_.job_cfg.checkpoint_dir;
     jo_.work_dir = o_.work_dir;
+    jo_.shards_hosted = shards_hosted_;
     jo_.replace_shard = o_.replace_shard;
     jo_.make_backend = host_backend(); // a host process's own (the Python package's), if any
     jo_.timeout = std::chrono::milliseconds(static_cast<int64_t>(o_.connect_timeout * 1000));
@@ -569,6 +621,7 @@ private:
   node_setup& s_;
   caf::actor_system& sys_;
   std::shared_ptr<actors::data_plane> plane_;
+  std::shared_ptr<std::atomic<uint32_t>> shards_hosted_ = std::make_shared<std::atomic<uint32_t>>(0);
   caf::scoped_actor self_;
   actors::cluster_actor cluster_;
   actors::node_actor node_;
@@ -628,8 +681,13 @@ command_fn add_node(CLI::App& app) {
               "or protocol version are refused.");
   cmd->add_option("--role", o->roles, "comma-separated roles: scheduler, server, worker")
     ->capture_default_str();
-  cmd->add_option("--listen", o->listen, "scheduler: HOST:PORT to listen on (port 0: any free port)");
-  cmd->add_option("--join", o->join, "server/worker: the scheduler's HOST:PORT");
+  cmd->add_option("--listen", o->listen,
+                  "scheduler: HOST:PORT to listen on (port 0: any free port); auto: 0.0.0.0 and the port of --join "
+                  "auto's rule");
+  cmd->add_option("--join", o->join,
+                  "server/worker: the scheduler's HOST:PORT; auto: from ASHLAR_JOIN, Slurm's node lists (the first "
+                  "host of the first component) or MASTER_ADDR/MASTER_PORT (PET_*), never loopback for a job of "
+                  "several hosts");
   cmd->add_option("--slots", o->slots, "worker: how many workers this node may host")->capture_default_str();
   cmd->add_flag("--oversubscribe", o->oversubscribe,
                 "worker: offer more slots than this host's cores and memory allow (64 per core, one per "

@@ -603,13 +603,17 @@ caf::error apply_environment(train_config& cfg, const env_lookup& lookup) {
 
 std::vector<std::string> environment_warnings(const std::vector<std::string>& names) {
   // ASHLAR_* variables that are not a key's: the cluster's, the Python package's (what
-  // ashlar launch --python sets for a worker script) and the test harness's own.
+  // ashlar launch --python sets for a worker script), the Slurm scripts' and the test
+  // harness's own.
   static const std::vector<std::string> others{"ASHLAR_TOKEN",     "ASHLAR_HOME", "ASHLAR_TLS_DIR", "ASHLAR_JOIN",
                                                "ASHLAR_TOKEN_FILE", "ASHLAR_NAME", "ASHLAR_CONFIG",
                                                "ASHLAR_LOCAL_RANK", "ASHLAR_GPU", "ASHLAR_JOIN_FILE",
                                                "ASHLAR_STORE_DIR", "ASHLAR_RANK", "ASHLAR_SIZE",
                                                "ASHLAR_LOCAL_SIZE", "ASHLAR_POLICY",
-                                               "ASHLAR_COLLECTIVE_TIMEOUT"};
+                                               "ASHLAR_COLLECTIVE_TIMEOUT",
+                                               // --join auto's, and ops/slurm's scripts'
+                                               "ASHLAR_PORT", "ASHLAR_SLURM_DIR", "ASHLAR_JOB_DIR",
+                                               "ASHLAR_SERVERS"};
   std::vector<std::string> known = others;
   for (const auto& f : fields())
     known.push_back(env_name(f.key));

@@ -26,6 +26,11 @@ std::vector<node_action> node_lifecycle::give_up(const std::string& why) {
 }
 
 std::vector<node_action> node_lifecycle::on_scheduler_down(const std::string& reason) {
+  if (phase_ == phase::draining && holding_) { // the job is over with its scheduler
+    phase_ = phase::ended;
+    return {node_action{node_action::log_info, "the scheduler has gone (" + reason + "); exiting", 0, 0},
+            node_action{node_action::exit, {}, 0, 0}};
+  }
   if (phase_ != phase::serving)
     return {};
   phase_ = phase::lost;
@@ -41,11 +46,17 @@ std::vector<node_action> node_lifecycle::on_shutdown() {
   return {node_action{node_action::exit, {}, 0, 0}};
 }
 
-std::vector<node_action> node_lifecycle::on_signal(const std::string& signal) {
+std::vector<node_action> node_lifecycle::on_signal(const std::string& signal, bool holds_shards) {
   switch (phase_) {
     case phase::serving:
       phase_ = phase::draining;
       until_ = clock_.steady_ns() + t_.drain_ns;
+      holding_ = holds_shards;
+      if (holds_shards)
+        return {node_action{node_action::log_info,
+                            signal + " received: its shards serve the running job until the scheduler ends it (at "
+                              "most " + seconds(t_.drain_ns) + " s; again: exit now)",
+                            0, 0}};
       return {node_action{node_action::log_info, signal + " received, stopping", 0, 0},
               node_action{node_action::drain, {}, 0, 0}};
     case phase::draining: // a second signal: leave now
@@ -151,7 +162,9 @@ std::vector<node_action> node_lifecycle::on_time() {
       return rejoin_now();
     case phase::draining:
       phase_ = phase::ended;
-      return {node_action{node_action::log_warn, "workers did not stop within " + seconds(t_.drain_ns) + " s; exiting",
+      return {node_action{node_action::log_warn,
+                          (holding_ ? "the job did not end within " : "workers did not stop within ")
+                            + seconds(t_.drain_ns) + " s; exiting",
                           0, 0},
               node_action{node_action::exit, {}, 0, 0}};
     case phase::serving:

@@ -59,7 +59,12 @@ public:
   /// The cluster told the node to shut down (or the job it ran is over and it should exit).
   std::vector<node_action> on_shutdown();
   /// A stop signal (SIGINT/SIGTERM) named `signal`; a second one ends the node at once.
-  std::vector<node_action> on_signal(const std::string& signal);
+  /// `holds_shards`: the node serves shards of a running job, which its workers (on every
+  /// node) still need to finish their step and the scheduler its final snapshot: it keeps
+  /// them until the scheduler ends the job (its shutdown, or its loss), for at most the
+  /// drain time, rather than stopping them now. (Under a workload manager every process
+  /// gets the signal at once: Slurm's scancel, a Kubernetes pod's deletion.)
+  std::vector<node_action> on_signal(const std::string& signal, bool holds_shards = false);
   /// The hosted workers have all left after a drain.
   std::vector<node_action> on_drained();
   /// A probe's answer: admitted, refused for good (another token, protocol), or failed.
@@ -83,6 +88,7 @@ private:
   std::string scheduler_;
   node_timing t_;
   bool may_rejoin_;
+  bool holding_ = false;     // draining: it holds its shards until the job ends
   phase phase_ = phase::serving;
   std::string reason_;       // why the scheduler was lost
   uint64_t until_ = 0;       // the current phase's deadline

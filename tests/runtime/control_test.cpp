@@ -420,6 +420,31 @@ TEST_CASE("a stop signal drains the node's workers, a second leaves at once, and
   CHECK(does(waiting.on_signal("SIGINT"), node_action::exit));
 }
 
+TEST_CASE("a stop signal on a node serving a running job's shards holds them until the scheduler ends the job") {
+  manual_clock clock;
+  node_lifecycle node{clock, "h:1", node_timing{}};
+  auto acts = node.on_signal("SIGTERM", true);
+  CHECK_FALSE(does(acts, node_action::drain)); // the shards stay
+  CHECK(node.state() == node_lifecycle::phase::draining);
+  clock.advance(10 * second);
+  CHECK(node.on_time().empty());
+  CHECK(does(node.on_shutdown(), node_action::exit)); // the scheduler ended the job
+  // The scheduler gone: the job is over, the node exits at once.
+  node_lifecycle lost{clock, "h:1", node_timing{}};
+  lost.on_signal("SIGTERM", true);
+  CHECK(does(lost.on_scheduler_down("connection closed"), node_action::exit));
+  // The job does not end within the drain time: it exits, saying so; a second signal at once.
+  node_lifecycle late{clock, "h:1", node_timing{}};
+  late.on_signal("SIGTERM", true);
+  clock.advance(30 * second);
+  auto out = late.on_time();
+  REQUIRE(does(out, node_action::exit));
+  CHECK(out.front().text.find("the job did not end within 30 s") != std::string::npos);
+  node_lifecycle twice{clock, "h:1", node_timing{}};
+  twice.on_signal("SIGTERM", true);
+  CHECK(does(twice.on_signal("SIGTERM"), node_action::exit));
+}
+
 TEST_CASE("a plan of membership changes moves nothing for members that finished, and hands a lost one's steps over once") {
   std::map<uint32_t, ledger_entry> members;
   for (uint32_t id = 0; id < 4; ++id)

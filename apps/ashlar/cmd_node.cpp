@@ -51,6 +51,7 @@ struct node_options {
   security_options security;
   std::string port_file;
   std::string job_state_file;
+  bool hold_shards = false;
   std::string name;
   std::string data_dir;
   double connect_timeout = 30;
@@ -446,7 +447,7 @@ public:
         },
         caf::after(100ms) >> [&] {
           if (int sig = take_stop_signal(); sig != 0)
-            act(life.on_signal(signal_name(sig), shards_hosted_->load() > 0));
+            act(life.on_signal(signal_name(sig), o_.hold_shards && shards_hosted_->load() > 0));
           if (!stop_)
             act(life.on_time());
         });
@@ -697,6 +698,10 @@ command_fn add_node(CLI::App& app) {
     ->capture_default_str();
   add_security_options(cmd, o->security, true);
   cmd->add_option("--port-file", o->port_file, "scheduler: write the port it listens on to FILE");
+  cmd->add_flag("--hold-shards-on-signal", o->hold_shards,
+                "server: on SIGTERM/SIGINT, keep serving the running job's shards until the scheduler ends the job "
+                "(at most 30 s), for a workload manager that signals every process at once (Slurm's scancel); "
+                "without it the node checkpoints its shards and leaves (a replacement restores them)");
   cmd->add_option("--job-state-file", o->job_state_file,
                   "scheduler: write 'running' to FILE once CONFIG's job has its nodes (for a launcher)");
   cmd->add_option("--name", o->name, "node name in logs (default host:pid)");

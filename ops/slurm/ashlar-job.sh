@@ -72,6 +72,7 @@ fi
 # The file, then these, then the command line: what the user passes wins.
 export ASHLAR_TRAIN_WORKERS=${ASHLAR_TRAIN_WORKERS:-$workers}
 export ASHLAR_TRAIN_SERVERS=${ASHLAR_TRAIN_SERVERS:-$servers}
+rm -f "$job_dir/job-state"
 resume=()
 if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && [ -d "$job_dir/checkpoints" ]; then
   resume=(--resume)
@@ -80,34 +81,54 @@ fi
 echo "[ashlar-job] job $SLURM_JOB_ID: scheduler on $here, $servers server and $workers worker nodes; token $token"
 
 srun "${control[@]}" "${steps[@]}" --nodes=1 --ntasks=1 -w "$here" --job-name=ashlar-scheduler \
-  "$ASHLAR" node --role scheduler --listen auto --exit-after-job "${creds[@]}" \
+  "$ASHLAR" node --role scheduler --listen auto --exit-after-job "${creds[@]}" --job-state-file "$job_dir/job-state" \
   "$config" --checkpoint-dir "$job_dir/checkpoints" "${resume[@]}" "$@" &
 scheduler=$!
 srun "${control[@]}" "${steps[@]}" --nodes=1 --ntasks="$servers" -w "$here" --job-name=ashlar-servers \
-  "$ASHLAR" node --role server --join auto "${creds[@]}" &
+  "$ASHLAR" node --role server --join auto --hold-shards-on-signal "${creds[@]}" &
 members=($!)
+member_names=("server nodes'")
 if [ -n "${SLURM_HET_SIZE:-}" ]; then
   for ((k = 1; k < SLURM_HET_SIZE; k++)); do
     srun --het-group="$k" "${steps[@]}" --job-name="ashlar-workers-$k" \
       "$ASHLAR" node --role worker --join auto "${creds[@]}" &
     members+=($!)
+    member_names+=("worker class $k's")
   done
 else
   srun "${steps[@]}" --job-name=ashlar-workers "$ASHLAR" node --role worker --join auto "${creds[@]}" &
   members+=($!)
+  member_names+=("worker nodes'")
 fi
 
 # scancel (or a signal to this script) reaches every step itself: wait for the scheduler's
-# step, which writes the report, however many signals come meanwhile.
+# step, which writes the report, however many signals come meanwhile. A member step that
+# ends before the job has its members (the scheduler's job-state file) fails the start at
+# once, naming it, as `ashlar launch` does; once the job runs, a lost task is the
+# scheduler's to survive.
 trap 'echo "[ashlar-job] stop requested: the scheduler stops the job after the workers'"'"' step"' TERM INT
-code=0
-while :; do
-  wait "$scheduler"
-  code=$?
-  kill -0 "$scheduler" 2>/dev/null || break
+failed_start=""
+while kill -0 "$scheduler" 2>/dev/null; do
+  if [ -z "$failed_start" ] && ! grep -qx running "$job_dir/job-state" 2>/dev/null; then
+    for i in "${!members[@]}"; do
+      if ! kill -0 "${members[$i]}" 2>/dev/null; then
+        failed_start=${member_names[$i]}
+        echo "[ashlar-job] the $failed_start step ended before the job had its members; stopping the job" >&2
+        # The scheduler's task runs on this host: its own SIGTERM ends the wait for the nodes
+        # with the report naming what the job lacked (a signal to its srun would kill it).
+        pkill -TERM -f "^[^ ]+ node --role scheduler .*$job_dir/job-state" 2>/dev/null \
+          || kill -TERM "$scheduler" 2>/dev/null
+        break
+      fi
+    done
+  fi
+  sleep 0.5
 done
+wait "$scheduler"
+code=$?
+[ -n "$failed_start" ] && [ "$code" = 0 ] && code=1
 # The scheduler shut the cluster down: the other steps end; those that do not in 30 s are stopped.
-for ((i = 0; i < 300; i++)); do
+for ((i = 0; i < 300 && ${#failed_start} == 0; i++)); do
   alive=0
   for p in "${members[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
   [ "$alive" = 0 ] && break

@@ -62,8 +62,8 @@ public:
   /// `holds_shards`: the node serves shards of a running job, which its workers (on every
   /// node) still need to finish their step and the scheduler its final snapshot: it keeps
   /// them until the scheduler ends the job (its shutdown, or its loss), for at most the
-  /// drain time, rather than stopping them now. (Under a workload manager every process
-  /// gets the signal at once: Slurm's scancel, a Kubernetes pod's deletion.)
+  /// drain time, rather than stopping them now (`ashlar node --hold-shards-on-signal`:
+  /// under Slurm's scancel every process gets the signal at once).
   std::vector<node_action> on_signal(const std::string& signal, bool holds_shards = false);
   /// The hosted workers have all left after a drain.
   std::vector<node_action> on_drained();

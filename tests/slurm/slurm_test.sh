@@ -9,6 +9,7 @@
 #   kill:     a worker task SIGKILLed mid-job is survived (rc 0, epochs once, one lost);
 #   scancel:  the report is written (stopped) and no Ashlar process is left;
 #   requeue:  a job requeued mid-run resumes from its checkpoint and finishes, rc 0.
+#   start:    a member step that fails before the job has its members fails it fast;
 #   loopback: a node whose scheduler host resolves to loopback in a job of several hosts
 #             is refused, naming the variable.
 #
@@ -164,6 +165,23 @@ requeue)
   grep -q "restored version" "$log" || fail "nothing restored"
   tail -1 "$log" | grep -q "the scheduler exited with code 0" || fail "the resumed job did not end with code 0"
   echo "requeue: resumed from the checkpoint, test accuracy $(field test_accuracy)"
+  ;;
+start)
+  # A member that never joins (its step fails at once) fails the start fast, naming it.
+  printf '#!/bin/bash\ncase " $* " in *" --role server "*) echo "no store here" >&2; exit 3;; esac\nexec %s "$@"\n' \
+    "$bin" > "$d/ashlar-wrap"
+  chmod +x "$d/ashlar-wrap"
+  ASHLAR=$d/ashlar-wrap submit "$src/ops/slurm/hetero.sbatch" "$config" "${job[@]}" >/dev/null
+  wait_for "^\[ashlar-job\] job" 120 || fail "the job did not start"
+  t0=$SECONDS
+  wait_for "the scheduler exited with code" 120 || fail "the job did not end"
+  rc=$(grep -o "the scheduler exited with code [0-9]*" "$log" | grep -o "[0-9]*$")
+  [ "$rc" != 0 ] || fail "the job did not fail"
+  grep -q "the server nodes' step ended before the job had its members; stopping the job" "$log" || fail "not named"
+  [ $((SECONDS - t0)) -lt 30 ] || fail "it took $((SECONDS - t0)) s, not fast"
+  grep -q "the job's nodes did not come\|stopped while waiting for\|lacked\|has none" "$log" || fail "the scheduler did not say what the job lacked"
+  echo "start: a server step that never joined failed the start in $((SECONDS - t0)) s, rc $rc"
+  grep -E "ended before|lacked|has none|exited with code" "$log" | tail -4
   ;;
 loopback)
   out=$(SLURM_JOB_ID=5 SLURM_JOB_NODELIST="localhost,n2" "$bin" node --role worker --join auto 2>&1)

@@ -129,7 +129,8 @@ void add_hetero_options(CLI::App* cmd, hetero_options& o) {
                   "random:N: run every policy on N seeded random heterogeneity profiles (4-8 workers, speeds 1-8, "
                   "some with contention; --seed picks them) instead of --speeds, with a table per profile and a "
                   "summary of each policy's median and worst time ratio to adsp and bsp over them");
-  cmd->add_option("--out", o.out, "directory for results.md, results.csv, series.csv, accuracy.png")
+  cmd->add_option("--out", o.out, "directory for results.md, results.csv, series.csv and bench.json (ops/plot draws accuracy.png "
+                               "from them)")
     ->capture_default_str();
 }
 

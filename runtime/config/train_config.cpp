@@ -687,7 +687,8 @@ caf::error validate(const train_config& c) {
     return bad("train.lr must be > 0");
   update_rule rule{};
   if (c.optimizer_kind != "script" && !parse_update_rule(c.optimizer_kind, rule))
-    return bad("train.optimizer '" + c.optimizer_kind + "' is not known (known: sgd, adam, adamw, script)");
+    return bad("train.optimizer '" + c.optimizer_kind + "' is not known"
+               + did_you_mean(c.optimizer_kind, {"sgd", "adam", "adamw", "script"}) + " (known: sgd, adam, adamw, script)");
   if (rule != update_rule::sgd) {
     if (c.policy == "adsp" || c.policy == "ashl")
       return bad("train.optimizer " + c.optimizer_kind + " under " + c.policy
@@ -745,7 +746,8 @@ caf::error validate(const train_config& c) {
     std::string known;
     for (const auto& n : names)
       known += (known.empty() ? "" : ", ") + n;
-    return bad("train.policy '" + c.policy + "' is not known (known: " + known + ")");
+    return bad("train.policy '" + c.policy + "' is not known" + did_you_mean(c.policy, names) + " (known: " + known
+               + ")");
   }
   if (auto p = ashl_planner::make(c.ashl); !p)
     return p.error();

@@ -87,6 +87,8 @@ TEST_CASE("validation names the inconsistent key") {
   cfg = train_config{};
   cfg.policy = "magic";
   CHECK(describe(validate(cfg)).find("train.policy 'magic' is not known (known: bsp, asp") != std::string::npos);
+  cfg.policy = "bps"; // a near miss gets the suggestion, as a mistyped option does
+  CHECK(describe(validate(cfg)).find("train.policy 'bps' is not known (did you mean 'bsp'?)") != std::string::npos);
   cfg = train_config{};
   cfg.model.hidden = {};
   cfg.model.input = tensor_shape{1, 1, 1};

@@ -44,8 +44,10 @@ trap cleanup EXIT
 printf '127.0.0.1 localhost\n%s n1 n2 n3 %s\n' "$SLURMTEST_IP" "$(hostname)" > "$d/hosts"
 mount --bind "$d/hosts" /etc/hosts || skip "cannot bind /etc/hosts in the namespace"
 
-# Ports of this run's own (several runs on one host do not meet).
-base=$(( 17000 + ($$ % 400) * 10 ))
+# Ports of this run's own (several runs on one host do not meet): the daemons' from 24000,
+# the jobs' ids (whose scheduler port is 20000 + id mod 10000) from a first id of its own.
+base=$(( 24000 + ($$ % 400) * 10 ))
+first_job=$(( ($$ % 400) * 10 + 1 ))
 mkdir -p "$d/state" "$d/spool/n1" "$d/spool/n2" "$d/spool/n3" "$d/log" "$d/submit"
 head -c 1024 /dev/urandom > "$d/munge.key"; chmod 600 "$d/munge.key"
 munged -f --socket="$d/munge.sock" --key-file="$d/munge.key" --log-file="$d/log/munged.log" \
@@ -78,6 +80,7 @@ JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
 KillWait=30
+FirstJobId=$first_job
 NodeName=n1 NodeAddr=$SLURMTEST_IP Port=$((base + 2)) CPUs=4 RealMemory=4000 State=UNKNOWN
 NodeName=n2 NodeAddr=$SLURMTEST_IP Port=$((base + 3)) CPUs=4 RealMemory=4000 State=UNKNOWN
 NodeName=n3 NodeAddr=$SLURMTEST_IP Port=$((base + 4)) CPUs=4 RealMemory=4000 State=UNKNOWN

@@ -69,8 +69,9 @@ std::string default_name() {
   return host_name() + ":" + std::to_string(::getpid());
 }
 
-// Writes `word` to `file` (whole, or not at all: written aside, then renamed); none if "".
-void write_state(const std::string& file, const std::string& word) {
+// Writes the line `word` to `file` whole, or not at all (written aside, then renamed); nothing
+// when `file` is "".
+void write_whole(const std::string& file, const std::string& word) {
   if (file.empty())
     return;
   const std::string tmp = file + ".tmp";
@@ -88,7 +89,7 @@ expected<run_report> run_cluster_job(caf::actor_system& sys, const actors::clust
   auto stopping = [] { return stop_signal() != 0; };
   if (auto err = actors::wait_for_nodes(sys, cluster, cfg.servers, cfg.workers, wait_ms, stopping))
     return err;
-  write_state(state_file, "running");
+  write_whole(state_file, "running");
   actors::cluster_placement where{sys, cluster};
   auto hooks = print_hooks(script_optimizer(cfg) ? 0 : cfg.epochs);
   hooks.metrics = metrics;
@@ -367,11 +368,7 @@ public:
       hint += " --token-file " + *file;
     }
     announce(hint);
-    if (!o_.port_file.empty()) {
-      std::string tmp = o_.port_file + ".tmp";
-      std::ofstream{tmp} << *port << "\n";
-      std::rename(tmp.c_str(), o_.port_file.c_str());
-    }
+    write_whole(o_.port_file, std::to_string(*port));
     if (!s_.job_cfg.metrics_listen.empty()) {
       // The scheduler's /metrics outlives its jobs: between jobs it says none runs.
       auto metrics = http_endpoint::start(s_.job_cfg.metrics_listen);

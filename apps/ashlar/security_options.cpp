@@ -11,6 +11,7 @@
 
 
 #include "actors/cluster/system.hpp"
+#include "runtime/control/rendezvous.hpp"
 #include "runtime/core/number_text.hpp"
 
 #include <spdlog/spdlog.h>
@@ -97,7 +98,7 @@ expected<net::net_security> load_security(const security_options& o, const std::
 }
 
 bool is_loopback(const std::string& host) {
-  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+  return control::is_loopback_address(host);
 }
 
 caf::error check_listen_policy(const std::string& host, const net::net_security& sec, bool insecure,

@@ -882,7 +882,10 @@ private:
     collect_shard_counters();
     auto last_workers = collect_worker_figures();
     rep_.samples_per_second = rep_.seconds > 0 ? rep_.samples / rep_.seconds : 0;
-    rep_.epochs_trained = epoch_of(rep_.samples);
+    // What the job trained: the more of the two witnesses, each a lower bound (the workers'
+    // reports miss a killed worker's last steps; the shards' count misses gradients a
+    // policy dropped as stale).
+    rep_.epochs_trained = epoch_of(std::max(rep_.samples, rep_.applied_samples));
     judge_short_end();
     rep_.redone_samples = store_ ? store_->redone_samples() : 0;
     rep_.reassigned_samples = reassigned_->load();

@@ -11,6 +11,7 @@ packages=(
   clang-14 libfuzzer-14-dev libclang-rt-14-dev
   python3-dev pybind11-dev python3-pytest python3-torch python3-torchvision python3-pip
   slurmctld slurmd slurm-client munge
+  openssh-server openssh-client
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(iperf3)

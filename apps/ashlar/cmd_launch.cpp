@@ -1,7 +1,8 @@
 // `ashlar launch`: a scheduler, server nodes and worker nodes as separate processes on this
-// machine (like torchrun --standalone), their output forwarded with a role prefix, all
-// stopped on Ctrl-C or when the job ends. A member lost once the job runs does not end it
-// (runtime/control/launch_supervisor.hpp says the rule).
+// machine (like torchrun --standalone), or with --hosts/--hostfile the nodes on those hosts
+// over ssh (like horovodrun; runtime/control/host_plan.hpp places them), their output
+// forwarded with a role prefix, all stopped on Ctrl-C or when the job ends. A member lost
+// once the job runs does not end it (runtime/control/launch_supervisor.hpp says the rule).
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -19,8 +20,13 @@
 #include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
 #include "actors/gpu_actor.hpp"
+#include "runtime/control/host_plan.hpp"
 #include "runtime/control/launch_supervisor.hpp"
+#include "runtime/control/rendezvous.hpp"
 #include "runtime/core/clock.hpp"
+#include "runtime/net/socket.hpp"
+#include "runtime/net/tls.hpp"
+#include "runtime/os/remote_start.hpp"
 #include "runtime/os/subprocess.hpp"
 
 namespace ashlar::cli {
@@ -35,6 +41,10 @@ struct launch_options {
   std::string python;     // a Python script each worker process runs instead of `ashlar node`
   std::string python_exe; // its interpreter
   std::vector<std::string> script_args; // what follows `--`: the script's own arguments
+  std::string hosts;      // --hosts h1:4,h2:2: the nodes run on these hosts, over ssh
+  std::string hostfile;   // --hostfile FILE: the same, one host per line
+  ssh_options ssh;        // how the hosts are reached
+  std::string scheduler_address; // --hosts: where the hosts reach the scheduler ("": the route's)
 };
 
 // Where the Python package lies beside this executable: BUILD/python for a build tree
@@ -59,7 +69,20 @@ struct child {
   std::string last;     // its last line of output (what a process that died last said)
   bool exited = false;  // its exit was seen
   int rank = -1;        // a worker process's index (its script's rank), -1 for the others
+  bool remote = false;  // a node on another host under ssh: signals go over its stdin
 };
+
+// Sends `sig` to `c`: a local process directly; a node under ssh over its channel (SIGKILL
+// also ends its ssh, whose end stops the node).
+void signal_child(child& c, int sig) {
+  if (!c.remote)
+    return c.proc.signal(sig);
+  c.proc.write_input(signal_line(sig));
+  if (sig == SIGKILL) {
+    c.proc.close_input();
+    c.proc.signal(SIGKILL);
+  }
+}
 
 // Forwards complete lines from every child's output; returns false when nothing was read.
 bool pump(std::vector<child>& children, int timeout_ms) {
@@ -132,6 +155,7 @@ struct launcher {
   explicit launcher(const launch_options& opts) : o(opts) {}
 
   const launch_options& o;
+  train_options train;             // the job's options: o.train, with --hosts' workers and servers
   train_config cfg;                // the job
   std::string plan;                // which GPU each worker process gets, or why they compute on the CPU
   std::vector<std::string> gpus;   // per worker process, its --gpus
@@ -147,6 +171,17 @@ struct launcher {
   std::string failed_member;       // a server or worker process that failed, and what it said last
   std::string store_dir;           // --python: the scripts' store (ashlar.torch's collectives), in `dir`
   uint64_t script_params = 0;      // --python: the parameters of the scripts' own model; 0: the job's model
+  control::host_plan hosts;        // --hosts: which node runs where
+  std::string tls_dir;             // --hosts beyond loopback: this launch's own TLS credentials
+  std::string sched_host = "127.0.0.1"; // the host part of the address the nodes join
+
+  bool on_hosts() const { return !o.hosts.empty() || !o.hostfile.empty(); }
+  bool beyond_loopback() const { return on_hosts() && !hosts.loopback_only; }
+  int plan_hosts();
+  int pick_scheduler_address();
+  int make_tls();
+  int check_hosts();
+  bool start_host_nodes();
 
   int prepare();
   bool write_token();
@@ -171,16 +206,24 @@ struct launcher {
 // Resolves the job and its GPUs, takes the stop signals, and makes the launch's private
 // directory and the arguments every node takes. Returns the exit code, 0 when all is ready.
 int launcher::prepare() {
-  if (auto err = resolve_config(o.train, cfg)) {
+  train = o.train;
+  if (on_hosts())
+    if (int rc = plan_hosts())
+      return rc;
+  if (auto err = resolve_config(train, cfg)) {
     std::fprintf(stderr, "ashlar launch: %s\n", describe(err).c_str());
     return 2;
   }
-  auto per_worker = gpus_per_worker(cfg.gpus, cfg.workers, plan);
-  if (!per_worker) {
-    std::fprintf(stderr, "ashlar launch: %s\n", describe(per_worker.error()).c_str());
-    return 2;
+  if (on_hosts()) {
+    plan = "each host's worker node places its workers on that host's devices (run.gpus: " + cfg.gpus + ")";
+  } else {
+    auto per_worker = gpus_per_worker(cfg.gpus, cfg.workers, plan);
+    if (!per_worker) {
+      std::fprintf(stderr, "ashlar launch: %s\n", describe(per_worker.error()).c_str());
+      return 2;
+    }
+    gpus = std::move(*per_worker);
   }
-  gpus = std::move(*per_worker);
   catch_stop_signals(false); // supervise() takes them: the first stops the job, a second every process
   exe = self_executable();
   char tmpl[] = "/tmp/ashlar-launch-XXXXXX";
@@ -197,8 +240,13 @@ int launcher::prepare() {
   token_file = o.token_file;
   if (token_file.empty() && !std::getenv("ASHLAR_TOKEN") && !write_token())
     return 1;
+  if (beyond_loopback())
+    if (int rc = make_tls())
+      return rc;
   if (!token_file.empty())
     common = {"--token-file", token_file};
+  if (!tls_dir.empty())
+    common.insert(common.end(), {"--tls", tls_dir});
   // The job is the user's own, from this command line: its files go where it names them.
   common.insert(common.end(), {"--work-dir", "/"});
   return 0;
@@ -227,19 +275,20 @@ bool launcher::start(const std::string& prefix, const std::vector<std::string>& 
     std::fprintf(stderr, "ashlar launch: %s\n", describe(p.error()).c_str());
     return false;
   }
-  children.push_back(child{prefix, std::move(*p), "", true, false, "", false, -1});
+  children.push_back(child{prefix, std::move(*p), "", true, false, "", false, -1, false});
   return true;
 }
 
 // Sends `sig` to every process started.
 void launcher::stop_all(int sig) {
   for (auto& c : children)
-    c.proc.signal(sig);
+    signal_child(c, sig);
 }
 
 // Starts the scheduler node, which runs the job and exits after it; false when it cannot start.
 bool launcher::start_scheduler() {
-  std::vector<std::string> sched = {exe, "node", "--role", "scheduler", "--listen", "127.0.0.1:0",
+  std::vector<std::string> sched = {exe, "node", "--role", "scheduler", "--listen",
+                                    beyond_loopback() ? "0.0.0.0:0" : "127.0.0.1:0",
                                     "--port-file", port_file, "--job-state-file", state_file,
                                     "--exit-after-job"};
   // A scheduler runs the job of its CONFIG: without one, the job is the defaults and the
@@ -250,7 +299,7 @@ bool launcher::start_scheduler() {
     std::ofstream{config} << "# ashlar launch: no CONFIG given; the job is the defaults and the flags\n";
   }
   sched.push_back(config);
-  for (auto& a : o.train.as_args())
+  for (auto& a : train.as_args())
     sched.push_back(a);
   // The scripts' own model (rank 0's DistributedOptimizer said its size): their optimizers
   // update it, and the job's model is one external layer of that many parameters.
@@ -287,12 +336,14 @@ int launcher::wait_for_scheduler() {
       return 1;
     }
   }
-  join = "127.0.0.1:" + port;
+  join = sched_host + ":" + port;
   return 0;
 }
 
 // Starts the server nodes; false (every process killed) when one cannot start.
 bool launcher::start_servers() {
+  if (on_hosts())
+    return start_host_nodes();
   std::printf("[launch] scheduler at %s; starting %u server and %u worker processes\n", join.c_str(),
               cfg.servers, cfg.workers);
   std::fflush(stdout);
@@ -351,6 +402,8 @@ std::vector<std::string> launcher::worker_argv(uint32_t i, const std::string& py
 // Starts the worker processes, after saying where their GPUs are; false (every process
 // killed) when one cannot start.
 bool launcher::start_workers() {
+  if (on_hosts())
+    return true; // start_host_nodes started them with the servers
   std::printf("[launch] %s\n", plan.c_str());
   std::fflush(stdout);
   // --python: each worker process is the user's script, which joins through the Python
@@ -463,7 +516,7 @@ void launcher::act(const std::vector<control::launch_action>& actions) {
         if (a.member < 0)
           stop_all(a.sig);
         else
-          children[static_cast<size_t>(a.member)].proc.signal(a.sig);
+          signal_child(children[static_cast<size_t>(a.member)], a.sig);
         break;
       case control::launch_action::note_left:
         note_left(children[static_cast<size_t>(a.member)]);
@@ -533,6 +586,11 @@ int launcher::finish() {
   std::remove((dir + "/token").c_str());
   std::remove((dir + "/join").c_str());
   std::remove((dir + "/job.toml").c_str());
+  if (!tls_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(tls_dir, ec);
+    std::filesystem::remove_all(dir + "/ca", ec);
+  }
   if (!store_dir.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(store_dir, ec);
@@ -541,11 +599,177 @@ int launcher::finish() {
   return code;
 }
 
+// --hosts/--hostfile: reads the hosts, places the nodes on them, and sets the job's workers
+// and servers to what was placed. Returns the exit code, 0 when the plan holds.
+int launcher::plan_hosts() {
+  auto fail = [](const std::string& why) {
+    std::fprintf(stderr, "ashlar launch: %s\n", why.c_str());
+    return 2;
+  };
+  if (!o.python.empty())
+    return fail("--python with --hosts: worker scripts on other hosts are not supported yet (their collectives' "
+                "store is a directory of this host); run the scripts on one host, or the job's nodes with a CONFIG");
+  if (!o.hosts.empty() && !o.hostfile.empty())
+    return fail("give --hosts or --hostfile, not both");
+  expected<std::vector<control::host_slots>> list = std::vector<control::host_slots>{};
+  if (!o.hosts.empty()) {
+    list = control::parse_host_list(o.hosts);
+  } else {
+    std::ifstream in{o.hostfile};
+    if (!in)
+      return fail("cannot read the hostfile " + o.hostfile);
+    std::string text{std::istreambuf_iterator<char>{in}, {}};
+    list = control::parse_hostfile(text, o.hostfile);
+  }
+  if (!list)
+    return fail(describe(list.error()));
+  train_config first;
+  if (auto err = resolve_config(train, first))
+    return fail(describe(err));
+  // The slots are the workers, unless --workers asks for fewer (filled in host order).
+  auto placed = control::plan_hosts(*list, o.train.workers ? first.workers : 0, first.servers);
+  if (!placed)
+    return fail(describe(placed.error()));
+  hosts = *placed;
+  train.workers = std::to_string(hosts.workers);
+  train.servers = std::to_string(hosts.servers);
+  return 0;
+}
+
+// --hosts beyond loopback: the hosts reach the scheduler at this host's address on the route
+// to the first of them (or --scheduler-address), never loopback. Returns the exit code, 0
+// once it is set.
+int launcher::pick_scheduler_address() {
+  if (hosts.loopback_only)
+    return 0;
+  auto fail = [](const std::string& why) {
+    std::fprintf(stderr, "ashlar launch: %s\n", why.c_str());
+    return 2;
+  };
+  sched_host = o.scheduler_address;
+  std::string toward;
+  for (const auto& n : hosts.nodes)
+    if (toward.empty() && !control::is_loopback_host(n.host))
+      toward = n.host;
+  if (sched_host.empty())
+    sched_host = net::local_address_toward(toward, o.ssh.port ? o.ssh.port : 22);
+  if (sched_host.empty() || control::is_loopback_address(sched_host))
+    return fail("the job spans hosts beyond this one (" + toward + "), but this host's address toward it is '"
+                + sched_host + "' (" + (o.scheduler_address.empty() ? "the route's" : "--scheduler-address")
+                + "): every host would look for the scheduler on itself. Say --scheduler-address ADDRESS, an "
+                  "address of this host the others reach");
+  return 0;
+}
+
+// A CA and one certificate of this launch's own, for the nodes' mutual TLS (the scheduler
+// listens beyond loopback). Returns the exit code, 0 once they are made.
+int launcher::make_tls() {
+  tls_dir = dir + "/tls";
+  auto made = net::ensure_ca(dir + "/ca");
+  caf::error err = made ? net::issue_node_cert(dir + "/ca", tls_dir, "ashlar-launch", 30) : made.error();
+  if (err) {
+    std::fprintf(stderr, "ashlar launch: cannot make this launch's TLS credentials: %s\n", describe(err).c_str());
+    return 1;
+  }
+  return 0;
+}
+
+// Tries ssh to every host at once (BatchMode, `true`), as horovodrun does before it starts:
+// returns the exit code, 0 when every host answered; otherwise names each one that did not,
+// with what ssh said.
+int launcher::check_hosts() {
+  std::vector<std::string> names;
+  for (const auto& n : hosts.nodes)
+    if (std::find(names.begin(), names.end(), n.host) == names.end())
+      names.push_back(n.host);
+  std::printf("[launch] checking ssh to %zu host(s): %s\n", names.size(), hosts.describe().c_str());
+  std::fflush(stdout);
+  std::vector<child> probes;
+  for (const auto& h : names) {
+    auto p = subprocess::start(ssh_argv(o.ssh, h, "true"), "", true);
+    if (!p) {
+      std::fprintf(stderr, "ashlar launch: %s\n", describe(p.error()).c_str());
+      return 1;
+    }
+    p->close_input();
+    probes.push_back(child{h, std::move(*p), "", true, false, "", false, -1, false});
+  }
+  const auto deadline = steady_now() + std::chrono::duration<double>(o.ssh.connect_timeout_s + 20);
+  std::string failed;
+  for (auto& c : probes) {
+    int code = -1;
+    while (!c.proc.poll_exit(code) && steady_now() < deadline)
+      pause_for(std::chrono::milliseconds(20));
+    std::string said;
+    char buf[4096];
+    ssize_t n;
+    if (code < 0)
+      c.proc.signal(SIGKILL);
+    else
+      while ((n = ::read(c.proc.output_fd(), buf, sizeof(buf))) > 0)
+        said.append(buf, static_cast<size_t>(n));
+    while (!said.empty() && (said.back() == '\n' || said.back() == '\r'))
+      said.pop_back();
+    if (const auto nl = said.find_last_of('\n'); nl != std::string::npos)
+      said = said.substr(nl + 1);
+    if (code != 0)
+      failed += "\n  " + c.prefix + ": " + (code < 0 ? "no answer within the connect timeout" : said.empty() ? control::describe_exit(code) : said);
+  }
+  if (failed.empty())
+    return 0;
+  std::fprintf(stderr, "ashlar launch: cannot reach these hosts over ssh (BatchMode: a key, no password):%s\n",
+               failed.c_str());
+  return 1;
+}
+
+// Starts every placed node on its host over ssh, its credentials sent on the channel;
+// false (every process killed) when one cannot start.
+bool launcher::start_host_nodes() {
+  std::printf("[launch] scheduler at %s; starting %u server and %u worker node(s) over ssh: %s\n", join.c_str(),
+              hosts.servers, static_cast<unsigned>(hosts.nodes.size() - hosts.servers), hosts.describe().c_str());
+  std::printf("[launch] %s\n", plan.c_str());
+  std::fflush(stdout);
+  launch_credentials creds;
+  {
+    std::ifstream in{token_file};
+    std::getline(in, creds.token);
+    if (token_file.empty())
+      if (const char* env = std::getenv("ASHLAR_TOKEN"))
+        creds.token = env;
+  }
+  for (const char* f : {"ca.pem", "node.pem", "node.key"})
+    if (!tls_dir.empty()) {
+      std::ifstream in{tls_dir + "/" + f};
+      creds.files.emplace_back(f, std::string{std::istreambuf_iterator<char>{in}, {}});
+    }
+  const std::string channel = encode_credentials(creds);
+  std::error_code ec;
+  const std::string cwd = std::filesystem::current_path(ec).string();
+  for (const auto& n : hosts.nodes) {
+    const bool worker = n.kind == control::host_node::worker;
+    std::vector<std::string> a = {exe, "node", "--role", worker ? "worker" : "server", "--join", join, "--name",
+                                  n.name, "--log-level", cfg.log_level, "--launcher-stdin", "--work-dir", "/"};
+    if (worker)
+      a.insert(a.end(), {"--slots", std::to_string(n.slots), "--gpus", cfg.gpus});
+    auto p = subprocess::start(ssh_argv(o.ssh, n.host, remote_command(a, cwd)), "", true);
+    if (!p || !p->write_input(channel)) {
+      std::fprintf(stderr, "ashlar launch: cannot start %s over ssh%s\n", n.name.c_str(),
+                   p ? "" : (": " + describe(p.error())).c_str());
+      return (stop_all(SIGKILL), false);
+    }
+    children.push_back(child{"[" + n.name + "]", std::move(*p), "", true, false, "", false, -1, true});
+  }
+  return true;
+}
+
 // Runs the job as separate processes on this machine; returns the exit code.
 int run_launch(const launch_options& o) {
   launcher launch{o};
   if (int code = launch.prepare())
     return code;
+  if (launch.on_hosts())
+    if (int code = launch.check_hosts(); code || (code = launch.pick_scheduler_address()))
+      return (launch.finish(), code);
   if (o.python.empty()) {
     if (!launch.start_scheduler())
       return 1;
@@ -590,6 +814,27 @@ command_fn add_launch(CLI::App& app) {
                   "ASHLAR_STORE_DIR, ASHLAR_RANK, ASHLAR_SIZE, ASHLAR_LOCAL_SIZE, ASHLAR_POLICY, ASHLAR_TOKEN_FILE, ASHLAR_NAME, ASHLAR_CONFIG, ASHLAR_LOCAL_RANK, ASHLAR_GPU and "
                   "CUDA_VISIBLE_DEVICES (the worker's GPU, empty for none) are set for it)")
     ->check(CLI::ExistingFile);
+  cmd->add_option("--hosts", o->hosts,
+                  "run the nodes on these hosts over ssh, HOST:SLOTS each (h1:4,h2:2; no count: 1): one worker node "
+                  "per host with its slots as workers (the job's workers: every slot, or --workers of them in host "
+                  "order), server i on host i mod H; the scheduler runs here")
+    ->group("Hosts");
+  cmd->add_option("--hostfile", o->hostfile, "the hosts, one per line: HOST slots=N (Horovod's and DeepSpeed's form)")
+    ->check(CLI::ExistingFile)
+    ->group("Hosts");
+  cmd->add_option("--ssh-port", o->ssh.port, "the hosts' ssh port (default: ssh's own)")->group("Hosts");
+  cmd->add_option("--ssh-identity-file", o->ssh.identity_file, "the key ssh logs in with (default: ssh's own)")
+    ->group("Hosts");
+  cmd->add_option("--ssh-config", o->ssh.config_file, "an ssh_config file for reaching the hosts (ssh -F)")
+    ->group("Hosts");
+  cmd->add_option("--ssh-connect-timeout", o->ssh.connect_timeout_s, "seconds ssh tries to reach a host")
+    ->capture_default_str()
+    ->check(CLI::Range(1.0, 600.0))
+    ->group("Hosts");
+  cmd->add_option("--scheduler-address", o->scheduler_address,
+                  "the address of this host the others reach the scheduler at (default: the local address on the "
+                  "route to the first host; never loopback)")
+    ->group("Hosts");
   o->python_exe = ASHLAR_PYTHON_EXE;
   cmd->add_option("--python-exe", o->python_exe, "the interpreter for --python")->capture_default_str();
   return [o] {

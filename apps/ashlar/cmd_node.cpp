@@ -20,6 +20,7 @@
 #include "actors/cluster/node.hpp"
 #include "actors/cluster/system.hpp"
 #include "apps/ashlar/commands.hpp"
+#include "apps/ashlar/launcher_channel.hpp"
 #include "apps/ashlar/security_options.hpp"
 #include "apps/ashlar/host.hpp"
 #include "apps/ashlar/stop_signal.hpp"
@@ -62,6 +63,7 @@ struct node_options {
   std::string data_host;
   int64_t replace_shard = -1;
   std::string work_dir = ".";
+  bool launcher_stdin = false;
   train_options train;
 };
 
@@ -634,6 +636,14 @@ private:
 };
 
 int run_node(node_options& o) {
+  // Started by `ashlar launch --hosts`: the credentials come over ssh's stdin.
+  std::unique_ptr<launcher_channel> channel;
+  if (o.launcher_stdin) {
+    auto opened = open_launcher_channel(o.security);
+    if (!opened)
+      return node_failed(2, describe(opened.error()));
+    channel = std::move(*opened);
+  }
   node_setup s;
   if (int rc = prepare_node(o, s); rc >= 0)
     return rc;
@@ -721,6 +731,9 @@ command_fn add_node(CLI::App& app) {
                   "server/worker: seconds to wait for a lost scheduler to come back at the same address "
                   "(e.g. restarted with --resume) and join it again; 0: exit at once")
     ->capture_default_str();
+  cmd->add_flag("--launcher-stdin", o->launcher_stdin,
+                "server/worker: read the cluster token and TLS files from stdin, then stop when it says or ends "
+                "(how `ashlar launch --hosts` starts nodes over ssh)");
   cmd->add_flag("--exit-after-job", o->exit_after_job, "scheduler: shut the cluster down after CONFIG's job");
   cmd->add_option("--protocol-version", o->protocol, "protocol version to announce (for testing refusals)")
     ->group("");

@@ -65,7 +65,8 @@ struct run_report {
   bool target_reached = false;    // stopped when an evaluation reached run.target_accuracy, or a report run.target
   std::string target;             // run.target ("" none)
   bool time_limited = false;      // stopped at run.time_limit before its epochs were done
-  double epochs_trained = 0;      // the job's samples so far over the training set (a resumed job's included)
+  double epochs_trained = 0;      // the job's samples so far over the training set (a resumed job's included): the
+                                  // more of `samples` and `applied_samples`
   uint64_t redone_samples = 0;     // a resume: samples the interrupted run trained past its last cut, trained again
   /// The samples whose gradients shard 0 applied in this run (a push cut short: its
   /// share): what was trained, as against `samples`, what the workers reported.

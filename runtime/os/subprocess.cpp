@@ -13,9 +13,10 @@
 namespace ashlar {
 
 subprocess::subprocess(subprocess&& other) noexcept
-  : pid_(other.pid_), fd_(other.fd_), reaped_(other.reaped_), code_(other.code_) {
+  : pid_(other.pid_), fd_(other.fd_), in_fd_(other.in_fd_), reaped_(other.reaped_), code_(other.code_) {
   other.pid_ = -1;
   other.fd_ = -1;
+  other.in_fd_ = -1;
 }
 
 subprocess& subprocess::operator=(subprocess&& other) noexcept {
@@ -23,10 +24,12 @@ subprocess& subprocess::operator=(subprocess&& other) noexcept {
     this->~subprocess();
     pid_ = other.pid_;
     fd_ = other.fd_;
+    in_fd_ = other.in_fd_;
     reaped_ = other.reaped_;
     code_ = other.code_;
     other.pid_ = -1;
     other.fd_ = -1;
+    other.in_fd_ = -1;
   }
   return *this;
 }
@@ -39,14 +42,18 @@ subprocess::~subprocess() {
   }
   if (fd_ >= 0)
     ::close(fd_);
+  close_input();
   pid_ = -1;
   fd_ = -1;
 }
 
 expected<subprocess> subprocess::start(const std::vector<std::string>& argv,
-                                       const std::string& log_file) {
+                                       const std::string& log_file, bool with_input) {
   if (argv.empty())
     return make_error(errc::invalid_argument, "no program to start");
+  int infd[2] = {-1, -1};
+  if (with_input && ::pipe2(infd, O_CLOEXEC) != 0)
+    return make_error(errc::io_error, std::string{"pipe: "} + std::strerror(errno));
   int pipefd[2] = {-1, -1};
   int out_fd = -1;
   if (log_file.empty()) {
@@ -68,6 +75,8 @@ expected<subprocess> subprocess::start(const std::vector<std::string>& argv,
     int target = log_file.empty() ? pipefd[1] : out_fd;
     ::dup2(target, STDOUT_FILENO);
     ::dup2(target, STDERR_FILENO);
+    if (with_input)
+      ::dup2(infd[0], STDIN_FILENO);
     ::setpgid(0, 0);
     ::execvp(args[0], args.data());
     std::fprintf(stderr, "cannot start %s: %s\n", args[0], std::strerror(errno));
@@ -75,6 +84,10 @@ expected<subprocess> subprocess::start(const std::vector<std::string>& argv,
   }
   subprocess p;
   p.pid_ = pid;
+  if (with_input) {
+    ::close(infd[0]);
+    p.in_fd_ = infd[1];
+  }
   if (log_file.empty()) {
     ::close(pipefd[1]);
     p.fd_ = pipefd[0];
@@ -82,6 +95,25 @@ expected<subprocess> subprocess::start(const std::vector<std::string>& argv,
     ::close(out_fd);
   }
   return p;
+}
+
+bool subprocess::write_input(const std::string& text) {
+  size_t done = 0;
+  while (in_fd_ >= 0 && done < text.size()) {
+    ssize_t n = ::write(in_fd_, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return false;
+    done += static_cast<size_t>(n);
+  }
+  return in_fd_ >= 0;
+}
+
+void subprocess::close_input() {
+  if (in_fd_ >= 0)
+    ::close(in_fd_);
+  in_fd_ = -1;
 }
 
 void subprocess::signal(int sig) {

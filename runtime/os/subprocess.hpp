@@ -22,13 +22,22 @@ public:
 
   /// Starts argv[0] (searched in PATH) with `argv`; stdout and stderr go to one pipe that
   /// output_fd() reads, or to `log_file` (appended) when it is not empty. Fails with
-  /// io_error naming the program.
+  /// io_error naming the program. With `with_input`, its stdin is a pipe that input_fd()
+  /// writes (else it shares this process's stdin).
   [[nodiscard]] static expected<subprocess> start(const std::vector<std::string>& argv,
-                                                  const std::string& log_file = "");
+                                                  const std::string& log_file = "", bool with_input = false);
 
   pid_t pid() const { return pid_; }
   /// Read end of the output pipe, or -1 when output goes to a file.
   int output_fd() const { return fd_; }
+
+  /// Write end of its stdin pipe (with_input), -1 without one or once closed.
+  int input_fd() const { return in_fd_; }
+  /// Writes `text` whole to its stdin pipe; false when there is none or it is closed (the
+  /// child's end is gone: the caller ignores SIGPIPE).
+  bool write_input(const std::string& text);
+  /// Closes its stdin pipe: the child reads the end of its input.
+  void close_input();
 
   /// Sends `sig` (no effect once reaped).
   void signal(int sig);
@@ -44,6 +53,7 @@ public:
 private:
   pid_t pid_ = -1;
   int fd_ = -1;
+  int in_fd_ = -1;
   bool reaped_ = false;
   int code_ = -1;
 };

@@ -18,6 +18,7 @@
 #include "actors/scheduler.hpp"
 #include "actors/server_shard.hpp"
 #include "actors/worker.hpp"
+#include "runtime/policy/policy_rules.hpp"
 #include "runtime/backend/cpu_backend.hpp"
 #include "runtime/control/job_timeline.hpp"
 #include "runtime/core/clock.hpp"
@@ -202,7 +203,7 @@ public:
 private:
   // -- prepare: the configuration, the data, the job's store and what a resume starts from.
   caf::error prepare() {
-    if (auto err = validate(cfg_))
+    if (auto err = validate_job(cfg_))
       return err;
     if (!cfg_.report.empty()) // written at the end: refused now rather than after the training
       if (auto err = check_output_file(cfg_.report, "run.report"))

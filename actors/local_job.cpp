@@ -6,6 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "runtime/policy/policy_rules.hpp"
 #include "runtime/os/memory.hpp"
 #include "runtime/policy/ring.hpp"
 
@@ -102,7 +103,7 @@ expected<run_report> run_local_job(const train_config& cfg, const job_hooks& hoo
                                    std::vector<float>* final_params) {
   // Everything lives in this process: the shards' parameters and optimizer state (2
   // copies), and each worker's parameters, gradients, commit and pull view (4 each).
-  if (!validate(cfg)) {
+  if (!validate_job(cfg)) {
     const uint64_t copies = 2 + 4 * uint64_t{cfg.workers};
     if (auto err = check_model_memory(cfg.model.num_params(), copies, available_memory_bytes(), cfg.model.to_string()))
       return err;

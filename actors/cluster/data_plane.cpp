@@ -882,7 +882,7 @@ struct data_plane::impl {
     if (protocol != wire::protocol_version)
       return refuse("protocol version mismatch: this node speaks " + std::to_string(wire::protocol_version)
                     + ", the peer " + std::to_string(protocol));
-    if (name == "ring") {
+    if (name == "ring") { // not-a-policy-name: a ring inbox connection
       caf::actor_id id = 0;
       in >> id;
       std::lock_guard<std::mutex> guard{mtx};

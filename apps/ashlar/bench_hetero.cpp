@@ -1,6 +1,6 @@
 #include "apps/ashlar/bench_hetero.hpp"
 
-#include "runtime/config/policy_rules.hpp"
+#include "runtime/policy/policy_rules.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -179,7 +179,7 @@ expected<machine_capacity> measure_capacity(const hetero_options& o) {
       return err;
   if (auto err = apply_policy_rules(cfg)) // asp's step: a diverging run would measure its back-offs
     return err;
-  if (auto err = validate(cfg))
+  if (auto err = validate_job(cfg))
     return err;
   std::printf("measuring this machine: %u unpaced asp workers for 3 s ... ", cfg.workers);
   std::fflush(stdout);
@@ -351,7 +351,7 @@ int profile_bench::configure_policy(const std::string& entry, train_config& cfg,
     if (source.rfind("rule: ", 0) == 0 && key != "train.batch_size" && key != "train.lr" && key != "train.momentum")
       own_settings += ", " + key + "=" + setting_text(cfg, key) + " (rule)";
   if (!err)
-    err = validate(cfg);
+    err = validate_job(cfg);
   if (err) {
     std::fprintf(stderr, "ashlar bench hetero: policy %s: %s\n", name.c_str(), describe(err).c_str());
     return 2;

@@ -25,6 +25,7 @@
 #include "apps/ashlar/host.hpp"
 #include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
+#include "runtime/policy/policy_rules.hpp"
 #include "runtime/os/memory.hpp"
 #include "runtime/control/node_lifecycle.hpp"
 #include "runtime/control/rendezvous.hpp"
@@ -177,7 +178,7 @@ void run_submitted_job(caf::actor_system& sys, const actors::cluster_actor& clus
       if (!err)
         err = apply_setting(cfg, k, v);
     if (!err)
-      err = validate(cfg);
+      err = validate_job(cfg);
     if (!err)
       err = confine_job_files(cfg, o, credential_dirs, credential_files);
     if (!err)

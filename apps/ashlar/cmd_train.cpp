@@ -13,7 +13,7 @@
 #include "apps/ashlar/host.hpp"
 #include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
-#include "runtime/config/policy_rules.hpp"
+#include "runtime/policy/policy_rules.hpp"
 #include "runtime/config/train_config.hpp"
 #include "runtime/core/clock.hpp"
 #include "runtime/policy/sync_policy.hpp"

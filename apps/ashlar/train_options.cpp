@@ -11,7 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "runtime/config/policy_rules.hpp"
+#include "runtime/policy/policy_rules.hpp"
 #include "runtime/core/log.hpp"
 
 namespace ashlar::cli {
@@ -133,7 +133,7 @@ caf::error resolve_config(const train_options& o, train_config& cfg, bool rules)
   if (rules)
     if (auto err = apply_policy_rules(cfg))
       return err;
-  return validate(cfg);
+  return validate_job(cfg);
 }
 
 void log_rule_notes(const train_config& cfg) {

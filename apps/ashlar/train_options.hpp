@@ -29,7 +29,7 @@ struct train_options {
 void add_train_options(CLI::App* cmd, train_options& o, bool with_config = true);
 
 /// Fills `cfg` from the file, ASHLAR_* variables and flags (recording where each value
-/// came from), applies the policy's rules (runtime/config/policy_rules.hpp) unless
+/// came from), applies the policy's rules (runtime/policy/policy_rules.hpp) unless
 /// `rules` is false, and validates it.
 [[nodiscard]] caf::error resolve_config(const train_options& o, train_config& cfg, bool rules = true);
 

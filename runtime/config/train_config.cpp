@@ -679,8 +679,6 @@ caf::error validate(const train_config& c) {
     return bad("train.topk_ratio must be in [0, 0.5): from 0.5 on a sparse push is no smaller than a dense one");
   if (!(c.pull_topk_ratio >= 0 && c.pull_topk_ratio < 0.5))
     return bad("train.pull_topk_ratio must be in [0, 0.5): from 0.5 on a delta read is no smaller than a dense one");
-  if (c.pull_topk_ratio > 0 && c.policy == "ring")
-    return bad("train.pull_topk_ratio: ring jobs have no pulls (the workers hold the model)");
   if (!(c.ashl.topk_ratio >= 0 && c.ashl.topk_ratio < 0.5))
     return bad("ashl.topk_ratio must be in [0, 0.5): from 0.5 on a sparse push is no smaller than a dense one");
   if (!(c.optimizer.lr > 0))
@@ -690,11 +688,6 @@ caf::error validate(const train_config& c) {
     return bad("train.optimizer '" + c.optimizer_kind + "' is not known"
                + did_you_mean(c.optimizer_kind, {"sgd", "adam", "adamw", "script"}) + " (known: sgd, adam, adamw, script)");
   if (rule != update_rule::sgd) {
-    if (c.policy == "adsp" || c.policy == "ashl")
-      return bad("train.optimizer " + c.optimizer_kind + " under " + c.policy
-                 + ": its local steps are the workers' SGD (train.local_momentum) and its commits deltas of "
-                   "them; the shards' Adam runs under bsp, ring, asp, ssp, ksync, kasync and adaptive (a "
-                   "script's own Adam runs under every policy: train.optimizer = script)");
     if (!(c.optimizer.beta1 >= 0 && c.optimizer.beta1 < 1) || !(c.optimizer.beta2 >= 0 && c.optimizer.beta2 < 1))
       return bad("train.beta1 and train.beta2 must be in [0, 1)");
     if (!(c.optimizer.eps > 0))
@@ -741,16 +734,6 @@ caf::error validate(const train_config& c) {
   static const std::vector<std::string> levels = {"trace", "debug", "info", "warn", "error", "off"};
   if (std::find(levels.begin(), levels.end(), c.log_level) == levels.end())
     return bad("run.log_level must be one of trace, debug, info, warn, error, off");
-  auto names = policy_names();
-  if (std::find(names.begin(), names.end(), c.policy) == names.end()) {
-    std::string known;
-    for (const auto& n : names)
-      known += (known.empty() ? "" : ", ") + n;
-    return bad("train.policy '" + c.policy + "' is not known" + did_you_mean(c.policy, names) + " (known: " + known
-               + ")");
-  }
-  if (auto p = ashl_planner::make(c.ashl); !p)
-    return p.error();
   auto plan = compile(c.model);
   if (!plan)
     return plan.error();

@@ -9,14 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "runtime/alloc/allocation_mode.hpp"
+#include "runtime/config/allocation_mode.hpp"
+#include "runtime/config/policy_settings.hpp"
 #include "runtime/core/error.hpp"
 #include "runtime/data/data_source.hpp"
 #include "runtime/model/model.hpp"
 #include "runtime/optim/lr_schedule.hpp"
 #include "runtime/optim/sgd.hpp"
-#include "runtime/policy/ashl.hpp"
-#include "runtime/policy/sync_policy.hpp"
 
 namespace ashlar {
 
@@ -142,7 +141,7 @@ struct train_settings {
   /// Policy settings (train.staleness_aware_lr).
   policy_config policy_settings;
   /// Derive the policy's learning rate, momentum, batch and commit scaling from the
-  /// configuration's by the rules of runtime/config/policy_rules.hpp, for every key the
+  /// configuration's by the rules of runtime/policy/policy_rules.hpp, for every key the
   /// user did not set on the command line or in the environment (train.policy_rules).
   /// Default: true.
   bool policy_rules = true;

@@ -6,6 +6,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "runtime/config/train_config.hpp"
+#include "runtime/policy/policy_rules.hpp"
 #include "runtime/core/number_text.hpp"
 
 namespace ashlar {
@@ -29,17 +30,6 @@ const char* to_string(ashl_stage s) {
   return "unknown";
 }
 
-expected<ashl_rule> parse_ashl_rule(const std::string& name) {
-  if (name == "plateau")
-    return ashl_rule::plateau;
-  if (name == "loss")
-    return ashl_rule::loss;
-  return make_error(errc::invalid_config, "ashl.rule: '" + name + "' is not a rule (plateau or loss)");
-}
-
-const char* to_string(ashl_rule r) {
-  return r == ashl_rule::loss ? "loss" : "plateau";
-}
 
 expected<ashl_planner> ashl_planner::make(ashl_config cfg, uint64_t epoch_samples) {
   auto bad = [](const std::string& what) { return make_error(errc::invalid_config, "ashl." + what); };
@@ -257,6 +247,72 @@ void ashl_job_planner::on_tick(const planner_view& view, job_plan& out) {
   out.info.push_back(fmt::format("ASHL {}: allowed gap {} commits, local steps per commit {} (from compute per "
                                  "step + communication per commit: {})",
                                  stage, planner_.allowed_gap(), plan, basis));
+}
+
+// ---- ashl's own rules (runtime/policy/policy_rules.hpp): after the local-step family's.
+
+void ashl_rules(rule_writer& w) {
+  const auto& cfg = w.cfg;
+  const double lr = w.lr, mu = cfg.optimizer.momentum;
+  const double keep = std::sqrt(std::max(1e-6, 1.0 - mu));
+  const std::string ws = w.workers_text();
+  auto num = rule_number;
+  // Each worker's own momentum (Polyak's, over its gradients only): with it, one
+  // process needs fewer samples to a level (ops/bench/sequential_sgd.py); the step's
+  // effective length lr / (1 - local momentum) stays the rule's.
+  const double lm = user_set(cfg, "train.local_momentum") ? cfg.local_momentum : 0.5;
+  w.change("train.local_momentum", num(lm), "each worker's momentum over its own gradients, in its local steps and commits");
+  w.change("train.lr", num(lr / (2 * keep) * (1 - lm)),
+           "train.lr " + num(lr) + " / (2 sqrt(1 - momentum " + num(mu) + ")) x (1 - local momentum " + num(lm)
+             + "): local steps half as long as adsp's, their velocity's included");
+  if (cfg.commit_scale == 0)
+    w.change("train.commit_scale", num(std::min(1.0, 2.0 / w.workers)),
+             "min(1, 2/" + ws + "): commits twice as heavy as an average's share, to match the shorter local steps");
+  // At most half the recipe's batch (the slowest worker commits as often with more,
+  // smaller local steps), and with more than 2 workers less: a round of commits (one
+  // from every worker) moves the shards by about the same whatever its batches, so at
+  // a fixed batch each more worker adds samples to a round and not progress. The round
+  // (of the workers at the start) is held to about one recipe batch: batch / workers
+  // to the nearest multiple of 8, at least 16 (from 4 workers at batch 64). Trials at
+  // batch 64, three runs each (`ashlar bench hetero --profile random`): the CNN on 4 and
+  // 5 workers reached 90% after 89-95 s at 16 against 95-105 s at 32 and 24, the MLP on
+  // 4 workers 85% after 2.8 s against 3.0 s, on another machine 3.5 s against 2.9 s (its
+  // 0.5 ms per sample loses rate at small batches on 2 cores); on 3 workers 24 took
+  // 2.5-2.8 s, 32 2.6-3.0 s and 16 3.0 s.
+  const uint32_t half = std::max<uint32_t>(16, cfg.batch_size / 2);
+  const double round_share = static_cast<double>(cfg.batch_size) / w.workers;
+  const uint32_t by_round = std::max<uint32_t>(16, static_cast<uint32_t>(std::lround(round_share / 8)) * 8);
+  const uint32_t batch = std::min(half, by_round);
+  if (batch < cfg.batch_size)
+    w.change("train.batch_size", std::to_string(batch),
+             by_round >= half
+               ? "train.batch_size " + std::to_string(cfg.batch_size)
+                   + " / 2, at least 16: the slowest worker commits as often with more, smaller local steps"
+               : "train.batch_size " + std::to_string(cfg.batch_size) + " / " + ws
+                   + ", to the nearest multiple of 8, at least 16: a round of commits moves the shards as far "
+                     "whatever its batches, so it is held to about one recipe batch");
+  // A recipe with a schedule has its own plan for the learning rate's decay; SHL's
+  // factor on top of it cut the CNN's steps short where samples, not noise, set the
+  // time to 90% (three seeds each: 135 s at 0.5, 115 s at 1, 195 s at 0.25).
+  if (cfg.lr_schedule != lr_schedule_kind::constant && cfg.sources.count("ashl.shl_lr_scale") == 0)
+    w.change("ashl.shl_lr_scale", "1",
+             "train.lr_schedule " + setting_text(cfg, "train.lr_schedule")
+               + " anneals the learning rate: SHL does not scale it again");
+  if (cfg.ashl.max_comm_share > 0.1)
+    w.change("ashl.max_comm_share", "0.1",
+             "communication held to 0.1 of the slowest worker's commit period: more local steps per commit");
+}
+
+void ashl_script_rules(rule_writer& w) {
+  const std::string own = "train.optimizer script: ";
+  // Adam-like steps are of about one size in every entry: top-k keeps little of a delta
+  // (ops/bench/hvd_hetero.py, AdamW at 1,1,2,4: best accuracy 0.869 with ashl's 10%
+  // pushes and pulls, 0.874-0.876 dense, on one host).
+  w.change("ashl.topk_ratio", "0", own + "dense commits: the script's optimizer's deltas do not sparsify as gradients do");
+  w.change("ashl.pull_topk_ratio", "0", own + "dense pulls, as the commits");
+  if (w.cfg.commit_scale == 0)
+    w.change("train.commit_scale", rule_number(std::min(1.0, 2.0 / w.workers)),
+             "min(1, 2/" + w.workers_text() + "): as ashl's commits of gradients, twice an average's share");
 }
 
 }  // namespace ashlar

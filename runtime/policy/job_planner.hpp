@@ -187,6 +187,17 @@ private:
 };
 
 /// What the scheduler needs to know of a policy beyond its shard side and its planner.
+/// How the stated rules (runtime/policy/policy_rules.hpp) derive a policy's settings from
+/// the recipe of synchronous training.
+enum class rule_family : uint8_t {
+  averaged,    ///< every worker's gradient in every round, averaged (bsp, ring): the recipe as it is
+  k_of_w,      ///< a round averages k of the W workers' gradients (ksync): linear scaling
+  async_push,  ///< every push is a step of one worker's gradient (asp, ssp, kasync, adaptive)
+  local_steps, ///< local steps, commits of parameter deltas (adsp, ashl)
+};
+
+struct rule_writer; // runtime/policy/policy_rules.hpp
+
 struct policy_traits {
   /// Workers advance in rounds together (sync_policy::lockstep).
   bool lockstep = false;
@@ -196,6 +207,12 @@ struct policy_traits {
   /// Decentralized (ring): the live workers form a ring in id order, formed again when one
   /// is lost or joins; its pushes mirror the model, never compressed.
   bool ring = false;
+  /// Its stated rules' family.
+  rule_family rules = rule_family::averaged;
+  /// Its own rules after its family's (ashl's shorter local steps...); null: none. With a
+  /// script's optimizer (train.optimizer = script), `own_script_rules`.
+  void (*own_rules)(rule_writer&) = nullptr;
+  void (*own_script_rules)(rule_writer&) = nullptr;
 };
 
 /// The traits of the policy `name` (a registry name; unknown names get all false).

@@ -5,7 +5,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "runtime/alloc/batch_allocation.hpp"
+#include "runtime/policy/batch_planner.hpp"
 #include "runtime/config/train_config.hpp"
 
 #include "runtime/policy/adaptive_k.hpp"
@@ -32,6 +32,9 @@ struct entry {
   bool ring = false;
   /// The push compression when train.topk_ratio is 0; null: dense.
   double (*push_topk)(const train_config&) = nullptr;
+  rule_family rules = rule_family::averaged;
+  void (*own_rules)(rule_writer&) = nullptr;
+  void (*own_script_rules)(rule_writer&) = nullptr;
 };
 
 expected<std::unique_ptr<job_planner>> plan_ashl(const planner_context& ctx) {
@@ -42,23 +45,30 @@ expected<std::unique_ptr<job_planner>> plan_ashl(const planner_context& ctx) {
 }
 
 const std::vector<entry>& table() {
+  using f = rule_family;
   static const std::vector<entry> rows = {
     {"bsp", [](const policy_config&) { return std::make_unique<bsp_policy>(); }},
-    {"asp", [](const policy_config& c) { return std::make_unique<asp_policy>(c); }},
-    {"ssp", [](const policy_config& c) { return std::make_unique<ssp_policy>(c); }},
-    {"ksync", [](const policy_config& c) { return std::make_unique<k_sync_policy>(c); }},
-    {"kasync", [](const policy_config& c) { return std::make_unique<k_async_policy>(c); }},
+    {"asp", [](const policy_config& c) { return std::make_unique<asp_policy>(c); }, nullptr, false, false, nullptr,
+     f::async_push},
+    {"ssp", [](const policy_config& c) { return std::make_unique<ssp_policy>(c); }, nullptr, false, false, nullptr,
+     f::async_push},
+    {"ksync", [](const policy_config& c) { return std::make_unique<k_sync_policy>(c); }, nullptr, false, false,
+     nullptr, f::k_of_w},
+    {"kasync", [](const policy_config& c) { return std::make_unique<k_async_policy>(c); }, nullptr, false, false,
+     nullptr, f::async_push},
     {"adsp", [](const policy_config&) { return std::make_unique<adsp_policy>(); },
      [](const planner_context&) -> expected<std::unique_ptr<job_planner>> {
        return std::unique_ptr<job_planner>(std::make_unique<adsp_job_planner>());
      },
-     /*commits=*/true},
+     /*commits=*/true, false, nullptr, f::local_steps},
     {"adaptive", [](const policy_config& c) { return std::make_unique<adaptive_k_policy>(c); },
      [](const planner_context&) -> expected<std::unique_ptr<job_planner>> {
        return std::unique_ptr<job_planner>(std::make_unique<adaptive_k_job_planner>());
-     }},
+     },
+     false, false, nullptr, f::async_push},
     {"ashl", [](const policy_config& c) { return std::make_unique<ashl_policy>(c); }, plan_ashl,
-     /*commits=*/true, /*ring=*/false, [](const train_config& j) { return j.ashl.topk_ratio; }},
+     /*commits=*/true, /*ring=*/false, [](const train_config& j) { return j.ashl.topk_ratio; }, f::local_steps,
+     ashl_rules, ashl_script_rules},
     {"ring", [](const policy_config&) { return std::make_unique<ring_policy>(); }, nullptr, false,
      /*ring=*/true},
   };
@@ -89,6 +99,9 @@ policy_traits traits_of(const std::string& name) {
   t.lockstep = e->make(policy_config{})->lockstep();
   t.commits = e->commits;
   t.ring = e->ring;
+  t.rules = e->rules;
+  t.own_rules = e->own_rules;
+  t.own_script_rules = e->own_script_rules;
   return t;
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "runtime/optim/sgd.hpp"
+#include "runtime/policy/job_planner.hpp"
 #include "runtime/policy/sync_policy.hpp"
 
 namespace ashlar {
@@ -61,10 +62,10 @@ private:
   bool changed_ = false;
 };
 
-/// The shards' optimizer under `policy`: for "ring" a mirror (an update is applied as it
+/// The shards' optimizer under `policy`: for a ring (policy_traits::ring) a mirror (an update is applied as it
 /// is pushed), else `opt`.
 inline sgd_config shard_optimizer(const std::string& policy, const sgd_config& opt) {
-  if (policy != "ring")
+  if (!traits_of(policy).ring)
     return opt;
   sgd_config mirror;
   mirror.lr = 1.0f;

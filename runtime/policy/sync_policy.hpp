@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/config/policy_settings.hpp"
 #include "runtime/core/error.hpp"
 
 namespace ashlar {
@@ -30,16 +31,6 @@ struct push_decision {
   float lr_scale = 1.0f;
   /// Versions applied since the gradient's base version.
   uint64_t staleness = 0;
-};
-
-/// Settings every policy may read. Each field documents its default.
-struct policy_config {
-  /// ASP: scale the learning rate by 1 / (1 + staleness). Default: false.
-  bool staleness_aware_lr = false;
-  /// SSP: how many clocks (pushes) a worker may run ahead of the slowest. Default: 3.
-  uint64_t staleness_bound = 3;
-  /// ksync / kasync: gradients per update; 0 = half the live workers, rounded up. Default: 0.
-  uint32_t k = 0;
 };
 
 class sync_policy {

@@ -98,7 +98,7 @@ void step_machine::begin() {
   started_ns_ = clock_.steady_ns();
   // Ring jobs take the ring mode now: a gradient computed before the ring is formed
   // waits for it rather than going to the shards.
-  if (job_.policy == "ring")
+  if (traits_of(job_.policy).ring)
     switch_mode(step_mode::ring);
   else if (local_steps_ > 1)
     switch_mode(step_mode::local_steps);

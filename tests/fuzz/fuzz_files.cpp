@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include "runtime/policy/policy_rules.hpp"
 #include "runtime/config/train_config.hpp"
 #include "runtime/data/dataset.hpp"
 #include "runtime/data/npy.hpp"
@@ -43,7 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 1: {
       train_config cfg;
       if (!apply_toml_text(cfg, std::string{reinterpret_cast<const char*>(body), n}, "fuzz.toml"))
-        (void) validate(cfg);
+        (void) validate_job(cfg);
       break;
     }
     case 2: {

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <map>
 
+#include "runtime/policy/policy_rules.hpp"
 #include "runtime/config/train_config.hpp"
 #include "runtime/os/memory.hpp"
 #include "runtime/os/paths.hpp"
@@ -27,7 +28,7 @@ hidden = [32, 16, 8]
   CHECK(cfg.model.hidden == std::vector<uint32_t>{32, 16, 8});
   CHECK(cfg.servers == 2);
   CHECK(cfg.epochs == 10);
-  CHECK_FALSE(validate(cfg));
+  CHECK_FALSE(validate_job(cfg));
 }
 
 TEST_CASE("the environment overrides the file and explicit settings override both") {
@@ -83,56 +84,56 @@ TEST_CASE("a missing config file gives io_error naming it") {
 TEST_CASE("validation names the inconsistent key") {
   train_config cfg;
   cfg.workers = 0;
-  CHECK(describe(validate(cfg)).find("train.workers") != std::string::npos);
+  CHECK(describe(validate_job(cfg)).find("train.workers") != std::string::npos);
   cfg = train_config{};
   cfg.policy = "magic";
-  CHECK(describe(validate(cfg)).find("train.policy 'magic' is not known (known: bsp, asp") != std::string::npos);
+  CHECK(describe(validate_job(cfg)).find("train.policy 'magic' is not known (known: bsp, asp") != std::string::npos);
   cfg.policy = "bps"; // a near miss gets the suggestion, as a mistyped option does
-  CHECK(describe(validate(cfg)).find("train.policy 'bps' is not known (did you mean 'bsp'?)") != std::string::npos);
+  CHECK(describe(validate_job(cfg)).find("train.policy 'bps' is not known (did you mean 'bsp'?)") != std::string::npos);
   cfg = train_config{};
   cfg.model.hidden = {};
   cfg.model.input = tensor_shape{1, 1, 1};
   cfg.model.classes = 2;
   cfg.servers = 5;
-  CHECK(describe(validate(cfg)).find("exceeds the 4 parameters") != std::string::npos);
+  CHECK(describe(validate_job(cfg)).find("exceeds the 4 parameters") != std::string::npos);
   // Compression that would not compress, and commit scales outside (0, 1].
   cfg = train_config{};
   cfg.topk_ratio = 0.5;
-  CHECK(describe(validate(cfg)).find("train.topk_ratio must be in [0, 0.5)") != std::string::npos);
+  CHECK(describe(validate_job(cfg)).find("train.topk_ratio must be in [0, 0.5)") != std::string::npos);
   cfg = train_config{};
   cfg.ashl.topk_ratio = -0.1;
-  CHECK(describe(validate(cfg)).find("ashl.topk_ratio") != std::string::npos);
+  CHECK(describe(validate_job(cfg)).find("ashl.topk_ratio") != std::string::npos);
   cfg = train_config{};
   cfg.commit_scale = 2;
-  CHECK(describe(validate(cfg)).find("train.commit_scale") != std::string::npos);
+  CHECK(describe(validate_job(cfg)).find("train.commit_scale") != std::string::npos);
   cfg = train_config{};
   cfg.local_momentum = 1;
-  CHECK(describe(validate(cfg)).find("train.local_momentum must be in [0, 1)") != std::string::npos);
+  CHECK(describe(validate_job(cfg)).find("train.local_momentum must be in [0, 1)") != std::string::npos);
   // The data plane's bound on a connection's unanswered requests holds a worker's chunks.
   cfg = train_config{};
   cfg.chunks_in_flight = 17;
-  CHECK(describe(validate(cfg)).find("train.chunks_in_flight must be in [1, 16]") != std::string::npos);
+  CHECK(describe(validate_job(cfg)).find("train.chunks_in_flight must be in [1, 16]") != std::string::npos);
   cfg.chunks_in_flight = 16;
-  CHECK_FALSE(validate(cfg));
+  CHECK_FALSE(validate_job(cfg));
   // A target accuracy is a fraction, and needs evaluations to be seen.
   cfg = train_config{};
   cfg.target_accuracy = 85;
-  CHECK(describe(validate(cfg)).find("run.target_accuracy must be in [0, 1]") != std::string::npos);
+  CHECK(describe(validate_job(cfg)).find("run.target_accuracy must be in [0, 1]") != std::string::npos);
   cfg = train_config{};
   cfg.target_accuracy = 0.85;
   cfg.eval_every_epoch = false;
-  CHECK(describe(validate(cfg)).find("run.target_accuracy needs test evaluations") != std::string::npos);
+  CHECK(describe(validate_job(cfg)).find("run.target_accuracy needs test evaluations") != std::string::npos);
   cfg.eval_interval = 0.5;
-  CHECK_FALSE(validate(cfg));
+  CHECK_FALSE(validate_job(cfg));
   // The floor of workers a job goes on with lies between 1 and its workers.
   cfg = train_config{};
   cfg.min_workers = 5;
-  CHECK(describe(validate(cfg)).find("train.min_workers = 5 must be between 1 and train.workers = 4")
+  CHECK(describe(validate_job(cfg)).find("train.min_workers = 5 must be between 1 and train.workers = 4")
         != std::string::npos);
   cfg.min_workers = 0;
-  CHECK(describe(validate(cfg)).find("train.min_workers = 0") != std::string::npos);
+  CHECK(describe(validate_job(cfg)).find("train.min_workers = 0") != std::string::npos);
   cfg.min_workers = 4;
-  CHECK_FALSE(validate(cfg));
+  CHECK_FALSE(validate_job(cfg));
 }
 
 TEST_CASE("every config key documents its default") {
@@ -177,12 +178,12 @@ TEST_CASE("numbers that overflow or would silently change a setting's meaning ar
   CHECK(describe(lr).find("train.lr") != std::string::npos);
   CHECK(describe(lr).find("3.4e38") != std::string::npos);
   REQUIRE_FALSE(apply_setting(cfg, "train.sample_ms", "1e300"));
-  auto pace = validate(cfg);
+  auto pace = validate_job(cfg);
   REQUIRE(pace);
   CHECK(describe(pace).find("train.sample_ms") != std::string::npos);
   cfg = train_config{};
   REQUIRE_FALSE(apply_setting(cfg, "model.hidden", "50000,50000"));
-  auto big = validate(cfg);
+  auto big = validate_job(cfg);
   REQUIRE(big);
   CHECK(describe(big).find("parameters; Ashlar takes at most 2147483647") != std::string::npos);
 }

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "runtime/alloc/batch_allocation.hpp"
+#include "runtime/policy/batch_planner.hpp"
 #include "runtime/config/train_config.hpp"
 #include "runtime/policy/adaptive_k.hpp"
 #include "runtime/policy/ashl.hpp"

@@ -4,7 +4,7 @@
 
 #include <utility>
 
-#include "runtime/config/policy_rules.hpp"
+#include "runtime/policy/policy_rules.hpp"
 
 using namespace ashlar;
 
@@ -249,10 +249,10 @@ TEST_CASE("train.optimizer takes sgd, adam, adamw or script and names the others
   train_config c;
   for (auto name : {"script", "adam", "adamw", "sgd"}) {
     CHECK_FALSE(apply_setting(c, "train.optimizer", name));
-    CHECK_FALSE(validate(c));
+    CHECK_FALSE(validate_job(c));
   }
   REQUIRE_FALSE(apply_setting(c, "train.optimizer", "lamb"));
-  auto err = validate(c);
+  auto err = validate_job(c);
   REQUIRE(err);
   CHECK(describe(err).find("train.optimizer 'lamb' is not known (known: sgd, adam, adamw, script)")
         != std::string::npos);
@@ -277,7 +277,7 @@ TEST_CASE("the shards' Adam starts from torch's rate unless the user set one, an
   for (auto p : {"adsp", "ashl"}) {
     auto c = recipe(p, 4);
     REQUIRE_FALSE(apply_setting(c, "train.optimizer", "adam"));
-    auto err = validate(c);
+    auto err = validate_job(c);
     REQUIRE(err);
     CHECK(describe(err).find(std::string{"train.optimizer adam under "} + p + ": its local steps") != std::string::npos);
   }
@@ -293,14 +293,14 @@ TEST_CASE("under train.optimizer = script Ashlar's checkpoints are refused, nami
   train_config c;
   REQUIRE_FALSE(apply_setting(c, "train.optimizer", "script"));
   REQUIRE_FALSE(apply_setting(c, "run.checkpoint_dir", "/tmp/ck"));
-  auto err = validate(c);
+  auto err = validate_job(c);
   REQUIRE(err);
   CHECK(describe(err).find("run.checkpoint_dir: under train.optimizer = script") != std::string::npos);
   CHECK(describe(err).find("broadcast_optimizer_state") != std::string::npos);
   REQUIRE_FALSE(apply_setting(c, "run.resume", "true"));
-  err = validate(c);
+  err = validate_job(c);
   REQUIRE(err);
   CHECK(describe(err).find("run.resume: under train.optimizer = script") != std::string::npos);
   REQUIRE_FALSE(apply_setting(c, "train.optimizer", "sgd"));
-  CHECK_FALSE(validate(c)); // Ashlar's own update keeps them
+  CHECK_FALSE(validate_job(c)); // Ashlar's own update keeps them
 }

@@ -38,7 +38,9 @@
 //                               period (ashl.max_comm_share): more local steps per commit.
 //
 // A key set on the command line (a flag, --set) or in the environment is the user's and
-// never changed; train.policy_rules = false turns every rule off.
+// never changed; train.policy_rules = false turns every rule off. Each policy's row in the
+// registry (registry.cpp) names its family (policy_traits::rules) and its own rules, if
+// any (ashl's, in ashl.cpp): no rule here names a policy.
 #pragma once
 
 #include <map>
@@ -46,6 +48,7 @@
 #include <vector>
 
 #include "runtime/config/train_config.hpp"
+#include "runtime/policy/job_planner.hpp"
 
 namespace ashlar {
 
@@ -55,6 +58,27 @@ struct rule_change {
   std::string value; // its text form, e.g. "0.05"
   std::string why;   // e.g. "train.lr 0.1 x 2/4 workers: each asp push is one worker's step"
 };
+
+/// Where a rule writes: a change of one key unless the user set it (`required`: whenever
+/// its value differs, for keys a script's optimizer needs exact).
+struct rule_writer {
+  const train_config& cfg;
+  std::vector<rule_change>& out;
+  double workers = 1;  ///< max(1, train.workers)
+  double lr = 0;       ///< the rate the rules start from: the recipe's, or torch's Adam default
+  std::string from;    ///< "torch's Adam default " when `lr` is that, else ""
+  void change(const std::string& key, const std::string& value, const std::string& why, bool required = false);
+  /// "4 workers"
+  std::string workers_text() const;
+};
+
+/// A number as the rules write it ("%.4g").
+std::string rule_number(double v);
+
+/// The configuration's checks (validate), then the policy's: its name is known (with a
+/// suggestion), its settings hold (ashl.*), and nothing it cannot take (pulls compressed
+/// where the workers hold the model; the shards' Adam under local-step commits).
+[[nodiscard]] caf::error validate_job(const train_config& cfg);
 
 /// What the rules of `cfg.policy` would change in `cfg` (keys the user set are left out;
 /// nothing when cfg.policy_rules is false).

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <deque>
 #include <functional>
@@ -17,6 +18,7 @@
 #include "runtime/control/cluster_membership.hpp"
 #include "runtime/control/job_lifecycle.hpp"
 #include "runtime/control/job_roster.hpp"
+#include "runtime/control/launch_supervisor.hpp"
 #include "runtime/control/member_plan.hpp"
 #include "runtime/control/node_lifecycle.hpp"
 #include "runtime/core/clock.hpp"
@@ -269,6 +271,8 @@ struct world {
           job_over = true;
           res.outcome = a.text;
           res.end_s = now_s();
+          if (launch)
+            scheduler_exits();
           break;
       }
     }
@@ -378,6 +382,9 @@ struct world {
 
   void start_job() {
     job_running = true;
+    job_started_once = true;
+    if (launch) // the scheduler writes "running" to the launch's job-state file
+      launch_act(launch->on_job_running());
     // The scheduler's roster: its start timeout (30 s here) and its wait for a joiner (60 s).
     roster.emplace(clock, job_workers, 30 * sec, 60 * sec);
     std::map<uint32_t, uint32_t> placed;
@@ -1202,6 +1209,145 @@ struct world {
   }
   std::map<size_t, uint64_t> fault_at;
 
+  // The launch's end: every process it started exited, soon after the job; its exit code
+  // is the job's outcome (0: trained or stopped; 1: failed), 130 after a Ctrl-C, or the
+  // code of the member that failed the start; no member lost once the job ran failed it.
+  void check_launch() {
+    if (launch->state() != control::launch_supervisor::phase::ended) {
+      std::string left;
+      for (size_t i = 0; i < launch_members; ++i)
+        if (!launch_exited[i])
+          left += " " + std::to_string(i);
+      return violate("the launch did not end: its processes" + left + " still run");
+    }
+    const auto bound = 3 * control::launch_timing{}.term_ns + sec;
+    if (job_over_at > 0 && now() > job_over_at + bound)
+      violate("the launch ended " + std::to_string(static_cast<double>(now() - job_over_at) * 1e-9)
+              + " s after its job, past " + std::to_string(bound / sec) + " s");
+    const int code = launch->exit_code();
+    res.launch_code = code;
+    res.launch_path = !launch_failed_start.empty() ? "failed start"
+                      : launch_interrupted         ? "interrupted"
+                      : lost_after_start           ? "lost member"
+                                                   : "plain";
+    const bool failed = res.outcome.rfind("failed", 0) == 0;
+    if (!launch_failed_start.empty()) {
+      if (launch->failure().rfind(launch_failed_start + " exited", 0) != 0 || code == 0)
+        violate("the launch's start failed by " + launch_failed_start + ", but it ended with code "
+                + std::to_string(code) + " naming '" + launch->failure() + "'");
+      if (res.outcome == "trained")
+        violate("a member exited before the job had its members, yet the job trained");
+    } else if (launch_interrupted) {
+      if (code != 130)
+        violate("the launch was interrupted, but it ended with code " + std::to_string(code));
+    } else if (!launch->failure().empty()) {
+      violate("a member lost once the job ran failed the launch: " + launch->failure());
+    } else if (code != (failed ? 1 : 0)) {
+      violate("the job ended '" + res.outcome + "', but the launch with code " + std::to_string(code));
+    }
+  }
+
+  // A stop request reaches the scheduler (`ashlar ctl stop-job`, or a signal to its
+  // process): the job stops, and the first cause of an early end is that stop.
+  void request_stop(const std::string& what, const std::string& reason) {
+    if (job_over)
+      return;
+    note(what);
+    if (true_cause.empty() && life && life->state() == control::job_lifecycle::phase::waiting)
+      true_cause = "stopped while waiting for the job's nodes";
+    else if (true_cause.empty() && applied + 1e-6 < static_cast<double>(budget))
+      true_cause = "stopped: " + reason;
+    if (life)
+      act(life->on_stop(reason));
+  }
+
+  // ---- ashlar launch: the real launch_supervisor over the scheduler's process (node 0) and
+  // the worker nodes' first processes; their exits, the scheduler's job state and a Ctrl-C
+  // in as events, its signals out to the simulated processes (as cmd_launch.cpp's glue).
+  std::optional<control::launch_supervisor> launch;
+  size_t launch_members = 0;
+  std::vector<bool> launch_exited;
+  bool launch_interrupted = false;
+  std::string launch_failed_start; // a member that exited before the job had its members
+  uint64_t job_over_at = 0;
+
+  bool launched(size_t n) const { return launch && n < launch_members && nodes[n].life == 0; }
+  void launch_exit(size_t n, int code, const std::string& last) {
+    if (!launched(n) || launch_exited[n])
+      return;
+    launch_exited[n] = true;
+    note("[launch] process " + std::to_string(n) + " exited with " + control::describe_exit(code));
+    if (n != 0 && code != 0 && launch->state() == control::launch_supervisor::phase::starting
+        && launch_failed_start.empty())
+      launch_failed_start = "node " + std::to_string(n);
+    if (n != 0 && code != 0 && launch->state() == control::launch_supervisor::phase::running) {
+      lost_after_start = true;
+      if (opt.launch_stops_on_lost_member && !job_over && life) { // the old launcher's rule
+        note("[launch] node " + std::to_string(n) + " exited before the job ended; stopping the job");
+        act(life->on_stop("stopped on request"));
+      }
+    }
+    launch_act(launch->on_exit(n, code, last));
+  }
+  void launch_act(const std::vector<control::launch_action>& acts) {
+    for (const auto& a : acts) {
+      if (a.kind == control::launch_action::say)
+        note("[launch] " + a.text);
+      if (a.kind != control::launch_action::signal)
+        continue;
+      for (size_t i = 0; i < launch_members; ++i)
+        if ((a.member < 0 || static_cast<size_t>(a.member) == i) && !launch_exited[i])
+          launch_signal(i, a.sig);
+    }
+    if (auto d = launch->deadline())
+      at(std::max(*d, now()), [this] { launch_act(launch->on_time()); });
+  }
+  // A signal from the launcher reaches process `n` (a little later).
+  void launch_signal(size_t n, int sig) {
+    after(latency(), [this, n, sig] {
+      if (launch_exited[n])
+        return;
+      if (n == 0) {
+        if (sig == SIGKILL) {
+          if (!job_over)
+            violate("the launch killed the scheduler before its job ended (it was asked to stop "
+                    + std::to_string(control::launch_timing{}.job_stop_ns / sec) + " s before)");
+          return launch_exit(0, 128 + SIGKILL, "");
+        }
+        return request_stop("the scheduler's process gets " + std::string{sig == SIGINT ? "SIGINT" : "SIGTERM"},
+                            "stopped by a signal to the scheduler (ashlar launch)");
+      }
+      auto& nd = nodes[n];
+      if (!nd.up)
+        return;
+      if (sig == SIGKILL)
+        return crash(n);
+      if (!nd.lifecycle) { // a node not yet joined exits on a signal at once
+        nd.up = false;
+        return launch_exit(n, 128 + sig, "");
+      }
+      node_act(n, nd.lifecycle->on_signal(sig == SIGINT ? "SIGINT" : "SIGTERM"));
+    });
+  }
+  // The job ended: the scheduler (--exit-after-job) tells its nodes to shut down, then exits
+  // with the job's outcome (1 for a failed job, as finish_run). The job's own traffic stops.
+  void scheduler_exits() {
+    job_over_at = now();
+    q = decltype(q){};
+    for (auto& [id, wk] : workers)
+      wk.alive = false;
+    for (size_t n = 1; n < nodes.size(); ++n)
+      if (nodes[n].up && nodes[n].lifecycle && !nodes[n].frozen && !nodes[n].cut)
+        after(latency(), [this, n] {
+          if (nodes[n].up && nodes[n].lifecycle)
+            node_act(n, nodes[n].lifecycle->on_shutdown());
+        });
+    const int code = res.outcome.rfind("failed", 0) == 0 ? 1 : 0;
+    after(5 * ms, [this, code] { launch_exit(0, code, res.outcome); });
+  }
+  bool job_started_once = false;
+  bool lost_after_start = false;
+
   // ---- faults ------------------------------------------------------------------------------
   void crash(size_t n) {
     auto& nd = nodes[n];
@@ -1219,7 +1365,9 @@ struct world {
       if (w.node == n)
         w.alive = false;
     const uint32_t id = nd.id;
-    at(seen, [this, n, id] { node_down(n, id); });
+    if (!job_over)
+      at(seen, [this, n, id] { node_down(n, id); });
+    launch_exit(n, 128 + SIGKILL, "");
   }
   void restart(size_t n) {
     auto& nd = nodes[n];
@@ -1252,6 +1400,18 @@ struct world {
     });
   }
 
+  // A draining node's workers have all left: its lifecycle hears so.
+  void drain_poll(size_t n, uint32_t run) {
+    after(50 * ms, [this, n, run] {
+      auto& nd = nodes[n];
+      if (nd.life != run || !nd.up || !nd.lifecycle)
+        return;
+      for (const auto& [wid, w] : workers)
+        if (w.node == n && w.alive)
+          return drain_poll(n, run);
+      node_act(n, nd.lifecycle->on_drained());
+    });
+  }
   // The node's side: its lifecycle's actions on this world.
   void node_act(size_t n, const std::vector<control::node_action>& acts) {
     auto& nd = nodes[n];
@@ -1284,6 +1444,14 @@ struct world {
           for (auto& [wid, w] : workers)
             if (w.node == n)
               w.alive = false;
+          launch_exit(n, a.code, a.text);
+          break;
+        case control::node_action::drain: // its workers finish their step and leave
+          note("node process " + std::to_string(n) + " drains: " + a.text);
+          for (auto& [wid, w] : workers)
+            if (w.node == n && w.alive)
+              stop_worker_direct(wid);
+          drain_poll(n, nd.life);
           break;
         default:
           if (!a.text.empty())
@@ -1292,7 +1460,7 @@ struct world {
       }
     }
     if (auto d = life->deadline()) {
-      const uint32_t run = nd.life;
+      const uint32_t run = nodes[n].life;
       at(std::max(*d, now()), [this, n, run] {
         if (nodes[n].life == run && nodes[n].lifecycle)
           node_act(n, nodes[n].lifecycle->on_time());
@@ -1400,6 +1568,38 @@ sim_result run(const sim_options& opt) {
     w.at(t, [&w, what] { w.fill_disk(what, true); });
     w.at(t + d, [&w, what] { w.fill_disk(what, false); });
   }
+  // `ashlar launch` started the scheduler and the first worker nodes' processes: the launch's
+  // own faults (a member that exits before the job has its members, a Ctrl-C to the
+  // launcher) are drawn apart, so the other draws stay as they were.
+  const bool legacy = opt.legacy_handover || opt.uncorrected_directives || opt.uncommitted_cut_kept || opt.stale_cut_error
+                      || opt.launch_stops_on_lost_member;
+  if (!scale) {
+    std::vector<control::launch_member> lm{{control::launch_member::scheduler, "the scheduler", false}};
+    for (size_t n = 1; n <= worker_nodes; ++n)
+      lm.push_back({control::launch_member::worker, "node " + std::to_string(n), false});
+    w.launch_members = lm.size();
+    w.launch_exited.assign(lm.size(), false);
+    w.launch.emplace(w.clock, std::move(lm));
+    std::mt19937_64 launch_rng(opt.seed * 0xA24BAED4963EE407ull + 29);
+    const uint64_t fault = legacy ? 0 : 1 + launch_rng() % 6;
+    if (fault == 1 && worker_nodes >= 2) { // a worker node's process fails before it joins
+      const size_t n = 2 + launch_rng() % (worker_nodes - 1);
+      w.at(w.now(), [&w, n] {
+        w.nodes[n].up = false;
+        w.note("node process " + std::to_string(n) + " exits with code 1 before it joins");
+        w.launch_exit(n, 1, "cannot read the data set");
+      });
+    } else if (fault == 2) { // Ctrl-C to the launcher, at any time of the job
+      const uint64_t t = w.now() + launch_rng() % std::max<uint64_t>(1, 2 * est);
+      w.at(t, [&w] {
+        if (w.launch->state() == control::launch_supervisor::phase::ended)
+          return;
+        w.note("[launch] SIGINT (Ctrl-C)");
+        w.launch_interrupted = true;
+        w.launch_act(w.launch->on_stop_signal(SIGINT));
+      });
+    }
+  }
   w.act(w.life->on_capacity(w.members.free()));
   w.at(w.now() + w.wait_ns, [&w] {
     if (w.true_cause.empty() && w.life && w.life->state() == control::job_lifecycle::phase::waiting)
@@ -1451,17 +1651,7 @@ sim_result run(const sim_options& opt) {
         w.raise_step = 1 + rng() % 5;
         break;
       case stop:
-        w.at(t, [&w] {
-          if (w.job_over)
-            return;
-          w.note("ashlar ctl stop-job");
-          if (w.true_cause.empty() && w.life && w.life->state() == control::job_lifecycle::phase::waiting)
-            w.true_cause = "stopped while waiting for the job's nodes";
-          else if (w.true_cause.empty() && w.applied + 1e-6 < static_cast<double>(w.budget))
-            w.true_cause = "stopped: stopped by ashlar ctl stop-job";
-          if (w.life)
-            w.act(w.life->on_stop("stopped by ashlar ctl stop-job"));
-        });
+        w.at(t, [&w] { w.request_stop("ashlar ctl stop-job", "stopped by ashlar ctl stop-job"); });
         break;
       default:
         break;
@@ -1501,8 +1691,9 @@ sim_result run(const sim_options& opt) {
       w.clock.advance(e.t - w.now());
     e.fn();
     ++w.res.events;
-    w.check_after_event();
-    if (w.job_over && w.res.ok)
+    if (!w.job_over)
+      w.check_after_event();
+    if (w.job_over && w.res.ok && (!w.launch || w.launch->state() == control::launch_supervisor::phase::ended))
       break;
   }
   auto& r = w.res;
@@ -1523,6 +1714,8 @@ sim_result run(const sim_options& opt) {
     }
   if (r.ok && !w.job_over)
     w.violate("the job did not end within " + std::to_string((limit - 1000000000ull) / sec) + " simulated s");
+  if (r.ok && w.launch)
+    w.check_launch();
   if (r.ok) {
     // one true outcome: the first cause that happened, named
     const bool match = r.expected == "trained" ? r.outcome == "trained" : r.outcome.rfind(r.expected, 0) == 0;
@@ -1546,6 +1739,7 @@ sim_result run(const sim_options& opt) {
              + (opt.uncorrected_directives ? " --uncorrected-directives" : "")
              + (opt.uncommitted_cut_kept ? " --uncommitted-cut-kept" : "")
              + (opt.stale_cut_error ? " --stale-cut-error" : "")
+             + (opt.launch_stops_on_lost_member ? " --launch-stops-on-lost-member" : "")
              + " --verbose";
   return r;
 }

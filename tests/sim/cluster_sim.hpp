@@ -12,7 +12,10 @@
 // driver's), cut_schedule and checkpoint_log (each shard's) and job record, on stores in
 // memory: a committed cut is one version on every shard, the newest committed cut stays
 // intact everywhere (a resume starts from it), and where every disk had room the job's
-// last cut goes in.
+// last cut goes in. The scheduler's and the first worker nodes' processes are an `ashlar
+// launch`'s, supervised by the real launch_supervisor: a member exits before the job has
+// its members, dies once it runs, or the launcher gets Ctrl-C; every process ends soon
+// after the job, and the launch's exit code is the job's outcome.
 #pragma once
 
 #include <cstdint>
@@ -52,6 +55,10 @@ struct sim_options {
   /// full disk abandoned every later cut at once, until one was written anyway: for showing
   /// that the invariant catches it.
   bool stale_cut_error = false;
+  /// The launcher before its supervision (runtime/control/launch_supervisor.hpp): a worker
+  /// process that died once the job ran stopped the job: for showing that the invariant
+  /// catches it.
+  bool launch_stops_on_lost_member = false;
 };
 
 struct sim_result {
@@ -68,6 +75,12 @@ struct sim_result {
   uint32_t max_workers_held = 0;
   std::vector<std::string> trace; ///< the events, when verbose
   std::string replay;       ///< the command that replays this run exactly
+  /// `ashlar launch` over the run (seeded schedules): its exit code, and which of its paths
+  /// the schedule took: "failed start" (a member exited before the job had its members),
+  /// "interrupted" (Ctrl-C), "lost member" (a member process died once the job ran), or
+  /// "plain"; "" for a scale run.
+  int launch_code = 0;
+  std::string launch_path;
 };
 
 sim_result run(const sim_options& opt);

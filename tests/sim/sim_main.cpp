@@ -42,9 +42,11 @@ int main(int argc, char** argv) {
       opt.uncommitted_cut_kept = true;
     else if (std::strcmp(argv[i], "--stale-cut-error") == 0)
       opt.stale_cut_error = true;
+    else if (std::strcmp(argv[i], "--launch-stops-on-lost-member") == 0)
+      opt.launch_stops_on_lost_member = true;
     else {
       std::fprintf(stderr, "ashlar-sim: unknown argument %s\nusage: ashlar-sim [--seed N | --seeds N] [--workers W "
-                           "--nodes K --minutes M [--period S] [--churn K] [--join-delay S]] [--verbose] [--legacy-handover] [--uncorrected-directives] [--uncommitted-cut-kept] [--stale-cut-error]\n", argv[i]);
+                           "--nodes K --minutes M [--period S] [--churn K] [--join-delay S]] [--verbose] [--legacy-handover] [--uncorrected-directives] [--uncommitted-cut-kept] [--stale-cut-error] [--launch-stops-on-lost-member]\n", argv[i]);
       return 2;
     }
   }
@@ -77,6 +79,8 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(opt.seed), r.ok ? "invariants held" : r.violation.c_str(),
               r.outcome.c_str(), r.expected.c_str(), r.end_s, r.trained_epochs, r.epochs,
               static_cast<unsigned long long>(r.events), static_cast<unsigned long long>(r.rounds));
+  if (!r.launch_path.empty())
+    std::printf("ashlar launch: %s, exit code %d\n", r.launch_path.c_str(), r.launch_code);
   if (opt.workers > 0)
     std::printf("control work: %llu (%.2f per round, %.4f per round per worker); at most %u workers held; %.2f s of "
                 "this machine\n",

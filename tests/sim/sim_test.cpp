@@ -2,6 +2,7 @@
 // control-plane bugs seen on real clusters are cases here.
 #include <catch2/catch.hpp>
 
+#include <map>
 #include <set>
 #include <string>
 
@@ -50,6 +51,42 @@ TEST_CASE("300 seeded schedules of crashes, freezes, partitions, joins, raises a
   CHECK(outcomes.count("stopped") == 1);
   CHECK(outcomes.count("failed") == 1);
   CHECK(outcomes.count("stopped while waiting for the job's nodes") == 1);
+}
+
+TEST_CASE("ashlar launch over 500 seeded schedules: every process ends soon after the job, the exit code is the job's "
+          "outcome, a member lost once the job runs never fails it") {
+  std::map<std::string, int> paths;
+  std::set<int> codes;
+  for (uint64_t seed = 1; seed <= 500; ++seed) {
+    sim_options opt;
+    opt.seed = seed;
+    auto r = run(opt);
+    if (!r.ok)
+      FAIL_CHECK("seed " << seed << ": " << r.violation << "\n  replay: build/tests/" << r.replay);
+    paths[r.launch_path] += 1;
+    codes.insert(r.launch_code);
+  }
+  // Each of the launch's paths is taken by some schedules, and its codes are all seen.
+  CHECK(paths["failed start"] > 0);
+  CHECK(paths["interrupted"] > 0);
+  CHECK(paths["lost member"] > 0);
+  CHECK(paths["plain"] > 0);
+  CHECK(codes.count(0) == 1);
+  CHECK(codes.count(1) == 1);
+  CHECK(codes.count(130) == 1);
+}
+
+TEST_CASE("the launcher that stopped the job when one worker process died breaks the invariants, and not the "
+          "supervised one") {
+  // The first schedule whose launch loses a member once the job runs and still trains.
+  sim_options opt;
+  for (opt.seed = 1; opt.seed <= 300; ++opt.seed) {
+    auto r = run(opt);
+    if (r.launch_path == "lost member" && r.outcome == "trained")
+      break;
+  }
+  REQUIRE(opt.seed <= 300);
+  old_fails_new_holds(opt, &sim_options::launch_stops_on_lost_member, "what happened was 'trained'");
 }
 
 TEST_CASE("a seed replays bit for bit") {

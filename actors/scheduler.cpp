@@ -1,3 +1,4 @@
+#include "actors/actor_clock.hpp"
 #include "actors/scheduler.hpp"
 
 #include <cmath>
@@ -49,6 +50,8 @@ struct pending_join {
 struct scheduler_state {
   static constexpr const char* name = "ashlar.scheduler";
   scheduler_config cfg;
+  // The actor system's clock, the one its timers run on: its machines read it.
+  actor_clock_source clock;
   policy_traits traits;
   std::unique_ptr<job_planner> planner;
   std::map<uint32_t, member> members;
@@ -200,7 +203,7 @@ void arm_roster_timer(scheduler_pointer self) {
   const uint64_t at = self->state.roster->next_timer();
   if (at == 0)
     return;
-  const uint64_t now = system_clock().steady_ns();
+  const uint64_t now = self->state.clock.steady_ns();
   self->delayed_send(self, std::chrono::nanoseconds{at > now ? at - now : 0}, start_atom::value);
 }
 
@@ -796,6 +799,7 @@ caf::result<std::string> on_ctl(scheduler_pointer self, const wire::ctl_request&
 scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, scheduler_config cfg) {
   auto& st = self->state;
   st.cfg = std::move(cfg);
+  st.clock.bind(self->system());
   st.traits = traits_of(st.cfg.job.policy);
   planner_context ctx;
   ctx.job = &st.cfg.job;
@@ -805,7 +809,7 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
   for (const auto& [id, r] : st.cfg.resume_workers)
     ctx.resume_batches[id] = r.batch;
   st.planner = make_job_planner(ctx);
-  st.roster.emplace(system_clock(), st.cfg.job.workers,
+  st.roster.emplace(st.clock, st.cfg.job.workers,
                     static_cast<uint64_t>(std::chrono::nanoseconds{st.cfg.start_timeout}.count()),
                     static_cast<uint64_t>(std::chrono::nanoseconds{st.cfg.worker_wait}.count()),
                     st.cfg.job.min_workers);

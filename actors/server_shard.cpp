@@ -1,4 +1,5 @@
 #include "runtime/os/paths.hpp"
+#include "actors/actor_clock.hpp"
 #include "actors/server_shard.hpp"
 
 #include <filesystem>
@@ -31,6 +32,8 @@ std::string fmt_seconds(double s) {
 
 struct shard_state {
   static constexpr const char* name = "ashlar.shard";
+  // The actor system's clock, the one its timers run on: its sessions read it.
+  actor_clock_source clock;
   std::unique_ptr<shard_core> core;
   // Reads, pushes, membership and the cut schedule (runtime/server/shard_sessions.hpp).
   std::unique_ptr<shard_sessions> sessions;
@@ -183,7 +186,8 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
                                           shard_persistence persistence) {
   auto& st = self->state;
   st.core = std::move(core);
-  st.sessions = std::make_unique<shard_sessions>(*st.core, system_clock());
+  st.clock.bind(self->system());
+  st.sessions = std::make_unique<shard_sessions>(*st.core, st.clock);
   st.persistence = std::move(persistence);
   if (st.persistence.store)
     st.writer = std::make_unique<async_checkpointer>(*st.persistence.store, st.core->range().shard_id,

@@ -1,6 +1,7 @@
 // The worker actor: registration, the compute backend, the shards' handles and the data
 // plane. What its step does next is the step machine's (runtime/worker/step_machine.hpp);
 // this actor turns the machine's actions into messages and replies into its events.
+#include "actors/actor_clock.hpp"
 #include "actors/worker.hpp"
 
 #include <spdlog/spdlog.h>
@@ -20,6 +21,8 @@ namespace {
 struct worker_state {
   static constexpr const char* name = "ashlar.worker";
   worker_config cfg;
+  // The actor system's clock, the one its timers run on: its step machine reads it.
+  actor_clock_source clock;
   std::vector<shard_actor> shards;
   std::unique_ptr<compute_backend> backend;
   std::unique_ptr<step_machine> machine;
@@ -387,7 +390,7 @@ void take_assignment(worker_pointer self, const wire::assignment& a, const std::
   if (auto err = step_machine::check(a, st.backend->spec(), *st.cfg.data))
     return fail(self, describe(err));
   st.host_locks.clear(); // before the buffers go
-  st.machine = std::make_unique<step_machine>(a, *st.cfg.data, plan->num_params, system_clock());
+  st.machine = std::make_unique<step_machine>(a, *st.cfg.data, plan->num_params, st.clock);
   st.machine->on_lr(st.lr_factor);
   st.machine->set_model_held(st.backend->keeps_local_model());
   if (st.cfg.plane) // pushes in the job's shared memory: shards of this host read them in place
@@ -466,6 +469,7 @@ std::string shard_end(const caf::error& reason) {
 
 worker_actor::behavior_type worker_behavior(worker_pointer self, worker_config cfg) {
   self->state.cfg = std::move(cfg);
+  self->state.clock.bind(self->system());
   // Stopped from outside (its job ended, its node went): the step reports it holds go
   // first. (As without a handler: a normal exit message is ignored, any other ends it.)
   self->set_exit_handler([=](caf::exit_msg& m) {

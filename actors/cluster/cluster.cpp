@@ -1,3 +1,4 @@
+#include "actors/actor_clock.hpp"
 #include "actors/cluster/cluster.hpp"
 
 #include <algorithm>
@@ -41,6 +42,8 @@ struct node_entry {
 struct cluster_state {
   static constexpr const char* name = "ashlar.cluster";
   cluster_config cfg;
+  // The actor system's clock, the one its timers run on: its machines read it.
+  actor_clock_source clock;
   // ashlar ctl shutdown while a job runs: the job stops first (its workers finish their
   // step, it reports that it was stopped), then the nodes; by this time at the latest.
   std::optional<wire::ctl_request> shutdown_after_job;
@@ -65,7 +68,7 @@ struct cluster_state {
   bool waiting = false;
   // The scheduler's own liveness pings of the live nodes (a backstop for a loss the
   // transport never reports), and whether the ping loop runs.
-  control::node_watch watch{system_clock()};
+  control::node_watch watch{clock};
   bool pinging = false;
 };
 
@@ -531,7 +534,7 @@ caf::result<std::string> on_ctl(cluster_pointer self, const wire::ctl_request& r
       if (st.job_running && st.job.driver) {
         // The job first: its nodes' shards and workers stay until it has stopped and reported.
         st.shutdown_after_job = req;
-        st.shutdown_by_ns = system_clock().steady_ns() + 60ull * 1000000000ull;
+        st.shutdown_by_ns = st.clock.steady_ns() + 60ull * 1000000000ull;
         caf::anon_send(st.job.driver, stop_atom::value, std::string{"the cluster was shut down by ashlar ctl shutdown"});
         self->delayed_send(self, std::chrono::seconds(61), tick_atom::value);
         spdlog::info("cluster: shutting down on request: the running job stops first, then {} nodes", k);
@@ -664,7 +667,7 @@ caf::result<caf::ok_atom> on_wait(cluster_pointer self, uint32_t shards, uint32_
   auto& st = self->state;
   if (st.life || st.job_running)
     return make_error(errc::invalid_state, "a job is already running or waiting on this cluster");
-  st.life.emplace(system_clock(), control::job_needs{shards, workers}, wait_ms * 1000000ull);
+  st.life.emplace(st.clock, control::job_needs{shards, workers}, wait_ms * 1000000ull);
   st.wait_promise = self->make_response_promise<caf::ok_atom>();
   st.waiting = true;
   auto promise = st.wait_promise;
@@ -711,6 +714,7 @@ void on_job_ended(cluster_state& st) {
 
 cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_config cfg) {
   self->state.cfg = std::move(cfg);
+  self->state.clock.bind(self->system());
   self->set_down_handler([=](caf::down_msg& dm) { on_down(self, dm); });
   return {
     [=](ping_atom) { ping_nodes(self); },
@@ -730,7 +734,7 @@ cluster_actor::behavior_type cluster_behavior(cluster_pointer self, cluster_conf
       if (self->state.life)
         act(self, self->state.life->on_time());
       // A job that did not stop within the shutdown's grace: the nodes go anyway.
-      if (self->state.shutdown_after_job && system_clock().steady_ns() >= self->state.shutdown_by_ns) {
+      if (self->state.shutdown_after_job && self->state.clock.steady_ns() >= self->state.shutdown_by_ns) {
         spdlog::warn("cluster: the running job did not stop within 60 s; shutting the nodes down");
         shut_down_nodes(self, *self->state.shutdown_after_job);
       }

@@ -23,6 +23,7 @@
 #include "runtime/control/host_plan.hpp"
 #include "runtime/control/launch_supervisor.hpp"
 #include "runtime/control/rendezvous.hpp"
+#include "runtime/policy/policy_rules.hpp"
 #include "runtime/core/clock.hpp"
 #include "runtime/net/socket.hpp"
 #include "runtime/net/tls.hpp"
@@ -70,6 +71,7 @@ struct child {
   bool exited = false;  // its exit was seen
   int rank = -1;        // a worker process's index (its script's rank), -1 for the others
   bool remote = false;  // a node on another host under ssh: signals go over its stdin
+  uint32_t workers = 1; // the workers it hosts (a worker node of N slots)
 };
 
 // Sends `sig` to `c`: a local process directly; a node under ssh over its channel (SIGKILL
@@ -153,6 +155,8 @@ expected<std::vector<std::string>> gpus_per_worker(const std::string& spec, uint
 // workers) and their supervision until every one has ended.
 struct launcher {
   explicit launcher(const launch_options& opts) : o(opts) {}
+  // However the launch ends, its private directory (the token, the CA's key) goes with it.
+  ~launcher() { remove_files(); }
 
   const launch_options& o;
   train_options train;             // the job's options: o.train, with --hosts' workers and servers
@@ -201,6 +205,7 @@ struct launcher {
   int supervise();
   bool all_exited();
   int finish();
+  void remove_files();
 };
 
 // Resolves the job and its GPUs, takes the stop signals, and makes the launch's private
@@ -275,7 +280,7 @@ bool launcher::start(const std::string& prefix, const std::vector<std::string>& 
     std::fprintf(stderr, "ashlar launch: %s\n", describe(p.error()).c_str());
     return false;
   }
-  children.push_back(child{prefix, std::move(*p), "", true, false, "", false, -1, false});
+  children.push_back(child{prefix, std::move(*p), "", true, false, "", false, -1, false, 1});
   return true;
 }
 
@@ -287,8 +292,7 @@ void launcher::stop_all(int sig) {
 
 // Starts the scheduler node, which runs the job and exits after it; false when it cannot start.
 bool launcher::start_scheduler() {
-  std::vector<std::string> sched = {exe, "node", "--role", "scheduler", "--listen",
-                                    beyond_loopback() ? "0.0.0.0:0" : "127.0.0.1:0",
+  std::vector<std::string> sched = {exe, "node", "--role", "scheduler", "--listen", sched_host + ":0",
                                     "--port-file", port_file, "--job-state-file", state_file,
                                     "--exit-after-job"};
   // A scheduler runs the job of its CONFIG: without one, the job is the defaults and the
@@ -498,6 +502,7 @@ control::launch_member member_of(const child& c) {
            : c.prefix.rfind("[server", 0) == 0 ? control::launch_member::server
                                                : control::launch_member::worker;
   m.script = c.script;
+  m.workers = c.workers;
   return m;
 }
 
@@ -581,22 +586,28 @@ int launcher::finish() {
     std::fprintf(stderr, "ashlar launch: the job failed: %s\n", failed_member.c_str());
     code = code == 0 ? 1 : code;
   }
+  remove_files();
+  return code;
+}
+
+// Removes the launch's private directory and what it holds (idempotent).
+void launcher::remove_files() {
+  if (dir.empty())
+    return;
   std::remove(port_file.c_str());
   std::remove(state_file.c_str());
   std::remove((dir + "/token").c_str());
   std::remove((dir + "/join").c_str());
   std::remove((dir + "/job.toml").c_str());
+  std::error_code ec;
   if (!tls_dir.empty()) {
-    std::error_code ec;
     std::filesystem::remove_all(tls_dir, ec);
     std::filesystem::remove_all(dir + "/ca", ec);
   }
-  if (!store_dir.empty()) {
-    std::error_code ec;
+  if (!store_dir.empty())
     std::filesystem::remove_all(store_dir, ec);
-  }
   ::rmdir(dir.c_str());
-  return code;
+  dir.clear();
 }
 
 // --hosts/--hostfile: reads the hosts, places the nodes on them, and sets the job's workers
@@ -626,13 +637,20 @@ int launcher::plan_hosts() {
   train_config first;
   if (auto err = resolve_config(train, first))
     return fail(describe(err));
-  // The slots are the workers, unless --workers asks for fewer (filled in host order).
-  auto placed = control::plan_hosts(*list, o.train.workers ? first.workers : 0, first.servers);
+  // The slots are the workers, unless the command line or the environment asks for a number
+  // (--workers, --set train.workers, ASHLAR_TRAIN_WORKERS: filled in host order); a
+  // CONFIG's train.workers gives way to the hosts' slots, as the launch says.
+  const bool asked = user_set(first, "train.workers");
+  auto placed = control::plan_hosts(*list, asked ? first.workers : 0, first.servers);
   if (!placed)
     return fail(describe(placed.error()));
   hosts = *placed;
-  train.workers = std::to_string(hosts.workers);
-  train.servers = std::to_string(hosts.servers);
+  if (!asked && first.workers != hosts.workers && first.sources.count("train.workers"))
+    std::printf("[launch] train.workers %u (%s) gives way to the hosts' %u slots (--workers N to use fewer)\n",
+                first.workers, first.sources.at("train.workers").c_str(), hosts.workers);
+  // Last on the scheduler's command line, so that nothing after it changes them.
+  train.sets.push_back("train.workers=" + std::to_string(hosts.workers));
+  train.sets.push_back("train.servers=" + std::to_string(hosts.servers));
   return 0;
 }
 
@@ -651,6 +669,9 @@ int launcher::pick_scheduler_address() {
   for (const auto& n : hosts.nodes)
     if (toward.empty() && !control::is_loopback_host(n.host))
       toward = n.host;
+  if (toward.find(':') != std::string::npos || sched_host.find(':') != std::string::npos)
+    return fail("the hosts beyond this one are named by IPv6 address (" + toward + ", or --scheduler-address "
+                + sched_host + "): launch --hosts reaches them over IPv4 only; name them by host name or IPv4 address");
   if (sched_host.empty())
     sched_host = net::local_address_toward(toward, o.ssh.port ? o.ssh.port : 22);
   if (sched_host.empty() || control::is_loopback_address(sched_host))
@@ -692,7 +713,7 @@ int launcher::check_hosts() {
       return 1;
     }
     p->close_input();
-    probes.push_back(child{h, std::move(*p), "", true, false, "", false, -1, false});
+    probes.push_back(child{h, std::move(*p), "", true, false, "", false, -1, false, 1});
   }
   const auto deadline = steady_now() + std::chrono::duration<double>(o.ssh.connect_timeout_s + 20);
   std::string failed;
@@ -705,9 +726,10 @@ int launcher::check_hosts() {
     ssize_t n;
     if (code < 0)
       c.proc.signal(SIGKILL);
-    else
-      while ((n = ::read(c.proc.output_fd(), buf, sizeof(buf))) > 0)
-        said.append(buf, static_cast<size_t>(n));
+    // What it said, without waiting: another process (an ssh master) may hold the pipe open.
+    ::fcntl(c.proc.output_fd(), F_SETFL, ::fcntl(c.proc.output_fd(), F_GETFL) | O_NONBLOCK);
+    while (code >= 0 && (n = ::read(c.proc.output_fd(), buf, sizeof(buf))) > 0)
+      said.append(buf, static_cast<size_t>(n));
     while (!said.empty() && (said.back() == '\n' || said.back() == '\r'))
       said.pop_back();
     if (const auto nl = said.find_last_of('\n'); nl != std::string::npos)
@@ -757,7 +779,8 @@ bool launcher::start_host_nodes() {
                    p ? "" : (": " + describe(p.error())).c_str());
       return (stop_all(SIGKILL), false);
     }
-    children.push_back(child{"[" + n.name + "]", std::move(*p), "", true, false, "", false, -1, true});
+    children.push_back(child{"[" + n.name + "]", std::move(*p), "", true, false, "", false, -1, true,
+                             worker ? n.slots : 1});
   }
   return true;
 }

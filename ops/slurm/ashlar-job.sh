@@ -84,22 +84,34 @@ srun "${control[@]}" "${steps[@]}" --nodes=1 --ntasks=1 -w "$here" --job-name=as
   "$ASHLAR" node --role scheduler --listen auto --exit-after-job "${creds[@]}" --job-state-file "$job_dir/job-state" \
   "$config" --checkpoint-dir "$job_dir/checkpoints" "${resume[@]}" "$@" &
 scheduler=$!
+# Each member step's srun says on its stderr which of its tasks ended and how ("srun: error:
+# n2: task 1: Exited with exit code 3"): kept (and passed on) in the job's directory, so that
+# one task of a step of several that fails before the job has its members fails the start
+# as a whole step's end does.
+rm -f "$job_dir"/step-*.err
 srun "${control[@]}" "${steps[@]}" --nodes=1 --ntasks="$servers" -w "$here" --job-name=ashlar-servers \
-  "$ASHLAR" node --role server --join auto --hold-shards-on-signal "${creds[@]}" &
+  "$ASHLAR" node --role server --join auto --hold-shards-on-signal "${creds[@]}" \
+  2> >(tee -a "$job_dir/step-0.err" >&2) &
 members=($!)
 member_names=("server nodes'")
 if [ -n "${SLURM_HET_SIZE:-}" ]; then
   for ((k = 1; k < SLURM_HET_SIZE; k++)); do
     srun --het-group="$k" "${steps[@]}" --job-name="ashlar-workers-$k" \
-      "$ASHLAR" node --role worker --join auto "${creds[@]}" &
+      "$ASHLAR" node --role worker --join auto "${creds[@]}" 2> >(tee -a "$job_dir/step-$k.err" >&2) &
     members+=($!)
     member_names+=("worker class $k's")
   done
 else
-  srun "${steps[@]}" --job-name=ashlar-workers "$ASHLAR" node --role worker --join auto "${creds[@]}" &
+  srun "${steps[@]}" --job-name=ashlar-workers "$ASHLAR" node --role worker --join auto "${creds[@]}" \
+    2> >(tee -a "$job_dir/step-1.err" >&2) &
   members+=($!)
   member_names+=("worker nodes'")
 fi
+# The first task of member step $1 that ended with an error, as its srun said ("" for none).
+task_failed() {
+  grep -m1 -oE "task [0-9]+: (Exited with exit code [1-9][0-9]*|Killed|Terminated|Segmentation fault|Aborted)" \
+    "$job_dir/step-$1.err" 2>/dev/null
+}
 
 # scancel (or a signal to this script) reaches every step itself: wait for the scheduler's
 # step, which writes the report, however many signals come meanwhile. A member step that
@@ -111,9 +123,14 @@ failed_start=""
 while kill -0 "$scheduler" 2>/dev/null; do
   if [ -z "$failed_start" ] && ! grep -qx running "$job_dir/job-state" 2>/dev/null; then
     for i in "${!members[@]}"; do
-      if ! kill -0 "${members[$i]}" 2>/dev/null; then
+      task=$(task_failed "$i")
+      if ! kill -0 "${members[$i]}" 2>/dev/null || [ -n "$task" ]; then
         failed_start=${member_names[$i]}
-        echo "[ashlar-job] the $failed_start step ended before the job had its members; stopping the job" >&2
+        if [ -n "$task" ]; then
+          echo "[ashlar-job] the $failed_start step's $task before the job had its members; stopping the job" >&2
+        else
+          echo "[ashlar-job] the $failed_start step ended before the job had its members; stopping the job" >&2
+        fi
         # The scheduler's task runs on this host: its own SIGTERM ends the wait for the nodes
         # with the report naming what the job lacked (a signal to its srun would kill it).
         pkill -TERM -f "^[^ ]+ node --role scheduler .*$job_dir/job-state" 2>/dev/null \

@@ -31,7 +31,7 @@ launch_action send(int member, int sig) {
 } // namespace
 
 std::string describe_exit(int code) {
-  if (code < 128)
+  if (code < 128 || code > 128 + 64) // (255: what ssh exits with when it, or the remote side, failed)
     return "code " + std::to_string(code);
   const int sig = code - 128;
   const char* name = signal_name(sig);
@@ -115,7 +115,7 @@ std::vector<launch_action> launch_supervisor::on_exit(size_t i, int code, const 
       } else {
         uint32_t live = 0;
         for (size_t k = 1; k < members_.size(); ++k)
-          live += members_[k].role == launch_member::worker && !exited_[k];
+          live += members_[k].role == launch_member::worker && !exited_[k] ? members_[k].workers : 0;
         next = live < min_workers_ ? std::to_string(live) + " workers remain, fewer than train.min_workers = "
                                        + std::to_string(min_workers_) + ": the job fails"
                : m.script ? "the job goes on with the other " + std::to_string(live)

@@ -29,6 +29,7 @@ struct launch_member {
   role_t role = worker;
   std::string name;    ///< "worker 0", named in messages
   bool script = false; ///< a worker process that runs the user's script
+  uint32_t workers = 1; ///< a worker process's workers (a node of N slots under `launch --hosts`)
 };
 
 struct launch_timing {

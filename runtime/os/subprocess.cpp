@@ -56,21 +56,36 @@ expected<subprocess> subprocess::start(const std::vector<std::string>& argv,
     return make_error(errc::io_error, std::string{"pipe: "} + std::strerror(errno));
   int pipefd[2] = {-1, -1};
   int out_fd = -1;
+  // Every descriptor made here is closed on a failure below.
+  auto close_all = [&] {
+    for (int fd : {infd[0], infd[1], pipefd[0], pipefd[1], out_fd})
+      if (fd >= 0)
+        ::close(fd);
+  };
   if (log_file.empty()) {
-    if (::pipe2(pipefd, O_CLOEXEC) != 0)
-      return make_error(errc::io_error, std::string{"pipe: "} + std::strerror(errno));
+    if (::pipe2(pipefd, O_CLOEXEC) != 0) {
+      const std::string why = std::strerror(errno);
+      close_all();
+      return make_error(errc::io_error, "pipe: " + why);
+    }
   } else {
     out_fd = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (out_fd < 0)
-      return make_error(errc::io_error, "cannot open " + log_file + ": " + std::strerror(errno));
+    if (out_fd < 0) {
+      const std::string why = std::strerror(errno);
+      close_all();
+      return make_error(errc::io_error, "cannot open " + log_file + ": " + why);
+    }
   }
   std::vector<char*> args;
   for (const auto& a : argv)
     args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   pid_t pid = ::fork();
-  if (pid < 0)
-    return make_error(errc::io_error, std::string{"fork: "} + std::strerror(errno));
+  if (pid < 0) {
+    const std::string why = std::strerror(errno);
+    close_all();
+    return make_error(errc::io_error, "fork: " + why);
+  }
   if (pid == 0) {
     int target = log_file.empty() ? pipefd[1] : out_fd;
     ::dup2(target, STDOUT_FILENO);

@@ -49,6 +49,24 @@ TEST_CASE("exit codes are said in words, a signal by its name") {
   CHECK(describe_exit(137) == "killed by SIGKILL");
   CHECK(describe_exit(139) == "killed by SIGSEGV");
   CHECK(describe_exit(128 + 40) == "killed by signal 40");
+  CHECK(describe_exit(255) == "code 255"); // ssh's own failure, not a signal
+}
+
+TEST_CASE("a lost node of several workers counts all of them against train.min_workers") {
+  manual_clock clock;
+  // launch --hosts: one worker node of 4 workers and one of 2.
+  std::vector<launch_member> m{{launch_member::scheduler, "scheduler", false},
+                               {launch_member::server, "server-0@h1", false},
+                               {launch_member::worker, "worker@h1", false, 4},
+                               {launch_member::worker, "worker@h2", false, 2}};
+  sup_t sup{clock, m, {}, 3};
+  sup.on_job_running();
+  auto out = sup.on_exit(3, 255, "");
+  CHECK(said(out).find("worker@h2 was lost (exited with code 255); the job goes on with the other 4") != std::string::npos);
+  sup_t strict{clock, m, {}, 3};
+  strict.on_job_running();
+  out = strict.on_exit(2, 137, "");
+  CHECK(said(out).find("2 workers remain, fewer than train.min_workers = 3: the job fails") != std::string::npos);
 }
 
 TEST_CASE("a member that exits before the job has its members fails the start at once, naming it") {

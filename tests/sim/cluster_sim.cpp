@@ -382,7 +382,6 @@ struct world {
 
   void start_job() {
     job_running = true;
-    job_started_once = true;
     if (launch) // the scheduler writes "running" to the launch's job-state file
       launch_act(launch->on_job_running());
     // The scheduler's roster: its start timeout (30 s here) and its wait for a joiner (60 s).
@@ -1345,7 +1344,6 @@ struct world {
     const int code = res.outcome.rfind("failed", 0) == 0 ? 1 : 0;
     after(5 * ms, [this, code] { launch_exit(0, code, res.outcome); });
   }
-  bool job_started_once = false;
   bool lost_after_start = false;
 
   // ---- faults ------------------------------------------------------------------------------

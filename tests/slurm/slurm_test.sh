@@ -10,6 +10,7 @@
 #   scancel:  the report is written (stopped) and no Ashlar process is left;
 #   requeue:  a job requeued mid-run resumes from its checkpoint and finishes, rc 0.
 #   start:    a member step that fails before the job has its members fails it fast;
+#   task:     so does one task of a step of several;
 #   loopback: a node whose scheduler host resolves to loopback in a job of several hosts
 #             is refused, naming the variable.
 #
@@ -180,11 +181,28 @@ start)
   wait_for "the scheduler exited with code" 120 || fail "the job did not end"
   rc=$(grep -o "the scheduler exited with code [0-9]*" "$log" | grep -o "[0-9]*$")
   [ "$rc" != 0 ] || fail "the job did not fail"
-  grep -q "the server nodes' step ended before the job had its members; stopping the job" "$log" || fail "not named"
+  grep -q "the server nodes' step.* before the job had its members; stopping the job" "$log" || fail "not named"
   [ $((SECONDS - t0)) -lt 30 ] || fail "it took $((SECONDS - t0)) s, not fast"
   grep -q "the job's nodes did not come\|stopped while waiting for\|lacked\|has none" "$log" || fail "the scheduler did not say what the job lacked"
   echo "start: a server step that never joined failed the start in $((SECONDS - t0)) s, rc $rc"
   grep -E "ended before|lacked|has none|exited with code" "$log" | tail -4
+  ;;
+task)
+  # One task of a step of several (worker class 1's second task) fails before it joins: the
+  # start fails as fast as for a whole step, naming the step and the task.
+  printf '#!/bin/bash\ncase " $* " in *" --role worker "*) [ "${SLURM_PROCID:-0}" = 1 ] && { echo "no device here" >&2; exit 3; };; esac\nexec %s "$@"\n' \
+    "$bin" > "$d/ashlar-wrap"
+  chmod +x "$d/ashlar-wrap"
+  ASHLAR=$d/ashlar-wrap submit "$src/ops/slurm/hetero.sbatch" "$config" "${job[@]}" >/dev/null
+  wait_for "^\[ashlar-job\] job" 120 || fail "the job did not start"
+  t0=$SECONDS
+  wait_for "the scheduler exited with code" 120 || fail "the job did not end"
+  rc=$(grep -o "the scheduler exited with code [0-9]*" "$log" | grep -o "[0-9]*$")
+  [ "$rc" != 0 ] || fail "the job did not fail"
+  grep -q "the worker class 1's step's task 1: Exited with exit code 3 before the job had its members; stopping the job" "$log" \
+    || fail "the task is not named"
+  [ $((SECONDS - t0)) -lt 30 ] || fail "it took $((SECONDS - t0)) s, not fast"
+  echo "task: one task of a step of two failed the start in $((SECONDS - t0)) s, rc $rc"
   ;;
 loopback)
   out=$(SLURM_JOB_ID=5 SLURM_JOB_NODELIST="localhost,n2" "$bin" node --role worker --join auto 2>&1)

@@ -6,7 +6,8 @@
 #   hosts:       --hosts ADDRESS:2,127.0.0.1:1 (ADDRESS: this host's network address)
 #                trains the shipped MLP config over ssh (beyond loopback: the launch's own
 #                TLS), rc 0, every node started and ended, no credentials left on the hosts;
-#   hostfile:    a hostfile naming 127.0.0.1 (2 slots) and localhost trains (loopback only);
+#   hostfile:    a hostfile naming 127.0.0.1 and localhost (2 slots each) trains 3 workers
+#                (--set train.workers=3: the slots filled in host order; loopback only);
 #   unreachable: a host without sshd and one that does not resolve are both named, rc 1,
 #                before any node starts;
 #   kill:        a worker node SIGKILLed on its host mid-job is survived: rc 0, epochs once;
@@ -64,6 +65,7 @@ ssh -F "$d/ssh_config" -o BatchMode=yes 127.0.0.1 true || skip "cannot ssh to th
 ip=$(hostname -I 2>/dev/null | tr ' ' '\n' | grep -E '^[0-9]+\.' | grep -v '^127\.' | head -1)
 
 cd "$d"
+touch "$d/started"
 config=$src/ops/configs/fmnist-mlp.toml
 job=(--report "$d/r.json" --set run.progress_interval=0 --ssh-config "$d/ssh_config")
 field() { python3 -c "import json; print(json.load(open('$d/r.json')).get('$1'))"; }
@@ -86,8 +88,12 @@ check_trained() {
   sleep 1
   left=$(nodes_left)
   [ -z "$left" ] || fail "nodes left running on the hosts: $left"
-  ls -d /tmp/ashlar-node-* 2>/dev/null | while read -r x; do [ "$(stat -c %Y "$x")" -lt "$(stat -c %Y "$d")" ] || echo "$x"; done \
-    | grep -q . && fail "credentials left on a host: $(ls -d /tmp/ashlar-node-*)"
+  no_credentials_left
+}
+# The nodes' private credential directories made since this test's start, still there.
+no_credentials_left() {
+  left=$(find /tmp -maxdepth 1 -name 'ashlar-node-*' -newer "$d/started" 2>/dev/null)
+  [ -z "$left" ] || fail "credentials left on a host: $left"
 }
 
 case $case in
@@ -99,13 +105,15 @@ hosts)
   grep -q "starting 2 server and 2 worker node(s) over ssh: $ip: server-0, 2 workers; 127.0.0.1: server-1, 1 worker" "$log" \
     || fail "the placement"
   grep -q "scheduler at $ip:" "$log" || fail "the scheduler's address is not this host's on the route to $ip"
+  grep -q "train.workers 4 (.*fmnist-mlp.toml.*) gives way to the hosts' 3 slots" "$log" || fail "the config's workers"
   [ "$(field workers)" = 3 ] || fail "workers $(field workers)"
   check_trained
   echo "hosts: rc 0 over ssh to $ip and 127.0.0.1 (TLS), test accuracy $acc, no node or credentials left"
   ;;
 hostfile)
-  printf '# the hosts\n127.0.0.1 slots=2\nlocalhost   # one slot\n' > "$d/hosts"
-  "$bin" launch "$config" --hostfile "$d/hosts" --servers 1 --epochs "$epochs" "${job[@]}" > "$log" 2>&1
+  printf '# the hosts\n127.0.0.1 slots=2\nlocalhost slots=2  # one of them used\n' > "$d/hosts"
+  "$bin" launch "$config" --hostfile "$d/hosts" --servers 1 --epochs "$epochs" "${job[@]}" --set train.workers=3 \
+    > "$log" 2>&1
   rc=$?
   [ $rc -eq 0 ] || fail "launch: rc $rc"
   grep -q "127.0.0.1: server-0, 2 workers; localhost: 1 worker" "$log" || fail "the placement"
@@ -158,7 +166,8 @@ stop)
   sleep 1
   left=$(nodes_left)
   [ -z "$left" ] || fail "nodes left running after the stop: $left"
-  echo "stop: SIGINT stopped the job over ssh, report written, no node left"
+  no_credentials_left
+  echo "stop: SIGINT stopped the job over ssh, report written, no node or credentials left"
   ;;
 *)
   fail "unknown case $case"

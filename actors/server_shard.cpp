@@ -182,8 +182,9 @@ wire::shard_status status_of(const shard_state& st) {
 }
 
 // The actor turns messages into the sessions' events and delivers their outcomes.
-shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<shard_core> core,
-                                          shard_persistence persistence) {
+// The shard's state as it starts: its core, its sessions on the actor system's clock, its
+// checkpoints' writer.
+void init_shard_state(shard_pointer self, std::unique_ptr<shard_core> core, shard_persistence persistence) {
   auto& st = self->state;
   st.core = std::move(core);
   st.clock.bind(self->system());
@@ -192,6 +193,11 @@ shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<sh
   if (st.persistence.store)
     st.writer = std::make_unique<async_checkpointer>(*st.persistence.store, st.core->range().shard_id,
                                                      st.persistence.keep);
+}
+
+shard_actor::behavior_type shard_behavior(shard_pointer self, std::unique_ptr<shard_core> core,
+                                          shard_persistence persistence) {
+  init_shard_state(self, std::move(core), std::move(persistence));
   return {
     [=](const wire::pull_request& req) -> caf::result<wire::pull_reply> {
       auto answer = self->state.sessions->on_read(req);

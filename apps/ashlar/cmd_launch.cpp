@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "apps/ashlar/commands.hpp"
+#include "apps/ashlar/launcher.hpp"
 #include "apps/ashlar/security_options.hpp"
 #include "apps/ashlar/stop_signal.hpp"
 #include "apps/ashlar/train_options.hpp"
@@ -32,21 +33,18 @@
 
 namespace ashlar::cli {
 
+void signal_child(child& c, int sig) {
+  if (!c.remote)
+    return c.proc.signal(sig);
+  c.proc.write_input(signal_line(sig));
+  if (sig == SIGKILL) {
+    c.proc.close_input();
+    c.proc.signal(SIGKILL);
+  }
+}
+
 namespace {
 
-
-struct launch_options {
-  train_options train;
-  std::string token_file;
-  uint32_t slots = 1;
-  std::string python;     // a Python script each worker process runs instead of `ashlar node`
-  std::string python_exe; // its interpreter
-  std::vector<std::string> script_args; // what follows `--`: the script's own arguments
-  std::string hosts;      // --hosts h1:4,h2:2: the nodes run on these hosts, over ssh
-  std::string hostfile;   // --hostfile FILE: the same, one host per line
-  ssh_options ssh;        // how the hosts are reached
-  std::string scheduler_address; // --hosts: where the hosts reach the scheduler ("": the route's)
-};
 
 // Where the Python package lies beside this executable: BUILD/python for a build tree
 // (BUILD/apps/ashlar), PREFIX/lib/python3/dist-packages for an install (PREFIX/bin/ashlar).
@@ -61,30 +59,7 @@ std::string python_package_dir(const std::string& exe) {
   return "";
 }
 
-struct child {
-  std::string prefix;
-  subprocess proc;
-  std::string pending; // partial line
-  bool open = true;
-  bool script = false; // a --python worker: it ends by itself once its job is over
-  std::string last;     // its last line of output (what a process that died last said)
-  bool exited = false;  // its exit was seen
-  int rank = -1;        // a worker process's index (its script's rank), -1 for the others
-  bool remote = false;  // a node on another host under ssh: signals go over its stdin
-  uint32_t workers = 1; // the workers it hosts (a worker node of N slots)
-};
 
-// Sends `sig` to `c`: a local process directly; a node under ssh over its channel (SIGKILL
-// also ends its ssh, whose end stops the node).
-void signal_child(child& c, int sig) {
-  if (!c.remote)
-    return c.proc.signal(sig);
-  c.proc.write_input(signal_line(sig));
-  if (sig == SIGKILL) {
-    c.proc.close_input();
-    c.proc.signal(SIGKILL);
-  }
-}
 
 // Forwards complete lines from every child's output; returns false when nothing was read.
 bool pump(std::vector<child>& children, int timeout_ms) {
@@ -151,62 +126,20 @@ expected<std::vector<std::string>> gpus_per_worker(const std::string& spec, uint
   return out;
 }
 
-// One `ashlar launch`: the processes it starts (the scheduler, then the servers and the
-// workers) and their supervision until every one has ended.
-struct launcher {
-  explicit launcher(const launch_options& opts) : o(opts) {}
-  // However the launch ends, its private directory (the token, the CA's key) goes with it.
-  ~launcher() { remove_files(); }
 
-  const launch_options& o;
-  train_options train;             // the job's options: o.train, with --hosts' workers and servers
-  train_config cfg;                // the job
-  std::string plan;                // which GPU each worker process gets, or why they compute on the CPU
-  std::vector<std::string> gpus;   // per worker process, its --gpus
-  std::string exe;                 // this executable, which every node runs
-  std::string dir;                 // this launch's private directory
-  std::string port_file;           // where the scheduler writes the port it listens on
-  std::string token_file;          // every node's (and worker script's) token file, if any
-  std::vector<std::string> common; // the arguments of every node
-  std::vector<child> children;     // the scheduler first, then the servers and the workers
-  std::string join;                // the scheduler's address
-  std::string state_file;          // where the scheduler says its job has every member
-  int code = 0;                    // the exit code
-  std::string failed_member;       // a server or worker process that failed, and what it said last
-  std::string store_dir;           // --python: the scripts' store (ashlar.torch's collectives), in `dir`
-  uint64_t script_params = 0;      // --python: the parameters of the scripts' own model; 0: the job's model
-  control::host_plan hosts;        // --hosts: which node runs where
-  std::string tls_dir;             // --hosts beyond loopback: this launch's own TLS credentials
-  std::string sched_host = "127.0.0.1"; // the host part of the address the nodes join
+// The supervision's member for child `c`: its role from its prefix ("[server 0]", ...).
+control::launch_member member_of(const child& c) {
+  control::launch_member m;
+  m.name = c.prefix.substr(1, c.prefix.size() - 2);
+  m.role = c.prefix == "[scheduler]"               ? control::launch_member::scheduler
+           : c.prefix.rfind("[server", 0) == 0 ? control::launch_member::server
+                                               : control::launch_member::worker;
+  m.script = c.script;
+  m.workers = c.workers;
+  return m;
+}
 
-  bool on_hosts() const { return !o.hosts.empty() || !o.hostfile.empty(); }
-  bool beyond_loopback() const { return on_hosts() && !hosts.loopback_only; }
-  int plan_hosts();
-  int pick_scheduler_address();
-  int make_tls();
-  int check_hosts();
-  bool start_host_nodes();
-
-  int prepare();
-  bool write_token();
-  bool start(const std::string& prefix, const std::vector<std::string>& argv);
-  void stop_all(int sig);
-  bool start_scheduler();
-  int wait_for_scheduler();
-  bool start_servers();
-  std::string worker_pythonpath() const;
-  std::vector<std::string> worker_argv(uint32_t i, const std::string& pythonpath) const;
-  bool start_workers();
-  int wait_for_script_model();
-  bool publish_join();
-  void note_left(const child& c);
-  bool job_running() const;
-  void act(const std::vector<control::launch_action>& actions);
-  int supervise();
-  bool all_exited();
-  int finish();
-  void remove_files();
-};
+}  // namespace
 
 // Resolves the job and its GPUs, takes the stop signals, and makes the launch's private
 // directory and the arguments every node takes. Returns the exit code, 0 when all is ready.
@@ -494,17 +427,6 @@ void launcher::note_left(const child& c) {
   std::ofstream{store_dir + "/left-" + std::to_string(c.rank)} << "left\n";
 }
 
-// The supervision's member for child `c`: its role from its prefix ("[server 0]", ...).
-control::launch_member member_of(const child& c) {
-  control::launch_member m;
-  m.name = c.prefix.substr(1, c.prefix.size() - 2);
-  m.role = c.prefix == "[scheduler]"               ? control::launch_member::scheduler
-           : c.prefix.rfind("[server", 0) == 0 ? control::launch_member::server
-                                               : control::launch_member::worker;
-  m.script = c.script;
-  m.workers = c.workers;
-  return m;
-}
 
 // Whether the scheduler said its job has every member (its job-state file reads "running").
 bool launcher::job_running() const {
@@ -610,183 +532,8 @@ void launcher::remove_files() {
   dir.clear();
 }
 
-// --hosts/--hostfile: reads the hosts, places the nodes on them, and sets the job's workers
-// and servers to what was placed. Returns the exit code, 0 when the plan holds.
-int launcher::plan_hosts() {
-  auto fail = [](const std::string& why) {
-    std::fprintf(stderr, "ashlar launch: %s\n", why.c_str());
-    return 2;
-  };
-  if (!o.python.empty())
-    return fail("--python with --hosts: worker scripts on other hosts are not supported yet (their collectives' "
-                "store is a directory of this host); run the scripts on one host, or the job's nodes with a CONFIG");
-  if (!o.hosts.empty() && !o.hostfile.empty())
-    return fail("give --hosts or --hostfile, not both");
-  expected<std::vector<control::host_slots>> list = std::vector<control::host_slots>{};
-  if (!o.hosts.empty()) {
-    list = control::parse_host_list(o.hosts);
-  } else {
-    std::ifstream in{o.hostfile};
-    if (!in)
-      return fail("cannot read the hostfile " + o.hostfile);
-    std::string text{std::istreambuf_iterator<char>{in}, {}};
-    list = control::parse_hostfile(text, o.hostfile);
-  }
-  if (!list)
-    return fail(describe(list.error()));
-  train_config first;
-  if (auto err = resolve_config(train, first))
-    return fail(describe(err));
-  // The slots are the workers, unless the command line or the environment asks for a number
-  // (--workers, --set train.workers, ASHLAR_TRAIN_WORKERS: filled in host order); a
-  // CONFIG's train.workers gives way to the hosts' slots, as the launch says.
-  const bool asked = user_set(first, "train.workers");
-  auto placed = control::plan_hosts(*list, asked ? first.workers : 0, first.servers);
-  if (!placed)
-    return fail(describe(placed.error()));
-  hosts = *placed;
-  if (!asked && first.workers != hosts.workers && first.sources.count("train.workers"))
-    std::printf("[launch] train.workers %u (%s) gives way to the hosts' %u slots (--workers N to use fewer)\n",
-                first.workers, first.sources.at("train.workers").c_str(), hosts.workers);
-  // Last on the scheduler's command line, so that nothing after it changes them.
-  train.sets.push_back("train.workers=" + std::to_string(hosts.workers));
-  train.sets.push_back("train.servers=" + std::to_string(hosts.servers));
-  return 0;
-}
-
-// --hosts beyond loopback: the hosts reach the scheduler at this host's address on the route
-// to the first of them (or --scheduler-address), never loopback. Returns the exit code, 0
-// once it is set.
-int launcher::pick_scheduler_address() {
-  if (hosts.loopback_only)
-    return 0;
-  auto fail = [](const std::string& why) {
-    std::fprintf(stderr, "ashlar launch: %s\n", why.c_str());
-    return 2;
-  };
-  sched_host = o.scheduler_address;
-  std::string toward;
-  for (const auto& n : hosts.nodes)
-    if (toward.empty() && !control::is_loopback_host(n.host))
-      toward = n.host;
-  if (toward.find(':') != std::string::npos || sched_host.find(':') != std::string::npos)
-    return fail("the hosts beyond this one are named by IPv6 address (" + toward + ", or --scheduler-address "
-                + sched_host + "): launch --hosts reaches them over IPv4 only; name them by host name or IPv4 address");
-  if (sched_host.empty())
-    sched_host = net::local_address_toward(toward, o.ssh.port ? o.ssh.port : 22);
-  if (sched_host.empty() || control::is_loopback_address(sched_host))
-    return fail("the job spans hosts beyond this one (" + toward + "), but this host's address toward it is '"
-                + sched_host + "' (" + (o.scheduler_address.empty() ? "the route's" : "--scheduler-address")
-                + "): every host would look for the scheduler on itself. Say --scheduler-address ADDRESS, an "
-                  "address of this host the others reach");
-  return 0;
-}
-
-// A CA and one certificate of this launch's own, for the nodes' mutual TLS (the scheduler
-// listens beyond loopback). Returns the exit code, 0 once they are made.
-int launcher::make_tls() {
-  tls_dir = dir + "/tls";
-  auto made = net::ensure_ca(dir + "/ca");
-  caf::error err = made ? net::issue_node_cert(dir + "/ca", tls_dir, "ashlar-launch", 30) : made.error();
-  if (err) {
-    std::fprintf(stderr, "ashlar launch: cannot make this launch's TLS credentials: %s\n", describe(err).c_str());
-    return 1;
-  }
-  return 0;
-}
-
-// Tries ssh to every host at once (BatchMode, `true`), as horovodrun does before it starts:
-// returns the exit code, 0 when every host answered; otherwise names each one that did not,
-// with what ssh said.
-int launcher::check_hosts() {
-  std::vector<std::string> names;
-  for (const auto& n : hosts.nodes)
-    if (std::find(names.begin(), names.end(), n.host) == names.end())
-      names.push_back(n.host);
-  std::printf("[launch] checking ssh to %zu host(s): %s\n", names.size(), hosts.describe().c_str());
-  std::fflush(stdout);
-  std::vector<child> probes;
-  for (const auto& h : names) {
-    auto p = subprocess::start(ssh_argv(o.ssh, h, "true"), "", true);
-    if (!p) {
-      std::fprintf(stderr, "ashlar launch: %s\n", describe(p.error()).c_str());
-      return 1;
-    }
-    p->close_input();
-    probes.push_back(child{h, std::move(*p), "", true, false, "", false, -1, false, 1});
-  }
-  const auto deadline = steady_now() + std::chrono::duration<double>(o.ssh.connect_timeout_s + 20);
-  std::string failed;
-  for (auto& c : probes) {
-    int code = -1;
-    while (!c.proc.poll_exit(code) && steady_now() < deadline)
-      pause_for(std::chrono::milliseconds(20));
-    std::string said;
-    char buf[4096];
-    ssize_t n;
-    if (code < 0)
-      c.proc.signal(SIGKILL);
-    // What it said, without waiting: another process (an ssh master) may hold the pipe open.
-    ::fcntl(c.proc.output_fd(), F_SETFL, ::fcntl(c.proc.output_fd(), F_GETFL) | O_NONBLOCK);
-    while (code >= 0 && (n = ::read(c.proc.output_fd(), buf, sizeof(buf))) > 0)
-      said.append(buf, static_cast<size_t>(n));
-    while (!said.empty() && (said.back() == '\n' || said.back() == '\r'))
-      said.pop_back();
-    if (const auto nl = said.find_last_of('\n'); nl != std::string::npos)
-      said = said.substr(nl + 1);
-    if (code != 0)
-      failed += "\n  " + c.prefix + ": " + (code < 0 ? "no answer within the connect timeout" : said.empty() ? control::describe_exit(code) : said);
-  }
-  if (failed.empty())
-    return 0;
-  std::fprintf(stderr, "ashlar launch: cannot reach these hosts over ssh (BatchMode: a key, no password):%s\n",
-               failed.c_str());
-  return 1;
-}
-
-// Starts every placed node on its host over ssh, its credentials sent on the channel;
-// false (every process killed) when one cannot start.
-bool launcher::start_host_nodes() {
-  std::printf("[launch] scheduler at %s; starting %u server and %u worker node(s) over ssh: %s\n", join.c_str(),
-              hosts.servers, static_cast<unsigned>(hosts.nodes.size() - hosts.servers), hosts.describe().c_str());
-  std::printf("[launch] %s\n", plan.c_str());
-  std::fflush(stdout);
-  launch_credentials creds;
-  {
-    std::ifstream in{token_file};
-    std::getline(in, creds.token);
-    if (token_file.empty())
-      if (const char* env = std::getenv("ASHLAR_TOKEN"))
-        creds.token = env;
-  }
-  for (const char* f : {"ca.pem", "node.pem", "node.key"})
-    if (!tls_dir.empty()) {
-      std::ifstream in{tls_dir + "/" + f};
-      creds.files.emplace_back(f, std::string{std::istreambuf_iterator<char>{in}, {}});
-    }
-  const std::string channel = encode_credentials(creds);
-  std::error_code ec;
-  const std::string cwd = std::filesystem::current_path(ec).string();
-  for (const auto& n : hosts.nodes) {
-    const bool worker = n.kind == control::host_node::worker;
-    std::vector<std::string> a = {exe, "node", "--role", worker ? "worker" : "server", "--join", join, "--name",
-                                  n.name, "--log-level", cfg.log_level, "--launcher-stdin", "--work-dir", "/"};
-    if (worker)
-      a.insert(a.end(), {"--slots", std::to_string(n.slots), "--gpus", cfg.gpus});
-    auto p = subprocess::start(ssh_argv(o.ssh, n.host, remote_command(a, cwd)), "", true);
-    if (!p || !p->write_input(channel)) {
-      std::fprintf(stderr, "ashlar launch: cannot start %s over ssh%s\n", n.name.c_str(),
-                   p ? "" : (": " + describe(p.error())).c_str());
-      return (stop_all(SIGKILL), false);
-    }
-    children.push_back(child{"[" + n.name + "]", std::move(*p), "", true, false, "", false, -1, true,
-                             worker ? n.slots : 1});
-  }
-  return true;
-}
-
 // Runs the job as separate processes on this machine; returns the exit code.
-int run_launch(const launch_options& o) {
+static int run_launch(const launch_options& o) {
   launcher launch{o};
   if (int code = launch.prepare())
     return code;
@@ -816,8 +563,6 @@ int run_launch(const launch_options& o) {
     return (launch.stop_all(SIGKILL), launch.finish(), 1);
   return launch.supervise();
 }
-
-}  // namespace
 
 std::vector<std::string>& launch_script_args() {
   static std::vector<std::string> args;

@@ -334,6 +334,9 @@ int prepare_node(node_options& o, node_setup& s) {
     s.sec.token = ep ? left_token(ep->port, s.reused_token_file) : std::string{};
     if (s.sec.token.empty())
       s.sec.token = make_token();
+    // Where the token will be written: refused now, before listening, if others could read it.
+    if (auto dir = private_token_dir(); !dir)
+      return node_failed(2, describe(dir.error()));
   }
   if (o.name.empty())
     o.name = default_name();

@@ -1,4 +1,5 @@
 #include "apps/ashlar/security_options.hpp"
+#include "runtime/net/token_rules.hpp"
 
 #include <cerrno>
 #include <cstdlib>
@@ -53,9 +54,17 @@ void add_security_options(CLI::App* cmd, security_options& o, bool listens) {
 
 expected<net::net_security> load_security(const security_options& o) {
   net::net_security sec;
+  // A token file others may read is refused as OpenSSH refuses a key; a weak token too.
+  if (!o.token_file.empty())
+    if (auto err = net::check_token_file(o.token_file))
+      return err;
   auto token = actors::load_token(o.token_file, std::getenv("ASHLAR_TOKEN"));
   if (!token)
     return token.error();
+  if (!token->empty())
+    if (auto err = net::check_token_strength(*token, o.token_file.empty() ? std::string{"$ASHLAR_TOKEN"}
+                                                                          : "the token file " + o.token_file))
+      return err;
   sec.token = *token;
   std::string dir = o.tls_dir;
   if (dir.empty())
@@ -127,12 +136,19 @@ std::string make_token() {
 
 namespace {
 
-std::string token_dir() {
+// Where this user's cluster tokens go: $ASHLAR_HOME, else ~/.ashlar, else
+// $XDG_RUNTIME_DIR/ashlar; never a shared directory such as /tmp, where another user could
+// make the directory first.
+expected<std::string> token_dir() {
   if (const char* home = std::getenv("ASHLAR_HOME"); home && *home)
-    return home;
+    return std::string{home};
   if (const char* h = std::getenv("HOME"); h && *h)
     return std::string{h} + "/.ashlar";
-  return "/tmp/ashlar-" + std::to_string(::getuid());
+  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x && *x)
+    return std::string{x} + "/ashlar";
+  return make_error(errc::invalid_argument, "no private directory for the cluster token: HOME, ASHLAR_HOME and "
+                                            "XDG_RUNTIME_DIR are unset. Set ASHLAR_HOME to a directory of your own "
+                                            "(mode 700), or give the nodes --token-file");
 }
 
 }  // namespace
@@ -140,28 +156,51 @@ std::string token_dir() {
 std::string left_token(uint16_t port, std::string& path) {
   if (port == 0)
     return {};
-  auto file = token_dir() + "/cluster-" + std::to_string(port) + ".token";
+  auto dir = token_dir();
+  if (!dir || net::check_private_dir(*dir, "the cluster token's directory"))
+    return {};
+  auto file = *dir + "/cluster-" + std::to_string(port) + ".token";
   struct stat st{};
   if (::lstat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::getuid()
       || (st.st_mode & 077) != 0)
     return {};
   auto token = actors::load_token(file, nullptr);
-  if (!token || token->size() < 32)
+  if (!token || token->size() < 32 || net::check_token_strength(*token, file))
     return {};
   path = file;
   return *token;
 }
 
-expected<std::string> write_token_file(const std::string& token, uint16_t port) {
-  std::string dir = token_dir();
+expected<std::string> private_token_dir() {
+  auto dir = token_dir();
+  if (!dir)
+    return dir.error();
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec)
-    return make_error(errc::io_error, "cannot create " + dir + " for the cluster token: " + ec.message());
-  ::chmod(dir.c_str(), 0700);
-  auto path = dir + "/cluster-" + std::to_string(port) + ".token";
+  const auto parent = std::filesystem::path{*dir}.parent_path();
+  if (!parent.empty())
+    std::filesystem::create_directories(parent, ec);
+  if (::mkdir(dir->c_str(), 0700) != 0 && errno != EEXIST)
+    return make_error(errc::io_error, "cannot create " + *dir + " for the cluster token: " + std::strerror(errno));
+  // This user's own directory, readable by others: made private. Anyone else's, a link, or
+  // one others may write is refused (check_private_dir says why and what to do).
+  struct stat st{};
+  if (::lstat(dir->c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::getuid() && (st.st_mode & 077) != 0
+      && (st.st_mode & 022) == 0)
+    ::chmod(dir->c_str(), 0700);
+  if (auto err = net::check_private_dir(*dir, "the cluster token's directory"))
+    return err;
+  return dir;
+}
+
+expected<std::string> write_token_file(const std::string& token, uint16_t port) {
+  auto dir = private_token_dir();
+  if (!dir)
+    return dir.error();
+  auto path = *dir + "/cluster-" + std::to_string(port) + ".token";
   auto tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // A file of this name is never written through (it may be a link planted there): made anew.
+  ::unlink(tmp.c_str());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
     return make_error(errc::io_error, "cannot write the cluster token to " + tmp + ": " + std::strerror(errno));
   auto line = token + "\n";

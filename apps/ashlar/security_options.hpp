@@ -47,8 +47,13 @@ std::string join_hint(const security_options& o);
 /// A fresh random cluster token (256 bits, hex).
 std::string make_token();
 
-/// Writes `token` to $ASHLAR_HOME (default ~/.ashlar, made mode 0700) /cluster-PORT.token,
-/// readable by this user only; returns the path.
+/// This user's directory for cluster tokens ($ASHLAR_HOME, else ~/.ashlar, else
+/// $XDG_RUNTIME_DIR/ashlar; never /tmp), made mode 0700 if missing; refused (naming it and
+/// what to do) when it is another user's, a link, or writable by others.
+[[nodiscard]] expected<std::string> private_token_dir();
+
+/// Writes `token` to private_token_dir()/cluster-PORT.token (O_EXCL, O_NOFOLLOW, then
+/// renamed into place), readable by this user only; returns the path.
 [[nodiscard]] expected<std::string> write_token_file(const std::string& token, uint16_t port);
 
 /// The token a scheduler on `port` wrote there and did not remove (it was killed): a

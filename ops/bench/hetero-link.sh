@@ -85,7 +85,7 @@ for policy in ${policies//,/ }; do
     rm -f "$dir/port" "$dir/r.json"
     # A private link between two namespaces: plain TCP with the token (--insecure), as the
     # peers' numbers are taken without encryption.
-    export ASHLAR_TOKEN=${ASHLAR_TOKEN:-hetero-link-$$}
+    export ASHLAR_TOKEN=${ASHLAR_TOKEN:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}
     ip netns exec "$a" "$exe" node --role scheduler,server --listen 10.231.8.1:0 --port-file "$dir/port" --insecure \
       "$config" --exit-after-job --policy "$policy" --workers 4 --servers 1 \
       --set train.speeds=1,1,2,4 "${pacing[@]}" --set run.eval_interval="$eval_s" --set run.eval_every_epoch=false \

@@ -8,6 +8,7 @@
 #include <random>
 #include <filesystem>
 #include <fstream>
+#include <sys/stat.h>
 #include <functional>
 #include <regex>
 #include <sstream>
@@ -1104,4 +1105,41 @@ TEST_CASE("ashlar launch with a worker process killed (SIGKILL) mid-job trains i
   CHECK(applied > 1.99);
   CHECK(applied < 2.03);
   CHECK(report_number(json, "test_accuracy") > 0.7);
+}
+
+TEST_CASE("a token directory others may write, no private directory, a token file others may read and a short token "
+          "are each refused before a node listens, saying what to do") {
+  ashlar::test::temp_dir dir;
+  const std::string bin = ASHLAR_BINARY;
+  const std::string planted = dir.file("planted");
+  REQUIRE(::mkdir(planted.c_str(), 0700) == 0);
+  ::chmod(planted.c_str(), 0777); // made by someone for others to fill, as in /tmp
+  auto r = shell("env -u ASHLAR_TOKEN -u HOME -u XDG_RUNTIME_DIR ASHLAR_HOME=" + planted + " " + bin
+                 + " node --role scheduler --listen 127.0.0.1:0");
+  CHECK(r.code == 2);
+  CHECK(has(r, planted + " (the cluster token's directory) may be written by others (mode 0777)"));
+  CHECK(has(r, "chmod 700"));
+  CHECK(std::filesystem::is_empty(planted)); // nothing was written there
+  r = shell("env -u ASHLAR_TOKEN -u HOME -u ASHLAR_HOME -u XDG_RUNTIME_DIR " + bin
+            + " node --role scheduler --listen 127.0.0.1:0");
+  CHECK(r.code == 2);
+  CHECK(has(r, "no private directory for the cluster token"));
+  CHECK(has(r, "Set ASHLAR_HOME"));
+  const std::string token = dir.file("token");
+  { std::ofstream{token} << "0123456789abcdef0123456789abcdef0123456789abcdef\n"; }
+  ::chmod(token.c_str(), 0644);
+  r = shell("env -u ASHLAR_TOKEN " + bin + " node --role worker --join 127.0.0.1:1 --token-file " + token);
+  CHECK(r.code == 2);
+  CHECK(has(r, "token file " + token + " may be read or written by others (mode 0644)"));
+  CHECK(has(r, "chmod 600 " + token));
+  r = shell("ASHLAR_TOKEN=s3cret " + bin + " node --role worker --join 127.0.0.1:1");
+  CHECK(r.code == 2);
+  CHECK(has(r, "$ASHLAR_TOKEN holds a token of at most 0 bits, under the 128 a cluster token needs"));
+  // A generated one in a private file is taken (the node then looks for its scheduler).
+  ::chmod(token.c_str(), 0600);
+  r = shell("env -u ASHLAR_TOKEN " + bin + " node --role worker --join 127.0.0.1:1 --connect-timeout 1 --token-file "
+            + token);
+  CHECK(r.out.find("bits, under the 128") == std::string::npos);
+  CHECK(r.out.find("may be read or written by others") == std::string::npos);
+  CHECK(r.out.find("cannot reach the scheduler at 127.0.0.1:1") != std::string::npos);
 }

@@ -224,8 +224,8 @@ TEST_CASE("a SIGKILLed worker is removed within 5 s, the run completes, and a la
 
 TEST_CASE("a node with the wrong cluster token is refused, with a message on both sides") {
   temp_dir dir;
-  std::ofstream{dir.file("good")} << "s3cret-a\n";
-  std::ofstream{dir.file("bad")} << "s3cret-b\n";
+  write_token(dir.file("good"), "a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718");
+  write_token(dir.file("bad"), "9f8e7d6c5b4a39281706f5e4d3c2b1a09f8e7d6c5b4a3928");
   auto sched = start_scheduler(dir, {"--token-file", dir.file("good")});
   auto node = start({exe, "node", "--role", "worker", "--join", sched.join, "--token-file", dir.file("bad")},
                     dir.file("node.log"));

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -28,6 +29,12 @@ inline const bool token_set = [] {
   return true;
 }();
 inline const std::string config = std::string{ASHLAR_SOURCE_DIR} + "/ops/configs/fmnist-mlp.toml";
+
+// Writes a token file as a user should: readable by this user only (others' eyes refuse it).
+inline void write_token(const std::string& path, const std::string& token) {
+  { std::ofstream{path} << token << "\n"; }
+  std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+}
 
 inline std::string slurp(const std::string& path) {
   std::ifstream in{path};

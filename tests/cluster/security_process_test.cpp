@@ -176,7 +176,7 @@ TEST_CASE("without the cluster token, status, ctl, a submitted job and a join ar
     CHECK(log.find("the node refused the connection: it expects another cluster token") != std::string::npos);
   }
   // A wrong token fares no better.
-  std::ofstream{dir.file("wrong")} << "not-the-token\n";
+  write_token(dir.file("wrong"), "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a6978"); // strong, and not the token
   auto wrong = start({exe, "ctl", "shutdown", "--join", sched.join, "--token-file", dir.file("wrong")},
                      dir.file("wrong.log"));
   CHECK(wrong.wait(30) == 1);
@@ -196,7 +196,7 @@ TEST_CASE("without the cluster token, status, ctl, a submitted job and a join ar
 TEST_CASE("a submitted job may write only inside the nodes' work directories, and is told which path is outside") {
   temp_dir dir;
   std::filesystem::create_directories(dir.file("work"));
-  std::ofstream{dir.file("work/token")} << token << "\n"; // its own token file, in the work directory
+  write_token(dir.file("work/token"), token); // its own token file, in the work directory
   auto sched = start_scheduler(dir, {"--work-dir", dir.file("work"), "--token-file", dir.file("work/token")});
   auto server = start({exe, "node", "--role", "server", "--join", sched.join, "--work-dir", dir.file("work")},
                       dir.file("server.log"));

@@ -140,6 +140,7 @@ print(json.dumps({"steps": steps, "sizes": sorted(sizes), "code": ashlar.shutdow
 def start_scheduler(tmp, settings):
     token = tmp / "cluster.token"
     token.write_text(secrets.token_hex(32) + "\n")
+    token.chmod(0o600)  # a token file others may read is refused
     token.chmod(0o600)
     port_file, report = tmp / "port", tmp / "report.json"
     args = [BIN, "node", "--role", "scheduler,server", "--listen", "127.0.0.1:0", "--port-file", str(port_file),

@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "runtime/core/clock.hpp"
@@ -23,6 +24,7 @@
 #include "runtime/net/http_endpoint.hpp"
 #include "runtime/net/records.hpp"
 #include "runtime/net/socket.hpp"
+#include "runtime/net/token_rules.hpp"
 #include "runtime/os/memory.hpp"
 #include "runtime/os/paths.hpp"
 #include "runtime/os/threads.hpp"
@@ -749,4 +751,62 @@ TEST_CASE("a big message that holds budget and stalls has its connection cut at 
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   CHECK(ticks >= 2); // one at once, the next within a second
   a.stop();
+}
+
+TEST_CASE("a cluster token under 128 bits is refused saying how to make one, a generated one passes") {
+  CHECK(net::token_entropy_bits(std::string(64, 'a')) == 0); // one character repeated
+  CHECK(net::token_entropy_bits("abcd") == 0);
+  CHECK(net::token_entropy_bits("0123456789abcdef0123456789abcdef") == 128); // 32 hex: exactly 128
+  CHECK(net::token_entropy_bits("0123456789abcdef0123456789abcde") < 128);
+  CHECK(net::token_entropy_bits(net::random_hex(32)) == 256);
+  CHECK_FALSE(net::check_token_strength(net::random_hex(32), "$ASHLAR_TOKEN"));
+  CHECK_FALSE(net::check_token_strength("q2N8v1X0bY7rT4kP9sWzE3mH6cJ5aL1dF0gQ8uV2iO4=", "the token file t")); // base64 of 32 bytes
+  auto err = net::check_token_strength("s3cr", "$ASHLAR_TOKEN");
+  REQUIRE(err);
+  CHECK_THAT(describe(err), Catch::Contains("$ASHLAR_TOKEN holds a token of at most 0 bits")
+                              && Catch::Contains("head -c 32 /dev/urandom | base64"));
+  err = net::check_token_strength("hetero-link-4242", "the token file t");
+  REQUIRE(err);
+  CHECK_THAT(describe(err), Catch::Contains("at most 96 bits"));
+}
+
+TEST_CASE("a token file others may read is refused as a key would be, naming the chmod") {
+  temp_dir dir;
+  const auto file = dir.file("token");
+  { std::ofstream{file} << net::random_hex(32) << "\n"; }
+  ::chmod(file.c_str(), 0644);
+  auto err = net::check_token_file(file);
+  REQUIRE(err);
+  CHECK_THAT(describe(err), Catch::Contains("mode 0644") && Catch::Contains("chmod 600 " + file));
+  ::chmod(file.c_str(), 0600);
+  CHECK_FALSE(net::check_token_file(file));
+  // A link to a private file (a Kubernetes Secret's file is one) is followed.
+  const auto link = dir.file("link");
+  REQUIRE(::symlink(file.c_str(), link.c_str()) == 0);
+  CHECK_FALSE(net::check_token_file(link));
+  CHECK(net::check_token_file(dir.path())); // not a regular file
+}
+
+TEST_CASE("a directory for tokens that others may write, that is a link, or that another user made is refused") {
+  temp_dir dir;
+  const auto mine = dir.file("mine");
+  REQUIRE(::mkdir(mine.c_str(), 0700) == 0);
+  CHECK_FALSE(net::check_private_dir(mine, "the cluster token's directory"));
+  const auto open_dir = dir.file("open");
+  REQUIRE(::mkdir(open_dir.c_str(), 0700) == 0);
+  ::chmod(open_dir.c_str(), 0777); // as a directory planted in /tmp for others to fill
+  auto err = net::check_private_dir(open_dir, "the cluster token's directory");
+  REQUIRE(err);
+  CHECK_THAT(describe(err), Catch::Contains("may be written by others (mode 0777)") && Catch::Contains("ASHLAR_HOME"));
+  const auto link = dir.file("link");
+  REQUIRE(::symlink(mine.c_str(), link.c_str()) == 0);
+  CHECK(net::check_private_dir(link, "the cluster token's directory"));
+  if (::getuid() == 0) { // another user's directory (root can make one; CI runs as root)
+    const auto theirs = dir.file("theirs");
+    REQUIRE(::mkdir(theirs.c_str(), 0700) == 0);
+    REQUIRE(::chown(theirs.c_str(), 65534, 65534) == 0);
+    err = net::check_private_dir(theirs, "the cluster token's directory");
+    REQUIRE(err);
+    CHECK_THAT(describe(err), Catch::Contains("belongs to user 65534, not to you"));
+  }
 }

@@ -1568,7 +1568,8 @@ sim_result run(const sim_options& opt) {
   }
   // `ashlar launch` started the scheduler and the first worker nodes' processes: the launch's
   // own faults (a member that exits before the job has its members, a Ctrl-C to the
-  // launcher) are drawn apart, so the other draws stay as they were.
+  // launcher, a shutdown of the cluster while the job trains) are drawn apart, so the other
+  // draws stay as they were.
   const bool legacy = opt.legacy_handover || opt.uncorrected_directives || opt.uncommitted_cut_kept || opt.stale_cut_error
                       || opt.launch_stops_on_lost_member;
   if (!scale) {
@@ -1579,13 +1580,19 @@ sim_result run(const sim_options& opt) {
     w.launch_exited.assign(lm.size(), false);
     w.launch.emplace(w.clock, std::move(lm));
     std::mt19937_64 launch_rng(opt.seed * 0xA24BAED4963EE407ull + 29);
-    const uint64_t fault = legacy ? 0 : 1 + launch_rng() % 6;
+    const uint64_t fault = legacy || !opt.launch_faults ? 0 : 1 + launch_rng() % 6;
     if (fault == 1 && worker_nodes >= 2) { // a worker node's process fails before it joins
       const size_t n = 2 + launch_rng() % (worker_nodes - 1);
       w.at(w.now(), [&w, n] {
         w.nodes[n].up = false;
         w.note("node process " + std::to_string(n) + " exits with code 1 before it joins");
         w.launch_exit(n, 1, "cannot read the data set");
+      });
+    } else if (fault == 3) { // ashlar ctl shutdown while the job trains: the job stops first, then the nodes
+      const uint64_t t = w.now() + sec + launch_rng() % std::max<uint64_t>(1, est);
+      w.at(t, [&w] {
+        if (w.life && w.life->state() == control::job_lifecycle::phase::running)
+          w.request_stop("ashlar ctl shutdown (the job trains)", "the cluster was shut down by ashlar ctl shutdown");
       });
     } else if (fault == 2) { // Ctrl-C to the launcher, at any time of the job
       const uint64_t t = w.now() + launch_rng() % std::max<uint64_t>(1, 2 * est);
@@ -1738,6 +1745,7 @@ sim_result run(const sim_options& opt) {
              + (opt.uncommitted_cut_kept ? " --uncommitted-cut-kept" : "")
              + (opt.stale_cut_error ? " --stale-cut-error" : "")
              + (opt.launch_stops_on_lost_member ? " --launch-stops-on-lost-member" : "")
+             + (!opt.launch_faults ? " --no-launch-faults" : "")
              + " --verbose";
   return r;
 }

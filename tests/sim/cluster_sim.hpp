@@ -59,6 +59,10 @@ struct sim_options {
   /// process that died once the job ran stopped the job: for showing that the invariant
   /// catches it.
   bool launch_stops_on_lost_member = false;
+  /// The launch's own faults (a member that exits before the start, a Ctrl-C, a shutdown
+  /// while the job trains), drawn apart from the schedule's; off for a scenario a test
+  /// picked by its seed.
+  bool launch_faults = true;
 };
 
 struct sim_result {

@@ -44,9 +44,11 @@ int main(int argc, char** argv) {
       opt.stale_cut_error = true;
     else if (std::strcmp(argv[i], "--launch-stops-on-lost-member") == 0)
       opt.launch_stops_on_lost_member = true;
+    else if (std::strcmp(argv[i], "--no-launch-faults") == 0)
+      opt.launch_faults = false;
     else {
       std::fprintf(stderr, "ashlar-sim: unknown argument %s\nusage: ashlar-sim [--seed N | --seeds N] [--workers W "
-                           "--nodes K --minutes M [--period S] [--churn K] [--join-delay S]] [--verbose] [--legacy-handover] [--uncorrected-directives] [--uncommitted-cut-kept] [--stale-cut-error] [--launch-stops-on-lost-member]\n", argv[i]);
+                           "--nodes K --minutes M [--period S] [--churn K] [--join-delay S]] [--verbose] [--legacy-handover] [--uncorrected-directives] [--uncommitted-cut-kept] [--stale-cut-error] [--launch-stops-on-lost-member] [--no-launch-faults]\n", argv[i]);
       return 2;
     }
   }

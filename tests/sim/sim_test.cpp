@@ -154,6 +154,7 @@ TEST_CASE("a node frozen past the heartbeat timeout is dropped, then by its own 
           "again, and the job trains its epochs once") {
   sim_options opt;
   opt.seed = 405; // node process 2 frozen 6 s; another node crashes meanwhile
+  opt.launch_faults = false;
   opt.verbose = true;
   auto r = run(opt);
   require_ok(r);
@@ -176,6 +177,7 @@ TEST_CASE("a node whose welcome is lost gets no workers, is given up on after th
   auto trace_of = [](uint64_t seed) {
     sim_options opt;
     opt.seed = seed;
+    opt.launch_faults = false;
     opt.verbose = true;
     auto r = run(opt);
     require_ok(r); // (and no worker started on a node that had not confirmed: an invariant)

@@ -9,8 +9,8 @@
 #   kill:     a worker task SIGKILLed mid-job is survived (rc 0, epochs once, one lost);
 #   scancel:  the report is written (stopped) and no Ashlar process is left;
 #   requeue:  a job requeued mid-run resumes from its checkpoint and finishes, rc 0.
-#   start:    a member step that fails before the job has its members fails it fast;
-#   task:     so does one task of a step of several;
+#   start:    a member step that fails before the job has its members fails it fast,
+#             and so does one task of a step of several;
 #   loopback: a node whose scheduler host resolves to loopback in a job of several hosts
 #             is refused, naming the variable.
 #
@@ -186,8 +186,7 @@ start)
   grep -q "the job's nodes did not come\|stopped while waiting for\|lacked\|has none" "$log" || fail "the scheduler did not say what the job lacked"
   echo "start: a server step that never joined failed the start in $((SECONDS - t0)) s, rc $rc"
   grep -E "ended before|lacked|has none|exited with code" "$log" | tail -4
-  ;;
-task)
+  : > "$log"
   # One task of a step of several (worker class 1's second task) fails before it joins: the
   # start fails as fast as for a whole step, naming the step and the task.
   printf '#!/bin/bash\ncase " $* " in *" --role worker "*) [ "${SLURM_PROCID:-0}" = 1 ] && { echo "no device here" >&2; exit 3; };; esac\nexec %s "$@"\n' \

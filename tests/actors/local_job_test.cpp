@@ -253,10 +253,13 @@ TEST_CASE("test evaluations come every run.eval_interval seconds while a job run
   std::sort(gaps.begin(), gaps.end());
   const double median = gaps[gaps.size() / 2];
   INFO(times.size() << " evaluations, median gap " << median << " s");
-  // The first comes an interval after the start, and they keep to the interval (a
-  // 100 ms tick used to round 0.25 s up to 0.3 s).
-  CHECK(times.front() == Approx(0.25).margin(0.1));
-  CHECK(median == Approx(0.25).margin(0.025));
+  // The first comes about an interval after the start, and none comes sooner than the
+  // interval after the one before. (That they keep to the interval's grid, 0.25, 0.5, ...
+  // s, is the job timeline's case on a manual clock, in control_test.cpp: here, on a loaded
+  // machine, an evaluation itself may take longer than the interval.)
+  CHECK(times.front() >= 0.2);
+  CHECK(times.front() < 0.5);
+  CHECK(median >= 0.225);
 }
 
 TEST_CASE("k-sync and k-async jobs train to a working model") {

@@ -665,6 +665,18 @@ TEST_CASE("the job timeline's progress lines, notes and interval evaluations com
   CHECK(progress == 10);
   CHECK(notes == 10);
   CHECK(evals == 20);
+  // An evaluation seen late (the driver busy) keeps the grid: the next is due at the grid's
+  // next point, not an interval after the late one.
+  job_timeline late{j.clock, s};
+  late.training_started();
+  j.clock.advance(std::chrono::milliseconds(700)); // due at 0.5, seen at 0.7
+  auto d = late.look(j.samples);
+  REQUIRE(d.evaluate);
+  late.evaluation_started(d.interval_eval, j.samples);
+  j.clock.advance(std::chrono::milliseconds(290)); // 0.99: not yet
+  CHECK_FALSE(late.look(j.samples).evaluate);
+  j.clock.advance(std::chrono::milliseconds(20)); // 1.01: the grid's 1.0 has come
+  CHECK(late.look(j.samples).evaluate);
 }
 
 TEST_CASE("the job timeline names a lost shard whose wait is over, and none served again in time") {

@@ -651,6 +651,9 @@ int run_node(node_options& o) {
   node_setup s;
   if (int rc = prepare_node(o, s); rc >= 0)
     return rc;
+  // The launcher's credentials are loaded (the token and the TLS context are in memory):
+  // their files go now, so that even a node killed later leaves none behind.
+  channel.reset();
   // A signal stops a job this node runs (its workers finish their step; the job reports),
   // then the node; node_process::serve takes it.
   catch_stop_signals(false);

@@ -1,7 +1,7 @@
 // A node started by `ashlar launch --hosts` over ssh: its standard input is the launcher's
 // channel (runtime/os/remote_start.hpp says what it carries). The credentials it brings go
-// to a private directory of this process's own (mode 0700, removed when the node ends);
-// the lines after them, and the channel's end, become stop requests.
+// to a private directory of this process's own (mode 0700), removed as soon as the node has
+// loaded them; the lines after them, and the channel's end, become stop requests.
 #pragma once
 
 #include <memory>

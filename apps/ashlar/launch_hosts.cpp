@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "apps/ashlar/launcher.hpp"
+#include "actors/cluster/system.hpp"
 #include "runtime/control/rendezvous.hpp"
 #include "runtime/core/clock.hpp"
 #include "runtime/net/socket.hpp"
@@ -162,13 +163,9 @@ bool launcher::start_host_nodes() {
   std::printf("[launch] %s\n", plan.c_str());
   std::fflush(stdout);
   launch_credentials creds;
-  {
-    std::ifstream in{token_file};
-    std::getline(in, creds.token);
-    if (token_file.empty())
-      if (const char* env = std::getenv("ASHLAR_TOKEN"))
-        creds.token = env;
-  }
+  // The token as every node reads it (the launch's file, the user's, or $ASHLAR_TOKEN).
+  if (auto token = actors::load_token(token_file, std::getenv("ASHLAR_TOKEN")))
+    creds.token = *token;
   for (const char* f : {"ca.pem", "node.pem", "node.key"})
     if (!tls_dir.empty()) {
       std::ifstream in{tls_dir + "/" + f};

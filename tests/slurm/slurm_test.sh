@@ -116,6 +116,22 @@ wait_for() { # wait_for PATTERN SECONDS: until the job's output has it
   return 1
 }
 
+# failed_start CASE_ARM: submits the het job with an ashlar that fails as the shell case arm
+# says (for some of its tasks) before joining; the job must end non-zero within 30 s. Sets
+# rc and took.
+failed_start() {
+  printf '#!/bin/bash\ncase " $* " in %s esac\nexec %s "$@"\n' "$1" "$bin" > "$d/ashlar-wrap"
+  chmod +x "$d/ashlar-wrap"
+  ASHLAR=$d/ashlar-wrap submit "$src/ops/slurm/hetero.sbatch" "$config" "${job[@]}" >/dev/null
+  wait_for "^\[ashlar-job\] job" 120 || fail "the job did not start"
+  local t0=$SECONDS
+  wait_for "the scheduler exited with code" 120 || fail "the job did not end"
+  took=$((SECONDS - t0))
+  rc=$(grep -o "the scheduler exited with code [0-9]*" "$log" | grep -o "[0-9]*$")
+  [ "$rc" != 0 ] || fail "the job did not fail"
+  [ "$took" -lt 30 ] || fail "it took $took s, not fast"
+}
+
 case $case in
 het)
   sbatch --wait -o "$log" "$src/ops/slurm/hetero.sbatch" "$config" "${job[@]}"
@@ -172,36 +188,18 @@ requeue)
   ;;
 start)
   # A member that never joins (its step fails at once) fails the start fast, naming it.
-  printf '#!/bin/bash\ncase " $* " in *" --role server "*) echo "no store here" >&2; exit 3;; esac\nexec %s "$@"\n' \
-    "$bin" > "$d/ashlar-wrap"
-  chmod +x "$d/ashlar-wrap"
-  ASHLAR=$d/ashlar-wrap submit "$src/ops/slurm/hetero.sbatch" "$config" "${job[@]}" >/dev/null
-  wait_for "^\[ashlar-job\] job" 120 || fail "the job did not start"
-  t0=$SECONDS
-  wait_for "the scheduler exited with code" 120 || fail "the job did not end"
-  rc=$(grep -o "the scheduler exited with code [0-9]*" "$log" | grep -o "[0-9]*$")
-  [ "$rc" != 0 ] || fail "the job did not fail"
+  failed_start '*" --role server "*) echo "no store here" >&2; exit 3;;'
   grep -q "the server nodes' step.* before the job had its members; stopping the job" "$log" || fail "not named"
-  [ $((SECONDS - t0)) -lt 30 ] || fail "it took $((SECONDS - t0)) s, not fast"
   grep -q "the job's nodes did not come\|stopped while waiting for\|lacked\|has none" "$log" || fail "the scheduler did not say what the job lacked"
-  echo "start: a server step that never joined failed the start in $((SECONDS - t0)) s, rc $rc"
+  echo "start: a server step that never joined failed the start in $took s, rc $rc"
   grep -E "ended before|lacked|has none|exited with code" "$log" | tail -4
   : > "$log"
   # One task of a step of several (worker class 1's second task) fails before it joins: the
   # start fails as fast as for a whole step, naming the step and the task.
-  printf '#!/bin/bash\ncase " $* " in *" --role worker "*) [ "${SLURM_PROCID:-0}" = 1 ] && { echo "no device here" >&2; exit 3; };; esac\nexec %s "$@"\n' \
-    "$bin" > "$d/ashlar-wrap"
-  chmod +x "$d/ashlar-wrap"
-  ASHLAR=$d/ashlar-wrap submit "$src/ops/slurm/hetero.sbatch" "$config" "${job[@]}" >/dev/null
-  wait_for "^\[ashlar-job\] job" 120 || fail "the job did not start"
-  t0=$SECONDS
-  wait_for "the scheduler exited with code" 120 || fail "the job did not end"
-  rc=$(grep -o "the scheduler exited with code [0-9]*" "$log" | grep -o "[0-9]*$")
-  [ "$rc" != 0 ] || fail "the job did not fail"
+  failed_start '*" --role worker "*) [ "${SLURM_PROCID:-0}" = 1 ] && { echo "no device here" >&2; exit 3; };;'
   grep -q "the worker class 1's step's task 1: Exited with exit code 3 before the job had its members; stopping the job" "$log" \
     || fail "the task is not named"
-  [ $((SECONDS - t0)) -lt 30 ] || fail "it took $((SECONDS - t0)) s, not fast"
-  echo "task: one task of a step of two failed the start in $((SECONDS - t0)) s, rc $rc"
+  echo "task: one task of a step of two failed the start in $took s, rc $rc"
   ;;
 loopback)
   out=$(SLURM_JOB_ID=5 SLURM_JOB_NODELIST="localhost,n2" "$bin" node --role worker --join auto 2>&1)

@@ -75,9 +75,11 @@ using shard_actor = caf::typed_actor<
   caf::replies_to<checkpoint_atom>::with<uint64_t>>;
 
 /// The profiler: takes per-step timing reports, answers with per-worker statistics.
+/// A membership change comes from the scheduler with the worker's actor: a worker's
+/// reports are taken from that actor only.
 using profiler_actor = caf::typed_actor<
   caf::reacts_to<wire::profile_report>,
-  caf::replies_to<wire::membership_change>::with<caf::ok_atom>,
+  caf::replies_to<wire::membership_change, caf::actor_addr>::with<caf::ok_atom>,
   caf::replies_to<caf::get_atom>::with<wire::cluster_stats>>;
 
 /// The scheduler: registers workers (assigning shard map, data share and batch share),
@@ -89,6 +91,7 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<wire::register_worker>::with<wire::assignment, std::vector<shard_actor>>,
   caf::reacts_to<wire::membership_change>, caf::reacts_to<start_atom>, caf::reacts_to<tick_atom>,
   caf::reacts_to<replan_atom>, // (to itself) a membership plan may follow the last
+  caf::reacts_to<wait_atom>,   // (to itself) the stall watch's look (runtime/control/stall_watch.hpp)
   caf::reacts_to<lr_atom, float>,
   caf::replies_to<wire::ctl_request>::with<std::string>,
   caf::reacts_to<shard_atom, uint32_t, shard_actor, std::string>,

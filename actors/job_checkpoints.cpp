@@ -114,6 +114,8 @@ void job_checkpoints::act(const cut_action& a, const std::vector<shard_actor>& s
       if (auto err = store_.commit(a.cut, pending_.samples, pending_.seconds, pending_.workers, pending_.stage)) {
         // The shards keep the cut the record names, not this one.
         pacer_->commit_failed(a.cut);
+        abandoned_.push_back("cut " + std::to_string(a.cut) + ": its record in " + dir_ + " was not written ("
+                             + describe(err) + ")");
         spdlog::error("job: committing checkpoint cut {} to {} failed: {}; the job goes on, and a resume starts "
                       "from cut {}",
                       a.cut, dir_, describe(err), pacer_->last_committed());
@@ -121,6 +123,7 @@ void job_checkpoints::act(const cut_action& a, const std::vector<shard_actor>& s
         spdlog::debug("job: checkpoint cut {} committed ({} samples)", a.cut, pending_.samples);
       return;
     case cut_action::abandon:
+      abandoned_.push_back("cut " + std::to_string(a.cut) + ": " + a.why);
       spdlog::error("job: checkpoint cut {} abandoned ({}); the job goes on, and a resume starts from cut {}",
                     a.cut, a.why, pacer_->last_committed());
       return;
@@ -170,6 +173,8 @@ void job_checkpoints::final_cut(const std::vector<shard_actor>& shards, double n
     if (!pacer_->in_flight())
       break;
     if (steady_now() > until) {
+      abandoned_.push_back("cut " + std::to_string(*pacer_->in_flight()) + " (the final one): "
+                           + (views ? "not written by every shard within 60 s" : "a shard did not answer within 60 s"));
       spdlog::error("job: the final checkpoint cut {} was not written by every shard{}; a resume starts from "
                     "cut {}",
                     *pacer_->in_flight(), views ? " within 60 s" : " (a shard did not answer within 60 s)",

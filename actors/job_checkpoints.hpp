@@ -52,6 +52,10 @@ public:
   /// and committed with `progress`. Errors are logged: the cuts before it stand.
   void final_cut(const std::vector<shard_actor>& shards, double now, const cut_progress& progress);
 
+  /// The cuts abandoned so far, each with its cause ("cut 4: shard 1: No space left on
+  /// device"), for the job's report.
+  const std::vector<std::string>& abandoned() const { return abandoned_; }
+
 private:
   std::optional<std::vector<shard_cut_view>> poll(const std::vector<shard_actor>& shards);
   void act(const cut_action& a, const std::vector<shard_actor>& shards,
@@ -65,6 +69,7 @@ private:
   std::optional<cut_pacer> pacer_;
   cut_progress pending_; // the record of the cut in flight
   double last_poll_ = -1;
+  std::vector<std::string> abandoned_;
 };
 
 }  // namespace ashlar::actors

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -255,7 +256,7 @@ private:
     metrics_ = std::move(*metrics);
     live_.policy = cfg_.policy;
     where_.set_driver(caf::actor_cast<caf::actor>(self_));
-    profiler_ = spawn_profiler(sys_, 0.1, recorder_);
+    profiler_ = spawn_profiler(sys_, 0.1, recorder_, 0.25, train_->n);
     // Under a script's optimizer the shards hold what is added to the script's own initial
     // parameters: zeros to start.
     auto shards = where_.make_shards(ranges_,
@@ -438,10 +439,25 @@ private:
       if (take_message(wait))
         take_queued();
       if (!done_)
+        end_if_stop_overdue();
+      if (!done_)
         check_lost_shards();
       if (!done_)
         on_look();
     }
+  }
+
+  // A stop asked timeline_settings::stop_grace ago that the workers have not answered by
+  // leaving (one hung in its step, its node gone, a shard still lost): the job ends now.
+  void end_if_stop_overdue() {
+    if (!stop_sent_ && ((hooks_.stop_requested && hooks_.stop_requested()) || !stop_asked_.empty()))
+      stop_if_due(control::timeline_duties{});
+    if (!timeline_->stop_overdue())
+      return;
+    spdlog::warn("job: {} s after the stop request {}; the job ends without waiting longer",
+                 timeline_->settings().stop_grace,
+                 timeline_->shards_lost() ? "a shard is still lost" : "workers are still in their step");
+    stop_forced_ = done_ = true;
   }
 
   // The learning-rate schedule follows the epochs trained (a resumed job's included): its
@@ -657,6 +673,39 @@ private:
     guard_.emplace(ds);
   }
 
+  // The loss the guard follows: the job's, unless some workers report one that is not
+  // finite while others' is and the shards' parameters are finite (read_losses): those
+  // workers are at fault, removed (their samples go to the others), and the others' loss
+  // is followed. The parameters are read at most every 5 s for it.
+  double loss_to_follow(const wire::cluster_stats& stats, double now) {
+    if (std::isfinite(stats.loss))
+      return stats.loss;
+    std::vector<std::pair<uint32_t, double>> live;
+    for (const auto& w : stats.workers)
+      if (!w.done && faulted_.count(w.worker_id) == 0)
+        live.emplace_back(w.worker_id, w.loss);
+    const auto r = read_losses(live);
+    if (r.not_finite.empty())
+      return r.finite > 0 ? r.others : stats.loss;
+    if (!r.suspects() || now < loss_check_after_)
+      return stats.loss;
+    loss_check_after_ = now + 5;
+    auto params = snapshot(self_, shards_, num_params_, mid_run_timeout);
+    if (!params || std::any_of(params->begin(), params->end(), [](float x) { return !std::isfinite(x); }))
+      return stats.loss; // the model diverged (or could not be read): the guard's to handle
+    for (auto id : r.not_finite) {
+      faulted_.insert(id);
+      const std::string why = "worker " + std::to_string(id) + " reported a training loss that is not finite while "
+                              "the shards' parameters are finite and " + std::to_string(r.finite)
+                              + " other worker(s) report a finite loss: a fault of that worker, not the job's";
+      spdlog::warn("job: {}; it is removed and its samples go to the others", why);
+      if (recorder_)
+        recorder_->event("worker faulted", why, id);
+      self_->send(scheduler_, wire::ctl_request{wire::ctl_request::remove_worker, id, 0});
+    }
+    return r.others;
+  }
+
   // The divergence guard (runtime/optim/divergence_guard.hpp): snapshots of the model
   // while the loss is near its best; on divergence the last one goes back on the shards
   // and the learning rate halves; past its back-offs, or without a guard, the job stops.
@@ -665,9 +714,10 @@ private:
       last_train_loss_ = stats.loss; // the final evaluation's entry in the history
     if (stats.total_samples == 0 || timeline_->shards_lost())
       return;
+    const double loss = loss_to_follow(stats, now);
     start_guard();
     if (!guard_) {
-      if (!std::isfinite(stats.loss)) {
+      if (!std::isfinite(loss)) {
         failure_ = make_error(errc::numerical_error, "the training loss is not finite (lr too high? "
                                                      "run.divergence_guard backs off instead)");
         done_ = true;
@@ -676,13 +726,13 @@ private:
     }
     if (timeline_->shards_lost())
       return; // no snapshot nor back-off while a shard is being served again
-    switch (guard_->observe(stats.loss, now, stats.total_samples)) {
+    switch (guard_->observe(loss, now, stats.total_samples)) {
       case divergence_guard::action::none:
         return;
       case divergence_guard::action::snapshot:
         if (auto p = snapshot(self_, shards_, num_params_, mid_run_timeout)) {
           good_ = std::move(*p);
-          guard_->snapshot_taken(stats.loss, now);
+          guard_->snapshot_taken(loss, now);
         }
         return;
       case divergence_guard::action::give_up:
@@ -849,6 +899,7 @@ private:
       return;
     stop_sent_ = true;
     if (asked) {
+      timeline_->stop_asked();
       rep_.stopped_early = true;
       spdlog::info("job: asked to stop{}; stopping the workers after their current step",
                    stop_asked_.empty() ? std::string{} : " (" + stop_asked_ + ")");
@@ -867,10 +918,15 @@ private:
   expected<run_report> finish(std::vector<float>* final_params) {
     // A shard lost near the end (its node gone, to come back): the final snapshot waits
     // for it to be served again, as long as the run would have.
-    while (timeline_->shards_lost() && !failure_) {
+    while (timeline_->shards_lost() && !failure_ && !timeline_->stop_overdue()) {
       take_message(std::chrono::milliseconds(200));
       check_lost_shards();
+      end_if_stop_overdue();
     }
+    if (timeline_->shards_lost() && !failure_)
+      failure_ = make_error(errc::invalid_state, "the job was stopped" + (stop_asked_.empty() ? std::string{} : " (" + stop_asked_ + ")")
+                                                   + " while a shard was lost: its final model cannot be read"
+                                                   + (cuts_ ? "; a resume starts from its last checkpoint cut" : ""));
     expected<std::vector<float>> params = std::vector<float>{};
     if (failure_)
       params = failure_;
@@ -893,12 +949,14 @@ private:
     // The clean end: every shard writes the last cut; the job's record names it.
     if (cuts_ && !timeline_->shards_lost())
       cuts_->final_cut(shards_, seconds(), progress_of(rep_.samples, rep_.seconds, last_workers));
+    if (cuts_)
+      rep_.abandoned_cuts = cuts_->abandoned();
     for (auto& s : shards_)
       self_->demonitor(s.address());
     stop_all();
     if (failure_)
       return failure_;
-    if (finished_ == 0)
+    if (finished_ == 0 && !stop_forced_)
       return make_error(errc::invalid_state, (failed_ == 1 ? std::string{"the job's one worker failed"}
                                                             : "all " + std::to_string(failed_) + " workers failed")
                                                + (first_failure_.empty() ? std::string{"; the log above says why"}
@@ -976,6 +1034,7 @@ private:
         [&](const wire::cluster_stats& s) {
           last = s.workers;
           rep_.samples = s.total_samples;
+          rep_.refused_reports = s.refused_reports;
           take_metric_reports(s.metric_reports, rep_.seconds); // the scripts' last, reported as they left
           for (const auto& w : s.workers) {
             worker_summary ws;
@@ -1017,6 +1076,8 @@ private:
   profiler_actor profiler_;
   std::vector<shard_actor> shards_;
   scheduler_actor scheduler_;
+  std::set<uint32_t> faulted_;     // workers removed for a loss the parameters contradict (loss_to_follow)
+  double loss_check_after_ = 0;   // when loss_to_follow may read the parameters again
   std::shared_ptr<std::atomic<int>> stage_; // the scheduler's stage in force (ashl_stage; -1: none)
   std::shared_ptr<std::atomic<uint64_t>> reassigned_ = std::make_shared<std::atomic<uint64_t>>(0);
   const clock_source& clock_ = system_clock();
@@ -1036,6 +1097,7 @@ private:
   double last_progress_ = 0;
   std::map<size_t, std::string> not_served_why_; // why a lost one is not served yet: the cluster's last try
   bool stop_sent_ = false;
+  bool stop_forced_ = false; // the stop's grace ran out: the job ended without its workers' leave
   std::string stop_asked_; // who asked the cluster to stop the job (ashlar ctl stop-job, ...), if anyone
   lr_schedule schedule_;
   bool scheduled_ = false;

@@ -16,8 +16,11 @@ namespace ashlar::actors {
 /// exponential moving averages (default 0.1). Every step goes to `recorder` too, when
 /// given (the run's trace and metrics files). Each worker's compute speed is also
 /// averaged over windows of `window` seconds and predicted one window ahead by a GRU, so
-/// that `ashlar status` can show predicted against observed speed.
+/// that `ashlar status` can show predicted against observed speed. Reports are taken from
+/// the job's members only, each of at most `step_samples_max` samples (the training set's
+/// size; 0: no bound), and membership changes from this process only.
 profiler_actor spawn_profiler(caf::actor_system& sys, double smoothing = 0.1,
-                              std::shared_ptr<run_recorder> recorder = nullptr, double window = 0.25);
+                              std::shared_ptr<run_recorder> recorder = nullptr, double window = 0.25,
+                              uint64_t step_samples_max = 0);
 
 }  // namespace ashlar::actors

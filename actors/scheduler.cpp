@@ -14,6 +14,7 @@
 
 #include "runtime/control/job_roster.hpp"
 #include "runtime/control/member_plan.hpp"
+#include "runtime/control/stall_watch.hpp"
 #include "runtime/core/clock.hpp"
 #include "runtime/metrics/recorder.hpp"
 #include "runtime/policy/assignment.hpp"
@@ -95,6 +96,8 @@ void record(scheduler_pointer self, const std::string& name, const std::string& 
 }
 
 constexpr auto ack_timeout = std::chrono::seconds(30);
+// The stall watch looks every stall_look while the job trains.
+constexpr auto stall_look = std::chrono::seconds(2);
 
 // Asks a shard to take membership change `m`; `done(acknowledged)` runs once. A shard that
 // is lost (its node down: requests to it go nowhere until they time out) counts as having
@@ -162,7 +165,9 @@ void broadcast(scheduler_pointer self, const wire::membership_change& m,
   };
   for (auto& shard : cfg.shards)
     ask_shard(self, shard, m, one);
-  self->request(cfg.profiler, ack_timeout, m)
+  const auto member = self->state.members.find(m.worker_id);
+  self->request(cfg.profiler, ack_timeout, m,
+                member != self->state.members.end() ? member->second.addr : caf::actor_addr{})
     .then([=](caf::ok_atom) { one(true, std::nullopt); },
           [=](caf::error& err) {
             spdlog::error("scheduler: membership change for worker {} not acknowledged by the profiler: {}",
@@ -432,6 +437,7 @@ void start_training(scheduler_pointer self) {
   }
   st.planner->on_start(plan);
   apply_plan(self, plan);
+  self->delayed_send(self, stall_look, wait_atom::value);
   // The first plan as soon as the profiler has a few steps of each worker.
   if (st.planner->plans())
     self->delayed_send(self, std::chrono::milliseconds(200), tick_atom::value);
@@ -483,6 +489,43 @@ void apply_plan(scheduler_pointer self, const job_plan& plan) {
 
 // One planner tick: the profiler's figures (and shard 0's staleness counters, if the
 // planner wants them) into a view, the planner's answer into messages.
+// A shard's held reads waiting past their deadline (runtime/control/stall_watch.hpp): the
+// workers they wait for are removed as lost (their shares go to the others), never the
+// workers waiting.
+void watch_stalls(scheduler_pointer self, const wire::cluster_stats& stats) {
+  auto& st = self->state;
+  if (!st.started() || st.traits.ring || st.cfg.shards.empty()
+      || st.lost_shards.count(st.cfg.shards.front().address()) > 0)
+    return;
+  std::vector<double> steps;
+  for (const auto& w : stats.workers)
+    if (auto m = st.members.find(w.worker_id); m != st.members.end() && !m->second.left && w.steps >= 2)
+      steps.push_back(w.step_seconds);
+  self->request(st.cfg.shards.front(), ack_timeout, status_atom::value)
+    .then(
+      [=](const wire::shard_status& s) {
+        const auto verdict = control::judge_stall(control::stall_view{s.held_seconds, s.holding_up, steps});
+        for (auto id : verdict.remove) {
+          auto i = self->state.members.find(id);
+          if (i == self->state.members.end() || i->second.left || self->state.stopping)
+            continue;
+          spdlog::warn("scheduler: worker {} stalled the job: {}; it is removed", id, verdict.why);
+          self->send(caf::actor_cast<worker_actor>(i->second.handle), stop_atom::value);
+          on_leave(self, id, true, "it stalled the job: " + verdict.why);
+        }
+      },
+      [](caf::error&) {});
+}
+
+void look_for_stalls(scheduler_pointer self) {
+  auto& st = self->state;
+  if (st.done_sent || st.stopping)
+    return;
+  self->request(st.cfg.profiler, ack_timeout, caf::get_atom::value)
+    .then([=](const wire::cluster_stats& stats) { watch_stalls(self, stats); }, [](caf::error&) {});
+  self->delayed_send(self, stall_look, wait_atom::value);
+}
+
 void tick(scheduler_pointer self) {
   auto plan_from = [=](planner_view view) {
     auto& st = self->state;
@@ -677,6 +720,16 @@ caf::result<wire::assignment, std::vector<shard_actor>> on_register(scheduler_po
                                                                      const wire::register_worker& req) {
   auto& st = self->state;
   const auto& cfg = st.cfg;
+  // A job holds at most train.max_workers live members (0: twice train.workers): a node
+  // that registers more workers than it could be given grows nothing here.
+  const uint32_t most = cfg.job.max_workers > 0 ? cfg.job.max_workers : 2 * cfg.job.workers;
+  uint32_t live = 0;
+  for (const auto& [other, m] : st.members)
+    live += !m.left;
+  if (live >= most)
+    return make_error(errc::busy, "the job holds " + std::to_string(live) + " workers, its most (train.max_workers = "
+                                    + std::to_string(most) + "); a worker of " + (req.host.empty() ? "this process" : req.host)
+                                    + " was refused");
   uint32_t id = st.next_id;
   if (req.requested_id != wire::any_worker && st.members.count(req.requested_id) == 0)
     id = req.requested_id;
@@ -777,6 +830,20 @@ void on_shard_restored(scheduler_pointer self, uint32_t index, const shard_actor
   }
 }
 
+// Whether the message being handled comes from worker `id` itself, or from this process
+// (the cluster, the job driver): no worker says another has left.
+bool from_member(scheduler_pointer self, uint32_t id) {
+  auto sender = self->current_sender();
+  if (sender && sender->node() == self->node())
+    return true;
+  auto i = self->state.members.find(id);
+  if (i != self->state.members.end() && sender && i->second.addr == caf::actor_cast<caf::actor_addr>(sender))
+    return true;
+  spdlog::warn("scheduler: refused a membership change for worker {} from {}: not that worker's own", id,
+               sender ? to_string(sender->node()) : std::string{"an unknown sender"});
+  return false;
+}
+
 caf::result<std::string> on_ctl(scheduler_pointer self, const wire::ctl_request& req) {
   auto& st = self->state;
   if (req.op == wire::ctl_request::shutdown) {
@@ -836,6 +903,10 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
         if (!m.left)
           self->send(caf::actor_cast<worker_actor>(m.handle), lr_atom::value, factor);
     },
+    [=](wait_atom) { // (from itself only: another sender would start a second chain of looks)
+      if (self->current_sender() == self->ctrl())
+        look_for_stalls(self);
+    },
     [=](replan_atom) { // the gap after a membership plan is over: plan what came meanwhile
       auto& st = self->state;
       st.replan_cooling = false;
@@ -862,7 +933,7 @@ scheduler_actor::behavior_type scheduler_behavior(scheduler_pointer self, schedu
         on_leave(self, id, true, "its node " + node + " was lost");
     },
     [=](const wire::membership_change& m) {
-      if (m.kind == wire::membership_change::join)
+      if (m.kind == wire::membership_change::join || !from_member(self, m.worker_id))
         return;
       const bool error = m.kind == wire::membership_change::error;
       on_leave(self, m.worker_id, error || m.kind == wire::membership_change::fail, m.reason, m.early, m.steps,

@@ -173,6 +173,10 @@ wire::shard_status status_of(const shard_state& st) {
   s.samples = c.samples;
   s.live_workers.assign(core.policy().live().begin(), core.policy().live().end());
   s.pending_reads = static_cast<uint32_t>(st.sessions->held_reads());
+  if (s.pending_reads > 0 || st.sessions->held_pushes() > 0) {
+    s.holding_up = core.policy().holding_up();
+    s.held_seconds = st.sessions->oldest_held_seconds();
+  }
   if (st.writer) {
     auto t = st.writer->stats();
     s.cut = t.newest_cut;

@@ -270,6 +270,8 @@ struct ShardStatus {
   cut @11 :UInt64;          # the newest checkpoint cut on disk (0: none)
   cutError @12 :Text;       # why the last checkpoint write failed, or ""
   samples @13 :UInt64;      # the samples of the gradients that went into updates
+  holdingUp @14 :List(UInt32); # the live workers a held read waits for (the policy's holding_up)
+  heldSeconds @15 :Float64;  # how long the oldest held read has waited
 }
 
 # ---- Profiling and stages -------------------------------------------------------------
@@ -353,6 +355,7 @@ struct ClusterStats {
   elapsedSeconds @2 :Float64;
   loss @3 :Float64;
   metricReports @4 :List(MetricReport); # the latest reports of named metrics, oldest first
+  refusedReports @5 :UInt64; # step reports the profiler refused (not a member, more samples than a step holds, replayed)
 }
 
 enum Stage {

@@ -398,6 +398,32 @@ void place_next(cluster_pointer self, std::shared_ptr<placement> plan) {
 
 void lose_node(cluster_pointer self, uint32_t id, const std::string& why);
 
+// The peer process the message being handled came from ("" for this process, whose nodes
+// may be many: a local job's).
+std::string connection_of(cluster_pointer self) {
+  auto sender = self->current_sender();
+  if (!sender || sender->node() == self->node())
+    return {};
+  return to_string(sender->node());
+}
+
+// Lost nodes kept for `ashlar status` (the most recent): beyond, the oldest are forgotten,
+// so that joins and losses without end hold a bounded table.
+constexpr size_t kept_lost_nodes = 64;
+
+void forget_old_nodes(cluster_state& st) {
+  size_t lost = 0;
+  for (const auto& [id, n] : st.nodes)
+    lost += n.info.alive ? 0 : 1;
+  for (auto i = st.nodes.begin(); i != st.nodes.end() && lost > kept_lost_nodes;)
+    if (!i->second.info.alive) {
+      i = st.nodes.erase(i);
+      --lost;
+    } else {
+      ++i;
+    }
+}
+
 // A node says hello: admitted if it speaks this protocol and its slots are within the
 // cluster's bound; it serves once it confirms the welcome (on_welcomed).
 caf::result<wire::welcome> on_hello(cluster_pointer self, const wire::hello& h, const node_actor& node) {
@@ -410,14 +436,22 @@ caf::result<wire::welcome> on_hello(cluster_pointer self, const wire::hello& h, 
                         + std::to_string(wire::protocol_version) + ", this node speaks "
                         + std::to_string(h.protocol));
   }
+  // The same node saying hello again gets its welcome again; another node over the same
+  // connection replaces the one there (runtime/control/cluster_membership.hpp).
+  for (const auto& [other, n] : st.nodes)
+    if (n.info.alive && n.handle == node)
+      return wire::welcome{other, st.cfg.address};
   const uint32_t id = st.next_node;
   const auto admitted = st.members.on_join(id, has_role(h.roles, wire::role::server),
-                                           has_role(h.roles, wire::role::worker) ? h.slots : 0);
+                                           has_role(h.roles, wire::role::worker) ? h.slots : 0,
+                                           connection_of(self));
   if (!admitted.admitted) {
     spdlog::warn("cluster: refused node {}: {}", h.node, admitted.note);
     return make_error(errc::busy, "scheduler " + st.cfg.address + " refused node " + h.node + ": " + admitted.note);
   }
   ++st.next_node;
+  if (admitted.replaces)
+    lose_node(self, *admitted.replaces, "node " + h.node + " said hello over its connection (one connection is one node)");
   node_entry e;
   e.info.node_id = id;
   e.info.name = h.node;
@@ -572,6 +606,7 @@ void lose_node(cluster_pointer self, uint32_t id, const std::string& why) {
     return;
   auto& n = i->second;
   n.info.alive = false;
+  self->demonitor(n.handle.address());
   st.watch.forget(id);
   const uint32_t workers = st.members.on_lost(id);
   // (a node that shut down with the cluster, or on its own between jobs, is no warning)
@@ -587,6 +622,7 @@ void lose_node(cluster_pointer self, uint32_t id, const std::string& why) {
       if (m.info.alive)
         start_workers_on(self, other);
   capacity_changed(self);
+  forget_old_nodes(st);
 }
 
 // A monitored actor went down: a shard of the running job (served again from its

@@ -150,6 +150,33 @@ std::string report_field(const std::string& j, const char* key) {
   return v;
 }
 
+// The strings of array `key` in report `j` (as to_json writes them: one line, escaped).
+std::vector<std::string> report_strings(const std::string& j, const char* key) {
+  std::vector<std::string> out;
+  auto at = j.find(std::string{"\""} + key + "\": [");
+  if (at == std::string::npos)
+    return out;
+  std::string cur;
+  bool in = false;
+  for (size_t i = j.find('[', at) + 1; i < j.size(); ++i) {
+    const char c = j[i];
+    if (!in && c == ']')
+      break;
+    if (c == '"') {
+      if (in)
+        out.push_back(cur);
+      cur.clear();
+      in = !in;
+    } else if (in && c == '\\' && i + 1 < j.size()) {
+      const char e = j[++i];
+      cur += e == 'n' ? '\n' : e == 't' ? '\t' : e;
+    } else if (in) {
+      cur += c;
+    }
+  }
+  return out;
+}
+
 // Prints the summary `ashlar train` prints locally, from the job's report `j`: in the same
 // words and precision as a local run's summary (finish_run).
 void print_job_summary(const std::string& j) {
@@ -170,6 +197,7 @@ void print_job_summary(const std::string& j) {
                 num("test_accuracy"), num("test_loss"), field("test_samples").c_str(), why, num("epochs_trained"),
                 field("epochs").c_str(), num("seconds"), num("samples_per_second"));
   print_work_moved(num("redone_samples"), num("reassigned_samples"), num("lost_workers"));
+  print_run_notes(static_cast<uint64_t>(num("refused_reports")), report_strings(j, "abandoned_cuts"));
 }
 
 // Writes the job's report `report_json` to run.report; false (said) when it cannot.

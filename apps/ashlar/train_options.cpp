@@ -166,6 +166,14 @@ void print_work_moved(double redone, double reassigned, double lost) {
     std::printf("work moved: %.0f samples of workers lost or removed were trained by the others\n", reassigned);
 }
 
+void print_run_notes(uint64_t refused_reports, const std::vector<std::string>& abandoned_cuts) {
+  if (refused_reports > 0)
+    std::printf("reports refused: %llu step reports no member could have sent (the log names the first)\n",
+                static_cast<unsigned long long>(refused_reports));
+  for (const auto& cut : abandoned_cuts)
+    std::printf("checkpoint abandoned: %s\n", cut.c_str());
+}
+
 std::string worker_rates(const std::vector<wire::worker_stats>& workers) {
   std::vector<const wire::worker_stats*> live;
   for (const auto& w : workers)
@@ -285,6 +293,7 @@ int finish_run(const train_config& cfg, const expected<run_report>& rep, const c
                 rep->epochs_trained, rep->epochs, rep->seconds, rate(rep->samples_per_second).c_str());
   print_work_moved(static_cast<double>(rep->redone_samples), static_cast<double>(rep->reassigned_samples),
                    rep->lost_workers);
+  print_run_notes(rep->refused_reports, rep->abandoned_cuts);
   std::fflush(stdout);
   if (!cfg.report.empty()) {
     if (auto err = write_report(*rep, cfg.report)) {

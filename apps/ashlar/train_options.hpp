@@ -53,6 +53,9 @@ std::string worker_rates(const std::vector<wire::worker_stats>& workers);
 /// samples of lost or removed workers the others trained, and the workers lost (each only
 /// when there are).
 void print_work_moved(double redone, double reassigned, double lost);
+/// Prints what the report says went wrong without failing the job: step reports refused,
+/// checkpoint cuts abandoned (each with its cause).
+void print_run_notes(uint64_t refused_reports, const std::vector<std::string>& abandoned_cuts);
 
 /// Hooks that print progress lines and epoch evaluations to stdout.
 /// (epochs 0: the scripts' job, train.optimizer = script: samples, not epochs of its own)

@@ -4,9 +4,15 @@
 
 namespace ashlar::control {
 
-cluster_membership::admission cluster_membership::on_join(uint32_t id, bool server, uint32_t slots) {
+cluster_membership::admission cluster_membership::on_join(uint32_t id, bool server, uint32_t slots,
+                                                          const std::string& connection) {
   admission a;
-  if (nodes_.count(id) == 0 && live_nodes() >= limits_.max_nodes) {
+  if (!connection.empty())
+    for (const auto& [other, n] : nodes_)
+      if (n.live && n.connection == connection && other != id)
+        a.replaces = other;
+  if (nodes_.count(id) == 0 && live_nodes() - (a.replaces ? 1 : 0) >= limits_.max_nodes) {
+    a.replaces.reset();
     a.note = "the cluster holds " + std::to_string(limits_.max_nodes) + " nodes, its most";
     return a;
   }
@@ -15,7 +21,7 @@ cluster_membership::admission cluster_membership::on_join(uint32_t id, bool serv
   if (a.slots < slots)
     a.note = "offered " + std::to_string(slots) + " worker slots; a node is granted at most "
              + std::to_string(limits_.slots_per_node);
-  nodes_[id] = node{true, false, server, a.slots, 0};
+  nodes_[id] = node{true, false, server, a.slots, 0, connection};
   return a;
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "runtime/control/job_lifecycle.hpp"
@@ -32,10 +33,16 @@ public:
     bool admitted = false;
     uint32_t slots = 0;   ///< granted: min(offered, slots_per_node)
     std::string note;     ///< why it got fewer than it offered, or why it was refused
+    /// The live node of the same connection, which this one replaces: the adapter loses it.
+    std::optional<uint32_t> replaces;
   };
-  /// Node `id` joined, a server node or not, offering `slots` worker slots. It is welcomed,
+  /// Node `id` joined, a server node or not, offering `slots` worker slots, over
+  /// `connection` (the peer process it came from; "" for this process). It is welcomed,
   /// and serves (gets workers and shards, counts in free()) once it confirms the welcome.
-  admission on_join(uint32_t id, bool server, uint32_t slots);
+  /// One connection is one node: a join over the connection of a live node replaces it (a
+  /// node that rejoins before its old entry was lost, or a member repeating its hello
+  /// holds one entry, never fills the table).
+  admission on_join(uint32_t id, bool server, uint32_t slots, const std::string& connection = {});
   /// Node `id` confirmed its welcome: true the first time, for a live node (the adapter then
   /// starts workers and shards on it).
   bool on_confirmed(uint32_t id);
@@ -75,6 +82,7 @@ private:
     bool server = false;
     uint32_t slots = 0;
     uint32_t job_workers = 0;
+    std::string connection;
   };
   membership_limits limits_;
   std::map<uint32_t, node> nodes_;

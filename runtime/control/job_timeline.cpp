@@ -54,7 +54,17 @@ timeline_duties job_timeline::look(uint64_t samples) {
   d.stop_budget = s_.stop_at_budget && s_.budget > 0 && trained >= s_.budget;
   d.stop_time = s_.time_limit > 0 && now >= s_.time_limit;
   d.shards_expired = expired_shards();
+  d.stop_overdue = stop_overdue();
   return d;
+}
+
+void job_timeline::stop_asked() {
+  if (stop_asked_ns_ == 0)
+    stop_asked_ns_ = std::max<uint64_t>(clock_.steady_ns(), 1);
+}
+
+bool job_timeline::stop_overdue() const {
+  return stop_asked_ns_ > 0 && static_cast<double>(clock_.steady_ns() - stop_asked_ns_) * 1e-9 >= s_.stop_grace;
 }
 
 std::vector<size_t> job_timeline::expired_shards() const {
@@ -101,6 +111,8 @@ double job_timeline::wait() const {
   const uint64_t now_ns = clock_.steady_ns();
   for (const auto& [index, since] : lost_ns_)
     w = std::min(w, s_.shard_wait - static_cast<double>(now_ns - since) * 1e-9 + s_.min_wait);
+  if (stop_asked_ns_ > 0)
+    w = std::min(w, s_.stop_grace - static_cast<double>(now_ns - stop_asked_ns_) * 1e-9 + s_.min_wait);
   // The next boundary, where the rate says it comes; looked at again as it nears.
   if (const uint64_t b = next_boundary(); b > 0 && rate_ > 0 && last_look_ >= 0) {
     const uint64_t trained = s_.done_before + last_samples_;

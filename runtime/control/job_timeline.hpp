@@ -38,6 +38,11 @@ struct timeline_settings {
   double max_wait = 0.1;
   /// The shortest wait: a boundary predicted to be nearer is looked at this soon.
   double min_wait = 0.005;
+  /// s a job asked to stop (ctl stop-job, a shutdown, Ctrl-C) gives its workers to finish
+  /// their step and leave: past it, the job ends without those still stepping (a hung
+  /// worker, one whose node is gone, a wait for a lost shard), so that a stop ends any job
+  /// within seconds in every state.
+  double stop_grace = 3.0;
 };
 
 /// What is due at one look.
@@ -49,6 +54,7 @@ struct timeline_duties {
   bool metrics = false;      ///< refresh the shards' counters for the metrics endpoint
   bool stop_budget = false;  ///< the sample budget is reached: stop the workers
   bool stop_time = false;    ///< the time limit is reached: stop the workers
+  bool stop_overdue = false; ///< a stop was asked stop_grace ago: the job ends now
   std::vector<size_t> shards_expired; ///< lost shards whose wait is over: the job fails
 };
 
@@ -71,6 +77,12 @@ public:
 
   /// How long the driver may wait for messages before its next look, in seconds.
   double wait() const;
+
+  /// The job was asked to stop now (a second request keeps the first's time).
+  void stop_asked();
+  bool stop_was_asked() const { return stop_asked_ns_ > 0; }
+  /// Whether a stop was asked stop_grace or longer ago.
+  bool stop_overdue() const;
 
   /// Shard `index` was lost now (a second loss before it is served again keeps the first).
   void shard_lost(size_t index);
@@ -100,6 +112,7 @@ private:
   double last_look_ = -1, rate_ = 0;
   uint64_t last_samples_ = 0;
   std::map<size_t, uint64_t> lost_ns_; // lost shards: when (steady ns)
+  uint64_t stop_asked_ns_ = 0;          // when the stop was asked (steady ns; 0: not asked)
 };
 
 }  // namespace ashlar::control

@@ -37,7 +37,25 @@ void cluster_profile::close_window(track& t, uint64_t now) {
   t.window_samples = t.window_compute = 0;
 }
 
-void cluster_profile::observe(const wire::profile_report& r) {
+// Why report `r` is not taken, or nothing.
+std::optional<std::string> cluster_profile::refusal(const wire::profile_report& r) const {
+  auto i = workers_.find(r.worker_id);
+  if (i == workers_.end() || !i->second.member)
+    return "worker " + std::to_string(r.worker_id) + " is not a member of the job";
+  if (step_samples_max_ > 0 && r.samples > step_samples_max_)
+    return "worker " + std::to_string(r.worker_id) + " reported " + std::to_string(r.samples)
+           + " samples in one step, more than the training set's " + std::to_string(step_samples_max_);
+  if (i->second.stepped && r.step <= i->second.last_step)
+    return "worker " + std::to_string(r.worker_id) + " reported step " + std::to_string(r.step)
+           + " after step " + std::to_string(i->second.last_step);
+  return std::nullopt;
+}
+
+std::optional<std::string> cluster_profile::observe(const wire::profile_report& r) {
+  if (auto why = refusal(r)) {
+    ++refused_;
+    return why;
+  }
   const uint64_t now = clock_.steady_ns();
   if (!started_) {
     start_ = now;
@@ -46,6 +64,8 @@ void cluster_profile::observe(const wire::profile_report& r) {
   auto& t = workers_[r.worker_id];
   auto& s = t.stats;
   const bool first = !t.seen;
+  t.last_step = r.step;
+  t.stepped = true;
   if (first)
     t.window_start = now;
   t.seen = true;
@@ -97,12 +117,15 @@ void cluster_profile::observe(const wire::profile_report& r) {
   }
   loss_ = ema(loss_, r.loss, alpha_ / 2, !loss_seen_ || !std::isfinite(loss_) || !std::isfinite(r.loss));
   loss_seen_ = true;
+  return std::nullopt;
 }
 
 void cluster_profile::membership(uint32_t worker, bool done) {
   auto& t = workers_[worker];
   t.stats.worker_id = worker;
   t.stats.done = done;
+  t.member = !done;
+  t.stepped = false; // a worker that joins again under its id counts its steps anew
 }
 
 wire::cluster_stats cluster_profile::stats() const {
@@ -112,6 +135,7 @@ wire::cluster_stats cluster_profile::stats() const {
   out.total_samples = total_samples_;
   out.loss = loss_;
   out.metric_reports = reports_;
+  out.refused_reports = refused_;
   if (started_)
     out.elapsed_seconds = static_cast<double>(clock_.steady_ns() - start_) * 1e-9;
   return out;

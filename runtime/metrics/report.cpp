@@ -97,7 +97,12 @@ std::string to_json(const run_report& r) {
     << "  \"redone_samples\": " << r.redone_samples << ",\n"
     << "  \"lost_workers\": " << r.lost_workers << ",\n"
     << "  \"reassigned_samples\": " << r.reassigned_samples << ",\n"
-    << "  \"applied_samples\": " << r.applied_samples << ",\n";
+    << "  \"applied_samples\": " << r.applied_samples << ",\n"
+    << "  \"refused_reports\": " << r.refused_reports << ",\n"
+    << "  \"abandoned_cuts\": [";
+  for (size_t i = 0; i < r.abandoned_cuts.size(); ++i)
+    o << (i ? ", " : "") << str(r.abandoned_cuts[i]);
+  o << "],\n";
   if (!r.error.empty())
     o << "  \"error\": " << str(r.error) << ",\n";
   o << "  \"target\": " << (r.target.empty() ? std::string{"null"} : str(r.target)) << ",\n";

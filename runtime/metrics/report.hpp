@@ -74,6 +74,10 @@ struct run_report {
   uint32_t lost_workers = 0;       // workers lost while the job ran (a process killed, a node gone)
   uint64_t reassigned_samples = 0; // lost or removed workers' untrained samples the others took over, summed over handovers
   std::string error;              // why the run failed ("" if it did not); the other figures are then partial
+  /// Checkpoint cuts the job abandoned, each with its cause ("cut 4: shard 1 ..."): a resume
+  /// starts from the last committed cut before them.
+  std::vector<std::string> abandoned_cuts;
+  uint64_t refused_reports = 0;    // step reports the profiler refused (not a member's, impossible, replayed)
   std::vector<epoch_point> history;
   std::vector<metric_point> metrics; // the scripts' reports of named metrics, in order
   std::vector<worker_summary> per_worker;

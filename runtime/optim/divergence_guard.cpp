@@ -74,4 +74,19 @@ void divergence_guard::backed_off(double now) {
     best_ = std::min(start_, snapshot_loss_);
 }
 
+loss_reading read_losses(const std::vector<std::pair<uint32_t, double>>& losses) {
+  loss_reading r;
+  double sum = 0;
+  for (const auto& [worker, loss] : losses) {
+    if (std::isfinite(loss)) {
+      sum += loss;
+      ++r.finite;
+    } else {
+      r.not_finite.push_back(worker);
+    }
+  }
+  r.others = r.finite > 0 ? sum / static_cast<double>(r.finite) : 0;
+  return r;
+}
+
 }  // namespace ashlar

@@ -14,6 +14,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace ashlar {
 
@@ -63,5 +65,21 @@ private:
   double lr_scale_ = 1.0;
   std::string why_;
 };
+
+/// The workers' reported losses, read against each other. A loss that is not finite from
+/// some workers while others report a finite one is a fault of those workers, not the
+/// job's divergence, once the shards' parameters are seen to be finite (a model that
+/// diverged holds values that are not finite within a step or two of its loss): the job
+/// removes them and follows the others' loss. With every worker's loss not finite it is
+/// the job's divergence (the guard's to handle).
+struct loss_reading {
+  std::vector<uint32_t> not_finite; ///< the workers whose loss is not finite
+  double others = 0;                ///< the mean of the finite losses (0: none)
+  size_t finite = 0;                ///< how many were finite
+  /// Whether the workers in not_finite are suspects: some are, and some others are finite.
+  bool suspects() const { return !not_finite.empty() && finite > 0; }
+};
+/// `losses`: (worker, smoothed loss) of the live workers.
+loss_reading read_losses(const std::vector<std::pair<uint32_t, double>>& losses);
 
 }  // namespace ashlar

@@ -44,4 +44,14 @@ bool bsp_policy::may_read(worker_id w, uint64_t version) const {
   return i == waiting_for_.end() || version >= i->second;
 }
 
+std::vector<worker_id> bsp_policy::holding_up() const {
+  std::vector<worker_id> out;
+  if (pushed_.empty())
+    return out;
+  for (auto w : live_)
+    if (pushed_.count(w) == 0)
+      out.push_back(w);
+  return out;
+}
+
 }  // namespace ashlar

@@ -23,6 +23,7 @@ public:
   bool lockstep() const override { return true; }
   /// Its worker is no longer in the round (k-sync counts the workers that pushed).
   void on_push_cut_short(worker_id w) override { pushed_.erase(w); }
+  std::vector<worker_id> holding_up() const override;
 
 protected:
   std::set<worker_id> live_;

@@ -56,4 +56,21 @@ bool ssp_policy::may_read(worker_id w, uint64_t) const {
   return clock(w) <= slowest + cfg_.staleness_bound;
 }
 
+std::vector<worker_id> ssp_policy::holding_up() const {
+  std::vector<worker_id> out;
+  if (live_.size() < 2)
+    return out;
+  uint64_t lowest = UINT64_MAX, highest = 0;
+  for (auto w : live_) {
+    lowest = std::min(lowest, clock(w));
+    highest = std::max(highest, clock(w));
+  }
+  if (highest - lowest <= cfg_.staleness_bound)
+    return out; // nobody is held back
+  for (auto w : live_)
+    if (clock(w) == lowest)
+      out.push_back(w);
+  return out;
+}
+
 }  // namespace ashlar

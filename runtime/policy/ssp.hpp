@@ -31,6 +31,7 @@ public:
 
   /// Pushes `w` has made (its clock).
   uint64_t clock(worker_id w) const;
+  std::vector<worker_id> holding_up() const override;
 
 private:
   policy_config cfg_;

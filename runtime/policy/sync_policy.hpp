@@ -84,6 +84,11 @@ public:
   /// A push on_push buffered ended before all of it arrived (its worker left halfway): it
   /// is not in the round, and a policy that counted it stops counting it. Default: nothing.
   virtual void on_push_cut_short(worker_id w) { (void) w; }
+
+  /// The live workers a held read waits for (BSP: those that have not pushed in a round
+  /// others have; SSP: the slowest, at the lowest clock): when such a wait runs past its
+  /// deadline, these are the ones removed, never the workers waiting. Default: none.
+  virtual std::vector<worker_id> holding_up() const { return {}; }
 };
 
 /// Makes a policy by registry name ("bsp", "asp", "ssp", "ksync", "kasync", "adsp", "adaptive", "ashl"). Fails with unknown_name, listing the names.

@@ -139,6 +139,7 @@ void shard_sessions::release_ack(uint32_t worker, held_acks& to) {
     return;
   to.push_back(std::move(i->second));
   held_acks_.erase(i);
+  held_ack_since_.erase(worker);
 }
 
 shard_sessions::outcome shard_sessions::release() {
@@ -221,6 +222,7 @@ expected<shard_sessions::push_answer> shard_sessions::on_push(const wire::push& 
     ++taken_[msg.worker_id];
   if (complete && msg.read_follows && members_.count(msg.worker_id) > 0) {
     held_acks_[msg.worker_id] = {next_ticket_, ack};
+    held_ack_since_[msg.worker_id] = clock_.steady_ns();
     return push_answer{std::nullopt, next_ticket_++};
   }
   return push_answer{ack, 0};
@@ -253,6 +255,16 @@ expected<bool> shard_sessions::ask_cut(uint64_t cut, uint64_t at_version) {
   if (core_.applying() && (at_version == 0 || at_version == v))
     return cuts_.ask(cut, v + 1, v, core_.range().shard_id); // (false: due later)
   return cuts_.ask(cut, at_version, v, core_.range().shard_id);
+}
+
+double shard_sessions::oldest_held_seconds() const {
+  const uint64_t now = clock_.steady_ns();
+  uint64_t oldest = now;
+  for (const auto& h : held_)
+    oldest = std::min(oldest, h.since_ns);
+  for (const auto& [worker, since] : held_ack_since_)
+    oldest = std::min(oldest, since);
+  return static_cast<double>(now - oldest) * 1e-9;
 }
 
 }  // namespace ashlar

@@ -90,6 +90,8 @@ public:
   void forget_views() { views_.clear(); }
 
   size_t held_reads() const { return held_.size(); }
+  /// Seconds the oldest held read or held acknowledgement has waited (0: none held).
+  double oldest_held_seconds() const;
   size_t held_pushes() const { return held_acks_.size(); }
   size_t views() const { return views_.size(); }
 
@@ -135,6 +137,7 @@ private:
   std::set<uint32_t> members_;            // workers the scheduler announced (join, not yet left)
   std::map<uint32_t, uint64_t> taken_;    // whole pushes taken (applied or buffered), by worker
   std::map<uint32_t, std::pair<uint64_t, wire::push_ack>> held_acks_; // by worker: waiting for its read
+  std::map<uint32_t, uint64_t> held_ack_since_; // by worker: when its acknowledgement was held (steady ns)
   uint64_t next_view_seq_ = 1;
   topk_scratch topk_;                     // delta reads: selection scratch
   std::vector<float> diff_, values_;      //   the difference from the view, the values sent

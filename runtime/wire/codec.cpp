@@ -504,6 +504,10 @@ void fill(schema::ShardStatus::Builder b, const shard_status& x) {
   b.setCut(x.cut);
   b.setCutError(x.cut_error);
   b.setSamples(x.samples);
+  auto holding = b.initHoldingUp(static_cast<unsigned>(x.holding_up.size()));
+  for (size_t i = 0; i < x.holding_up.size(); ++i)
+    holding.set(i, x.holding_up[i]);
+  b.setHeldSeconds(x.held_seconds);
 }
 
 caf::error read(schema::ShardStatus::Reader r, shard_status& out) {
@@ -525,6 +529,10 @@ caf::error read(schema::ShardStatus::Reader r, shard_status& out) {
   out.pending_reads = r.getPendingReads();
   out.cut = r.getCut();
   out.cut_error = r.getCutError().cStr();
+  out.holding_up.clear();
+  for (auto w : r.getHoldingUp())
+    out.holding_up.push_back(w);
+  out.held_seconds = r.getHeldSeconds();
   return caf::none;
 }
 
@@ -576,6 +584,7 @@ void fill(schema::ClusterStats::Builder b, const cluster_stats& x) {
   b.setTotalSamples(x.total_samples);
   b.setElapsedSeconds(x.elapsed_seconds);
   b.setLoss(x.loss);
+  b.setRefusedReports(x.refused_reports);
   auto ms = b.initMetricReports(static_cast<unsigned>(x.metric_reports.size()));
   for (unsigned i = 0; i < x.metric_reports.size(); ++i) {
     const auto& m = x.metric_reports[i];
@@ -619,6 +628,7 @@ void read(schema::ClusterStats::Reader r, cluster_stats& out) {
   out.total_samples = r.getTotalSamples();
   out.elapsed_seconds = r.getElapsedSeconds();
   out.loss = r.getLoss();
+  out.refused_reports = r.getRefusedReports();
   out.metric_reports.clear();
   for (auto m : r.getMetricReports())
     out.metric_reports.push_back({m.getSeq(), m.getWorkerId(), m.getSamples(), m.getSeconds(), read_values(m.getValues())});

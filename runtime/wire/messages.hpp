@@ -252,6 +252,8 @@ struct shard_status {
   uint64_t cut = 0;       // the newest checkpoint cut on disk (0: none)
   std::string cut_error;  // why the last checkpoint write failed, or ""
   uint64_t samples = 0;   // the samples of the gradients that went into updates
+  std::vector<uint32_t> holding_up; // the live workers a held read waits for (sync_policy::holding_up)
+  double held_seconds = 0;          // how long the oldest held read has waited
 };
 
 /// A named figure a worker's script reported (its evaluation's "val_ppl", "accuracy").
@@ -326,6 +328,7 @@ struct cluster_stats {
   /// The latest reports of named metrics (at most cluster_profile::kept_reports, oldest
   /// first): a reader takes those with a seq past the last it took.
   std::vector<metric_report> metric_reports;
+  uint64_t refused_reports = 0; // step reports the profiler refused (not a member's, impossible, replayed)
 };
 
 struct node_info {

@@ -189,7 +189,7 @@ profiler_actor scripted_profiler(caf::actor_system& sys, std::shared_ptr<script>
   return sys.spawn([s](profiler_actor::pointer) -> profiler_actor::behavior_type {
     return {
       [](const wire::profile_report&) {},
-      [](const wire::membership_change&) -> caf::ok_atom { return caf::ok_atom::value; },
+      [](const wire::membership_change&, const caf::actor_addr&) -> caf::ok_atom { return caf::ok_atom::value; },
       [s](caf::get_atom) -> wire::cluster_stats { return s->stats; },
     };
   });
@@ -565,7 +565,7 @@ profiler_actor recording_profiler(caf::actor_system& sys, std::shared_ptr<worker
   return sys.spawn([log](profiler_actor::pointer) -> profiler_actor::behavior_type {
     return {
       [log](const wire::profile_report& r) { log->reports.push_back(r); },
-      [](const wire::membership_change&) -> caf::ok_atom { return caf::ok_atom::value; },
+      [](const wire::membership_change&, const caf::actor_addr&) -> caf::ok_atom { return caf::ok_atom::value; },
       [](caf::get_atom) -> wire::cluster_stats { return {}; },
     };
   });
@@ -583,6 +583,7 @@ scheduler_actor assigning_scheduler(caf::actor_system& sys, wire::assignment a, 
       [](start_atom) {},
       [](tick_atom) {},
       [](replan_atom) {},
+      [](wait_atom) {},
       [](lr_atom, float) {},
       [](const wire::ctl_request&) -> std::string { return ""; },
       [](shard_atom, uint32_t, const shard_actor&, const std::string&) {},

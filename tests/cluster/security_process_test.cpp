@@ -11,6 +11,8 @@
 #include <deque>
 #include <filesystem>
 #include <mutex>
+#include <optional>
+#include <regex>
 #include <thread>
 
 #include <arpa/inet.h>
@@ -24,6 +26,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "actors/cluster/network.hpp"
+#include "actors/cluster/system.hpp"
 #include "actors/local_job.hpp"
 #include "actors/interfaces.hpp"
 #include "runtime/net/gate.hpp"
@@ -916,4 +920,59 @@ TEST_CASE("a symbolic link planted in the work directory while a submitted job w
   CHECK(sched.proc.wait(20) == 0);
   server.wait(20);
   worker.wait(20);
+}
+
+TEST_CASE("a member repeating its hello 5000 times over one connection holds one node entry, and a real node joins "
+          "meanwhile") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {});
+  using namespace ashlar::actors;
+  cluster_system_config cfg;
+  caf::actor_system sys{cfg};
+  net::net_security sec;
+  sec.token = "cluster-process-test-token";
+  auto net = cluster_network::start(sys, sec);
+  REQUIRE(net);
+  auto colon = sched.join.rfind(':');
+  auto ptr = connect(sys, endpoint{"127.0.0.1", static_cast<uint16_t>(std::stoi(sched.join.substr(colon + 1)))}, 10s);
+  REQUIRE(ptr);
+  auto cluster = caf::actor_cast<cluster_actor>(*ptr);
+  caf::scoped_actor self{sys};
+  // Each hello names a node actor of its own, as a member may make any number of them.
+  std::vector<caf::actor> fakes;
+  std::optional<subprocess> node;
+  uint32_t welcomed = 0;
+  for (int i = 0; i < 5000; ++i) {
+    fakes.push_back(sys.spawn([]() -> caf::behavior { return {[](caf::ok_atom) {}}; }));
+    wire::hello h;
+    h.roles = {wire::role::worker};
+    h.node = "flood-" + std::to_string(i);
+    h.slots = 4;
+    self->request(cluster, 10s, h, caf::actor_cast<node_actor>(fakes.back()))
+      .receive([&](const wire::welcome&) { ++welcomed; }, [](caf::error&) {});
+    if (i == 2500) // a real node joins during the flood
+      node.emplace(start({exe, "node", "--role", "worker", "--slots", "2", "--join", sched.join, "--name", "real-node"},
+                         dir.file("node.log")));
+  }
+  CHECK(welcomed == 5000); // each replaces the one before it: no refusal, no growth
+  CHECK(wait_for_file(dir.file("scheduler.log"),
+                      [](const std::string& t) { return t.find("(real-node) joined") != std::string::npos; }, 30s));
+  auto p = start({exe, "status", "--join", sched.join}, dir.file("status.log"));
+  CHECK(p.wait(30) == 0);
+  const auto status = slurp(dir.file("status.log"));
+  const auto lines = std::count(status.begin(), status.end(), '\n');
+  INFO(status.substr(0, 2000));
+  CHECK(lines < 120); // the live nodes and the last 64 lost, not 5,000
+  CHECK(status.find("flood-4999") != std::string::npos);
+  CHECK(status.find("flood-10 ") == std::string::npos);
+  CHECK(std::regex_search(status, std::regex{"real-node +worker +2 +alive"}));
+  auto log = slurp(dir.file("scheduler.log"));
+  CHECK(log.find("said hello over its connection (one connection is one node)") != std::string::npos);
+  CHECK(log.find("its most") == std::string::npos);
+  for (auto& f : fakes)
+    caf::anon_send_exit(f, caf::exit_reason::user_shutdown);
+  node->signal(SIGTERM);
+  node->wait(20);
+  sched.proc.signal(SIGTERM);
+  CHECK(sched.proc.wait(20) == 0);
 }

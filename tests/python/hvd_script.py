@@ -30,6 +30,10 @@ p.add_argument("--report", action="store_true", help="hvd.report(val_mse=...) af
 p.add_argument("--save", help="rank 0 saves model, optimizer, scheduler and epoch here at the end (Horovod's way)")
 p.add_argument("--resume", help="rank 0 loads a --save checkpoint and broadcasts it; --epochs counts from 0")
 p.add_argument("--fail-at", type=int, default=-1, help="rank 1 raises at the start of this epoch (a script bug)")
+p.add_argument("--hang-at", type=int, default=-1, help="rank 1 hangs inside a step of this epoch (a stuck script)")
+p.add_argument("--local-metrics", action="store_true",
+               help="each rank's own loss and no collectives after training (a rank removed while alive is waited "
+                    "for by the script's collectives)")
 p.add_argument("--out", required=True)
 a = p.parse_args()
 
@@ -107,6 +111,10 @@ for epoch in range(start_epoch, a.epochs):
         opt.zero_grad()
         loss = F.mse_loss(model(x), y)
         loss.backward()
+        if epoch == a.hang_at and hvd.rank() == 1 and len(seen[-1][1]) == 3:
+            print(f"rank 1 hangs in a step of epoch {epoch}", flush=True)
+            while True:
+                time.sleep(1)
         if a.opt == "manual":
             opt.synchronize()
             with torch.no_grad():
@@ -123,7 +131,8 @@ for epoch in range(start_epoch, a.epochs):
     if sched is not None:
         sched.step()
     with torch.no_grad():
-        losses.append(hvd.allreduce(torch.tensor(F.mse_loss(model(X), Y).item())).item())
+        local = torch.tensor(F.mse_loss(model(X), Y).item())
+        losses.append(local.item() if a.local_metrics else hvd.allreduce(local).item())
     if a.report:
         hvd.report(val_mse=losses[-1], epoch=epoch + 1)
     if hvd.rank() == 0:
@@ -132,9 +141,11 @@ for epoch in range(start_epoch, a.epochs):
 if a.save and hvd.rank() == 0:
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": a.epochs,
                 "sched": sched.state_dict() if sched is not None else None}, a.save)
-gathered = hvd.allgather(torch.tensor([[float(hvd.rank())]]))
-summed = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
-names = hvd.allgather_object(f"rank{hvd.rank()}")
+gathered = summed = names = None
+if not a.local_metrics:
+    gathered = hvd.allgather(torch.tensor([[float(hvd.rank())]]))
+    summed = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+    names = hvd.allgather_object(f"rank{hvd.rank()}")
 torch.save({"params": [q.detach().clone() for q in model.parameters()], "initial": initial, "losses": losses, "initial_loss": initial_loss, "seen": seen,
             "gathered": gathered, "summed": summed, "names": names, "size": hvd.size(), "policy": hvd.policy(),
             "lr_end": opt.param_groups[0].get("lr")},

@@ -288,10 +288,13 @@ TEST_CASE("delta reads track a moving tensor within what k entries per read can 
 TEST_CASE("the cluster profile smooths from a worker's second step, scores the GRU per window, and counts time on its clock") {
   manual_clock clock;
   cluster_profile p(0.5, 0.25, clock);
+  p.membership(0, false);
   CHECK(p.stats().elapsed_seconds == 0);
+  uint64_t steps = 0;
   auto step = [&](uint32_t w, uint64_t compute_ms, uint32_t samples) {
     wire::profile_report r;
     r.worker_id = w;
+    r.step = steps++;
     r.samples = samples;
     r.compute_ns = compute_ms * 1000000;
     r.push_ns = 1000000;
@@ -314,4 +317,43 @@ TEST_CASE("the cluster profile smooths from a worker's second step, scores the G
   CHECK(s.total_samples == 40);
   p.membership(0, true);
   CHECK(p.stats().workers[0].done);
+}
+
+TEST_CASE("the cluster profile takes reports from members only, each within a step's bound and newer than the "
+          "last, and counts the rest") {
+  manual_clock clock;
+  cluster_profile p(0.5, 0.25, clock);
+  p.bound_step_samples(60000);
+  p.membership(3, false);
+  auto report = [&](uint32_t w, uint64_t step, uint32_t samples) {
+    wire::profile_report r;
+    r.worker_id = w;
+    r.step = step;
+    r.samples = samples;
+    r.compute_ns = 1000000;
+    return p.observe(r);
+  };
+  CHECK_FALSE(report(3, 0, 64));
+  // Reports for 10,000 ids the scheduler never announced: refused, nothing kept for them.
+  for (uint32_t w = 10; w < 10010; ++w) {
+    auto why = report(w, 1, 64);
+    REQUIRE(why);
+    CHECK(why->find("worker " + std::to_string(w) + " is not a member") != std::string::npos);
+  }
+  CHECK(p.stats().workers.size() == 1);
+  CHECK(p.refused() == 10000);
+  // A step of more samples than the training set holds, and a replayed step.
+  auto big = report(3, 1, 4294967295u);
+  REQUIRE(big);
+  CHECK(big->find("4294967295 samples in one step, more than the training set's 60000") != std::string::npos);
+  REQUIRE(report(3, 0, 64));
+  CHECK(p.stats().total_samples == 64);
+  CHECK_FALSE(report(3, 1, 64));
+  CHECK(p.stats().refused_reports == 10002);
+  // A member that left is no longer heard; joined again under its id, it counts its steps anew.
+  p.membership(3, true);
+  CHECK(report(3, 2, 64));
+  p.membership(3, false);
+  CHECK_FALSE(report(3, 0, 64));
+  CHECK(p.stats().total_samples == 192);
 }

@@ -8,6 +8,9 @@
 #include "runtime/control/job_lifecycle.hpp"
 #include "runtime/control/job_roster.hpp"
 #include "runtime/control/job_timeline.hpp"
+#include "runtime/control/stall_watch.hpp"
+#include "runtime/policy/bsp.hpp"
+#include "runtime/policy/ssp.hpp"
 #include "runtime/control/member_plan.hpp"
 #include "runtime/control/node_lifecycle.hpp"
 #include "runtime/control/node_watch.hpp"
@@ -132,6 +135,37 @@ TEST_CASE("a node is granted at most the slots the cluster allows one node, what
   auto refused = m.on_join(9, false, 1);
   CHECK_FALSE(refused.admitted);
   CHECK(refused.note == "the cluster holds 8 nodes, its most");
+}
+
+TEST_CASE("one connection is one node: 5000 hellos over one connection hold one entry, and a real node still gets in") {
+  cluster_membership m{membership_limits{256, 8}};
+  for (uint32_t id = 1; id <= 7; ++id) // a full cluster but for one place
+    REQUIRE(m.on_join(id, false, 4, "peer " + std::to_string(id)).admitted);
+  auto first = m.on_join(100, false, 4, "hostile");
+  REQUIRE(first.admitted);
+  CHECK_FALSE(first.replaces);
+  uint32_t replaced = 100;
+  for (uint32_t id = 101; id < 5100; ++id) {
+    auto a = m.on_join(id, false, 4, "hostile");
+    REQUIRE(a.admitted);
+    REQUIRE(a.replaces == replaced); // the adapter loses the one it replaces
+    m.on_lost(*a.replaces);
+    replaced = id;
+  }
+  CHECK(m.live_nodes() == 8);
+  // A connection that hosts nothing yet, at the table's bound: refused; the replacing one
+  // is admitted though the table is full (it frees its own place).
+  CHECK_FALSE(m.on_join(6000, false, 4, "another").admitted);
+  auto again = m.on_join(6001, false, 4, "peer 3");
+  CHECK(again.admitted);
+  CHECK(again.replaces == 3u);
+  m.on_lost(3);
+  // Nodes of this process (a local job's) are many over no connection.
+  m.on_lost(6001);
+  m.on_lost(5099);
+  CHECK(m.on_join(7000, false, 4).admitted);
+  CHECK(m.on_join(7001, false, 4).admitted);
+  CHECK(m.live_nodes() == 8);
 }
 
 TEST_CASE("a node joining a running job starts workers up to the job's bound, at most its free slots") {
@@ -700,6 +734,30 @@ TEST_CASE("the job timeline names a lost shard whose wait is over, and none serv
   CHECK(d.shards_expired[0] == 1);
 }
 
+TEST_CASE("a job asked to stop is overdue after the stop's grace, whatever it waits for, and a second request "
+          "keeps the first's time") {
+  manual_clock clock;
+  timeline_settings s;
+  s.shard_wait = 60;
+  s.epoch_samples = 100;
+  job_timeline t{clock, s};
+  t.training_started();
+  t.shard_lost(0); // the only node died: its shard waits out 60 s, a stop does not
+  CHECK_FALSE(t.stop_was_asked());
+  CHECK_FALSE(t.look(0).stop_overdue);
+  t.stop_asked();
+  CHECK(t.stop_was_asked());
+  clock.advance(std::chrono::seconds(2));
+  t.stop_asked();
+  CHECK_FALSE(t.look(0).stop_overdue);
+  CHECK(t.wait() <= s.stop_grace - 2 + s.min_wait + 1e-9);
+  clock.advance(std::chrono::milliseconds(1000));
+  CHECK(t.look(0).stop_overdue);
+  CHECK(t.stop_overdue());
+  CHECK(s.stop_grace <= 5); // a stop ends any job within 5 s
+  CHECK(t.look(0).shards_expired.empty());
+}
+
 // The scheduler's roster (runtime/control/job_roster.hpp): the start barrier and the end.
 TEST_CASE("the roster starts training when the job's workers are ready, or at the timeout with those that came") {
   manual_clock clock;
@@ -796,4 +854,44 @@ TEST_CASE("the roster fails a running job left with fewer workers than train.min
   one.ready();
   CHECK_FALSE(one.too_few(1));
   CHECK_FALSE(one.too_few(0));
+}
+
+TEST_CASE("a held read past the deadline from the measured speeds removes the workers it waits for, never the "
+          "waiting ones") {
+  CHECK(stall_deadline(0.05) == 60);  // fast steps: the floor
+  CHECK(stall_deadline(4.0) == 80);   // 20x a 4 s step
+  CHECK(stall_deadline(30.0) == 100); // the ceiling, under a worker's 120 s request timeout
+  CHECK(stall_deadline(std::nan("")) == 60);
+  // BSP, 3 workers: 0 and 2 pushed, 1 hangs in its step; the policy names 1.
+  bsp_policy bsp;
+  for (uint32_t w = 0; w < 3; ++w)
+    bsp.on_join(w);
+  CHECK(bsp.holding_up().empty()); // no round begun: nobody waits
+  bsp.on_push(0, 0, 0);
+  bsp.on_push(2, 0, 0);
+  CHECK(bsp.holding_up() == std::vector<worker_id>{1});
+  stall_view v{59.0, bsp.holding_up(), {0.05, 0.04, 0.06}};
+  CHECK(judge_stall(v).remove.empty());
+  v.held_seconds = 61;
+  auto verdict = judge_stall(v);
+  CHECK(verdict.remove == std::vector<uint32_t>{1});
+  CHECK(verdict.why.find("the others waited 61 s for its step, past the deadline of 60 s") == 0);
+  // A slow job's deadline is longer: 20x its slowest step.
+  v.step_seconds = {3.9, 4.0};
+  CHECK(judge_stall(v).remove.empty());
+  v.held_seconds = 81;
+  CHECK(judge_stall(v).remove == std::vector<uint32_t>{1});
+  // SSP with bound 2: the slowest keeps the others back once they are more than 2 ahead.
+  policy_config pc;
+  pc.staleness_bound = 2;
+  ssp_policy ssp{pc};
+  for (uint32_t w = 0; w < 3; ++w)
+    ssp.on_join(w);
+  for (int k = 0; k < 3; ++k) {
+    ssp.on_push(0, 0, 0);
+    ssp.on_push(2, 0, 0);
+  }
+  CHECK(ssp.holding_up() == std::vector<worker_id>{1});
+  ssp.on_push(1, 0, 0);
+  CHECK(ssp.holding_up().empty());
 }

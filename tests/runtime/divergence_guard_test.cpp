@@ -122,3 +122,15 @@ TEST_CASE("a model whose first loss is above ln classes is judged against its ow
   CHECK(g.observe(3.6, 0.2, 200) != act::back_off);
   CHECK(g.observe(2.8, 0.3, 300) != act::back_off);
 }
+
+TEST_CASE("a loss that is not finite from some workers while others report one is read as theirs, not the job's") {
+  auto r = read_losses({{0, 0.7}, {1, std::nan("")}, {2, 0.9}, {3, INFINITY}});
+  CHECK(r.suspects());
+  CHECK(r.not_finite == std::vector<uint32_t>{1, 3});
+  CHECK(r.finite == 2);
+  CHECK(r.others == Approx(0.8));
+  auto all = read_losses({{0, std::nan("")}, {1, std::nan("")}});
+  CHECK_FALSE(all.suspects()); // every worker: the job diverged
+  CHECK(all.not_finite.size() == 2);
+  CHECK_FALSE(read_losses({{0, 0.5}}).suspects());
+}

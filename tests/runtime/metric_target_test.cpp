@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "runtime/core/clock.hpp"
+#include <map>
+
 #include "runtime/metrics/cluster_profile.hpp"
 #include "runtime/metrics/metric_target.hpp"
 
@@ -52,9 +54,13 @@ TEST_CASE("the job takes each report of the scripts' metrics once, keeps the las
           "first that meets its target") {
   manual_clock clock;
   cluster_profile profile(0.5, 0.25, clock);
+  for (uint32_t w = 0; w < 4; ++w)
+    profile.membership(w, false);
+  std::map<uint32_t, uint64_t> steps;
   auto step = [&](uint32_t worker, uint32_t samples, std::vector<wire::named_value> metrics) {
     wire::profile_report r;
     r.worker_id = worker;
+    r.step = steps[worker]++;
     r.samples = samples;
     r.compute_ns = 1000000;
     r.metrics = std::move(metrics);

@@ -1012,8 +1012,10 @@ private:
 
   void collect_shard_counters() {
     uint64_t staleness_sum = 0, pushes = 0;
-    for (const auto& s : shards_)
-      self_->request(s, std::chrono::seconds(10), status_atom::value)
+    for (size_t i = 0; i < shards_.size(); ++i) {
+      if (timeline_->shard_lost_now(i)) // (a request to a lost one ends only at its timeout)
+        continue;
+      self_->request(shards_[i], std::chrono::seconds(10), status_atom::value)
         .receive(
           [&](const wire::shard_status& st) {
             rep_.versions += st.version;
@@ -1024,8 +1026,10 @@ private:
             pushes += st.applied + st.dropped;
           },
           [&](caf::error&) {});
+    }
     rep_.mean_staleness = pushes ? static_cast<double>(staleness_sum) / pushes : 0;
   }
+
 
   std::vector<wire::worker_stats> collect_worker_figures() {
     std::vector<wire::worker_stats> last;

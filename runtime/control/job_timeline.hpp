@@ -88,6 +88,7 @@ public:
   void shard_lost(size_t index);
   void shard_back(size_t index) { lost_ns_.erase(index); }
   bool shards_lost() const { return !lost_ns_.empty(); }
+  bool shard_lost_now(size_t index) const { return lost_ns_.count(index) > 0; }
   /// Lost shards whose wait is over (the job fails naming them).
   std::vector<size_t> expired_shards() const;
 

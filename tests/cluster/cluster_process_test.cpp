@@ -1064,6 +1064,32 @@ TEST_CASE("ctl shutdown while a submitted job waits for its nodes ends the job a
   CHECK(slurp(dir.file("scheduler.log")).find("cluster: the job ended: stopped while waiting") != std::string::npos);
 }
 
+TEST_CASE("ctl stop-job ends a job within 5 s after its only node (server and worker) was killed, saying why its "
+          "model cannot be read") {
+  temp_dir dir;
+  auto sched = start_scheduler(dir, {config, "--exit-after-job", "--workers", "1", "--servers", "1", "--epochs", "500",
+                                     "--set", "data.train_limit=6000", "--set", "data.test_limit=1000",
+                                     "--checkpoint-dir", dir.file("ck"), "--checkpoint-every", "10", "--report",
+                                     dir.file("r.json")});
+  auto node = start({exe, "node", "--role", "server,worker", "--slots", "1", "--join", sched.join, "--work-dir", dir.path()},
+                    dir.file("node.log"));
+  REQUIRE(wait_for_training(dir));
+  std::this_thread::sleep_for(1s);
+  node.signal(SIGKILL);
+  node.wait(10);
+  REQUIRE(wait_for_file(dir.file("scheduler.log"),
+                        [](const std::string& t) { return t.find("was lost") != std::string::npos; }, 30s));
+  const auto asked = std::chrono::steady_clock::now();
+  auto stop = start({exe, "ctl", "--join", sched.join, "stop-job"}, dir.file("stop.log"));
+  CHECK(stop.wait(20) == 0);
+  CHECK(wait_for_file(dir.file("r.json"), [](const std::string& t) { return !t.empty(); }, 30s));
+  const auto took = std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count();
+  INFO(slurp(dir.file("scheduler.log")));
+  CHECK(took < 5.0); // not the 60 s (run.shard_wait) a lost shard may take to be served again
+  CHECK(slurp(dir.file("r.json")).find("while a shard was lost: its final model cannot be read") != std::string::npos);
+  sched.proc.wait(30);
+}
+
 TEST_CASE("ctl stop-job stops a running job: its submitter prints the report's summary and exits 1 saying it was "
           "stopped, Ctrl-C on train --join stops the job with its report and exits 130, and ctl shutdown stops the "
           "running job first, with its report") {

@@ -487,8 +487,6 @@ void apply_plan(scheduler_pointer self, const job_plan& plan) {
     }
 }
 
-// One planner tick: the profiler's figures (and shard 0's staleness counters, if the
-// planner wants them) into a view, the planner's answer into messages.
 // A shard's held reads waiting past their deadline (runtime/control/stall_watch.hpp): the
 // workers they wait for are removed as lost (their shares go to the others), never the
 // workers waiting.
@@ -526,6 +524,8 @@ void look_for_stalls(scheduler_pointer self) {
   self->delayed_send(self, stall_look, wait_atom::value);
 }
 
+// One planner tick: the profiler's figures (and shard 0's staleness counters, if the
+// planner wants them) into a view, the planner's answer into messages.
 void tick(scheduler_pointer self) {
   auto plan_from = [=](planner_view view) {
     auto& st = self->state;
@@ -722,7 +722,7 @@ caf::result<wire::assignment, std::vector<shard_actor>> on_register(scheduler_po
   const auto& cfg = st.cfg;
   // A job holds at most train.max_workers live members (0: twice train.workers): a node
   // that registers more workers than it could be given grows nothing here.
-  const uint32_t most = cfg.job.max_workers > 0 ? cfg.job.max_workers : 2 * cfg.job.workers;
+  const uint32_t most = most_workers(cfg.job);
   uint32_t live = 0;
   for (const auto& [other, m] : st.members)
     live += !m.left;

@@ -972,7 +972,7 @@ caf::error cluster_placement::start_workers(const train_config& cfg, const sched
   // Tell the cluster first, with where the workers go, so a node joining from now on is
   // given the workers the job lacks.
   // A job grows to train.max_workers as nodes join (0: twice train.workers), no further.
-  const uint32_t cap = cfg.max_workers > 0 ? cfg.max_workers : 2 * cfg.workers;
+  const uint32_t cap = most_workers(cfg);
   running_job job{scheduler, profiler, shards_, tmpl, templates_, driver_, cap, {}};
   job.train_samples = train->n;
   job.job_samples = static_cast<uint64_t>(static_cast<double>(train->n) * cfg.epochs);

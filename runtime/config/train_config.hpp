@@ -221,6 +221,9 @@ struct run_settings {
 /// The whole configuration: one section per module (data loading takes data_settings,
 /// the job driver run_settings, ...), [model] and [ashl] as their own structs. Sections
 /// are bases, so every key is also cfg.KEY.
+/// The most workers a job holds at once: train.max_workers, or twice train.workers when 0.
+inline uint32_t most_workers(const train_settings& t) { return t.max_workers > 0 ? t.max_workers : 2 * t.workers; }
+
 struct train_config : data_settings, train_settings, run_settings {
   // [model]
   /// The model: input shape (model.input), classes (model.classes), and its layers

@@ -713,11 +713,17 @@ TEST_CASE("the job timeline's progress lines, notes and interval evaluations com
   CHECK(late.look(j.samples).evaluate);
 }
 
+// Settings of 100-sample epochs whose lost shards wait `shard_wait` s.
+timeline_settings waiting_shards(double shard_wait) {
+  timeline_settings s;
+  s.shard_wait = shard_wait;
+  s.epoch_samples = 100;
+  return s;
+}
+
 TEST_CASE("the job timeline names a lost shard whose wait is over, and none served again in time") {
   manual_clock clock;
-  timeline_settings s;
-  s.shard_wait = 5;
-  s.epoch_samples = 100;
+  const auto s = waiting_shards(5);
   job_timeline t{clock, s};
   t.training_started();
   t.shard_lost(1);
@@ -737,9 +743,7 @@ TEST_CASE("the job timeline names a lost shard whose wait is over, and none serv
 TEST_CASE("a job asked to stop is overdue after the stop's grace, whatever it waits for, and a second request "
           "keeps the first's time") {
   manual_clock clock;
-  timeline_settings s;
-  s.shard_wait = 60;
-  s.epoch_samples = 100;
+  const auto s = waiting_shards(60);
   job_timeline t{clock, s};
   t.training_started();
   t.shard_lost(0); // the only node died: its shard waits out 60 s, a stop does not
